@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# After training: fla-vs-laquant parity on the GPU, perplexities of both models, samples.
+set -x
+W=$1
+LAQUANT_TEST_MODEL="$W/gla-small" python3 -m pytest -q -m gpu tests 2>&1 | tee "$W/gpu_tests.log"
+for m in gla-small gla-large; do
+  for d in wikitext2 .devdata/eval/gutenberg-heldout/gutenberg_heldout.txt; do
+    name=$(basename "$d" .txt)
+    laquant eval ppl "$W/$m" --data "$d" --context 2048 --mode prefill decode --device cuda --batch-size 64 --quiet \
+      --json "$W/ppl_${m}_${name}.json" || echo "eval failed: $m $d"
+  done
+  python3 -m laquant.eval.samples "$W/$m" --device cuda > "$W/samples_${m}.txt" || echo "samples failed: $m"
+done

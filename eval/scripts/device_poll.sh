@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Re-entrant driver for training the reference models on the lent GPU machine.
+# Each call: set up (once), start training in the background (once), wait up to $1 seconds, and
+# when training is done run device_eval.sh (parity, perplexity, samples). Whatever exists is packed
+# into $OUT as results.tgz.part-* (each under the 16 MiB return limit). Needs carry: .whl .devdata
+set -u
+WAIT=${1:-500}
+W=/tmp/laq                                  # outside the repo: survives while the machine stays warm
+mkdir -p "$W"
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1 TOKENIZERS_PARALLELISM=true
+if [ ! -f "$W/setup.done" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . \
+    && touch "$W/setup.done" || { echo "SETUP FAILED"; exit 1; }
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$W/device.txt"
+  python3 -c "import torch, triton, transformers, fla; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'fla', fla.__version__)" >> "$W/device.txt" 2>&1
+  cat "$W/device.txt"
+fi
+if [ ! -f "$W/train.started" ]; then
+  touch "$W/train.started"
+  setsid nohup bash eval/scripts/device_train.sh "$W" > "$W/train.log" 2>&1 < /dev/null &
+  echo "training started"
+fi
+t=0
+while [ ! -f "$W/train.done" ] && [ ! -f "$W/train.failed" ] && [ "$t" -lt "$WAIT" ]; do sleep 15; t=$((t + 15)); done
+tail -n 25 "$W/train.log"
+if [ -f "$W/train.failed" ]; then echo "TRAINING FAILED"; fi
+if [ -f "$W/train.done" ] && [ ! -f "$W/eval.done" ]; then
+  bash eval/scripts/device_eval.sh "$W" 2>&1 | tee "$W/eval.log" && touch "$W/eval.done"
+fi
+( cd "$W" && tar czf - --exclude='gla-large/model.safetensors' --exclude='*.started' --exclude='*.done' . ) \
+  | split -b 15M - "$OUT/results.tgz.part-"
+[ -f "$W/eval.done" ] && echo "ALL DONE" || echo "NOT DONE YET"

@@ -1,0 +1,257 @@
+"""Train laquant's reference GLA language models (and their BPE tokenizer) from local text.
+
+    python -m laquant.eval.train tokenizer --data-dir ../shared/data --out OUT/tokenizer
+    python -m laquant.eval.train model --size small --data-dir ../shared/data --tokenizer OUT/tokenizer --out OUT/gla-small
+
+The model is fla's ``GLAForCausalLM`` when flash-linear-attention and a GPU are there (its Triton
+kernels train fast), else laquant's own implementation of the same architecture: both write the
+same checkpoint format. Only ``train/`` and the English files of ``calibration/`` are read:
+``eval/`` text never reaches training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# English training text, relative to the shared data folder.
+TRAIN_FILES = [
+    "train/gutenberg.txt.xz",
+    "train/us_presidential_speeches.txt.xz",
+    "train/genesis_en.txt.xz",
+    "train/movie_reviews.txt.xz",
+    "train/tinyshakespeare.txt.xz",
+    "calibration/wiki.utf8",
+    "calibration/c4.utf8",
+    "calibration/tiny.utf8",
+    "calibration/technical.utf8",
+]
+EOS = "<|endoftext|>"
+
+# Model sizes: fla GLA defaults (expand_k 0.5, expand_v 1, SwiGLU MLP with hidden_ratio 4).
+SIZES = {
+    "small": dict(hidden_size=256, num_hidden_layers=6, num_heads=4),  # ~9M parameters
+    "large": dict(hidden_size=512, num_hidden_layers=12, num_heads=4),  # ~49M parameters
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_heads=2),  # smoke tests only
+}
+
+
+def read_documents(data_dir: Path) -> list[str]:
+    docs = []
+    for rel in TRAIN_FILES:
+        path = data_dir / rel
+        opener = lzma.open if path.suffix == ".xz" else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            docs.extend(d.strip() for d in f.read().split("\n\n") if d.strip())
+    return docs
+
+
+def train_tokenizer(data_dir: Path, out: Path, vocab_size: int) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=True,
+    )
+    tok.train_from_iterator(read_documents(data_dir), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOS, eos_token=EOS, unk_token=EOS,
+                                   model_max_length=1_000_000)
+    fast.save_pretrained(out)
+    print(f"tokenizer: {tok.get_vocab_size()} tokens -> {out}")
+
+
+def tokenize_corpus(data_dir: Path, tokenizer_dir: Path) -> np.ndarray:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    docs = read_documents(data_dir)
+    ids = tok(docs, add_special_tokens=False)["input_ids"]
+    flat = np.fromiter((t for d in ids for t in (*d, tok.eos_token_id)), dtype=np.uint16)
+    return flat
+
+
+def build_model(size: str, vocab_size: int, eos_id: int, impl: str):
+    cfg = dict(SIZES[size], vocab_size=vocab_size, bos_token_id=eos_id, eos_token_id=eos_id,
+               max_position_embeddings=2048, tie_word_embeddings=False)
+    if impl == "fla":
+        from fla.models import GLAConfig, GLAForCausalLM
+    else:
+        from laquant.models import GLAConfig, GLAForCausalLM
+    return GLAForCausalLM(GLAConfig(**cfg))
+
+
+def train_model(args: argparse.Namespace) -> None:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    impl = args.impl
+    if impl == "auto":
+        try:
+            import fla  # noqa: F401
+            impl = "fla" if device == "cuda" else "laquant"
+        except ImportError:
+            impl = "laquant"
+    torch.manual_seed(args.seed)
+    tokens = tokenize_corpus(Path(args.data_dir), Path(args.tokenizer))
+    n_val = max(args.seq_len * 8, len(tokens) // 200)
+    train_tokens, val_tokens = tokens[:-n_val], tokens[-n_val:]
+    print(f"corpus: {len(tokens):,} tokens ({len(train_tokens):,} train, {n_val:,} validation)", flush=True)
+
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    model = build_model(args.size, len(tok), tok.eos_token_id, impl).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: {args.size}, {n_params / 1e6:.1f}M parameters, impl={impl}, device={device}", flush=True)
+
+    tokens_per_step = args.batch * args.seq_len
+    steps = args.steps or int(args.epochs * len(train_tokens) / tokens_per_step)
+    warmup = max(1, int(0.02 * steps))
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.dim() < 2 or "norm" in name or "bias" in name else decay).append(p)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), fused=device == "cuda")
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return args.lr * (step + 1) / warmup
+        progress = (step - warmup) / max(1, steps - warmup)
+        return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    data = torch.from_numpy(train_tokens.astype(np.int64))
+    val = torch.from_numpy(val_tokens.astype(np.int64))
+    gen = torch.Generator().manual_seed(args.seed)
+    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda")
+
+    @torch.no_grad()
+    def val_loss() -> float:
+        model.eval()
+        n = len(val) // args.seq_len
+        windows = val[: n * args.seq_len].view(n, args.seq_len)
+        losses = []
+        for i in range(0, n, args.batch):
+            batch = windows[i:i + args.batch].to(device)
+            with autocast:
+                losses.append(model(input_ids=batch, labels=batch).loss.float().item())
+        model.train()
+        return float(np.mean(losses))
+
+    history = {"step": [], "tokens": [], "loss": [], "lr": [], "val_step": [], "val_loss": []}
+    model.train()
+    t0 = time.time()
+    for step in range(steps):
+        starts = torch.randint(0, len(data) - args.seq_len - 1, (args.batch,), generator=gen)
+        batch = torch.stack([data[s:s + args.seq_len] for s in starts.tolist()]).to(device, non_blocking=True)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step)
+        with autocast:
+            loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step % args.log_every == 0 or step == steps - 1:
+            loss_value = loss.item()
+            history["step"].append(step)
+            history["tokens"].append((step + 1) * tokens_per_step)
+            history["loss"].append(loss_value)
+            history["lr"].append(lr_at(step))
+            rate = (step + 1) * tokens_per_step / (time.time() - t0)
+            print(f"step {step}/{steps} loss {loss_value:.4f} lr {lr_at(step):.2e} {rate / 1e3:.0f}K tok/s", flush=True)
+        if (step + 1) % args.val_every == 0 or step == steps - 1:
+            history["val_step"].append(step)
+            history["val_loss"].append(val_loss())
+            print(f"  validation loss {history['val_loss'][-1]:.4f}", flush=True)
+    elapsed = time.time() - t0
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    # Keep the checkpoint loadable without fla: drop fla-only config keys' class references.
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.pop("auto_map", None)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    summary = {
+        "size": args.size, "impl": impl, "parameters": n_params, "config": SIZES[args.size],
+        "vocab_size": len(tok), "seq_len": args.seq_len, "batch": args.batch, "steps": steps,
+        "epochs": steps * tokens_per_step / len(train_tokens), "lr": args.lr, "weight_decay": args.weight_decay,
+        "schedule": "linear warmup 2%, cosine to 10% of peak", "optimizer": "AdamW(0.9, 0.95), grad clip 1.0",
+        "precision": "bf16 autocast, fp32 master weights; saved as bf16", "seed": args.seed,
+        "corpus_tokens": int(len(tokens)), "train_files": TRAIN_FILES,
+        "final_val_loss": history["val_loss"][-1], "seconds": elapsed,
+        "tokens_per_second": steps * tokens_per_step / elapsed,
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__, "history": history,
+    }
+    (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot_history(history, out / "loss_curve.png", title=f"GLA {args.size} ({n_params / 1e6:.1f}M params)")
+    print(f"saved {out} ({elapsed:.0f}s, final validation loss {summary['final_val_loss']:.4f})")
+
+
+def plot_history(history: dict, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(np.array(history["tokens"]) / 1e6, history["loss"], label="train (batch)", alpha=0.7)
+    per_step = history["tokens"][0] / (history["step"][0] + 1)
+    ax.plot((np.array(history["val_step"]) + 1) * per_step / 1e6, history["val_loss"], "o-", label="validation")
+    ax.set_xlabel("tokens (M)")
+    ax.set_ylabel("cross-entropy (nats)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m laquant.eval.train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    p_tok = sub.add_parser("tokenizer", help="train the byte-level BPE tokenizer")
+    p_tok.add_argument("--data-dir", required=True)
+    p_tok.add_argument("--out", required=True)
+    p_tok.add_argument("--vocab-size", type=int, default=8192)
+    p_model = sub.add_parser("model", help="train a GLA causal LM")
+    p_model.add_argument("--data-dir", required=True)
+    p_model.add_argument("--tokenizer", required=True)
+    p_model.add_argument("--out", required=True)
+    p_model.add_argument("--size", choices=sorted(SIZES), default="small")
+    p_model.add_argument("--impl", choices=["auto", "fla", "laquant"], default="auto")
+    p_model.add_argument("--seq-len", type=int, default=2048)
+    p_model.add_argument("--batch", type=int, default=32)
+    p_model.add_argument("--epochs", type=float, default=2.0)
+    p_model.add_argument("--steps", type=int, default=0, help="overrides --epochs when > 0")
+    p_model.add_argument("--lr", type=float, default=3e-3)
+    p_model.add_argument("--weight-decay", type=float, default=0.1)
+    p_model.add_argument("--log-every", type=int, default=20)
+    p_model.add_argument("--val-every", type=int, default=200)
+    p_model.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.what == "tokenizer":
+        train_tokenizer(Path(args.data_dir), Path(args.out), args.vocab_size)
+    else:
+        train_model(args)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    main()

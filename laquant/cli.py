@@ -1,0 +1,154 @@
+"""The ``laquant`` command line: calibrate, eval ppl, eval speed, inspect."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from laquant.errors import LaquantError
+
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+def _not_available(name: str, issue: str):
+    def run(args: argparse.Namespace) -> int:
+        raise LaquantError(f"`laquant {name}` is not available yet in this version ({issue}); "
+                           "nothing was done")
+    return run
+
+
+def _pick_device(requested: str) -> str:
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise LaquantError("--device cuda was asked for, but no CUDA device is available; use --device cpu")
+    return requested
+
+
+def cmd_eval_ppl(args: argparse.Namespace) -> int:
+    import torch
+
+    from laquant.data import load_text, tokenize
+    from laquant.eval.ppl import perplexity
+    from laquant.loading import load_model, resolve_model_dir
+
+    for ctx in args.context:
+        if ctx < 2:
+            raise LaquantError(f"--context must be at least 2 tokens, got {ctx}")
+    if args.max_tokens is not None and args.max_tokens < 2:
+        raise LaquantError(f"--max-tokens must be at least 2, got {args.max_tokens}")
+    device = _pick_device(args.device)
+    dtype_name = DTYPES[args.dtype] if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
+    dtype = getattr(torch, dtype_name)
+    model_dir = resolve_model_dir(args.model)
+    text = load_text(args.data)
+    model, tokenizer = load_model(model_dir, device=device, dtype=dtype)
+    ids = tokenize(text, tokenizer)
+    if args.max_tokens is not None:
+        ids = ids[: args.max_tokens]
+
+    results = []
+    for ctx in args.context:
+        for mode in args.mode:
+            res = perplexity(model, ids, context=ctx, stride=args.stride, mode=mode,
+                             batch_size=args.batch_size, progress=not args.quiet)
+            results.append(res)
+            if not args.quiet:
+                print(f"  {mode:<8} context {ctx:>6}: ppl {res.ppl:.4f}  ({res.tokens_scored} tokens, {res.seconds:.1f}s)",
+                      file=sys.stderr)
+
+    header = f"{'mode':<8} {'context':>7} {'stride':>6} {'tokens':>8} {'nll':>8} {'ppl':>10} {'seconds':>8}"
+    print(f"model: {model_dir}\ndata: {args.data} ({len(ids)} tokens)  device: {device}  dtype: {dtype_name}")
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        print(f"{r.mode:<8} {r.context:>7} {r.stride:>6} {r.tokens_scored:>8} {r.nll:>8.4f} {r.ppl:>10.4f} {r.seconds:>8.1f}")
+
+    if args.json:
+        payload = {
+            "model": str(model_dir), "data": args.data, "tokens": len(ids), "device": device, "dtype": dtype_name,
+            "versions": _versions(), "results": [r.to_dict() for r in results],
+        }
+        _write_atomic(Path(args.json), json.dumps(payload, indent=2) + "\n")
+    return 0
+
+
+def _versions() -> dict:
+    import torch
+    import transformers
+
+    import laquant
+
+    out = {"laquant": laquant.__version__, "torch": torch.__version__, "transformers": transformers.__version__}
+    if torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name()
+    return out
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="laquant", description=(
+        "Post-training quantization for linear-attention and hybrid language models."))
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p_cal = sub.add_parser("calibrate", help="calibrate and quantize a model with a recipe (not available yet)")
+    p_cal.add_argument("--recipe")
+    p_cal.set_defaults(func=_not_available("calibrate", "calibration and recipes are being built"))
+
+    p_inspect = sub.add_parser("inspect", help="per-layer statistics of a quantized checkpoint (not available yet)")
+    p_inspect.add_argument("path", nargs="?")
+    p_inspect.set_defaults(func=_not_available("inspect", "it reads checkpoints that `calibrate` writes"))
+
+    p_eval = sub.add_parser("eval", help="evaluate a model: perplexity or speed")
+    eval_sub = p_eval.add_subparsers(dest="eval_command", required=True, metavar="WHAT")
+
+    p_ppl = eval_sub.add_parser("ppl", help="perplexity in prefill and/or decode mode", description=(
+        "Perplexity with strided windows. prefill: each window through the chunked path; "
+        "decode: token by token through the recurrent path, state carried each step."))
+    p_ppl.add_argument("model", nargs="?", default=None,
+                       help="model directory or Hugging Face id (default: the embedded gla-small)")
+    p_ppl.add_argument("--data", default="wikitext2",
+                       help="'wikitext2' (shipped copy of the test split), a text file, or a datasets id "
+                            "DATASET[:CONFIG] (test split)")
+    p_ppl.add_argument("--context", type=int, nargs="+", default=[2048], help="window length(s) in tokens")
+    p_ppl.add_argument("--stride", type=int, default=None, help="window step (default: context // 2)")
+    p_ppl.add_argument("--mode", nargs="+", choices=["prefill", "decode"], default=["prefill", "decode"])
+    p_ppl.add_argument("--max-tokens", type=int, default=None, help="evaluate on the first N tokens only")
+    p_ppl.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
+    p_ppl.add_argument("--device", default="cpu", help="cpu, cuda, or auto (default: cpu)")
+    p_ppl.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
+                       help="compute dtype (default: float32 on CPU, bfloat16 on CUDA)")
+    p_ppl.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p_ppl.add_argument("--quiet", action="store_true", help="no progress bars")
+    p_ppl.set_defaults(func=cmd_eval_ppl)
+
+    p_speed = eval_sub.add_parser("speed", help="kernel and end-to-end speed (not available yet)")
+    p_speed.add_argument("path", nargs="?")
+    p_speed.set_defaults(func=_not_available("eval speed", "it needs the Triton kernels"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except LaquantError as exc:
+        print(f"laquant: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("laquant: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Finding and loading models: the embedded default, local directories and Hugging Face ids."""
+
+from __future__ import annotations
+
+import json
+import re
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from laquant.errors import LaquantError
+
+DEFAULT_MODEL_NAME = "gla-small"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def default_model_dir() -> Path:
+    """The small trained GLA model shipped inside the package."""
+    return Path(str(resources.files("laquant") / "assets" / DEFAULT_MODEL_NAME))
+
+
+def resolve_model_dir(spec: str | Path | None) -> Path:
+    """``None`` -> embedded model; an existing directory -> itself; ``org/name`` -> the Hub cache."""
+    if spec is None:
+        return default_model_dir()
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise LaquantError(f"model path {spec} is a file; pass the model's directory (with config.json)")
+    if _HUB_ID.match(str(spec)):
+        from huggingface_hub import snapshot_download
+
+        try:
+            return Path(snapshot_download(str(spec), allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
+        except Exception as exc:  # network, auth, missing repo: one clear line
+            raise LaquantError(
+                f"model {spec!r} is not a local directory and could not be fetched from the Hugging Face Hub "
+                f"({type(exc).__name__}); download it first and pass the local directory"
+            ) from None
+    raise LaquantError(f"model directory not found: {spec}")
+
+
+def read_config(model_dir: Path) -> dict:
+    cfg_path = model_dir / "config.json"
+    if not cfg_path.is_file():
+        raise LaquantError(f"{model_dir} has no config.json: is it a model directory?")
+    try:
+        return json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise LaquantError(f"{cfg_path} is not valid JSON ({exc}); the checkpoint is corrupted") from None
+
+
+SUPPORTED_MODEL_TYPES = ("gla",)
+
+
+def load_model(spec: str | Path | None = None, device: str | torch.device = "cpu",
+               dtype: torch.dtype = torch.float32):
+    """Load a supported model (laquant's implementation) and its tokenizer, in eval mode."""
+    from transformers import AutoTokenizer
+
+    from laquant.models import GLAConfig, GLAForCausalLM
+    from laquant.models.gla import check_supported
+
+    model_dir = resolve_model_dir(spec)
+    cfg = read_config(model_dir)
+    model_type = cfg.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise LaquantError(
+            f"{model_dir}: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    if not any(model_dir.glob("*.safetensors")):
+        raise LaquantError(f"{model_dir} has no .safetensors weights (laquant never loads pickle checkpoints)")
+    config = GLAConfig.from_dict(cfg)
+    try:
+        check_supported(config)
+    except ValueError as exc:
+        raise LaquantError(f"{model_dir}: {exc}") from None
+    try:
+        model = GLAForCausalLM.from_pretrained(model_dir, config=config, dtype=dtype, use_safetensors=True)
+    except Exception as exc:
+        raise LaquantError(f"could not load weights from {model_dir}: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    except Exception as exc:
+        raise LaquantError(f"could not load the tokenizer from {model_dir} ({type(exc).__name__})") from None
+    return model.to(device).eval(), tokenizer

@@ -1,0 +1,336 @@
+"""GLA causal LM in flash-linear-attention's format, running on laquant's ops.
+
+Parameter names, config fields and numerics follow fla's ``GLAForCausalLM`` (fla 0.6), so a
+checkpoint written by fla loads here and vice versa. fla's own layers call Triton kernels that
+need a GPU; this implementation calls :mod:`laquant.kernels`, which has a CPU path, and carries
+the recurrent state in :class:`GLAStateCache` for incremental decoding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from laquant.kernels import chunk_gla, recurrent_gla_step
+from laquant.models.cache import GLAStateCache
+
+
+class GLAConfig(PretrainedConfig):
+    model_type = "gla"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    def __init__(
+        self,
+        hidden_size: int = 2048,
+        expand_k: float = 0.5,
+        expand_v: float = 1.0,
+        hidden_ratio: int | None = 4,
+        intermediate_size: int | None = None,
+        num_hidden_layers: int = 24,
+        num_heads: int = 4,
+        num_kv_heads: int | None = None,
+        feature_map: str | None = None,
+        attn_mode: str = "chunk",
+        use_short_conv: bool = False,
+        conv_size: int = 4,
+        use_output_gate: bool = True,
+        clamp_min: float | None = None,
+        hidden_act: str = "swish",
+        max_position_embeddings: int = 2048,
+        elementwise_affine: bool | None = True,
+        norm_eps: float = 1e-6,
+        use_gk: bool = True,
+        use_gv: bool = False,
+        attn: dict | None = None,
+        use_cache: bool = True,
+        pad_token_id: int | None = None,
+        bos_token_id: int = 1,
+        eos_token_id: int = 2,
+        tie_word_embeddings: bool = False,
+        initializer_range: float = 0.02,
+        fuse_norm: bool = True,
+        fuse_swiglu: bool = True,
+        fuse_cross_entropy: bool = True,
+        fuse_linear_cross_entropy: bool = False,
+        use_l2warp: bool = False,
+        vocab_size: int = 32000,
+        attnres_block_size: int | None = None,
+        **kwargs,
+    ):
+        self.hidden_size = hidden_size
+        self.expand_k = expand_k
+        self.expand_v = expand_v
+        self.hidden_ratio = hidden_ratio
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.feature_map = feature_map
+        self.attn_mode = attn_mode
+        self.use_short_conv = use_short_conv
+        self.conv_size = conv_size
+        self.use_output_gate = use_output_gate
+        self.clamp_min = clamp_min
+        self.hidden_act = hidden_act
+        self.max_position_embeddings = max_position_embeddings
+        self.elementwise_affine = elementwise_affine
+        self.norm_eps = norm_eps
+        self.use_gk = use_gk
+        self.use_gv = use_gv
+        self.attn = attn
+        self.use_cache = use_cache
+        self.initializer_range = initializer_range
+        self.fuse_norm = fuse_norm
+        self.fuse_swiglu = fuse_swiglu
+        self.fuse_cross_entropy = fuse_cross_entropy
+        self.fuse_linear_cross_entropy = fuse_linear_cross_entropy
+        self.use_l2warp = use_l2warp
+        self.vocab_size = vocab_size
+        self.attnres_block_size = attnres_block_size
+        super().__init__(
+            pad_token_id=pad_token_id,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            tie_word_embeddings=tie_word_embeddings,
+            **kwargs,
+        )
+
+
+# fla GLA options this implementation does not reproduce, with the value it supports.
+_UNSUPPORTED = {
+    "use_short_conv": False,
+    "feature_map": None,
+    "use_gv": False,
+    "attn": None,
+    "attnres_block_size": None,
+    "hidden_act": "swish",
+    "use_output_gate": True,
+    "elementwise_affine": True,
+}
+
+
+def check_supported(config: GLAConfig) -> None:
+    bad = [f"{key}={getattr(config, key, None)!r} (supported: {ok!r})" for key, ok in _UNSUPPORTED.items()
+           if getattr(config, key, ok) != ok]
+    if bad:
+        raise ValueError("this GLA config uses options laquant's GLA path does not implement: " + ", ".join(bad))
+
+
+class RMSNorm(nn.Module):
+    """fla's RMSNorm: statistics in float32, optional fused residual add (``prenorm``)."""
+
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, prenorm: bool = False):
+        dtype = x.dtype
+        h = x.float() if residual is None else x.float() + residual.float()
+        out = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + self.eps) * self.weight.float()
+        out = out.to(dtype)
+        return (out, h.to(dtype)) if prenorm else out
+
+
+class GatedRMSNorm(nn.Module):
+    """fla's FusedRMSNormGated with swish: ``rmsnorm(x) * weight * silu(g)``, in float32."""
+
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + self.eps) * self.weight.float()
+        return (h * F.silu(g.float())).to(x.dtype)
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden_size: int, hidden_ratio: int | None, intermediate_size: int | None):
+        super().__init__()
+        if intermediate_size is None:
+            intermediate_size = int(hidden_size * (hidden_ratio or 4) * 2 / 3)
+            intermediate_size = 256 * ((intermediate_size + 255) // 256)
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class GatedLinearAttention(nn.Module):
+    """fla's GatedLinearAttention (no short conv, no feature map), on laquant.kernels."""
+
+    gate_logit_normalizer = 16
+    gate_low_rank_dim = 16
+
+    def __init__(self, config: GLAConfig, layer_idx: int):
+        super().__init__()
+        hidden = config.hidden_size
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads or config.num_heads
+        self.num_kv_groups = self.num_heads // self.num_kv_heads
+        self.key_dim = round(hidden * config.expand_k)
+        self.value_dim = round(hidden * config.expand_v)
+        if not (math.isclose(hidden * config.expand_k, self.key_dim)
+                and math.isclose(hidden * config.expand_v, self.value_dim)):
+            raise ValueError("hidden_size * expand_k and hidden_size * expand_v must be integers")
+        if self.key_dim % self.num_heads or self.value_dim % self.num_heads:
+            raise ValueError(f"key dim {self.key_dim} and value dim {self.value_dim} must divide by num_heads")
+        self.head_k_dim = self.key_dim // self.num_heads
+        self.head_v_dim = self.value_dim // self.num_heads
+        kv_k, kv_v = self.key_dim // self.num_kv_groups, self.value_dim // self.num_kv_groups
+        self.clamp_min = config.clamp_min
+
+        self.q_proj = nn.Linear(hidden, self.key_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_k, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_v, bias=False)
+        self.g_proj = nn.Linear(hidden, self.value_dim, bias=False)
+        self.gk_proj = nn.Sequential(
+            nn.Linear(hidden, self.gate_low_rank_dim, bias=False),
+            nn.Linear(self.gate_low_rank_dim, kv_k, bias=True),
+        )
+        self.o_proj = nn.Linear(self.value_dim, hidden, bias=False)
+        self.g_norm_swish_gate = GatedRMSNorm(self.head_v_dim, eps=config.norm_eps)
+
+    def _heads(self, x: torch.Tensor, head_dim: int, shared_kv: bool = True) -> torch.Tensor:
+        """``[..., H*D] -> [..., H, D]``; k, v and gates are shared across query groups (MQA/GQA)."""
+        x = x.unflatten(-1, (-1, head_dim))
+        return x.repeat_interleave(self.num_kv_groups, dim=-2) if shared_kv and self.num_kv_groups > 1 else x
+
+    def log_decay(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-channel log-decay (<= 0) from the gate logits, as fla computes it."""
+        gk = F.logsigmoid(self.gk_proj(x).float()) / self.gate_logit_normalizer
+        if self.clamp_min is not None:
+            gk = gk.clamp_min(self.clamp_min)
+        return gk
+
+    def forward(self, x: torch.Tensor, cache: GLAStateCache | None = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self._heads(self.q_proj(x), self.head_k_dim, shared_kv=False)
+        k = self._heads(self.k_proj(x), self.head_k_dim)
+        v = self._heads(self.v_proj(x), self.head_v_dim)
+        gk = self._heads(self.log_decay(x), self.head_k_dim)
+
+        state = cache.get(self.layer_idx) if cache is not None else None
+        if T == 1 and cache is not None:
+            o, state = recurrent_gla_step(q[:, 0], k[:, 0], v[:, 0], gk[:, 0],
+                                          state if state is not None else q.new_zeros(
+                                              B, self.num_heads, self.head_k_dim, self.head_v_dim, dtype=torch.float32))
+            o = o.unsqueeze(1)
+        else:
+            o, state = chunk_gla(q, k, v, gk, initial_state=state, output_final_state=cache is not None)
+        if cache is not None:
+            cache.update(self.layer_idx, state, T)
+
+        g = self.g_proj(x).unflatten(-1, (-1, self.head_v_dim))
+        o = self.g_norm_swish_gate(o, g).flatten(-2)
+        return self.o_proj(o)
+
+
+class GLABlock(nn.Module):
+    def __init__(self, config: GLAConfig, layer_idx: int):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.attn = GatedLinearAttention(config, layer_idx)
+        self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.mlp = GatedMLP(config.hidden_size, config.hidden_ratio, config.intermediate_size)
+
+    def forward(self, hidden: torch.Tensor, cache: GLAStateCache | None = None) -> torch.Tensor:
+        residual = hidden
+        hidden = self.attn(self.attn_norm(hidden), cache)
+        hidden, residual = self.mlp_norm(hidden, residual, prenorm=True)
+        return residual + self.mlp(hidden)
+
+
+class GLAPreTrainedModel(PreTrainedModel):
+    config_class = GLAConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["GLABlock"]
+    _is_stateful = True
+
+    def _init_weights(self, module: nn.Module):
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, (RMSNorm, GatedRMSNorm)):
+            nn.init.ones_(module.weight)
+
+
+class GLAModel(GLAPreTrainedModel):
+    def __init__(self, config: GLAConfig):
+        check_supported(config)
+        super().__init__(config)
+        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.layers = nn.ModuleList(GLABlock(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings = value
+
+    def forward(self, input_ids: torch.LongTensor, cache: GLAStateCache | None = None) -> torch.Tensor:
+        hidden = self.embeddings(input_ids)
+        for layer in self.layers:
+            hidden = layer(hidden, cache)
+        return self.norm(hidden)
+
+
+class GLAForCausalLM(GLAPreTrainedModel):
+    _tied_weights_keys = {"lm_head.weight": "model.embeddings.weight"}
+
+    def __init__(self, config: GLAConfig):
+        super().__init__(config)
+        self.model = GLAModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embeddings
+
+    def set_input_embeddings(self, value):
+        self.model.embeddings = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def new_cache(self) -> GLAStateCache:
+        return GLAStateCache(self.config.num_hidden_layers)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        labels: torch.LongTensor | None = None,
+        past_key_values: GLAStateCache | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """``past_key_values`` carries the recurrent state; with ``use_cache`` and none given, a
+        fresh cache is made and returned, so ``model(ids[:, -1:], past_key_values=out.past_key_values)``
+        continues the sequence. Labels are the inputs (shifted inside), as in transformers."""
+        if use_cache and past_key_values is None:
+            past_key_values = self.new_cache()
+        hidden = self.model(input_ids, past_key_values)
+        logits = self.lm_head(hidden)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
