@@ -1,9 +1,10 @@
 """Perplexity with strided windows, in prefill mode (chunked path) and decode mode (recurrent path).
 
-Windows follow the standard Hugging Face recipe: a window of ``context`` tokens every ``stride``
-tokens; each window scores only the tokens the previous window did not, so every token after the
-first is predicted exactly once, with up to ``context - 1`` tokens of left context. Both modes see
-the same windows and the same targets: in exact arithmetic they compute the same number.
+Windows follow the standard Hugging Face recipe: the tokens are scored in blocks of ``stride``;
+each block is scored by a window of ``context`` tokens that ends with it, so every token after the
+first is predicted exactly once, with at least ``context - stride`` tokens of left context (all
+windows have the full length). Both modes see the same windows and the same targets: in exact
+arithmetic they compute the same number.
 
 * prefill: the whole window in one forward pass (chunked linear attention);
 * decode: the window token by token, the recurrent state carried in a cache between steps. This
@@ -31,22 +32,23 @@ class Window:
     first_target: int  # first position in [begin, end) whose token is scored
 
 
+def default_stride(context: int) -> int:
+    return max(1, context // 2)
+
+
 def strided_windows(n_tokens: int, context: int, stride: int) -> list[Window]:
     if context < 2:
         raise LaquantError(f"--context must be at least 2 tokens, got {context}")
-    if not 0 < stride <= context:
-        raise LaquantError(f"--stride must be in 1..context ({context}), got {stride}")
+    if not 0 < stride < context:
+        raise LaquantError(f"--stride must be in 1..{context - 1} (less than the context), got {stride}")
     if n_tokens < context:
         raise LaquantError(
             f"context {context} is longer than the data ({n_tokens} tokens); use a shorter --context or more data"
         )
-    windows, prev_end = [], 0
-    for begin in range(0, n_tokens, stride):
-        end = min(begin + context, n_tokens)
-        windows.append(Window(begin, end, max(prev_end, begin + 1)))
-        prev_end = end
-        if end == n_tokens:
-            break
+    windows = [Window(0, context, 1)]
+    while windows[-1].end < n_tokens:
+        end = min(windows[-1].end + stride, n_tokens)
+        windows.append(Window(end - context, end, windows[-1].end))
     return windows
 
 
@@ -89,24 +91,19 @@ def perplexity(
     """
     if mode not in MODES:
         raise LaquantError(f"unknown --mode {mode!r}; choose from {', '.join(MODES)}")
-    stride = stride or max(1, context // 2)
+    stride = stride or default_stride(context)
     windows = strided_windows(len(ids), context, stride)
     device = next(model.parameters()).device
-
-    # Windows of equal length run as one batch; only the last window can be shorter.
-    groups: dict[int, list[Window]] = {}
-    for w in windows:
-        groups.setdefault(w.end - w.begin, []).append(w)
-    batches = [ws[i:i + batch_size] for _, ws in sorted(groups.items(), reverse=True) for i in range(0, len(ws), batch_size)]
+    batches = [windows[i:i + batch_size] for i in range(0, len(windows), batch_size)]
 
     nll_sum = torch.zeros(context, dtype=torch.float64)
     count = torch.zeros(context, dtype=torch.float64)
-    steps = sum(b[0].end - b[0].begin for b in batches) if mode == "decode" else len(windows)
+    steps = len(batches) * context if mode == "decode" else len(windows)
     bar = tqdm(total=steps, desc=f"ppl {mode} ctx={context}", unit="tok" if mode == "decode" else "win",
                disable=not progress, leave=False)
     start = time.perf_counter()
+    length = context
     for batch in batches:
-        length = batch[0].end - batch[0].begin
         inputs = torch.stack([ids[w.begin:w.end] for w in batch]).to(device)
         # mask[b, p] is True where the token at offset p + 1 is scored (predicted from offset p)
         offsets = torch.arange(1, length)
@@ -127,8 +124,8 @@ def perplexity(
         if not torch.isfinite(nll[mask]).all():
             raise LaquantError(f"non-finite loss in {mode} mode: the model produced NaN/Inf logits")
         nll = nll.double() * mask
-        nll_sum[1:length] += nll.sum(0)
-        count[1:length] += mask.sum(0)
+        nll_sum[1:] += nll.sum(0)
+        count[1:] += mask.sum(0)
     bar.close()
     seconds = time.perf_counter() - start
     total = int(count.sum().item())

@@ -100,6 +100,7 @@ def chunk_gla(
     B, T, H, K = q.shape
     V = v.shape[-1]
     C = chunk_size
+    out_dtype = v.dtype
     acc = _acc_dtype(q, k, v, g)
     scale = K**-0.5 if scale is None else scale
     n_chunks = -(-T // C)
@@ -131,7 +132,7 @@ def chunk_gla(
     o = o + torch.stack(inter, dim=2)
 
     o = o.permute(0, 2, 3, 1, 4).reshape(B, n_chunks * C, H, V)[:, :T]
-    return o.to(v.dtype), (state if output_final_state else None)
+    return o.to(out_dtype), (state if output_final_state else None)
 
 
 def naive_gla(

@@ -33,23 +33,23 @@ def cmd_eval_ppl(args: argparse.Namespace) -> int:
     import torch
 
     from laquant.data import load_text, tokenize
-    from laquant.eval.ppl import perplexity
-    from laquant.loading import load_model, resolve_model_dir
+    from laquant.eval.ppl import default_stride, perplexity, strided_windows
+    from laquant.loading import load_model, load_tokenizer, read_supported_config, resolve_model_dir
 
-    for ctx in args.context:
-        if ctx < 2:
-            raise LaquantError(f"--context must be at least 2 tokens, got {ctx}")
     if args.max_tokens is not None and args.max_tokens < 2:
         raise LaquantError(f"--max-tokens must be at least 2, got {args.max_tokens}")
     device = _pick_device(args.device)
     dtype_name = DTYPES[args.dtype] if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
     dtype = getattr(torch, dtype_name)
     model_dir = resolve_model_dir(args.model)
+    read_supported_config(model_dir)
     text = load_text(args.data)
-    model, tokenizer = load_model(model_dir, device=device, dtype=dtype)
-    ids = tokenize(text, tokenizer)
+    ids = tokenize(text, load_tokenizer(model_dir))
     if args.max_tokens is not None:
         ids = ids[: args.max_tokens]
+    for ctx in args.context:  # every window plan is checked before any work starts
+        strided_windows(len(ids), ctx, args.stride or default_stride(ctx))
+    model, _ = load_model(model_dir, device=device, dtype=dtype)
 
     results = []
     for ctx in args.context:

@@ -55,21 +55,37 @@ def read_config(model_dir: Path) -> dict:
 SUPPORTED_MODEL_TYPES = ("gla",)
 
 
-def load_model(spec: str | Path | None = None, device: str | torch.device = "cpu",
-               dtype: torch.dtype = torch.float32):
-    """Load a supported model (laquant's implementation) and its tokenizer, in eval mode."""
-    from transformers import AutoTokenizer
-
-    from laquant.models import GLAConfig, GLAForCausalLM
-    from laquant.models.gla import check_supported
-
-    model_dir = resolve_model_dir(spec)
+def read_supported_config(model_dir: Path) -> dict:
+    """The model's config.json, after checking that laquant supports its architecture."""
     cfg = read_config(model_dir)
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise LaquantError(
             f"{model_dir}: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
+    return cfg
+
+
+def load_tokenizer(spec: str | Path | None = None):
+    from transformers import AutoTokenizer
+
+    model_dir = resolve_model_dir(spec)
+    try:
+        return AutoTokenizer.from_pretrained(model_dir)
+    except Exception as exc:
+        raise LaquantError(f"could not load the tokenizer from {model_dir} ({type(exc).__name__})") from None
+
+
+def load_model(spec: str | Path | None = None, device: str | torch.device = "cpu",
+               dtype: torch.dtype = torch.float32):
+    """Load a supported model (laquant's implementation) and its tokenizer, in eval mode."""
+    from transformers.utils import logging as hf_logging
+
+    from laquant.models import GLAConfig, GLAForCausalLM
+    from laquant.models.gla import check_supported
+
+    model_dir = resolve_model_dir(spec)
+    cfg = read_supported_config(model_dir)
     if not any(model_dir.glob("*.safetensors")):
         raise LaquantError(f"{model_dir} has no .safetensors weights (laquant never loads pickle checkpoints)")
     config = GLAConfig.from_dict(cfg)
@@ -77,12 +93,12 @@ def load_model(spec: str | Path | None = None, device: str | torch.device = "cpu
         check_supported(config)
     except ValueError as exc:
         raise LaquantError(f"{model_dir}: {exc}") from None
+    tokenizer = load_tokenizer(model_dir)
+    hf_logging.disable_progress_bar()  # one bar per weight file is noise next to laquant's own
     try:
         model = GLAForCausalLM.from_pretrained(model_dir, config=config, dtype=dtype, use_safetensors=True)
     except Exception as exc:
         raise LaquantError(f"could not load weights from {model_dir}: {type(exc).__name__}: {exc}".splitlines()[0]) from None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    except Exception as exc:
-        raise LaquantError(f"could not load the tokenizer from {model_dir} ({type(exc).__name__})") from None
+    finally:
+        hf_logging.enable_progress_bar()
     return model.to(device).eval(), tokenizer

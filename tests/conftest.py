@@ -29,3 +29,21 @@ def trained_model_dir():
     from laquant.loading import default_model_dir
 
     return os.environ.get("LAQUANT_TEST_MODEL") or str(default_model_dir())
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny random GLA checkpoint in fla's format, with the embedded tokenizer (plumbing tests only)."""
+    import shutil
+
+    from laquant.loading import default_model_dir
+    from laquant.models import GLAConfig, GLAForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-gla")
+    torch.manual_seed(1)
+    cfg = GLAConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=8192, bos_token_id=0,
+                    eos_token_id=0)
+    GLAForCausalLM(cfg).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_model_dir() / name, out / name)
+    return out

@@ -1,0 +1,67 @@
+"""The laquant command line: results, JSON output, and one-line errors with a non-zero exit."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from laquant.cli import main
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_eval_ppl_table_and_json(capsys, tmp_path, tiny_model_dir):
+    path = tmp_path / "out" / "ppl.json"
+    code, out, err = _run(capsys, "eval", "ppl", str(tiny_model_dir), "--context", "64", "128",
+                          "--max-tokens", "400", "--json", str(path), "--quiet")
+    assert code == 0
+    assert "prefill" in out and "decode" in out
+    payload = json.loads(path.read_text())
+    assert payload["tokens"] == 400 and payload["dtype"] == "float32"
+    assert [(r["mode"], r["context"]) for r in payload["results"]] == [
+        ("prefill", 64), ("decode", 64), ("prefill", 128), ("decode", 128)]
+    by_ctx = {}
+    for r in payload["results"]:
+        by_ctx.setdefault(r["context"], []).append(r["ppl"])
+    for pre, dec in by_ctx.values():
+        assert pre == pytest.approx(dec, rel=1e-4)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["eval", "ppl", "/no/such/model"], "model directory not found"),
+    (["eval", "ppl", "{tiny}", "--data", "/no/such/file.txt"], "data file not found"),
+    (["eval", "ppl", "{tiny}", "--data", "{tmp}"], "is a directory"),
+    (["eval", "ppl", "{tiny}", "--data", "{binary}"], "cannot read data file"),
+    (["eval", "ppl", "{tiny}", "--data", "{empty}"], "is empty"),
+    (["eval", "ppl", "{tiny}", "--context", "4096", "--max-tokens", "300"], "longer than the data"),
+    (["eval", "ppl", "{llama}"], "model_type 'llama' is not supported; supported: gla"),
+    (["eval", "ppl", "{tiny}", "--device", "cuda:7"] if not __import__("torch").cuda.is_available() else
+     ["eval", "ppl", "/no/such/model"], "cuda" if not __import__("torch").cuda.is_available() else "not found"),
+    (["calibrate", "--recipe", "gla_int8"], "not available yet"),
+    (["eval", "speed"], "not available yet"),
+    (["inspect", "x"], "not available yet"),
+])
+def test_bad_input_is_one_clear_line(capsys, tmp_path, tiny_model_dir, argv, message):
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00\x81" * 10)
+    (tmp_path / "empty.txt").write_text("  \n")
+    subs = {"{tiny}": str(tiny_model_dir), "{tmp}": str(tmp_path), "{llama}": str(tmp_path / "llama"),
+            "{binary}": str(tmp_path / "bin.txt"), "{empty}": str(tmp_path / "empty.txt")}
+    code, out, err = _run(capsys, *[subs.get(a, a) for a in argv])
+    assert code != 0
+    assert message in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_console_script_runs():
+    proc = subprocess.run([sys.executable, "-m", "laquant.cli", "eval", "ppl", "/no/such/dir"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "laquant: error: model directory not found: /no/such/dir"

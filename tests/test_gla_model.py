@@ -1,0 +1,88 @@
+"""laquant's GLA model: fla's checkpoint format, CPU path, prefill/decode agreement, reload."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import rel_err
+from laquant.errors import LaquantError
+from laquant.loading import load_model
+from laquant.models import GLAConfig, GLAForCausalLM
+
+
+def _random_model(**overrides):
+    cfg = dict(hidden_size=96, num_hidden_layers=2, num_heads=3, vocab_size=300)
+    cfg.update(overrides)
+    model = GLAForCausalLM(GLAConfig(**cfg)).eval()
+    # make the gates and norms non-trivial so a bug in either shows up
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.copy_(torch.randn_like(p) * 0.5 + (1.0 if "norm" in name else 0.0))
+    return model
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("overrides", [{}, {"num_kv_heads": 1}, {"clamp_min": -0.05}])
+def test_decode_token_by_token_equals_prefill(overrides):
+    model = _random_model(**overrides)
+    ids = torch.randint(0, 300, (2, 41))
+    full = model(input_ids=ids).logits
+    cache = model.new_cache()
+    steps = torch.cat([model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits
+                       for t in range(41)], 1)
+    assert rel_err(steps, full) < 1e-5
+    assert cache.seen_tokens == 41
+    assert cache.state_bytes() == 2 * 2 * 3 * 16 * 32 * 4  # layers * B * H * K * V * fp32
+
+
+@torch.no_grad()
+def test_chunked_prefill_then_continue_with_cache():
+    model = _random_model()
+    ids = torch.randint(0, 300, (1, 90))
+    full = model(input_ids=ids).logits
+    out = model(input_ids=ids[:, :53], use_cache=True)
+    rest = model(input_ids=ids[:, 53:], past_key_values=out.past_key_values, use_cache=True).logits
+    assert rel_err(torch.cat([out.logits, rest], 1), full) < 1e-5
+
+
+def test_parameter_names_follow_fla():
+    names = set(_random_model().state_dict())
+    for expected in ["model.embeddings.weight", "model.layers.0.attn_norm.weight", "model.layers.0.attn.q_proj.weight",
+                     "model.layers.0.attn.gk_proj.0.weight", "model.layers.0.attn.gk_proj.1.bias",
+                     "model.layers.0.attn.g_norm_swish_gate.weight", "model.layers.0.mlp.gate_proj.weight",
+                     "model.layers.0.mlp_norm.weight", "model.norm.weight", "lm_head.weight"]:
+        assert expected in names
+
+
+def test_loss_is_shifted_cross_entropy():
+    model = _random_model()
+    ids = torch.randint(0, 300, (2, 17))
+    out = model(input_ids=ids, labels=ids)
+    ref = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 300), ids[:, 1:].reshape(-1))
+    assert torch.allclose(out.loss, ref)
+
+
+@torch.no_grad()
+def test_save_and_reload_through_transformers(tmp_path, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    import laquant  # noqa: F401  (registers model_type "gla")
+
+    model, _ = load_model(tiny_model_dir)
+    auto = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    ids = torch.randint(0, 8192, (1, 25))
+    assert torch.equal(model(input_ids=ids).logits, auto(input_ids=ids).logits)
+    assert json.loads((tiny_model_dir / "config.json").read_text())["model_type"] == "gla"
+
+
+def test_unsupported_fla_options_are_refused(tmp_path, tiny_model_dir):
+    import shutil
+
+    shutil.copytree(tiny_model_dir, tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    cfg["use_short_conv"] = True
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(LaquantError, match="use_short_conv"):
+        load_model(tmp_path / "m")
