@@ -17,6 +17,8 @@ nothing overflows, however strong the decay.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 
@@ -90,11 +92,17 @@ def chunk_gla(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     chunk_size: int = 16,
+    state_roundtrip: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    roundtrip_every: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked form: exact attention inside each chunk, the state carried between chunks.
 
     The intra-chunk part is vectorised over all chunks; only the state hand-over between chunks
     is a loop. Memory is ``O(B * H * T * chunk_size * K)``.
+
+    ``state_roundtrip`` models a kernel that keeps the inter-chunk state in a storage format: the
+    state passes through it (store, then load) every ``roundtrip_every`` chunks, as a kernel
+    materialising its chunk states in memory would (4 x 16 = the 64-token chunks of fla's kernels).
     """
     _check_shapes(q, k, v, g, initial_state)
     B, T, H, K = q.shape
@@ -129,6 +137,8 @@ def chunk_gla(
     for n in range(n_chunks):
         inter.append(q_from_start[:, :, n] @ state)
         state = chunk_decay[:, :, n].unsqueeze(-1) * state + k_to_end[:, :, n].transpose(-1, -2) @ v[:, :, n]
+        if state_roundtrip is not None and (n + 1) % roundtrip_every == 0 and n + 1 < n_chunks:
+            state = state_roundtrip(state)
     o = o + torch.stack(inter, dim=2)
 
     o = o.permute(0, 2, 3, 1, 4).reshape(B, n_chunks * C, H, V)[:, :T]

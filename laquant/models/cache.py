@@ -2,25 +2,38 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
-class GLAStateCache:
-    """One recurrent state ``[B, H, K, V]`` (float32) per layer, plus the number of tokens seen.
+@dataclass
+class StoredState:
+    """A layer's state as stored: ``data`` (fp32, bf16 or fp8) and its float32 ``scale`` (fp8 only)."""
 
-    Unlike a KV cache it does not grow with the sequence: a linear-attention layer's whole memory
-    of the past is its state.
-    """
+    data: torch.Tensor
+    scale: torch.Tensor | None
+    n_stores: int
+
+    def nbytes(self) -> int:
+        n = self.data.numel() * self.data.element_size()
+        return n + (self.scale.numel() * self.scale.element_size() if self.scale is not None else 0)
+
+
+class GLAStateCache:
+    """One recurrent state ``[B, H, K, V]`` per layer in the layer's storage format, plus the
+    number of tokens seen. Unlike a KV cache it does not grow: a linear-attention layer's whole
+    memory of the past is its state."""
 
     def __init__(self, num_layers: int):
-        self.states: list[torch.Tensor | None] = [None] * num_layers
+        self.states: list[StoredState | None] = [None] * num_layers
         self.seen_tokens = 0
 
-    def get(self, layer_idx: int) -> torch.Tensor | None:
+    def get(self, layer_idx: int) -> StoredState | None:
         return self.states[layer_idx]
 
-    def update(self, layer_idx: int, state: torch.Tensor, new_tokens: int) -> None:
-        self.states[layer_idx] = state
+    def update(self, layer_idx: int, stored: StoredState, new_tokens: int) -> None:
+        self.states[layer_idx] = stored
         if layer_idx == len(self.states) - 1:
             self.seen_tokens += new_tokens
 
@@ -28,4 +41,4 @@ class GLAStateCache:
         return sum(s is not None for s in self.states)
 
     def state_bytes(self) -> int:
-        return sum(s.numel() * s.element_size() for s in self.states if s is not None)
+        return sum(s.nbytes() for s in self.states if s is not None)

@@ -17,7 +17,8 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from laquant.kernels import chunk_gla, recurrent_gla_step
-from laquant.models.cache import GLAStateCache
+from laquant.models.cache import GLAStateCache, StoredState
+from laquant.quant.state import StateQuantizer
 
 
 class GLAConfig(PretrainedConfig):
@@ -200,6 +201,7 @@ class GatedLinearAttention(nn.Module):
         )
         self.o_proj = nn.Linear(self.value_dim, hidden, bias=False)
         self.g_norm_swish_gate = GatedRMSNorm(self.head_v_dim, eps=config.norm_eps)
+        self.state_quantizer = StateQuantizer("fp32")  # how the state is stored between steps/chunks
 
     def _heads(self, x: torch.Tensor, head_dim: int, shared_kv: bool = True) -> torch.Tensor:
         """``[..., H*D] -> [..., H, D]``; k, v and gates are shared across query groups (MQA/GQA)."""
@@ -220,16 +222,22 @@ class GatedLinearAttention(nn.Module):
         v = self._heads(self.v_proj(x), self.head_v_dim)
         gk = self._heads(self.log_decay(x), self.head_k_dim)
 
-        state = cache.get(self.layer_idx) if cache is not None else None
+        sq = self.state_quantizer
+        stored = cache.get(self.layer_idx) if cache is not None else None
+        state = sq.load(stored.data, stored.scale) if stored is not None else None
         if T == 1 and cache is not None:
-            o, state = recurrent_gla_step(q[:, 0], k[:, 0], v[:, 0], gk[:, 0],
-                                          state if state is not None else q.new_zeros(
-                                              B, self.num_heads, self.head_k_dim, self.head_v_dim, dtype=torch.float32))
+            if state is None:
+                state = q.new_zeros(B, self.num_heads, self.head_k_dim, self.head_v_dim, dtype=torch.float32)
+            o, state = recurrent_gla_step(q[:, 0], k[:, 0], v[:, 0], gk[:, 0], state)
             o = o.unsqueeze(1)
         else:
-            o, state = chunk_gla(q, k, v, gk, initial_state=state, output_final_state=cache is not None)
+            roundtrip = sq.roundtrip if sq.format.name != "fp32" else None
+            o, state = chunk_gla(q, k, v, gk, initial_state=state, output_final_state=cache is not None,
+                                 state_roundtrip=roundtrip)
         if cache is not None:
-            cache.update(self.layer_idx, state, T)
+            n_stores = stored.n_stores + 1 if stored is not None else 1
+            data, scale = sq.store(state, stored.scale if stored is not None else None, n_stores)
+            cache.update(self.layer_idx, StoredState(data, scale, n_stores), T)
 
         g = self.g_proj(x).unflatten(-1, (-1, self.head_v_dim))
         o = self.g_norm_swish_gate(o, g).flatten(-2)

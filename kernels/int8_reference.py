@@ -1,0 +1,49 @@
+"""Reference for the int8 GEMM with an LLM.int8-style outlier split (the spec for the Triton kernel).
+
+``y = dequant(int8(x[:, keep]) @ W_int8^T) + x[:, outliers] @ W_outliers^T (+ bias)``
+
+The activation is quantized per token (or per tensor) with dynamic absmax scales, the weight per
+output channel (or per tensor). The int8 x int8 products are summed exactly (int32 semantics; the
+reference uses float64, exact for any realistic K), then scaled by the row and column scales.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from laquant.quant.numerics import dequantize, quantize_int8
+
+
+def int8_matmul_exact(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a [M, K] int8 @ b [N, K]^T int8`` summed exactly, returned as float32 (int32 values)."""
+    return (a.double() @ b.double().T).float()
+
+
+def int8_outlier_linear(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    keep_idx: torch.Tensor | None,
+    outlier_idx: torch.Tensor | None,
+    outlier_weight: torch.Tensor | None,
+    bias: torch.Tensor | None = None,
+    act_granularity: str = "per_token",
+) -> torch.Tensor:
+    """x ``[..., in]`` -> ``[..., out]`` in x's dtype; weight_scale ``[out, 1]`` or ``[1, 1]``.
+
+    ``act_granularity``: ``per_token`` / ``per_tensor`` (dynamic int8 activations), or ``none``
+    (weight-only: the activation stays in float and meets the dequantized weight).
+    """
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    main = x2 if keep_idx is None else x2.index_select(1, keep_idx)
+    if act_granularity == "none":
+        y = main.float() @ dequantize(qweight, weight_scale).T
+    else:
+        qx, x_scale = quantize_int8(main, dim=-1 if act_granularity == "per_token" else None)
+        y = int8_matmul_exact(qx, qweight) * x_scale * weight_scale.view(1, -1)
+    if outlier_idx is not None and outlier_idx.numel():
+        y = y + x2.index_select(1, outlier_idx).float() @ outlier_weight.float().T
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype).reshape(*shape[:-1], -1)

@@ -1,0 +1,50 @@
+"""The interface every architecture adapter implements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+
+@dataclass(frozen=True)
+class MixerInfo:
+    """A linear-attention layer and its state layout: ``num_heads`` states of ``[head_k, head_v]``."""
+
+    name: str
+    layer_idx: int
+    num_heads: int
+    head_k: int
+    head_v: int
+
+
+class Adapter:
+    model_type: str = ""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def projections(self) -> dict[str, nn.Linear]:
+        raise NotImplementedError
+
+    def gates(self) -> dict[str, nn.Module]:
+        raise NotImplementedError
+
+    def mixers(self) -> dict[str, MixerInfo]:
+        raise NotImplementedError
+
+    def kept(self) -> dict[str, list[str]]:
+        """Role -> module names kept in high precision (embeddings, norms, lm_head)."""
+        raise NotImplementedError
+
+    def gate_log_decay(self, gate_name: str, logits: torch.Tensor) -> torch.Tensor:
+        """The log-decay a gate's logits turn into (for statistics)."""
+        raise NotImplementedError
+
+    def module(self, name: str) -> nn.Module:
+        return self.model.get_submodule(name)
+
+    def replace(self, name: str, new: nn.Module) -> None:
+        parent, _, child = name.rpartition(".")
+        setattr(self.model.get_submodule(parent) if parent else self.model, child, new)

@@ -1,0 +1,56 @@
+"""GLA (flash-linear-attention ``model_type: gla``) on laquant's implementation."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from laquant.adapters.base import Adapter, MixerInfo
+from laquant.errors import LaquantError
+
+ATTN_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "g_proj", "o_proj")
+MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+class GLAAdapter(Adapter):
+    model_type = "gla"
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        from laquant.models.gla import GatedLinearAttention
+
+        if not hasattr(model, "model") or not hasattr(model.model, "layers"):
+            raise LaquantError("GLA adapter: expected a GLAForCausalLM with model.layers; "
+                               f"got {type(model).__name__}")
+        for i, layer in enumerate(model.model.layers):
+            if not isinstance(layer.attn, GatedLinearAttention):
+                raise LaquantError(f"GLA adapter: model.layers.{i}.attn is {type(layer.attn).__name__}, expected "
+                                   "laquant's GatedLinearAttention (load the model with laquant.load_model)")
+
+    def _layers(self):
+        return enumerate(self.model.model.layers)
+
+    def projections(self) -> dict[str, nn.Module]:
+        out = {}
+        for i, layer in self._layers():
+            out.update({f"model.layers.{i}.attn.{p}": getattr(layer.attn, p) for p in ATTN_PROJECTIONS})
+            out.update({f"model.layers.{i}.mlp.{p}": getattr(layer.mlp, p) for p in MLP_PROJECTIONS})
+        return out
+
+    def gates(self) -> dict[str, nn.Module]:
+        return {f"model.layers.{i}.attn.gk_proj": layer.attn.gk_proj for i, layer in self._layers()}
+
+    def mixers(self) -> dict[str, MixerInfo]:
+        return {f"model.layers.{i}.attn": MixerInfo(f"model.layers.{i}.attn", i, layer.attn.num_heads,
+                                                    layer.attn.head_k_dim, layer.attn.head_v_dim)
+                for i, layer in self._layers()}
+
+    def kept(self) -> dict[str, list[str]]:
+        norms = [n for n, m in self.model.named_modules() if type(m).__name__ in ("RMSNorm", "GatedRMSNorm")]
+        return {"embeddings": ["model.embeddings"], "norms": norms, "lm_head": ["lm_head"]}
+
+    def gate_log_decay(self, gate_name: str, logits: torch.Tensor) -> torch.Tensor:
+        attn = self.module(gate_name.rpartition(".")[0])
+        gk = F.logsigmoid(logits.float()) / attn.gate_logit_normalizer
+        return gk.clamp_min(attn.clamp_min) if attn.clamp_min is not None else gk

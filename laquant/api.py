@@ -1,0 +1,72 @@
+"""The Python API: ``laquant.calibrate``, ``laquant.save``, ``laquant.load``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from laquant.adapters import get_adapter
+from laquant.calibration.run import calibration_batches, collect_stats
+from laquant.calibration.stats import Stats
+from laquant.checkpoint import fill_model, load_state_dict_file, read_quantization_config, save_quantized
+from laquant.errors import LaquantError
+from laquant.quantize import apply, plan
+from laquant.recipe import load_recipe
+
+
+@dataclass
+class Calibrated:
+    """What :func:`calibrate` returns: the quantized model and how it got there."""
+
+    model: torch.nn.Module
+    recipe: dict
+    decisions: dict
+    stats: Stats
+
+
+def calibrate(model, recipe: dict | str, data: torch.Tensor | None = None, stats: Stats | None = None,
+              samples: int = 128, seq_len: int = 2048, seed: int = 0, progress: bool = True) -> Calibrated:
+    """Quantize ``model`` in place with ``recipe`` (a name, path or validated dict).
+
+    ``data``: a 1-D token tensor (random windows are drawn from it) or ``[N, L]`` batches. Pass
+    ``stats`` instead to reuse statistics from an earlier run.
+    """
+    recipe = load_recipe(recipe) if isinstance(recipe, str) else recipe
+    adapter = get_adapter(model)
+    if stats is None:
+        if data is None:
+            raise LaquantError("calibrate needs calibration data (token ids) or saved stats")
+        batches = data if data.dim() == 2 else calibration_batches(data, samples, seq_len, seed)
+        threshold = recipe["projections"]["outlier_threshold"] or 6.0
+        stats = collect_stats(model, adapter, batches, threshold=threshold, seed=seed, progress=progress)
+    elif stats.meta.get("model_type") != model.config.model_type:
+        raise LaquantError(f"the statistics were collected on a {stats.meta.get('model_type')!r} model, "
+                           f"not {model.config.model_type!r}")
+    decisions = plan(adapter, stats, recipe)
+    apply(model, adapter, decisions, stats)
+    return Calibrated(model, recipe, decisions, stats)
+
+
+def save(result: Calibrated, out: str | Path, tokenizer=None, report: str | None = None,
+         overwrite: bool = False) -> Path:
+    return save_quantized(result.model, Path(out), result.recipe, result.decisions, result.stats, tokenizer,
+                          report, overwrite)
+
+
+def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    """A laquant checkpoint (or a plain model) as ``(model, tokenizer)``, in eval mode."""
+    from laquant.loading import load_model, load_tokenizer, read_supported_config, resolve_model_dir
+    from laquant.models import GLAConfig, GLAForCausalLM
+
+    model_dir = resolve_model_dir(path)
+    qcfg = read_quantization_config(model_dir)
+    if qcfg is None:
+        return load_model(model_dir, device=device, dtype=dtype)
+    cfg = read_supported_config(model_dir)
+    cfg.pop("quantization_config")
+    model = GLAForCausalLM(GLAConfig.from_dict(cfg)).to(dtype)
+    apply(model, get_adapter(model), qcfg["decisions"])
+    fill_model(model, load_state_dict_file(model_dir / "model.safetensors"), model_dir)
+    return model.to(device).eval(), load_tokenizer(model_dir)

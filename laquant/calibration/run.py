@@ -1,0 +1,70 @@
+"""The calibration pass: calibration batches through the model with observers attached."""
+
+from __future__ import annotations
+
+import torch
+from tqdm.auto import tqdm
+
+from laquant.calibration.observers import GateObserver, ProjectionObserver, StateObserver
+from laquant.calibration.stats import Stats
+from laquant.errors import LaquantError
+
+
+def calibration_batches(ids: torch.Tensor, samples: int, seq_len: int, seed: int = 0) -> torch.Tensor:
+    """``samples`` random windows of ``seq_len`` tokens from the 1-D token tensor ``ids``."""
+    if samples < 1 or seq_len < 2:
+        raise LaquantError(f"--samples must be >= 1 and --seq-len >= 2 (got {samples}, {seq_len})")
+    if len(ids) < seq_len:
+        raise LaquantError(f"calibration data is too short: {len(ids)} tokens, but --seq-len is {seq_len}; "
+                           "use more text or a shorter --seq-len")
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(ids) - seq_len + 1, (samples,), generator=gen)
+    return torch.stack([ids[s:s + seq_len] for s in starts.tolist()])
+
+
+@torch.no_grad()
+def collect_stats(model, adapter, batches: torch.Tensor, threshold: float = 6.0, segment: int = 256,
+                  batch_size: int = 8, seed: int = 0, progress: bool = True) -> Stats:
+    """Run ``batches [N, L]`` through ``model`` in segments of ``segment`` tokens, carrying the
+    recurrent state in a cache, so the state can be read at every segment boundary."""
+    gen = torch.Generator().manual_seed(seed)
+    # lm_head is observed too, so the same statistics serve recipes that keep it and those that don't
+    observed = {**adapter.projections(), **{n: adapter.module(n) for n in adapter.kept()["lm_head"]}}
+    proj = {n: ProjectionObserver(n, m, threshold, gen) for n, m in observed.items()}
+    gates = {n: GateObserver(n, lambda y, n=n: adapter.gate_log_decay(n, y), gen) for n in adapter.gates()}
+    mixers = adapter.mixers()
+    states = {n: StateObserver(n) for n in mixers}
+    handles = [adapter.module(n).register_forward_pre_hook(o) for n, o in proj.items()]
+    handles += [adapter.module(n).register_forward_hook(o) for n, o in gates.items()]
+    device = next(model.parameters()).device
+    n, length = batches.shape
+    steps = -(-n // batch_size) * -(-length // segment)
+    try:
+        with tqdm(total=steps, desc="calibrating", unit="seg", disable=not progress, leave=False) as bar:
+            for i in range(0, n, batch_size):
+                batch = batches[i:i + batch_size].to(device)
+                cache = model.new_cache()
+                for start in range(0, length, segment):
+                    end = min(start + segment, length)
+                    logits = model(input_ids=batch[:, start:end], past_key_values=cache, use_cache=True).logits
+                    if not torch.isfinite(logits).all():
+                        raise LaquantError("NaN/Inf in the model's logits during calibration")
+                    for name, info in mixers.items():
+                        stored = cache.get(info.layer_idx)
+                        states[name].observe(end, adapter.module(name).state_quantizer.load(stored.data, stored.scale))
+                    bar.update(1)
+    finally:
+        for h in handles:
+            h.remove()
+
+    tensors = {}
+    for group in (proj, gates, states):
+        for name, obs in group.items():
+            tensors.update({f"{name}/{k}": v.float().contiguous() for k, v in obs.result().items()})
+    meta = {
+        "model_type": model.config.model_type, "samples": n, "seq_len": length, "segment": segment,
+        "threshold": threshold, "seed": seed,
+        "roles": {"projections": list(proj), "gates": list(gates), "mixers": list(mixers)},
+        "mixers": {k: vars(v) for k, v in mixers.items()},
+    }
+    return Stats(tensors, meta)

@@ -1,0 +1,138 @@
+"""Quantized checkpoints: written to a temporary folder and moved into place; reloaded bit-exactly.
+
+``OUT/`` holds ``model.safetensors`` (int8 weights, float32 scales, outlier indices, the rest in
+the checkpoint's storage dtype), ``config.json`` with a ``quantization_config``, ``recipe.yaml``,
+``stats.safetensors``, the tokenizer files and ``report.md``. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from laquant.errors import LaquantError
+
+QUANT_METHOD = "laquant"
+FORMAT_VERSION = 1
+
+
+def check_out_dir(out: Path, overwrite: bool) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise LaquantError(f"output {out} exists and is not empty; pass --overwrite to replace it")
+
+
+def _storage_tensor(t: torch.Tensor, storage_dtype: torch.dtype) -> torch.Tensor:
+    """Float tensors go to the storage dtype where that loses nothing (weights that came from a
+    bf16 checkpoint); scales and anything else that would round keep their dtype."""
+    t = t.detach().cpu().contiguous()
+    if t.is_floating_point() and t.dtype != storage_dtype and t.element_size() > 1:
+        cast = t.to(storage_dtype)
+        if torch.equal(cast.to(t.dtype), t):
+            return cast
+    return t
+
+
+class _StagingDir:
+    """``with _StagingDir(out, overwrite) as tmp:`` fill ``tmp``; on success it replaces ``out``."""
+
+    def __init__(self, out: Path, overwrite: bool):
+        self.out, self.overwrite = Path(out), overwrite
+
+    def __enter__(self) -> Path:
+        check_out_dir(self.out, self.overwrite)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.partial-", dir=self.out.parent))
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return False
+        umask = os.umask(0)
+        os.umask(umask)
+        self.tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the result should not be
+        for f in self.tmp.iterdir():
+            f.chmod(0o666 & ~umask)
+        old = None
+        if self.out.exists():
+            old = self.out.with_name(f".{self.out.name}.old-{os.getpid()}")
+            self.out.rename(old)
+        self.tmp.rename(self.out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return False
+
+
+def save_quantized(model, out: Path, recipe: dict, decisions: dict, stats=None, tokenizer=None,
+                   report: str | None = None, overwrite: bool = False,
+                   storage_dtype: torch.dtype = torch.bfloat16) -> Path:
+    from safetensors.torch import save_file
+
+    from laquant.recipe import recipe_to_yaml
+
+    out = Path(out)
+    with _StagingDir(out, overwrite) as tmp:
+        state = {k: _storage_tensor(v, storage_dtype) for k, v in model.state_dict().items()}
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "quant_method": QUANT_METHOD})
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        # the compute dtype the model was saved in: from_pretrained then rebuilds it bit for bit
+        config["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+        config["quantization_config"] = {
+            "quant_method": QUANT_METHOD, "format_version": FORMAT_VERSION,
+            "recipe": recipe, "decisions": decisions,
+        }
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        (tmp / "recipe.yaml").write_text(recipe_to_yaml(recipe))
+        if stats is not None:
+            stats.save(tmp / "stats.safetensors")
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if report is not None:
+            (tmp / "report.md").write_text(report)
+    return out
+
+
+def read_quantization_config(model_dir: Path) -> dict | None:
+    from laquant.loading import read_config
+
+    qcfg = read_config(Path(model_dir)).get("quantization_config")
+    if qcfg is None:
+        return None
+    if qcfg.get("quant_method") != QUANT_METHOD:
+        raise LaquantError(f"{model_dir} is quantized with {qcfg.get('quant_method')!r}, not by laquant")
+    if qcfg.get("format_version") != FORMAT_VERSION or "decisions" not in qcfg:
+        raise LaquantError(f"{model_dir}: unsupported laquant checkpoint format {qcfg.get('format_version')!r} "
+                           f"(this laquant reads version {FORMAT_VERSION})")
+    return qcfg
+
+
+def load_state_dict_file(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise LaquantError(f"checkpoint weights not found: {path}")
+    try:
+        return load_file(str(path))
+    except Exception as exc:
+        raise LaquantError(f"{path} is corrupted or truncated ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+                           "re-create the checkpoint") from None
+
+
+def fill_model(model, state: dict[str, torch.Tensor], source: Path) -> None:
+    """Load ``state`` into ``model``; every key must match, or the checkpoint does not fit the model."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if missing or unexpected:
+        what = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
+        raise LaquantError(f"{source} does not match its quantization_config ({what}); the checkpoint is corrupted")
+    for k, v in state.items():
+        if expected[k].shape != v.shape:
+            raise LaquantError(f"{source}: tensor {k} has shape {tuple(v.shape)}, expected {tuple(expected[k].shape)}")
+    model.load_state_dict(state, strict=True)

@@ -1,0 +1,119 @@
+"""Quantized modules that replace a model's ``nn.Linear`` layers.
+
+All numerics go through :mod:`laquant.quant.numerics` and :mod:`laquant.kernels`; the modules only
+hold the quantized tensors (as buffers, so they save and load with the state dict) and wire them.
+Each module can be built empty from its recorded decision (shapes only), which is how a
+checkpoint is reloaded: build, then ``load_state_dict``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from laquant.kernels import int8_outlier_linear
+from laquant.quant.numerics import INT8_MAX, dequantize, quantize_int8
+
+GRANULARITIES = ("per_channel", "per_tensor")
+ACT_GRANULARITIES = ("per_token", "per_tensor", "none")  # none: weight-only
+
+
+class QuantLinear(nn.Module):
+    """W8A8 int8 linear with an LLM.int8-style outlier split.
+
+    Input channels listed in ``outlier_idx`` skip quantization and go through a small matmul in
+    the model's dtype; the rest are quantized (activations per token, dynamically; weights per
+    output channel) and multiplied in int8 with exact int32 accumulation. The two are summed.
+    """
+
+    def __init__(self, in_features: int, out_features: int, n_outliers: int, bias: bool,
+                 weight_granularity: str = "per_channel", act_granularity: str = "per_token",
+                 dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight_granularity, self.act_granularity = weight_granularity, act_granularity
+        n_main = in_features - n_outliers
+        self.register_buffer("qweight", torch.zeros(out_features, n_main, dtype=torch.int8))
+        n_scales = out_features if weight_granularity == "per_channel" else 1
+        self.register_buffer("weight_scale", torch.ones(n_scales, 1, dtype=torch.float32))
+        self.register_buffer("keep_idx", torch.arange(n_main, dtype=torch.long))
+        self.register_buffer("outlier_idx", torch.zeros(n_outliers, dtype=torch.long))
+        self.register_buffer("outlier_weight", torch.zeros(out_features, n_outliers, dtype=dtype))
+        self.register_buffer("bias", torch.zeros(out_features, dtype=dtype) if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, outlier_idx: torch.Tensor, weight_granularity: str = "per_channel",
+                    act_granularity: str = "per_token") -> QuantLinear:
+        w = linear.weight.detach()
+        outlier_idx = torch.as_tensor(outlier_idx, dtype=torch.long).sort().values
+        mod = cls(linear.in_features, linear.out_features, len(outlier_idx), linear.bias is not None,
+                  weight_granularity, act_granularity, dtype=w.dtype)
+        keep = torch.ones(linear.in_features, dtype=torch.bool)
+        keep[outlier_idx] = False
+        keep_idx = keep.nonzero().flatten()
+        qweight, scale = quantize_int8(w[:, keep_idx], dim=-1 if weight_granularity == "per_channel" else None)
+        mod.qweight.copy_(qweight)
+        mod.weight_scale.copy_(scale.reshape(-1, 1))
+        mod.keep_idx.copy_(keep_idx)
+        mod.outlier_idx.copy_(outlier_idx)
+        mod.outlier_weight.copy_(w[:, outlier_idx])
+        if linear.bias is not None:
+            mod.bias.copy_(linear.bias.detach())
+        return mod.to(w.device)
+
+    @property
+    def n_outliers(self) -> int:
+        return self.outlier_idx.numel()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return int8_outlier_linear(
+            x, self.qweight, self.weight_scale,
+            None if self.n_outliers == 0 else self.keep_idx,
+            self.outlier_idx, self.outlier_weight, self.bias, self.act_granularity,
+        )
+
+    def dequantized_weight(self) -> torch.Tensor:
+        w = torch.empty(self.out_features, self.in_features, dtype=torch.float32, device=self.qweight.device)
+        w[:, self.keep_idx] = dequantize(self.qweight, self.weight_scale)
+        w[:, self.outlier_idx] = self.outlier_weight.float()
+        return w
+
+    def extra_repr(self) -> str:
+        return (f"in={self.in_features}, out={self.out_features}, outliers={self.n_outliers}, "
+                f"weight={self.weight_granularity}, act={self.act_granularity}")
+
+
+class QuantGate(nn.Sequential):
+    """A gate projection (GLA's low-rank ``gk_proj``) with calibrated per-channel handling.
+
+    The projection's linears are :class:`QuantLinear` (or kept as they are); the gate logits are
+    then clamped to the calibrated range ``[logit_min, logit_max]`` of each output channel and
+    quantized to int8 with a static scale per channel (``scaling: per_channel``) or one for all
+    channels (``per_tensor``, the naive form, where a few extreme channels cost the others their
+    resolution). Keeping the index-based names of ``nn.Sequential`` keeps parameter paths stable.
+    """
+
+    def __init__(self, *linears: nn.Module, n_channels: int, scaling: str = "per_channel", clamp: bool = True):
+        super().__init__(*linears)
+        self.scaling, self.clamp = scaling, clamp
+        n = n_channels if scaling == "per_channel" else 1
+        self.register_buffer("logit_min", torch.full((n_channels,), -torch.inf))
+        self.register_buffer("logit_max", torch.full((n_channels,), torch.inf))
+        self.register_buffer("logit_scale", torch.ones(n))
+
+    def calibrate(self, logit_min: torch.Tensor, logit_max: torch.Tensor) -> None:
+        self.logit_min.copy_(logit_min)
+        self.logit_max.copy_(logit_max)
+        amax = torch.maximum(logit_min.abs(), logit_max.abs()).float()
+        amax = amax if self.scaling == "per_channel" else amax.max().reshape(1)
+        self.logit_scale.copy_(amax.clamp_min(1e-8) / INT8_MAX)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = super().forward(x)
+        if self.clamp:
+            logits = torch.maximum(torch.minimum(logits, self.logit_max.to(logits.dtype)), self.logit_min.to(logits.dtype))
+        q, scale = quantize_int8(logits, scale=self.logit_scale)
+        return dequantize(q, scale, logits.dtype)
+
+    def extra_repr(self) -> str:
+        return f"scaling={self.scaling}, clamp={self.clamp}"

@@ -1,0 +1,115 @@
+"""Stats + recipe -> per-module decisions (``plan``) -> quantized modules in the model (``apply``).
+
+Decisions are plain JSON (they go into ``config.json``'s ``quantization_config``), so a saved
+checkpoint is rebuilt by ``apply(model, adapter, decisions)`` with empty modules of the right
+shapes, then filled by ``load_state_dict``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from laquant.calibration.stats import Stats
+from laquant.errors import LaquantError
+from laquant.quant.modules import QuantGate, QuantLinear
+from laquant.quant.numerics import FP8_E4M3_MAX
+from laquant.quant.state import StateQuantizer
+
+
+def select_outliers(absmax: torch.Tensor, threshold: float | None, top_k: int | None) -> list[int]:
+    """Input channels kept in high precision: the ``top_k`` largest calibrated absmax, or those above ``threshold``."""
+    if top_k is not None:
+        return sorted(absmax.topk(min(top_k, absmax.numel())).indices.tolist())
+    if threshold is None:
+        return []
+    return (absmax > threshold).nonzero().flatten().tolist()
+
+
+def plan(adapter, stats: Stats, recipe: dict) -> dict:
+    proj_recipe, gate_recipe, state_recipe = recipe["projections"], recipe["gates"], recipe["state"]
+    projections = dict(adapter.projections())
+    if "lm_head" not in recipe["keep"]:
+        projections.update({n: adapter.module(n) for n in adapter.kept()["lm_head"]})
+    decisions: dict = {"projections": {}, "gates": {}, "state": {}}
+    if proj_recipe["format"] == "int8":
+        for name in projections:
+            outliers = select_outliers(stats.get(name, "act_absmax"), proj_recipe["outlier_threshold"],
+                                       proj_recipe["outlier_top_k"])
+            decisions["projections"][name] = {
+                "format": "int8", "outliers": outliers,
+                "weight_granularity": proj_recipe["weight_granularity"],
+                "act_granularity": proj_recipe["act_granularity"],
+            }
+    if gate_recipe["format"] == "int8":
+        for name, gate in adapter.gates().items():
+            decisions["gates"][name] = {
+                "format": "int8", "weight_granularity": gate_recipe["weight_granularity"],
+                "scaling": gate_recipe["scaling"], "clamp": gate_recipe["clamp"],
+                "n_channels": _linears(gate)[-1].out_features,
+            }
+    for name in adapter.mixers():
+        decisions["state"][name] = {"format": state_recipe["format"], "renorm_interval": state_recipe["renorm_interval"]}
+    return decisions
+
+
+def _linears(gate) -> list:
+    return list(gate) if isinstance(gate, torch.nn.Sequential) else [gate]
+
+
+def static_state_scale(state_absmax: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Calibrated fp8 scale for a state ``[H, K]`` absmax, shaped to broadcast over ``[B, H, K, V]``."""
+    if fmt == "fp8_row":
+        amax = state_absmax.unsqueeze(-1)
+    elif fmt == "fp8_head":
+        amax = state_absmax.amax(-1).view(-1, 1, 1)
+    else:
+        amax = state_absmax.amax()
+    return (amax.float() / FP8_E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+
+
+@torch.no_grad()
+def apply(model, adapter, decisions: dict, stats: Stats | None = None) -> None:
+    """Rewrite ``model`` in place. With ``stats``: quantize the real weights. Without: build empty
+    modules of the recorded shapes (for loading a checkpoint's state dict into)."""
+    dtype = next(model.parameters()).dtype
+    for name, d in decisions["projections"].items():
+        linear = adapter.module(name)
+        if stats is not None:
+            new = QuantLinear.from_linear(linear, torch.tensor(d["outliers"], dtype=torch.long),
+                                          d["weight_granularity"], d["act_granularity"])
+        else:
+            new = QuantLinear(linear.in_features, linear.out_features, len(d["outliers"]), linear.bias is not None,
+                              d["weight_granularity"], d["act_granularity"], dtype=dtype)
+        adapter.replace(name, new.to(linear.weight.device))
+
+    for name, d in decisions["gates"].items():
+        gate = adapter.module(name)
+        linears = []
+        for lin in _linears(gate):
+            if stats is not None:
+                q = QuantLinear.from_linear(lin, torch.zeros(0, dtype=torch.long), d["weight_granularity"], "none")
+            else:
+                q = QuantLinear(lin.in_features, lin.out_features, 0, lin.bias is not None,
+                                d["weight_granularity"], "none", dtype=dtype)
+            linears.append(q.to(lin.weight.device))
+        new = QuantGate(*linears, n_channels=d["n_channels"], scaling=d["scaling"], clamp=d["clamp"])
+        if stats is not None:
+            new.calibrate(stats.get(name, "logit_min"), stats.get(name, "logit_max"))
+        adapter.replace(name, new.to(linears[-1].qweight.device))
+
+    for name, d in decisions["state"].items():
+        mixer = adapter.module(name)
+        static = None
+        if d["renorm_interval"] == 0 and d["format"].startswith("fp8"):
+            info = adapter.mixers()[name]
+            if stats is not None:
+                static = static_state_scale(stats.get(name, "state_absmax"), d["format"])
+            else:
+                shape = {"fp8_row": (info.num_heads, info.head_k, 1), "fp8_head": (info.num_heads, 1, 1)}
+                static = torch.ones(shape.get(d["format"], ()))
+            mixer.register_buffer("state_static_scale", static.to(next(mixer.parameters(), static).device))
+            static = mixer.state_static_scale
+        try:
+            mixer.state_quantizer = StateQuantizer(d["format"], d["renorm_interval"], static)
+        except ValueError as exc:
+            raise LaquantError(f"{name}: {exc}") from None

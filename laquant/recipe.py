@@ -1,0 +1,121 @@
+"""Recipes: load a YAML recipe by name or path, apply ``--set`` overrides, validate every field.
+
+A recipe speaks in roles (projections, gates, state, keep), never in module names; an
+architecture adapter maps roles to modules.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+
+from laquant.errors import LaquantError
+from laquant.quant.state import STATE_FORMATS
+from laquant.recipes import recipe_dir
+
+ANY_NUMBER_OR_NULL = "a number > 0, or null"
+ANY_INT_OR_NULL = "an integer > 0, or null"
+
+# section -> field -> (allowed values | description, default)
+SCHEMA: dict[str, dict[str, tuple]] = {
+    "projections": {
+        "format": (("int8", "keep"), "int8"),
+        "weight_granularity": (("per_channel", "per_tensor"), "per_channel"),
+        "act_granularity": (("per_token", "per_tensor"), "per_token"),
+        "outlier_threshold": (ANY_NUMBER_OR_NULL, 6.0),
+        "outlier_top_k": (ANY_INT_OR_NULL, None),
+    },
+    "gates": {
+        "format": (("int8", "keep"), "int8"),
+        "weight_granularity": (("per_channel", "per_tensor"), "per_channel"),
+        "scaling": (("per_channel", "per_tensor"), "per_channel"),
+        "clamp": ((True, False), True),
+    },
+    "state": {
+        "format": (STATE_FORMATS, "fp32"),
+        "renorm_interval": ("an integer >= 0", 1),
+    },
+}
+TOP_LEVEL = ("name", "description", *SCHEMA, "keep")
+KEEPABLE = ("embeddings", "norms", "lm_head")
+ALWAYS_KEPT = ("embeddings", "norms")
+
+
+def available_recipes() -> list[str]:
+    return sorted(p.stem for p in recipe_dir().glob("*.yaml"))
+
+
+def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> dict:
+    """A validated recipe dict with every field present (defaults filled in)."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = recipe_dir() / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise LaquantError(f"unknown recipe {name_or_path!r}; available: {', '.join(available_recipes())} "
+                           "(or a path to a .yaml file)")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise LaquantError(f"recipe {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise LaquantError(f"recipe {path} must be a mapping of sections, got {type(raw).__name__}")
+    for item in overrides or []:
+        _apply_override(raw, item)
+    return validate_recipe(raw, source=str(path))
+
+
+def _apply_override(recipe: dict, item: str) -> None:
+    key, sep, value = item.partition("=")
+    parts = key.strip().split(".")
+    if not sep or len(parts) != 2 or not all(parts):
+        raise LaquantError(f"--set {item!r}: expected SECTION.FIELD=VALUE, e.g. state.format=fp32")
+    section = recipe.setdefault(parts[0], {})
+    if not isinstance(section, dict):
+        raise LaquantError(f"--set {item!r}: recipe section {parts[0]!r} is not a mapping")
+    section[parts[1]] = yaml.safe_load(value)
+
+
+def validate_recipe(raw: dict, source: str = "recipe") -> dict:
+    unknown = [k for k in raw if k not in TOP_LEVEL]
+    if unknown:
+        raise LaquantError(f"{source}: unknown key {unknown[0]!r}; allowed keys: {', '.join(TOP_LEVEL)}")
+    recipe = {"name": str(raw.get("name", Path(source).stem)), "description": str(raw.get("description", ""))}
+    for section, fields in SCHEMA.items():
+        given = raw.get(section) or {}
+        if not isinstance(given, dict):
+            raise LaquantError(f"{source}: {section} must be a mapping of fields ({', '.join(fields)})")
+        bad = [k for k in given if k not in fields]
+        if bad:
+            raise LaquantError(f"{source}: unknown key {section}.{bad[0]}; allowed: {', '.join(fields)}")
+        out = {}
+        for field, (allowed, default) in fields.items():
+            value = given.get(field, default)
+            if not _valid(value, allowed):
+                shown = allowed if isinstance(allowed, str) else ", ".join(map(str, allowed))
+                raise LaquantError(f"{source}: {section}.{field} = {value!r} is not allowed; allowed: {shown}")
+            out[field] = value
+        recipe[section] = out
+    keep = raw.get("keep", list(KEEPABLE))
+    if not isinstance(keep, list) or any(k not in KEEPABLE for k in keep):
+        raise LaquantError(f"{source}: keep must be a list of roles from: {', '.join(KEEPABLE)}; got {keep!r}")
+    missing = [r for r in ALWAYS_KEPT if r not in keep]
+    if missing:
+        raise LaquantError(f"{source}: keep must include {', '.join(missing)}: laquant does not quantize them")
+    recipe["keep"] = keep
+    return recipe
+
+
+def _valid(value, allowed) -> bool:
+    if allowed == ANY_NUMBER_OR_NULL:
+        return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0)
+    if allowed == ANY_INT_OR_NULL:
+        return value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0)
+    if allowed == "an integer >= 0":
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return any(value is a or (type(value) is type(a) and value == a) for a in allowed)
+
+
+def recipe_to_yaml(recipe: dict) -> str:
+    return yaml.safe_dump(copy.deepcopy(recipe), sort_keys=False)
