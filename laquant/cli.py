@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from laquant.commands import add_calibrate_arguments, run_calibrate, run_inspect
 from laquant.errors import LaquantError
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
@@ -33,47 +34,61 @@ def cmd_eval_ppl(args: argparse.Namespace) -> int:
     import torch
 
     from laquant.data import load_text, tokenize
+    from laquant.api import load
     from laquant.eval.ppl import default_stride, perplexity, strided_windows
-    from laquant.loading import load_model, load_tokenizer, read_supported_config, resolve_model_dir
+    from laquant.loading import load_tokenizer, read_supported_config, resolve_model_dir
 
     if args.max_tokens is not None and args.max_tokens < 2:
         raise LaquantError(f"--max-tokens must be at least 2, got {args.max_tokens}")
     device = _pick_device(args.device)
     dtype_name = DTYPES[args.dtype] if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
     dtype = getattr(torch, dtype_name)
-    model_dir = resolve_model_dir(args.model)
-    read_supported_config(model_dir)
+    model_dirs = {"model": resolve_model_dir(args.model)}
+    if args.baseline is not None:
+        model_dirs = {"baseline": resolve_model_dir(args.baseline), **model_dirs}
+    for d in model_dirs.values():
+        read_supported_config(d)
     text = load_text(args.data)
-    ids = tokenize(text, load_tokenizer(model_dir))
+    ids = tokenize(text, load_tokenizer(model_dirs["model"]))
     if args.max_tokens is not None:
         ids = ids[: args.max_tokens]
     for ctx in args.context:  # every window plan is checked before any work starts
         strided_windows(len(ids), ctx, args.stride or default_stride(ctx))
-    model, _ = load_model(model_dir, device=device, dtype=dtype)
 
     results = []
-    for ctx in args.context:
-        for mode in args.mode:
-            res = perplexity(model, ids, context=ctx, stride=args.stride, mode=mode,
-                             batch_size=args.batch_size, progress=not args.quiet)
-            results.append(res)
-            if not args.quiet:
-                print(f"  {mode:<8} context {ctx:>6}: ppl {res.ppl:.4f}  ({res.tokens_scored} tokens, {res.seconds:.1f}s)",
-                      file=sys.stderr)
+    for label, model_dir in model_dirs.items():
+        model, _ = load(model_dir, device=device, dtype=dtype)
+        for ctx in args.context:
+            for mode in args.mode:
+                res = perplexity(model, ids, context=ctx, stride=args.stride, mode=mode,
+                                 batch_size=args.batch_size, progress=not args.quiet)
+                results.append((label, model_dir, res))
+        del model
 
-    header = f"{'mode':<8} {'context':>7} {'stride':>6} {'tokens':>8} {'nll':>8} {'ppl':>10} {'seconds':>8}"
-    print(f"model: {model_dir}\ndata: {args.data} ({len(ids)} tokens)  device: {device}  dtype: {dtype_name}")
+    header = f"{'model':<9} {'mode':<8} {'context':>7} {'stride':>6} {'tokens':>8} {'nll':>8} {'ppl':>10} {'seconds':>8}"
+    for label, d in model_dirs.items():
+        print(f"{label}: {d}")
+    print(f"data: {args.data} ({len(ids)} tokens)  device: {device}  dtype: {dtype_name}")
     print(header)
     print("-" * len(header))
-    for r in results:
-        print(f"{r.mode:<8} {r.context:>7} {r.stride:>6} {r.tokens_scored:>8} {r.nll:>8.4f} {r.ppl:>10.4f} {r.seconds:>8.1f}")
+    for label, _, r in results:
+        print(f"{label:<9} {r.mode:<8} {r.context:>7} {r.stride:>6} {r.tokens_scored:>8} {r.nll:>8.4f} {r.ppl:>10.4f} "
+              f"{r.seconds:>8.1f}")
 
     if args.json:
         payload = {
-            "model": str(model_dir), "data": args.data, "tokens": len(ids), "device": device, "dtype": dtype_name,
-            "versions": _versions(), "results": [r.to_dict() for r in results],
+            "model": str(model_dirs["model"]), "data": args.data, "tokens": len(ids), "device": device,
+            "dtype": dtype_name, "versions": _versions(),
+            "results": [{"model": label, **r.to_dict()} for label, _, r in results],
         }
+        if args.baseline is not None:
+            payload["baseline"] = str(model_dirs["baseline"])
         _write_atomic(Path(args.json), json.dumps(payload, indent=2) + "\n")
+    if args.plot:
+        from laquant.eval.plots import plot_loss_by_position
+
+        series = {f"{label} {r.mode} ctx={r.context}": r.loss_by_position for label, _, r in results}
+        plot_loss_by_position(series, Path(args.plot), f"loss by position, {args.data}")
     return 0
 
 
@@ -101,13 +116,16 @@ def build_parser() -> argparse.ArgumentParser:
         "Post-training quantization for linear-attention and hybrid language models."))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p_cal = sub.add_parser("calibrate", help="calibrate and quantize a model with a recipe (not available yet)")
-    p_cal.add_argument("--recipe")
-    p_cal.set_defaults(func=_not_available("calibrate", "calibration and recipes are being built"))
+    p_cal = sub.add_parser("calibrate", help="calibrate and quantize a model with a recipe, export a checkpoint",
+                           description="Collect activation, gate and state statistics, quantize by the recipe, "
+                                       "compare perplexity with the unquantized model, and write OUT/.")
+    add_calibrate_arguments(p_cal)
+    p_cal.set_defaults(func=lambda a: run_calibrate(a, _pick_device(a.device)))
 
-    p_inspect = sub.add_parser("inspect", help="per-layer statistics of a quantized checkpoint (not available yet)")
-    p_inspect.add_argument("path", nargs="?")
-    p_inspect.set_defaults(func=_not_available("inspect", "it reads checkpoints that `calibrate` writes"))
+    p_inspect = sub.add_parser("inspect", help="per-layer summary and plots of a laquant checkpoint")
+    p_inspect.add_argument("path", help="a folder written by `laquant calibrate`")
+    p_inspect.add_argument("--plots", default=None, help="folder for the PNG plots (default: PATH/plots)")
+    p_inspect.set_defaults(func=run_inspect)
 
     p_eval = sub.add_parser("eval", help="evaluate a model: perplexity or speed")
     eval_sub = p_eval.add_subparsers(dest="eval_command", required=True, metavar="WHAT")
@@ -128,7 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_ppl.add_argument("--device", default="cpu", help="cpu, cuda, or auto (default: cpu)")
     p_ppl.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                        help="compute dtype (default: float32 on CPU, bfloat16 on CUDA)")
+    p_ppl.add_argument("--baseline", default=None, help="also evaluate this model (e.g. the unquantized one)")
     p_ppl.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p_ppl.add_argument("--plot", metavar="PNG", help="also plot loss by position in the window")
     p_ppl.add_argument("--quiet", action="store_true", help="no progress bars")
     p_ppl.set_defaults(func=cmd_eval_ppl)
 

@@ -12,6 +12,8 @@ from laquant.errors import LaquantError
 # Named datasets: the shipped local copy, and the Hugging Face id it is a copy of.
 NAMED = {
     "wikitext2": ("data/wikitext-2-raw/wiki.test.raw", ("wikitext", "wikitext-2-raw-v1", "test")),
+    # exllamav2's standard calibration text (MIT): Wikipedia, C4, TinyStories, technical prose
+    "calibration": ("data/calibration/*.utf8", None),
 }
 
 
@@ -23,7 +25,8 @@ def load_text(spec: str) -> str:
     """``wikitext2`` (shipped copy), a path to a UTF-8 text file, or ``DATASET_ID[:CONFIG]`` (test split)."""
     if spec in NAMED:
         local, _ = NAMED[spec]
-        return _read_file(_asset(local))
+        folder, _, pattern = local.rpartition("/")
+        return "\n\n".join(_read_file(p) for p in sorted(_asset(folder).glob(pattern)))
     path = Path(spec).expanduser()
     if path.exists() or path.suffix or spec.startswith((".", "/", "~")):
         return _read_file(path)

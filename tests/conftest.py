@@ -43,7 +43,7 @@ def tiny_model_dir(tmp_path_factory):
     torch.manual_seed(1)
     cfg = GLAConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=8192, bos_token_id=0,
                     eos_token_id=0)
-    GLAForCausalLM(cfg).save_pretrained(out)
+    GLAForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out)  # stored as bf16, like the shipped model
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(default_model_dir() / name, out / name)
     return out

@@ -42,9 +42,7 @@ def test_eval_ppl_table_and_json(capsys, tmp_path, tiny_model_dir):
     (["eval", "ppl", "{llama}"], "model_type 'llama' is not supported; supported: gla"),
     (["eval", "ppl", "{tiny}", "--device", "cuda:7"] if not __import__("torch").cuda.is_available() else
      ["eval", "ppl", "/no/such/model"], "cuda" if not __import__("torch").cuda.is_available() else "not found"),
-    (["calibrate", "--recipe", "gla_int8"], "not available yet"),
     (["eval", "speed"], "not available yet"),
-    (["inspect", "x"], "not available yet"),
 ])
 def test_bad_input_is_one_clear_line(capsys, tmp_path, tiny_model_dir, argv, message):
     (tmp_path / "llama").mkdir()

@@ -71,7 +71,7 @@ def test_save_and_reload_through_transformers(tmp_path, tiny_model_dir):
     import laquant  # noqa: F401  (registers model_type "gla")
 
     model, _ = load_model(tiny_model_dir)
-    auto = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    auto = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     ids = torch.randint(0, 8192, (1, 25))
     assert torch.equal(model(input_ids=ids).logits, auto(input_ids=ids).logits)
     assert json.loads((tiny_model_dir / "config.json").read_text())["model_type"] == "gla"

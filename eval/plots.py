@@ -1,0 +1,119 @@
+"""PNG plots of calibration statistics: outlier channels, gate ranges, state magnitude over time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from laquant.calibration.stats import Stats
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _by_suffix(names: list[str]) -> dict[str, list[str]]:
+    groups: dict[str, list[str]] = {}
+    for n in names:
+        groups.setdefault(n.rsplit(".", 1)[-1], []).append(n)
+    return groups
+
+
+def plot_outliers(stats: Stats, path: Path, threshold: float | None) -> None:
+    """Heatmaps of per-input-channel absmax, one panel per projection kind, layers as rows."""
+    plt = _plt()
+    groups = _by_suffix([n for n in stats.modules("projections") if n != "lm_head"])
+    fig, axes = plt.subplots(len(groups), 1, figsize=(11, 2.0 * len(groups) + 0.5), squeeze=False)
+    for ax, (kind, names) in zip(axes[:, 0], sorted(groups.items())):
+        grid = np.stack([stats.get(n, "act_absmax").numpy() for n in names])
+        im = ax.imshow(np.log10(np.maximum(grid, 1e-3)), aspect="auto", cmap="magma", interpolation="nearest")
+        title = f"{kind} input: log10 |x| max per channel"
+        if threshold:
+            title += f"  ({int((grid > threshold).sum())} channel-layers > {threshold:g})"
+        ax.set_title(title, fontsize=9)
+        ax.set_ylabel("layer")
+        fig.colorbar(im, ax=ax, fraction=0.02)
+    axes[-1, 0].set_xlabel("input channel")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_gates(stats: Stats, path: Path) -> None:
+    """Per layer and channel: the calibrated gate-logit range and the 0.1-99.9 percentile band."""
+    plt = _plt()
+    names = stats.modules("gates")
+    fig, axes = plt.subplots(len(names), 1, figsize=(11, 1.8 * len(names) + 0.5), squeeze=False, sharex=True)
+    for ax, name in zip(axes[:, 0], names):
+        lo, hi = stats.get(name, "logit_min").numpy(), stats.get(name, "logit_max").numpy()
+        p_lo, p_hi = stats.get(name, "logit_p001").numpy(), stats.get(name, "logit_p999").numpy()
+        x = np.arange(len(lo))
+        ax.vlines(x, lo, hi, color="tab:red", lw=1, label="min..max")
+        ax.vlines(x, p_lo, p_hi, color="tab:blue", lw=3, label="p0.1..p99.9")
+        ax.set_ylabel(name.split(".")[2] if name.count(".") > 2 else name, fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_title("gate logits per channel (decay = sigmoid(logit)^(1/16))", fontsize=9)
+    axes[0, 0].legend(fontsize=7, loc="upper right")
+    axes[-1, 0].set_xlabel("gate channel (head-major)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_state(stats: Stats, path: Path) -> None:
+    """State absmax per head over the calibration sequence, one panel per layer."""
+    plt = _plt()
+    names = stats.modules("mixers")
+    cols = min(4, len(names))
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows + 0.4), squeeze=False)
+    for ax, name in zip(axes.flat, names):
+        traj = stats.get(name, "state_trajectory").numpy()  # [checkpoints, H, K]
+        pos = stats.get(name, "checkpoints").numpy()
+        for h in range(traj.shape[1]):
+            ax.plot(pos, traj[:, h].max(-1), label=f"head {h}")
+        ax.set_yscale("log")
+        ax.set_title(name, fontsize=8)
+        ax.set_xlabel("tokens", fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    axes[0, 0].legend(fontsize=6)
+    axes[0, 0].set_ylabel("state absmax")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_loss_by_position(series: dict[str, list[float]], path: Path, title: str) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, values in series.items():
+        v = np.array(values[1:])
+        window = max(1, len(v) // 64)
+        smooth = np.convolve(v, np.ones(window) / window, mode="valid")
+        ax.plot(np.arange(1, len(smooth) + 1) + window // 2, smooth, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("position in window")
+    ax.set_ylabel("mean NLL (nats)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_stat_plots(stats: Stats, folder: Path, threshold: float | None) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / "outliers.png", folder / "gates.png", folder / "state.png"]
+    plot_outliers(stats, paths[0], threshold)
+    plot_gates(stats, paths[1])
+    plot_state(stats, paths[2])
+    return paths

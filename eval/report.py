@@ -1,0 +1,104 @@
+"""Text reports of a quantized model: the calibrate summary table, report.md, the inspect summary."""
+
+from __future__ import annotations
+
+import torch
+
+from laquant.calibration.stats import Stats
+from laquant.quant.state import StateFormat
+
+
+def model_bytes(model, storage_dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes of the model as stored in a checkpoint (float weights in ``storage_dtype``)."""
+    from laquant.checkpoint import _storage_tensor
+
+    total = 0
+    for t in model.state_dict().values():
+        s = _storage_tensor(t, storage_dtype) if t.is_floating_point() and t.element_size() > 2 else t
+        total += s.numel() * s.element_size()
+    return total
+
+
+def state_bytes_per_sequence(mixers: dict, decisions: dict | None) -> int:
+    """Recurrent-state bytes one sequence needs across all mixers, in the decided formats (fp32 if none)."""
+    total = 0
+    for name, info in mixers.items():
+        fmt = (decisions or {}).get("state", {}).get(name, {}).get("format", "fp32")
+        total += StateFormat(fmt).bytes_per_state(info["head_k"], info["head_v"], info["num_heads"])
+    return total
+
+
+def comparison_table(rows: list[tuple[str, dict]]) -> str:
+    """Markdown table: one row per model, ``metrics`` with ppl per mode and byte counts."""
+    modes = [m for m in ("prefill", "decode") if any(m in r for _, r in rows)]
+    head = ["model", *[f"ppl {m}" for m in modes], "model bytes", "state bytes / sequence"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    base = rows[0][1]
+    for name, r in rows:
+        cells = [name]
+        for m in modes:
+            if m not in r:
+                cells.append("-")
+            elif r is base:
+                cells.append(f"{r[m]:.3f}")
+            else:
+                cells.append(f"{r[m]:.3f} ({100 * (r[m] / base[m] - 1):+.2f}%)")
+        cells += [f"{r['model_bytes'] / 2**20:.2f} MiB", f"{r['state_bytes'] / 2**10:.1f} KiB"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def layer_summary(stats: Stats, decisions: dict) -> str:
+    """Markdown: per layer, what was quantized how, outliers, gate ranges and state ranges."""
+    out = ["| module | decision | input absmax | outliers (> thr) |", "|---|---|---|---|"]
+    for name in stats.modules("projections"):
+        d = decisions["projections"].get(name)
+        absmax = stats.get(name, "act_absmax")
+        decision = "kept (bf16)" if d is None else (
+            f"int8 w:{d['weight_granularity']} a:{d['act_granularity']}")
+        outliers = "-" if d is None else str(len(d["outliers"]))
+        out.append(f"| {name} | {decision} | {absmax.max():.2f} | {outliers} |")
+    out += ["", "| gate | decision | logit range | p0.1 .. p99.9 | min log-decay (slowest decay ... fastest) |",
+            "|---|---|---|---|---|"]
+    for name in stats.modules("gates"):
+        d = decisions["gates"].get(name)
+        decision = "kept (bf16)" if d is None else f"int8 scaling:{d['scaling']} clamp:{d['clamp']}"
+        lo, hi = stats.get(name, "logit_min"), stats.get(name, "logit_max")
+        p_lo, p_hi = stats.get(name, "logit_p001"), stats.get(name, "logit_p999")
+        ld_lo, ld_hi = stats.get(name, "log_decay_min"), stats.get(name, "log_decay_max")
+        out.append(f"| {name} | {decision} | {lo.min():.2f} .. {hi.max():.2f} | {p_lo.min():.2f} .. {p_hi.max():.2f} "
+                   f"| {ld_hi.max():.2e} ... {ld_lo.min():.2e} |")
+    out += ["", "| mixer | state format | state absmax (max over heads, rows) | median row absmax | growth (nats / 1K tok, max) |",
+            "|---|---|---|---|---|"]
+    for name in stats.modules("mixers"):
+        d = decisions["state"].get(name, {"format": "fp32", "renorm_interval": "-"})
+        absmax, growth = stats.get(name, "state_absmax"), stats.get(name, "state_growth")
+        fmt = d["format"] + (f" (renorm {d['renorm_interval']})" if d["format"].startswith("fp8") else "")
+        out.append(f"| {name} | {fmt} | {absmax.max():.2f} | {absmax.median():.3f} | {growth.max():+.3f} |")
+    return "\n".join(out)
+
+
+def report_markdown(recipe: dict, model_ref: str, calib: dict, table: str, stats: Stats, decisions: dict,
+                    eval_note: str) -> str:
+    n_out = sum(len(d["outliers"]) for d in decisions["projections"].values())
+    return "\n".join([
+        f"# laquant report: {recipe['name']}",
+        "",
+        f"- model: `{model_ref}`",
+        f"- recipe: `{recipe['name']}` — {recipe['description']}",
+        f"- calibration: {calib['samples']} sequences x {calib['seq_len']} tokens from `{calib['data']}`, seed {calib['seed']}",
+        f"- projections quantized: {len(decisions['projections'])}, outlier input channels kept in bf16: {n_out}",
+        f"- gates quantized: {len(decisions['gates'])}; state formats: "
+        f"{sorted({d['format'] for d in decisions['state'].values()})}",
+        "",
+        "## Perplexity and size",
+        "",
+        eval_note,
+        "",
+        table,
+        "",
+        "## Per layer",
+        "",
+        layer_summary(stats, decisions),
+        "",
+    ])

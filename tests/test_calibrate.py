@@ -1,0 +1,215 @@
+"""Calibration, layer rewriting, export and reload (tiny random model: plumbing, not accuracy)."""
+
+import json
+
+import pytest
+import torch
+
+import laquant
+from conftest import rel_err
+from laquant.adapters import get_adapter
+from laquant.calibration.run import calibration_batches, collect_stats
+from laquant.cli import main
+from laquant.errors import LaquantError
+from laquant.quant.modules import QuantGate, QuantLinear
+from laquant.recipe import available_recipes
+
+
+@pytest.fixture(scope="module")
+def calib_ids(tiny_model_dir):
+    from laquant.data import load_text, tokenize
+
+    _, tok = laquant.load_model(tiny_model_dir)
+    return tokenize(load_text("calibration")[:60_000], tok)
+
+
+@torch.no_grad()
+def test_stats_match_what_the_model_computes(tiny_model_dir, calib_ids):
+    model, _ = laquant.load_model(tiny_model_dir)
+    batches = calibration_batches(calib_ids, samples=3, seq_len=200, seed=1)
+    seen = {}
+    h = model.model.layers[1].attn.q_proj.register_forward_pre_hook(
+        lambda m, a: seen.__setitem__("x", torch.maximum(seen.get("x", torch.zeros(64)), a[0].abs().amax((0, 1)))))
+    stats = collect_stats(model, get_adapter(model), batches, threshold=0.5, segment=64, progress=False)
+    h.remove()
+    name = "model.layers.1.attn.q_proj"
+    assert torch.equal(stats.get(name, "act_absmax"), seen["x"])
+    assert (stats.get(name, "act_p999") <= stats.get(name, "act_absmax") + 1e-3).all()
+    over = stats.get(name, "act_over_threshold")
+    assert ((over >= 0) & (over <= 1)).all() and over.sum() > 0
+    assert stats.get("model.layers.0.attn", "checkpoints").tolist() == [64, 128, 192, 200]
+    assert stats.get("model.layers.0.attn", "state_trajectory").shape == (4, 2, 16)
+    assert (stats.get("model.layers.0.attn.gk_proj", "log_decay_min") <= 0).all()
+    assert all(torch.isfinite(t).all() for t in stats.tensors.values())
+
+
+def test_nan_during_calibration_names_the_module(tiny_model_dir, calib_ids):
+    model, _ = laquant.load_model(tiny_model_dir)
+    with torch.no_grad():
+        model.model.layers[0].attn.o_proj.weight[0, 0] = float("nan")
+    with pytest.raises(LaquantError, match=r"NaN/Inf in the input of model\.layers\.0\.mlp\.(gate|up)_proj"):
+        laquant.calibrate(model, "gla_int8", calib_ids, samples=2, seq_len=64, progress=False)
+
+
+@torch.no_grad()
+def test_gla_int8_rewrites_roles_and_stays_close(tiny_model_dir, calib_ids):
+    model, _ = laquant.load_model(tiny_model_dir)
+    ids = torch.randint(0, 8192, (2, 70))
+    ref = model(input_ids=ids).logits
+    res = laquant.calibrate(model, "gla_int8", calib_ids, samples=4, seq_len=128, progress=False)
+    attn = model.model.layers[0].attn
+    assert isinstance(attn.q_proj, QuantLinear) and isinstance(model.model.layers[1].mlp.down_proj, QuantLinear)
+    assert isinstance(attn.gk_proj, QuantGate) and attn.state_quantizer.format.name == "fp8_row"
+    assert isinstance(model.lm_head, torch.nn.Linear) and isinstance(model.model.embeddings, torch.nn.Embedding)
+    assert set(res.decisions) == {"projections", "gates", "state"}
+    assert rel_err(model(input_ids=ids).logits, ref) < 0.05
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("recipe", available_recipes())
+def test_save_reload_bit_exact(tmp_path, tiny_model_dir, calib_ids, recipe):
+    model, tok = laquant.load_model(tiny_model_dir)
+    res = laquant.calibrate(model, recipe, calib_ids, samples=2, seq_len=96, progress=False)
+    ids = torch.randint(0, 8192, (2, 50))
+    ref = model(input_ids=ids).logits
+    laquant.save(res, tmp_path / "out", tokenizer=tok)
+    reloaded, _ = laquant.load(tmp_path / "out")
+    assert torch.equal(reloaded(input_ids=ids).logits, ref)
+    # decode mode too: the state carried in its stored format
+    cache_a, cache_b = model.new_cache(), reloaded.new_cache()
+    for t in range(5):
+        a = model(input_ids=ids[:, t:t + 1], past_key_values=cache_a, use_cache=True).logits
+        b = reloaded(input_ids=ids[:, t:t + 1], past_key_values=cache_b, use_cache=True).logits
+        assert torch.equal(a, b)
+
+
+@torch.no_grad()
+def test_transformers_from_pretrained_is_bit_exact(tmp_path, tiny_model_dir, calib_ids):
+    from transformers import AutoModelForCausalLM
+
+    model, tok = laquant.load_model(tiny_model_dir)
+    res = laquant.calibrate(model, "gla_int8", calib_ids, samples=2, seq_len=96, progress=False)
+    laquant.save(res, tmp_path / "out", tokenizer=tok)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    ids = torch.randint(0, 8192, (1, 40))
+    assert torch.equal(hf(input_ids=ids).logits, model(input_ids=ids).logits)
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "laquant"
+    st = __import__("safetensors.torch", fromlist=["load_file"]).load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert st["model.layers.0.attn.q_proj.qweight"].dtype == torch.int8
+    assert st["model.layers.0.attn.q_proj.weight_scale"].dtype == torch.float32
+    assert st["model.embeddings.weight"].dtype == torch.bfloat16
+
+
+def _prefill_vs_decode(model, ids):
+    full = model(input_ids=ids).logits
+    cache = model.new_cache()
+    steps = torch.cat([model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits
+                       for t in range(ids.shape[1])], 1)
+    assert torch.isfinite(steps).all()
+    return rel_err(steps, full), cache
+
+
+@torch.no_grad()
+def test_quantized_decode_agrees_with_prefill(tiny_model_dir, calib_ids):
+    ids = torch.randint(0, 8192, (2, 90))
+    model, _ = laquant.load_model(tiny_model_dir)
+    laquant.calibrate(model, "gla_w8a8", calib_ids, samples=2, seq_len=96, progress=False)
+    err, cache = _prefill_vs_decode(model, ids)  # per-token int8 is the same in both modes
+    assert err < 1e-2 and cache.state_bytes() == 2 * 2 * (2 * 16 * 32 * 4)
+    model, _ = laquant.load_model(tiny_model_dir)
+    laquant.calibrate(model, "gla_int8", calib_ids, samples=2, seq_len=96, progress=False)
+    # fp8 state: decode rounds the state at every token, prefill every 64: the modes drift apart
+    err, cache = _prefill_vs_decode(model, ids)
+    assert err < 0.15
+    # fp8: 2 layers x 2 sequences x 2 heads x (16 x 32 bytes + 16 fp32 row scales)
+    assert cache.state_bytes() == 2 * 2 * (2 * 16 * 32 + 2 * 16 * 4)
+
+
+def test_interrupted_save_leaves_nothing(tmp_path, tiny_model_dir, calib_ids, monkeypatch):
+    model, tok = laquant.load_model(tiny_model_dir)
+    res = laquant.calibrate(model, "gla_int8", calib_ids, samples=2, seq_len=64, progress=False)
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(type(res.stats), "save", boom)
+    with pytest.raises(KeyboardInterrupt):
+        laquant.save(res, tmp_path / "out", tokenizer=tok)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_corrupted_checkpoints_are_refused(tmp_path, tiny_model_dir, calib_ids, capsys):
+    model, tok = laquant.load_model(tiny_model_dir)
+    res = laquant.calibrate(model, "gla_int8", calib_ids, samples=2, seq_len=64, progress=False)
+    out = laquant.save(res, tmp_path / "out", tokenizer=tok)
+    weights = out / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(LaquantError, match="corrupted or truncated"):
+        laquant.load(out)
+    assert main(["eval", "ppl", str(out), "--max-tokens", "300", "--context", "64"]) == 2
+    assert "corrupted or truncated" in capsys.readouterr().err
+    with pytest.raises(LaquantError, match="already exists|exists and is not empty"):
+        laquant.save(res, out, tokenizer=tok)
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    model.config = type("C", (), {"model_type": "llama"})()
+    with pytest.raises(LaquantError, match="no laquant adapter for model_type 'llama'; supported: gla"):
+        get_adapter(model)
+
+
+def test_calibrate_and_inspect_cli(tmp_path, tiny_model_dir, capsys):
+    out = tmp_path / "q"
+    code = main(["calibrate", "--recipe", "gla_int8", "--model", str(tiny_model_dir), "--samples", "3",
+                 "--seq-len", "128", "--eval-max-tokens", "600", "--eval-context", "128", "--out", str(out),
+                 "--quiet"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "| bf16 |" in printed and "| gla_int8 |" in printed and "state bytes / sequence" in printed
+    for name in ("model.safetensors", "config.json", "recipe.yaml", "stats.safetensors", "tokenizer.json",
+                 "report.md", "eval.json", "plots/outliers.png", "plots/gates.png", "plots/state.png"):
+        assert (out / name).is_file(), name
+    report = (out / "report.md").read_text()
+    assert "## Per layer" in report and "gk_proj" in report
+    rows = json.loads((out / "eval.json").read_text())["rows"]
+    assert rows[0]["name"] == "bf16" and rows[1]["state_bytes"] < rows[0]["state_bytes"] / 3
+    # the output works with eval ppl and inspect
+    assert main(["eval", "ppl", str(out), "--baseline", str(tiny_model_dir), "--max-tokens", "300",
+                 "--context", "64", "--quiet"]) == 0
+    assert "baseline" in capsys.readouterr().out
+    assert main(["inspect", str(out), "--plots", str(tmp_path / "p")]) == 0
+    assert "state format" in capsys.readouterr().out and (tmp_path / "p" / "state.png").stat().st_size > 1000
+    # reusing the statistics needs no calibration data
+    assert main(["calibrate", "--recipe", "gla_fp8_state", "--model", str(tiny_model_dir), "--stats",
+                 str(out / "stats.safetensors"), "--no-eval", "--out", str(tmp_path / "q2"), "--quiet"]) == 0
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--recipe", "nope"], "unknown recipe 'nope'; available:"),
+    (["--recipe", "gla_int8", "--set", "state.format=fp4"], "state.format = 'fp4' is not allowed"),
+    (["--recipe", "gla_int8", "--data", "{empty}"], "is empty"),
+    (["--recipe", "gla_int8", "--data", "{short}", "--seq-len", "512"], "calibration data is too short"),
+    (["--recipe", "gla_int8", "--out", "{nonempty}"], "exists and is not empty; pass --overwrite"),
+    (["--recipe", "gla_int8", "--model", "{llama}"], "model_type 'llama' is not supported"),
+    (["--recipe", "gla_int8", "--stats", "{short}"], "not a laquant statistics file"),
+])
+def test_calibrate_bad_input(tmp_path, tiny_model_dir, capsys, argv, message):
+    (tmp_path / "empty.txt").write_text("\n")
+    (tmp_path / "short.txt").write_text("just a few words")
+    (tmp_path / "nonempty").mkdir()
+    (tmp_path / "nonempty" / "x").write_text("x")
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text('{"model_type": "llama"}')
+    subs = {"{empty}": str(tmp_path / "empty.txt"), "{short}": str(tmp_path / "short.txt"),
+            "{nonempty}": str(tmp_path / "nonempty"), "{llama}": str(tmp_path / "llama")}
+    argv = [subs.get(a, a) for a in argv]
+    if "--model" not in argv:
+        argv += ["--model", str(tiny_model_dir)]
+    if "--out" not in argv:
+        argv += ["--out", str(tmp_path / "out")]
+    assert main(["calibrate", *argv, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,58 @@
+"""Recipes: every shipped one validates; bad ones fail with the key and the allowed values."""
+
+import pytest
+
+from laquant.errors import LaquantError
+from laquant.recipe import available_recipes, load_recipe
+
+
+def test_every_shipped_recipe_validates():
+    names = available_recipes()
+    assert {"gla_int8", "gla_w8a8", "gla_w8a8_naive", "gla_fp8_state", "gla_fp8_state_naive",
+            "gla_bf16_state", "gla_gates_int8", "gla_gates_naive"} <= set(names)
+    for name in names:
+        recipe = load_recipe(name)
+        assert recipe["name"] == name and set(recipe) >= {"projections", "gates", "state", "keep"}
+
+
+def test_gla_int8_is_what_the_design_says():
+    r = load_recipe("gla_int8")
+    assert r["projections"] == {"format": "int8", "weight_granularity": "per_channel", "act_granularity": "per_token",
+                                "outlier_threshold": 6.0, "outlier_top_k": None}
+    assert r["gates"]["scaling"] == "per_channel" and r["gates"]["clamp"] is True
+    assert r["state"] == {"format": "fp8_row", "renorm_interval": 1}
+    assert r["keep"] == ["embeddings", "norms", "lm_head"]
+
+
+def test_overrides():
+    r = load_recipe("gla_int8", ["state.format=fp32", "projections.outlier_threshold=null", "gates.clamp=false"])
+    assert r["state"]["format"] == "fp32" and r["projections"]["outlier_threshold"] is None
+    assert r["gates"]["clamp"] is False
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["state.format=fp4"], "state.format = 'fp4' is not allowed; allowed: fp32, bf16, fp8_row"),
+    (["state.renorm=2"], "unknown key state.renorm; allowed: format, renorm_interval"),
+    (["projections.outlier_threshold=-3"], "a number > 0, or null"),
+    (["projections.outlier_top_k=2.5"], "an integer > 0, or null"),
+    (["gates.clamp=yes please"], "gates.clamp"),
+    (["state.renorm_interval=-1"], "an integer >= 0"),
+    (["statefmt"], "expected SECTION.FIELD=VALUE"),
+])
+def test_bad_fields_are_named(overrides, message):
+    with pytest.raises(LaquantError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        load_recipe("gla_int8", overrides)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(LaquantError, match="unknown recipe 'nope'; available: .*gla_int8"):
+        load_recipe("nope")
+    (tmp_path / "r.yaml").write_text("name: r\nprojection: {format: int8}\n")
+    with pytest.raises(LaquantError, match="unknown key 'projection'"):
+        load_recipe(str(tmp_path / "r.yaml"))
+    (tmp_path / "k.yaml").write_text("keep: [lm_head]\n")
+    with pytest.raises(LaquantError, match="keep must include embeddings, norms"):
+        load_recipe(str(tmp_path / "k.yaml"))
+    (tmp_path / "y.yaml").write_text("state: [unclosed\n")
+    with pytest.raises(LaquantError, match="not valid YAML"):
+        load_recipe(str(tmp_path / "y.yaml"))
