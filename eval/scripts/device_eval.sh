@@ -11,3 +11,8 @@ for m in gla-small gla-large; do
   done
   python3 -m laquant.eval.samples "$W/$m" --device cuda > "$W/samples_${m}.txt" || echo "samples failed: $m"
 done
+# recipe ablation on the GPU (laquant's reference path on CUDA, float32 compute), both models
+for m in gla-small gla-large; do
+  python3 -m laquant.eval.ablation "$W/$m" --device cuda --batch-size 64 --max-tokens 65536 --quiet \
+    --out "$W/ablation_${m}" || echo "ablation failed: $m"
+done

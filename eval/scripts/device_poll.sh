@@ -22,12 +22,17 @@ if [ ! -f "$W/train.started" ]; then
   echo "training started"
 fi
 t=0
-while [ ! -f "$W/train.done" ] && [ ! -f "$W/train.failed" ] && [ "$t" -lt "$WAIT" ]; do sleep 15; t=$((t + 15)); done
-tail -n 25 "$W/train.log"
+while [ ! -f "$W/eval.done" ] && [ ! -f "$W/train.failed" ] && [ "$t" -lt "$WAIT" ]; do
+  if [ -f "$W/train.done" ] && [ ! -f "$W/eval.started" ]; then
+    touch "$W/eval.started"   # evaluation also runs in the background: it can outlast one call
+    setsid nohup bash -c "bash eval/scripts/device_eval.sh '$W' > '$W/eval.log' 2>&1; touch '$W/eval.done'" \
+      < /dev/null > /dev/null 2>&1 &
+  fi
+  sleep 15; t=$((t + 15))
+done
+tail -n 12 "$W/train.log"
+[ -f "$W/eval.log" ] && tail -n 25 "$W/eval.log"
 if [ -f "$W/train.failed" ]; then echo "TRAINING FAILED"; fi
-if [ -f "$W/train.done" ] && [ ! -f "$W/eval.done" ]; then
-  bash eval/scripts/device_eval.sh "$W" 2>&1 | tee "$W/eval.log" && touch "$W/eval.done"
-fi
 ( cd "$W" && tar czf - --exclude='gla-large/model.safetensors' --exclude='*.started' --exclude='*.done' . ) \
   | split -b 15M - "$OUT/results.tgz.part-"
 [ -f "$W/eval.done" ] && echo "ALL DONE" || echo "NOT DONE YET"
