@@ -1,0 +1,138 @@
+"""Triton kernel: one GLA decode step on a state pool, the state read and written in place.
+
+``state[pool_idx[b]]`` (``[H, K, V]`` per slot; fp32, bf16, or fp8 e4m3 with one float32 scale per
+K row) is loaded, decayed, updated with ``k v^T``, read out with ``q``, and stored back in its
+format, all in float32 registers. Spec: :func:`gla_decode_step_reference`, which is
+:func:`laquant.kernels.recurrent_gla_step` plus the pool and the storage format
+(:class:`laquant.quant.state.StateQuantizer`).
+
+One program handles one (sequence, head) and walks the K rows in blocks of ``BLOCK_K``, keeping
+the whole V row in registers so the per-row absmax, and so the fp8 scale, is exact. The kernel is
+memory-bound: per sequence and head it reads and writes ``K*V`` state elements plus ``K`` scales.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from laquant.kernels.gla_reference import recurrent_gla_step
+from laquant.quant.numerics import FP8_E4M3_MAX, absmax_scale, quantize_fp8
+from laquant.quant.state import StateQuantizer
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # laquant's CPU path needs no Triton
+    triton = None
+
+FORMAT_CODES = {"fp32": 0, "bf16": 1, "fp8_row": 2}
+
+
+def gla_decode_step_reference(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer,
+                              n_stores: torch.Tensor | None = None, qk_scale: float | None = None):
+    """What the kernel computes, in PyTorch. Updates ``state``/``scale`` in place; returns ``o``."""
+    idx = pool_idx.long()
+    old_scale = scale[idx].unsqueeze(-1) if scale is not None else None
+    o, h = recurrent_gla_step(q, k, v, g, quantizer.load(state[idx], old_scale), qk_scale)
+    if quantizer.format.is_fp8 and quantizer.renorm_interval > 1:
+        # per slot: the scale only grows, except at a renormalisation (every N-th store of that slot)
+        renorm_now = ((n_stores[idx] + 1) % quantizer.renorm_interval == 0).view(-1, 1, 1, 1)
+        fresh = absmax_scale(h, -1, FP8_E4M3_MAX)
+        data, new_scale = quantize_fp8(h, scale=torch.where(renorm_now, fresh, torch.maximum(fresh, old_scale)))
+    else:
+        data, new_scale = quantizer.store(h)
+    state[idx] = data
+    if scale is not None:
+        scale[idx] = new_scale.squeeze(-1).expand(len(idx), *scale.shape[1:])
+    return o
+
+
+if triton is not None:
+
+    @triton.jit
+    def _gla_decode_kernel(
+        q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, state_ptr, scale_ptr, idx_ptr, nstore_ptr, static_ptr,
+        s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_vb, s_vh, s_vv, s_gb, s_gh, s_gk, s_ob, s_oh,
+        s_sp, s_sh, s_sk, s_cp, s_ch,
+        qk_scale,
+        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+        FMT: tl.constexpr, RENORM: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        b = pid // H
+        h = pid % H
+        slot = tl.load(idx_ptr + b).to(tl.int64)
+        offs_v = tl.arange(0, BLOCK_V)
+        mask_v = offs_v < V
+        v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_v * s_vv, mask=mask_v, other=0.0).to(tl.float32)
+        o = tl.zeros([BLOCK_V], dtype=tl.float32)
+        if RENORM > 1:
+            renorm_now = (tl.load(nstore_ptr + slot) + 1) % RENORM == 0
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < K
+            q = tl.load(q_ptr + b * s_qb + h * s_qh + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32) * qk_scale
+            kk = tl.load(k_ptr + b * s_kb + h * s_kh + offs_k * s_kk, mask=mask_k, other=0.0).to(tl.float32)
+            g = tl.load(g_ptr + b * s_gb + h * s_gh + offs_k * s_gk, mask=mask_k, other=0.0).to(tl.float32)
+            ptrs = state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :]
+            mask = mask_k[:, None] & mask_v[None, :]
+            st = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+            if FMT == 2:
+                sc_ptrs = scale_ptr + slot * s_cp + h * s_ch + offs_k
+                old_scale = tl.load(sc_ptrs, mask=mask_k, other=1.0)
+                st = st * old_scale[:, None]
+            st = st * tl.exp(g)[:, None] + kk[:, None] * v[None, :]
+            o += tl.sum(q[:, None] * st, axis=0)
+            if FMT == 2:
+                if RENORM == 0:
+                    new_scale = tl.load(static_ptr + h * K + offs_k, mask=mask_k, other=1.0)
+                else:
+                    new_scale = tl.maximum(tl.max(tl.abs(st), axis=1) / 448.0, 1.1754943508222875e-38)
+                    if RENORM > 1:
+                        new_scale = tl.where(renorm_now, new_scale, tl.maximum(new_scale, old_scale))
+                tl.store(sc_ptrs, new_scale, mask=mask_k)
+                x = tl.math.div_rn(st, new_scale[:, None])
+                x = tl.minimum(tl.maximum(x, -448.0), 448.0)
+                tl.store(ptrs, x.to(tl.float8e4nv), mask=mask)
+            elif FMT == 1:
+                tl.store(ptrs, st.to(tl.bfloat16, fp_downcast_rounding="rtne"), mask=mask)
+            else:
+                tl.store(ptrs, st, mask=mask)
+        tl.store(o_ptr + b * s_ob + h * s_oh + offs_v, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
+                 mask=mask_v)
+
+
+def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer,
+                    n_stores: torch.Tensor | None = None, qk_scale: float | None = None,
+                    block_k: int = 16, num_warps: int = 4, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton decode step. q, k, g ``[B, H, K]``, v ``[B, H, V]``; ``state`` ``[P, H, K, V]`` with
+    V contiguous; ``scale`` ``[P, H, K]`` float32 (fp8 only); ``pool_idx`` ``[B]`` int32. The slots
+    are updated in place (``n_stores`` is read, not incremented: the caller counts). Returns ``o``."""
+    if triton is None:
+        raise RuntimeError("Triton is not installed; use gla_decode_step_reference")
+    fmt = quantizer.format.name
+    if fmt not in FORMAT_CODES:
+        raise ValueError(f"the decode kernel stores fp32, bf16 or fp8_row states, not {fmt}")
+    B, H, K = q.shape
+    V = v.shape[-1]
+    if state.stride(-1) != 1 or (scale is not None and scale.stride(-1) != 1):
+        raise ValueError("state and scale pools must be contiguous in their last dimension")
+    if fmt == "fp8_row" and quantizer.renorm_interval > 1 and n_stores is None:
+        raise ValueError("renorm_interval > 1 needs the per-slot store counts n_stores")
+    o = torch.empty(B, H, V, dtype=v.dtype, device=v.device) if out is None else out
+    qk_scale = K ** -0.5 if qk_scale is None else qk_scale
+    static = quantizer.static_scale if (fmt == "fp8_row" and quantizer.renorm_interval == 0) else None
+    if static is not None:
+        static = static.reshape(H, K).float().contiguous().to(q.device)
+    scale_t = scale if scale is not None else state
+    _gla_decode_kernel[(B * H,)](
+        q, k, v, g, o, state, scale_t, pool_idx, n_stores if n_stores is not None else pool_idx,
+        static if static is not None else scale_t,
+        *q.stride(), *k.stride(), *v.stride(), *g.stride(),
+        o.stride(0), o.stride(1), state.stride(0), state.stride(1), state.stride(2),
+        scale_t.stride(0), scale_t.stride(1) if scale is not None else 0,
+        qk_scale, H=H, K=K, V=V, BLOCK_K=min(block_k, triton.next_power_of_2(K)),
+        BLOCK_V=triton.next_power_of_2(V), FMT=FORMAT_CODES[fmt], RENORM=quantizer.renorm_interval,
+        num_warps=num_warps,
+    )
+    return o
