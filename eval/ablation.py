@@ -20,7 +20,7 @@ import laquant.adapters
 from laquant.api import calibrate
 from laquant.calibration.run import calibration_batches, collect_stats
 from laquant.data import load_text, tokenize
-from laquant.eval.ppl import perplexity
+from laquant.eval.ppl import perplexity_by_mode
 from laquant.eval.report import model_bytes, state_bytes_per_sequence
 from laquant.loading import resolve_model_dir
 from laquant.recipe import load_recipe
@@ -38,13 +38,8 @@ def run(args: argparse.Namespace) -> dict:
     mixers = {n: vars(i) for n, i in adapter.mixers().items()}
 
     def evaluate(m) -> dict:
-        row = {}
-        for mode in args.mode:
-            res = perplexity(m, ids, context=args.context, mode=mode, batch_size=args.batch_size,
-                             progress=not args.quiet)
-            row[mode] = res.ppl
-            row[f"{mode}_nll"] = res.nll
-        return row
+        results = perplexity_by_mode(m, ids, args.context, args.mode, args.batch_size, not args.quiet)
+        return {k: v for mode, r in results.items() for k, v in ((mode, r.ppl), (f"{mode}_nll", r.nll))}
 
     t0 = time.time()
     rows = [{"name": "bf16", **evaluate(model), "model_bytes": model_bytes(model),

@@ -132,3 +132,10 @@ def perplexity(
     mean_nll = float(nll_sum.sum().item() / total)
     by_position = (nll_sum / count.clamp_min(1)).tolist()
     return PerplexityResult(mode, context, stride, total, mean_nll, math.exp(mean_nll), seconds, by_position)
+
+
+def perplexity_by_mode(model, ids: torch.Tensor, context: int, modes, batch_size: int = 8,
+                       progress: bool = True) -> dict[str, PerplexityResult]:
+    """:func:`perplexity` for each mode in ``modes``, on the same windows."""
+    return {mode: perplexity(model, ids, context=context, mode=mode, batch_size=batch_size, progress=progress)
+            for mode in modes}

@@ -19,7 +19,7 @@ def run_calibrate(args: argparse.Namespace, device: str) -> int:
     from laquant.checkpoint import check_out_dir
     from laquant.data import load_text, tokenize
     from laquant.eval.plots import write_stat_plots
-    from laquant.eval.ppl import default_stride, perplexity, strided_windows
+    from laquant.eval.ppl import default_stride, perplexity_by_mode, strided_windows
     from laquant.eval.report import comparison_table, model_bytes, report_markdown, state_bytes_per_sequence
     from laquant.loading import load_model, load_tokenizer, read_supported_config, resolve_model_dir
     from laquant.recipe import load_recipe
@@ -48,9 +48,8 @@ def run_calibrate(args: argparse.Namespace, device: str) -> int:
 
     def evaluate(m, label: str) -> dict:
         row = {}
-        for mode in args.eval_mode:
-            res = perplexity(m, eval_ids, context=args.eval_context, mode=mode, batch_size=args.batch_size,
-                             progress=not args.quiet)
+        for mode, res in perplexity_by_mode(m, eval_ids, args.eval_context, args.eval_mode, args.batch_size,
+                                            not args.quiet).items():
             row[mode] = res.ppl
             row[f"{mode}_loss_by_position"] = res.loss_by_position
             if not args.quiet:
