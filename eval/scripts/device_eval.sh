@@ -2,7 +2,7 @@
 # After training: fla-vs-laquant parity on the GPU, perplexities of both models, samples.
 set -x
 W=$1
-LAQUANT_TEST_MODEL="$W/gla-small" python3 -m pytest -q -m gpu tests 2>&1 | tee "$W/gpu_tests.log"
+LAQUANT_TEST_MODEL="$W/gla-small" python3 -m pytest -q -rs tests/test_fla_parity.py tests/test_decode_kernel.py 2>&1 | tee "$W/gpu_tests.log"
 for m in gla-small gla-large; do
   for d in wikitext2 .devdata/eval/gutenberg-heldout/gutenberg_heldout.txt; do
     name=$(basename "$d" .txt)
@@ -16,3 +16,5 @@ for m in gla-small gla-large; do
   python3 -m laquant.eval.ablation "$W/$m" --device cuda --batch-size 64 --max-tokens 65536 --quiet \
     --out "$W/ablation_${m}" || echo "ablation failed: $m"
 done
+# decode-step kernel benchmark against fla (last: the least important if time runs out)
+python3 -m laquant.eval.bench_decode --out "$W/bench_decode.json" || echo "bench failed"
