@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--samples", type=int, default=128)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)

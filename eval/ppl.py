@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from laquant.errors import LaquantError
 
 MODES = ("prefill", "decode")
+DEFAULT_BATCH = {"prefill": 4, "decode": 64}
 
 
 @dataclass(frozen=True)
@@ -81,14 +82,17 @@ def perplexity(
     context: int,
     stride: int | None = None,
     mode: str = "prefill",
-    batch_size: int = 8,
+    batch_size: int | None = None,
     progress: bool = True,
 ) -> PerplexityResult:
     """Perplexity of ``model`` on the 1-D token tensor ``ids``.
 
     ``model(input_ids, past_key_values=cache, use_cache=True)`` must return ``.logits``, and
-    ``model.new_cache()`` a fresh recurrent-state cache (decode mode).
+    ``model.new_cache()`` a fresh recurrent-state cache (decode mode). ``batch_size`` windows run
+    together; by default 4 in prefill (activations grow with the window) and 64 in decode (one
+    token per step: per-step overhead dominates, and a recurrent state is small).
     """
+    batch_size = batch_size or DEFAULT_BATCH[mode]
     if mode not in MODES:
         raise LaquantError(f"unknown --mode {mode!r}; choose from {', '.join(MODES)}")
     stride = stride or default_stride(context)
@@ -134,7 +138,7 @@ def perplexity(
     return PerplexityResult(mode, context, stride, total, mean_nll, math.exp(mean_nll), seconds, by_position)
 
 
-def perplexity_by_mode(model, ids: torch.Tensor, context: int, modes, batch_size: int = 8,
+def perplexity_by_mode(model, ids: torch.Tensor, context: int, modes, batch_size: int | None = None,
                        progress: bool = True) -> dict[str, PerplexityResult]:
     """:func:`perplexity` for each mode in ``modes``, on the same windows."""
     return {mode: perplexity(model, ids, context=context, mode=mode, batch_size=batch_size, progress=progress)

@@ -142,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_ppl.add_argument("--stride", type=int, default=None, help="window step (default: context // 2)")
     p_ppl.add_argument("--mode", nargs="+", choices=["prefill", "decode"], default=["prefill", "decode"])
     p_ppl.add_argument("--max-tokens", type=int, default=None, help="evaluate on the first N tokens only")
-    p_ppl.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
+    p_ppl.add_argument("--batch-size", type=int, default=None,
+                       help="windows run together (default: 4 in prefill, 64 in decode mode)")
     p_ppl.add_argument("--device", default="cpu", help="cpu, cuda, or auto (default: cpu)")
     p_ppl.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                        help="compute dtype (default: float32 on CPU, bfloat16 on CUDA)")

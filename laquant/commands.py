@@ -148,6 +148,7 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
                    help="evaluate on the first N tokens (default 32768; use `laquant eval ppl OUT` for all)")
     p.add_argument("--eval-mode", nargs="+", choices=["prefill", "decode"], default=["prefill", "decode"])
     p.add_argument("--no-eval", action="store_true", help="skip the perplexity comparison")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="windows run together (default: 4 in prefill, 64 in decode mode)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--quiet", action="store_true")

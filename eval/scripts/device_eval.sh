@@ -6,14 +6,14 @@ LAQUANT_TEST_MODEL="$W/gla-small" python3 -m pytest -q -rs tests/test_fla_parity
 for m in gla-small gla-large; do
   for d in wikitext2 .devdata/eval/gutenberg-heldout/gutenberg_heldout.txt; do
     name=$(basename "$d" .txt)
-    laquant eval ppl "$W/$m" --data "$d" --context 2048 --mode prefill decode --device cuda --batch-size 64 --quiet \
+    laquant eval ppl "$W/$m" --data "$d" --context 2048 --mode prefill decode --device cuda --quiet \
       --json "$W/ppl_${m}_${name}.json" || echo "eval failed: $m $d"
   done
   python3 -m laquant.eval.samples "$W/$m" --device cuda > "$W/samples_${m}.txt" || echo "samples failed: $m"
 done
 # recipe ablation on the GPU (laquant's reference path on CUDA, float32 compute), both models
 for m in gla-small gla-large; do
-  python3 -m laquant.eval.ablation "$W/$m" --device cuda --batch-size 64 --max-tokens 65536 --quiet \
+  python3 -m laquant.eval.ablation "$W/$m" --device cuda --max-tokens 65536 --quiet \
     --out "$W/ablation_${m}" || echo "ablation failed: $m"
 done
 # decode-step kernel benchmark against fla (last: the least important if time runs out)
