@@ -63,3 +63,17 @@ def test_console_script_runs():
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "laquant: error: model directory not found: /no/such/dir"
+
+
+def test_checkout_root_does_not_shadow_huggingface_kernels():
+    """From the repo root, `kernels/` is importable as top-level `kernels` (Hugging Face's package name);
+    transformers imports it to probe for that package, so it must not drag laquant in."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys, transformers; from transformers.utils.import_utils import is_kernels_available; "
+            "ok = is_kernels_available(); import laquant, kernels; "
+            "assert not hasattr(kernels, 'chunk_gla'), 'top-level kernels exposes laquant'; "
+            "assert laquant.kernels.chunk_gla; print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
