@@ -73,7 +73,7 @@ def layer_summary(stats: Stats, decisions: dict) -> str:
     for name in stats.modules("mixers"):
         d = decisions["state"].get(name, {"format": "fp32", "renorm_interval": "-"})
         absmax, growth = stats.get(name, "state_absmax"), stats.get(name, "state_growth")
-        fmt = d["format"] + (f" (renorm {d['renorm_interval']})" if d["format"].startswith("fp8") else "")
+        fmt = d["format"] + (f" (renorm {d['renorm_interval']})" if StateFormat(d["format"]).is_scaled else "")
         out.append(f"| {name} | {fmt} | {absmax.max():.2f} | {absmax.median():.3f} | {growth.max():+.3f} |")
     return "\n".join(out)
 

@@ -34,7 +34,7 @@ def gla_decode_step_reference(q, k, v, g, state, scale, pool_idx, quantizer: Sta
     idx = pool_idx.long()
     old_scale = scale[idx].unsqueeze(-1) if scale is not None else None
     o, h = recurrent_gla_step(q, k, v, g, quantizer.load(state[idx], old_scale), qk_scale)
-    if quantizer.format.is_fp8 and quantizer.renorm_interval > 1:
+    if quantizer.format.is_scaled and quantizer.renorm_interval > 1:
         # per slot: the scale only grows, except at a renormalisation (every N-th store of that slot)
         renorm_now = ((n_stores[idx] + 1) % quantizer.renorm_interval == 0).view(-1, 1, 1, 1)
         fresh = absmax_scale(h, -1, FP8_E4M3_MAX)

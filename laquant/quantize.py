@@ -12,8 +12,7 @@ import torch
 from laquant.calibration.stats import Stats
 from laquant.errors import LaquantError
 from laquant.quant.modules import QuantGate, QuantLinear
-from laquant.quant.numerics import FP8_E4M3_MAX
-from laquant.quant.state import StateQuantizer
+from laquant.quant.state import StateFormat, StateQuantizer
 
 
 def select_outliers(absmax: torch.Tensor, threshold: float | None, top_k: int | None) -> list[int]:
@@ -57,14 +56,15 @@ def _linears(gate) -> list:
 
 
 def static_state_scale(state_absmax: torch.Tensor, fmt: str) -> torch.Tensor:
-    """Calibrated fp8 scale for a state ``[H, K]`` absmax, shaped to broadcast over ``[B, H, K, V]``."""
-    if fmt == "fp8_row":
+    """Calibrated scale for a state ``[H, K]`` absmax, shaped to broadcast over ``[B, H, K, V]``."""
+    fmt = StateFormat(fmt)
+    if fmt.granularity == "row":
         amax = state_absmax.unsqueeze(-1)
-    elif fmt == "fp8_head":
+    elif fmt.granularity == "head":
         amax = state_absmax.amax(-1).view(-1, 1, 1)
     else:
         amax = state_absmax.amax()
-    return (amax.float() / FP8_E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+    return (amax.float() / fmt.qmax).clamp_min(torch.finfo(torch.float32).tiny)
 
 
 @torch.no_grad()
@@ -100,13 +100,13 @@ def apply(model, adapter, decisions: dict, stats: Stats | None = None) -> None:
     for name, d in decisions["state"].items():
         mixer = adapter.module(name)
         static = None
-        if d["renorm_interval"] == 0 and d["format"].startswith("fp8"):
+        if d["renorm_interval"] == 0 and StateFormat(d["format"]).is_scaled:
             info = adapter.mixers()[name]
             if stats is not None:
                 static = static_state_scale(stats.get(name, "state_absmax"), d["format"])
             else:
-                shape = {"fp8_row": (info.num_heads, info.head_k, 1), "fp8_head": (info.num_heads, 1, 1)}
-                static = torch.ones(shape.get(d["format"], ()))
+                shape = {"row": (info.num_heads, info.head_k, 1), "head": (info.num_heads, 1, 1)}
+                static = torch.ones(shape.get(StateFormat(d["format"]).granularity, ()))
             mixer.register_buffer("state_static_scale", static.to(next(mixer.parameters(), static).device))
             static = mixer.state_static_scale
         try:

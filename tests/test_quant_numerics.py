@@ -32,7 +32,7 @@ def test_zeros_quantize_to_zeros_without_nan():
         assert torch.equal(dequantize(q, s), torch.zeros(3, 8))
 
 
-@pytest.mark.parametrize("fmt", ["fp32", "bf16", "fp8_row", "fp8_head", "fp8_tensor"])
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "fp8_row", "fp8_head", "fp8_tensor", "int8_row"])
 def test_state_formats_roundtrip_and_bytes(fmt):
     state = torch.randn(1, 3, 16, 24) * torch.logspace(-3, 1, 16).view(1, 1, 16, 1)
     sq = StateQuantizer(fmt)
