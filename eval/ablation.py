@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> dict:
     stats = collect_stats(model, adapter, calib.to(args.device), seed=args.seed, progress=not args.quiet)
     for name in args.recipes:
         m, _ = laquant.load_model(model_dir, device=args.device)
-        res = calibrate(m, load_recipe(name), stats=stats)
+        recipe_name, *overrides = name.split(",")
+        res = calibrate(m, load_recipe(recipe_name, overrides), stats=stats)
         n_outliers = sum(len(d["outliers"]) for d in res.decisions["projections"].values())
         rows.append({"name": name, **evaluate(m), "model_bytes": model_bytes(m),
                      "state_bytes": state_bytes_per_sequence(mixers, res.decisions), "outlier_channels": n_outliers})
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m laquant.eval.ablation", description=__doc__.splitlines()[0])
     p.add_argument("model", nargs="?", default=None)
     p.add_argument("--out", required=True, help="output path without extension (.json and .md are written)")
-    p.add_argument("--recipes", nargs="+", default=DEFAULT_RECIPES)
+    p.add_argument("--recipes", nargs="+", default=DEFAULT_RECIPES,
+                   help="recipe names, each optionally with overrides: gla_fp8_state,state.format=int8_row")
     p.add_argument("--data", default="wikitext2")
     p.add_argument("--calib-data", default="calibration")
     p.add_argument("--context", type=int, default=2048)
