@@ -10,13 +10,10 @@ from laquant.quant.state import StateFormat
 
 def model_bytes(model, storage_dtype: torch.dtype = torch.bfloat16) -> int:
     """Bytes of the model as stored in a checkpoint (float weights in ``storage_dtype``)."""
-    from laquant.checkpoint import _storage_tensor
+    from laquant.checkpoint import storage_tensor
 
-    total = 0
-    for t in model.state_dict().values():
-        s = _storage_tensor(t, storage_dtype) if t.is_floating_point() and t.element_size() > 2 else t
-        total += s.numel() * s.element_size()
-    return total
+    return sum(s.numel() * s.element_size() for s in (storage_tensor(t, storage_dtype)
+                                                       for t in model.state_dict().values()))
 
 
 def state_bytes_per_sequence(mixers: dict, decisions: dict | None) -> int:

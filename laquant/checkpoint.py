@@ -26,7 +26,7 @@ def check_out_dir(out: Path, overwrite: bool) -> None:
         raise LaquantError(f"output {out} exists and is not empty; pass --overwrite to replace it")
 
 
-def _storage_tensor(t: torch.Tensor, storage_dtype: torch.dtype) -> torch.Tensor:
+def storage_tensor(t: torch.Tensor, storage_dtype: torch.dtype) -> torch.Tensor:
     """Float tensors go to the storage dtype where that loses nothing (weights that came from a
     bf16 checkpoint); scales and anything else that would round keep their dtype."""
     t = t.detach().cpu().contiguous()
@@ -77,7 +77,7 @@ def save_quantized(model, out: Path, recipe: dict, decisions: dict, stats=None, 
 
     out = Path(out)
     with _StagingDir(out, overwrite) as tmp:
-        state = {k: _storage_tensor(v, storage_dtype) for k, v in model.state_dict().items()}
+        state = {k: storage_tensor(v, storage_dtype) for k, v in model.state_dict().items()}
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "quant_method": QUANT_METHOD})
         config = model.config.to_dict()
         config.pop("quantization_config", None)

@@ -56,18 +56,12 @@ def run_calibrate(args: argparse.Namespace, device: str) -> int:
                 print(f"  {label} {mode}: ppl {res.ppl:.3f}", flush=True)
         return row
 
-    rows = []
-    if eval_ids is not None:
-        base = evaluate(model, "bf16")
-        base.update(model_bytes=model_bytes(model), state_bytes=state_bytes_per_sequence(mixers, None))
-        rows.append(("bf16", base))
+    base = evaluate(model, "bf16") if eval_ids is not None else {}
+    base.update(model_bytes=model_bytes(model), state_bytes=state_bytes_per_sequence(mixers, None))
     result = calibrate(model, recipe, data=batches, stats=stats, seed=args.seed, progress=not args.quiet)
     quant = evaluate(model, recipe["name"]) if eval_ids is not None else {}
     quant.update(model_bytes=model_bytes(model), state_bytes=state_bytes_per_sequence(mixers, result.decisions))
-    rows.append((recipe["name"], quant))
-    if eval_ids is None:
-        rows.insert(0, ("bf16", {"model_bytes": model_bytes(load_model(model_dir)[0]),
-                                 "state_bytes": state_bytes_per_sequence(mixers, None)}))
+    rows = [("bf16", base), (recipe["name"], quant)]
 
     table = comparison_table(rows)
     note = (f"Perplexity on `{args.eval_data}`, first {len(eval_ids)} tokens, context {args.eval_context}, "

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import laquant
 from conftest import rel_err
@@ -95,7 +96,7 @@ def test_transformers_from_pretrained_is_bit_exact(tmp_path, tiny_model_dir, cal
     assert torch.equal(hf(input_ids=ids).logits, model(input_ids=ids).logits)
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     assert cfg["quantization_config"]["quant_method"] == "laquant"
-    st = __import__("safetensors.torch", fromlist=["load_file"]).load_file(str(tmp_path / "out" / "model.safetensors"))
+    st = load_file(str(tmp_path / "out" / "model.safetensors"))
     assert st["model.layers.0.attn.q_proj.qweight"].dtype == torch.int8
     assert st["model.layers.0.attn.q_proj.weight_scale"].dtype == torch.float32
     assert st["model.embeddings.weight"].dtype == torch.bfloat16
