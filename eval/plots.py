@@ -18,6 +18,17 @@ def _plt():
     return plt
 
 
+def _finish_line_plot(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _plt().close(fig)
+
+
 def _by_suffix(names: list[str]) -> dict[str, list[str]]:
     groups: dict[str, list[str]] = {}
     for n in names:
@@ -100,14 +111,16 @@ def plot_loss_by_position(series: dict[str, list[float]], path: Path, title: str
         smooth = np.convolve(v, np.ones(window) / window, mode="valid")
         ax.plot(np.arange(1, len(smooth) + 1) + window // 2, smooth, label=label)
     ax.set_xscale("log")
-    ax.set_xlabel("position in window")
-    ax.set_ylabel("mean NLL (nats)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish_line_plot(fig, ax, path, "position in window", "mean NLL (nats)", title)
+
+
+def plot_training_history(history: dict, path: Path, title: str) -> None:
+    """Training loss per logged batch and validation loss, against tokens seen."""
+    fig, ax = _plt().subplots(figsize=(7, 4))
+    ax.plot(np.array(history["tokens"]) / 1e6, history["loss"], label="train (batch)", alpha=0.7)
+    per_step = history["tokens"][0] / (history["step"][0] + 1)
+    ax.plot((np.array(history["val_step"]) + 1) * per_step / 1e6, history["val_loss"], "o-", label="validation")
+    _finish_line_plot(fig, ax, path, "tokens (M)", "cross-entropy (nats)", title)
 
 
 def write_stat_plots(stats: Stats, folder: Path, threshold: float | None) -> list[Path]:

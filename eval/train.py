@@ -198,28 +198,10 @@ def train_model(args: argparse.Namespace) -> None:
         "torch": torch.__version__, "history": history,
     }
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot_history(history, out / "loss_curve.png", title=f"GLA {args.size} ({n_params / 1e6:.1f}M params)")
+    from laquant.eval.plots import plot_training_history
+
+    plot_training_history(history, out / "loss_curve.png", title=f"GLA {args.size} ({n_params / 1e6:.1f}M params)")
     print(f"saved {out} ({elapsed:.0f}s, final validation loss {summary['final_val_loss']:.4f})")
-
-
-def plot_history(history: dict, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(np.array(history["tokens"]) / 1e6, history["loss"], label="train (batch)", alpha=0.7)
-    per_step = history["tokens"][0] / (history["step"][0] + 1)
-    ax.plot((np.array(history["val_step"]) + 1) * per_step / 1e6, history["val_loss"], "o-", label="validation")
-    ax.set_xlabel("tokens (M)")
-    ax.set_ylabel("cross-entropy (nats)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> None:
