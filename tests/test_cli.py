@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from laquant.cli import main
+from laquant.errors import LaquantError
 
 
 def _run(capsys, *argv):
@@ -77,3 +78,43 @@ def test_checkout_root_does_not_shadow_huggingface_kernels():
             "assert laquant.kernels.chunk_gla; print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_hub_ids_resolve_through_the_hub_cache(monkeypatch, tiny_model_dir, capsys):
+    """`org/name` goes through huggingface_hub (here a local stand-in: nothing is downloaded in tests)."""
+    import huggingface_hub
+
+    calls = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo, **kw: calls.append(repo) or str(tiny_model_dir))
+    assert main(["eval", "ppl", "someorg/tiny-gla", "--max-tokens", "200", "--context", "64", "--quiet"]) == 0
+    assert calls and calls[0] == "someorg/tiny-gla"
+
+    def offline(repo, **kw):
+        raise OSError("no network")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    assert main(["eval", "ppl", "someorg/missing"]) == 2
+    assert "could not be fetched from the Hugging Face Hub (OSError)" in capsys.readouterr().err
+
+
+def test_datasets_ids_load_the_test_split(monkeypatch, tiny_model_dir):
+    """`--data NAME:CONFIG` goes through `datasets.load_dataset` (a local stand-in module here)."""
+    import types
+
+    from laquant.data import load_text
+
+    seen = {}
+
+    class Split(dict):
+        column_names = ["text"]
+
+    def load_dataset(name, config, split):
+        seen.update(name=name, config=config, split=split)
+        return Split(text=["first line", "second line"])
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    assert load_text("wikitext:wikitext-2-raw-v1") == "first line\n\nsecond line"
+    assert seen == {"name": "wikitext", "config": "wikitext-2-raw-v1", "split": "test"}
+    monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
+    with pytest.raises(LaquantError, match=r"pip install 'laquant\[datasets\]'"):
+        load_text("wikitext:wikitext-2-raw-v1")
