@@ -1,7 +1,7 @@
 """Triton kernel: one GLA decode step on a state pool, the state read and written in place.
 
-``state[pool_idx[b]]`` (``[H, K, V]`` per slot; fp32, bf16, or fp8 e4m3 with one float32 scale per
-K row) is loaded, decayed, updated with ``k v^T``, read out with ``q``, and stored back in its
+``state[pool_idx[b]]`` (``[H, K, V]`` per slot; fp32, bf16, or fp8 e4m3 / int8 with one float32
+scale per K row) is loaded, decayed, updated with ``k v^T``, read out with ``q``, and stored back in its
 format, all in float32 registers. Spec: :func:`gla_decode_step_reference`, which is
 :func:`laquant.kernels.recurrent_gla_step` plus the pool and the storage format
 (:class:`laquant.quant.state.StateQuantizer`).
@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 
 from laquant.kernels.gla_reference import recurrent_gla_step
-from laquant.quant.numerics import FP8_E4M3_MAX, absmax_scale, quantize_fp8
 from laquant.quant.state import StateQuantizer
 
 try:
@@ -25,7 +24,7 @@ try:
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
-FORMAT_CODES = {"fp32": 0, "bf16": 1, "fp8_row": 2}
+FORMAT_CODES = {"fp32": 0, "bf16": 1, "fp8_row": 2, "int8_row": 3}
 
 
 def gla_decode_step_reference(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer,
@@ -37,8 +36,8 @@ def gla_decode_step_reference(q, k, v, g, state, scale, pool_idx, quantizer: Sta
     if quantizer.format.is_scaled and quantizer.renorm_interval > 1:
         # per slot: the scale only grows, except at a renormalisation (every N-th store of that slot)
         renorm_now = ((n_stores[idx] + 1) % quantizer.renorm_interval == 0).view(-1, 1, 1, 1)
-        fresh = absmax_scale(h, -1, FP8_E4M3_MAX)
-        data, new_scale = quantize_fp8(h, scale=torch.where(renorm_now, fresh, torch.maximum(fresh, old_scale)))
+        fresh = quantizer.fresh_scale(h)
+        data, new_scale = quantizer.quantize(h, torch.where(renorm_now, fresh, torch.maximum(fresh, old_scale)))
     else:
         data, new_scale = quantizer.store(h)
     state[idx] = data
@@ -56,7 +55,7 @@ if triton is not None:
         s_sp, s_sh, s_sk, s_cp, s_ch,
         qk_scale,
         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-        FMT: tl.constexpr, RENORM: tl.constexpr,
+        FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr,
     ):
         pid = tl.program_id(0)
         b = pid // H
@@ -77,23 +76,30 @@ if triton is not None:
             ptrs = state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :]
             mask = mask_k[:, None] & mask_v[None, :]
             st = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-            if FMT == 2:
+            if FMT >= 2:
                 sc_ptrs = scale_ptr + slot * s_cp + h * s_ch + offs_k
                 old_scale = tl.load(sc_ptrs, mask=mask_k, other=1.0)
                 st = st * old_scale[:, None]
             st = st * tl.exp(g)[:, None] + kk[:, None] * v[None, :]
             o += tl.sum(q[:, None] * st, axis=0)
-            if FMT == 2:
+            if FMT >= 2:
                 if RENORM == 0:
                     new_scale = tl.load(static_ptr + h * K + offs_k, mask=mask_k, other=1.0)
                 else:
-                    new_scale = tl.maximum(tl.max(tl.abs(st), axis=1) / 448.0, 1.1754943508222875e-38)
+                    new_scale = tl.maximum(tl.max(tl.abs(st), axis=1) / QMAX, 1.1754943508222875e-38)
                     if RENORM > 1:
                         new_scale = tl.where(renorm_now, new_scale, tl.maximum(new_scale, old_scale))
                 tl.store(sc_ptrs, new_scale, mask=mask_k)
                 x = tl.math.div_rn(st, new_scale[:, None])
-                x = tl.minimum(tl.maximum(x, -448.0), 448.0)
-                tl.store(ptrs, x.to(tl.float8e4nv), mask=mask)
+                if FMT == 2:
+                    x = tl.minimum(tl.maximum(x, -QMAX), QMAX)
+                    tl.store(ptrs, x.to(tl.float8e4nv), mask=mask)
+                else:
+                    # round half to even, as torch.round does
+                    r = tl.floor(x + 0.5)
+                    r = tl.where(((r - x) == 0.5) & ((r % 2) != 0), r - 1.0, r)
+                    r = tl.minimum(tl.maximum(r, -QMAX), QMAX)
+                    tl.store(ptrs, r.to(tl.int8), mask=mask)
             elif FMT == 1:
                 tl.store(ptrs, st.to(tl.bfloat16, fp_downcast_rounding="rtne"), mask=mask)
             else:
@@ -112,16 +118,16 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
         raise RuntimeError("Triton is not installed; use gla_decode_step_reference")
     fmt = quantizer.format.name
     if fmt not in FORMAT_CODES:
-        raise ValueError(f"the decode kernel stores fp32, bf16 or fp8_row states, not {fmt}")
+        raise ValueError(f"the decode kernel stores {', '.join(FORMAT_CODES)} states, not {fmt}")
     B, H, K = q.shape
     V = v.shape[-1]
     if state.stride(-1) != 1 or (scale is not None and scale.stride(-1) != 1):
         raise ValueError("state and scale pools must be contiguous in their last dimension")
-    if fmt == "fp8_row" and quantizer.renorm_interval > 1 and n_stores is None:
+    if quantizer.format.is_scaled and quantizer.renorm_interval > 1 and n_stores is None:
         raise ValueError("renorm_interval > 1 needs the per-slot store counts n_stores")
     o = torch.empty(B, H, V, dtype=v.dtype, device=v.device) if out is None else out
     qk_scale = K ** -0.5 if qk_scale is None else qk_scale
-    static = quantizer.static_scale if (fmt == "fp8_row" and quantizer.renorm_interval == 0) else None
+    static = quantizer.static_scale if (quantizer.format.is_scaled and quantizer.renorm_interval == 0) else None
     if static is not None:
         static = static.reshape(H, K).float().contiguous().to(q.device)
     scale_t = scale if scale is not None else state
@@ -133,6 +139,7 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
         scale_t.stride(0), scale_t.stride(1) if scale is not None else 0,
         qk_scale, H=H, K=K, V=V, BLOCK_K=min(block_k, triton.next_power_of_2(K)),
         BLOCK_V=triton.next_power_of_2(V), FMT=FORMAT_CODES[fmt], RENORM=quantizer.renorm_interval,
+        QMAX=quantizer.format.qmax if quantizer.format.is_scaled else 1.0,
         num_warps=num_warps,
     )
     return o

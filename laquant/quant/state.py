@@ -102,14 +102,22 @@ class StateQuantizer:
         fmt = self.format
         if not fmt.is_scaled:
             return quantize_state(state, fmt)
-        dims, qmax, quantize = _SCALED[fmt.name]
         if self.renorm_interval == 0:
             scale = self.static_scale.to(state.device)
         else:
-            scale = absmax_scale(state, dims, qmax)
+            scale = self.fresh_scale(state)
             if prev_scale is not None and n_stores % self.renorm_interval != 0:
                 scale = torch.maximum(scale, prev_scale)
-        return quantize(state, scale=scale)
+        return self.quantize(state, scale)
+
+    def fresh_scale(self, state: torch.Tensor) -> torch.Tensor:
+        """The scale a store computes from ``state`` alone (scaled formats)."""
+        dims, qmax, _ = _SCALED[self.format.name]
+        return absmax_scale(state, dims, qmax)
+
+    def quantize(self, state: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``state`` in this (scaled) format with the given scale."""
+        return _SCALED[self.format.name][2](state, scale=scale)
 
     @staticmethod
     def load(data: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
