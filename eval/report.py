@@ -47,7 +47,7 @@ def comparison_table(rows: list[tuple[str, dict]]) -> str:
 
 def layer_summary(stats: Stats, decisions: dict) -> str:
     """Markdown: per layer, what was quantized how, outliers, gate ranges and state ranges."""
-    out = ["| module | decision | input absmax | outliers (> thr) |", "|---|---|---|---|"]
+    out = ["| module | decision | input absmax | outlier channels kept bf16 |", "|---|---|---|---|"]
     for name in stats.modules("projections"):
         d = decisions["projections"].get(name)
         absmax = stats.get(name, "act_absmax")
