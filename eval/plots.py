@@ -18,15 +18,19 @@ def _plt():
     return plt
 
 
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+
+
 def _finish_line_plot(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    _plt().close(fig)
+    _save(fig, path)
 
 
 def _by_suffix(names: list[str]) -> dict[str, list[str]]:
@@ -51,9 +55,7 @@ def plot_outliers(stats: Stats, path: Path, threshold: float | None) -> None:
         ax.set_ylabel("layer")
         fig.colorbar(im, ax=ax, fraction=0.02)
     axes[-1, 0].set_xlabel("input channel")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_gates(stats: Stats, path: Path) -> None:
@@ -72,9 +74,7 @@ def plot_gates(stats: Stats, path: Path) -> None:
     axes[0, 0].set_title("gate logits per channel (decay = sigmoid(logit)^(1/16))", fontsize=9)
     axes[0, 0].legend(fontsize=7, loc="upper right")
     axes[-1, 0].set_xlabel("gate channel (head-major)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_state(stats: Stats, path: Path) -> None:
@@ -97,9 +97,7 @@ def plot_state(stats: Stats, path: Path) -> None:
         ax.axis("off")
     axes[0, 0].legend(fontsize=6)
     axes[0, 0].set_ylabel("state absmax")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_loss_by_position(series: dict[str, list[float]], path: Path, title: str) -> None:

@@ -106,11 +106,10 @@ def perplexity(
     bar = tqdm(total=steps, desc=f"ppl {mode} ctx={context}", unit="tok" if mode == "decode" else "win",
                disable=not progress, leave=False)
     start = time.perf_counter()
-    length = context
+    offsets = torch.arange(1, context)  # every window is `context` tokens long
     for batch in batches:
         inputs = torch.stack([ids[w.begin:w.end] for w in batch]).to(device)
         # mask[b, p] is True where the token at offset p + 1 is scored (predicted from offset p)
-        offsets = torch.arange(1, length)
         mask = torch.stack([offsets >= (w.first_target - w.begin) for w in batch])
         if mode == "prefill":
             logits = model(input_ids=inputs).logits[:, :-1]
@@ -119,7 +118,7 @@ def perplexity(
         else:
             cache = model.new_cache()
             cols = []
-            for t in range(length - 1):
+            for t in range(context - 1):
                 step_logits = model(input_ids=inputs[:, t:t + 1], past_key_values=cache, use_cache=True).logits[:, 0]
                 cols.append(_nll_rows(step_logits, inputs[:, t + 1]).cpu())
                 bar.update(1)

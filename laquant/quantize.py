@@ -97,16 +97,18 @@ def apply(model, adapter, decisions: dict, stats: Stats | None = None) -> None:
             new.calibrate(stats.get(name, "logit_min"), stats.get(name, "logit_max"))
         adapter.replace(name, new.to(linears[-1].qweight.device))
 
+    mixers = adapter.mixers()
     for name, d in decisions["state"].items():
         mixer = adapter.module(name)
+        fmt = StateFormat(d["format"])
         static = None
-        if d["renorm_interval"] == 0 and StateFormat(d["format"]).is_scaled:
-            info = adapter.mixers()[name]
+        if d["renorm_interval"] == 0 and fmt.is_scaled:
+            info = mixers[name]
             if stats is not None:
                 static = static_state_scale(stats.get(name, "state_absmax"), d["format"])
             else:
                 shape = {"row": (info.num_heads, info.head_k, 1), "head": (info.num_heads, 1, 1)}
-                static = torch.ones(shape.get(StateFormat(d["format"]).granularity, ()))
+                static = torch.ones(shape.get(fmt.granularity, ()))
             mixer.register_buffer("state_static_scale", static.to(next(mixer.parameters(), static).device))
             static = mixer.state_static_scale
         try:
