@@ -9,7 +9,7 @@ import numpy as np
 from laquant.calibration.stats import Stats
 
 
-def _plt():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -18,10 +18,10 @@ def _plt():
     return plt
 
 
-def _save(fig, path: Path) -> None:
+def save_figure(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    _plt().close(fig)
+    pyplot().close(fig)
 
 
 def _finish_line_plot(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:
@@ -30,7 +30,7 @@ def _finish_line_plot(fig, ax, path: Path, xlabel: str, ylabel: str, title: str)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _by_suffix(names: list[str]) -> dict[str, list[str]]:
@@ -42,7 +42,7 @@ def _by_suffix(names: list[str]) -> dict[str, list[str]]:
 
 def plot_outliers(stats: Stats, path: Path, threshold: float | None) -> None:
     """Heatmaps of per-input-channel absmax, one panel per projection kind, layers as rows."""
-    plt = _plt()
+    plt = pyplot()
     groups = _by_suffix([n for n in stats.modules("projections") if n != "lm_head"])
     fig, axes = plt.subplots(len(groups), 1, figsize=(11, 2.0 * len(groups) + 0.5), squeeze=False)
     for ax, (kind, names) in zip(axes[:, 0], sorted(groups.items())):
@@ -55,12 +55,12 @@ def plot_outliers(stats: Stats, path: Path, threshold: float | None) -> None:
         ax.set_ylabel("layer")
         fig.colorbar(im, ax=ax, fraction=0.02)
     axes[-1, 0].set_xlabel("input channel")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_gates(stats: Stats, path: Path) -> None:
     """Per layer and channel: the calibrated gate-logit range and the 0.1-99.9 percentile band."""
-    plt = _plt()
+    plt = pyplot()
     names = stats.modules("gates")
     fig, axes = plt.subplots(len(names), 1, figsize=(11, 1.8 * len(names) + 0.5), squeeze=False, sharex=True)
     for ax, name in zip(axes[:, 0], names):
@@ -74,12 +74,12 @@ def plot_gates(stats: Stats, path: Path) -> None:
     axes[0, 0].set_title("gate logits per channel (decay = sigmoid(logit)^(1/16))", fontsize=9)
     axes[0, 0].legend(fontsize=7, loc="upper right")
     axes[-1, 0].set_xlabel("gate channel (head-major)")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_state(stats: Stats, path: Path) -> None:
     """State absmax per head over the calibration sequence, one panel per layer."""
-    plt = _plt()
+    plt = pyplot()
     names = stats.modules("mixers")
     cols = min(4, len(names))
     rows = -(-len(names) // cols)
@@ -97,11 +97,11 @@ def plot_state(stats: Stats, path: Path) -> None:
         ax.axis("off")
     axes[0, 0].legend(fontsize=6)
     axes[0, 0].set_ylabel("state absmax")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_loss_by_position(series: dict[str, list[float]], path: Path, title: str) -> None:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, values in series.items():
         v = np.array(values[1:])
@@ -114,7 +114,7 @@ def plot_loss_by_position(series: dict[str, list[float]], path: Path, title: str
 
 def plot_training_history(history: dict, path: Path, title: str) -> None:
     """Training loss per logged batch and validation loss, against tokens seen."""
-    fig, ax = _plt().subplots(figsize=(7, 4))
+    fig, ax = pyplot().subplots(figsize=(7, 4))
     ax.plot(np.array(history["tokens"]) / 1e6, history["loss"], label="train (batch)", alpha=0.7)
     per_step = history["tokens"][0] / (history["step"][0] + 1)
     ax.plot((np.array(history["val_step"]) + 1) * per_step / 1e6, history["val_loss"], "o-", label="validation")

@@ -18,13 +18,15 @@ import torch
 from laquant.kernels.gla_reference import recurrent_gla_step
 from laquant.quant.state import StateQuantizer
 
+from laquant.kernels.triton_numerics import FORMAT_CODES
+
 try:
     import triton
     import triton.language as tl
+
+    from laquant.kernels.triton_numerics import absmax_row_scale, decode_state, encode_state
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
-
-FORMAT_CODES = {"fp32": 0, "bf16": 1, "fp8_row": 2, "int8_row": 3}
 
 
 def gla_decode_step_reference(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer,
@@ -75,35 +77,23 @@ if triton is not None:
             g = tl.load(g_ptr + b * s_gb + h * s_gh + offs_k * s_gk, mask=mask_k, other=0.0).to(tl.float32)
             ptrs = state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :]
             mask = mask_k[:, None] & mask_v[None, :]
-            st = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+            old_scale = tl.full([BLOCK_K], 1.0, tl.float32)
             if FMT >= 2:
                 sc_ptrs = scale_ptr + slot * s_cp + h * s_ch + offs_k
                 old_scale = tl.load(sc_ptrs, mask=mask_k, other=1.0)
-                st = st * old_scale[:, None]
+            st = decode_state(tl.load(ptrs, mask=mask, other=0.0), old_scale, FMT)
             st = st * tl.exp(g)[:, None] + kk[:, None] * v[None, :]
             o += tl.sum(q[:, None] * st, axis=0)
+            new_scale = old_scale
             if FMT >= 2:
                 if RENORM == 0:
                     new_scale = tl.load(static_ptr + h * K + offs_k, mask=mask_k, other=1.0)
                 else:
-                    new_scale = tl.maximum(tl.max(tl.abs(st), axis=1) / QMAX, 1.1754943508222875e-38)
+                    new_scale = absmax_row_scale(st, QMAX)
                     if RENORM > 1:
                         new_scale = tl.where(renorm_now, new_scale, tl.maximum(new_scale, old_scale))
                 tl.store(sc_ptrs, new_scale, mask=mask_k)
-                x = tl.math.div_rn(st, new_scale[:, None])
-                if FMT == 2:
-                    x = tl.minimum(tl.maximum(x, -QMAX), QMAX)
-                    tl.store(ptrs, x.to(tl.float8e4nv), mask=mask)
-                else:
-                    # round half to even, as torch.round does
-                    r = tl.floor(x + 0.5)
-                    r = tl.where(((r - x) == 0.5) & ((r % 2) != 0), r - 1.0, r)
-                    r = tl.minimum(tl.maximum(r, -QMAX), QMAX)
-                    tl.store(ptrs, r.to(tl.int8), mask=mask)
-            elif FMT == 1:
-                tl.store(ptrs, st.to(tl.bfloat16, fp_downcast_rounding="rtne"), mask=mask)
-            else:
-                tl.store(ptrs, st, mask=mask)
+            tl.store(ptrs, encode_state(st, new_scale, FMT), mask=mask)
         tl.store(o_ptr + b * s_ob + h * s_oh + offs_v, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
                  mask=mask_v)
 

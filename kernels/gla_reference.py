@@ -167,3 +167,16 @@ def naive_gla(
     if initial_state is not None:
         o = o + torch.einsum("bthk,bhkv->bthv", q * scale * b.exp(), initial_state.to(acc))
     return o
+
+
+def noncausal_linear_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
+    """Bidirectional (encoder) linear attention: every token reads every token,
+    ``o_i = scale * q_i (sum_j k_j^T v_j)``. q, k ``[B, T, H, K]``, v ``[B, T, H, V]``; float32
+    arithmetic, output in ``v.dtype``. Cost is linear in T: one ``[K, V]`` summary per head."""
+    _check_shapes(q, k, v, q, None)
+    acc = _acc_dtype(q, k, v)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    kv = torch.einsum("bthk,bthv->bhkv", k.to(acc), v.to(acc))
+    return torch.einsum("bthk,bhkv->bthv", q.to(acc) * scale, kv).to(v.dtype)

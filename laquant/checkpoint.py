@@ -37,8 +37,8 @@ def storage_tensor(t: torch.Tensor, storage_dtype: torch.dtype) -> torch.Tensor:
     return t
 
 
-class _StagingDir:
-    """``with _StagingDir(out, overwrite) as tmp:`` fill ``tmp``; on success it replaces ``out``."""
+class StagingDir:
+    """``with StagingDir(out, overwrite) as tmp:`` fill ``tmp``; on success it replaces ``out``."""
 
     def __init__(self, out: Path, overwrite: bool):
         self.out, self.overwrite = Path(out), overwrite
@@ -76,7 +76,7 @@ def save_quantized(model, out: Path, recipe: dict, decisions: dict, stats=None, 
     from laquant.recipe import recipe_to_yaml
 
     out = Path(out)
-    with _StagingDir(out, overwrite) as tmp:
+    with StagingDir(out, overwrite) as tmp:
         state = {k: storage_tensor(v, storage_dtype) for k, v in model.state_dict().items()}
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "quant_method": QUANT_METHOD})
         config = model.config.to_dict()

@@ -13,11 +13,18 @@ from laquant.errors import LaquantError
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
 
-def _not_available(name: str, issue: str):
-    def run(args: argparse.Namespace) -> int:
-        raise LaquantError(f"`laquant {name}` is not available yet in this version ({issue}); "
-                           "nothing was done")
-    return run
+def cmd_eval_speed(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from laquant.eval.speed import run_speed
+
+    suites = args.suite or ["decode", "prefill", "gemm", "e2e"]
+    result = run_speed(Path(args.out), suites, models=args.model, recipe=args.recipe, quick=args.quick)
+    from laquant.eval.speed import markdown
+
+    print(markdown(result))
+    print(f"\nwrote {args.out}/speed.json, speed.md" + (", speed.png" if {"decode", "prefill"} & set(suites) else ""))
+    return 0
 
 
 def _pick_device(requested: str) -> str:
@@ -153,9 +160,18 @@ def build_parser() -> argparse.ArgumentParser:
     p_ppl.add_argument("--quiet", action="store_true", help="no progress bars")
     p_ppl.set_defaults(func=cmd_eval_ppl)
 
-    p_speed = eval_sub.add_parser("speed", help="kernel and end-to-end speed (not available yet)")
-    p_speed.add_argument("path", nargs="?")
-    p_speed.set_defaults(func=_not_available("eval speed", "it needs the Triton kernels"))
+    p_speed = eval_sub.add_parser("speed", help="kernel and end-to-end speed against fla, SDPA, cuBLAS, bitsandbytes",
+                                  description="Benchmarks on the CUDA device, each against its peer in the same run "
+                                              "(see laquant/eval/speed.py); writes OUT/speed.json, speed.md, speed.png.")
+    p_speed.add_argument("--suite", nargs="+", choices=["decode", "prefill", "gemm", "e2e"],
+                         help="what to measure (default: all)")
+    p_speed.add_argument("--model", nargs="+", default=["gla-small"],
+                         help="models for the e2e suite: directories, HF ids, or config:{json} for a random "
+                              "model of that GLAConfig (speed only)")
+    p_speed.add_argument("--recipe", default="gla_int8", help="recipe for the quantized e2e model")
+    p_speed.add_argument("--out", default="speed-results", help="output folder (replaced atomically)")
+    p_speed.add_argument("--quick", action="store_true", help="a few shapes only (smoke test)")
+    p_speed.set_defaults(func=cmd_eval_speed)
     return parser
 
 

@@ -43,7 +43,9 @@ def test_eval_ppl_table_and_json(capsys, tmp_path, tiny_model_dir):
     (["eval", "ppl", "{llama}"], "model_type 'llama' is not supported; supported: gla"),
     (["eval", "ppl", "{tiny}", "--device", "cuda:7"] if not __import__("torch").cuda.is_available() else
      ["eval", "ppl", "/no/such/model"], "cuda" if not __import__("torch").cuda.is_available() else "not found"),
-    (["eval", "speed"], "not available yet"),
+    (["eval", "speed", "--out", "{tmp}/speed"] if not __import__("torch").cuda.is_available() else
+     ["eval", "ppl", "/no/such/model"], "needs a CUDA device" if not __import__("torch").cuda.is_available() else
+     "not found"),
 ])
 def test_bad_input_is_one_clear_line(capsys, tmp_path, tiny_model_dir, argv, message):
     (tmp_path / "llama").mkdir()

@@ -17,4 +17,4 @@ for m in gla-small gla-large; do
     --out "$W/ablation_${m}" || echo "ablation failed: $m"
 done
 # decode-step kernel benchmark against fla (last: the least important if time runs out)
-python3 -m laquant.eval.bench_decode --out "$W/bench_decode.json" || echo "bench failed"
+laquant eval speed --suite decode --out "$W/speed" || echo "bench failed"

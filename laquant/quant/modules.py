@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 from laquant.kernels import int8_outlier_linear
+from laquant.kernels.dispatch import use_triton
 from laquant.quant.numerics import INT8_MAX, dequantize, quantize_int8
 
 GRANULARITIES = ("per_channel", "per_tensor")
@@ -65,7 +66,23 @@ class QuantLinear(nn.Module):
     def n_outliers(self) -> int:
         return self.outlier_idx.numel()
 
+    def packed(self):
+        """The weight as the Triton GEMM reads it, rebuilt when a buffer changed (e.g. a reload)."""
+        from laquant.kernels.int8_gemm_triton import PackedOutlierWeight
+
+        bufs = (self.qweight, self.weight_scale, self.keep_idx, self.outlier_idx, self.outlier_weight, self.bias)
+        key = tuple((b.data_ptr(), b._version) if b is not None else None for b in bufs)
+        if getattr(self, "_packed_key", None) != key:
+            self._packed = PackedOutlierWeight.pack(self.qweight, self.weight_scale, self.keep_idx, self.outlier_idx,
+                                                    self.outlier_weight, self.bias, self.in_features)
+            self._packed_key = key
+        return self._packed
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.act_granularity == "per_token" and use_triton(x):
+            from laquant.kernels.int8_gemm_triton import int8_outlier_linear_triton
+
+            return int8_outlier_linear_triton(x, self.packed())
         return int8_outlier_linear(
             x, self.qweight, self.weight_scale,
             None if self.n_outliers == 0 else self.keep_idx,

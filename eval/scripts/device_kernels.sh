@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Kernel session on the lent GPU: GPU tests of every kernel and of the model on them, the speed
+# suites against fla / SDPA / cuBLAS / bitsandbytes, and the GPU-vs-CPU perplexity check.
+# Re-entrant: each call waits up to $1 seconds for the background job and packs what exists into
+# $OUT/results.tgz. Needs carry: .whl
+set -u
+WAIT=${1:-540}
+W=/tmp/laqk
+mkdir -p "$W"
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1
+if [ ! -f "$W/setup.done" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . \
+    && touch "$W/setup.done" || { echo "SETUP FAILED"; exit 1; }
+fi
+if [ ! -f "$W/job.started" ]; then
+  touch "$W/job.started"
+  setsid nohup bash -c "
+    python3 -m pytest -q -rs -x --timeout 900 tests/test_chunk_kernel.py tests/test_linear_attention_kernel.py \
+      tests/test_int8_gemm_kernel.py tests/test_decode_kernel.py tests/test_gpu_model.py > $W/gpu_tests.log 2>&1
+    laquant eval speed --out $W/speed ${SPEED_ARGS:-} > $W/speed.log 2>&1
+    python3 -m laquant.eval.ablation --device cuda --max-tokens 65536 --quiet \
+      --recipes bf16 gla_int8 gla_int8_all gla_fp8_state --out $W/ablation_gla-small_gpu > $W/ablation.log 2>&1
+    touch $W/job.done" > "$W/job.log" 2>&1 < /dev/null &
+fi
+t=0
+while [ ! -f "$W/job.done" ] && [ $t -lt "$WAIT" ]; do sleep 10; t=$((t + 10)); done
+tail -5 "$W"/*.log
+(cd "$W" && tar czf "$OUT/results.tgz" --exclude='*.done' --exclude='*.started' .)
+[ -f "$W/job.done" ] && echo "JOB DONE" || echo "JOB RUNNING"

@@ -1,0 +1,363 @@
+"""``laquant eval speed``: laquant's kernels and models against their peers, measured in one run.
+
+Suites (all on one CUDA device; each ratio is taken against a peer timed in the same process):
+
+* ``decode``  one GLA decode step on a state pool, H = 64, K = V = 128: laquant with fp8 / int8 /
+  bf16 / fp32 state vs fla ``fused_recurrent_gla`` (fp32 state) and fla's gated-delta-rule step;
+  achieved GB/s against the measured copy bandwidth;
+* ``prefill`` B * T = 65,536 tokens, H = 16, K = V = 128, bf16: laquant's chunk kernel vs fla
+  ``chunk_gla`` vs PyTorch SDPA causal; the non-causal kernel vs SDPA non-causal;
+* ``gemm``    the int8 outlier-split GEMM (activation quantization included) vs cuBLAS bf16,
+  bitsandbytes LLM.int8 (threshold 6.0) and ``torch._scaled_mm`` fp8 rowwise (operands quantized
+  beforehand, so its time is the GEMM alone);
+* ``e2e``     a model in bf16 and quantized with a recipe: prefill tokens/s, decode tokens/s after
+  a 4K prompt (eager and CUDA-graphed), peak memory and state bytes per sequence.
+
+Times are medians of ``triton.testing.do_bench`` (which clears L2 between runs). Results go to
+``OUT/speed.json`` (device, versions, shapes, dtypes, raw times) and ``OUT/speed.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from laquant.errors import LaquantError
+
+SUITES = ("decode", "prefill", "gemm", "e2e")
+
+
+def _bench(fn, rep: int = 100) -> float:
+    """Median milliseconds."""
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=rep, return_mode="median")
+
+
+def copy_bandwidth(nbytes: int = 2**30) -> float:
+    """Bytes moved per second (read + write) by a device-to-device copy."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * nbytes / (_bench(lambda: dst.copy_(src), rep=300) * 1e-3)
+
+
+def versions() -> dict:
+    import transformers
+    import triton
+
+    import laquant
+
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "triton": triton.__version__, "transformers": transformers.__version__, "laquant": laquant.__version__}
+    for name in ("fla", "bitsandbytes"):
+        try:
+            out[name] = __import__(name).__version__
+        except Exception:  # noqa: BLE001 - a missing or broken peer is reported as absent
+            out[name] = None
+    return out
+
+
+def _randn(*shape, dtype=torch.bfloat16, scale=1.0):
+    return (torch.randn(*shape, device="cuda") * scale).to(dtype)
+
+
+# ----------------------------------------------------------------------------------------- decode
+def bench_decode(batches=(1, 4, 16, 32, 64, 128, 256), H=64, K=128, bandwidth=None) -> list[dict]:
+    from laquant.kernels.gla_decode_triton import gla_decode_step
+    from laquant.quant.state import StateQuantizer
+
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+        from fla.ops.gla import fused_recurrent_gla
+    except ImportError:
+        fused_recurrent_gla = fused_recurrent_gated_delta_rule = None
+    V = K
+    rows = []
+    for B in batches:
+        q, k, v = (_randn(B, H, d) for d in (K, K, V))
+        g = (F.logsigmoid(torch.randn(B, H, K, device="cuda")) / 16).bfloat16()
+        idx = torch.arange(B, device="cuda", dtype=torch.int32)
+        io_bytes = B * H * (3 * K + 2 * V) * 2  # q, k, g, v in and o out, bf16
+        row = {"B": B, "H": H, "K": K, "V": V}
+        for fmt in ("fp8_row", "int8_row", "bf16", "fp32"):
+            quant = StateQuantizer(fmt)
+            data, scale = quant.store(torch.randn(B, H, K, V, device="cuda"))
+            scale = scale.squeeze(-1).contiguous() if scale is not None else None
+            ms = _bench(lambda: gla_decode_step(q, k, v, g, data, scale, idx, quant))
+            nbytes = 2 * quant.format.bytes_per_state(K, V, B * H) + io_bytes  # state read and written
+            row[f"laquant_{fmt}_us"] = ms * 1e3
+            row[f"laquant_{fmt}_GBps"] = nbytes / (ms * 1e-3) / 1e9
+            if bandwidth:
+                row[f"laquant_{fmt}_floor_us"] = nbytes / bandwidth * 1e6
+                row[f"laquant_{fmt}_of_copy_bw"] = nbytes / (ms * 1e-3) / bandwidth
+        if fused_recurrent_gla is not None:
+            h0 = torch.randn(B, H, K, V, device="cuda")
+            q4, k4, v4, g4 = (x.unsqueeze(1) for x in (q, k, v, g))
+            row["fla_gla_fp32_us"] = 1e3 * _bench(
+                lambda: fused_recurrent_gla(q4, k4, v4, g4, initial_state=h0, output_final_state=True))
+            gs = g4[..., 0].float().contiguous()
+            beta = torch.rand(B, 1, H, device="cuda").bfloat16()
+            kn = F.normalize(k4.float(), dim=-1).bfloat16()
+            row["fla_gdn_fp32_us"] = 1e3 * _bench(lambda: fused_recurrent_gated_delta_rule(
+                q4, kn, v4, g=gs, beta=beta, initial_state=h0, output_final_state=True))
+            for fmt in ("fp8_row", "bf16", "fp32"):
+                row[f"speedup_{fmt}_vs_fla"] = row["fla_gla_fp32_us"] / row[f"laquant_{fmt}_us"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------- prefill
+def bench_prefill(seq_lens=(1024, 2048, 4096, 8192, 16384, 32768, 65536), total=65536, H=16, K=128,
+                  bandwidth=None) -> list[dict]:
+    from laquant.kernels.gla_chunk_triton import chunk_gla_triton
+    from laquant.kernels.linear_attention_triton import noncausal_linear_attention_triton
+    from laquant.quant.state import StateQuantizer
+
+    try:
+        from fla.ops.gla import chunk_gla as fla_chunk_gla
+    except ImportError:
+        fla_chunk_gla = None
+    V = K
+    rows = []
+    for T in seq_lens:
+        B = max(1, total // T)
+        q, k, v = (_randn(B, T, H, d) for d in (K, K, V))
+        g = (F.logsigmoid(torch.randn(B, T, H, K, device="cuda")) / 16).bfloat16()
+        row = {"B": B, "T": T, "H": H, "K": K, "V": V}
+        row["laquant_ms"] = _bench(lambda: chunk_gla_triton(q, k, v, g, output_final_state=True))
+        fp8 = StateQuantizer("fp8_row")
+        row["laquant_fp8_roundtrip_ms"] = _bench(
+            lambda: chunk_gla_triton(q, k, v, g, output_final_state=True, roundtrip=fp8, final_format="fp8_row"))
+        if fla_chunk_gla is not None:
+            row["fla_ms"] = _bench(lambda: fla_chunk_gla(q, k, v, g, output_final_state=True))
+            row["speedup_vs_fla"] = row["fla_ms"] / row["laquant_ms"]
+        qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))  # SDPA's [B, H, T, D]
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+            row["sdpa_causal_ms"] = _bench(lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=True))
+            row["sdpa_noncausal_ms"] = _bench(lambda: F.scaled_dot_product_attention(qh, kh, vh))
+        row["speedup_vs_sdpa_causal"] = row["sdpa_causal_ms"] / row["laquant_ms"]
+        row["laquant_noncausal_ms"] = _bench(lambda: noncausal_linear_attention_triton(q, k, v))
+        row["noncausal_speedup_vs_sdpa"] = row["sdpa_noncausal_ms"] / row["laquant_noncausal_ms"]
+        # floor: q, k, v, g read and o written once, bf16
+        if bandwidth:
+            row["floor_ms"] = B * T * H * (3 * K + 2 * V) * 2 / bandwidth * 1e3
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------- gemm
+GEMM_SHAPES = {  # (in, out): a 1.3B GLA's projections (hidden 2048) and the issue's square case
+    "q/k 2048->1024": (2048, 1024), "v/g/o 2048->2048": (2048, 2048), "mlp up 2048->5632": (2048, 5632),
+    "mlp down 5632->2048": (5632, 2048), "square 4096->4096": (4096, 4096),
+}
+
+
+def bench_gemm(ms_list=(1, 16, 128, 2048, 8192), shapes=None, n_outliers=8) -> list[dict]:
+    from laquant.quant.modules import QuantLinear
+
+    try:
+        import bitsandbytes as bnb
+    except Exception:  # noqa: BLE001
+        bnb = None
+    rows = []
+    for name, (K, N) in (shapes or GEMM_SHAPES).items():
+        lin = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
+        outliers = torch.randperm(K, device="cuda")[:n_outliers]
+        qlin = QuantLinear.from_linear(lin, outliers)
+        w8 = lin.weight.abs().amax(1, keepdim=True).float() / 448
+        w_fp8 = (lin.weight.float() / w8).to(torch.float8_e4m3fn)
+        b_lin = None
+        if bnb is not None:
+            b_lin = bnb.nn.Linear8bitLt(K, N, bias=False, has_fp16_weights=False, threshold=6.0)
+            b_lin.load_state_dict({"weight": lin.weight.detach().cpu().half()})
+            b_lin = b_lin.cuda()
+        for M in ms_list:
+            x = _randn(M, K)
+            x[:, outliers] *= 20  # outlier columns as calibration finds them
+            row = {"shape": name, "M": M, "K": K, "N": N, "n_outliers": n_outliers}
+            row["bf16_us"] = 1e3 * _bench(lambda: F.linear(x, lin.weight))
+            row["laquant_int8_us"] = 1e3 * _bench(lambda: qlin(x))
+            row["speedup_vs_bf16"] = row["bf16_us"] / row["laquant_int8_us"]
+            xs = x.abs().amax(1, keepdim=True).float() / 448
+            x_fp8 = (x.float() / xs).to(torch.float8_e4m3fn)
+            row["scaled_mm_fp8_us"] = 1e3 * _bench(lambda: torch._scaled_mm(
+                x_fp8, w_fp8.t(), scale_a=xs, scale_b=w8.t(), out_dtype=torch.bfloat16))
+            if b_lin is not None:
+                xh = x.half()
+                row["bnb_int8_us"] = 1e3 * _bench(lambda: b_lin(xh))
+                row["speedup_vs_bnb"] = row["bnb_int8_us"] / row["laquant_int8_us"]
+            flops = 2 * M * K * N
+            row["laquant_TOPS"] = flops / (row["laquant_int8_us"] * 1e-6) / 1e12
+            row["bf16_TFLOPS"] = flops / (row["bf16_us"] * 1e-6) / 1e12
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+# -------------------------------------------------------------------------------------------- e2e
+def _decode_rate(model, prompt, steps, graphed) -> float:
+    """Tokens per second of ``steps`` decode steps after ``prompt``, the batch of sequences in parallel."""
+    B = prompt.shape[0]
+    with torch.no_grad():
+        out = model(prompt, use_cache=True)
+        cache = out.past_key_values
+        step = out.logits[:, -1:].argmax(-1)
+        if graphed:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    model(step, past_key_values=cache)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                model(step, past_key_values=cache)
+            run = graph.replay
+        else:
+            run = lambda: model(step, past_key_values=cache)  # noqa: E731
+        run()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+    return B * steps / (time.perf_counter() - t0)
+
+
+def bench_e2e(model_ids, recipe="gla_int8", prompt_len=4096, batches=(1, 16, 64), steps=32) -> list[dict]:
+    from laquant.api import calibrate
+    from laquant.loading import DEFAULT_MODEL_NAME, load_model
+    from laquant.models import GLAConfig, GLAForCausalLM
+
+    rows = []
+    for model_id in model_ids:
+        if model_id.startswith("config:"):  # a randomly initialised model of a named size (speed only)
+            cfg = GLAConfig(**json.loads(model_id[len("config:"):]))
+            make = lambda: GLAForCausalLM(cfg).to("cuda", torch.bfloat16).eval()  # noqa: E731
+        else:
+            spec = None if model_id == DEFAULT_MODEL_NAME else model_id
+            make = lambda: load_model(spec, device="cuda", dtype=torch.bfloat16)[0]  # noqa: E731
+        torch.manual_seed(0)
+        base = make()
+        vocab = base.config.vocab_size
+        calib = torch.randint(0, vocab, (4, 1024), device="cuda")
+        if not model_id.startswith("config:"):
+            from laquant.data import load_text, tokenize
+            from laquant.loading import load_tokenizer
+
+            ids = tokenize(load_text("calibration"), load_tokenizer(spec))
+            calib = ids[: 4 * 1024].view(4, 1024).cuda()
+        for variant in ("bf16", recipe):
+            torch.manual_seed(0)
+            model = base if variant == "bf16" else calibrate(make(), recipe, data=calib, progress=False).model
+            n_params = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
+            row = {"model": model_id if not model_id.startswith("config:") else f"random {cfg.hidden_size}x"
+                   f"{cfg.num_hidden_layers}", "variant": variant, "params+buffers": n_params,
+                   "prompt_len": prompt_len}
+            ids = torch.randint(0, vocab, (1, prompt_len), device="cuda")
+            with torch.no_grad():
+                ms = _bench(lambda: model(ids), rep=200)
+            row["prefill_tok_per_s"] = prompt_len / (ms * 1e-3)
+            for B in batches:
+                torch.cuda.reset_peak_memory_stats()
+                prompt = torch.randint(0, vocab, (B, prompt_len), device="cuda")
+                row[f"decode_B{B}_tok_per_s"] = _decode_rate(model, prompt, steps, graphed=False)
+                row[f"decode_B{B}_graphed_tok_per_s"] = _decode_rate(model, prompt, steps, graphed=True)
+                row[f"peak_mem_B{B}_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+            with torch.no_grad():
+                cache = model(ids[:, :64], use_cache=True).past_key_values
+            row["state_bytes_per_seq"] = cache.state_bytes()
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del model
+        del base
+        torch.cuda.empty_cache()
+    return rows
+
+
+# ----------------------------------------------------------------------------------------- report
+def _fmt(x):
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.3g}" if abs(x) < 1000 else f"{x:,.0f}"
+    return str(x)
+
+
+def markdown(result: dict) -> str:
+    lines = ["# laquant eval speed", "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {_fmt(v)} |" for k, v in result["versions"].items()]
+    lines += [f"| copy bandwidth | {result['copy_bandwidth_GBps']:.0f} GB/s |", ""]
+    for suite in SUITES:
+        rows = result.get(suite)
+        if not rows:
+            continue
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        lines += [f"## {suite}", "", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+        lines += ["| " + " | ".join(_fmt(r.get(k)) for k in keys) + " |" for r in rows]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(result: dict, out: Path) -> None:
+    from laquant.eval.plots import pyplot, save_figure
+
+    fig, axes = pyplot().subplots(1, 2, figsize=(11, 4))
+    if result.get("decode"):
+        rows = result["decode"]
+        Bs = [r["B"] for r in rows]
+        for key, label in (("laquant_fp8_row_us", "laquant fp8 state"), ("laquant_bf16_us", "laquant bf16"),
+                           ("laquant_fp32_us", "laquant fp32"), ("fla_gla_fp32_us", "fla fused_recurrent_gla")):
+            if key in rows[0]:
+                axes[0].plot(Bs, [r[key] for r in rows], marker="o", label=label)
+        axes[0].set(xscale="log", yscale="log", xlabel="batch", ylabel="µs per decode step",
+                    title="decode step, H=64, K=V=128")
+        axes[0].legend()
+    if result.get("prefill"):
+        rows = result["prefill"]
+        Ts = [r["T"] for r in rows]
+        for key, label in (("laquant_ms", "laquant chunk"), ("fla_ms", "fla chunk_gla"),
+                           ("sdpa_causal_ms", "SDPA causal"), ("laquant_noncausal_ms", "laquant non-causal"),
+                           ("sdpa_noncausal_ms", "SDPA non-causal")):
+            if key in rows[0]:
+                axes[1].plot(Ts, [r[key] for r in rows], marker="o", label=label)
+        axes[1].set(xscale="log", yscale="log", xlabel="sequence length (B*T = 65,536)", ylabel="ms",
+                    title="prefill, H=16, K=V=128, bf16")
+        axes[1].legend()
+    save_figure(fig, out)
+
+
+def run_speed(out_dir: Path, suites=SUITES, models=("gla-small",), recipe="gla_int8", quick=False) -> dict:
+    if not torch.cuda.is_available():
+        raise LaquantError("`laquant eval speed` measures GPU kernels and needs a CUDA device; none is visible "
+                           "(check `nvidia-smi` and CUDA_VISIBLE_DEVICES)")
+    unknown = set(suites) - set(SUITES)
+    if unknown:
+        raise LaquantError(f"unknown suite(s) {', '.join(sorted(unknown))}; choose from {', '.join(SUITES)}")
+    bw = copy_bandwidth()
+    result = {"versions": versions(), "copy_bandwidth_GBps": bw / 1e9, "dtype": "bfloat16 inputs, float32 accumulators"}
+    if "decode" in suites:
+        result["decode"] = bench_decode((1, 64) if quick else (1, 4, 16, 32, 64, 128, 256), bandwidth=bw)
+    if "prefill" in suites:
+        result["prefill"] = bench_prefill((4096,) if quick else (1024, 2048, 4096, 8192, 16384, 32768, 65536),
+                                          bandwidth=bw)
+    if "gemm" in suites:
+        result["gemm"] = bench_gemm((1, 2048) if quick else (1, 16, 128, 2048, 8192),
+                                    shapes={"square 4096->4096": (4096, 4096)} if quick else None)
+    if "e2e" in suites:
+        result["e2e"] = bench_e2e(models, recipe, prompt_len=512 if quick else 4096)
+    from laquant.checkpoint import StagingDir
+
+    with StagingDir(out_dir, overwrite=True) as tmp:
+        (tmp / "speed.json").write_text(json.dumps(result, indent=2))
+        (tmp / "speed.md").write_text(markdown(result))
+        if result.get("decode") or result.get("prefill"):
+            plot(result, tmp / "speed.png")
+    return result
+

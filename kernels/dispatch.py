@@ -1,0 +1,36 @@
+"""Which implementation runs: the Triton kernels on CUDA, the PyTorch references elsewhere.
+
+``LAQUANT_KERNELS=reference`` forces the references on CUDA too (to compare the two paths on one
+device); a state format the kernels do not store (fp8_head, fp8_tensor) also takes the reference.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from laquant.kernels.triton_numerics import FORMAT_CODES
+
+try:
+    import triton  # noqa: F401
+
+    HAS_TRITON = True
+except ImportError:
+    HAS_TRITON = False
+
+_CHOICES = ("auto", "reference")
+
+
+def kernel_choice() -> str:
+    choice = os.environ.get("LAQUANT_KERNELS", "auto")
+    if choice not in _CHOICES:
+        raise ValueError(f"LAQUANT_KERNELS must be one of {', '.join(_CHOICES)}; got {choice!r}")
+    return choice
+
+
+def use_triton(x: torch.Tensor, state_format: str | None = None) -> bool:
+    """True when ``x`` lives on a CUDA device, Triton is there and the state format is a kernel's."""
+    if not (x.is_cuda and HAS_TRITON and kernel_choice() == "auto"):
+        return False
+    return state_format is None or state_format in FORMAT_CODES

@@ -1,0 +1,322 @@
+"""Triton kernel: chunked GLA prefill with the recurrent state kept in a storage format.
+
+One program owns one (sequence, head, V block) and walks its sequence in chunks of ``BT = 64``
+tokens, the ``[K, V]`` state in float32 registers, so nothing but q, k, v, g in and o out (plus
+the optional states) touches memory. Per chunk:
+
+* inter-chunk: ``o = (q * exp(G)) @ S`` with ``G`` the cumulative log-decay inside the chunk;
+* intra-chunk: exact causal attention. With a per-channel decay the ``exp(G_i - G_j)`` factor is
+  split into a q side and a k side around a reference row in the middle of each 16-row column
+  block: both factors stay within 8 tokens' decay (overflow would need a per-token log-decay
+  below -11 in one channel; fla's GLA gates, ``logsigmoid / 16``, never get there). A scalar
+  per-head decay (Lightning attention, Mamba2-style SSD) takes the exact ``[BT, BT]`` path;
+* state: ``S = exp(G_last) S + (k * exp(G_last - G))^T v``; every ``roundtrip`` tokens it passes
+  through its storage format (what a server keeping per-chunk state checkpoints sees), and on
+  request it is also written out every ``checkpoint_every`` tokens and at the end, in a format.
+
+The spec is :func:`chunk_gla_reference` (laquant's :func:`~laquant.kernels.chunk_gla` per
+sequence, with the formats of :class:`~laquant.quant.state.StateQuantizer`). Matmuls take bf16
+operands with float32 accumulation for bf16 inputs (as fla does), exact float32 for float32 inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from laquant.kernels.gla_reference import chunk_gla
+from laquant.kernels.triton_numerics import format_code
+from laquant.quant.state import StateQuantizer
+
+try:
+    import triton
+    import triton.language as tl
+
+    from laquant.kernels.triton_numerics import absmax_row_scale, decode_state, encode_state, roundtrip_state
+except ImportError:  # laquant's CPU path needs no Triton
+    triton = None
+
+CHUNK = 64  # tokens per chunk; state round trips and checkpoints fall on multiples of it
+SUB = 16  # rows per column block of the intra-chunk split
+
+
+@dataclass
+class PrefillStates:
+    """States a prefill returns, as stored: ``data`` ``[N, H, K, V]`` (or ``[N, C, H, K, V]`` for
+    checkpoints) and float32 ``scale`` ``[..., K]`` for the scaled formats, else None."""
+
+    data: torch.Tensor
+    scale: torch.Tensor | None
+    format: str
+
+    def load(self) -> torch.Tensor:
+        return StateQuantizer.load(self.data, None if self.scale is None else self.scale.unsqueeze(-1))
+
+
+def _store(state: torch.Tensor, fmt: str) -> PrefillStates:
+    data, scale = StateQuantizer(fmt).store(state)
+    return PrefillStates(data, None if scale is None else scale.squeeze(-1), fmt)
+
+
+def chunk_gla_reference(q, k, v, g, scale=None, initial_state: PrefillStates | None = None,
+                        output_final_state: bool = False, final_format: str = "fp32",
+                        roundtrip: StateQuantizer | None = None, checkpoint_every: int = 0,
+                        cu_seqlens: torch.Tensor | None = None):
+    """What :func:`chunk_gla_triton` computes, in PyTorch; same arguments and returns."""
+    if g.dim() == 3:  # scalar per-head decay
+        g = g.unsqueeze(-1).expand_as(q)
+    bounds = _bounds(q, cu_seqlens)
+    rt = roundtrip.roundtrip if roundtrip is not None and roundtrip.format.name != "fp32" else None
+    h0 = initial_state.load() if initial_state is not None else None
+    outs, finals, ckpts = [], [], []
+    for n, (bos, eos) in enumerate(bounds):
+        b = 0 if cu_seqlens is not None else n
+        sl = lambda x: x[b:b + 1, bos:eos]
+        state = h0[n:n + 1] if h0 is not None else None
+        pieces, seq_ckpts = [], []
+        step = checkpoint_every or max(eos - bos, 1)
+        for t0 in range(bos, eos, step):
+            t1 = min(t0 + step, eos)
+            seg = lambda x: x[b:b + 1, t0:t1]
+            o, state = chunk_gla(seg(q), seg(k), seg(v), seg(g), scale, state, True, state_roundtrip=rt)
+            pieces.append(o)
+            if checkpoint_every and t1 - t0 == checkpoint_every:
+                seq_ckpts.append(state)
+            if rt is not None and t1 < eos:
+                state = rt(state)
+        if state is None:
+            state = torch.zeros(1, q.shape[2], q.shape[3], v.shape[3], device=q.device)
+        outs.append(torch.cat(pieces, 1) if pieces else sl(v).new_zeros(1, 0, *v.shape[2:]))
+        finals.append(state)
+        ckpts.append(seq_ckpts)
+    o = torch.cat(outs, 1) if cu_seqlens is not None else torch.cat(outs, 0)
+    final = _store(torch.cat(finals), final_format) if output_final_state else None
+    ck = None
+    if checkpoint_every:
+        n_max = max(len(c) for c in ckpts)
+        full = torch.zeros(len(bounds), n_max, *finals[0].shape[1:], device=q.device)
+        for n, c in enumerate(ckpts):
+            for i, s in enumerate(c):
+                full[n, i] = s[0]
+        ck = _store(full, final_format)
+    return o, final, ck
+
+
+def _bounds(q, cu_seqlens):
+    if cu_seqlens is None:
+        return [(0, q.shape[1])] * q.shape[0]
+    cu = cu_seqlens.tolist()
+    return list(zip(cu[:-1], cu[1:]))
+
+
+if triton is not None:
+
+    @triton.jit
+    def _mm(a, b, LOW_PRECISION: tl.constexpr):
+        if LOW_PRECISION:
+            out = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+        else:
+            out = tl.dot(a, b, input_precision="ieee")
+        return out
+
+    @triton.jit
+    def _row(x, rows, r):
+        """Row ``r`` of a 2-D tile (``rows`` indexes its first dimension)."""
+        return tl.sum(tl.where((rows == r)[:, None], x, 0.0), axis=0)
+
+    @triton.jit
+    def _chunk_gla_fwd_kernel(
+        q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, h0_ptr, h0s_ptr, ht_ptr, hts_ptr, ck_ptr, cks_ptr, static_ptr, cu_ptr,
+        s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh, s_ob, s_ot, s_oh,
+        T, n_ckpt, qk_scale,
+        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+        BK: tl.constexpr, BV: tl.constexpr, SCALAR_DECAY: tl.constexpr, VARLEN: tl.constexpr,
+        HAS_H0: tl.constexpr, IN_FMT: tl.constexpr, STORE_HT: tl.constexpr, OUT_FMT: tl.constexpr,
+        QMAX_OUT: tl.constexpr, RT_FMT: tl.constexpr, RT_EVERY: tl.constexpr, RT_STATIC: tl.constexpr,
+        QMAX_RT: tl.constexpr, CKPT_EVERY: tl.constexpr, LOW_PRECISION: tl.constexpr,
+    ):
+        i_nh = tl.program_id(0)
+        i_v = tl.program_id(1)
+        n = i_nh // H
+        h = i_nh % H
+        if VARLEN:
+            bos = tl.load(cu_ptr + n).to(tl.int64)
+            eos = tl.load(cu_ptr + n + 1).to(tl.int64)
+            b = 0
+        else:
+            bos = 0
+            eos = T
+            b = n
+        offs_k = tl.arange(0, BK)
+        offs_v = i_v * BV + tl.arange(0, BV)
+        mk = offs_k < K
+        mv = offs_v < V
+        mkv = mk[:, None] & mv[None, :]
+        rows = tl.arange(0, BT)
+        sub = tl.arange(0, BC)
+        q_base = q_ptr + b * s_qb + h * s_qh
+        k_base = k_ptr + b * s_kb + h * s_kh
+        v_base = v_ptr + b * s_vb + h * s_vh
+        g_base = g_ptr + b * s_gb + h * s_gh
+        o_base = o_ptr + b * s_ob + h * s_oh
+        state_off = (n * H + h).to(tl.int64) * K * V + offs_k[:, None] * V + offs_v[None, :]
+        scale_off = (n * H + h).to(tl.int64) * K + offs_k
+
+        S = tl.zeros([BK, BV], dtype=tl.float32)
+        if HAS_H0:
+            h0_scale = tl.full([BK], 1.0, tl.float32)
+            if IN_FMT >= 2:
+                h0_scale = tl.load(h0s_ptr + scale_off, mask=mk, other=1.0)
+            S = decode_state(tl.load(h0_ptr + state_off, mask=mkv, other=0.0), h0_scale, IN_FMT)
+        static = tl.full([BK], 1.0, tl.float32)
+        if RT_STATIC:
+            static = tl.load(static_ptr + h * K + offs_k, mask=mk, other=1.0)
+
+        n_chunks = tl.cdiv(eos - bos, BT)
+        for i_c in range(0, n_chunks):
+            t0 = bos + i_c * BT
+            offs_t = t0 + rows
+            mt = offs_t < eos
+            mtk = mt[:, None] & mk[None, :]
+            q = tl.load(q_base + offs_t[:, None] * s_qt + offs_k[None, :], mask=mtk, other=0.0).to(tl.float32)
+            q = q * qk_scale
+            k = tl.load(k_base + offs_t[:, None] * s_kt + offs_k[None, :], mask=mtk, other=0.0).to(tl.float32)
+            v = tl.load(v_base + offs_t[:, None] * s_vt + offs_v[None, :], mask=mt[:, None] & mv[None, :],
+                        other=0.0).to(tl.float32)
+            if SCALAR_DECAY:
+                G = tl.cumsum(tl.load(g_base + offs_t * s_gt, mask=mt, other=0.0).to(tl.float32), axis=0)
+                o = _mm(q * tl.exp(G)[:, None], S, LOW_PRECISION)
+                causal = rows[:, None] >= rows[None, :]
+                decay = tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
+                A = tl.where(causal, _mm(q, tl.trans(k), LOW_PRECISION) * decay, 0.0)
+                o += _mm(A, v, LOW_PRECISION)
+                G_last = tl.sum(tl.where(rows == BT - 1, G, 0.0), axis=0)
+                k_end = k * tl.exp(G_last - G)[:, None]
+                S = S * tl.exp(G_last) + _mm(tl.trans(k_end), v, LOW_PRECISION)
+            else:
+                G = tl.cumsum(tl.load(g_base + offs_t[:, None] * s_gt + offs_k[None, :], mask=mtk,
+                                      other=0.0).to(tl.float32), axis=0)
+                o = _mm(q * tl.exp(G), S, LOW_PRECISION)
+                for c in tl.static_range(BT // BC):
+                    offs_c = t0 + c * BC + sub
+                    mc = offs_c < eos
+                    mck = mc[:, None] & mk[None, :]
+                    kc = tl.load(k_base + offs_c[:, None] * s_kt + offs_k[None, :], mask=mck, other=0.0)
+                    gc = tl.cumsum(tl.load(g_base + offs_c[:, None] * s_gt + offs_k[None, :], mask=mck,
+                                           other=0.0).to(tl.float32), axis=0)
+                    vc = tl.load(v_base + offs_c[:, None] * s_vt + offs_v[None, :], mask=mc[:, None] & mv[None, :],
+                                 other=0.0).to(tl.float32)
+                    # exp(G_i - G_j) = exp(G_i - G_ref) * exp(G_ref - G_j), G_ref the block's middle row
+                    k_side = kc.to(tl.float32) * tl.exp(_row(gc, sub, BC // 2)[None, :] - gc)
+                    g_ref = _row(G, rows, c * BC + BC // 2)
+                    q_side = q * tl.exp(tl.where((rows >= c * BC)[:, None], G - g_ref[None, :], 0.0))
+                    A = _mm(q_side, tl.trans(k_side), LOW_PRECISION)
+                    A = tl.where(rows[:, None] >= (c * BC + sub)[None, :], A, 0.0)
+                    o += _mm(A, vc, LOW_PRECISION)
+                G_last = _row(G, rows, BT - 1)  # padded rows have g = 0, so this is the last real row's
+                k_end = k * tl.exp(G_last[None, :] - G)
+                S = S * tl.exp(G_last)[:, None] + _mm(tl.trans(k_end), v, LOW_PRECISION)
+            tl.store(o_base + offs_t[:, None] * s_ot + offs_v[None, :], o.to(o_ptr.dtype.element_ty),
+                     mask=mt[:, None] & mv[None, :])
+            if CKPT_EVERY > 0:
+                if ((i_c + 1) % CKPT_EVERY == 0) & (t0 + BT <= eos):
+                    c_idx = (i_c + 1) // CKPT_EVERY - 1
+                    ck_scale = absmax_row_scale(S, QMAX_OUT)
+                    ck_off = ((n * n_ckpt + c_idx) * H + h).to(tl.int64) * K
+                    tl.store(ck_ptr + ck_off * V + offs_k[:, None] * V + offs_v[None, :],
+                             encode_state(S, ck_scale, OUT_FMT), mask=mkv)
+                    if OUT_FMT >= 2:
+                        tl.store(cks_ptr + ck_off + offs_k, ck_scale, mask=mk)
+            if RT_FMT > 0:
+                if ((i_c + 1) % RT_EVERY == 0) & (t0 + BT < eos):
+                    if RT_STATIC:
+                        S = roundtrip_state(S, static, RT_FMT)
+                    else:
+                        S = roundtrip_state(S, absmax_row_scale(S, QMAX_RT), RT_FMT)
+        if STORE_HT:
+            out_scale = absmax_row_scale(S, QMAX_OUT)
+            tl.store(ht_ptr + state_off, encode_state(S, out_scale, OUT_FMT), mask=mkv)
+            if OUT_FMT >= 2:
+                tl.store(hts_ptr + scale_off, out_scale, mask=mk)
+
+
+_STORAGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8_row": torch.float8_e4m3fn,
+                   "int8_row": torch.int8}
+
+
+def _alloc_states(shape, fmt, device) -> PrefillStates:
+    scale = torch.empty(shape[:-1], dtype=torch.float32, device=device) if fmt in ("fp8_row", "int8_row") else None
+    return PrefillStates(torch.empty(shape, dtype=_STORAGE_DTYPES[fmt], device=device), scale, fmt)
+
+
+def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: PrefillStates | None = None,
+                     output_final_state: bool = False, final_format: str = "fp32",
+                     roundtrip: StateQuantizer | None = None, checkpoint_every: int = 0,
+                     cu_seqlens: torch.Tensor | None = None, num_warps: int = 4, out: torch.Tensor | None = None):
+    """Chunked GLA forward. q, k ``[B, T, H, K]``, v ``[B, T, H, V]``, g the log-decay, ``[B, T, H, K]``
+    per channel or ``[B, T, H]`` per head. With ``cu_seqlens`` (int32 ``[N + 1]``), B is 1 and the
+    N sequences lie back to back along T, as in fla.
+
+    ``initial_state``: :class:`PrefillStates` ``[N, H, K, V]`` in fp32, bf16, fp8_row or int8_row.
+    ``roundtrip``: the state's storage format inside the prefill (a :class:`StateQuantizer`: its
+    format, and static scales if its ``renorm_interval`` is 0), applied every 64 tokens.
+    ``final_format`` is the format of the final state and the checkpoints (fresh per-row scales).
+    Returns ``(o, final_state or None, checkpoints or None)``; checkpoint ``c`` of a sequence is
+    its state after ``(c + 1) * checkpoint_every`` tokens (zeros past its end).
+    """
+    if triton is None:
+        raise RuntimeError("Triton is not installed; use chunk_gla_reference")
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    scalar = g.dim() == 3
+    if k.shape != q.shape or v.shape[:3] != q.shape[:3] or g.shape[:3] != q.shape[:3] or (not scalar and g.shape != q.shape):
+        raise ValueError(f"expected q, k [B, T, H, K], v [B, T, H, V], g [B, T, H(, K)]; got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}, g {tuple(g.shape)}")
+    if cu_seqlens is not None and B != 1:
+        raise ValueError(f"with cu_seqlens the batch must be 1 (sequences packed along T); got B={B}")
+    if checkpoint_every % CHUNK:
+        raise ValueError(f"checkpoint_every must be a multiple of {CHUNK} tokens; got {checkpoint_every}")
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    q, k, v, g = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, g))
+    o = torch.empty_like(v) if out is None else out
+    out_code = format_code(final_format)
+    rt_code = format_code(roundtrip.format.name) if roundtrip is not None else 0
+    rt_static = bool(roundtrip is not None and roundtrip.format.is_scaled and roundtrip.renorm_interval == 0)
+    BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
+    dummy = o
+    h0 = h0s = dummy
+    in_code = 0
+    if initial_state is not None:
+        if tuple(initial_state.data.shape) != (N, H, K, V):
+            raise ValueError(f"initial_state must be [N, H, K, V] = {(N, H, K, V)}; got {tuple(initial_state.data.shape)}")
+        in_code = format_code(initial_state.format)
+        h0 = initial_state.data.contiguous()
+        h0s = initial_state.scale.contiguous() if initial_state.scale is not None else dummy
+    final = _alloc_states((N, H, K, V), final_format, q.device) if output_final_state else None
+    longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
+    n_ckpt = longest // checkpoint_every if checkpoint_every else 0
+    ckpt = _alloc_states((N, n_ckpt, H, K, V), final_format, q.device) if checkpoint_every else None
+    if ckpt is not None:
+        ckpt.data.zero_()
+        if ckpt.scale is not None:
+            ckpt.scale.fill_(1.0)
+    has_ckpt = ckpt is not None and n_ckpt > 0
+    static = roundtrip.static_scale.reshape(H, K).float().contiguous().to(q.device) if rt_static else dummy
+    qmax = lambda fmt: StateQuantizer(fmt).format.qmax if fmt in ("fp8_row", "int8_row") else 1.0
+    g_strides = (g.stride(0), g.stride(1), g.stride(2))
+    _chunk_gla_fwd_kernel[(N * H, 1)](
+        q, k, v, g, o, h0, h0s,
+        final.data if final is not None else dummy, final.scale if final is not None and final.scale is not None else dummy,
+        ckpt.data if has_ckpt else dummy, ckpt.scale if has_ckpt and ckpt.scale is not None else dummy,
+        static, cu_seqlens if cu_seqlens is not None else dummy,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), *g_strides, o.stride(0), o.stride(1), o.stride(2),
+        T, max(n_ckpt, 1), K ** -0.5 if scale is None else scale,
+        H=H, K=K, V=V, BT=CHUNK, BC=SUB, BK=BK, BV=BV, SCALAR_DECAY=scalar, VARLEN=cu_seqlens is not None,
+        HAS_H0=initial_state is not None, IN_FMT=in_code, STORE_HT=output_final_state, OUT_FMT=out_code,
+        QMAX_OUT=qmax(final_format), RT_FMT=rt_code, RT_EVERY=1, RT_STATIC=rt_static,
+        QMAX_RT=qmax(roundtrip.format.name) if roundtrip is not None else 1.0,
+        CKPT_EVERY=checkpoint_every // CHUNK if has_ckpt else 0, LOW_PRECISION=q.dtype != torch.float32, num_warps=num_warps,
+    )
+    return o, final, ckpt

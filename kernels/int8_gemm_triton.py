@@ -1,0 +1,182 @@
+"""Triton kernels: W8A8 int8 GEMM with an LLM.int8-style outlier split, one output.
+
+Spec: :func:`laquant.kernels.int8_reference.int8_outlier_linear` with per-token activations and
+per-output-channel (or per-tensor) weight scales. Two launches:
+
+1. ``_quantize_rows_kernel`` reads x once per row: the absmax over the non-outlier columns gives
+   the token's scale, the row is written as int8 (outlier columns as 0), and the outlier columns
+   are gathered into a small dense ``[M, n_outliers]`` bf16 block;
+2. ``_int8_gemm_kernel`` multiplies int8 x int8 into int32 accumulators on the tensor cores, and
+   its epilogue dequantizes with the row and column scales, adds the outlier block times the
+   bf16 outlier weights (a second, thin tensor-core product) and the bias, and writes y once.
+
+The weight is kept at full width with its outlier columns zero (:class:`PackedOutlierWeight`),
+so the GEMM streams plain row-major tiles and the outlier columns of x multiply zeros.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+
+    from laquant.kernels.triton_numerics import quantize_int8
+except ImportError:  # laquant's CPU path needs no Triton
+    triton = None
+
+
+@dataclass
+class PackedOutlierWeight:
+    """A QuantLinear's weight laid out for the kernel: ``qweight`` ``[N, K]`` int8 with zero
+    outlier columns, ``scale`` ``[N]`` float32, ``outlier_mask`` ``[K]`` int8 (1 = outlier),
+    ``outlier_idx`` ``[n_out]`` int32 and ``outlier_weight`` ``[N, n_out]`` (model dtype)."""
+
+    qweight: torch.Tensor
+    scale: torch.Tensor
+    outlier_mask: torch.Tensor
+    outlier_idx: torch.Tensor
+    outlier_weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    @classmethod
+    def pack(cls, qweight, weight_scale, keep_idx, outlier_idx, outlier_weight, bias, in_features):
+        N = qweight.shape[0]
+        full = torch.zeros(N, in_features, dtype=torch.int8, device=qweight.device)
+        full[:, keep_idx] = qweight
+        mask = torch.zeros(in_features, dtype=torch.int8, device=qweight.device)
+        mask[outlier_idx] = 1
+        return cls(full, weight_scale.reshape(-1).float().expand(N).contiguous(), mask,
+                   outlier_idx.to(torch.int32).contiguous(), outlier_weight.contiguous(), bias)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _quantize_rows_kernel(x_ptr, mask_ptr, idx_ptr, xq_ptr, xs_ptr, xo_ptr, K, NO, s_xm,
+                              BK: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr):
+        m = tl.program_id(0).to(tl.int64)
+        row = x_ptr + m * s_xm
+        amax = tl.zeros([BK], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            offs = k0 + tl.arange(0, BK)
+            mk = offs < K
+            x = tl.load(row + offs, mask=mk, other=0.0).to(tl.float32)
+            if HAS_OUT:
+                x = tl.where(tl.load(mask_ptr + offs, mask=mk, other=0) != 0, 0.0, x)
+            amax = tl.maximum(amax, tl.abs(x))
+        scale = tl.maximum(tl.max(amax, axis=0) / 127.0, 1.1754943508222875e-38)
+        tl.store(xs_ptr + m, scale)
+        for k0 in range(0, K, BK):
+            offs = k0 + tl.arange(0, BK)
+            mk = offs < K
+            x = tl.load(row + offs, mask=mk, other=0.0).to(tl.float32)
+            if HAS_OUT:
+                x = tl.where(tl.load(mask_ptr + offs, mask=mk, other=0) != 0, 0.0, x)
+            tl.store(xq_ptr + m * K + offs, quantize_int8(x, scale), mask=mk)
+        if HAS_OUT:
+            offs_o = tl.arange(0, BNO)
+            mo = offs_o < NO
+            idx = tl.load(idx_ptr + offs_o, mask=mo, other=0)
+            tl.store(xo_ptr + m * NO + offs_o, tl.load(row + idx, mask=mo, other=0.0), mask=mo)
+
+    @triton.jit
+    def _int8_gemm_kernel(a_ptr, w_ptr, xs_ptr, ws_ptr, xo_ptr, wo_ptr, bias_ptr, y_ptr, M, N, K, NO, s_ym,
+                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BNO: tl.constexpr,
+                          GROUP_M: tl.constexpr, HAS_OUT: tl.constexpr, HAS_BIAS: tl.constexpr):
+        pid = tl.program_id(0)
+        n_m = tl.cdiv(M, BM)
+        n_n = tl.cdiv(N, BN)
+        # grouped order: GROUP_M row blocks share the weight tiles while they sit in L2
+        group = pid // (GROUP_M * n_n)
+        first_m = group * GROUP_M
+        size_m = tl.minimum(n_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % (GROUP_M * n_n)) % size_m
+        pid_n = (pid % (GROUP_M * n_n)) // size_m
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        offs_k = tl.arange(0, BK)
+        mm = offs_m < M
+        mn = offs_n < N
+        a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * K + offs_k[None, :]
+        w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * K + offs_k[:, None]
+        acc = tl.zeros([BM, BN], dtype=tl.int32)
+        for k0 in range(0, K, BK):
+            mk = (k0 + offs_k) < K
+            a = tl.load(a_ptrs, mask=mm[:, None] & mk[None, :], other=0)
+            w = tl.load(w_ptrs, mask=mk[:, None] & mn[None, :], other=0)
+            acc = tl.dot(a, w, acc, out_dtype=tl.int32)
+            a_ptrs += BK
+            w_ptrs += BK
+        xs = tl.load(xs_ptr + offs_m, mask=mm, other=0.0)
+        ws = tl.load(ws_ptr + offs_n, mask=mn, other=0.0)
+        y = acc.to(tl.float32) * xs[:, None] * ws[None, :]
+        if HAS_OUT:
+            for o0 in range(0, NO, BNO):
+                offs_o = o0 + tl.arange(0, BNO)
+                mo = offs_o < NO
+                xo = tl.load(xo_ptr + offs_m[:, None].to(tl.int64) * NO + offs_o[None, :],
+                             mask=mm[:, None] & mo[None, :], other=0.0)
+                wo = tl.load(wo_ptr + offs_n[None, :].to(tl.int64) * NO + offs_o[:, None],
+                             mask=mo[:, None] & mn[None, :], other=0.0)
+                if xo.dtype == tl.float32:
+                    y += tl.dot(xo, wo.to(tl.float32), input_precision="ieee")
+                else:
+                    y += tl.dot(xo, wo.to(xo.dtype))
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + offs_m[:, None].to(tl.int64) * s_ym + offs_n[None, :], y.to(y_ptr.dtype.element_ty),
+                 mask=mm[:, None] & mn[None, :])
+
+
+def gemm_config(M: int) -> dict:
+    """Tile shape by the number of rows: thin tiles for decode, large ones for prefill."""
+    if M <= 16:
+        return dict(BM=16, BN=64, BK=128, GROUP_M=1, num_warps=4, num_stages=4)
+    if M <= 64:
+        return dict(BM=64, BN=128, BK=128, GROUP_M=4, num_warps=4, num_stages=4)
+    return dict(BM=128, BN=128, BK=128, GROUP_M=8, num_warps=8, num_stages=4)
+
+
+def quantize_rows(x2: torch.Tensor, packed: PackedOutlierWeight):
+    """Per-token int8 codes ``[M, K]``, scales ``[M]`` and the outlier block ``[M, n_out]`` of x."""
+    M, K = x2.shape
+    NO = packed.outlier_idx.numel()
+    xq = torch.empty(M, K, dtype=torch.int8, device=x2.device)
+    xs = torch.empty(M, dtype=torch.float32, device=x2.device)
+    xo = torch.empty(M, max(NO, 1), dtype=x2.dtype, device=x2.device)
+    if M:
+        _quantize_rows_kernel[(M,)](x2, packed.outlier_mask, packed.outlier_idx, xq, xs, xo, K, NO, x2.stride(0),
+                                    BK=min(1024, triton.next_power_of_2(K)),
+                                    BNO=max(16, triton.next_power_of_2(NO)), HAS_OUT=NO > 0, num_warps=4)
+    return xq, xs, xo
+
+
+def int8_outlier_linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, config: dict | None = None) -> torch.Tensor:
+    """``x [..., K]`` -> ``y [..., N]`` in x's dtype; the Triton twin of ``int8_outlier_linear``
+    (per-token activations)."""
+    if triton is None:
+        raise RuntimeError("Triton is not installed; use int8_outlier_linear")
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M, K = x2.shape
+    N = packed.qweight.shape[0]
+    if packed.qweight.shape[1] != K:
+        raise ValueError(f"input has {K} features, the packed weight {packed.qweight.shape[1]}")
+    NO = packed.outlier_idx.numel()
+    xq, xs, xo = quantize_rows(x2, packed)
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    cfg = dict(gemm_config(M) if config is None else config)
+    warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+    grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]),)
+    if M:
+        _int8_gemm_kernel[grid](xq, packed.qweight, xs, packed.scale, xo, packed.outlier_weight,
+                                packed.bias if packed.bias is not None else xs, y, M, N, K, NO, y.stride(0),
+                                BNO=min(64, max(16, triton.next_power_of_2(NO))), HAS_OUT=NO > 0,
+                                HAS_BIAS=packed.bias is not None, num_warps=warps, num_stages=stages, **cfg)
+    return y.reshape(*shape[:-1], N)

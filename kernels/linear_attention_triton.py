@@ -1,0 +1,105 @@
+"""Triton kernels: bidirectional (non-causal) linear attention, ``o = scale * q (k^T v)`` per head.
+
+Two passes. The first sums ``k^T v`` over T-slices of each head into float32 partial ``[K, V]``
+summaries (several slices per head so that long sequences fill the GPU), summed in a fixed order
+afterwards, so the result is deterministic; the second multiplies each query block by the
+summary. Both read their inputs once: the cost is linear in T, where softmax attention's is
+quadratic. Spec: :func:`laquant.kernels.gla_reference.noncausal_linear_attention`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # laquant's CPU path needs no Triton
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def _kv_summary_kernel(k_ptr, v_ptr, kv_ptr, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, T, tokens_per_split,
+                           H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                           BK: tl.constexpr, BV: tl.constexpr, LOW_PRECISION: tl.constexpr):
+        i_bh = tl.program_id(0)
+        i_s = tl.program_id(1)
+        n_splits = tl.num_programs(1)
+        b = i_bh // H
+        h = i_bh % H
+        offs_k = tl.arange(0, BK)
+        offs_v = tl.arange(0, BV)
+        mk = offs_k < K
+        mv = offs_v < V
+        acc = tl.zeros([BK, BV], dtype=tl.float32)
+        t_start = i_s * tokens_per_split
+        t_end = tl.minimum(t_start + tokens_per_split, T)
+        for t0 in range(t_start, t_end, BT):
+            offs_t = t0 + tl.arange(0, BT)
+            mt = offs_t < t_end
+            k = tl.load(k_ptr + b * s_kb + h * s_kh + offs_t[:, None] * s_kt + offs_k[None, :],
+                        mask=mt[:, None] & mk[None, :], other=0.0)
+            v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_t[:, None] * s_vt + offs_v[None, :],
+                        mask=mt[:, None] & mv[None, :], other=0.0)
+            if LOW_PRECISION:
+                acc += tl.dot(tl.trans(k), v)
+            else:
+                acc += tl.dot(tl.trans(k.to(tl.float32)), v.to(tl.float32), input_precision="ieee")
+        out = kv_ptr + ((i_bh * n_splits + i_s) * K).to(tl.int64) * V
+        tl.store(out + offs_k[:, None] * V + offs_v[None, :], acc, mask=mk[:, None] & mv[None, :])
+
+    @triton.jit
+    def _apply_summary_kernel(q_ptr, kv_ptr, o_ptr, s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, T, qk_scale,
+                              H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                              BK: tl.constexpr, BV: tl.constexpr, LOW_PRECISION: tl.constexpr):
+        i_bh = tl.program_id(0)
+        i_t = tl.program_id(1)
+        b = i_bh // H
+        h = i_bh % H
+        offs_t = i_t * BT + tl.arange(0, BT)
+        offs_k = tl.arange(0, BK)
+        offs_v = tl.arange(0, BV)
+        mt = offs_t < T
+        mk = offs_k < K
+        mv = offs_v < V
+        kv = tl.load(kv_ptr + (i_bh * K).to(tl.int64) * V + offs_k[:, None] * V + offs_v[None, :],
+                     mask=mk[:, None] & mv[None, :], other=0.0)
+        q = tl.load(q_ptr + b * s_qb + h * s_qh + offs_t[:, None] * s_qt + offs_k[None, :],
+                    mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32) * qk_scale
+        if LOW_PRECISION:
+            o = tl.dot(q.to(tl.bfloat16), kv.to(tl.bfloat16))
+        else:
+            o = tl.dot(q, kv, input_precision="ieee")
+        tl.store(o_ptr + b * s_ob + h * s_oh + offs_t[:, None] * s_ot + offs_v[None, :],
+                 o.to(o_ptr.dtype.element_ty), mask=mt[:, None] & mv[None, :])
+
+
+def noncausal_linear_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                      scale: float | None = None, block_t: int = 64) -> torch.Tensor:
+    """q, k ``[B, T, H, K]``, v ``[B, T, H, V]`` -> o ``[B, T, H, V]`` in v's dtype."""
+    if triton is None:
+        raise RuntimeError("Triton is not installed; use noncausal_linear_attention")
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if k.shape != q.shape or v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"expected q, k [B, T, H, K] and v [B, T, H, V]; got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    low = q.dtype != torch.float32
+    BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
+    # enough T-slices that B * H * splits programs cover the GPU a few times over
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+    splits = max(1, min(triton.cdiv(T, block_t), triton.cdiv(4 * sms, B * H)))
+    per_split = block_t * triton.cdiv(triton.cdiv(T, splits), block_t)
+    splits = triton.cdiv(T, per_split) if T else 1
+    partial = torch.empty(B * H, splits, K, V, dtype=torch.float32, device=q.device)
+    _kv_summary_kernel[(B * H, splits)](k, v, partial, k.stride(0), k.stride(1), k.stride(2), v.stride(0),
+                                        v.stride(1), v.stride(2), T, per_split, H=H, K=K, V=V, BT=block_t,
+                                        BK=BK, BV=BV, LOW_PRECISION=low)
+    kv = partial.sum(1)
+    o = torch.empty_like(v)
+    _apply_summary_kernel[(B * H, triton.cdiv(T, block_t))](
+        q, kv, o, q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2), T,
+        K ** -0.5 if scale is None else scale, H=H, K=K, V=V, BT=block_t, BK=BK, BV=BV, LOW_PRECISION=low)
+    return o

@@ -1,0 +1,80 @@
+"""Triton device functions for laquant's numerics: the in-kernel twin of :mod:`laquant.quant.numerics`.
+
+Every Triton kernel quantizes through these, so the rounding rules live in one place per language:
+symmetric absmax scales (``absmax / qmax``, at least float32's tiny), ``x / scale`` as an exactly
+rounded division (``div_rn``, as PyTorch divides), int8 rounded half to even (as ``torch.round``)
+and clamped to +-127, fp8 e4m3 clamped to +-448 then cast (round to nearest even). Format codes
+are the ones the kernels take as a constexpr.
+"""
+
+from __future__ import annotations
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # laquant's CPU path needs no Triton
+    triton = None
+
+# storage formats of a [K, V] state tile; the scaled ones carry one float32 scale per K row
+FORMAT_CODES = {"fp32": 0, "bf16": 1, "fp8_row": 2, "int8_row": 3}
+TINY = 1.1754943508222875e-38  # float32 tiny, as numerics._TINY
+
+
+def format_code(name: str) -> int:
+    if name not in FORMAT_CODES:
+        raise ValueError(f"laquant's Triton kernels store states as {', '.join(FORMAT_CODES)}, not {name!r}")
+    return FORMAT_CODES[name]
+
+
+if triton is not None:
+
+    @triton.jit
+    def round_half_even(x):
+        r = tl.floor(x + 0.5)
+        return tl.where(((r - x) == 0.5) & ((r % 2) != 0), r - 1.0, r)
+
+    @triton.jit
+    def absmax_row_scale(x, QMAX: tl.constexpr):
+        """One scale per row of a 2-D tile."""
+        return tl.maximum(tl.max(tl.abs(x), axis=1) / QMAX, TINY)
+
+    @triton.jit
+    def quantize_int8(x, scale):
+        """int8 codes of ``x / scale`` (``scale`` broadcast to ``x``)."""
+        r = round_half_even(tl.math.div_rn(x, scale))
+        return tl.minimum(tl.maximum(r, -127.0), 127.0).to(tl.int8)
+
+    @triton.jit
+    def quantize_fp8(x, scale):
+        y = tl.math.div_rn(x, scale)
+        return tl.minimum(tl.maximum(y, -448.0), 448.0).to(tl.float8e4nv)
+
+    @triton.jit
+    def encode_state(st, scale, FMT: tl.constexpr):
+        """A float32 state tile in storage format ``FMT`` (``scale`` per row, scaled formats only)."""
+        if FMT == 0:
+            out = st
+        elif FMT == 1:
+            out = st.to(tl.bfloat16, fp_downcast_rounding="rtne")
+        elif FMT == 2:
+            out = quantize_fp8(st, scale[:, None])
+        else:
+            out = quantize_int8(st, scale[:, None])
+        return out
+
+    @triton.jit
+    def decode_state(data, scale, FMT: tl.constexpr):
+        """The float32 tile a stored tile stands for."""
+        st = data.to(tl.float32)
+        if FMT >= 2:
+            st = st * scale[:, None]
+        return st
+
+    @triton.jit
+    def roundtrip_state(st, scale, FMT: tl.constexpr):
+        """Store then load: what a state kept in ``FMT`` with these row scales still holds."""
+        if FMT == 0:
+            out = st
+        else:
+            out = decode_state(encode_state(st, scale, FMT), scale, FMT)
+        return out
