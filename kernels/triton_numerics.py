@@ -17,7 +17,6 @@ except ImportError:  # laquant's CPU path needs no Triton
 
 # storage formats of a [K, V] state tile; the scaled ones carry one float32 scale per K row
 FORMAT_CODES = {"fp32": 0, "bf16": 1, "fp8_row": 2, "int8_row": 3}
-TINY = 1.1754943508222875e-38  # float32 tiny, as numerics._TINY
 
 
 def format_code(name: str) -> int:
@@ -36,7 +35,7 @@ if triton is not None:
     @triton.jit
     def absmax_row_scale(x, QMAX: tl.constexpr):
         """One scale per row of a 2-D tile."""
-        return tl.maximum(tl.max(tl.abs(x), axis=1) / QMAX, TINY)
+        return tl.maximum(tl.max(tl.abs(x), axis=1) / QMAX, 1.1754943508222875e-38)  # float32 tiny
 
     @triton.jit
     def quantize_int8(x, scale):

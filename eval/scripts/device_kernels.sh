@@ -25,6 +25,6 @@ if [ ! -f "$W/job.started" ]; then
 fi
 t=0
 while [ ! -f "$W/job.done" ] && [ $t -lt "$WAIT" ]; do sleep 10; t=$((t + 10)); done
-tail -5 "$W"/*.log
+tail -n 5 "$W"/*.log
 (cd "$W" && tar czf "$OUT/results.tgz" --exclude='*.done' --exclude='*.started' .)
 [ -f "$W/job.done" ] && echo "JOB DONE" || echo "JOB RUNNING"
