@@ -253,7 +253,8 @@ def _alloc_states(shape, fmt, device) -> PrefillStates:
 def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: PrefillStates | None = None,
                      output_final_state: bool = False, final_format: str = "fp32",
                      roundtrip: StateQuantizer | None = None, checkpoint_every: int = 0,
-                     cu_seqlens: torch.Tensor | None = None, num_warps: int = 4, out: torch.Tensor | None = None):
+                     cu_seqlens: torch.Tensor | None = None, block_v: int | None = None, num_warps: int = 4,
+                     num_stages: int = 1, out: torch.Tensor | None = None):
     """Chunked GLA forward. q, k ``[B, T, H, K]``, v ``[B, T, H, V]``, g the log-decay, ``[B, T, H, K]``
     per channel or ``[B, T, H]`` per head. With ``cu_seqlens`` (int32 ``[N + 1]``), B is 1 and the
     N sequences lie back to back along T, as in fla.
@@ -284,6 +285,10 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Pref
     rt_code = format_code(roundtrip.format.name) if roundtrip is not None else 0
     rt_static = bool(roundtrip is not None and roundtrip.format.is_scaled and roundtrip.renorm_interval == 0)
     BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
+    needs_rows = output_final_state and final_format in ("fp8_row", "int8_row") or checkpoint_every or \
+        (roundtrip is not None and roundtrip.format.is_scaled and not rt_static)
+    if block_v is not None and not needs_rows:  # per-row scales need whole rows in one program
+        BV = min(BV, block_v)
     dummy = o
     h0 = h0s = dummy
     in_code = 0
@@ -305,7 +310,7 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Pref
     static = roundtrip.static_scale.reshape(H, K).float().contiguous().to(q.device) if rt_static else dummy
     qmax = lambda fmt: StateQuantizer(fmt).format.qmax if fmt in ("fp8_row", "int8_row") else 1.0
     g_strides = (g.stride(0), g.stride(1), g.stride(2))
-    _chunk_gla_fwd_kernel[(N * H, 1)](
+    _chunk_gla_fwd_kernel[(N * H, triton.cdiv(V, BV))](
         q, k, v, g, o, h0, h0s,
         final.data if final is not None else dummy, final.scale if final is not None and final.scale is not None else dummy,
         ckpt.data if has_ckpt else dummy, ckpt.scale if has_ckpt and ckpt.scale is not None else dummy,
@@ -318,5 +323,6 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Pref
         QMAX_OUT=qmax(final_format), RT_FMT=rt_code, RT_EVERY=1, RT_STATIC=rt_static,
         QMAX_RT=qmax(roundtrip.format.name) if roundtrip is not None else 1.0,
         CKPT_EVERY=checkpoint_every // CHUNK if has_ckpt else 0, LOW_PRECISION=q.dtype != torch.float32, num_warps=num_warps,
+        num_stages=num_stages,
     )
     return o, final, ckpt

@@ -2,7 +2,8 @@
 
 Every Triton kernel quantizes through these, so the rounding rules live in one place per language:
 symmetric absmax scales (``absmax / qmax``, at least float32's tiny), ``x / scale`` as an exactly
-rounded division (``div_rn``, as PyTorch divides), int8 rounded half to even (as ``torch.round``)
+rounded division (``div_rn``, as PyTorch divides; states use a per-row reciprocal, see
+:func:`encode_state`), int8 rounded half to even (as ``torch.round``)
 and clamped to +-127, fp8 e4m3 clamped to +-448 then cast (round to nearest even). Format codes
 are the ones the kernels take as a constexpr.
 """
@@ -38,27 +39,34 @@ if triton is not None:
         return tl.maximum(tl.max(tl.abs(x), axis=1) / QMAX, 1.1754943508222875e-38)  # float32 tiny
 
     @triton.jit
-    def quantize_int8(x, scale):
-        """int8 codes of ``x / scale`` (``scale`` broadcast to ``x``)."""
-        r = round_half_even(tl.math.div_rn(x, scale))
-        return tl.minimum(tl.maximum(r, -127.0), 127.0).to(tl.int8)
+    def int8_codes(y):
+        return tl.minimum(tl.maximum(round_half_even(y), -127.0), 127.0).to(tl.int8)
 
     @triton.jit
-    def quantize_fp8(x, scale):
-        y = tl.math.div_rn(x, scale)
+    def fp8_codes(y):
         return tl.minimum(tl.maximum(y, -448.0), 448.0).to(tl.float8e4nv)
 
     @triton.jit
+    def quantize_int8(x, scale):
+        """int8 codes of ``x / scale`` (``scale`` broadcast to ``x``), exactly as PyTorch rounds them."""
+        return int8_codes(tl.math.div_rn(x, scale))
+
+    @triton.jit
     def encode_state(st, scale, FMT: tl.constexpr):
-        """A float32 state tile in storage format ``FMT`` (``scale`` per row, scaled formats only)."""
+        """A float32 state tile in storage format ``FMT`` (``scale`` per row, scaled formats only).
+
+        Scaled formats multiply by the row's reciprocal scale instead of dividing every element
+        (an exact division per element made the decode step compute-bound): one rounding more
+        than PyTorch's ``x / scale``, so a code can differ by one step where ``x / scale`` lies
+        within an ulp of a rounding boundary."""
         if FMT == 0:
             out = st
         elif FMT == 1:
             out = st.to(tl.bfloat16, fp_downcast_rounding="rtne")
         elif FMT == 2:
-            out = quantize_fp8(st, scale[:, None])
+            out = fp8_codes(st * tl.math.div_rn(1.0, scale)[:, None])
         else:
-            out = quantize_int8(st, scale[:, None])
+            out = int8_codes(st * tl.math.div_rn(1.0, scale)[:, None])
         return out
 
     @triton.jit
