@@ -1,7 +1,7 @@
 """Triton kernel: chunked GLA prefill with the recurrent state kept in a storage format.
 
-One program owns one (sequence, head, V block) and walks its sequence in chunks of ``BT = 64``
-tokens, the ``[K, V]`` state in float32 registers, so nothing but q, k, v, g in and o out (plus
+One program owns one (sequence, head, V block) and walks its sequence in chunks of ``BT``
+(16, 32 or 64) tokens, the ``[K, V]`` state in float32 registers, so nothing but q, k, v, g in and o out (plus
 the optional states) touches memory. Per chunk:
 
 * inter-chunk: ``o = (q * exp(G)) @ S`` with ``G`` the cumulative log-decay inside the chunk;
@@ -10,8 +10,8 @@ the optional states) touches memory. Per chunk:
   block: both factors stay within 8 tokens' decay (overflow would need a per-token log-decay
   below -11 in one channel; fla's GLA gates, ``logsigmoid / 16``, never get there). A scalar
   per-head decay (Lightning attention, Mamba2-style SSD) takes the exact ``[BT, BT]`` path;
-* state: ``S = exp(G_last) S + (k * exp(G_last - G))^T v``; every ``roundtrip`` tokens it passes
-  through its storage format (what a server keeping per-chunk state checkpoints sees), and on
+* state: ``S = exp(G_last) S + (k * exp(G_last - G))^T v``; with ``roundtrip`` it passes through
+  its storage format every 64 tokens (what a server keeping per-chunk state checkpoints sees), and on
   request it is also written out every ``checkpoint_every`` tokens and at the end, in a format.
 
 The spec is :func:`chunk_gla_reference` (laquant's :func:`~laquant.kernels.chunk_gla` per
@@ -37,7 +37,7 @@ try:
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
-CHUNK = 64  # tokens per chunk; state round trips and checkpoints fall on multiples of it
+CHUNK = 64  # state round trips and checkpoints fall on multiples of this many tokens
 SUB = 16  # rows per column block of the intra-chunk split
 
 
@@ -253,8 +253,8 @@ def _alloc_states(shape, fmt, device) -> PrefillStates:
 def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: PrefillStates | None = None,
                      output_final_state: bool = False, final_format: str = "fp32",
                      roundtrip: StateQuantizer | None = None, checkpoint_every: int = 0,
-                     cu_seqlens: torch.Tensor | None = None, block_v: int | None = None, num_warps: int = 4,
-                     num_stages: int = 1, out: torch.Tensor | None = None):
+                     cu_seqlens: torch.Tensor | None = None, block_t: int = 32, block_v: int | None = None,
+                     num_warps: int = 4, num_stages: int = 1, out: torch.Tensor | None = None):
     """Chunked GLA forward. q, k ``[B, T, H, K]``, v ``[B, T, H, V]``, g the log-decay, ``[B, T, H, K]``
     per channel or ``[B, T, H]`` per head. With ``cu_seqlens`` (int32 ``[N + 1]``), B is 1 and the
     N sequences lie back to back along T, as in fla.
@@ -263,6 +263,8 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Pref
     ``roundtrip``: the state's storage format inside the prefill (a :class:`StateQuantizer`: its
     format, and static scales if its ``renorm_interval`` is 0), applied every 64 tokens.
     ``final_format`` is the format of the final state and the checkpoints (fresh per-row scales).
+    ``block_t`` (16, 32 or 64 tokens per step of the kernel), ``block_v``, ``num_warps`` and
+    ``num_stages`` are launch parameters; they do not change the result beyond rounding.
     Returns ``(o, final_state or None, checkpoints or None)``; checkpoint ``c`` of a sequence is
     its state after ``(c + 1) * checkpoint_every`` tokens (zeros past its end).
     """
@@ -276,6 +278,8 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Pref
                          f"k {tuple(k.shape)}, v {tuple(v.shape)}, g {tuple(g.shape)}")
     if cu_seqlens is not None and B != 1:
         raise ValueError(f"with cu_seqlens the batch must be 1 (sequences packed along T); got B={B}")
+    if block_t not in (16, 32, 64):
+        raise ValueError(f"block_t must be 16, 32 or 64; got {block_t}")
     if checkpoint_every % CHUNK:
         raise ValueError(f"checkpoint_every must be a multiple of {CHUNK} tokens; got {checkpoint_every}")
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
@@ -318,11 +322,11 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Pref
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), *g_strides, o.stride(0), o.stride(1), o.stride(2),
         T, max(n_ckpt, 1), K ** -0.5 if scale is None else scale,
-        H=H, K=K, V=V, BT=CHUNK, BC=SUB, BK=BK, BV=BV, SCALAR_DECAY=scalar, VARLEN=cu_seqlens is not None,
+        H=H, K=K, V=V, BT=block_t, BC=SUB, BK=BK, BV=BV, SCALAR_DECAY=scalar, VARLEN=cu_seqlens is not None,
         HAS_H0=initial_state is not None, IN_FMT=in_code, STORE_HT=output_final_state, OUT_FMT=out_code,
-        QMAX_OUT=qmax(final_format), RT_FMT=rt_code, RT_EVERY=1, RT_STATIC=rt_static,
+        QMAX_OUT=qmax(final_format), RT_FMT=rt_code, RT_EVERY=CHUNK // block_t, RT_STATIC=rt_static,
         QMAX_RT=qmax(roundtrip.format.name) if roundtrip is not None else 1.0,
-        CKPT_EVERY=checkpoint_every // CHUNK if has_ckpt else 0, LOW_PRECISION=q.dtype != torch.float32, num_warps=num_warps,
+        CKPT_EVERY=checkpoint_every // block_t if has_ckpt else 0, LOW_PRECISION=q.dtype != torch.float32, num_warps=num_warps,
         num_stages=num_stages,
     )
     return o, final, ckpt

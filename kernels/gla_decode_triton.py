@@ -98,9 +98,15 @@ if triton is not None:
                  mask=mask_v)
 
 
+# (block_k, num_warps) per format: the fastest at B = 64, H = 64, K = V = 128 on an H100
+# (eval/scripts/sweep_kernels.py); the 8-bit states want more rows in flight per program.
+LAUNCH = {"fp32": (64, 2), "bf16": (32, 2), "fp8_row": (32, 2), "int8_row": (32, 2)}
+
+
 def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer,
                     n_stores: torch.Tensor | None = None, qk_scale: float | None = None,
-                    block_k: int = 16, num_warps: int = 4, out: torch.Tensor | None = None) -> torch.Tensor:
+                    block_k: int | None = None, num_warps: int | None = None,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     """Triton decode step. q, k, g ``[B, H, K]``, v ``[B, H, V]``; ``state`` ``[P, H, K, V]`` with
     V contiguous; ``scale`` ``[P, H, K]`` float32 (fp8 only); ``pool_idx`` ``[B]`` int32. The slots
     are updated in place (``n_stores`` is read, not incremented: the caller counts). Returns ``o``."""
@@ -116,6 +122,8 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
     if quantizer.format.is_scaled and quantizer.renorm_interval > 1 and n_stores is None:
         raise ValueError("renorm_interval > 1 needs the per-slot store counts n_stores")
     o = torch.empty(B, H, V, dtype=v.dtype, device=v.device) if out is None else out
+    default_k, default_warps = LAUNCH[fmt]
+    block_k, num_warps = block_k or default_k, num_warps or default_warps
     qk_scale = K ** -0.5 if qk_scale is None else qk_scale
     static = quantizer.static_scale if (quantizer.format.is_scaled and quantizer.renorm_interval == 0) else None
     if static is not None:

@@ -49,9 +49,9 @@ def _check(out, ref, tol):
         assert rel_err(ck.load(), ck_ref.load()) < tol
 
 
-def _run(args, kwargs):
+def _run(args, kwargs, **launch):
     poisoned = torch.full_like(args[2], float("nan"))
-    return chunk_gla_triton(*args, out=poisoned, **kwargs), chunk_gla_reference(*args, **kwargs)
+    return chunk_gla_triton(*args, out=poisoned, **kwargs, **launch), chunk_gla_reference(*args, **kwargs)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -85,13 +85,22 @@ def test_state_formats_in_and_out(in_fmt, out_fmt):
     _check(out, ref, _tol(torch.float32, out_fmt if out_fmt != "fp32" else None) * 5)
 
 
+@pytest.mark.parametrize("block_t", [16, 32, 64])
+@pytest.mark.parametrize("block_v", [None, 16])
+def test_launch_parameters_do_not_change_the_result(block_t, block_v):
+    q, k, v, g = _inputs(2, 150, 2, 16, 32, torch.float32, seed=6)
+    out, ref = _run((q, k, v, g), dict(output_final_state=True), block_t=block_t, block_v=block_v)
+    _check(out, ref, 1e-5)
+
+
+@pytest.mark.parametrize("block_t", [16, 64])
 @pytest.mark.parametrize("fmt,renorm", [("bf16", 1), ("fp8_row", 1), ("int8_row", 1), ("int8_row", 0), ("fp8_row", 0)])
-def test_state_roundtrip_every_chunk(fmt, renorm):
+def test_state_roundtrip_every_64_tokens(fmt, renorm, block_t):
     """The state stored in ``fmt`` every 64 tokens inside the prefill, as the model's recipe sets it."""
     q, k, v, g = _inputs(2, 200, 2, 16, 32, torch.float32, seed=2)
     static = torch.full((1, 2, 16, 1), 0.05 / StateFormat(fmt).qmax) if renorm == 0 else None
     quant = StateQuantizer(fmt, renorm, static)
-    out, ref = _run((q, k, v, g), dict(output_final_state=True, roundtrip=quant))
+    out, ref = _run((q, k, v, g), dict(output_final_state=True, roundtrip=quant), block_t=block_t)
     _check(out, ref, _tol(torch.float32, fmt))
 
 
