@@ -205,7 +205,7 @@ def _decode_rate(model, prompt, steps, graphed) -> float:
     """Tokens per second of ``steps`` decode steps after ``prompt``, the batch of sequences in parallel."""
     B = prompt.shape[0]
     with torch.no_grad():
-        out = model(prompt, use_cache=True)
+        out = model(prompt, use_cache=True, logits_to_keep=1)
         cache = out.past_key_values
         step = out.logits[:, -1:].argmax(-1)
         if graphed:

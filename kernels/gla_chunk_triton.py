@@ -253,7 +253,7 @@ def _alloc_states(shape, fmt, device) -> PrefillStates:
 def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: PrefillStates | None = None,
                      output_final_state: bool = False, final_format: str = "fp32",
                      roundtrip: StateQuantizer | None = None, checkpoint_every: int = 0,
-                     cu_seqlens: torch.Tensor | None = None, block_t: int = 32, block_v: int | None = None,
+                     cu_seqlens: torch.Tensor | None = None, block_t: int = 16, block_v: int | None = None,
                      num_warps: int = 4, num_stages: int = 1, out: torch.Tensor | None = None):
     """Chunked GLA forward. q, k ``[B, T, H, K]``, v ``[B, T, H, V]``, g the log-decay, ``[B, T, H, K]``
     per channel or ``[B, T, H]`` per head. With ``cu_seqlens`` (int32 ``[N + 1]``), B is 1 and the

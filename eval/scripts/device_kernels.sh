@@ -15,13 +15,7 @@ if [ ! -f "$W/setup.done" ]; then
 fi
 if [ ! -f "$W/job.started" ]; then
   touch "$W/job.started"
-  setsid nohup bash -c "
-    python3 -m pytest -q -rs --timeout 900 tests/test_chunk_kernel.py tests/test_linear_attention_kernel.py \
-      tests/test_int8_gemm_kernel.py tests/test_decode_kernel.py tests/test_gpu_model.py > $W/gpu_tests.log 2>&1
-    laquant eval speed --out $W/speed ${SPEED_ARGS:-} > $W/speed.log 2>&1
-    python3 -m laquant.eval.ablation --device cuda --max-tokens 65536 --quiet \
-      --recipes gla_int8 gla_int8_all gla_fp8_state --out $W/ablation_gla-small_gpu > $W/ablation.log 2>&1
-    touch $W/job.done" > "$W/job.log" 2>&1 < /dev/null &
+  setsid nohup bash eval/scripts/device_kernels_job.sh "$W" > "$W/job.log" 2>&1 < /dev/null &
 fi
 t=0
 while [ ! -f "$W/job.done" ] && [ $t -lt "$WAIT" ]; do sleep 10; t=$((t + 10)); done

@@ -368,14 +368,20 @@ class GLAForCausalLM(GLAPreTrainedModel):
         labels: torch.LongTensor | None = None,
         past_key_values: GLAStateCache | None = None,
         use_cache: bool | None = None,
+        logits_to_keep: int = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """``past_key_values`` carries the recurrent state; with ``use_cache`` and none given, a
         fresh cache is made and returned, so ``model(ids[:, -1:], past_key_values=out.past_key_values)``
-        continues the sequence. Labels are the inputs (shifted inside), as in transformers."""
+        continues the sequence. Labels are the inputs (shifted inside), as in transformers;
+        ``logits_to_keep = n > 0`` computes the logits of the last ``n`` positions only."""
         if use_cache and past_key_values is None:
             past_key_values = self.new_cache()
         hidden = self.model(input_ids, past_key_values)
+        if logits_to_keep:
+            if labels is not None:
+                raise ValueError("logits_to_keep cannot be combined with labels (the loss needs every position)")
+            hidden = hidden[:, -logits_to_keep:]
         logits = self.lm_head(hidden)
         loss = None
         if labels is not None:
