@@ -135,6 +135,7 @@ if triton is not None:
         HAS_H0: tl.constexpr, IN_FMT: tl.constexpr, STORE_HT: tl.constexpr, OUT_FMT: tl.constexpr,
         QMAX_OUT: tl.constexpr, RT_FMT: tl.constexpr, RT_EVERY: tl.constexpr, RT_STATIC: tl.constexpr,
         QMAX_RT: tl.constexpr, CKPT_EVERY: tl.constexpr, LOW_PRECISION: tl.constexpr,
+        STORE_O: tl.constexpr, STORE_DECAY: tl.constexpr, decay_ptr,
     ):
         i_nh = tl.program_id(0)
         i_v = tl.program_id(1)
@@ -173,52 +174,59 @@ if triton is not None:
         if RT_STATIC:
             static = tl.load(static_ptr + h * K + offs_k, mask=mk, other=1.0)
 
+        g_total = tl.zeros([BK], dtype=tl.float32)  # the sequence's summed log-decay (STORE_DECAY)
         n_chunks = tl.cdiv(eos - bos, BT)
         for i_c in range(0, n_chunks):
             t0 = bos + i_c * BT
             offs_t = t0 + rows
             mt = offs_t < eos
             mtk = mt[:, None] & mk[None, :]
-            q = tl.load(q_base + offs_t[:, None] * s_qt + offs_k[None, :], mask=mtk, other=0.0).to(tl.float32)
-            q = q * qk_scale
+            if STORE_O:
+                q = tl.load(q_base + offs_t[:, None] * s_qt + offs_k[None, :], mask=mtk, other=0.0).to(tl.float32)
+                q = q * qk_scale
             k = tl.load(k_base + offs_t[:, None] * s_kt + offs_k[None, :], mask=mtk, other=0.0).to(tl.float32)
             v = tl.load(v_base + offs_t[:, None] * s_vt + offs_v[None, :], mask=mt[:, None] & mv[None, :],
                         other=0.0).to(tl.float32)
             if SCALAR_DECAY:
                 G = tl.cumsum(tl.load(g_base + offs_t * s_gt, mask=mt, other=0.0).to(tl.float32), axis=0)
-                o = _mm(q * tl.exp(G)[:, None], S, LOW_PRECISION)
-                causal = rows[:, None] >= rows[None, :]
-                decay = tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
-                A = tl.where(causal, _mm(q, tl.trans(k), LOW_PRECISION) * decay, 0.0)
-                o += _mm(A, v, LOW_PRECISION)
+                if STORE_O:
+                    o = _mm(q * tl.exp(G)[:, None], S, LOW_PRECISION)
+                    causal = rows[:, None] >= rows[None, :]
+                    decay = tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
+                    A = tl.where(causal, _mm(q, tl.trans(k), LOW_PRECISION) * decay, 0.0)
+                    o += _mm(A, v, LOW_PRECISION)
                 G_last = tl.sum(tl.where(rows == BT - 1, G, 0.0), axis=0)
                 k_end = k * tl.exp(G_last - G)[:, None]
                 S = S * tl.exp(G_last) + _mm(tl.trans(k_end), v, LOW_PRECISION)
+                g_total += G_last
             else:
                 G = tl.cumsum(tl.load(g_base + offs_t[:, None] * s_gt + offs_k[None, :], mask=mtk,
                                       other=0.0).to(tl.float32), axis=0)
-                o = _mm(q * tl.exp(G), S, LOW_PRECISION)
-                for c in tl.static_range(BT // BC):
-                    offs_c = t0 + c * BC + sub
-                    mc = offs_c < eos
-                    mck = mc[:, None] & mk[None, :]
-                    kc = tl.load(k_base + offs_c[:, None] * s_kt + offs_k[None, :], mask=mck, other=0.0)
-                    gc = tl.cumsum(tl.load(g_base + offs_c[:, None] * s_gt + offs_k[None, :], mask=mck,
-                                           other=0.0).to(tl.float32), axis=0)
-                    vc = tl.load(v_base + offs_c[:, None] * s_vt + offs_v[None, :], mask=mc[:, None] & mv[None, :],
-                                 other=0.0).to(tl.float32)
-                    # exp(G_i - G_j) = exp(G_i - G_ref) * exp(G_ref - G_j), G_ref the block's middle row
-                    k_side = kc.to(tl.float32) * tl.exp(_row(gc, sub, BC // 2)[None, :] - gc)
-                    g_ref = _row(G, rows, c * BC + BC // 2)
-                    q_side = q * tl.exp(tl.where((rows >= c * BC)[:, None], G - g_ref[None, :], 0.0))
-                    A = _mm(q_side, tl.trans(k_side), LOW_PRECISION)
-                    A = tl.where(rows[:, None] >= (c * BC + sub)[None, :], A, 0.0)
-                    o += _mm(A, vc, LOW_PRECISION)
+                if STORE_O:
+                    o = _mm(q * tl.exp(G), S, LOW_PRECISION)
+                    for c in tl.static_range(BT // BC):
+                        offs_c = t0 + c * BC + sub
+                        mc = offs_c < eos
+                        mck = mc[:, None] & mk[None, :]
+                        kc = tl.load(k_base + offs_c[:, None] * s_kt + offs_k[None, :], mask=mck, other=0.0)
+                        gc = tl.cumsum(tl.load(g_base + offs_c[:, None] * s_gt + offs_k[None, :], mask=mck,
+                                               other=0.0).to(tl.float32), axis=0)
+                        vc = tl.load(v_base + offs_c[:, None] * s_vt + offs_v[None, :], mask=mc[:, None] & mv[None, :],
+                                     other=0.0).to(tl.float32)
+                        # exp(G_i - G_j) = exp(G_i - G_ref) * exp(G_ref - G_j), G_ref the block's middle row
+                        k_side = kc.to(tl.float32) * tl.exp(_row(gc, sub, BC // 2)[None, :] - gc)
+                        g_ref = _row(G, rows, c * BC + BC // 2)
+                        q_side = q * tl.exp(tl.where((rows >= c * BC)[:, None], G - g_ref[None, :], 0.0))
+                        A = _mm(q_side, tl.trans(k_side), LOW_PRECISION)
+                        A = tl.where(rows[:, None] >= (c * BC + sub)[None, :], A, 0.0)
+                        o += _mm(A, vc, LOW_PRECISION)
                 G_last = _row(G, rows, BT - 1)  # padded rows have g = 0, so this is the last real row's
                 k_end = k * tl.exp(G_last[None, :] - G)
                 S = S * tl.exp(G_last)[:, None] + _mm(tl.trans(k_end), v, LOW_PRECISION)
-            tl.store(o_base + offs_t[:, None] * s_ot + offs_v[None, :], o.to(o_ptr.dtype.element_ty),
-                     mask=mt[:, None] & mv[None, :])
+                g_total += G_last
+            if STORE_O:
+                tl.store(o_base + offs_t[:, None] * s_ot + offs_v[None, :], o.to(o_ptr.dtype.element_ty),
+                         mask=mt[:, None] & mv[None, :])
             if CKPT_EVERY > 0:
                 if ((i_c + 1) % CKPT_EVERY == 0) & (t0 + BT <= eos):
                     c_idx = (i_c + 1) // CKPT_EVERY - 1
@@ -234,11 +242,39 @@ if triton is not None:
                         S = roundtrip_state(S, static, RT_FMT)
                     else:
                         S = roundtrip_state(S, absmax_row_scale(S, QMAX_RT), RT_FMT)
+        if STORE_DECAY:
+            if i_v == 0:
+                tl.store(decay_ptr + scale_off, g_total, mask=mk)
         if STORE_HT:
             out_scale = absmax_row_scale(S, QMAX_OUT)
             tl.store(ht_ptr + state_off, encode_state(S, out_scale, OUT_FMT), mask=mkv)
             if OUT_FMT >= 2:
                 tl.store(hts_ptr + scale_off, out_scale, mask=mk)
+
+
+    @triton.jit
+    def _segment_scan_kernel(local_ptr, decay_ptr, h0_ptr, start_ptr, final_ptr, n_seg,
+                             H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                             BV: tl.constexpr, HAS_H0: tl.constexpr):
+        """Each segment's initial state from its predecessors': ``S_j = exp(d_{j-1}) S_{j-1} + L_{j-1}``
+        (``L`` a segment's final state from a zero start, ``d`` its summed log-decay)."""
+        i_nh = tl.program_id(0)
+        n = i_nh // H
+        h = i_nh % H
+        offs_k = tl.program_id(1) * BK + tl.arange(0, BK)
+        offs_v = tl.arange(0, BV)
+        mk = offs_k < K
+        mkv = mk[:, None] & (offs_v < V)[None, :]
+        tile = offs_k[:, None] * V + offs_v[None, :]
+        S = tl.zeros([BK, BV], dtype=tl.float32)
+        if HAS_H0:
+            S = tl.load(h0_ptr + (n * H + h).to(tl.int64) * K * V + tile, mask=mkv, other=0.0)
+        for j in range(0, n_seg):
+            seg = ((n * n_seg + j) * H + h).to(tl.int64)
+            tl.store(start_ptr + seg * K * V + tile, S, mask=mkv)
+            d = tl.load(decay_ptr + seg * K + offs_k, mask=mk, other=0.0)
+            S = S * tl.exp(d)[:, None] + tl.load(local_ptr + seg * K * V + tile, mask=mkv, other=0.0)
+        tl.store(final_ptr + (n * H + h).to(tl.int64) * K * V + tile, S, mask=mkv)
 
 
 _STORAGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8_row": torch.float8_e4m3fn,
@@ -254,7 +290,8 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Pref
                      output_final_state: bool = False, final_format: str = "fp32",
                      roundtrip: StateQuantizer | None = None, checkpoint_every: int = 0,
                      cu_seqlens: torch.Tensor | None = None, block_t: int = 16, block_v: int | None = None,
-                     num_warps: int = 4, num_stages: int = 1, out: torch.Tensor | None = None):
+                     num_warps: int = 4, num_stages: int = 1, segments: int | None = None,
+                     out: torch.Tensor | None = None):
     """Chunked GLA forward. q, k ``[B, T, H, K]``, v ``[B, T, H, V]``, g the log-decay, ``[B, T, H, K]``
     per channel or ``[B, T, H]`` per head. With ``cu_seqlens`` (int32 ``[N + 1]``), B is 1 and the
     N sequences lie back to back along T, as in fla.
@@ -265,6 +302,9 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Pref
     ``final_format`` is the format of the final state and the checkpoints (fresh per-row scales).
     ``block_t`` (16, 32 or 64 tokens per step of the kernel), ``block_v``, ``num_warps`` and
     ``num_stages`` are launch parameters; they do not change the result beyond rounding.
+    ``segments``: split each sequence into this many pieces run in parallel (default: enough to
+    fill the GPU when ``B * H`` programs cannot). Only for float32 states without checkpoints: a
+    round trip through a storage format every 64 tokens is sequential by nature.
     Returns ``(o, final_state or None, checkpoints or None)``; checkpoint ``c`` of a sequence is
     its state after ``(c + 1) * checkpoint_every`` tokens (zeros past its end).
     """
@@ -285,23 +325,20 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Pref
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     q, k, v, g = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, g))
     o = torch.empty_like(v) if out is None else out
-    out_code = format_code(final_format)
-    rt_code = format_code(roundtrip.format.name) if roundtrip is not None else 0
-    rt_static = bool(roundtrip is not None and roundtrip.format.is_scaled and roundtrip.renorm_interval == 0)
-    BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
-    needs_rows = output_final_state and final_format in ("fp8_row", "int8_row") or checkpoint_every or \
-        (roundtrip is not None and roundtrip.format.is_scaled and not rt_static)
-    if block_v is not None and not needs_rows:  # per-row scales need whole rows in one program
-        BV = min(BV, block_v)
-    dummy = o
-    h0 = h0s = dummy
-    in_code = 0
+    format_code(final_format)
     if initial_state is not None:
         if tuple(initial_state.data.shape) != (N, H, K, V):
             raise ValueError(f"initial_state must be [N, H, K, V] = {(N, H, K, V)}; got {tuple(initial_state.data.shape)}")
-        in_code = format_code(initial_state.format)
-        h0 = initial_state.data.contiguous()
-        h0s = initial_state.scale.contiguous() if initial_state.scale is not None else dummy
+        format_code(initial_state.format)
+    sequential_state = (roundtrip is not None and roundtrip.format.name != "fp32") or checkpoint_every
+    if segments is None:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
+        segments = 1 if cu_seqlens is not None else min(triton.cdiv(2 * sms, N * H), triton.cdiv(T, 4 * CHUNK))
+    if segments > 1:
+        if sequential_state or cu_seqlens is not None:
+            raise ValueError("segments > 1 needs float32 states without checkpoints and no cu_seqlens")
+        return _segmented(q, k, v, g, scale, initial_state, output_final_state, final_format, segments, o,
+                          dict(block_t=block_t, block_v=block_v, num_warps=num_warps, num_stages=num_stages))
     final = _alloc_states((N, H, K, V), final_format, q.device) if output_final_state else None
     longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
     n_ckpt = longest // checkpoint_every if checkpoint_every else 0
@@ -310,23 +347,74 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Pref
         ckpt.data.zero_()
         if ckpt.scale is not None:
             ckpt.scale.fill_(1.0)
-    has_ckpt = ckpt is not None and n_ckpt > 0
+    _launch(q, k, v, g, o, scale, N, initial_state, final, ckpt if n_ckpt else None, checkpoint_every, roundtrip,
+            cu_seqlens, store_o=True, decay=None, block_t=block_t, block_v=block_v, num_warps=num_warps,
+            num_stages=num_stages)
+    return o, final, ckpt
+
+
+def _segmented(q, k, v, g, scale, initial_state, output_final_state, final_format, segments, o, launch):
+    """Sequence-parallel prefill: each sequence cut into ``segments`` pieces. Pass 1 runs every
+    piece from a zero state and keeps its final state and summed log-decay; a scan chains those
+    into each piece's true initial state; pass 2 runs every piece from it, writing o."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    length = CHUNK * triton.cdiv(triton.cdiv(T, segments), CHUNK)
+    segments = triton.cdiv(T, length)
+    starts = [b * T + min(j * length, T) for b in range(B) for j in range(segments)] + [B * T]
+    cu = torch.tensor(starts, dtype=torch.int32).to(q.device, non_blocking=True)
+    flat = lambda x: x.reshape(1, B * T, *x.shape[2:])  # noqa: E731 - [B, T, ...] -> packed [1, B*T, ...]
+    qf, kf, vf, gf, of = (flat(x) for x in (q, k, v, g, o))
+    n_pieces = B * segments
+    local = PrefillStates(torch.empty(n_pieces, H, K, V, device=q.device), None, "fp32")
+    decay = torch.empty(n_pieces, H, K, device=q.device)
+    _launch(qf, kf, vf, gf, of, scale, n_pieces, None, local, None, 0, None, cu, store_o=False, decay=decay,
+            **launch)
+    starts_state = torch.empty_like(local.data)
+    final = torch.empty(B, H, K, V, device=q.device)
+    h0 = initial_state.load().contiguous() if initial_state is not None else final
+    BKs = min(32, triton.next_power_of_2(K))
+    _segment_scan_kernel[(B * H, triton.cdiv(K, BKs))](local.data, decay, h0, starts_state, final, segments, H=H, K=K,
+                                                       V=V, BK=BKs, BV=triton.next_power_of_2(V),
+                                                       HAS_H0=initial_state is not None)
+    _launch(qf, kf, vf, gf, of, scale, n_pieces, PrefillStates(starts_state, None, "fp32"), None, None, 0, None, cu,
+            store_o=True, decay=None, **launch)
+    return o, (_store(final, final_format) if output_final_state else None), None
+
+
+def _launch(q, k, v, g, o, scale, N, initial_state, final, ckpt, checkpoint_every, roundtrip, cu_seqlens, store_o,
+            decay, block_t, block_v, num_warps, num_stages):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    final_format = final.format if final is not None else (ckpt.format if ckpt is not None else "fp32")
+    rt_code = format_code(roundtrip.format.name) if roundtrip is not None else 0
+    rt_static = bool(roundtrip is not None and roundtrip.format.is_scaled and roundtrip.renorm_interval == 0)
+    BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
+    needs_rows = final_format in ("fp8_row", "int8_row") or (roundtrip is not None and roundtrip.format.is_scaled
+                                                              and not rt_static)
+    if block_v is not None and not needs_rows:  # per-row scales need whole rows in one program
+        BV = min(BV, block_v)
+    dummy = o
+    h0 = h0s = dummy
+    if initial_state is not None:
+        h0 = initial_state.data.contiguous()
+        h0s = initial_state.scale.contiguous() if initial_state.scale is not None else dummy
     static = roundtrip.static_scale.reshape(H, K).float().contiguous().to(q.device) if rt_static else dummy
-    qmax = lambda fmt: StateQuantizer(fmt).format.qmax if fmt in ("fp8_row", "int8_row") else 1.0
-    g_strides = (g.stride(0), g.stride(1), g.stride(2))
+    qmax = lambda fmt: StateQuantizer(fmt).format.qmax if fmt in ("fp8_row", "int8_row") else 1.0  # noqa: E731
     _chunk_gla_fwd_kernel[(N * H, triton.cdiv(V, BV))](
         q, k, v, g, o, h0, h0s,
         final.data if final is not None else dummy, final.scale if final is not None and final.scale is not None else dummy,
-        ckpt.data if has_ckpt else dummy, ckpt.scale if has_ckpt and ckpt.scale is not None else dummy,
+        ckpt.data if ckpt is not None else dummy, ckpt.scale if ckpt is not None and ckpt.scale is not None else dummy,
         static, cu_seqlens if cu_seqlens is not None else dummy,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), *g_strides, o.stride(0), o.stride(1), o.stride(2),
-        T, max(n_ckpt, 1), K ** -0.5 if scale is None else scale,
-        H=H, K=K, V=V, BT=block_t, BC=SUB, BK=BK, BV=BV, SCALAR_DECAY=scalar, VARLEN=cu_seqlens is not None,
-        HAS_H0=initial_state is not None, IN_FMT=in_code, STORE_HT=output_final_state, OUT_FMT=out_code,
-        QMAX_OUT=qmax(final_format), RT_FMT=rt_code, RT_EVERY=CHUNK // block_t, RT_STATIC=rt_static,
+        v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2), o.stride(0), o.stride(1),
+        o.stride(2), T, ckpt.data.shape[1] if ckpt is not None else 1, K ** -0.5 if scale is None else scale,
+        H=H, K=K, V=V, BT=block_t, BC=SUB, BK=BK, BV=BV, SCALAR_DECAY=g.dim() == 3, VARLEN=cu_seqlens is not None,
+        HAS_H0=initial_state is not None, IN_FMT=format_code(initial_state.format) if initial_state is not None else 0,
+        STORE_HT=final is not None, OUT_FMT=format_code(final_format), QMAX_OUT=qmax(final_format), RT_FMT=rt_code,
+        RT_EVERY=CHUNK // block_t, RT_STATIC=rt_static,
         QMAX_RT=qmax(roundtrip.format.name) if roundtrip is not None else 1.0,
-        CKPT_EVERY=checkpoint_every // block_t if has_ckpt else 0, LOW_PRECISION=q.dtype != torch.float32, num_warps=num_warps,
-        num_stages=num_stages,
+        CKPT_EVERY=checkpoint_every // block_t if ckpt is not None else 0, LOW_PRECISION=q.dtype != torch.float32,
+        STORE_O=store_o, STORE_DECAY=decay is not None, decay_ptr=decay if decay is not None else dummy,
+        num_warps=num_warps, num_stages=num_stages,
     )
-    return o, final, ckpt

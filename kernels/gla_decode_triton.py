@@ -66,7 +66,7 @@ if triton is not None:
         offs_v = tl.arange(0, BLOCK_V)
         mask_v = offs_v < V
         v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_v * s_vv, mask=mask_v, other=0.0).to(tl.float32)
-        o = tl.zeros([BLOCK_V], dtype=tl.float32)
+        readout = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)  # reduced over K once, after the loop
         if RENORM > 1:
             renorm_now = (tl.load(nstore_ptr + slot) + 1) % RENORM == 0
         for k0 in range(0, K, BLOCK_K):
@@ -83,7 +83,7 @@ if triton is not None:
                 old_scale = tl.load(sc_ptrs, mask=mask_k, other=1.0)
             st = decode_state(tl.load(ptrs, mask=mask, other=0.0), old_scale, FMT)
             st = st * tl.exp(g)[:, None] + kk[:, None] * v[None, :]
-            o += tl.sum(q[:, None] * st, axis=0)
+            readout += q[:, None] * st
             new_scale = old_scale
             if FMT >= 2:
                 if RENORM == 0:
@@ -94,6 +94,7 @@ if triton is not None:
                         new_scale = tl.where(renorm_now, new_scale, tl.maximum(new_scale, old_scale))
                 tl.store(sc_ptrs, new_scale, mask=mask_k)
             tl.store(ptrs, encode_state(st, new_scale, FMT), mask=mask)
+        o = tl.sum(readout, axis=0)
         tl.store(o_ptr + b * s_ob + h * s_oh + offs_v, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
                  mask=mask_v)
 

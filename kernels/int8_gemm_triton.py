@@ -132,13 +132,15 @@ if triton is not None:
                  mask=mm[:, None] & mn[None, :])
 
 
-def gemm_config(M: int) -> dict:
-    """Tile shape by the number of rows: thin tiles for decode, large ones for prefill."""
+def gemm_config(M: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Tile shape by the number of rows: thin tiles for decode, large ones for prefill (float32
+    inputs make the outlier epilogue's operands twice as large: one pipeline stage fewer)."""
+    stages = 4 if dtype != torch.float32 else 3
     if M <= 16:
-        return dict(BM=16, BN=64, BK=128, GROUP_M=1, num_warps=4, num_stages=4)
+        return dict(BM=16, BN=64, BK=128, GROUP_M=1, num_warps=4, num_stages=stages)
     if M <= 64:
-        return dict(BM=64, BN=128, BK=128, GROUP_M=4, num_warps=4, num_stages=4)
-    return dict(BM=128, BN=128, BK=128, GROUP_M=8, num_warps=8, num_stages=4)
+        return dict(BM=64, BN=128, BK=128, GROUP_M=4, num_warps=4, num_stages=stages)
+    return dict(BM=128, BN=128, BK=128, GROUP_M=8, num_warps=8, num_stages=stages)
 
 
 def quantize_rows(x2: torch.Tensor, packed: PackedOutlierWeight):
@@ -171,12 +173,12 @@ def int8_outlier_linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, con
     NO = packed.outlier_idx.numel()
     xq, xs, xo = quantize_rows(x2, packed)
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    cfg = dict(gemm_config(M) if config is None else config)
+    cfg = dict(gemm_config(M, x.dtype) if config is None else config)
     warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
     grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]),)
     if M:
         _int8_gemm_kernel[grid](xq, packed.qweight, xs, packed.scale, xo, packed.outlier_weight,
                                 packed.bias if packed.bias is not None else xs, y, M, N, K, NO, y.stride(0),
-                                BNO=min(64, max(16, triton.next_power_of_2(NO))), HAS_OUT=NO > 0,
+                                BNO=min(64 if x.dtype != torch.float32 else 32, max(16, triton.next_power_of_2(NO))), HAS_OUT=NO > 0,
                                 HAS_BIAS=packed.bias is not None, num_warps=warps, num_stages=stages, **cfg)
     return y.reshape(*shape[:-1], N)

@@ -113,6 +113,24 @@ def test_varlen_and_checkpoints(fmt):
     _check(out, ref, _tol(torch.float32, fmt if fmt != "fp32" else None))
 
 
+@pytest.mark.parametrize("scalar", [False, True])
+@pytest.mark.parametrize("segments,T", [(3, 700), (2, 256), (5, 300)])
+def test_sequence_parallel_segments(scalar, segments, T):
+    """Long sequences split into pieces run in parallel, chained by a scan of their final states."""
+    q, k, v, g = _inputs(2, T, 2, 16, 32, torch.float32, scalar=scalar, seed=7)
+    data, _ = StateQuantizer("fp32").store(torch.randn(2, 2, 16, 32, device=DEVICE))
+    h0 = PrefillStates(data, None, "fp32")
+    out, ref = _run((q, k, v, g), dict(initial_state=h0, output_final_state=True, final_format="bf16"),
+                    segments=segments)
+    _check(out, ref, 1e-5)
+
+
+def test_segments_refuse_sequential_state_formats():
+    q, k, v, g = _inputs(1, 300, 1, 16, 16, torch.float32)
+    with pytest.raises(ValueError, match="segments"):
+        chunk_gla_triton(q, k, v, g, roundtrip=StateQuantizer("fp8_row"), segments=2)
+
+
 def test_non_contiguous_inputs():
     q, k, v, g = _inputs(2, 70, 2, 16, 16, torch.float32, seed=4)
     qt = torch.empty(2, 2, 70, 16, device=DEVICE).transpose(1, 2)
