@@ -333,7 +333,9 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Pref
     sequential_state = (roundtrip is not None and roundtrip.format.name != "fp32") or checkpoint_every
     if segments is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
-        segments = 1 if cu_seqlens is not None else min(triton.cdiv(2 * sms, N * H), triton.cdiv(T, 4 * CHUNK))
+        # below one program per SM, split; the split costs a state-only pass over k, v, g
+        segments = 1 if cu_seqlens is not None or N * H >= sms else min(triton.cdiv(2 * sms, N * H),
+                                                                         triton.cdiv(T, 4 * CHUNK))
     if segments > 1:
         if sequential_state or cu_seqlens is not None:
             raise ValueError("segments > 1 needs float32 states without checkpoints and no cu_seqlens")
@@ -368,8 +370,9 @@ def _segmented(q, k, v, g, scale, initial_state, output_final_state, final_forma
     n_pieces = B * segments
     local = PrefillStates(torch.empty(n_pieces, H, K, V, device=q.device), None, "fp32")
     decay = torch.empty(n_pieces, H, K, device=q.device)
+    # the state-only pass has no intra-chunk work: long chunks mean fewer sequential steps
     _launch(qf, kf, vf, gf, of, scale, n_pieces, None, local, None, 0, None, cu, store_o=False, decay=decay,
-            **launch)
+            **{**launch, "block_t": 64, "block_v": None, "num_warps": 4})
     starts_state = torch.empty_like(local.data)
     final = torch.empty(B, H, K, V, device=q.device)
     h0 = initial_state.load().contiguous() if initial_state is not None else final

@@ -101,7 +101,7 @@ if triton is not None:
 
 # (block_k, num_warps) per format: the fastest at B = 64, H = 64, K = V = 128 on an H100
 # (eval/scripts/sweep_kernels.py); the 8-bit states want more rows in flight per program.
-LAUNCH = {"fp32": (64, 2), "bf16": (32, 2), "fp8_row": (32, 2), "int8_row": (32, 2)}
+LAUNCH = {"fp32": (64, 4), "bf16": (32, 2), "fp8_row": (16, 2), "int8_row": (16, 2)}
 
 
 def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer,

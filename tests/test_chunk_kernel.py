@@ -122,7 +122,7 @@ def test_sequence_parallel_segments(scalar, segments, T):
     h0 = PrefillStates(data, None, "fp32")
     out, ref = _run((q, k, v, g), dict(initial_state=h0, output_final_state=True, final_format="bf16"),
                     segments=segments)
-    _check(out, ref, 1e-5)
+    _check(out, ref, 5e-5)  # the scan multiplies decays summed in another order
 
 
 def test_segments_refuse_sequential_state_formats():

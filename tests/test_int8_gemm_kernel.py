@@ -47,7 +47,8 @@ def _reference(mod, x):
         mod.outlier_weight, mod.bias)), "per_token").to(DEVICE)
 
 
-@pytest.mark.parametrize("M,K,N,n_out", [(5, 200, 72, 7), (33, 64, 40, 0), (1, 96, 130, 70), (130, 256, 48, 3)])
+@pytest.mark.parametrize("M,K,N,n_out", [(5, 200, 72, 7), (33, 64, 40, 0), (1, 96, 130, 70), (130, 256, 48, 3),
+                                         (2, 9000, 16, 5)])  # the last: rows too long for one tile
 def test_gemm_matches_reference(M, K, N, n_out):
     mod, outliers = _module(K, N, n_out)
     x = _x(M, K, outliers)
