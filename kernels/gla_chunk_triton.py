@@ -334,7 +334,7 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Pref
     if segments is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
         # below one program per SM, split; the split costs a state-only pass over k, v, g
-        segments = 1 if cu_seqlens is not None or N * H >= sms else min(triton.cdiv(2 * sms, N * H),
+        segments = 1 if cu_seqlens is not None or sequential_state or N * H >= sms else min(triton.cdiv(2 * sms, N * H),
                                                                          triton.cdiv(T, 4 * CHUNK))
     if segments > 1:
         if sequential_state or cu_seqlens is not None:
