@@ -234,53 +234,88 @@ def _decode_rate(model, prompt, steps, graphed) -> float:
     return B * steps / (time.perf_counter() - t0)
 
 
-def bench_e2e(model_ids, recipe="gla_int8", prompt_len=4096, batches=(1, 16, 64), steps=32) -> list[dict]:
-    from laquant.api import calibrate
+def _model_maker(model_id: str):
+    """``(label, make)`` for a model id: a directory / HF id / ``gla-small``, or ``config:{json}``
+    (a randomly initialised GLA of that config: speed only)."""
     from laquant.loading import DEFAULT_MODEL_NAME, load_model
     from laquant.models import GLAConfig, GLAForCausalLM
 
-    rows = []
-    for model_id in model_ids:
-        if model_id.startswith("config:"):  # a randomly initialised model of a named size (speed only)
-            cfg = GLAConfig(**json.loads(model_id[len("config:"):]))
-            make = lambda: GLAForCausalLM(cfg).to("cuda", torch.bfloat16).eval()  # noqa: E731
-        else:
-            spec = None if model_id == DEFAULT_MODEL_NAME else model_id
-            make = lambda: load_model(spec, device="cuda", dtype=torch.bfloat16)[0]  # noqa: E731
-        torch.manual_seed(0)
-        base = make()
-        vocab = base.config.vocab_size
-        calib = torch.randint(0, vocab, (4, 1024), device="cuda")
-        if not model_id.startswith("config:"):
-            from laquant.data import load_text, tokenize
-            from laquant.loading import load_tokenizer
+    if model_id.startswith("config:"):
+        cfg = GLAConfig(**json.loads(model_id[len("config:"):]))
 
-            ids = tokenize(load_text("calibration"), load_tokenizer(spec))
-            calib = ids[: 4 * 1024].view(4, 1024).cuda()
-        for variant in ("bf16", recipe):
+        def make():
             torch.manual_seed(0)
-            model = base if variant == "bf16" else calibrate(make(), recipe, data=calib, progress=False).model
-            n_params = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
-            row = {"model": model_id if not model_id.startswith("config:") else f"random {cfg.hidden_size}x"
-                   f"{cfg.num_hidden_layers}", "variant": variant, "params+buffers": n_params,
-                   "prompt_len": prompt_len}
-            ids = torch.randint(0, vocab, (1, prompt_len), device="cuda")
-            with torch.no_grad():
-                ms = _bench(lambda: model(ids), rep=200)
-            row["prefill_tok_per_s"] = prompt_len / (ms * 1e-3)
-            for B in batches:
-                torch.cuda.reset_peak_memory_stats()
-                prompt = torch.randint(0, vocab, (B, prompt_len), device="cuda")
-                row[f"decode_B{B}_tok_per_s"] = _decode_rate(model, prompt, steps, graphed=False)
-                row[f"decode_B{B}_graphed_tok_per_s"] = _decode_rate(model, prompt, steps, graphed=True)
-                row[f"peak_mem_B{B}_GiB"] = torch.cuda.max_memory_allocated() / 2**30
-            with torch.no_grad():
-                cache = model(ids[:, :64], use_cache=True).past_key_values
-            row["state_bytes_per_seq"] = cache.state_bytes()
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            del model
-        del base
+            return GLAForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+
+        return f"random {cfg.hidden_size}x{cfg.num_hidden_layers}", make
+    spec = None if model_id == DEFAULT_MODEL_NAME else model_id
+    return model_id, lambda: load_model(spec, device="cuda", dtype=torch.bfloat16)[0]
+
+
+def recipe_variants(model_ids, recipe: str) -> list[tuple[str, str, callable]]:
+    """Each model in bf16 and quantized with ``recipe`` here (calibration on the shipped text, or on
+    random tokens for a ``config:`` model)."""
+    from laquant.api import calibrate
+    from laquant.data import load_text, tokenize
+    from laquant.loading import DEFAULT_MODEL_NAME, load_tokenizer
+
+    out = []
+    for model_id in model_ids:
+        label, make = _model_maker(model_id)
+
+        def quantized(make=make, model_id=model_id):
+            model = make()
+            if model_id.startswith("config:"):
+                calib = torch.randint(0, model.config.vocab_size, (4, 1024), device="cuda")
+            else:
+                spec = None if model_id == DEFAULT_MODEL_NAME else model_id
+                ids = tokenize(load_text("calibration"), load_tokenizer(spec))
+                calib = ids[: 4 * 1024].view(4, 1024).cuda()
+            return calibrate(model, recipe, data=calib, progress=False).model
+
+        out += [(label, "bf16", make), (label, recipe, quantized)]
+    return out
+
+
+def checkpoint_variants(path: str, baseline: str | None) -> list[tuple[str, str, callable]]:
+    """A saved laquant checkpoint (``laquant calibrate`` output) and, optionally, its baseline."""
+    from laquant.api import load
+
+    out = []
+    if baseline is not None:
+        label, make = _model_maker(baseline)
+        out.append((label, "baseline", make))
+    out.append((path, "checkpoint", lambda: load(path, device="cuda", dtype=torch.bfloat16)[0]))
+    return out
+
+
+def bench_e2e(variants, prompt_len=4096, batches=(1, 16, 64), steps=32) -> list[dict]:
+    """Prefill tokens/s (one prompt), decode tokens/s after a prompt (eager and CUDA-graphed), peak
+    memory and state bytes per sequence, one model in memory at a time."""
+    rows = []
+    for label, variant, make in variants:
+        model = make()
+        vocab = model.config.vocab_size
+        n_params = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
+        row = {"model": label, "variant": variant, "params+buffers": n_params, "prompt_len": prompt_len,
+               "decode_steps": steps}
+        ids = torch.randint(0, vocab, (1, prompt_len), device="cuda")
+        with torch.no_grad():
+            ms = _bench(lambda: model(ids, logits_to_keep=1), rep=200)
+        row["prefill_tok_per_s"] = prompt_len / (ms * 1e-3)
+        for B in batches:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            prompt = torch.randint(0, vocab, (B, prompt_len), device="cuda")
+            row[f"decode_B{B}_tok_per_s"] = _decode_rate(model, prompt, steps, graphed=False)
+            row[f"peak_mem_B{B}_GiB"] = torch.cuda.max_memory_allocated() / 2**30  # eager: no graph pool
+            row[f"decode_B{B}_graphed_tok_per_s"] = _decode_rate(model, prompt, steps, graphed=True)
+        with torch.no_grad():
+            cache = model(ids[:, :64], use_cache=True, logits_to_keep=1).past_key_values
+        row["state_bytes_per_seq"] = cache.state_bytes()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del model, cache
         torch.cuda.empty_cache()
     return rows
 
@@ -337,7 +372,9 @@ def plot(result: dict, out: Path) -> None:
     save_figure(fig, out)
 
 
-def run_speed(out_dir: Path, suites=SUITES, models=("gla-small",), recipe="gla_int8", quick=False) -> dict:
+def run_speed(out_dir: Path, suites=SUITES, models=("gla-small",), recipe="gla_int8", quick=False,
+              checkpoint: str | None = None, baseline: str | None = None, batches=(1, 16, 64),
+              prompt_len: int = 4096, steps: int = 32) -> dict:
     if not torch.cuda.is_available():
         raise LaquantError("`laquant eval speed` measures GPU kernels and needs a CUDA device; none is visible "
                            "(check `nvidia-smi` and CUDA_VISIBLE_DEVICES)")
@@ -355,7 +392,8 @@ def run_speed(out_dir: Path, suites=SUITES, models=("gla-small",), recipe="gla_i
         result["gemm"] = bench_gemm((1, 2048) if quick else (1, 16, 128, 2048, 8192),
                                     shapes={"square 4096->4096": (4096, 4096)} if quick else None)
     if "e2e" in suites:
-        result["e2e"] = bench_e2e(models, recipe, prompt_len=512 if quick else 4096)
+        variants = checkpoint_variants(checkpoint, baseline) if checkpoint else recipe_variants(models, recipe)
+        result["e2e"] = bench_e2e(variants, prompt_len=512 if quick else prompt_len, batches=batches, steps=steps)
     from laquant.checkpoint import StagingDir
 
     with StagingDir(out_dir, overwrite=True) as tmp:

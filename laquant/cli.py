@@ -19,7 +19,13 @@ def cmd_eval_speed(args: argparse.Namespace) -> int:
     from laquant.eval.speed import run_speed
 
     suites = args.suite or ["decode", "prefill", "gemm", "e2e"]
-    result = run_speed(Path(args.out), suites, models=args.model, recipe=args.recipe, quick=args.quick)
+    if args.checkpoint is not None:
+        from laquant.loading import resolve_model_dir
+
+        resolve_model_dir(args.checkpoint)  # a missing folder is named before any GPU work
+    result = run_speed(Path(args.out), suites, models=args.model, recipe=args.recipe, quick=args.quick,
+                       checkpoint=args.checkpoint, baseline=args.baseline, batches=args.batch,
+                       prompt_len=args.prompt, steps=args.gen)
     from laquant.eval.speed import markdown
 
     print(markdown(result))
@@ -163,8 +169,15 @@ def build_parser() -> argparse.ArgumentParser:
     p_speed = eval_sub.add_parser("speed", help="kernel and end-to-end speed against fla, SDPA, cuBLAS, bitsandbytes",
                                   description="Benchmarks on the CUDA device, each against its peer in the same run "
                                               "(see laquant/eval/speed.py); writes OUT/speed.json, speed.md, speed.png.")
+    p_speed.add_argument("checkpoint", nargs="?", default=None,
+                         help="e2e: a folder written by `laquant calibrate` (timed as saved; default: "
+                              "quantize --model with --recipe here)")
+    p_speed.add_argument("--baseline", default=None, help="e2e: the unquantized model to compare the checkpoint with")
     p_speed.add_argument("--suite", nargs="+", choices=["decode", "prefill", "gemm", "e2e"],
                          help="what to measure (default: all)")
+    p_speed.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64], help="e2e decode batch sizes")
+    p_speed.add_argument("--prompt", type=int, default=4096, help="e2e prompt length in tokens")
+    p_speed.add_argument("--gen", type=int, default=32, help="e2e decode steps timed")
     p_speed.add_argument("--model", nargs="+", default=["gla-small"],
                          help="models for the e2e suite: directories, HF ids, or config:{json} for a random "
                               "model of that GLAConfig (speed only)")
