@@ -4,14 +4,15 @@ Spec: :func:`laquant.kernels.int8_reference.int8_outlier_linear` with per-token 
 per-output-channel (or per-tensor) weight scales. Two launches:
 
 1. ``_quantize_rows_kernel`` reads x once per row: the absmax over the non-outlier columns gives
-   the token's scale, the row is written as int8 (outlier columns as 0), and the outlier columns
-   are gathered into a small dense ``[M, n_outliers]`` bf16 block;
+   the token's scale, the kept columns are written as int8, packed (the weight's layout), and the
+   outlier columns are gathered into a small dense ``[M, n_outliers]`` block;
 2. ``_int8_gemm_kernel`` multiplies int8 x int8 into int32 accumulators on the tensor cores, and
    its epilogue dequantizes with the row and column scales, adds the outlier block times the
    bf16 outlier weights (a second, thin tensor-core product) and the bias, and writes y once.
 
-The weight is kept at full width with its outlier columns zero (:class:`PackedOutlierWeight`),
-so the GEMM streams plain row-major tiles and the outlier columns of x multiply zeros.
+The GEMM reads the module's own ``[N, n_keep]`` int8 weight (:class:`PackedOutlierWeight` holds no
+copy of it), as plain row-major tiles. The quantization is a pass of its own before the GEMM, not
+fused into the GEMM's main loop: the per-token scale needs the whole row first.
 """
 
 from __future__ import annotations
@@ -31,46 +32,46 @@ except ImportError:  # laquant's CPU path needs no Triton
 
 @dataclass
 class PackedOutlierWeight:
-    """A QuantLinear's weight laid out for the kernel: ``qweight`` ``[N, K]`` int8 with zero
-    outlier columns, ``scale`` ``[N]`` float32, ``outlier_mask`` ``[K]`` int8 (1 = outlier),
+    """What the kernels read of a QuantLinear: ``qweight`` ``[N, n_keep]`` int8 (the module's own
+    buffer, not a copy: the outlier columns are already left out), ``scale`` ``[N]`` float32,
+    ``compact`` ``[K]`` int32 (where input column k goes in the int8 row, -1 for an outlier),
     ``outlier_idx`` ``[n_out]`` int32 and ``outlier_weight`` ``[N, n_out]`` (model dtype)."""
 
     qweight: torch.Tensor
     scale: torch.Tensor
-    outlier_mask: torch.Tensor
+    compact: torch.Tensor
     outlier_idx: torch.Tensor
     outlier_weight: torch.Tensor
     bias: torch.Tensor | None
+    in_features: int
 
     @classmethod
     def pack(cls, qweight, weight_scale, keep_idx, outlier_idx, outlier_weight, bias, in_features):
         N = qweight.shape[0]
-        full = torch.zeros(N, in_features, dtype=torch.int8, device=qweight.device)
-        full[:, keep_idx] = qweight
-        mask = torch.zeros(in_features, dtype=torch.int8, device=qweight.device)
-        mask[outlier_idx] = 1
-        return cls(full, weight_scale.reshape(-1).float().expand(N).contiguous(), mask,
-                   outlier_idx.to(torch.int32).contiguous(), outlier_weight.contiguous(), bias)
+        compact = torch.full((in_features,), -1, dtype=torch.int32, device=qweight.device)
+        compact[keep_idx] = torch.arange(keep_idx.numel(), dtype=torch.int32, device=qweight.device)
+        return cls(qweight.contiguous(), weight_scale.reshape(-1).float().expand(N).contiguous(), compact,
+                   outlier_idx.to(torch.int32).contiguous(), outlier_weight.contiguous(), bias, in_features)
 
 
 if triton is not None:
 
     @triton.jit
-    def _quantize_rows_kernel(x_ptr, mask_ptr, idx_ptr, xq_ptr, xs_ptr, xo_ptr, K, NO, s_xm,
+    def _quantize_rows_kernel(x_ptr, compact_ptr, idx_ptr, xq_ptr, xs_ptr, xo_ptr, K, KQ, NO, s_xm,
                               BK: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr, ONE_TILE: tl.constexpr):
         m = tl.program_id(0).to(tl.int64)
         row = x_ptr + m * s_xm
+        out = xq_ptr + m * KQ
         if ONE_TILE:  # the whole row in registers: x is read once
             offs = tl.arange(0, BK)
-            mk = offs < K
-            x = tl.load(row + offs, mask=mk, other=0.0).to(tl.float32)
-            if HAS_OUT:
-                x = tl.where(tl.load(mask_ptr + offs, mask=mk, other=0) != 0, 0.0, x)
+            pos = tl.load(compact_ptr + offs, mask=offs < K, other=-1)
+            keep = pos >= 0
+            x = tl.load(row + offs, mask=keep, other=0.0).to(tl.float32)
             scale = tl.maximum(tl.max(tl.abs(x), axis=0) / 127.0, 1.1754943508222875e-38)
             tl.store(xs_ptr + m, scale)
-            tl.store(xq_ptr + m * K + offs, quantize_int8(x, scale), mask=mk)
+            tl.store(out + pos, quantize_int8(x, scale), mask=keep)
         else:
-            _quantize_long_row(row, mask_ptr, xq_ptr + m * K, xs_ptr + m, K, BK, HAS_OUT)
+            _quantize_long_row(row, compact_ptr, out, xs_ptr + m, K, BK)
         if HAS_OUT:
             offs_o = tl.arange(0, BNO)
             mo = offs_o < NO
@@ -78,24 +79,20 @@ if triton is not None:
             tl.store(xo_ptr + m * NO + offs_o, tl.load(row + idx, mask=mo, other=0.0), mask=mo)
 
     @triton.jit
-    def _quantize_long_row(row, mask_ptr, out, scale_out, K, BK: tl.constexpr, HAS_OUT: tl.constexpr):
+    def _quantize_long_row(row, compact_ptr, out, scale_out, K, BK: tl.constexpr):
         amax = tl.zeros([BK], dtype=tl.float32)
         for k0 in range(0, K, BK):
             offs = k0 + tl.arange(0, BK)
-            mk = offs < K
-            x = tl.load(row + offs, mask=mk, other=0.0).to(tl.float32)
-            if HAS_OUT:
-                x = tl.where(tl.load(mask_ptr + offs, mask=mk, other=0) != 0, 0.0, x)
-            amax = tl.maximum(amax, tl.abs(x))
+            keep = tl.load(compact_ptr + offs, mask=offs < K, other=-1) >= 0
+            amax = tl.maximum(amax, tl.abs(tl.load(row + offs, mask=keep, other=0.0).to(tl.float32)))
         scale = tl.maximum(tl.max(amax, axis=0) / 127.0, 1.1754943508222875e-38)
         tl.store(scale_out, scale)
         for k0 in range(0, K, BK):
             offs = k0 + tl.arange(0, BK)
-            mk = offs < K
-            x = tl.load(row + offs, mask=mk, other=0.0).to(tl.float32)
-            if HAS_OUT:
-                x = tl.where(tl.load(mask_ptr + offs, mask=mk, other=0) != 0, 0.0, x)
-            tl.store(out + offs, quantize_int8(x, scale), mask=mk)
+            pos = tl.load(compact_ptr + offs, mask=offs < K, other=-1)
+            keep = pos >= 0
+            x = tl.load(row + offs, mask=keep, other=0.0).to(tl.float32)
+            tl.store(out + pos, quantize_int8(x, scale), mask=keep)
 
     @triton.jit
     def _int8_gemm_kernel(a_ptr, w_ptr, xs_ptr, ws_ptr, xo_ptr, wo_ptr, bias_ptr, y_ptr, M, N, K, NO, s_ym,
@@ -155,15 +152,17 @@ def gemm_config(M: int, dtype: torch.dtype = torch.bfloat16) -> dict:
 
 
 def quantize_rows(x2: torch.Tensor, packed: PackedOutlierWeight):
-    """Per-token int8 codes ``[M, K]``, scales ``[M]`` and the outlier block ``[M, n_out]`` of x."""
+    """Per-token int8 codes of the kept columns ``[M, n_keep]``, scales ``[M]`` and the outlier
+    block ``[M, n_out]`` of x."""
     M, K = x2.shape
     NO = packed.outlier_idx.numel()
-    xq = torch.empty(M, K, dtype=torch.int8, device=x2.device)
+    KQ = packed.qweight.shape[1]
+    xq = torch.empty(M, KQ, dtype=torch.int8, device=x2.device)
     xs = torch.empty(M, dtype=torch.float32, device=x2.device)
     xo = torch.empty(M, max(NO, 1), dtype=x2.dtype, device=x2.device)
     if M:
         one_tile = K <= 8192
-        _quantize_rows_kernel[(M,)](x2, packed.outlier_mask, packed.outlier_idx, xq, xs, xo, K, NO, x2.stride(0),
+        _quantize_rows_kernel[(M,)](x2, packed.compact, packed.outlier_idx, xq, xs, xo, K, KQ, NO, x2.stride(0),
                                     BK=triton.next_power_of_2(K) if one_tile else 2048,
                                     BNO=max(16, triton.next_power_of_2(NO)), HAS_OUT=NO > 0, ONE_TILE=one_tile,
                                     num_warps=4 if K <= 2048 else 8)
@@ -180,9 +179,9 @@ def int8_outlier_linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, con
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M, K = x2.shape
-    N = packed.qweight.shape[0]
-    if packed.qweight.shape[1] != K:
-        raise ValueError(f"input has {K} features, the packed weight {packed.qweight.shape[1]}")
+    N, KQ = packed.qweight.shape
+    if packed.in_features != K:
+        raise ValueError(f"input has {K} features, the layer {packed.in_features}")
     NO = packed.outlier_idx.numel()
     xq, xs, xo = quantize_rows(x2, packed)
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
@@ -191,7 +190,7 @@ def int8_outlier_linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, con
     grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]),)
     if M:
         _int8_gemm_kernel[grid](xq, packed.qweight, xs, packed.scale, xo, packed.outlier_weight,
-                                packed.bias if packed.bias is not None else xs, y, M, N, K, NO, y.stride(0),
+                                packed.bias if packed.bias is not None else xs, y, M, N, KQ, NO, y.stride(0),
                                 BNO=min(64 if x.dtype != torch.float32 else 32, max(16, triton.next_power_of_2(NO))), HAS_OUT=NO > 0,
                                 HAS_BIAS=packed.bias is not None, num_warps=warps, num_stages=stages, **cfg)
     return y.reshape(*shape[:-1], N)

@@ -62,12 +62,15 @@ def test_activation_codes_are_the_references():
     mod, outliers = _module(96, 16, 5)
     x = _x(9, 96, outliers)
     xq, xs, xo = quantize_rows(x, mod.packed())
-    keep = mod.keep_idx
-    q_ref, s_ref = quantize_int8(x[:, keep].cpu(), dim=-1)
-    assert torch.equal(xq[:, keep].cpu(), q_ref)
+    q_ref, s_ref = quantize_int8(x[:, mod.keep_idx].cpu(), dim=-1)
+    assert torch.equal(xq.cpu(), q_ref)  # packed like the weight: the kept columns, in order
     assert torch.equal(xs.cpu(), s_ref.squeeze(-1))
-    assert (xq[:, mod.outlier_idx] == 0).all()
     assert torch.equal(xo.cpu(), x[:, mod.outlier_idx].cpu())
+
+
+def test_packing_shares_the_module_weight():
+    mod, _ = _module(96, 16, 5)
+    assert mod.packed().qweight.data_ptr() == mod.qweight.data_ptr()  # no second copy of the weight
 
 
 def test_batched_non_contiguous_input_and_repack_after_reload():
