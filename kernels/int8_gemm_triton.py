@@ -32,8 +32,9 @@ except ImportError:  # laquant's CPU path needs no Triton
 
 @dataclass
 class PackedOutlierWeight:
-    """What the kernels read of a QuantLinear: ``qweight`` ``[N, n_keep]`` int8 (the module's own
-    buffer, not a copy: the outlier columns are already left out), ``scale`` ``[N]`` float32,
+    """What the kernels read of a QuantLinear: ``qweight`` ``[N, n_keep]`` int8, its rows padded
+    with zeros to a multiple of 16 (the module's own buffer, not a copy: the outlier columns are
+    already left out), ``scale`` ``[N]`` float32,
     ``compact`` ``[K]`` int32 (where input column k goes in the int8 row, -1 for an outlier),
     ``outlier_idx`` ``[n_out]`` int32 and ``outlier_weight`` ``[N, n_out]`` (model dtype)."""
 
@@ -48,9 +49,11 @@ class PackedOutlierWeight:
     @classmethod
     def pack(cls, qweight, weight_scale, keep_idx, outlier_idx, outlier_weight, bias, in_features):
         N = qweight.shape[0]
+        if qweight.stride(0) % 16 or qweight.stride(1) != 1:
+            raise ValueError("the int8 GEMM needs weight rows contiguous and padded to a multiple of 16")
         compact = torch.full((in_features,), -1, dtype=torch.int32, device=qweight.device)
         compact[keep_idx] = torch.arange(keep_idx.numel(), dtype=torch.int32, device=qweight.device)
-        return cls(qweight.contiguous(), weight_scale.reshape(-1).float().expand(N).contiguous(), compact,
+        return cls(qweight, weight_scale.reshape(-1).float().expand(N).contiguous(), compact,
                    outlier_idx.to(torch.int32).contiguous(), outlier_weight.contiguous(), bias, in_features)
 
 
@@ -157,6 +160,7 @@ def quantize_rows(x2: torch.Tensor, packed: PackedOutlierWeight):
     M, K = x2.shape
     NO = packed.outlier_idx.numel()
     KQ = packed.qweight.shape[1]
+    # the padding columns are never written: whatever they hold meets the weight's zero columns
     xq = torch.empty(M, KQ, dtype=torch.int8, device=x2.device)
     xs = torch.empty(M, dtype=torch.float32, device=x2.device)
     xo = torch.empty(M, max(NO, 1), dtype=x2.dtype, device=x2.device)

@@ -34,7 +34,10 @@ class QuantLinear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.weight_granularity, self.act_granularity = weight_granularity, act_granularity
         n_main = in_features - n_outliers
-        self.register_buffer("qweight", torch.zeros(out_features, n_main, dtype=torch.int8))
+        self.n_main = n_main
+        # rows padded with zero columns to a multiple of 16 bytes: the GEMM kernel's tiles need
+        # aligned rows, and it reads this buffer itself (no second copy of the weight)
+        self.register_buffer("qweight", torch.zeros(out_features, -(-n_main // 16) * 16, dtype=torch.int8))
         n_scales = out_features if weight_granularity == "per_channel" else 1
         self.register_buffer("weight_scale", torch.ones(n_scales, 1, dtype=torch.float32))
         self.register_buffer("keep_idx", torch.arange(n_main, dtype=torch.long))
@@ -53,7 +56,7 @@ class QuantLinear(nn.Module):
         keep[outlier_idx] = False
         keep_idx = keep.nonzero().flatten()
         qweight, scale = quantize_int8(w[:, keep_idx], dim=-1 if weight_granularity == "per_channel" else None)
-        mod.qweight.copy_(qweight)
+        mod.qweight[:, :mod.n_main].copy_(qweight)
         mod.weight_scale.copy_(scale.reshape(-1, 1))
         mod.keep_idx.copy_(keep_idx)
         mod.outlier_idx.copy_(outlier_idx)
@@ -84,14 +87,14 @@ class QuantLinear(nn.Module):
 
             return int8_outlier_linear_triton(x, self.packed())
         return int8_outlier_linear(
-            x, self.qweight, self.weight_scale,
+            x, self.qweight[:, :self.n_main], self.weight_scale,
             None if self.n_outliers == 0 else self.keep_idx,
             self.outlier_idx, self.outlier_weight, self.bias, self.act_granularity,
         )
 
     def dequantized_weight(self) -> torch.Tensor:
         w = torch.empty(self.out_features, self.in_features, dtype=torch.float32, device=self.qweight.device)
-        w[:, self.keep_idx] = dequantize(self.qweight, self.weight_scale)
+        w[:, self.keep_idx] = dequantize(self.qweight[:, :self.n_main], self.weight_scale)
         w[:, self.outlier_idx] = self.outlier_weight.float()
         return w
 
