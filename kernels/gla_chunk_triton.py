@@ -325,7 +325,7 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Pref
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     q, k, v, g = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, g))
     o = torch.empty_like(v) if out is None else out
-    format_code(final_format)
+    format_code(final_format)  # an unsupported format is named before any work
     if initial_state is not None:
         if tuple(initial_state.data.shape) != (N, H, K, V):
             raise ValueError(f"initial_state must be [N, H, K, V] = {(N, H, K, V)}; got {tuple(initial_state.data.shape)}")
@@ -334,8 +334,10 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Pref
     if segments is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
         # below one program per SM, split; the split costs a state-only pass over k, v, g
-        segments = 1 if cu_seqlens is not None or sequential_state or N * H >= sms else min(triton.cdiv(2 * sms, N * H),
-                                                                         triton.cdiv(T, 4 * CHUNK))
+        if cu_seqlens is not None or sequential_state or N * H >= sms:
+            segments = 1
+        else:
+            segments = min(triton.cdiv(2 * sms, N * H), triton.cdiv(T, 4 * CHUNK))
     if segments > 1:
         if sequential_state or cu_seqlens is not None:
             raise ValueError("segments > 1 needs float32 states without checkpoints and no cu_seqlens")
