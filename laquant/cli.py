@@ -16,7 +16,7 @@ DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16
 def cmd_eval_speed(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from laquant.eval.speed import run_speed
+    from laquant.eval.speed import markdown, run_speed
 
     suites = args.suite or ["decode", "prefill", "gemm", "e2e"]
     if args.checkpoint is not None:
@@ -26,8 +26,6 @@ def cmd_eval_speed(args: argparse.Namespace) -> int:
     result = run_speed(Path(args.out), suites, models=args.model, recipe=args.recipe, quick=args.quick,
                        checkpoint=args.checkpoint, baseline=args.baseline, batches=args.batch,
                        prompt_len=args.prompt, steps=args.gen)
-    from laquant.eval.speed import markdown
-
     print(markdown(result))
     print(f"\nwrote {args.out}/speed.json, speed.md" + (", speed.png" if {"decode", "prefill"} & set(suites) else ""))
     return 0
