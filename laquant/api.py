@@ -27,11 +27,14 @@ class Calibrated:
 
 
 def calibrate(model, recipe: dict | str, data: torch.Tensor | None = None, stats: Stats | None = None,
-              samples: int = 128, seq_len: int = 2048, seed: int = 0, progress: bool = True) -> Calibrated:
+              samples: int = 128, seq_len: int = 2048, seed: int = 0, progress: bool = True,
+              layerwise_device: str | torch.device | None = None) -> Calibrated:
     """Quantize ``model`` in place with ``recipe`` (a name, path or validated dict).
 
     ``data``: a 1-D token tensor (random windows are drawn from it) or ``[N, L]`` batches. Pass
-    ``stats`` instead to reuse statistics from an earlier run.
+    ``stats`` instead to reuse statistics from an earlier run. ``layerwise_device``: calibrate one
+    decoder layer at a time on that device while the model stays where it is (see
+    :func:`~laquant.calibration.run.collect_stats`).
     """
     recipe = load_recipe(recipe) if isinstance(recipe, str) else recipe
     adapter = get_adapter(model)
@@ -40,7 +43,8 @@ def calibrate(model, recipe: dict | str, data: torch.Tensor | None = None, stats
             raise LaquantError("calibrate needs calibration data (token ids) or saved stats")
         batches = data if data.dim() == 2 else calibration_batches(data, samples, seq_len, seed)
         threshold = recipe["projections"]["outlier_threshold"] or 6.0
-        stats = collect_stats(model, adapter, batches, threshold=threshold, seed=seed, progress=progress)
+        stats = collect_stats(model, adapter, batches, threshold=threshold, seed=seed, progress=progress,
+                              layerwise_device=layerwise_device)
     elif stats.meta.get("model_type") != model.config.model_type:
         raise LaquantError(f"the statistics were collected on a {stats.meta.get('model_type')!r} model, "
                            f"not {model.config.model_type!r}")

@@ -43,10 +43,12 @@ def run_calibrate(args: argparse.Namespace, device: str) -> int:
         eval_ids = tokenize(load_text(args.eval_data), tokenizer)[: args.eval_max_tokens]
         strided_windows(len(eval_ids), args.eval_context, default_stride(args.eval_context))
 
-    model, _ = load_model(model_dir, device=device)
+    home = "cpu" if args.offload else device  # --offload: the model waits in CPU memory
+    model, _ = load_model(model_dir, device=home)
     mixers = {n: vars(i) for n, i in get_adapter(model).mixers().items()}
 
     def evaluate(m, label: str) -> dict:
+        m.to(device)
         row = {}
         for mode, res in perplexity_by_mode(m, eval_ids, args.eval_context, args.eval_mode, args.batch_size,
                                             not args.quiet).items():
@@ -54,11 +56,13 @@ def run_calibrate(args: argparse.Namespace, device: str) -> int:
             row[f"{mode}_loss_by_position"] = res.loss_by_position
             if not args.quiet:
                 print(f"  {label} {mode}: ppl {res.ppl:.3f}", flush=True)
+        m.to(home)
         return row
 
     base = evaluate(model, "bf16") if eval_ids is not None else {}
     base.update(model_bytes=model_bytes(model), state_bytes=state_bytes_per_sequence(mixers, None))
-    result = calibrate(model, recipe, data=batches, stats=stats, seed=args.seed, progress=not args.quiet)
+    result = calibrate(model, recipe, data=batches, stats=stats, seed=args.seed, progress=not args.quiet,
+                       layerwise_device=device if args.offload else None)
     quant = evaluate(model, recipe["name"]) if eval_ids is not None else {}
     quant.update(model_bytes=model_bytes(model), state_bytes=state_bytes_per_sequence(mixers, result.decisions))
     rows = [("bf16", base), (recipe["name"], quant)]
@@ -145,4 +149,8 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=None,
                    help="windows run together (default: 4 in prefill, 64 in decode mode)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--offload", action="store_true",
+                   help="keep the model in CPU memory and calibrate one decoder layer at a time on --device "
+                        "(for models larger than the device; the perplexity comparison still moves the "
+                        "whole model there: add --no-eval if it does not fit)")
     p.add_argument("--quiet", action="store_true")

@@ -44,6 +44,28 @@ def test_stats_match_what_the_model_computes(tiny_model_dir, calib_ids):
     assert all(torch.isfinite(t).all() for t in stats.tensors.values())
 
 
+@torch.no_grad()
+def test_layer_by_layer_calibration_equals_whole_model(tiny_model_dir, calib_ids):
+    """Onloading one decoder layer at a time gives the same statistics (the sampled percentiles
+    aside, whose random draws come in another order) and the same quantization decisions."""
+    from laquant.quantize import plan
+    from laquant.recipe import load_recipe
+
+    model, _ = laquant.load_model(tiny_model_dir)
+    adapter = get_adapter(model)
+    batches = calibration_batches(calib_ids, samples=5, seq_len=200, seed=2)
+    whole = collect_stats(model, adapter, batches, segment=64, batch_size=2, progress=False)
+    layerwise = collect_stats(model, adapter, batches, segment=64, batch_size=2, progress=False,
+                              layerwise_device="cpu")
+    assert whole.tensors.keys() == layerwise.tensors.keys()
+    sampled = ("act_p999", "logit_p001", "logit_p999")
+    for key, t in whole.tensors.items():
+        if not key.endswith(sampled):
+            assert torch.equal(t, layerwise.tensors[key]), key
+    recipe = load_recipe("gla_int8_all")
+    assert plan(adapter, whole, recipe) == plan(adapter, layerwise, recipe)
+
+
 def test_nan_during_calibration_names_the_module(tiny_model_dir, calib_ids):
     model, _ = laquant.load_model(tiny_model_dir)
     with torch.no_grad():
@@ -182,6 +204,9 @@ def test_calibrate_and_inspect_cli(tmp_path, tiny_model_dir, capsys):
     assert "baseline" in capsys.readouterr().out
     assert main(["inspect", str(out), "--plots", str(tmp_path / "p")]) == 0
     assert "state format" in capsys.readouterr().out and (tmp_path / "p" / "state.png").stat().st_size > 1000
+    # --offload: the model waits on the CPU while each layer calibrates on --device (here the CPU too)
+    assert main(["calibrate", "--recipe", "gla_int8", "--model", str(tiny_model_dir), "--samples", "2",
+                 "--seq-len", "64", "--no-eval", "--offload", "--out", str(tmp_path / "off"), "--quiet"]) == 0
     # reusing the statistics needs no calibration data
     assert main(["calibrate", "--recipe", "gla_fp8_state", "--model", str(tiny_model_dir), "--stats",
                  str(out / "stats.safetensors"), "--no-eval", "--out", str(tmp_path / "q2"), "--quiet"]) == 0

@@ -42,6 +42,23 @@ class Adapter:
         """The log-decay a gate's logits turn into (for statistics)."""
         raise NotImplementedError
 
+    # Layer-by-layer execution (calibration with one decoder layer on the device at a time)
+    def decoder_layers(self) -> list[tuple[str, nn.Module]]:
+        """The decoder layers in order, as ``(name, module)``."""
+        raise NotImplementedError
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids -> the first layer's input."""
+        raise NotImplementedError
+
+    def run_layer(self, layer: nn.Module, hidden: torch.Tensor, cache) -> torch.Tensor:
+        """One decoder layer on ``hidden``, its recurrent state carried in ``cache``."""
+        raise NotImplementedError
+
+    def head_modules(self) -> list[nn.Module]:
+        """What runs after the last layer (final norm, lm_head), in order."""
+        raise NotImplementedError
+
     def module(self, name: str) -> nn.Module:
         return self.model.get_submodule(name)
 

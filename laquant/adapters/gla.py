@@ -50,6 +50,18 @@ class GLAAdapter(Adapter):
         norms = [n for n, m in self.model.named_modules() if type(m).__name__ in ("RMSNorm", "GatedRMSNorm")]
         return {"embeddings": ["model.embeddings"], "norms": norms, "lm_head": ["lm_head"]}
 
+    def decoder_layers(self) -> list[tuple[str, nn.Module]]:
+        return [(f"model.layers.{i}", layer) for i, layer in self._layers()]
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.model.embeddings(ids)
+
+    def run_layer(self, layer: nn.Module, hidden: torch.Tensor, cache) -> torch.Tensor:
+        return layer(hidden, cache)
+
+    def head_modules(self) -> list[nn.Module]:
+        return [self.model.model.norm, self.model.lm_head]
+
     def gate_log_decay(self, gate_name: str, logits: torch.Tensor) -> torch.Tensor:
         attn = self.module(gate_name.rpartition(".")[0])
         gk = F.logsigmoid(logits.float()) / attn.gate_logit_normalizer

@@ -24,9 +24,15 @@ def calibration_batches(ids: torch.Tensor, samples: int, seq_len: int, seed: int
 
 @torch.no_grad()
 def collect_stats(model, adapter, batches: torch.Tensor, threshold: float = 6.0, segment: int = 256,
-                  batch_size: int = 8, seed: int = 0, progress: bool = True) -> Stats:
+                  batch_size: int = 8, seed: int = 0, progress: bool = True,
+                  layerwise_device: str | torch.device | None = None) -> Stats:
     """Run ``batches [N, L]`` through ``model`` in segments of ``segment`` tokens, carrying the
-    recurrent state in a cache, so the state can be read at every segment boundary."""
+    recurrent state in a cache, so the state can be read at every segment boundary.
+
+    ``layerwise_device``: the model stays where it is (e.g. on the CPU) and each decoder layer is
+    moved to this device in turn, run on every batch, and moved back, as llm-compressor's
+    sequential pipeline does: the device holds one layer and one batch's activations, not the
+    model. The hidden states between layers wait on the model's device."""
     gen = torch.Generator().manual_seed(seed)
     # lm_head is observed too, so the same statistics serve recipes that keep it and those that don't
     observed = {**adapter.projections(), **{n: adapter.module(n) for n in adapter.kept()["lm_head"]}}
@@ -36,23 +42,31 @@ def collect_stats(model, adapter, batches: torch.Tensor, threshold: float = 6.0,
     states = {n: StateObserver(n) for n in mixers}
     handles = [adapter.module(n).register_forward_pre_hook(o) for n, o in proj.items()]
     handles += [adapter.module(n).register_forward_hook(o) for n, o in gates.items()]
-    device = next(model.parameters()).device
     n, length = batches.shape
-    steps = -(-n // batch_size) * -(-length // segment)
+
+    def observe_states(cache, end: int, layer_idx: int | None = None) -> None:
+        for name, info in mixers.items():
+            if layer_idx is None or info.layer_idx == layer_idx:
+                stored = cache.get(info.layer_idx)
+                states[name].observe(end, adapter.module(name).state_quantizer.load(stored.data, stored.scale))
+
     try:
-        with tqdm(total=steps, desc="calibrating", unit="seg", disable=not progress, leave=False) as bar:
-            for i in range(0, n, batch_size):
-                batch = batches[i:i + batch_size].to(device)
-                cache = model.new_cache()
-                for start in range(0, length, segment):
-                    end = min(start + segment, length)
-                    logits = model(input_ids=batch[:, start:end], past_key_values=cache, use_cache=True).logits
-                    if not torch.isfinite(logits).all():
-                        raise LaquantError("NaN/Inf in the model's logits during calibration")
-                    for name, info in mixers.items():
-                        stored = cache.get(info.layer_idx)
-                        states[name].observe(end, adapter.module(name).state_quantizer.load(stored.data, stored.scale))
-                    bar.update(1)
+        if layerwise_device is None:
+            device = next(model.parameters()).device
+            steps = -(-n // batch_size) * -(-length // segment)
+            with tqdm(total=steps, desc="calibrating", unit="seg", disable=not progress, leave=False) as bar:
+                for i in range(0, n, batch_size):
+                    batch = batches[i:i + batch_size].to(device)
+                    cache = model.new_cache()
+                    for start in range(0, length, segment):
+                        end = min(start + segment, length)
+                        logits = model(input_ids=batch[:, start:end], past_key_values=cache, use_cache=True).logits
+                        _check_finite(logits, "the model's logits")
+                        observe_states(cache, end)
+                        bar.update(1)
+        else:
+            _run_layerwise(model, adapter, batches, torch.device(layerwise_device), segment, batch_size,
+                           observe_states, progress)
     finally:
         for h in handles:
             h.remove()
@@ -60,7 +74,7 @@ def collect_stats(model, adapter, batches: torch.Tensor, threshold: float = 6.0,
     tensors = {}
     for group in (proj, gates, states):
         for name, obs in group.items():
-            tensors.update({f"{name}/{k}": v.float().contiguous() for k, v in obs.result().items()})
+            tensors.update({f"{name}/{k}": v.float().contiguous().cpu() for k, v in obs.result().items()})
     meta = {
         "model_type": model.config.model_type, "samples": n, "seq_len": length, "segment": segment,
         "threshold": threshold, "seed": seed,
@@ -68,3 +82,47 @@ def collect_stats(model, adapter, batches: torch.Tensor, threshold: float = 6.0,
         "mixers": {k: vars(v) for k, v in mixers.items()},
     }
     return Stats(tensors, meta)
+
+
+def _check_finite(x: torch.Tensor, what: str) -> None:
+    if not torch.isfinite(x).all():
+        raise LaquantError(f"NaN/Inf in {what} during calibration")
+
+
+def _run_layerwise(model, adapter, batches, device, segment, batch_size, observe_states, progress):
+    """One decoder layer on ``device`` at a time; every batch through it before the next layer."""
+    home = next(model.parameters()).device
+    n, length = batches.shape
+    layers = adapter.decoder_layers()
+    with tqdm(total=len(layers) + 2, desc="calibrating layer by layer", unit="layer", disable=not progress,
+              leave=False) as bar:
+        embeddings = model.get_input_embeddings().to(device)
+        hidden = [adapter.embed(batches[i:i + batch_size].to(device)).to(home) for i in range(0, n, batch_size)]
+        embeddings.to(home)
+        bar.update(1)
+        for layer_idx, (_, layer) in enumerate(layers):
+            layer.to(device)
+            for j, h in enumerate(hidden):
+                cache = model.new_cache()
+                outs = []
+                for start in range(0, length, segment):
+                    end = min(start + segment, length)
+                    out = adapter.run_layer(layer, h[:, start:end].to(device), cache)
+                    _check_finite(out, f"layer {layer_idx}'s output")
+                    observe_states(cache, end, layer_idx)
+                    outs.append(out.to(home))
+                hidden[j] = torch.cat(outs, 1)
+            layer.to(home)
+            bar.update(1)
+        head = adapter.head_modules()
+        for m in head:
+            m.to(device)
+        for h in hidden:  # the lm_head's observer sees its inputs here
+            for start in range(0, length, segment):
+                x = h[:, start:start + segment].to(device)
+                for m in head:
+                    x = m(x)
+                _check_finite(x, "the model's logits")
+        for m in head:
+            m.to(home)
+        bar.update(1)
