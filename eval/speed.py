@@ -234,10 +234,17 @@ def _decode_rate(model, prompt, steps, graphed) -> float:
     return B * steps / (time.perf_counter() - t0)
 
 
+def _spec(model_id: str):
+    """What the loaders take for a model id (``gla-small``: the embedded model)."""
+    from laquant.loading import DEFAULT_MODEL_NAME
+
+    return None if model_id == DEFAULT_MODEL_NAME else model_id
+
+
 def _model_maker(model_id: str):
     """``(label, make)`` for a model id: a directory / HF id / ``gla-small``, or ``config:{json}``
     (a randomly initialised GLA of that config: speed only)."""
-    from laquant.loading import DEFAULT_MODEL_NAME, load_model
+    from laquant.loading import load_model
     from laquant.models import GLAConfig, GLAForCausalLM
 
     if model_id.startswith("config:"):
@@ -248,8 +255,7 @@ def _model_maker(model_id: str):
             return GLAForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
 
         return f"random {cfg.hidden_size}x{cfg.num_hidden_layers}", make
-    spec = None if model_id == DEFAULT_MODEL_NAME else model_id
-    return model_id, lambda: load_model(spec, device="cuda", dtype=torch.bfloat16)[0]
+    return model_id, lambda: load_model(_spec(model_id), device="cuda", dtype=torch.bfloat16)[0]
 
 
 def recipe_variants(model_ids, recipe: str) -> list[tuple[str, str, callable]]:
@@ -257,7 +263,7 @@ def recipe_variants(model_ids, recipe: str) -> list[tuple[str, str, callable]]:
     random tokens for a ``config:`` model)."""
     from laquant.api import calibrate
     from laquant.data import load_text, tokenize
-    from laquant.loading import DEFAULT_MODEL_NAME, load_tokenizer
+    from laquant.loading import load_tokenizer
 
     out = []
     for model_id in model_ids:
@@ -268,8 +274,7 @@ def recipe_variants(model_ids, recipe: str) -> list[tuple[str, str, callable]]:
             if model_id.startswith("config:"):
                 calib = torch.randint(0, model.config.vocab_size, (4, 1024), device="cuda")
             else:
-                spec = None if model_id == DEFAULT_MODEL_NAME else model_id
-                ids = tokenize(load_text("calibration"), load_tokenizer(spec))
+                ids = tokenize(load_text("calibration"), load_tokenizer(_spec(model_id)))
                 calib = ids[: 4 * 1024].view(4, 1024).cuda()
             return calibrate(model, recipe, data=calib, progress=False).model
 

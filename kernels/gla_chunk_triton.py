@@ -27,13 +27,13 @@ import torch
 
 from laquant.kernels.gla_reference import chunk_gla
 from laquant.kernels.triton_numerics import format_code
-from laquant.quant.state import StateQuantizer
+from laquant.quant.state import StateFormat, StateQuantizer
 
 try:
     import triton
     import triton.language as tl
 
-    from laquant.kernels.triton_numerics import absmax_row_scale, decode_state, encode_state, roundtrip_state
+    from laquant.kernels.triton_numerics import absmax_row_scale, decode_state, encode_state, mm, roundtrip_state
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -72,7 +72,6 @@ def chunk_gla_reference(q, k, v, g, scale=None, initial_state: PrefillStates | N
     outs, finals, ckpts = [], [], []
     for n, (bos, eos) in enumerate(bounds):
         b = 0 if cu_seqlens is not None else n
-        sl = lambda x: x[b:b + 1, bos:eos]
         state = h0[n:n + 1] if h0 is not None else None
         pieces, seq_ckpts = [], []
         step = checkpoint_every or max(eos - bos, 1)
@@ -87,7 +86,7 @@ def chunk_gla_reference(q, k, v, g, scale=None, initial_state: PrefillStates | N
                 state = rt(state)
         if state is None:
             state = torch.zeros(1, q.shape[2], q.shape[3], v.shape[3], device=q.device)
-        outs.append(torch.cat(pieces, 1) if pieces else sl(v).new_zeros(1, 0, *v.shape[2:]))
+        outs.append(torch.cat(pieces, 1) if pieces else v.new_zeros(1, 0, *v.shape[2:]))
         finals.append(state)
         ckpts.append(seq_ckpts)
     o = torch.cat(outs, 1) if cu_seqlens is not None else torch.cat(outs, 0)
@@ -111,14 +110,6 @@ def _bounds(q, cu_seqlens):
 
 
 if triton is not None:
-
-    @triton.jit
-    def _mm(a, b, LOW_PRECISION: tl.constexpr):
-        if LOW_PRECISION:
-            out = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
-        else:
-            out = tl.dot(a, b, input_precision="ieee")
-        return out
 
     @triton.jit
     def _row(x, rows, r):
@@ -190,20 +181,20 @@ if triton is not None:
             if SCALAR_DECAY:
                 G = tl.cumsum(tl.load(g_base + offs_t * s_gt, mask=mt, other=0.0).to(tl.float32), axis=0)
                 if STORE_O:
-                    o = _mm(q * tl.exp(G)[:, None], S, LOW_PRECISION)
+                    o = mm(q * tl.exp(G)[:, None], S, LOW_PRECISION)
                     causal = rows[:, None] >= rows[None, :]
                     decay = tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
-                    A = tl.where(causal, _mm(q, tl.trans(k), LOW_PRECISION) * decay, 0.0)
-                    o += _mm(A, v, LOW_PRECISION)
+                    A = tl.where(causal, mm(q, tl.trans(k), LOW_PRECISION) * decay, 0.0)
+                    o += mm(A, v, LOW_PRECISION)
                 G_last = tl.sum(tl.where(rows == BT - 1, G, 0.0), axis=0)
                 k_end = k * tl.exp(G_last - G)[:, None]
-                S = S * tl.exp(G_last) + _mm(tl.trans(k_end), v, LOW_PRECISION)
+                S = S * tl.exp(G_last) + mm(tl.trans(k_end), v, LOW_PRECISION)
                 g_total += G_last
             else:
                 G = tl.cumsum(tl.load(g_base + offs_t[:, None] * s_gt + offs_k[None, :], mask=mtk,
                                       other=0.0).to(tl.float32), axis=0)
                 if STORE_O:
-                    o = _mm(q * tl.exp(G), S, LOW_PRECISION)
+                    o = mm(q * tl.exp(G), S, LOW_PRECISION)
                     for c in tl.static_range(BT // BC):
                         offs_c = t0 + c * BC + sub
                         mc = offs_c < eos
@@ -217,12 +208,12 @@ if triton is not None:
                         k_side = kc.to(tl.float32) * tl.exp(_row(gc, sub, BC // 2)[None, :] - gc)
                         g_ref = _row(G, rows, c * BC + BC // 2)
                         q_side = q * tl.exp(tl.where((rows >= c * BC)[:, None], G - g_ref[None, :], 0.0))
-                        A = _mm(q_side, tl.trans(k_side), LOW_PRECISION)
+                        A = mm(q_side, tl.trans(k_side), LOW_PRECISION)
                         A = tl.where(rows[:, None] >= (c * BC + sub)[None, :], A, 0.0)
-                        o += _mm(A, vc, LOW_PRECISION)
+                        o += mm(A, vc, LOW_PRECISION)
                 G_last = _row(G, rows, BT - 1)  # padded rows have g = 0, so this is the last real row's
                 k_end = k * tl.exp(G_last[None, :] - G)
-                S = S * tl.exp(G_last)[:, None] + _mm(tl.trans(k_end), v, LOW_PRECISION)
+                S = S * tl.exp(G_last)[:, None] + mm(tl.trans(k_end), v, LOW_PRECISION)
                 g_total += G_last
             if STORE_O:
                 tl.store(o_base + offs_t[:, None] * s_ot + offs_v[None, :], o.to(o_ptr.dtype.element_ty),
@@ -405,7 +396,7 @@ def _launch(q, k, v, g, o, scale, N, initial_state, final, ckpt, checkpoint_ever
         h0 = initial_state.data.contiguous()
         h0s = initial_state.scale.contiguous() if initial_state.scale is not None else dummy
     static = roundtrip.static_scale.reshape(H, K).float().contiguous().to(q.device) if rt_static else dummy
-    qmax = lambda fmt: StateQuantizer(fmt).format.qmax if fmt in ("fp8_row", "int8_row") else 1.0  # noqa: E731
+    qmax = lambda fmt: StateFormat(fmt).qmax if StateFormat(fmt).is_scaled else 1.0  # noqa: E731
     _chunk_gla_fwd_kernel[(N * H, triton.cdiv(V, BV))](
         q, k, v, g, o, h0, h0s,
         final.data if final is not None else dummy, final.scale if final is not None and final.scale is not None else dummy,

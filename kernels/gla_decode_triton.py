@@ -18,7 +18,7 @@ import torch
 from laquant.kernels.gla_reference import recurrent_gla_step
 from laquant.quant.state import StateQuantizer
 
-from laquant.kernels.triton_numerics import FORMAT_CODES
+from laquant.kernels.triton_numerics import format_code
 
 try:
     import triton
@@ -114,8 +114,7 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
     if triton is None:
         raise RuntimeError("Triton is not installed; use gla_decode_step_reference")
     fmt = quantizer.format.name
-    if fmt not in FORMAT_CODES:
-        raise ValueError(f"the decode kernel stores {', '.join(FORMAT_CODES)} states, not {fmt}")
+    code = format_code(fmt)
     B, H, K = q.shape
     V = v.shape[-1]
     if state.stride(-1) != 1 or (scale is not None and scale.stride(-1) != 1):
@@ -137,7 +136,7 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
         o.stride(0), o.stride(1), state.stride(0), state.stride(1), state.stride(2),
         scale_t.stride(0), scale_t.stride(1) if scale is not None else 0,
         qk_scale, H=H, K=K, V=V, BLOCK_K=min(block_k, triton.next_power_of_2(K)),
-        BLOCK_V=triton.next_power_of_2(V), FMT=FORMAT_CODES[fmt], RENORM=quantizer.renorm_interval,
+        BLOCK_V=triton.next_power_of_2(V), FMT=code, RENORM=quantizer.renorm_interval,
         QMAX=quantizer.format.qmax if quantizer.format.is_scaled else 1.0,
         num_warps=num_warps,
     )

@@ -146,7 +146,7 @@ if triton is not None:
                  mask=mm[:, None] & mn[None, :])
 
 
-def gemm_config(M: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+def gemm_config(M: int) -> dict:
     """Tiles by the number of rows, the fastest in eval/scripts/sweep_gemm.py on an H100 (4096^2
     and 2048^2 weights): 128 x 128 x 128 int8 tiles reach 950-1140 TOPS at M >= 2048."""
     if M <= 64:
@@ -189,7 +189,7 @@ def int8_outlier_linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, con
     NO = packed.outlier_idx.numel()
     xq, xs, xo = quantize_rows(x2, packed)
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    cfg = dict(gemm_config(M, x.dtype) if config is None else config)
+    cfg = dict(gemm_config(M) if config is None else config)
     warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
     grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]),)
     if M:

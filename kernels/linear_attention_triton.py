@@ -14,6 +14,8 @@ import torch
 try:
     import triton
     import triton.language as tl
+
+    from laquant.kernels.triton_numerics import mm
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -42,10 +44,7 @@ if triton is not None:
                         mask=mt[:, None] & mk[None, :], other=0.0)
             v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_t[:, None] * s_vt + offs_v[None, :],
                         mask=mt[:, None] & mv[None, :], other=0.0)
-            if LOW_PRECISION:
-                acc += tl.dot(tl.trans(k), v)
-            else:
-                acc += tl.dot(tl.trans(k.to(tl.float32)), v.to(tl.float32), input_precision="ieee")
+            acc += mm(tl.trans(k), v, LOW_PRECISION)
         out = kv_ptr + ((i_bh * n_splits + i_s) * K).to(tl.int64) * V
         tl.store(out + offs_k[:, None] * V + offs_v[None, :], acc, mask=mk[:, None] & mv[None, :])
 
@@ -67,10 +66,7 @@ if triton is not None:
                      mask=mk[:, None] & mv[None, :], other=0.0)
         q = tl.load(q_ptr + b * s_qb + h * s_qh + offs_t[:, None] * s_qt + offs_k[None, :],
                     mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32) * qk_scale
-        if LOW_PRECISION:
-            o = tl.dot(q.to(tl.bfloat16), kv.to(tl.bfloat16))
-        else:
-            o = tl.dot(q, kv, input_precision="ieee")
+        o = mm(q, kv, LOW_PRECISION)
         tl.store(o_ptr + b * s_ob + h * s_oh + offs_t[:, None] * s_ot + offs_v[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=mt[:, None] & mv[None, :])
 

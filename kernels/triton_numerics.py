@@ -29,6 +29,16 @@ def format_code(name: str) -> int:
 if triton is not None:
 
     @triton.jit
+    def mm(a, b, LOW_PRECISION: tl.constexpr):
+        """``a @ b`` with float32 accumulation: bf16 operands (tensor cores, as fla) when
+        ``LOW_PRECISION``, else exact float32 products (``ieee``)."""
+        if LOW_PRECISION:
+            out = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+        else:
+            out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        return out
+
+    @triton.jit
     def round_half_even(x):
         r = tl.floor(x + 0.5)
         return tl.where(((r - x) == 0.5) & ((r % 2) != 0), r - 1.0, r)

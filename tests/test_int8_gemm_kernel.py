@@ -11,7 +11,6 @@ from laquant.quant.numerics import quantize_int8
 
 triton = pytest.importorskip("triton")
 from laquant.kernels.int8_gemm_triton import (  # noqa: E402
-    PackedOutlierWeight,
     int8_outlier_linear_triton,
     quantize_rows,
 )
