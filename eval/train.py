@@ -1,11 +1,14 @@
-"""Train laquant's reference GLA language models (and their BPE tokenizer) from local text.
+"""Train laquant's reference language models (and their BPE tokenizer) from local text.
 
     python -m laquant.eval.train tokenizer --data-dir ../shared/data --out OUT/tokenizer
     python -m laquant.eval.train model --size small --data-dir ../shared/data --tokenizer OUT/tokenizer --out OUT/gla-small
+    python -m laquant.eval.train model --arch qwen3_next --size small ... --out OUT/qwen3next-small
 
-The model is fla's ``GLAForCausalLM`` when flash-linear-attention and a GPU are there (its Triton
+GLA: fla's ``GLAForCausalLM`` when flash-linear-attention and a GPU are there (its Triton
 kernels train fast), else laquant's own implementation of the same architecture: both write the
-same checkpoint format. Only ``train/`` and the English files of ``calibration/`` are read:
+same checkpoint format. ``qwen3_next``: transformers' ``Qwen3NextForCausalLM`` (Gated DeltaNet
+layers with a gated softmax-attention layer every 4th; transformers runs fla's kernels for the
+delta rule when fla is installed). Only ``train/`` and the English files of ``calibration/`` are read:
 ``eval/`` text never reaches training.
 """
 
@@ -42,6 +45,17 @@ SIZES = {
     "large": dict(hidden_size=512, num_hidden_layers=12, num_heads=4),  # ~49M parameters
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_heads=2),  # smoke tests only
 }
+# qwen3_next-style hybrids: 3 Gated DeltaNet layers, then one gated softmax-attention layer, dense
+# SwiGLU MLPs (num_experts 0: the trained reference has no MoE; tests cover routers on random configs)
+HYBRID_SIZES = {
+    "small": dict(hidden_size=256, num_hidden_layers=8, intermediate_size=704, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4,
+                  linear_key_head_dim=64, linear_value_head_dim=64, num_experts=0),  # ~9M parameters
+    "tiny": dict(hidden_size=64, num_hidden_layers=4, intermediate_size=128, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2,
+                 linear_key_head_dim=32, linear_value_head_dim=32, num_experts=0),
+}
+ARCHS = ("gla", "qwen3_next")
 
 
 def read_documents(data_dir: Path) -> list[str]:
@@ -84,9 +98,16 @@ def tokenize_corpus(data_dir: Path, tokenizer_dir: Path) -> np.ndarray:
     return flat
 
 
-def build_model(size: str, vocab_size: int, eos_id: int, impl: str):
-    cfg = dict(SIZES[size], vocab_size=vocab_size, bos_token_id=eos_id, eos_token_id=eos_id,
-               max_position_embeddings=2048, tie_word_embeddings=False)
+def build_model(size: str, vocab_size: int, eos_id: int, impl: str, arch: str = "gla"):
+    common = dict(vocab_size=vocab_size, bos_token_id=eos_id, eos_token_id=eos_id, tie_word_embeddings=False)
+    if arch == "qwen3_next":
+        from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+        n = HYBRID_SIZES[size]["num_hidden_layers"]
+        layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)]
+        return Qwen3NextForCausalLM(Qwen3NextConfig(**HYBRID_SIZES[size], **common, layer_types=layer_types,
+                                                    max_position_embeddings=32768))
+    cfg = dict(SIZES[size], **common, max_position_embeddings=2048)
     if impl == "fla":
         from fla.models import GLAConfig, GLAForCausalLM
     else:
@@ -103,6 +124,9 @@ def train_model(args: argparse.Namespace) -> None:
             impl = "fla" if device == "cuda" else "laquant"
         except ImportError:
             impl = "laquant"
+    sizes = SIZES if args.arch == "gla" else HYBRID_SIZES
+    if args.size not in sizes:
+        raise SystemExit(f"--size {args.size} is not defined for --arch {args.arch}; choose from {', '.join(sizes)}")
     torch.manual_seed(args.seed)
     tokens = tokenize_corpus(Path(args.data_dir), Path(args.tokenizer))
     n_val = max(args.seq_len * 8, len(tokens) // 200)
@@ -111,9 +135,9 @@ def train_model(args: argparse.Namespace) -> None:
 
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
-    model = build_model(args.size, len(tok), tok.eos_token_id, impl).to(device)
+    model = build_model(args.size, len(tok), tok.eos_token_id, impl, args.arch).to(device)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: {args.size}, {n_params / 1e6:.1f}M parameters, impl={impl}, device={device}", flush=True)
+    print(f"model: {args.arch} {args.size}, {n_params / 1e6:.1f}M parameters, impl={impl}, device={device}", flush=True)
 
     tokens_per_step = args.batch * args.seq_len
     steps = args.steps or int(args.epochs * len(train_tokens) / tokens_per_step)
@@ -186,7 +210,8 @@ def train_model(args: argparse.Namespace) -> None:
     cfg.pop("auto_map", None)
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     summary = {
-        "size": args.size, "impl": impl, "parameters": n_params, "config": SIZES[args.size],
+        "arch": args.arch, "size": args.size, "impl": impl if args.arch == "gla" else "transformers",
+        "parameters": n_params, "config": (SIZES if args.arch == "gla" else HYBRID_SIZES)[args.size],
         "vocab_size": len(tok), "seq_len": args.seq_len, "batch": args.batch, "steps": steps,
         "epochs": steps * tokens_per_step / len(train_tokens), "lr": args.lr, "weight_decay": args.weight_decay,
         "schedule": "linear warmup 2%, cosine to 10% of peak", "optimizer": "AdamW(0.9, 0.95), grad clip 1.0",
@@ -200,7 +225,7 @@ def train_model(args: argparse.Namespace) -> None:
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     from laquant.eval.plots import plot_training_history
 
-    plot_training_history(history, out / "loss_curve.png", title=f"GLA {args.size} ({n_params / 1e6:.1f}M params)")
+    plot_training_history(history, out / "loss_curve.png", title=f"{args.arch} {args.size} ({n_params / 1e6:.1f}M params)")
     print(f"saved {out} ({elapsed:.0f}s, final validation loss {summary['final_val_loss']:.4f})")
 
 
@@ -212,10 +237,11 @@ def main(argv: list[str] | None = None) -> None:
     p_tok.add_argument("--data-dir", required=True)
     p_tok.add_argument("--out", required=True)
     p_tok.add_argument("--vocab-size", type=int, default=8192)
-    p_model = sub.add_parser("model", help="train a GLA causal LM")
+    p_model = sub.add_parser("model", help="train a causal LM (GLA or a qwen3_next-style hybrid)")
     p_model.add_argument("--data-dir", required=True)
     p_model.add_argument("--tokenizer", required=True)
     p_model.add_argument("--out", required=True)
+    p_model.add_argument("--arch", choices=ARCHS, default="gla")
     p_model.add_argument("--size", choices=sorted(SIZES), default="small")
     p_model.add_argument("--impl", choices=["auto", "fla", "laquant"], default="auto")
     p_model.add_argument("--seq-len", type=int, default=2048)

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Kernel session on the lent GPU: GPU tests of every kernel and of the model on them, the speed
 # suites against fla / SDPA / cuBLAS / bitsandbytes, and the GPU-vs-CPU perplexity check.
-# Re-entrant: each call waits up to $1 seconds for the background job and packs what exists into
-# $OUT/results.tgz. Needs carry: .whl
+# Re-entrant: each call waits up to $1 seconds for the background job ($2, default
+# device_kernels_job.sh; device_hybrid_job.sh is the hybrid session's) and packs what exists into
+# $OUT/results.tgz. Needs carry: .whl (and .devdata for the hybrid job)
 set -u
 WAIT=${1:-540}
-W=/tmp/laqk
+JOB=${2:-device_kernels_job.sh}
+W=/tmp/laqk-${JOB%.sh}
 mkdir -p "$W"
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1
 if [ ! -f "$W/setup.done" ]; then
@@ -15,10 +17,10 @@ if [ ! -f "$W/setup.done" ]; then
 fi
 if [ ! -f "$W/job.started" ]; then
   touch "$W/job.started"
-  setsid nohup bash eval/scripts/device_kernels_job.sh "$W" > "$W/job.log" 2>&1 < /dev/null &
+  setsid nohup bash eval/scripts/"$JOB" "$W" > "$W/job.log" 2>&1 < /dev/null &
 fi
 t=0
 while [ ! -f "$W/job.done" ] && [ $t -lt "$WAIT" ]; do sleep 10; t=$((t + 10)); done
 tail -n 5 "$W"/*.log
-(cd "$W" && tar czf "$OUT/results.tgz" --exclude='*.done' --exclude='*.started' .)
+(cd "$W" && tar czf "$OUT/results.tgz" --exclude='*.done' --exclude='*.started' --exclude='*.partial-*' .)
 [ -f "$W/job.done" ] && echo "JOB DONE" || echo "JOB RUNNING"
