@@ -31,12 +31,25 @@ class Adapter:
     def gates(self) -> dict[str, nn.Module]:
         raise NotImplementedError
 
+    def gate_channels(self, name: str) -> tuple[int, int] | None:
+        """``(first, count)`` when the gate is a slice of a fused projection's outputs; None: all of them."""
+        return None
+
+    def attention_projections(self) -> dict[str, nn.Module]:
+        """The q/k/v/o projections of softmax-attention layers (none in a pure linear-attention model)."""
+        return {}
+
     def mixers(self) -> dict[str, MixerInfo]:
         raise NotImplementedError
 
     def kept(self) -> dict[str, list[str]]:
-        """Role -> module names kept in high precision (embeddings, norms, lm_head)."""
+        """Role -> module names kept in high precision (embeddings, norms, lm_head; hybrids add
+        routers, experts, conv and decay parameters)."""
         raise NotImplementedError
+
+    def new_cache(self):
+        """A fresh cache for incremental decoding."""
+        return self.model.new_cache()
 
     def gate_log_decay(self, gate_name: str, logits: torch.Tensor) -> torch.Tensor:
         """The log-decay a gate's logits turn into (for statistics)."""
@@ -52,7 +65,8 @@ class Adapter:
         raise NotImplementedError
 
     def run_layer(self, layer: nn.Module, hidden: torch.Tensor, cache) -> torch.Tensor:
-        """One decoder layer on ``hidden``, its recurrent state carried in ``cache``."""
+        """One decoder layer on ``hidden``, its recurrent state carried in ``cache``. Adapters that do
+        not define it are calibrated layer by layer with the layers onloaded by hooks instead."""
         raise NotImplementedError
 
     def head_modules(self) -> list[nn.Module]:

@@ -42,3 +42,35 @@ class GLAStateCache:
 
     def state_bytes(self) -> int:
         return sum(s.nbytes() for s in self.states if s is not None)
+
+
+class HybridStates:
+    """The recurrent (and short-conv) states of a transformers hybrid's linear layers, kept beside
+    transformers' own cache (whose KV layers serve the softmax-attention layers). Stored in
+    laquant's formats, so they do not depend on how a transformers version lays out its cache."""
+
+    def __init__(self):
+        self.states: dict[int, StoredState] = {}
+        self.conv: dict[int, torch.Tensor] = {}
+        self.seen_tokens = 0
+
+    def get(self, layer_idx: int) -> StoredState | None:
+        return self.states.get(layer_idx)
+
+    def update(self, layer_idx: int, stored: StoredState, new_tokens: int) -> None:
+        self.states[layer_idx] = stored
+
+    def state_bytes(self) -> int:
+        return sum(s.nbytes() for s in self.states.values())
+
+
+def state_store(cache) -> GLAStateCache | HybridStates | None:
+    """Where the linear layers keep their states for ``cache``: a :class:`GLAStateCache` is its own
+    store; any other (transformers) cache gets a :class:`HybridStates` attached on first use."""
+    if cache is None or isinstance(cache, GLAStateCache):
+        return cache
+    store = getattr(cache, "laquant_states", None)
+    if store is None:
+        store = HybridStates()
+        cache.laquant_states = store
+    return store

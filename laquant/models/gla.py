@@ -16,10 +16,8 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from laquant.kernels import chunk_gla, recurrent_gla_step
-from laquant.kernels.dispatch import use_triton
-from laquant.models.cache import GLAStateCache, StoredState
-from laquant.quant.state import StateQuantizer
+from laquant.models.cache import GLAStateCache
+from laquant.models.recurrent import RecurrentMixer
 
 
 class GLAConfig(PretrainedConfig):
@@ -167,16 +165,15 @@ class GatedMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class GatedLinearAttention(nn.Module):
+class GatedLinearAttention(RecurrentMixer):
     """fla's GatedLinearAttention (no short conv, no feature map), on laquant.kernels."""
 
     gate_logit_normalizer = 16
     gate_low_rank_dim = 16
 
     def __init__(self, config: GLAConfig, layer_idx: int):
-        super().__init__()
+        super().__init__(layer_idx)
         hidden = config.hidden_size
-        self.layer_idx = layer_idx
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads or config.num_heads
         self.num_kv_groups = self.num_heads // self.num_kv_heads
@@ -202,7 +199,6 @@ class GatedLinearAttention(nn.Module):
         )
         self.o_proj = nn.Linear(self.value_dim, hidden, bias=False)
         self.g_norm_swish_gate = GatedRMSNorm(self.head_v_dim, eps=config.norm_eps)
-        self.state_quantizer = StateQuantizer("fp32")  # how the state is stored between steps/chunks
 
     def _heads(self, x: torch.Tensor, head_dim: int, shared_kv: bool = True) -> torch.Tensor:
         """``[..., H*D] -> [..., H, D]``; k, v and gates are shared across query groups (MQA/GQA)."""
@@ -216,67 +212,13 @@ class GatedLinearAttention(nn.Module):
             gk = gk.clamp_min(self.clamp_min)
         return gk
 
-    def _attend_reference(self, q, k, v, gk, cache, stored):
-        B, T = q.shape[:2]
-        sq = self.state_quantizer
-        state = sq.load(stored.data, stored.scale) if stored is not None else None
-        if T == 1 and cache is not None:
-            if state is None:
-                state = q.new_zeros(B, self.num_heads, self.head_k_dim, self.head_v_dim, dtype=torch.float32)
-            o, state = recurrent_gla_step(q[:, 0], k[:, 0], v[:, 0], gk[:, 0], state)
-            o = o.unsqueeze(1)
-        else:
-            roundtrip = sq.roundtrip if sq.format.name != "fp32" else None
-            o, state = chunk_gla(q, k, v, gk, initial_state=state, output_final_state=cache is not None,
-                                 state_roundtrip=roundtrip)
-        if cache is not None:
-            self._store(cache, stored, state, T)
-        return o
-
-    def _attend_triton(self, q, k, v, gk, cache, stored):
-        """The same as :meth:`_attend_reference` on laquant's Triton kernels: decode updates the
-        cached state in place (the cache is the kernel's state pool), prefill runs chunked."""
-        from laquant.kernels.gla_chunk_triton import PrefillStates, chunk_gla_triton
-        from laquant.kernels.gla_decode_triton import gla_decode_step
-
-        B, T = q.shape[:2]
-        sq = self.state_quantizer
-        if T == 1 and cache is not None and stored is not None:
-            scale = stored.scale.squeeze(-1) if stored.scale is not None else None
-            n_stores = torch.full((B,), stored.n_stores, dtype=torch.int32, device=q.device)
-            pool_idx = torch.arange(B, dtype=torch.int32, device=q.device)
-            o = gla_decode_step(q[:, 0], k[:, 0], v[:, 0], gk[:, 0], stored.data, scale, pool_idx, sq, n_stores)
-            cache.update(self.layer_idx, StoredState(stored.data, stored.scale, stored.n_stores + 1), 1)
-            return o.unsqueeze(1)
-        initial = None
-        if stored is not None:
-            initial = PrefillStates(stored.data, stored.scale.squeeze(-1) if stored.scale is not None else None,
-                                    sq.format.name)
-        roundtrip = sq if sq.format.name != "fp32" else None
-        o, final, _ = chunk_gla_triton(q, k, v, gk, initial_state=initial, output_final_state=cache is not None,
-                                       roundtrip=roundtrip)
-        if cache is not None:
-            self._store(cache, stored, final.data, T)
-        return o
-
-    def _store(self, cache, stored, state, T):
-        sq = self.state_quantizer
-        n_stores = stored.n_stores + 1 if stored is not None else 1
-        data, scale = sq.store(state, stored.scale if stored is not None else None, n_stores)
-        cache.update(self.layer_idx, StoredState(data, scale, n_stores), T)
-
     def forward(self, x: torch.Tensor, cache: GLAStateCache | None = None) -> torch.Tensor:
         q = self._heads(self.q_proj(x), self.head_k_dim, shared_kv=False)
         k = self._heads(self.k_proj(x), self.head_k_dim)
         v = self._heads(self.v_proj(x), self.head_v_dim)
         gk = self._heads(self.log_decay(x), self.head_k_dim)
 
-        sq = self.state_quantizer
-        stored = cache.get(self.layer_idx) if cache is not None else None
-        if use_triton(q, sq.format.name):
-            o = self._attend_triton(q, k, v, gk, cache, stored)
-        else:
-            o = self._attend_reference(q, k, v, gk, cache, stored)
+        o = self.attend_gla(q, k, v, gk, cache)
 
         g = self.g_proj(x).unflatten(-1, (-1, self.head_v_dim))
         o = self.g_norm_swish_gate(o, g).flatten(-2)

@@ -1,0 +1,204 @@
+"""laquant's linear-attention mixers for transformers' hybrid models.
+
+Each one takes over a transformers mixer's submodules and parameters under the same names (so a
+checkpoint's state dict loads unchanged) and keeps its call signature, but runs the state path on
+laquant's ops: the recurrent state lives in laquant's state store beside transformers' cache (see
+:mod:`laquant.models.cache`), in the format of the mixer's ``state_quantizer``. This also keeps
+transformers from routing the layer to fla's GPU-only kernels on a CPU machine.
+
+* :class:`GatedDeltaNetMixer` (``qwen3_next``): the gated delta rule; reference ops on every device.
+* :class:`LightningMixer` (``minimax``): linear attention with a fixed per-head decay.
+* :class:`Mamba2Mixer` (``bamba``): Mamba2's SSD, a per-head scalar decay ``dt * A``.
+
+Lightning and SSD are gated linear attention with a scalar decay, so they run on the GLA kernels.
+In laquant's state layout ``[K, V]`` a Mamba2 state is ``[d_state, head_dim]``: transformers'
+``[head_dim, d_state]`` transposed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers.activations import ACT2FN
+
+from laquant.kernels import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from laquant.models.cache import state_store
+from laquant.models.recurrent import RecurrentMixer
+
+
+def _take(dst: nn.Module, src: nn.Module, modules: tuple[str, ...], attrs: tuple[str, ...]) -> None:
+    for name in modules:
+        setattr(dst, name, getattr(src, name))
+    for name in attrs:
+        setattr(dst, name, getattr(src, name))
+
+
+def mask_padding(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Zero padded positions (a 2-D ``[B, T]`` mask of this call's tokens), as transformers does."""
+    if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape[1] == x.shape[1]:
+        return (x * attention_mask[:, :, None]).to(x.dtype)
+    return x
+
+
+def causal_conv(x: torch.Tensor, prev: torch.Tensor | None, conv: nn.Conv1d, activation: str | None):
+    """Depthwise causal conv over ``x [B, T, C]`` continuing from the last ``W - 1`` inputs ``prev``.
+    Returns ``(out [B, T, C], the last W - 1 inputs)``."""
+    B, T, C = x.shape
+    W = conv.kernel_size[0]
+    if prev is None:
+        prev = x.new_zeros(B, W - 1, C)
+    inp = torch.cat([prev.to(x.dtype), x], 1)
+    out = F.conv1d(inp.transpose(1, 2).to(conv.weight.dtype), conv.weight, conv.bias, groups=C).transpose(1, 2)
+    if activation is not None:
+        out = ACT2FN[activation](out)
+    return out.to(x.dtype), inp[:, inp.shape[1] - (W - 1):]
+
+
+class GatedDeltaNetMixer(RecurrentMixer):
+    """transformers' ``Qwen3NextGatedDeltaNet``: fused ``in_proj_qkvz`` (q, k, v and the output gate
+    z, grouped per key head), ``in_proj_ba`` (beta logits b and decay logits a, grouped the same way),
+    a short conv over q, k, v, and the gated delta rule with ``g = -exp(A_log) softplus(a + dt_bias)``."""
+
+    MODULES = ("conv1d", "in_proj_qkvz", "in_proj_ba", "norm", "out_proj")
+    PARAMETERS = ("dt_bias", "A_log")
+    ATTRS = ("num_v_heads", "num_k_heads", "head_k_dim", "head_v_dim", "key_dim", "value_dim", "activation")
+
+    def __init__(self, src: nn.Module):
+        super().__init__(src.layer_idx)
+        _take(self, src, self.MODULES + self.PARAMETERS, self.ATTRS)
+        self.layer_type = getattr(src, "layer_type", "linear_attention")
+
+    def split_qkvz(self, qkvz: torch.Tensor):
+        r = self.num_v_heads // self.num_k_heads
+        x = qkvz.unflatten(-1, (self.num_k_heads, 2 * self.head_k_dim + 2 * r * self.head_v_dim))
+        q, k, v, z = x.split([self.head_k_dim, self.head_k_dim, r * self.head_v_dim, r * self.head_v_dim], dim=-1)
+        return q, k, v.reshape(*v.shape[:-2], self.num_v_heads, self.head_v_dim), z.reshape_as(v.reshape(
+            *v.shape[:-2], self.num_v_heads, self.head_v_dim))
+
+    def split_ba(self, ba: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``in_proj_ba``'s output -> (b, a), each ``[..., num_v_heads]``."""
+        r = self.num_v_heads // self.num_k_heads
+        b, a = ba.unflatten(-1, (self.num_k_heads, 2 * r)).split([r, r], dim=-1)
+        return b.flatten(-2), a.flatten(-2)
+
+    def log_decay(self, a: torch.Tensor) -> torch.Tensor:
+        return -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+
+    def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs):
+        x = mask_padding(hidden_states, attention_mask)
+        B, T, _ = x.shape
+        states = state_store(cache_params)
+        q, k, v, z = self.split_qkvz(self.in_proj_qkvz(x))
+        b, a = self.split_ba(self.in_proj_ba(x))
+        mixed = torch.cat([q.flatten(-2), k.flatten(-2), v.flatten(-2)], -1)
+        prev = states.conv.get(self.layer_idx) if states is not None else None
+        mixed, conv_state = causal_conv(mixed, prev, self.conv1d, self.activation)
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], -1)
+        q, k = q.unflatten(-1, (-1, self.head_k_dim)), k.unflatten(-1, (-1, self.head_k_dim))
+        v = v.unflatten(-1, (-1, self.head_v_dim))
+        g, beta = self.log_decay(a), b.float().sigmoid()
+
+        stored = states.get(self.layer_idx) if states is not None else None
+        state = self.load_state(stored)
+        if T == 1 and state is not None:
+            o, state = recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=True,
+                                                  use_qk_l2norm=True)
+        else:
+            o, state = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=state,
+                                              output_final_state=states is not None, use_qk_l2norm=True,
+                                              state_roundtrip=self.state_roundtrip)
+        if states is not None:
+            states.conv[self.layer_idx] = conv_state
+            self.store_state(states, stored, state, T)
+        o = self.norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+        return self.out_proj(o.reshape(B, T, -1))
+
+
+class LightningMixer(RecurrentMixer):
+    """transformers' ``MiniMaxLightningAttention``: ``act(qkv_proj(x))`` split per head into q, k, v;
+    ``S_t = exp(-slope) S_{t-1} + k_t^T v_t``, ``o_t = q_t S_t`` (no q scaling); RMSNorm over all
+    heads, a sigmoid output gate, ``out_proj``. The decay (``slope_rate``) is a fixed buffer."""
+
+    MODULES = ("norm", "qkv_proj", "out_proj", "output_gate")
+    BUFFERS = ("slope_rate", "query_decay", "key_decay", "diagonal_decay")
+    ATTRS = ("head_dim", "num_attention_heads", "act_fn", "block_size")
+
+    def __init__(self, src: nn.Module):
+        super().__init__(src.layer_idx)
+        _take(self, src, self.MODULES, self.ATTRS)
+        for name in self.BUFFERS:  # transformers saves them; keep the state dict the same
+            self.register_buffer(name, getattr(src, name))
+        self.layer_type = getattr(src, "layer_type", "linear_attention")
+
+    def log_decay(self) -> torch.Tensor:
+        """Per-head log-decay ``[H]`` (the same at every token)."""
+        return -self.slope_rate.float().reshape(-1)
+
+    def forward(self, hidden_states: torch.Tensor, position_embeddings=None, attention_mask=None,
+                past_key_values=None, **kwargs):
+        B, T, _ = hidden_states.shape
+        H, D = self.num_attention_heads, self.head_dim
+        qkv = mask_padding(self.act_fn(self.qkv_proj(hidden_states)), attention_mask)
+        q, k, v = qkv.reshape(B, T, H, 3 * D).split(D, dim=-1)
+        g = self.log_decay().to(q.device).expand(B, T, H)
+        o = self.attend_gla(q, k, v, g, state_store(past_key_values), scale=1.0)
+        o = self.norm(o.reshape(B, T, H * D))
+        o = torch.sigmoid(self.output_gate(hidden_states)) * o
+        return self.out_proj(o), None
+
+
+class Mamba2Mixer(RecurrentMixer):
+    """transformers' ``BambaMixer`` (Mamba2): fused ``in_proj`` -> (gate z, x|B|C, dt); a short conv
+    over x|B|C; the SSD scan ``S_t = exp(dt_t A) S_{t-1} + B_t^T (dt_t x_t)``, ``y_t = C_t S_t + D x_t``
+    (B and C shared by the heads of a group); a gated RMSNorm with z; ``out_proj``."""
+
+    MODULES = ("in_proj", "conv1d", "norm", "out_proj")
+    PARAMETERS = ("dt_bias", "A_log", "D")
+    ATTRS = ("num_heads", "head_dim", "ssm_state_size", "n_groups", "intermediate_size", "conv_dim", "activation",
+             "time_step_limit")
+
+    def __init__(self, src: nn.Module):
+        super().__init__(src.layer_idx)
+        _take(self, src, self.MODULES + self.PARAMETERS, self.ATTRS)
+        self.layer_type = getattr(src, "layer_type", "linear_attention")
+
+    def split_in_proj(self, proj: torch.Tensor):
+        """``in_proj``'s output -> (z ``[..., I]``, x|B|C ``[..., conv_dim]``, dt ``[..., H]``)."""
+        return proj.split([self.intermediate_size, self.conv_dim, self.num_heads], dim=-1)
+
+    def time_step(self, dt: torch.Tensor) -> torch.Tensor:
+        dt = F.softplus(dt.float() + self.dt_bias.float())
+        lo, hi = self.time_step_limit if self.time_step_limit is not None else (0.0, float("inf"))
+        return dt.clamp(lo, hi)
+
+    def log_decay(self, dt_logits: torch.Tensor) -> torch.Tensor:
+        """Per-head log-decay ``dt * A`` from the dt logits (``in_proj``'s last ``H`` outputs)."""
+        return self.time_step(dt_logits) * -self.A_log.float().exp()
+
+    def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs):
+        dtype = hidden_states.dtype
+        x = mask_padding(hidden_states, attention_mask)
+        B, T, _ = x.shape
+        H, P, N, G = self.num_heads, self.head_dim, self.ssm_state_size, self.n_groups
+        states = state_store(cache_params)
+        z, xbc, dt_logits = self.split_in_proj(self.in_proj(x))
+        prev = states.conv.get(self.layer_idx) if states is not None else None
+        xbc, conv_state = causal_conv(xbc, prev, self.conv1d, self.activation)
+        xbc = mask_padding(xbc, attention_mask)
+        xs, b, c = xbc.split([self.intermediate_size, G * N, G * N], dim=-1)
+        dt = self.time_step(dt_logits)
+        g = dt * -self.A_log.float().exp()
+        xs = xs.unflatten(-1, (H, P))
+        k = b.unflatten(-1, (G, N)).repeat_interleave(H // G, dim=2)
+        q = c.unflatten(-1, (G, N)).repeat_interleave(H // G, dim=2)
+        v = xs.float() * dt.unsqueeze(-1)
+        y = self.attend_gla(q.float(), k.float(), v, g, states, scale=1.0)
+        if states is not None:
+            states.conv[self.layer_idx] = conv_state
+        y = y + xs.float() * self.D.float()[:, None]
+        y = self.norm(y.reshape(B, T, -1).to(dtype), z)
+        return self.out_proj(y.to(dtype))
+
+
+MIXERS = {"qwen3_next": GatedDeltaNetMixer, "minimax": LightningMixer, "bamba": Mamba2Mixer}
