@@ -27,6 +27,10 @@ from laquant.recipe import load_recipe
 
 DEFAULT_RECIPES = ["gla_int8", "gla_w8a8", "gla_w8a8_naive", "gla_gates_int8", "gla_gates_naive",
                    "gla_fp8_state", "gla_fp8_state_naive", "gla_bf16_state"]
+# hybrids: the whole recipe, then each part alone (the gla_* part recipes speak in roles, so they
+# apply to any family: projections of the linear layers and MLPs, gates, state), then naive forms
+HYBRID_RECIPES = ["hybrid_int8", "gla_w8a8", "hybrid_attention_w8a8", "gla_w8a8_naive", "gla_gates_int8",
+                  "gla_gates_naive", "gla_fp8_state", "gla_fp8_state_naive", "gla_bf16_state"]
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -36,6 +40,7 @@ def run(args: argparse.Namespace) -> dict:
     calib = calibration_batches(tokenize(load_text(args.calib_data), tok), args.samples, args.seq_len, args.seed)
     adapter = laquant.adapters.get_adapter(model)
     mixers = {n: vars(i) for n, i in adapter.mixers().items()}
+    recipes = args.recipes or (DEFAULT_RECIPES if model.config.model_type == "gla" else HYBRID_RECIPES)
 
     def evaluate(m) -> dict:
         results = perplexity_by_mode(m, ids, args.context, args.mode, args.batch_size, not args.quiet)
@@ -46,7 +51,7 @@ def run(args: argparse.Namespace) -> dict:
              "state_bytes": state_bytes_per_sequence(mixers, None)}]
     print(json.dumps(rows[-1]), flush=True)
     stats = collect_stats(model, adapter, calib.to(args.device), seed=args.seed, progress=not args.quiet)
-    for name in args.recipes:
+    for name in recipes:
         m, _ = laquant.load_model(model_dir, device=args.device)
         recipe_name, *overrides = name.split(",")
         res = calibrate(m, load_recipe(recipe_name, overrides), stats=stats)
@@ -85,8 +90,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m laquant.eval.ablation", description=__doc__.splitlines()[0])
     p.add_argument("model", nargs="?", default=None)
     p.add_argument("--out", required=True, help="output path without extension (.json and .md are written)")
-    p.add_argument("--recipes", nargs="+", default=DEFAULT_RECIPES,
-                   help="recipe names, each optionally with overrides: gla_fp8_state,state.format=int8_row")
+    p.add_argument("--recipes", nargs="+", default=None,
+                   help="recipe names, each optionally with overrides: gla_fp8_state,state.format=int8_row "
+                        "(default: the ablation set of the model's family)")
     p.add_argument("--data", default="wikitext2")
     p.add_argument("--calib-data", default="calibration")
     p.add_argument("--context", type=int, default=2048)

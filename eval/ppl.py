@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from laquant.adapters import new_cache
 from laquant.errors import LaquantError
 
 MODES = ("prefill", "decode")
@@ -88,7 +89,7 @@ def perplexity(
     """Perplexity of ``model`` on the 1-D token tensor ``ids``.
 
     ``model(input_ids, past_key_values=cache, use_cache=True)`` must return ``.logits``, and
-    ``model.new_cache()`` a fresh recurrent-state cache (decode mode). ``batch_size`` windows run
+    ``laquant.adapters.new_cache(model)`` a fresh cache (decode mode). ``batch_size`` windows run
     together; by default 4 in prefill (activations grow with the window) and 64 in decode (one
     token per step: per-step overhead dominates, and a recurrent state is small).
     """
@@ -116,7 +117,7 @@ def perplexity(
             nll = _nll_rows(logits, inputs[:, 1:]).cpu()
             bar.update(len(batch))
         else:
-            cache = model.new_cache()
+            cache = new_cache(model)
             cols = []
             for t in range(context - 1):
                 step_logits = model(input_ids=inputs[:, t:t + 1], past_key_values=cache, use_cache=True).logits[:, 0]

@@ -9,6 +9,7 @@ import argparse
 
 import torch
 
+from laquant.adapters import new_cache
 from laquant.loading import load_model
 
 PROMPTS = [
@@ -25,7 +26,7 @@ def generate(model, tokenizer, prompt: str, new_tokens: int, top_k: int = 40, te
     device = next(model.parameters()).device
     gen = torch.Generator(device="cpu").manual_seed(seed)
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(device)
-    cache = model.new_cache()
+    cache = new_cache(model)
     logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1]
     out = []
     for _ in range(new_tokens):

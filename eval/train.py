@@ -103,10 +103,16 @@ def build_model(size: str, vocab_size: int, eos_id: int, impl: str, arch: str = 
     if arch == "qwen3_next":
         from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
+        from laquant.adapters import get_adapter
+
         n = HYBRID_SIZES[size]["num_hidden_layers"]
         layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)]
-        return Qwen3NextForCausalLM(Qwen3NextConfig(**HYBRID_SIZES[size], **common, layer_types=layer_types,
-                                                    max_position_embeddings=32768))
+        model = Qwen3NextForCausalLM(Qwen3NextConfig(**HYBRID_SIZES[size], **common, layer_types=layer_types,
+                                                     max_position_embeddings=32768))
+        # the delta rule trains on laquant's reference ops: fla 0.6's chunked backward refuses
+        # Triton < 3.7.1 on Hopper, and transformers' own fallback loops over every chunk row
+        get_adapter(model)
+        return model
     cfg = dict(SIZES[size], **common, max_position_embeddings=2048)
     if impl == "fla":
         from fla.models import GLAConfig, GLAForCausalLM
@@ -142,6 +148,7 @@ def train_model(args: argparse.Namespace) -> None:
     tokens_per_step = args.batch * args.seq_len
     steps = args.steps or int(args.epochs * len(train_tokens) / tokens_per_step)
     warmup = max(1, int(0.02 * steps))
+    probe = 10  # with --time-budget: steps timed before the run's length is fixed
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         (no_decay if p.dim() < 2 or "norm" in name or "bias" in name else decay).append(p)
@@ -176,7 +183,12 @@ def train_model(args: argparse.Namespace) -> None:
     history = {"step": [], "tokens": [], "loss": [], "lr": [], "val_step": [], "val_loss": []}
     model.train()
     t0 = time.time()
-    for step in range(steps):
+    step = 0
+    while step < steps:
+        if args.time_budget and step == probe:
+            per_step = (time.time() - t0) / probe
+            steps = min(steps, max(probe + 1, int(args.time_budget / per_step)))
+            print(f"time budget {args.time_budget:.0f}s: {steps} steps ({per_step:.2f}s each)", flush=True)
         starts = torch.randint(0, len(data) - args.seq_len - 1, (args.batch,), generator=gen)
         batch = torch.stack([data[s:s + args.seq_len] for s in starts.tolist()]).to(device, non_blocking=True)
         for group in opt.param_groups:
@@ -199,6 +211,7 @@ def train_model(args: argparse.Namespace) -> None:
             history["val_step"].append(step)
             history["val_loss"].append(val_loss())
             print(f"  validation loss {history['val_loss'][-1]:.4f}", flush=True)
+        step += 1
     elapsed = time.time() - t0
 
     out = Path(args.out)
@@ -248,6 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     p_model.add_argument("--batch", type=int, default=32)
     p_model.add_argument("--epochs", type=float, default=2.0)
     p_model.add_argument("--steps", type=int, default=0, help="overrides --epochs when > 0")
+    p_model.add_argument("--time-budget", type=float, default=0,
+                         help="seconds of training at most: after 10 steps the run is shortened to fit")
     p_model.add_argument("--lr", type=float, default=3e-3)
     p_model.add_argument("--weight-decay", type=float, default=0.1)
     p_model.add_argument("--log-every", type=int, default=20)

@@ -13,7 +13,7 @@ from laquant.calibration.stats import Stats
 from laquant.checkpoint import fill_model, load_state_dict_file, read_quantization_config, save_quantized
 from laquant.errors import LaquantError
 from laquant.quantize import apply, plan
-from laquant.recipe import load_recipe
+from laquant.recipe import for_family, load_recipe
 
 
 @dataclass
@@ -37,6 +37,7 @@ def calibrate(model, recipe: dict | str, data: torch.Tensor | None = None, stats
     :func:`~laquant.calibration.run.collect_stats`).
     """
     recipe = load_recipe(recipe) if isinstance(recipe, str) else recipe
+    recipe = for_family(recipe, model.config.model_type)
     adapter = get_adapter(model)
     if stats is None:
         if data is None:
@@ -61,16 +62,13 @@ def save(result: Calibrated, out: str | Path, tokenizer=None, report: str | None
 
 def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
     """A laquant checkpoint (or a plain model) as ``(model, tokenizer)``, in eval mode."""
-    from laquant.loading import load_model, load_tokenizer, read_supported_config, resolve_model_dir
-    from laquant.models import GLAConfig, GLAForCausalLM
+    from laquant.loading import empty_model, load_model, load_tokenizer, read_supported_config, resolve_model_dir
 
     model_dir = resolve_model_dir(path)
     qcfg = read_quantization_config(model_dir)
     if qcfg is None:
         return load_model(model_dir, device=device, dtype=dtype)
-    cfg = read_supported_config(model_dir)
-    cfg.pop("quantization_config")
-    model = GLAForCausalLM(GLAConfig.from_dict(cfg)).to(dtype)
+    model = empty_model(read_supported_config(model_dir), model_dir, dtype)
     apply(model, get_adapter(model), qcfg["decisions"])
     fill_model(model, load_state_dict_file(model_dir / "model.safetensors"), model_dir)
     return model.to(device).eval(), load_tokenizer(model_dir)

@@ -52,7 +52,7 @@ def read_config(model_dir: Path) -> dict:
         raise LaquantError(f"{cfg_path} is not valid JSON ({exc}); the checkpoint is corrupted") from None
 
 
-SUPPORTED_MODEL_TYPES = ("gla",)
+SUPPORTED_MODEL_TYPES = ("gla", "qwen3_next", "minimax", "bamba")
 
 
 def read_supported_config(model_dir: Path) -> dict:
@@ -76,29 +76,65 @@ def load_tokenizer(spec: str | Path | None = None):
         raise LaquantError(f"could not load the tokenizer from {model_dir} ({type(exc).__name__})") from None
 
 
+def model_config(cfg: dict, source: Path | str):
+    """The transformers config object of a supported ``config.json`` dict."""
+    from transformers import CONFIG_MAPPING
+
+    from laquant.models import GLAConfig
+    from laquant.models.gla import check_supported
+
+    cfg = {k: v for k, v in cfg.items() if k != "quantization_config"}
+    if cfg["model_type"] == "gla":
+        config = GLAConfig.from_dict(cfg)
+        try:
+            check_supported(config)
+        except ValueError as exc:
+            raise LaquantError(f"{source}: {exc}") from None
+        return config
+    return CONFIG_MAPPING[cfg["model_type"]].from_dict(cfg)
+
+
+def model_class(config):
+    """laquant's GLA, or transformers' class for a hybrid (whose linear layers the adapter replaces)."""
+    from transformers import AutoModelForCausalLM
+
+    from laquant.models import GLAForCausalLM
+
+    return GLAForCausalLM if config.model_type == "gla" else AutoModelForCausalLM
+
+
+def empty_model(cfg: dict, source: Path | str, dtype: torch.dtype):
+    """A model of ``cfg``'s architecture with laquant's mixers in place, weights uninitialised
+    (to load a checkpoint into)."""
+    from laquant.adapters import get_adapter
+
+    config = model_config(cfg, source)
+    cls = model_class(config)
+    model = (cls(config) if config.model_type == "gla" else cls.from_config(config)).to(dtype)
+    get_adapter(model)
+    return model
+
+
 def load_model(spec: str | Path | None = None, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32):
-    """Load a supported model (laquant's implementation) and its tokenizer, in eval mode."""
+    """Load a supported model and its tokenizer, in eval mode: GLA on laquant's implementation, the
+    transformers hybrids with laquant's mixers in place of their linear-attention layers."""
     from transformers.utils import logging as hf_logging
 
-    from laquant.models import GLAConfig, GLAForCausalLM
-    from laquant.models.gla import check_supported
+    from laquant.adapters import get_adapter
 
     model_dir = resolve_model_dir(spec)
     cfg = read_supported_config(model_dir)
     if not any(model_dir.glob("*.safetensors")):
         raise LaquantError(f"{model_dir} has no .safetensors weights (laquant never loads pickle checkpoints)")
-    config = GLAConfig.from_dict(cfg)
-    try:
-        check_supported(config)
-    except ValueError as exc:
-        raise LaquantError(f"{model_dir}: {exc}") from None
+    config = model_config(cfg, model_dir)
     tokenizer = load_tokenizer(model_dir)
     hf_logging.disable_progress_bar()  # one bar per weight file is noise next to laquant's own
     try:
-        model = GLAForCausalLM.from_pretrained(model_dir, config=config, dtype=dtype, use_safetensors=True)
+        model = model_class(config).from_pretrained(model_dir, config=config, dtype=dtype, use_safetensors=True)
     except Exception as exc:
         raise LaquantError(f"could not load weights from {model_dir}: {type(exc).__name__}: {exc}".splitlines()[0]) from None
     finally:
         hf_logging.enable_progress_bar()
+    get_adapter(model)  # checks the layout; puts laquant's mixers in place in a hybrid
     return model.to(device).eval(), tokenizer

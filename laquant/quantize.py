@@ -7,6 +7,8 @@ shapes, then filled by ``load_state_dict``.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from laquant.calibration.stats import Stats
@@ -24,12 +26,35 @@ def select_outliers(absmax: torch.Tensor, threshold: float | None, top_k: int | 
     return (absmax > threshold).nonzero().flatten().tolist()
 
 
+def check_roles(adapter, recipe: dict) -> None:
+    """A recipe that asks to quantize a role the model lacks is an error, not a silent no-op."""
+    model_type = getattr(adapter.model.config, "model_type", "?")
+    asked = {
+        "softmax_attention": (recipe["softmax_attention"]["format"] != "keep", adapter.attention_projections,
+                              "softmax-attention layers", "softmax_attention.format=keep"),
+        "gates": (recipe["gates"]["format"] != "keep", adapter.gates, "gate projections", "gates.format=keep"),
+        "state": (recipe["state"]["format"] != "fp32", adapter.mixers, "linear-attention layers (no recurrent state)",
+                  "state.format=fp32"),
+        "projections": (recipe["projections"]["format"] != "keep", adapter.projections, "projections",
+                        "projections.format=keep"),
+    }
+    for role, (wanted, present, what, fix) in asked.items():
+        if wanted and not present():
+            raise LaquantError(f"recipe {recipe['name']!r} quantizes {role}, but this {model_type} model has no "
+                               f"{what}; use a recipe for this family or --set {fix}")
+
+
 def plan(adapter, stats: Stats, recipe: dict) -> dict:
+    check_roles(adapter, recipe)
     proj_recipe, gate_recipe, state_recipe = recipe["projections"], recipe["gates"], recipe["state"]
     projections = dict(adapter.projections())
     if "lm_head" not in recipe["keep"]:
         projections.update({n: adapter.module(n) for n in adapter.kept()["lm_head"]})
     decisions: dict = {"projections": {}, "gates": {}, "state": {}}
+    if recipe["softmax_attention"]["format"] == "int8":
+        # the attention layers' q/k/v/o get the projections' treatment (W8A8 with outlier split)
+        attention = adapter.attention_projections()
+        _attention_decisions(decisions, attention, stats, proj_recipe)
     if proj_recipe["format"] == "int8":
         for name in projections:
             outliers = select_outliers(stats.get(name, "act_absmax"), proj_recipe["outlier_threshold"],
@@ -41,14 +66,29 @@ def plan(adapter, stats: Stats, recipe: dict) -> dict:
             }
     if gate_recipe["format"] == "int8":
         for name, gate in adapter.gates().items():
+            start, n_channels = adapter.gate_channels(name) or (None, _linears(gate)[-1].out_features)
             decisions["gates"][name] = {
                 "format": "int8", "weight_granularity": gate_recipe["weight_granularity"],
                 "scaling": gate_recipe["scaling"], "clamp": gate_recipe["clamp"],
-                "n_channels": _linears(gate)[-1].out_features,
+                "n_channels": n_channels, "channel_start": start,
             }
     for name in adapter.mixers():
         decisions["state"][name] = {"format": state_recipe["format"], "renorm_interval": state_recipe["renorm_interval"]}
     return decisions
+
+
+def _attention_decisions(decisions: dict, attention: dict, stats: Stats, proj_recipe: dict) -> None:
+    for name in attention:
+        outliers = select_outliers(stats.get(name, "act_absmax"), proj_recipe["outlier_threshold"],
+                                   proj_recipe["outlier_top_k"])
+        decisions["projections"][name] = {
+            "format": "int8", "outliers": outliers, "role": "softmax_attention",
+            "weight_granularity": proj_recipe["weight_granularity"], "act_granularity": proj_recipe["act_granularity"],
+        }
+
+
+def _device(module) -> torch.device:
+    return next(itertools.chain(module.parameters(), module.buffers())).device
 
 
 def _linears(gate) -> list:
@@ -86,16 +126,21 @@ def apply(model, adapter, decisions: dict, stats: Stats | None = None) -> None:
         gate = adapter.module(name)
         linears = []
         for lin in _linears(gate):
-            if stats is not None:
+            if isinstance(lin, QuantLinear) or d.get("channel_start") is not None:
+                # a slice of a fused projection: the projection's own decision quantizes it (or keeps it)
+                linears.append(lin)
+            elif stats is not None:
                 q = QuantLinear.from_linear(lin, torch.zeros(0, dtype=torch.long), d["weight_granularity"], "none")
+                linears.append(q.to(lin.weight.device))
             else:
                 q = QuantLinear(lin.in_features, lin.out_features, 0, lin.bias is not None,
                                 d["weight_granularity"], "none", dtype=dtype)
-            linears.append(q.to(lin.weight.device))
-        new = QuantGate(*linears, n_channels=d["n_channels"], scaling=d["scaling"], clamp=d["clamp"])
+                linears.append(q.to(lin.weight.device))
+        new = QuantGate(*linears, n_channels=d["n_channels"], scaling=d["scaling"], clamp=d["clamp"],
+                        channel_start=d.get("channel_start"))
         if stats is not None:
             new.calibrate(stats.get(name, "logit_min"), stats.get(name, "logit_max"))
-        adapter.replace(name, new.to(linears[-1].qweight.device))
+        adapter.replace(name, new.to(_device(linears[-1])))
 
     mixers = adapter.mixers()
     for name, d in decisions["state"].items():

@@ -37,10 +37,18 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "format": (STATE_FORMATS, "fp32"),
         "renorm_interval": ("an integer >= 0", 1),
     },
+    # hybrids: the q/k/v/o projections of the softmax-attention layers (int8: the projections'
+    # W8A8 with outlier split and their settings)
+    "softmax_attention": {
+        "format": (("int8", "keep"), "keep"),
+    },
 }
-TOP_LEVEL = ("name", "description", *SCHEMA, "keep")
-KEEPABLE = ("embeddings", "norms", "lm_head")
+TOP_LEVEL = ("name", "description", *SCHEMA, "keep", "families")
+KEEPABLE = ("embeddings", "norms", "lm_head", "routers", "experts", "conv", "decay")
 ALWAYS_KEPT = ("embeddings", "norms")
+# roles laquant never quantizes: MoE routers and expert weights, short convs, decay parameters
+# (A_log, dt_bias, D, slope_rate); a recipe may list them in keep, and they are kept either way
+NEVER_QUANTIZED = ("routers", "experts", "conv", "decay")
 
 
 def available_recipes() -> list[str]:
@@ -81,6 +89,9 @@ def validate_recipe(raw: dict, source: str = "recipe") -> dict:
     unknown = [k for k in raw if k not in TOP_LEVEL]
     if unknown:
         raise LaquantError(f"{source}: unknown key {unknown[0]!r}; allowed keys: {', '.join(TOP_LEVEL)}")
+    families = raw.get("families") or {}
+    if not isinstance(families, dict):
+        raise LaquantError(f"{source}: families must map a model_type to section overrides")
     recipe = {"name": str(raw.get("name", Path(source).stem)), "description": str(raw.get("description", ""))}
     for section, fields in SCHEMA.items():
         given = raw.get(section) or {}
@@ -104,7 +115,37 @@ def validate_recipe(raw: dict, source: str = "recipe") -> dict:
     if missing:
         raise LaquantError(f"{source}: keep must include {', '.join(missing)}: laquant does not quantize them")
     recipe["keep"] = keep
+    recipe["families"] = {}
+    for model_type, override in families.items():
+        from laquant.adapters import ADAPTERS
+
+        if model_type not in ADAPTERS:
+            raise LaquantError(f"{source}: families.{model_type}: unknown model_type; known: {', '.join(ADAPTERS)}")
+        if not isinstance(override, dict) or any(k not in SCHEMA for k in override):
+            raise LaquantError(f"{source}: families.{model_type} may only override the sections {', '.join(SCHEMA)}")
+        validate_recipe({**_merged(raw, override), "name": recipe["name"]}, f"{source} (families.{model_type})")
+        recipe["families"][model_type] = copy.deepcopy(override)
     return recipe
+
+
+def _merged(raw: dict, override: dict) -> dict:
+    out = {k: v for k, v in raw.items() if k != "families"}
+    for section, fields in override.items():
+        out[section] = {**(raw.get(section) or {}), **(fields or {})}
+    return out
+
+
+def for_family(recipe: dict, model_type: str) -> dict:
+    """The recipe as it applies to a ``model_type``: its family's overrides merged in. The result
+    has no ``families`` (it is what a checkpoint records)."""
+    override = recipe.get("families", {}).get(model_type, {})
+    out = copy.deepcopy({k: v for k, v in recipe.items() if k != "families"})
+    for section, fields in override.items():
+        out[section].update(fields)
+    out["families"] = {}
+    if override:
+        out["description"] += f" ({model_type} defaults applied)"
+    return out
 
 
 def _valid(value, allowed) -> bool:

@@ -57,15 +57,18 @@ class ProjectionObserver:
 
 
 class GateObserver:
-    """Gate logits per output channel: range and tail percentiles, and the log-decay they give."""
+    """Gate logits per output channel: range and tail percentiles, and the log-decay they give.
+    ``channels = (first, count)``: the gate is that slice of a fused projection's outputs."""
 
-    def __init__(self, name: str, to_log_decay, gen: torch.Generator):
-        self.name, self.to_log_decay = name, to_log_decay
+    def __init__(self, name: str, to_log_decay, gen: torch.Generator, channels: tuple[int, int] | None = None):
+        self.name, self.to_log_decay, self.channels = name, to_log_decay, channels
         self.min = self.max = None
         self.sample = _Sampler(128, gen)
 
     def __call__(self, module, args, output):
         y = output.detach().reshape(-1, output.shape[-1]).float()
+        if self.channels is not None:
+            y = y[:, self.channels[0]:self.channels[0] + self.channels[1]]
         _check_finite(self.name, "output", y)
         lo, hi = y.amin(0).cpu(), y.amax(0).cpu()
         self.min = lo if self.min is None else torch.minimum(self.min, lo)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from tqdm.auto import tqdm
+
+from laquant.adapters.base import Adapter
 
 from laquant.calibration.observers import GateObserver, ProjectionObserver, StateObserver
 from laquant.calibration.stats import Stats
 from laquant.errors import LaquantError
+from laquant.models.cache import state_store
 
 
 def calibration_batches(ids: torch.Tensor, samples: int, seq_len: int, seed: int = 0) -> torch.Tensor:
@@ -34,10 +39,13 @@ def collect_stats(model, adapter, batches: torch.Tensor, threshold: float = 6.0,
     sequential pipeline does: the device holds one layer and one batch's activations, not the
     model. The hidden states between layers wait on the model's device."""
     gen = torch.Generator().manual_seed(seed)
-    # lm_head is observed too, so the same statistics serve recipes that keep it and those that don't
-    observed = {**adapter.projections(), **{n: adapter.module(n) for n in adapter.kept()["lm_head"]}}
+    # lm_head and the softmax-attention projections are observed too, so the same statistics serve
+    # recipes that keep them and those that quantize them
+    observed = {**adapter.projections(), **adapter.attention_projections(),
+                **{n: adapter.module(n) for n in adapter.kept()["lm_head"]}}
     proj = {n: ProjectionObserver(n, m, threshold, gen) for n, m in observed.items()}
-    gates = {n: GateObserver(n, lambda y, n=n: adapter.gate_log_decay(n, y), gen) for n in adapter.gates()}
+    gates = {n: GateObserver(n, lambda y, n=n: adapter.gate_log_decay(n, y), gen, adapter.gate_channels(n))
+             for n in adapter.gates()}
     mixers = adapter.mixers()
     states = {n: StateObserver(n) for n in mixers}
     handles = [adapter.module(n).register_forward_pre_hook(o) for n, o in proj.items()]
@@ -47,26 +55,31 @@ def collect_stats(model, adapter, batches: torch.Tensor, threshold: float = 6.0,
     def observe_states(cache, end: int, layer_idx: int | None = None) -> None:
         for name, info in mixers.items():
             if layer_idx is None or info.layer_idx == layer_idx:
-                stored = cache.get(info.layer_idx)
+                stored = state_store(cache).get(info.layer_idx)
                 states[name].observe(end, adapter.module(name).state_quantizer.load(stored.data, stored.scale))
+
+    def run_whole(device) -> None:
+        steps = -(-n // batch_size) * -(-length // segment)
+        with tqdm(total=steps, desc="calibrating", unit="seg", disable=not progress, leave=False) as bar:
+            for i in range(0, n, batch_size):
+                batch = batches[i:i + batch_size].to(device)
+                cache = adapter.new_cache()
+                for start in range(0, length, segment):
+                    end = min(start + segment, length)
+                    logits = model(input_ids=batch[:, start:end], past_key_values=cache, use_cache=True).logits
+                    _check_finite(logits, "the model's logits")
+                    observe_states(cache, end)
+                    bar.update(1)
 
     try:
         if layerwise_device is None:
-            device = next(model.parameters()).device
-            steps = -(-n // batch_size) * -(-length // segment)
-            with tqdm(total=steps, desc="calibrating", unit="seg", disable=not progress, leave=False) as bar:
-                for i in range(0, n, batch_size):
-                    batch = batches[i:i + batch_size].to(device)
-                    cache = model.new_cache()
-                    for start in range(0, length, segment):
-                        end = min(start + segment, length)
-                        logits = model(input_ids=batch[:, start:end], past_key_values=cache, use_cache=True).logits
-                        _check_finite(logits, "the model's logits")
-                        observe_states(cache, end)
-                        bar.update(1)
-        else:
+            run_whole(next(model.parameters()).device)
+        elif type(adapter).run_layer is not Adapter.run_layer:
             _run_layerwise(model, adapter, batches, torch.device(layerwise_device), segment, batch_size,
                            observe_states, progress)
+        else:
+            with _onloaded(model, adapter, torch.device(layerwise_device)):
+                run_whole(torch.device(layerwise_device))
     finally:
         for h in handles:
             h.remove()
@@ -89,6 +102,35 @@ def _check_finite(x: torch.Tensor, what: str) -> None:
         raise LaquantError(f"NaN/Inf in {what} during calibration")
 
 
+@contextlib.contextmanager
+def _onloaded(model, adapter, device):
+    """The model waits where it is; each decoder layer moves to ``device`` for its forward and back
+    after it (accelerate's CPU offload, by hooks), everything else (embeddings, final norm, lm_head,
+    rotary tables) sits on ``device`` for the run. For adapters without ``run_layer``: the layers are
+    onloaded once per segment rather than once in all, slower but the same peak memory."""
+    home = next(model.parameters()).device
+    layers = [layer for _, layer in adapter.decoder_layers()]
+    layer_ids = {id(m) for layer in layers for m in layer.modules()}
+    rest = [m for m in model.modules() if id(m) not in layer_ids and not any(True for _ in m.children())]
+    def onload(module, args):
+        module.to(device)
+
+    def offload(module, args, output):
+        module.to(home)
+
+    handles = []
+    for layer in layers:
+        handles += [layer.register_forward_pre_hook(onload), layer.register_forward_hook(offload)]
+    for m in rest:
+        m.to(device)
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        model.to(home)
+
+
 def _run_layerwise(model, adapter, batches, device, segment, batch_size, observe_states, progress):
     """One decoder layer on ``device`` at a time; every batch through it before the next layer."""
     home = next(model.parameters()).device
@@ -103,7 +145,7 @@ def _run_layerwise(model, adapter, batches, device, segment, batch_size, observe
         for layer_idx, (_, layer) in enumerate(layers):
             layer.to(device)
             for j, h in enumerate(hidden):
-                cache = model.new_cache()
+                cache = adapter.new_cache()
                 outs = []
                 for start in range(0, length, segment):
                     end = min(start + segment, length)

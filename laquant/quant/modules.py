@@ -104,18 +104,22 @@ class QuantLinear(nn.Module):
 
 
 class QuantGate(nn.Sequential):
-    """A gate projection (GLA's low-rank ``gk_proj``) with calibrated per-channel handling.
+    """A gate projection (GLA's low-rank ``gk_proj``, GDN's ``in_proj_ba``, Mamba2's ``dt`` channels
+    of ``in_proj``) with calibrated per-channel handling.
 
     The projection's linears are :class:`QuantLinear` (or kept as they are); the gate logits are
     then clamped to the calibrated range ``[logit_min, logit_max]`` of each output channel and
     quantized to int8 with a static scale per channel (``scaling: per_channel``) or one for all
     channels (``per_tensor``, the naive form, where a few extreme channels cost the others their
-    resolution). Keeping the index-based names of ``nn.Sequential`` keeps parameter paths stable.
+    resolution). ``channel_start``: the gate is the ``n_channels`` outputs from there of a fused
+    projection; the other outputs pass through untouched. Keeping the index-based names of
+    ``nn.Sequential`` keeps parameter paths stable.
     """
 
-    def __init__(self, *linears: nn.Module, n_channels: int, scaling: str = "per_channel", clamp: bool = True):
+    def __init__(self, *linears: nn.Module, n_channels: int, scaling: str = "per_channel", clamp: bool = True,
+                 channel_start: int | None = None):
         super().__init__(*linears)
-        self.scaling, self.clamp = scaling, clamp
+        self.scaling, self.clamp, self.channel_start = scaling, clamp, channel_start
         n = n_channels if scaling == "per_channel" else 1
         self.register_buffer("logit_min", torch.full((n_channels,), -torch.inf))
         self.register_buffer("logit_max", torch.full((n_channels,), torch.inf))
@@ -129,11 +133,18 @@ class QuantGate(nn.Sequential):
         self.logit_scale.copy_(amax.clamp_min(1e-8) / INT8_MAX)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = super().forward(x)
+        out = super().forward(x)
+        if self.channel_start is None:
+            return self._quantize_logits(out)
+        s, e = self.channel_start, self.channel_start + self.logit_min.numel()
+        return torch.cat([out[..., :s], self._quantize_logits(out[..., s:e]), out[..., e:]], -1)
+
+    def _quantize_logits(self, logits: torch.Tensor) -> torch.Tensor:
         if self.clamp:
             logits = torch.maximum(torch.minimum(logits, self.logit_max.to(logits.dtype)), self.logit_min.to(logits.dtype))
         q, scale = quantize_int8(logits, scale=self.logit_scale)
         return dequantize(q, scale, logits.dtype)
 
     def extra_repr(self) -> str:
-        return f"scaling={self.scaling}, clamp={self.clamp}"
+        where = "" if self.channel_start is None else f", channels={self.channel_start}+{self.logit_min.numel()}"
+        return f"scaling={self.scaling}, clamp={self.clamp}{where}"
