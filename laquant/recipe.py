@@ -83,6 +83,9 @@ def _apply_override(recipe: dict, item: str) -> None:
     if not isinstance(section, dict):
         raise LaquantError(f"--set {item!r}: recipe section {parts[0]!r} is not a mapping")
     section[parts[1]] = yaml.safe_load(value)
+    for override in (recipe.get("families") or {}).values():  # an explicit --set beats a family default
+        if isinstance(override, dict) and isinstance(override.get(parts[0]), dict):
+            override[parts[0]].pop(parts[1], None)
 
 
 def validate_recipe(raw: dict, source: str = "recipe") -> dict:

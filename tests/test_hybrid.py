@@ -1,0 +1,242 @@
+"""transformers hybrids (qwen3_next, minimax, bamba) on tiny random configs: plumbing only.
+
+The adapters' models must compute what transformers computes, carry their state through laquant's
+cache, quantize by role, save and reload bit for bit, and refuse layouts they do not know.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn as nn
+from conftest import rel_err
+from transformers import (AutoModelForCausalLM, BambaConfig, BambaForCausalLM, MiniMaxConfig, MiniMaxForCausalLM,
+                          Qwen3NextConfig, Qwen3NextForCausalLM)
+
+import laquant
+from laquant.adapters import get_adapter, new_cache
+from laquant.calibration.run import collect_stats
+from laquant.cli import main
+from laquant.errors import LaquantError
+from laquant.models.cache import state_store
+from laquant.recipe import load_recipe
+
+VOCAB = 8192  # the shipped tokenizer's
+
+
+def qwen3_next(**kw):
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, intermediate_size=96, num_attention_heads=2,
+               num_key_value_heads=1, head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2,
+               linear_key_head_dim=16, linear_value_head_dim=24, num_experts=4, num_experts_per_tok=2,
+               moe_intermediate_size=32, shared_expert_intermediate_size=32, decoder_sparse_step=2,
+               layer_types=["linear_attention"] * 3 + ["full_attention"], bos_token_id=0, eos_token_id=0)
+    return Qwen3NextForCausalLM(Qwen3NextConfig(**{**cfg, **kw}))
+
+
+def minimax(**kw):
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, intermediate_size=96, num_attention_heads=2,
+               num_key_value_heads=1, head_dim=32, num_local_experts=4, num_experts_per_tok=2, block_size=16,
+               layer_types=["linear_attention", "full_attention"] * 2, bos_token_id=0, eos_token_id=0)
+    return MiniMaxForCausalLM(MiniMaxConfig(**{**cfg, **kw}))
+
+
+def bamba(**kw):
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, intermediate_size=96, num_attention_heads=2,
+               num_key_value_heads=1, mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2, mamba_d_state=16,
+               mamba_chunk_size=16, attn_layer_indices=[2], bos_token_id=0, eos_token_id=0)
+    return BambaForCausalLM(BambaConfig(**{**cfg, **kw}))
+
+
+FAMILIES = {"qwen3_next": qwen3_next, "minimax": minimax, "bamba": bamba}
+
+
+def _model(family):
+    torch.manual_seed(3)
+    return FAMILIES[family]().float().eval()
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family_dir(request, tmp_path_factory):
+    from laquant.loading import default_model_dir
+
+    out = tmp_path_factory.mktemp(request.param)
+    _model(request.param).to(torch.bfloat16).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_model_dir() / name, out / name)
+    return request.param, out
+
+
+def _prefill_vs_decode(model, ids, split):
+    full = model(input_ids=ids).logits
+    cache = new_cache(model)
+    parts = [model(input_ids=ids[:, :split], past_key_values=cache, use_cache=True).logits]
+    parts += [model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits
+              for t in range(split, ids.shape[1])]
+    return rel_err(torch.cat(parts, 1), full), cache
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@torch.no_grad()
+def test_laquant_mixers_compute_what_transformers_does(family):
+    model = _model(family)
+    ids = torch.randint(0, VOCAB, (2, 45))
+    reference = model(input_ids=ids).logits  # transformers' own PyTorch path
+    adapter = get_adapter(model)
+    mixer_types = {type(adapter.module(n)).__name__ for n in adapter.mixers()}
+    assert mixer_types == {adapter.mixer_class.__name__}
+    assert rel_err(model(input_ids=ids).logits, reference) < 1e-5
+    # a prompt, then token by token, through the cache: the same logits
+    err, cache = _prefill_vs_decode(model, ids, 29)
+    assert err < 1e-5
+    assert sorted(state_store(cache).states) == adapter.linear_layers()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_roles(family):
+    adapter = get_adapter(_model(family))
+    kept = adapter.kept()
+    assert kept["decay"] and kept["norms"] and kept["embeddings"] == ["model.embed_tokens"]
+    assert all(n.endswith((".q_proj", ".k_proj", ".v_proj", ".o_proj")) for n in adapter.attention_projections())
+    assert len(adapter.attention_projections()) == 4 * len(adapter.attention_layers()) > 0
+    projections = adapter.projections()
+    assert not set(projections) & set(adapter.attention_projections())
+    assert not set(projections) & set(kept["routers"])
+    assert all(isinstance(m, nn.Linear) for m in projections.values())
+    info = next(iter(adapter.mixers().values()))
+    if family == "qwen3_next":
+        assert "model.layers.0.linear_attn.in_proj_qkvz" in projections
+        assert list(adapter.gates()) == [f"model.layers.{i}.linear_attn.in_proj_ba" for i in range(3)]
+        assert "model.layers.1.mlp.gate" in kept["routers"] and "model.layers.1.mlp.experts" in kept["experts"]
+        assert (info.num_heads, info.head_k, info.head_v) == (2, 16, 24)
+    elif family == "minimax":
+        assert adapter.gates() == {} and "model.layers.0.self_attn.slope_rate" in kept["decay"]
+        assert (info.num_heads, info.head_k, info.head_v) == (2, 32, 32)
+    else:
+        gate = "model.layers.0.mamba.in_proj"
+        assert gate in adapter.gates() and gate in projections
+        assert adapter.gate_channels(gate) == (64 * 2 + 64 * 2 + 2 * 2 * 16, 4)
+        assert (info.num_heads, info.head_k, info.head_v) == (4, 16, 32)  # [d_state, head_dim]
+
+
+@torch.no_grad()
+def test_laquant_ops_replace_the_fla_route(monkeypatch):
+    """With fla installed, transformers sends qwen3_next's delta rule to fla's GPU kernels even on a
+    CPU; laquant's mixers never call transformers' (or fla's) delta-rule functions."""
+    from transformers.models.qwen3_next import modeling_qwen3_next
+
+    def gpu_only(*args, **kwargs):
+        raise RuntimeError("fla kernel called on a CPU tensor")
+
+    for fn in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
+        monkeypatch.setattr(modeling_qwen3_next, fn, gpu_only)
+    model = _model("qwen3_next")
+    ids = torch.randint(0, VOCAB, (1, 20))
+    with pytest.raises(RuntimeError, match="fla kernel"):
+        model(input_ids=ids)
+    get_adapter(model)
+    assert torch.isfinite(model(input_ids=ids).logits).all()
+
+
+@torch.no_grad()
+def test_hybrid_int8_calibrate_export_reload(family_dir, tmp_path):
+    family, model_dir = family_dir
+    model, tok = laquant.load_model(model_dir)
+    ids = torch.randint(0, VOCAB, (2, 70))
+    base = model(input_ids=ids).logits
+    calib = torch.randint(0, VOCAB, (4, 96))
+    result = laquant.calibrate(model, "hybrid_int8", calib, progress=False)
+    d = result.decisions
+    roles = {dd.get("role") for dd in d["projections"].values()}
+    assert roles == {None, "softmax_attention"} and len(d["state"]) == len(get_adapter(model).linear_layers())
+    assert bool(d["gates"]) == (family != "minimax")  # minimax's family default keeps its (absent) gates
+    assert result.recipe["families"] == {} and all(v["format"] == "fp8_row" for v in d["state"].values())
+    quant = model(input_ids=ids).logits
+    assert rel_err(quant, base) < 0.05
+    # fp8 state: decode stores it after every token, prefill every 64: close, not equal
+    err, cache = _prefill_vs_decode(model, ids, 40)
+    assert err < 0.05
+    assert all(s.data.dtype == torch.float8_e4m3fn for s in state_store(cache).states.values())
+
+    out = tmp_path / "q"
+    laquant.save(result, out, tokenizer=tok)
+    reloaded, _ = laquant.load(out)
+    assert torch.equal(reloaded(input_ids=ids).logits, quant)
+    hf = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert torch.equal(hf(input_ids=ids).logits, quant)
+
+
+def test_calibrate_cli_on_a_hybrid(family_dir, tmp_path, capsys):
+    family, model_dir = family_dir
+    if family != "qwen3_next":
+        pytest.skip("one family is enough for the CLI path")
+    out = tmp_path / "q"
+    assert main(["calibrate", "--recipe", "hybrid_int8", "--model", str(model_dir), "--samples", "2",
+                 "--seq-len", "64", "--eval-max-tokens", "300", "--eval-context", "64", "--out", str(out),
+                 "--quiet"]) == 0
+    assert "| hybrid_int8 |" in capsys.readouterr().out
+    report = (out / "report.md").read_text()
+    assert "in_proj_ba" in report and "linear_attn" in report
+    assert main(["calibrate", "--recipe", "hybrid_int8", "--model", str(model_dir), "--samples", "2",
+                 "--seq-len", "64", "--no-eval", "--offload", "--out", str(tmp_path / "off"), "--quiet"]) == 0
+
+
+@torch.no_grad()
+def test_layer_by_layer_calibration_of_a_hybrid_equals_whole_model():
+    model = _model("qwen3_next")
+    adapter = get_adapter(model)
+    batches = torch.randint(0, VOCAB, (3, 80))
+    whole = collect_stats(model, adapter, batches, segment=32, batch_size=2, progress=False)
+    layerwise = collect_stats(model, adapter, batches, segment=32, batch_size=2, progress=False,
+                              layerwise_device="cpu")
+    assert whole.tensors.keys() == layerwise.tensors.keys()
+    for key, value in whole.tensors.items():
+        assert torch.equal(value, layerwise.tensors[key]), key
+
+
+def test_unresolvable_layer_types_are_named():
+    model = _model("qwen3_next")
+    model.config.layer_types = ["linear_attention", "mystery", "linear_attention", "full_attention"]
+    with pytest.raises(LaquantError, match=r"cannot resolve the type of model.layers.1: .*'mystery'"):
+        get_adapter(model)
+    model.config.layer_types = None
+    with pytest.raises(LaquantError, match="cannot resolve the layer types"):
+        get_adapter(model)
+
+
+def test_unknown_module_layouts_are_named():
+    model = _model("qwen3_next")
+    del model.model.layers[0].linear_attn.in_proj_ba  # e.g. a version that splits it into in_proj_b, in_proj_a
+    with pytest.raises(LaquantError, match=r"model.layers.0.linear_attn \(Qwen3NextGatedDeltaNet\) lacks "
+                                           r"in_proj_ba; expected attributes: conv1d, in_proj_qkvz, in_proj_ba"):
+        get_adapter(model)
+
+    model = _model("qwen3_next")
+    model.model.layers[1].linear_attn.in_proj_qkvz = nn.Linear(64, 100, bias=False)
+    with pytest.raises(LaquantError, match=r"fused projection model.layers.1.linear_attn.in_proj_qkvz has 100 "
+                                           r"outputs; its split is unknown \(expected q 16 \+ k 16 \+ v 48 \+ z 48"):
+        get_adapter(model)
+
+    model = _model("bamba")
+    model.model.layers[0].mamba = nn.Identity()
+    with pytest.raises(LaquantError, match="model.layers.0.mamba is Identity, expected transformers' BambaMixer"):
+        get_adapter(model)
+
+    model = _model("minimax")
+    model.model.layers[1].self_attn.q_proj = None
+    with pytest.raises(LaquantError, match=r"model.layers.1.self_attn .* missing q_proj"):
+        get_adapter(model)
+
+
+def test_a_recipe_for_a_role_the_model_lacks_is_an_error(tiny_model_dir):
+    calib = torch.randint(0, VOCAB, (2, 64))
+    with pytest.raises(LaquantError, match="quantizes gates, but this minimax model has no gate projections"):
+        laquant.calibrate(_model("minimax"), "gla_int8", calib, progress=False)
+    # an explicit --set beats the family default that keeps minimax's gates
+    recipe = load_recipe("hybrid_int8", ["gates.format=int8"])
+    with pytest.raises(LaquantError, match="--set gates.format=keep"):
+        laquant.calibrate(_model("minimax"), recipe, calib, progress=False)
+    gla, _ = laquant.load_model(tiny_model_dir)
+    with pytest.raises(LaquantError, match="quantizes softmax_attention, but this gla model has no softmax-attention"):
+        laquant.calibrate(gla, "hybrid_attention_w8a8", calib, progress=False)
