@@ -46,11 +46,14 @@ def plot_outliers(stats: Stats, path: Path, threshold: float | None) -> None:
     groups = _by_suffix([n for n in stats.modules("projections") if n != "lm_head"])
     fig, axes = plt.subplots(len(groups), 1, figsize=(11, 2.0 * len(groups) + 0.5), squeeze=False)
     for ax, (kind, names) in zip(axes[:, 0], sorted(groups.items())):
-        grid = np.stack([stats.get(n, "act_absmax").numpy() for n in names])
+        rows = [stats.get(n, "act_absmax").numpy() for n in names]
+        grid = np.full((len(rows), max(len(r) for r in rows)), np.nan)  # widths differ in MoE/hybrid layers
+        for i, r in enumerate(rows):
+            grid[i, :len(r)] = r
         im = ax.imshow(np.log10(np.maximum(grid, 1e-3)), aspect="auto", cmap="magma", interpolation="nearest")
         title = f"{kind} input: log10 |x| max per channel"
         if threshold:
-            title += f"  ({int((grid > threshold).sum())} channel-layers > {threshold:g})"
+            title += f"  ({int(np.nansum(grid > threshold))} channel-layers > {threshold:g})"
         ax.set_title(title, fontsize=9)
         ax.set_ylabel("layer")
         fig.colorbar(im, ax=ax, fraction=0.02)

@@ -87,7 +87,8 @@ def save_quantized(model, out: Path, recipe: dict, decisions: dict, stats=None, 
             "quant_method": QUANT_METHOD, "format_version": FORMAT_VERSION,
             "recipe": recipe, "decisions": decisions,
         }
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        encode = getattr(model.config, "_encode_special_floats", None)  # inf/nan as transformers writes them
+        (tmp / "config.json").write_text(json.dumps(encode(config) if encode else config, indent=2) + "\n")
         (tmp / "recipe.yaml").write_text(recipe_to_yaml(recipe))
         if stats is not None:
             stats.save(tmp / "stats.safetensors")

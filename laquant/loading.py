@@ -91,7 +91,10 @@ def model_config(cfg: dict, source: Path | str):
         except ValueError as exc:
             raise LaquantError(f"{source}: {exc}") from None
         return config
-    return CONFIG_MAPPING[cfg["model_type"]].from_dict(cfg)
+    cls = CONFIG_MAPPING[cfg["model_type"]]
+    # transformers writes inf/nan as {"__float__": "Infinity"} (e.g. bamba's time_step_limit)
+    decode = getattr(cls, "_decode_special_floats", None)
+    return cls.from_dict(decode(cfg) if decode is not None else cfg)
 
 
 def model_class(config):

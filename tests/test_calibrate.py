@@ -89,7 +89,7 @@ def test_gla_int8_rewrites_roles_and_stays_close(tiny_model_dir, calib_ids):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("recipe", available_recipes())
+@pytest.mark.parametrize("recipe", [r for r in available_recipes() if r != "hybrid_attention_w8a8"])  # GLA has none
 def test_save_reload_bit_exact(tmp_path, tiny_model_dir, calib_ids, recipe):
     model, tok = laquant.load_model(tiny_model_dir)
     res = laquant.calibrate(model, recipe, calib_ids, samples=2, seq_len=96, progress=False)
