@@ -35,12 +35,12 @@ class PackedOutlierWeight:
     """What the kernels read of a QuantLinear: ``qweight`` ``[N, n_keep]`` int8, its rows padded
     with zeros to a multiple of 16 (the module's own buffer, not a copy: the outlier columns are
     already left out), ``scale`` ``[N]`` float32,
-    ``compact`` ``[K]`` int32 (where input column k goes in the int8 row, -1 for an outlier),
+    ``source`` ``[n_keep padded]`` int32 (the input column each int8 column holds, -1 in the padding),
     ``outlier_idx`` ``[n_out]`` int32 and ``outlier_weight`` ``[N, n_out]`` (model dtype)."""
 
     qweight: torch.Tensor
     scale: torch.Tensor
-    compact: torch.Tensor
+    source: torch.Tensor
     outlier_idx: torch.Tensor
     outlier_weight: torch.Tensor
     bias: torch.Tensor | None
@@ -51,30 +51,31 @@ class PackedOutlierWeight:
         N = qweight.shape[0]
         if qweight.stride(0) % 16 or qweight.stride(1) != 1:
             raise ValueError("the int8 GEMM needs weight rows contiguous and padded to a multiple of 16")
-        compact = torch.full((in_features,), -1, dtype=torch.int32, device=qweight.device)
-        compact[keep_idx] = torch.arange(keep_idx.numel(), dtype=torch.int32, device=qweight.device)
-        return cls(qweight, weight_scale.reshape(-1).float().expand(N).contiguous(), compact,
+        source = torch.full((qweight.shape[1],), -1, dtype=torch.int32, device=qweight.device)
+        source[:keep_idx.numel()] = keep_idx.to(torch.int32)
+        return cls(qweight, weight_scale.reshape(-1).float().expand(N).contiguous(), source,
                    outlier_idx.to(torch.int32).contiguous(), outlier_weight.contiguous(), bias, in_features)
 
 
 if triton is not None:
 
     @triton.jit
-    def _quantize_rows_kernel(x_ptr, compact_ptr, idx_ptr, xq_ptr, xs_ptr, xo_ptr, K, KQ, NO, s_xm,
+    def _quantize_rows_kernel(x_ptr, source_ptr, idx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, s_xm,
                               BK: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr, ONE_TILE: tl.constexpr):
+        # gathers the kept columns and stores the int8 row contiguously (vectorised stores; a scatter
+        # to the compacted positions made this pass several times slower at large M * K)
         m = tl.program_id(0).to(tl.int64)
         row = x_ptr + m * s_xm
         out = xq_ptr + m * KQ
         if ONE_TILE:  # the whole row in registers: x is read once
             offs = tl.arange(0, BK)
-            pos = tl.load(compact_ptr + offs, mask=offs < K, other=-1)
-            keep = pos >= 0
-            x = tl.load(row + offs, mask=keep, other=0.0).to(tl.float32)
+            src = tl.load(source_ptr + offs, mask=offs < KQ, other=-1)
+            x = tl.load(row + src, mask=src >= 0, other=0.0).to(tl.float32)
             scale = tl.maximum(tl.max(tl.abs(x), axis=0) / 127.0, 1.1754943508222875e-38)
             tl.store(xs_ptr + m, scale)
-            tl.store(out + pos, quantize_int8(x, scale), mask=keep)
+            tl.store(out + offs, quantize_int8(x, scale), mask=offs < KQ)
         else:
-            _quantize_long_row(row, compact_ptr, out, xs_ptr + m, K, BK)
+            _quantize_long_row(row, source_ptr, out, xs_ptr + m, KQ, BK)
         if HAS_OUT:
             offs_o = tl.arange(0, BNO)
             mo = offs_o < NO
@@ -82,20 +83,19 @@ if triton is not None:
             tl.store(xo_ptr + m * NO + offs_o, tl.load(row + idx, mask=mo, other=0.0), mask=mo)
 
     @triton.jit
-    def _quantize_long_row(row, compact_ptr, out, scale_out, K, BK: tl.constexpr):
+    def _quantize_long_row(row, source_ptr, out, scale_out, KQ, BK: tl.constexpr):
         amax = tl.zeros([BK], dtype=tl.float32)
-        for k0 in range(0, K, BK):
+        for k0 in range(0, KQ, BK):
             offs = k0 + tl.arange(0, BK)
-            keep = tl.load(compact_ptr + offs, mask=offs < K, other=-1) >= 0
-            amax = tl.maximum(amax, tl.abs(tl.load(row + offs, mask=keep, other=0.0).to(tl.float32)))
+            src = tl.load(source_ptr + offs, mask=offs < KQ, other=-1)
+            amax = tl.maximum(amax, tl.abs(tl.load(row + src, mask=src >= 0, other=0.0).to(tl.float32)))
         scale = tl.maximum(tl.max(amax, axis=0) / 127.0, 1.1754943508222875e-38)
         tl.store(scale_out, scale)
-        for k0 in range(0, K, BK):
+        for k0 in range(0, KQ, BK):
             offs = k0 + tl.arange(0, BK)
-            pos = tl.load(compact_ptr + offs, mask=offs < K, other=-1)
-            keep = pos >= 0
-            x = tl.load(row + offs, mask=keep, other=0.0).to(tl.float32)
-            tl.store(out + pos, quantize_int8(x, scale), mask=keep)
+            src = tl.load(source_ptr + offs, mask=offs < KQ, other=-1)
+            x = tl.load(row + src, mask=src >= 0, other=0.0).to(tl.float32)
+            tl.store(out + offs, quantize_int8(x, scale), mask=offs < KQ)
 
     @triton.jit
     def _int8_gemm_kernel(a_ptr, w_ptr, xs_ptr, ws_ptr, xo_ptr, wo_ptr, bias_ptr, y_ptr, M, N, K, NO, s_ym,
@@ -160,14 +160,13 @@ def quantize_rows(x2: torch.Tensor, packed: PackedOutlierWeight):
     M, K = x2.shape
     NO = packed.outlier_idx.numel()
     KQ = packed.qweight.shape[1]
-    # the padding columns are never written: whatever they hold meets the weight's zero columns
-    xq = torch.empty(M, KQ, dtype=torch.int8, device=x2.device)
+    xq = torch.empty(M, KQ, dtype=torch.int8, device=x2.device)  # padding columns get zeros
     xs = torch.empty(M, dtype=torch.float32, device=x2.device)
     xo = torch.empty(M, max(NO, 1), dtype=x2.dtype, device=x2.device)
     if M:
-        one_tile = K <= 8192
-        _quantize_rows_kernel[(M,)](x2, packed.compact, packed.outlier_idx, xq, xs, xo, K, KQ, NO, x2.stride(0),
-                                    BK=triton.next_power_of_2(K) if one_tile else 2048,
+        one_tile = KQ <= 8192
+        _quantize_rows_kernel[(M,)](x2, packed.source, packed.outlier_idx, xq, xs, xo, KQ, NO, x2.stride(0),
+                                    BK=triton.next_power_of_2(KQ) if one_tile else 2048,
                                     BNO=max(16, triton.next_power_of_2(NO)), HAS_OUT=NO > 0, ONE_TILE=one_tile,
                                     num_warps=4 if K <= 2048 else 8)
     return xq, xs, xo
