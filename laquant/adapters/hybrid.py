@@ -214,7 +214,8 @@ class Qwen3NextAdapter(HybridAdapter):
 
     def gate_log_decay(self, gate_name, logits):
         mixer = self.module(gate_name.rpartition(".")[0])
-        return mixer.log_decay(mixer.split_ba(logits)[1])
+        a = mixer.split_ba(logits.to(mixer.A_log.device))[1]  # statistics live on the CPU, A_log may not
+        return mixer.log_decay(a).to(logits.device)
 
 
 class MiniMaxAdapter(HybridAdapter):
@@ -265,7 +266,8 @@ class BambaAdapter(HybridAdapter):
         return MixerInfo(self.mixer_name(i), i, m.num_heads, m.ssm_state_size, m.head_dim)
 
     def gate_log_decay(self, gate_name, logits):
-        return self.module(gate_name.rpartition(".")[0]).log_decay(logits)
+        mixer = self.module(gate_name.rpartition(".")[0])
+        return mixer.log_decay(logits.to(mixer.A_log.device)).to(logits.device)
 
 
 HYBRID_ADAPTERS = {a.model_type: a for a in (Qwen3NextAdapter, MiniMaxAdapter, BambaAdapter)}
