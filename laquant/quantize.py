@@ -53,17 +53,12 @@ def plan(adapter, stats: Stats, recipe: dict) -> dict:
     decisions: dict = {"projections": {}, "gates": {}, "state": {}}
     if recipe["softmax_attention"]["format"] == "int8":
         # the attention layers' q/k/v/o get the projections' treatment (W8A8 with outlier split)
-        attention = adapter.attention_projections()
-        _attention_decisions(decisions, attention, stats, proj_recipe)
+        for name in adapter.attention_projections():
+            decisions["projections"][name] = {**_projection_decision(name, stats, proj_recipe),
+                                              "role": "softmax_attention"}
     if proj_recipe["format"] == "int8":
         for name in projections:
-            outliers = select_outliers(stats.get(name, "act_absmax"), proj_recipe["outlier_threshold"],
-                                       proj_recipe["outlier_top_k"])
-            decisions["projections"][name] = {
-                "format": "int8", "outliers": outliers,
-                "weight_granularity": proj_recipe["weight_granularity"],
-                "act_granularity": proj_recipe["act_granularity"],
-            }
+            decisions["projections"][name] = _projection_decision(name, stats, proj_recipe)
     if gate_recipe["format"] == "int8":
         for name, gate in adapter.gates().items():
             start, n_channels = adapter.gate_channels(name) or (None, _linears(gate)[-1].out_features)
@@ -77,14 +72,11 @@ def plan(adapter, stats: Stats, recipe: dict) -> dict:
     return decisions
 
 
-def _attention_decisions(decisions: dict, attention: dict, stats: Stats, proj_recipe: dict) -> None:
-    for name in attention:
-        outliers = select_outliers(stats.get(name, "act_absmax"), proj_recipe["outlier_threshold"],
-                                   proj_recipe["outlier_top_k"])
-        decisions["projections"][name] = {
-            "format": "int8", "outliers": outliers, "role": "softmax_attention",
-            "weight_granularity": proj_recipe["weight_granularity"], "act_granularity": proj_recipe["act_granularity"],
-        }
+def _projection_decision(name: str, stats: Stats, proj_recipe: dict) -> dict:
+    outliers = select_outliers(stats.get(name, "act_absmax"), proj_recipe["outlier_threshold"],
+                               proj_recipe["outlier_top_k"])
+    return {"format": "int8", "outliers": outliers, "weight_granularity": proj_recipe["weight_granularity"],
+            "act_granularity": proj_recipe["act_granularity"]}
 
 
 def _device(module) -> torch.device:

@@ -1,7 +1,8 @@
 """Recipes: load a YAML recipe by name or path, apply ``--set`` overrides, validate every field.
 
-A recipe speaks in roles (projections, gates, state, keep), never in module names; an
-architecture adapter maps roles to modules.
+A recipe speaks in roles (projections, gates, state, softmax_attention, keep), never in module
+names; an architecture adapter maps roles to modules. ``families`` holds per-model-family defaults
+over those sections (:func:`for_family` merges them in once the model is known).
 """
 
 from __future__ import annotations
@@ -44,11 +45,10 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     },
 }
 TOP_LEVEL = ("name", "description", *SCHEMA, "keep", "families")
+# routers, experts, conv and decay (MoE routers and expert weights, short convs, A_log / dt_bias /
+# D / slope_rate) are never quantized: a recipe may list them in keep, and they are kept either way
 KEEPABLE = ("embeddings", "norms", "lm_head", "routers", "experts", "conv", "decay")
 ALWAYS_KEPT = ("embeddings", "norms")
-# roles laquant never quantizes: MoE routers and expert weights, short convs, decay parameters
-# (A_log, dt_bias, D, slope_rate); a recipe may list them in keep, and they are kept either way
-NEVER_QUANTIZED = ("routers", "experts", "conv", "decay")
 
 
 def available_recipes() -> list[str]:
@@ -144,7 +144,7 @@ def for_family(recipe: dict, model_type: str) -> dict:
     override = recipe.get("families", {}).get(model_type, {})
     out = copy.deepcopy({k: v for k, v in recipe.items() if k != "families"})
     for section, fields in override.items():
-        out[section].update(fields)
+        out[section].update(fields or {})
     out["families"] = {}
     if override:
         out["description"] += f" ({model_type} defaults applied)"

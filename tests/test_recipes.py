@@ -56,3 +56,24 @@ def test_bad_files(tmp_path):
     (tmp_path / "y.yaml").write_text("state: [unclosed\n")
     with pytest.raises(LaquantError, match="not valid YAML"):
         load_recipe(str(tmp_path / "y.yaml"))
+
+
+def test_family_defaults(tmp_path):
+    from laquant.recipe import for_family
+
+    r = load_recipe("hybrid_int8")
+    assert for_family(r, "minimax")["gates"]["format"] == "keep"
+    assert for_family(r, "qwen3_next")["gates"]["format"] == "int8"
+    assert for_family(r, "gla")["softmax_attention"]["format"] == "keep"
+    assert for_family(r, "bamba")["families"] == {}
+    # an explicit --set beats a family default
+    assert for_family(load_recipe("hybrid_int8", ["gates.format=int8"]), "minimax")["gates"]["format"] == "int8"
+    (tmp_path / "f.yaml").write_text("families: {llama: {gates: {format: keep}}}\n")
+    with pytest.raises(LaquantError, match="families.llama: unknown model_type; known: gla, qwen3_next"):
+        load_recipe(str(tmp_path / "f.yaml"))
+    (tmp_path / "g.yaml").write_text("families: {minimax: {keep: [norms]}}\n")
+    with pytest.raises(LaquantError, match="families.minimax may only override the sections"):
+        load_recipe(str(tmp_path / "g.yaml"))
+    (tmp_path / "h.yaml").write_text("families: {bamba: {state: {format: fp4}}}\n")
+    with pytest.raises(LaquantError, match=r"\(families.bamba\): state.format = 'fp4' is not allowed"):
+        load_recipe(str(tmp_path / "h.yaml"))

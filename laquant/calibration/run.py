@@ -8,7 +8,6 @@ import torch
 from tqdm.auto import tqdm
 
 from laquant.adapters.base import Adapter
-
 from laquant.calibration.observers import GateObserver, ProjectionObserver, StateObserver
 from laquant.calibration.stats import Stats
 from laquant.errors import LaquantError
@@ -112,6 +111,7 @@ def _onloaded(model, adapter, device):
     layers = [layer for _, layer in adapter.decoder_layers()]
     layer_ids = {id(m) for layer in layers for m in layer.modules()}
     rest = [m for m in model.modules() if id(m) not in layer_ids and not any(True for _ in m.children())]
+
     def onload(module, args):
         module.to(device)
 
