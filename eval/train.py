@@ -143,7 +143,8 @@ def train_model(args: argparse.Namespace) -> None:
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     model = build_model(args.size, len(tok), tok.eos_token_id, impl, args.arch).to(device)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: {args.arch} {args.size}, {n_params / 1e6:.1f}M parameters, impl={impl}, device={device}", flush=True)
+    shown = impl if args.arch == "gla" else "transformers + laquant mixers"
+    print(f"model: {args.arch} {args.size}, {n_params / 1e6:.1f}M parameters, impl={shown}, device={device}", flush=True)
 
     tokens_per_step = args.batch * args.seq_len
     steps = args.steps or int(args.epochs * len(train_tokens) / tokens_per_step)
@@ -223,7 +224,8 @@ def train_model(args: argparse.Namespace) -> None:
     cfg.pop("auto_map", None)
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     summary = {
-        "arch": args.arch, "size": args.size, "impl": impl if args.arch == "gla" else "transformers",
+        "arch": args.arch, "size": args.size,
+        "impl": impl if args.arch == "gla" else "transformers Qwen3NextForCausalLM, delta rule on laquant's ops",
         "parameters": n_params, "config": (SIZES if args.arch == "gla" else HYBRID_SIZES)[args.size],
         "vocab_size": len(tok), "seq_len": args.seq_len, "batch": args.batch, "steps": steps,
         "epochs": steps * tokens_per_step / len(train_tokens), "lr": args.lr, "weight_decay": args.weight_decay,
