@@ -41,18 +41,21 @@ def mask_padding(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.
     return x
 
 
-def causal_conv(x: torch.Tensor, prev: torch.Tensor | None, conv: nn.Conv1d, activation: str | None):
-    """Depthwise causal conv over ``x [B, T, C]`` continuing from the last ``W - 1`` inputs ``prev``.
-    Returns ``(out [B, T, C], the last W - 1 inputs)``."""
+def short_conv(x: torch.Tensor, states, layer_idx: int, conv: nn.Conv1d, activation: str | None) -> torch.Tensor:
+    """Depthwise causal conv over ``x [B, T, C]``, continuing from the last ``W - 1`` inputs kept in
+    the state store ``states`` (None: no cache) and keeping this call's last ones there."""
     B, T, C = x.shape
     W = conv.kernel_size[0]
+    prev = states.conv.get(layer_idx) if states is not None else None
     if prev is None:
         prev = x.new_zeros(B, W - 1, C)
     inp = torch.cat([prev.to(x.dtype), x], 1)
     out = F.conv1d(inp.transpose(1, 2).to(conv.weight.dtype), conv.weight, conv.bias, groups=C).transpose(1, 2)
     if activation is not None:
         out = ACT2FN[activation](out)
-    return out.to(x.dtype), inp[:, inp.shape[1] - (W - 1):]
+    if states is not None:
+        states.conv[layer_idx] = inp[:, inp.shape[1] - (W - 1):]
+    return out.to(x.dtype)
 
 
 class GatedDeltaNetMixer(RecurrentMixer):
@@ -73,8 +76,8 @@ class GatedDeltaNetMixer(RecurrentMixer):
         r = self.num_v_heads // self.num_k_heads
         x = qkvz.unflatten(-1, (self.num_k_heads, 2 * self.head_k_dim + 2 * r * self.head_v_dim))
         q, k, v, z = x.split([self.head_k_dim, self.head_k_dim, r * self.head_v_dim, r * self.head_v_dim], dim=-1)
-        return q, k, v.reshape(*v.shape[:-2], self.num_v_heads, self.head_v_dim), z.reshape_as(v.reshape(
-            *v.shape[:-2], self.num_v_heads, self.head_v_dim))
+        per_value_head = (*v.shape[:-2], self.num_v_heads, self.head_v_dim)
+        return q, k, v.reshape(per_value_head), z.reshape(per_value_head)
 
     def split_ba(self, ba: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``in_proj_ba``'s output -> (b, a), each ``[..., num_v_heads]``."""
@@ -92,8 +95,7 @@ class GatedDeltaNetMixer(RecurrentMixer):
         q, k, v, z = self.split_qkvz(self.in_proj_qkvz(x))
         b, a = self.split_ba(self.in_proj_ba(x))
         mixed = torch.cat([q.flatten(-2), k.flatten(-2), v.flatten(-2)], -1)
-        prev = states.conv.get(self.layer_idx) if states is not None else None
-        mixed, conv_state = causal_conv(mixed, prev, self.conv1d, self.activation)
+        mixed = short_conv(mixed, states, self.layer_idx, self.conv1d, self.activation)
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], -1)
         q, k = q.unflatten(-1, (-1, self.head_k_dim)), k.unflatten(-1, (-1, self.head_k_dim))
         v = v.unflatten(-1, (-1, self.head_v_dim))
@@ -109,7 +111,6 @@ class GatedDeltaNetMixer(RecurrentMixer):
                                               output_final_state=states is not None, use_qk_l2norm=True,
                                               state_roundtrip=self.state_roundtrip)
         if states is not None:
-            states.conv[self.layer_idx] = conv_state
             self.store_state(states, stored, state, T)
         o = self.norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
         return self.out_proj(o.reshape(B, T, -1))
@@ -183,8 +184,7 @@ class Mamba2Mixer(RecurrentMixer):
         H, P, N, G = self.num_heads, self.head_dim, self.ssm_state_size, self.n_groups
         states = state_store(cache_params)
         z, xbc, dt_logits = self.split_in_proj(self.in_proj(x))
-        prev = states.conv.get(self.layer_idx) if states is not None else None
-        xbc, conv_state = causal_conv(xbc, prev, self.conv1d, self.activation)
+        xbc = short_conv(xbc, states, self.layer_idx, self.conv1d, self.activation)
         xbc = mask_padding(xbc, attention_mask)
         xs, b, c = xbc.split([self.intermediate_size, G * N, G * N], dim=-1)
         dt = self.time_step(dt_logits)
@@ -194,8 +194,6 @@ class Mamba2Mixer(RecurrentMixer):
         q = c.unflatten(-1, (G, N)).repeat_interleave(H // G, dim=2)
         v = xs.float() * dt.unsqueeze(-1)
         y = self.attend_gla(q.float(), k.float(), v, g, states, scale=1.0)
-        if states is not None:
-            states.conv[self.layer_idx] = conv_state
         y = y + xs.float() * self.D.float()[:, None]
         y = self.norm(y.reshape(B, T, -1).to(dtype), z)
         return self.out_proj(y.to(dtype))
