@@ -63,6 +63,7 @@ def read_supported_config(model_dir: Path) -> dict:
         raise LaquantError(
             f"{model_dir}: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
+    model_config(cfg, model_dir)  # a config transformers would refuse fails here, with its reason
     return cfg
 
 
@@ -94,7 +95,11 @@ def model_config(cfg: dict, source: Path | str):
     cls = CONFIG_MAPPING[cfg["model_type"]]
     # transformers writes inf/nan as {"__float__": "Infinity"} (e.g. bamba's time_step_limit)
     decode = getattr(cls, "_decode_special_floats", None)
-    return cls.from_dict(decode(cfg) if decode is not None else cfg)
+    try:
+        return cls.from_dict(decode(cfg) if decode is not None else cfg)
+    except Exception as exc:  # transformers' validators: name the field they reject
+        reason = [line.strip() for line in str(exc).splitlines() if line.strip()][-1]
+        raise LaquantError(f"{source}: config.json is not a valid {cfg['model_type']} config: {reason}") from None
 
 
 def model_class(config):

@@ -6,6 +6,7 @@ cache, quantize by role, save and reload bit for bit, and refuse layouts they do
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -180,6 +181,18 @@ def test_calibrate_cli_on_a_hybrid(family_dir, tmp_path, capsys):
     assert "in_proj_ba" in report and "linear_attn" in report
     assert main(["calibrate", "--recipe", "hybrid_int8", "--model", str(model_dir), "--samples", "2",
                  "--seq-len", "64", "--no-eval", "--offload", "--out", str(tmp_path / "off"), "--quiet"]) == 0
+    # a config transformers refuses: one line naming the field, exit 2, nothing written
+    bad = tmp_path / "bad"
+    shutil.copytree(model_dir, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["layer_types"][1] = "mystery"
+    (bad / "config.json").write_text(json.dumps(cfg))
+    capsys.readouterr()
+    assert main(["calibrate", "--recipe", "hybrid_int8", "--model", str(bad), "--out", str(tmp_path / "b"),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "config.json is not a valid qwen3_next config" in err and "layer_types" in err and "'mystery'" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "b").exists()
 
 
 @torch.no_grad()
