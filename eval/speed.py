@@ -7,6 +7,9 @@ Suites (all on one CUDA device; each ratio is taken against a peer timed in the 
   achieved GB/s against the measured copy bandwidth;
 * ``prefill`` B * T = 65,536 tokens, H = 16, K = V = 128, bf16: laquant's chunk kernel vs fla
   ``chunk_gla`` vs PyTorch SDPA causal; the non-causal kernel vs SDPA non-causal;
+* ``delta_decode`` / ``delta_prefill``  the gated delta rule (Gated DeltaNet, Qwen3-Next's heads:
+  16 q/k heads, 32 v heads, K = V = 128): the decode step on a state pool in each format vs fla
+  ``fused_recurrent_gated_delta_rule``; the chunked prefill vs fla ``chunk_gated_delta_rule``;
 * ``gemm``    the int8 outlier-split GEMM (activation quantization included) vs cuBLAS bf16,
   bitsandbytes LLM.int8 (threshold 6.0) and ``torch._scaled_mm`` fp8 rowwise (operands quantized
   beforehand, so its time is the GEMM alone);
@@ -28,7 +31,11 @@ import torch.nn.functional as F
 
 from laquant.errors import LaquantError
 
-SUITES = ("decode", "prefill", "gemm", "e2e")
+SUITES = ("decode", "prefill", "delta_decode", "delta_prefill", "gemm", "e2e")
+
+
+# dense bf16 tensor-core peak (vendor datasheets, no sparsity) for the compute floor
+DENSE_BF16_TFLOPS = {"NVIDIA H100 80GB HBM3": 989.0, "NVIDIA H200": 989.0}
 
 
 def _bench(fn, rep: int = 100, graph: bool = False) -> float:
@@ -148,6 +155,94 @@ def bench_prefill(seq_lens=(1024, 2048, 4096, 8192, 16384, 32768, 65536), total=
         # floor: q, k, v, g read and o written once, bf16
         if bandwidth:
             row["floor_ms"] = B * T * H * (3 * K + 2 * V) * 2 / bandwidth * 1e3
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+# ------------------------------------------------------------------------------------ delta rule
+def _delta_inputs(B, T, Hk, Hv, K, V):
+    """Gated-delta-rule inputs as Qwen3-Next feeds them: bf16 q, k, v; float32 log-decay and beta."""
+    q, k, v = _randn(B, T, Hk, K), _randn(B, T, Hk, K), _randn(B, T, Hv, V)
+    g = -F.softplus(torch.randn(B, T, Hv, device="cuda")) * 0.5
+    return q, k, v, g, torch.rand(B, T, Hv, device="cuda")
+
+
+def bench_delta_decode(batches=(1, 4, 16, 64, 256), Hk=16, Hv=32, K=128, bandwidth=None) -> list[dict]:
+    """One gated-delta-rule decode step (Qwen3-Next's heads: 16 q/k, 32 v, K = V = 128, l2-normalised
+    q and k) on a state pool in each format vs fla ``fused_recurrent_gated_delta_rule`` (fp32 state)."""
+    from laquant.kernels.delta_decode_triton import delta_decode_step
+    from laquant.quant.state import StateQuantizer
+
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+    except ImportError:
+        fused_recurrent_gated_delta_rule = None
+    V = K
+    rows = []
+    for B in batches:
+        q, k, v, g, beta = _delta_inputs(B, 1, Hk, Hv, K, V)
+        idx = torch.arange(B, device="cuda", dtype=torch.int32)
+        io_bytes = B * (Hk * 2 * K + Hv * 2 * V) * 2 + B * Hv * 8  # q, k, v in, o out (bf16); g, beta fp32
+        row = {"B": B, "Hk": Hk, "Hv": Hv, "K": K, "V": V}
+        for fmt in ("fp8_row", "int8_row", "bf16", "fp32"):
+            quant = StateQuantizer(fmt)
+            data, scale = quant.store(torch.randn(B, Hv, K, V, device="cuda") * 0.1)
+            scale = scale.squeeze(-1).contiguous() if scale is not None else None
+            ms = _bench(lambda: delta_decode_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], data, scale, idx,
+                                                  quant, use_qk_l2norm=True))
+            nbytes = 2 * quant.format.bytes_per_state(K, V, B * Hv) + io_bytes  # state read and written
+            row[f"laquant_{fmt}_us"] = ms * 1e3
+            row[f"laquant_{fmt}_GBps"] = nbytes / (ms * 1e-3) / 1e9
+            if bandwidth:
+                row[f"laquant_{fmt}_of_copy_bw"] = nbytes / (ms * 1e-3) / bandwidth
+        if fused_recurrent_gated_delta_rule is not None:
+            h0 = torch.randn(B, Hv, K, V, device="cuda") * 0.1
+            row["fla_fp32_us"] = 1e3 * _bench(lambda: fused_recurrent_gated_delta_rule(
+                q, k, v, g=g, beta=beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True))
+            for fmt in ("fp8_row", "bf16", "fp32"):
+                row[f"speedup_{fmt}_vs_fla"] = row["fla_fp32_us"] / row[f"laquant_{fmt}_us"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def bench_delta_prefill(seq_lens=(1024, 4096, 16384, 65536), total=65536, Hk=16, Hv=32, K=128,
+                        bandwidth=None, peak_tflops=None) -> list[dict]:
+    """Chunked gated-delta-rule prefill, B * T = 65,536 tokens, Qwen3-Next's heads, bf16: laquant
+    (fp32 state; fp8 round trips every 64 tokens) vs fla ``chunk_gated_delta_rule`` (forward)."""
+    from laquant.kernels.delta_chunk_triton import chunk_delta_triton
+    from laquant.quant.state import StateQuantizer
+
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+    except ImportError:
+        fla_chunk = None
+    V = K
+    rows = []
+    for T in seq_lens:
+        B = max(1, total // T)
+        q, k, v, g, beta = _delta_inputs(B, T, Hk, Hv, K, V)
+        row = {"B": B, "T": T, "Hk": Hk, "Hv": Hv, "K": K, "V": V}
+        row["laquant_ms"] = _bench(lambda: chunk_delta_triton(q, k, v, g, beta, output_final_state=True,
+                                                              use_qk_l2norm=True))
+        fp8 = StateQuantizer("fp8_row")
+        row["laquant_fp8_roundtrip_ms"] = _bench(lambda: chunk_delta_triton(
+            q, k, v, g, beta, output_final_state=True, roundtrip=fp8, final_format="fp8_row", use_qk_l2norm=True))
+        if fla_chunk is not None:
+            with torch.no_grad():
+                row["fla_ms"] = _bench(lambda: fla_chunk(q, k, v, g, beta, output_final_state=True,
+                                                         use_qk_l2norm_in_kernel=True))
+            row["speedup_vs_fla"] = row["fla_ms"] / row["laquant_ms"]
+        # floors: q, k, v, g, beta read and o written once; the matmul FLOPs of the chunked form
+        # (64-token chunks: k k^T, w, u, q k^T, A v_new per chunk; w S, q S, k^T v_new per token)
+        if bandwidth:
+            io = B * T * ((Hk * 2 * K + Hv * 2 * V) * 2 + Hv * 8)
+            row["memory_floor_ms"] = io / bandwidth * 1e3
+        flops = 2 * B * T * Hv * (3 * K * V + 64 * (3 * K + 2 * V))
+        row["TFLOPs"] = flops / (row["laquant_ms"] * 1e-3) / 1e12
+        if peak_tflops:
+            row["compute_floor_ms"] = flops / (peak_tflops * 1e12) * 1e3
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -349,31 +444,38 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+# per suite: the x column, its label, the curves (column, label) and the panel's title
+PANELS = {
+    "decode": ("B", "batch", (("laquant_fp8_row_us", "laquant fp8 state"), ("laquant_bf16_us", "laquant bf16"),
+                              ("laquant_fp32_us", "laquant fp32"), ("fla_gla_fp32_us", "fla fused_recurrent_gla")),
+               "µs per step", "GLA decode step, H=64, K=V=128"),
+    "prefill": ("T", "sequence length (B*T = 65,536)",
+                (("laquant_ms", "laquant chunk"), ("fla_ms", "fla chunk_gla"), ("sdpa_causal_ms", "SDPA causal"),
+                 ("laquant_noncausal_ms", "laquant non-causal"), ("sdpa_noncausal_ms", "SDPA non-causal")),
+                "ms", "GLA prefill, H=16, K=V=128, bf16"),
+    "delta_decode": ("B", "batch", (("laquant_fp8_row_us", "laquant fp8 state"), ("laquant_bf16_us", "laquant bf16"),
+                                    ("laquant_fp32_us", "laquant fp32"), ("fla_fp32_us", "fla fused_recurrent")),
+                     "µs per step", "gated delta rule decode, Hv=32, K=V=128"),
+    "delta_prefill": ("T", "sequence length (B*T = 65,536)",
+                      (("laquant_ms", "laquant chunk"), ("laquant_fp8_roundtrip_ms", "laquant, fp8 state"),
+                       ("fla_ms", "fla chunk_gated_delta_rule")),
+                      "ms", "gated delta rule prefill, Hv=32, K=V=128, bf16"),
+}
+
+
 def plot(result: dict, out: Path) -> None:
     from laquant.eval.plots import pyplot, save_figure
 
-    fig, axes = pyplot().subplots(1, 2, figsize=(11, 4))
-    if result.get("decode"):
-        rows = result["decode"]
-        Bs = [r["B"] for r in rows]
-        for key, label in (("laquant_fp8_row_us", "laquant fp8 state"), ("laquant_bf16_us", "laquant bf16"),
-                           ("laquant_fp32_us", "laquant fp32"), ("fla_gla_fp32_us", "fla fused_recurrent_gla")):
+    suites = [s for s in PANELS if result.get(s)]
+    fig, axes = pyplot().subplots(1, len(suites), figsize=(5.5 * len(suites), 4), squeeze=False)
+    for ax, suite in zip(axes[0], suites):
+        x_key, x_label, curves, y_label, title = PANELS[suite]
+        rows = result[suite]
+        for key, label in curves:
             if key in rows[0]:
-                axes[0].plot(Bs, [r[key] for r in rows], marker="o", label=label)
-        axes[0].set(xscale="log", yscale="log", xlabel="batch", ylabel="µs per decode step",
-                    title="decode step, H=64, K=V=128")
-        axes[0].legend()
-    if result.get("prefill"):
-        rows = result["prefill"]
-        Ts = [r["T"] for r in rows]
-        for key, label in (("laquant_ms", "laquant chunk"), ("fla_ms", "fla chunk_gla"),
-                           ("sdpa_causal_ms", "SDPA causal"), ("laquant_noncausal_ms", "laquant non-causal"),
-                           ("sdpa_noncausal_ms", "SDPA non-causal")):
-            if key in rows[0]:
-                axes[1].plot(Ts, [r[key] for r in rows], marker="o", label=label)
-        axes[1].set(xscale="log", yscale="log", xlabel="sequence length (B*T = 65,536)", ylabel="ms",
-                    title="prefill, H=16, K=V=128, bf16")
-        axes[1].legend()
+                ax.plot([r[x_key] for r in rows], [r[key] for r in rows], marker="o", label=label)
+        ax.set(xscale="log", yscale="log", xlabel=x_label, ylabel=y_label, title=title)
+        ax.legend()
     save_figure(fig, out)
 
 
@@ -393,6 +495,11 @@ def run_speed(out_dir: Path, suites=SUITES, models=("gla-small",), recipe="gla_i
     if "prefill" in suites:
         result["prefill"] = bench_prefill((4096,) if quick else (1024, 2048, 4096, 8192, 16384, 32768, 65536),
                                           bandwidth=bw)
+    if "delta_decode" in suites:
+        result["delta_decode"] = bench_delta_decode((1, 64) if quick else (1, 4, 16, 64, 256), bandwidth=bw)
+    if "delta_prefill" in suites:
+        result["delta_prefill"] = bench_delta_prefill((4096,) if quick else (1024, 4096, 16384, 65536), bandwidth=bw,
+                                                      peak_tflops=DENSE_BF16_TFLOPS.get(torch.cuda.get_device_name()))
     if "gemm" in suites:
         result["gemm"] = bench_gemm((1, 2048) if quick else (1, 16, 128, 2048, 8192),
                                     shapes={"square 4096->4096": (4096, 4096)} if quick else None)
@@ -404,7 +511,7 @@ def run_speed(out_dir: Path, suites=SUITES, models=("gla-small",), recipe="gla_i
     with StagingDir(out_dir, overwrite=True) as tmp:
         (tmp / "speed.json").write_text(json.dumps(result, indent=2))
         (tmp / "speed.md").write_text(markdown(result))
-        if result.get("decode") or result.get("prefill"):
+        if any(result.get(suite) for suite in PANELS):
             plot(result, tmp / "speed.png")
     return result
 

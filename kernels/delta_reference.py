@@ -32,9 +32,14 @@ def _prepare(q, k, v, g, beta, use_qk_l2norm: bool):
     q, k, v, g, beta = (x.to(acc) for x in (q, k, v, g, beta))
     if hv != hk:
         q, k = (x.repeat_interleave(hv // hk, dim=2) for x in (q, k))
-    if use_qk_l2norm:  # as fla and transformers: x * rsqrt(sum(x^2) + 1e-6)
-        q, k = (x * torch.rsqrt(x.square().sum(-1, keepdim=True) + 1e-6) for x in (q, k))
+    if use_qk_l2norm:
+        q, k = l2_normalize(q), l2_normalize(k)
     return q, k, v, g, beta
+
+
+def l2_normalize(x: torch.Tensor) -> torch.Tensor:
+    """As fla and transformers normalise q and k: ``x * rsqrt(sum(x^2) + 1e-6)`` over the last dim."""
+    return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + 1e-6)
 
 
 def recurrent_gated_delta_rule_step(q, k, v, g, beta, state, scale: float | None = None):

@@ -33,7 +33,8 @@ try:
     import triton
     import triton.language as tl
 
-    from laquant.kernels.triton_numerics import absmax_row_scale, decode_state, encode_state, mm, roundtrip_state
+    from laquant.kernels.triton_numerics import (absmax_row_scale, decode_state, encode_state, mm, roundtrip_state,
+                                                 tile_row)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -54,7 +55,7 @@ class PrefillStates:
         return StateQuantizer.load(self.data, None if self.scale is None else self.scale.unsqueeze(-1))
 
 
-def _store(state: torch.Tensor, fmt: str) -> PrefillStates:
+def store_states(state: torch.Tensor, fmt: str) -> PrefillStates:
     data, scale = StateQuantizer(fmt).store(state)
     return PrefillStates(data, None if scale is None else scale.squeeze(-1), fmt)
 
@@ -66,7 +67,7 @@ def chunk_gla_reference(q, k, v, g, scale=None, initial_state: PrefillStates | N
     """What :func:`chunk_gla_triton` computes, in PyTorch; same arguments and returns."""
     if g.dim() == 3:  # scalar per-head decay
         g = g.unsqueeze(-1).expand_as(q)
-    bounds = _bounds(q, cu_seqlens)
+    bounds = sequence_bounds(q, cu_seqlens)
     rt = roundtrip.roundtrip if roundtrip is not None and roundtrip.format.name != "fp32" else None
     h0 = initial_state.load() if initial_state is not None else None
     outs, finals, ckpts = [], [], []
@@ -90,7 +91,7 @@ def chunk_gla_reference(q, k, v, g, scale=None, initial_state: PrefillStates | N
         finals.append(state)
         ckpts.append(seq_ckpts)
     o = torch.cat(outs, 1) if cu_seqlens is not None else torch.cat(outs, 0)
-    final = _store(torch.cat(finals), final_format) if output_final_state else None
+    final = store_states(torch.cat(finals), final_format) if output_final_state else None
     ck = None
     if checkpoint_every:
         n_max = max(len(c) for c in ckpts)
@@ -98,11 +99,11 @@ def chunk_gla_reference(q, k, v, g, scale=None, initial_state: PrefillStates | N
         for n, c in enumerate(ckpts):
             for i, s in enumerate(c):
                 full[n, i] = s[0]
-        ck = _store(full, final_format)
+        ck = store_states(full, final_format)
     return o, final, ck
 
 
-def _bounds(q, cu_seqlens):
+def sequence_bounds(q, cu_seqlens):
     if cu_seqlens is None:
         return [(0, q.shape[1])] * q.shape[0]
     cu = cu_seqlens.tolist()
@@ -110,11 +111,6 @@ def _bounds(q, cu_seqlens):
 
 
 if triton is not None:
-
-    @triton.jit
-    def _row(x, rows, r):
-        """Row ``r`` of a 2-D tile (``rows`` indexes its first dimension)."""
-        return tl.sum(tl.where((rows == r)[:, None], x, 0.0), axis=0)
 
     @triton.jit
     def _chunk_gla_fwd_kernel(
@@ -205,13 +201,13 @@ if triton is not None:
                         vc = tl.load(v_base + offs_c[:, None] * s_vt + offs_v[None, :], mask=mc[:, None] & mv[None, :],
                                      other=0.0).to(tl.float32)
                         # exp(G_i - G_j) = exp(G_i - G_ref) * exp(G_ref - G_j), G_ref the block's middle row
-                        k_side = kc.to(tl.float32) * tl.exp(_row(gc, sub, BC // 2)[None, :] - gc)
-                        g_ref = _row(G, rows, c * BC + BC // 2)
+                        k_side = kc.to(tl.float32) * tl.exp(tile_row(gc, sub, BC // 2)[None, :] - gc)
+                        g_ref = tile_row(G, rows, c * BC + BC // 2)
                         q_side = q * tl.exp(tl.where((rows >= c * BC)[:, None], G - g_ref[None, :], 0.0))
                         A = mm(q_side, tl.trans(k_side), LOW_PRECISION)
                         A = tl.where(rows[:, None] >= (c * BC + sub)[None, :], A, 0.0)
                         o += mm(A, vc, LOW_PRECISION)
-                G_last = _row(G, rows, BT - 1)  # padded rows have g = 0, so this is the last real row's
+                G_last = tile_row(G, rows, BT - 1)  # padded rows have g = 0, so this is the last real row's
                 k_end = k * tl.exp(G_last[None, :] - G)
                 S = S * tl.exp(G_last)[:, None] + mm(tl.trans(k_end), v, LOW_PRECISION)
                 g_total += G_last
@@ -272,7 +268,7 @@ _STORAGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8_row": tor
                    "int8_row": torch.int8}
 
 
-def _alloc_states(shape, fmt, device) -> PrefillStates:
+def alloc_states(shape, fmt, device) -> PrefillStates:
     scale = torch.empty(shape[:-1], dtype=torch.float32, device=device) if fmt in ("fp8_row", "int8_row") else None
     return PrefillStates(torch.empty(shape, dtype=_STORAGE_DTYPES[fmt], device=device), scale, fmt)
 
@@ -334,10 +330,10 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Pref
             raise ValueError("segments > 1 needs float32 states without checkpoints and no cu_seqlens")
         return _segmented(q, k, v, g, scale, initial_state, output_final_state, final_format, segments, o,
                           dict(block_t=block_t, block_v=block_v, num_warps=num_warps, num_stages=num_stages))
-    final = _alloc_states((N, H, K, V), final_format, q.device) if output_final_state else None
+    final = alloc_states((N, H, K, V), final_format, q.device) if output_final_state else None
     longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
     n_ckpt = longest // checkpoint_every if checkpoint_every else 0
-    ckpt = _alloc_states((N, n_ckpt, H, K, V), final_format, q.device) if checkpoint_every else None
+    ckpt = alloc_states((N, n_ckpt, H, K, V), final_format, q.device) if checkpoint_every else None
     if ckpt is not None:
         ckpt.data.zero_()
         if ckpt.scale is not None:
@@ -375,7 +371,7 @@ def _segmented(q, k, v, g, scale, initial_state, output_final_state, final_forma
                                                        HAS_H0=initial_state is not None)
     _launch(qf, kf, vf, gf, of, scale, n_pieces, PrefillStates(starts_state, None, "fp32"), None, None, 0, None, cu,
             store_o=True, decay=None, **launch)
-    return o, (_store(final, final_format) if output_final_state else None), None
+    return o, (store_states(final, final_format) if output_final_state else None), None
 
 
 def _launch(q, k, v, g, o, scale, N, initial_state, final, ckpt, checkpoint_every, roundtrip, cu_seqlens, store_o,

@@ -24,7 +24,7 @@ try:
     import triton
     import triton.language as tl
 
-    from laquant.kernels.triton_numerics import absmax_row_scale, decode_state, encode_state
+    from laquant.kernels.triton_numerics import decode_state, encode_state, stored_row_scale
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -32,9 +32,21 @@ except ImportError:  # laquant's CPU path needs no Triton
 def gla_decode_step_reference(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer,
                               n_stores: torch.Tensor | None = None, qk_scale: float | None = None):
     """What the kernel computes, in PyTorch. Updates ``state``/``scale`` in place; returns ``o``."""
+    o, h = recurrent_gla_step(q, k, v, g, load_pool_slots(state, scale, pool_idx, quantizer), qk_scale)
+    store_pool_slots(h, state, scale, pool_idx, quantizer, n_stores)
+    return o
+
+
+def load_pool_slots(state, scale, pool_idx, quantizer: StateQuantizer) -> torch.Tensor:
+    """The float32 states of the pool slots ``pool_idx`` (the reference side of a decode kernel)."""
+    idx = pool_idx.long()
+    return quantizer.load(state[idx], scale[idx].unsqueeze(-1) if scale is not None else None)
+
+
+def store_pool_slots(h, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None) -> None:
+    """Store the new states ``h`` into the pool slots ``pool_idx`` in place, as a decode kernel does."""
     idx = pool_idx.long()
     old_scale = scale[idx].unsqueeze(-1) if scale is not None else None
-    o, h = recurrent_gla_step(q, k, v, g, quantizer.load(state[idx], old_scale), qk_scale)
     if quantizer.format.is_scaled and quantizer.renorm_interval > 1:
         # per slot: the scale only grows, except at a renormalisation (every N-th store of that slot)
         renorm_now = ((n_stores[idx] + 1) % quantizer.renorm_interval == 0).view(-1, 1, 1, 1)
@@ -45,7 +57,6 @@ def gla_decode_step_reference(q, k, v, g, state, scale, pool_idx, quantizer: Sta
     state[idx] = data
     if scale is not None:
         scale[idx] = new_scale.squeeze(-1).expand(len(idx), *scale.shape[1:])
-    return o
 
 
 if triton is not None:
@@ -67,6 +78,7 @@ if triton is not None:
         mask_v = offs_v < V
         v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_v * s_vv, mask=mask_v, other=0.0).to(tl.float32)
         readout = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)  # reduced over K once, after the loop
+        renorm_now = False
         if RENORM > 1:
             renorm_now = (tl.load(nstore_ptr + slot) + 1) % RENORM == 0
         for k0 in range(0, K, BLOCK_K):
@@ -86,12 +98,10 @@ if triton is not None:
             readout += q[:, None] * st
             new_scale = old_scale
             if FMT >= 2:
+                static = old_scale
                 if RENORM == 0:
-                    new_scale = tl.load(static_ptr + h * K + offs_k, mask=mask_k, other=1.0)
-                else:
-                    new_scale = absmax_row_scale(st, QMAX)
-                    if RENORM > 1:
-                        new_scale = tl.where(renorm_now, new_scale, tl.maximum(new_scale, old_scale))
+                    static = tl.load(static_ptr + h * K + offs_k, mask=mask_k, other=1.0)
+                new_scale = stored_row_scale(st, old_scale, static, renorm_now, RENORM, QMAX)
                 tl.store(sc_ptrs, new_scale, mask=mask_k)
             tl.store(ptrs, encode_state(st, new_scale, FMT), mask=mask)
         o = tl.sum(readout, axis=0)

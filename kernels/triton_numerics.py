@@ -39,6 +39,11 @@ if triton is not None:
         return out
 
     @triton.jit
+    def tile_row(x, rows, r):
+        """Row ``r`` of a 2-D tile (``rows`` indexes its first dimension)."""
+        return tl.sum(tl.where((rows == r)[:, None], x, 0.0), axis=0)
+
+    @triton.jit
     def round_half_even(x):
         r = tl.floor(x + 0.5)
         return tl.where(((r - x) == 0.5) & ((r % 2) != 0), r - 1.0, r)
@@ -47,6 +52,20 @@ if triton is not None:
     def absmax_row_scale(x, QMAX: tl.constexpr):
         """One scale per row of a 2-D tile."""
         return tl.maximum(tl.max(tl.abs(x), axis=1) / QMAX, 1.1754943508222875e-38)  # float32 tiny
+
+    @triton.jit
+    def stored_row_scale(st, old_scale, static_scale, renorm_now, RENORM: tl.constexpr, QMAX: tl.constexpr):
+        """The per-row scale a decode step stores ``st`` with (scaled formats; the kernel twin of
+        :meth:`~laquant.quant.state.StateQuantizer.store` on a pool slot): the calibrated
+        ``static_scale`` when ``RENORM`` is 0; else the fresh absmax, which with ``RENORM > 1``
+        only grows (``max`` with ``old_scale``) except when ``renorm_now``."""
+        if RENORM == 0:
+            scale = static_scale
+        else:
+            scale = absmax_row_scale(st, QMAX)
+            if RENORM > 1:
+                scale = tl.where(renorm_now, scale, tl.maximum(scale, old_scale))
+        return scale
 
     @triton.jit
     def int8_codes(y):

@@ -10,15 +10,16 @@ from pathlib import Path
 from laquant.commands import add_calibrate_arguments, run_calibrate, run_inspect
 from laquant.errors import LaquantError
 
+SPEED_SUITES = ["decode", "prefill", "delta_decode", "delta_prefill", "gemm", "e2e"]  # laquant.eval.speed.SUITES
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
 
 def cmd_eval_speed(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from laquant.eval.speed import markdown, run_speed
+    from laquant.eval.speed import SUITES, markdown, run_speed
 
-    suites = args.suite or ["decode", "prefill", "gemm", "e2e"]
+    suites = args.suite or list(SUITES)
     if args.checkpoint is not None:
         from laquant.loading import resolve_model_dir
 
@@ -27,7 +28,7 @@ def cmd_eval_speed(args: argparse.Namespace) -> int:
                        checkpoint=args.checkpoint, baseline=args.baseline, batches=args.batch,
                        prompt_len=args.prompt, steps=args.gen)
     print(markdown(result))
-    print(f"\nwrote {args.out}/speed.json, speed.md" + (", speed.png" if {"decode", "prefill"} & set(suites) else ""))
+    print(f"\nwrote {args.out}/speed.json, speed.md" + (", speed.png" if set(suites) - {"gemm", "e2e"} else ""))
     return 0
 
 
@@ -171,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="e2e: a folder written by `laquant calibrate` (timed as saved; default: "
                               "quantize --model with --recipe here)")
     p_speed.add_argument("--baseline", default=None, help="e2e: the unquantized model to compare the checkpoint with")
-    p_speed.add_argument("--suite", nargs="+", choices=["decode", "prefill", "gemm", "e2e"],
+    p_speed.add_argument("--suite", nargs="+", choices=SPEED_SUITES,
                          help="what to measure (default: all)")
     p_speed.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64], help="e2e decode batch sizes")
     p_speed.add_argument("--prompt", type=int, default=4096, help="e2e prompt length in tokens")

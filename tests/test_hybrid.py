@@ -256,16 +256,30 @@ def test_a_recipe_for_a_role_the_model_lacks_is_an_error(tiny_model_dir):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["minimax", "bamba"])
+@pytest.mark.parametrize("family", ["qwen3_next", "minimax", "bamba"])
 @pytest.mark.parametrize("recipe", [None, "gla_fp8_state"])
 @torch.no_grad()
-def test_lightning_and_mamba2_on_the_gla_kernels(family, recipe, monkeypatch):
-    """Lightning and Mamba2 state paths run on the Triton GLA kernels (scalar decay) on CUDA."""
+def test_hybrid_state_paths_on_the_triton_kernels(family, recipe, monkeypatch):
+    """On CUDA the state paths run on laquant's Triton kernels: Gated DeltaNet on the delta-rule
+    kernels, Lightning and Mamba2 on the GLA kernels (scalar decay); they match the references."""
+    import laquant.kernels.delta_chunk_triton as delta_chunk
+    import laquant.kernels.delta_decode_triton as delta_decode
+    import laquant.kernels.gla_chunk_triton as gla_chunk
+    import laquant.kernels.gla_decode_triton as gla_decode
+
     model = _model(family).cuda()
     get_adapter(model)
     if recipe is not None:
         laquant.calibrate(model, recipe, torch.randint(0, VOCAB, (4, 128)).cuda(), progress=False)
     ids = torch.randint(0, VOCAB, (3, 150)).cuda()
+    called = set()
+    for module, name in ((delta_chunk, "chunk_delta_triton"), (delta_decode, "delta_decode_step"),
+                         (gla_chunk, "chunk_gla_triton"), (gla_decode, "gla_decode_step")):
+        def spy(*args, _fn=getattr(module, name), _name=name, **kwargs):
+            called.add(_name)
+            return _fn(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, spy)
 
     def run():
         full = model(input_ids=ids).logits
@@ -273,6 +287,9 @@ def test_lightning_and_mamba2_on_the_gla_kernels(family, recipe, monkeypatch):
         return full, err
 
     fast, fast_err = run()
+    expected = {"chunk_delta_triton", "delta_decode_step"} if family == "qwen3_next" else {"chunk_gla_triton",
+                                                                                          "gla_decode_step"}
+    assert called == expected
     monkeypatch.setenv("LAQUANT_KERNELS", "reference")
     slow, slow_err = run()
     # fp8 state: the kernels scale by a reciprocal multiply, the reference divides (a code may differ)

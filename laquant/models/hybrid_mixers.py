@@ -6,7 +6,7 @@ laquant's ops: the recurrent state lives in laquant's state store beside transfo
 :mod:`laquant.models.cache`), in the format of the mixer's ``state_quantizer``. This also keeps
 transformers from routing the layer to fla's GPU-only kernels on a CPU machine.
 
-* :class:`GatedDeltaNetMixer` (``qwen3_next``): the gated delta rule; reference ops on every device.
+* :class:`GatedDeltaNetMixer` (``qwen3_next``): the gated delta rule.
 * :class:`LightningMixer` (``minimax``): linear attention with a fixed per-head decay.
 * :class:`Mamba2Mixer` (``bamba``): Mamba2's SSD, a per-head scalar decay ``dt * A``.
 
@@ -22,7 +22,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
-from laquant.kernels import chunk_gated_delta_rule, recurrent_gated_delta_rule
 from laquant.models.cache import state_store
 from laquant.models.recurrent import RecurrentMixer
 
@@ -101,17 +100,7 @@ class GatedDeltaNetMixer(RecurrentMixer):
         v = v.unflatten(-1, (-1, self.head_v_dim))
         g, beta = self.log_decay(a), b.float().sigmoid()
 
-        stored = states.get(self.layer_idx) if states is not None else None
-        state = self.load_state(stored)
-        if T == 1 and state is not None:
-            o, state = recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=True,
-                                                  use_qk_l2norm=True)
-        else:
-            o, state = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=state,
-                                              output_final_state=states is not None, use_qk_l2norm=True,
-                                              state_roundtrip=self.state_roundtrip)
-        if states is not None:
-            self.store_state(states, stored, state, T)
+        o = self.attend_delta(q, k, v, g, beta, states)
         o = self.norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
         return self.out_proj(o.reshape(B, T, -1))
 

@@ -1,0 +1,173 @@
+"""Triton kernel: one gated-delta-rule decode step on a state pool, the state read and written in place.
+
+``state[pool_idx[b]]`` (``[Hv, K, V]`` per slot, in any of the decode formats of
+:mod:`laquant.kernels.gla_decode_triton`) is loaded, decayed, corrected by the delta rule, read out
+and stored back in its format, in float32 registers. Spec: :func:`delta_decode_step_reference`,
+which is :func:`laquant.kernels.recurrent_gated_delta_rule_step` plus the pool and the format.
+
+Unlike GLA the update reads the state first (``k^T S``), so one program per (sequence, value head)
+makes two passes over the K rows in blocks of ``BLOCK_K``: the first accumulates ``k^T S``, the
+second (whose loads hit in cache) updates, reads out and stores each row. The whole V row stays in
+one program, so per-row scales are exact. q and k may have fewer heads than v (grouped heads:
+value head ``h`` reads key head ``h // (Hv // Hk)``) and are l2-normalised in the kernel on request.
+Memory-bound: per sequence and head it reads and writes ``K*V`` state elements plus ``K`` scales.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from laquant.kernels.delta_reference import l2_normalize, recurrent_gated_delta_rule_step
+from laquant.kernels.gla_decode_triton import LAUNCH, load_pool_slots, store_pool_slots
+from laquant.kernels.triton_numerics import format_code
+from laquant.quant.state import StateQuantizer
+
+try:
+    import triton
+    import triton.language as tl
+
+    from laquant.kernels.triton_numerics import decode_state, encode_state, stored_row_scale
+except ImportError:  # laquant's CPU path needs no Triton
+    triton = None
+
+
+def delta_decode_step_reference(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer,
+                                n_stores: torch.Tensor | None = None, qk_scale: float | None = None,
+                                use_qk_l2norm: bool = False):
+    """What the kernel computes, in PyTorch. Updates ``state``/``scale`` in place; returns ``o``
+    ``[B, Hv, V]`` in ``v.dtype``."""
+    r = v.shape[1] // q.shape[1]
+    q, k = (x.float().repeat_interleave(r, dim=1) for x in (q, k))
+    if use_qk_l2norm:
+        q, k = l2_normalize(q), l2_normalize(k)
+    o, h = recurrent_gated_delta_rule_step(q, k, v.float(), g.float(), beta.float(),
+                                           load_pool_slots(state, scale, pool_idx, quantizer), qk_scale)
+    store_pool_slots(h, state, scale, pool_idx, quantizer, n_stores)
+    return o.to(v.dtype)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _delta_decode_kernel(
+        q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, scale_ptr, idx_ptr, nstore_ptr, static_ptr,
+        s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_vb, s_vh, s_vv, s_gb, s_gh, s_bb, s_bh, s_ob, s_oh,
+        s_sp, s_sh, s_sk, s_cp, s_ch,
+        qk_scale,
+        H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, L2NORM: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        b = pid // H
+        h = pid % H
+        hk = h // GROUP
+        slot = tl.load(idx_ptr + b).to(tl.int64)
+        offs_v = tl.arange(0, BLOCK_V)
+        mask_v = offs_v < V
+        v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_v * s_vv, mask=mask_v, other=0.0).to(tl.float32)
+        decay = tl.exp(tl.load(g_ptr + b * s_gb + h * s_gh).to(tl.float32))
+        beta = tl.load(beta_ptr + b * s_bb + h * s_bh).to(tl.float32)
+        q_base = q_ptr + b * s_qb + hk * s_qh
+        k_base = k_ptr + b * s_kb + hk * s_kh
+        state_base = state_ptr + slot * s_sp + h * s_sh
+        scale_base = scale_ptr + slot * s_cp + h * s_ch
+        renorm_now = False
+        if RENORM > 1:
+            renorm_now = (tl.load(nstore_ptr + slot) + 1) % RENORM == 0
+
+        # pass 1: the norms of q and k (when asked) and k^T S of the incoming state
+        q_mul = qk_scale
+        k_mul = 1.0
+        kS = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)  # reduced over K once, after the loop
+        q_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
+        k_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < K
+            kk = tl.load(k_base + offs_k * s_kk, mask=mask_k, other=0.0).to(tl.float32)
+            if L2NORM:
+                qq = tl.load(q_base + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32)
+                q_sq += qq * qq
+                k_sq += kk * kk
+            row_scale = tl.full([BLOCK_K], 1.0, tl.float32)
+            if FMT >= 2:
+                row_scale = tl.load(scale_base + offs_k, mask=mask_k, other=1.0)
+            st = decode_state(tl.load(state_base + offs_k[:, None] * s_sk + offs_v[None, :],
+                                      mask=mask_k[:, None] & mask_v[None, :], other=0.0), row_scale, FMT)
+            kS += kk[:, None] * st
+        if L2NORM:  # as fla and transformers: x * rsqrt(sum(x^2) + 1e-6)
+            q_mul = qk_scale * tl.rsqrt(tl.sum(q_sq, axis=0) + 1e-6)
+            k_mul = tl.rsqrt(tl.sum(k_sq, axis=0) + 1e-6)
+        delta = beta * (v - decay * k_mul * tl.sum(kS, axis=0))
+
+        # pass 2: S = decay * S + k delta^T, o = q S, S stored back in its format
+        readout = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < K
+            mask = mask_k[:, None] & mask_v[None, :]
+            kk = tl.load(k_base + offs_k * s_kk, mask=mask_k, other=0.0).to(tl.float32) * k_mul
+            qq = tl.load(q_base + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32) * q_mul
+            ptrs = state_base + offs_k[:, None] * s_sk + offs_v[None, :]
+            old_scale = tl.full([BLOCK_K], 1.0, tl.float32)
+            if FMT >= 2:
+                old_scale = tl.load(scale_base + offs_k, mask=mask_k, other=1.0)
+            st = decode_state(tl.load(ptrs, mask=mask, other=0.0), old_scale, FMT) * decay
+            st += kk[:, None] * delta[None, :]
+            readout += qq[:, None] * st
+            new_scale = old_scale
+            if FMT >= 2:
+                static = old_scale
+                if RENORM == 0:
+                    static = tl.load(static_ptr + h * K + offs_k, mask=mask_k, other=1.0)
+                new_scale = stored_row_scale(st, old_scale, static, renorm_now, RENORM, QMAX)
+                tl.store(scale_base + offs_k, new_scale, mask=mask_k)
+            tl.store(ptrs, encode_state(st, new_scale, FMT), mask=mask)
+        o = tl.sum(readout, axis=0)
+        tl.store(o_ptr + b * s_ob + h * s_oh + offs_v, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
+                 mask=mask_v)
+
+
+def delta_decode_step(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer,
+                      n_stores: torch.Tensor | None = None, qk_scale: float | None = None,
+                      use_qk_l2norm: bool = False, block_k: int | None = None, num_warps: int | None = None,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton decode step. q, k ``[B, Hk, K]``, v ``[B, Hv, V]``, g (log-decay) and beta ``[B, Hv]``;
+    ``state`` ``[P, Hv, K, V]`` with V contiguous; ``scale`` ``[P, Hv, K]`` float32 (scaled formats
+    only); ``pool_idx`` ``[B]`` int32. The slots are updated in place (``n_stores`` is read, not
+    incremented: the caller counts). Returns ``o`` ``[B, Hv, V]``."""
+    if triton is None:
+        raise RuntimeError("Triton is not installed; use delta_decode_step_reference")
+    fmt = quantizer.format.name
+    code = format_code(fmt)
+    B, Hk, K = q.shape
+    H, V = v.shape[1], v.shape[2]
+    if k.shape != q.shape or v.shape[0] != B or H % Hk or g.shape != (B, H) or beta.shape != (B, H):
+        raise ValueError(f"expected q, k [B, Hk, K], v [B, Hv, V] with Hv a multiple of Hk, g and beta [B, Hv]; "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, g {tuple(g.shape)}, "
+                         f"beta {tuple(beta.shape)}")
+    if tuple(state.shape[1:]) != (H, K, V):
+        raise ValueError(f"state pool must be [P, Hv, K, V] = [P, {H}, {K}, {V}]; got {tuple(state.shape)}")
+    if state.stride(-1) != 1 or (scale is not None and scale.stride(-1) != 1):
+        raise ValueError("state and scale pools must be contiguous in their last dimension")
+    if quantizer.format.is_scaled and quantizer.renorm_interval > 1 and n_stores is None:
+        raise ValueError("renorm_interval > 1 needs the per-slot store counts n_stores")
+    o = torch.empty(B, H, V, dtype=v.dtype, device=v.device) if out is None else out
+    default_k, default_warps = LAUNCH[fmt]
+    block_k, num_warps = block_k or default_k, num_warps or default_warps
+    static = quantizer.static_scale if (quantizer.format.is_scaled and quantizer.renorm_interval == 0) else None
+    if static is not None:
+        static = static.reshape(H, K).float().contiguous().to(q.device)
+    scale_t = scale if scale is not None else state
+    _delta_decode_kernel[(B * H,)](
+        q, k, v, g, beta, o, state, scale_t, pool_idx, n_stores if n_stores is not None else pool_idx,
+        static if static is not None else scale_t,
+        *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
+        o.stride(0), o.stride(1), state.stride(0), state.stride(1), state.stride(2),
+        scale_t.stride(0), scale_t.stride(1) if scale is not None else 0,
+        K ** -0.5 if qk_scale is None else qk_scale, H=H, GROUP=H // Hk, K=K, V=V,
+        BLOCK_K=min(block_k, triton.next_power_of_2(K)), BLOCK_V=triton.next_power_of_2(V), FMT=code,
+        RENORM=quantizer.renorm_interval, QMAX=quantizer.format.qmax if quantizer.format.is_scaled else 1.0,
+        L2NORM=use_qk_l2norm, num_warps=num_warps,
+    )
+    return o
