@@ -132,6 +132,6 @@ def test_speed_report_and_plot_cover_every_suite(tmp_path):
               "delta_decode": [{"B": b, "laquant_fp8_row_us": 4.0 * b, "fla_fp32_us": 9.0 * b} for b in (1, 64)],
               "delta_prefill": [{"T": t, "laquant_ms": 1.0, "fla_ms": 2.0, "speedup_vs_fla": 2.0} for t in (1024, 4096)]}
     md = markdown(result)
-    assert "## delta_decode" in md and "## delta_prefill" in md and "| 4,096 | 1 | 2 | 2 |" in md
+    assert "## delta_decode" in md and "## delta_prefill" in md and "| 4096 | 1 | 2 | 2 |" in md
     plot(result, tmp_path / "speed.png")
     assert (tmp_path / "speed.png").read_bytes()[:4] == b"\x89PNG"
