@@ -1,7 +1,9 @@
 """Which implementation runs: the Triton kernels on CUDA, the PyTorch references elsewhere.
 
 ``LAQUANT_KERNELS=reference`` forces the references on CUDA too (to compare the two paths on one
-device); a state format the kernels do not store (fp8_head, fp8_tensor) also takes the reference.
+device); a state format the kernels do not store (fp8_head, fp8_tensor) also takes the reference,
+and so does anything autograd must differentiate (the kernels are forward-only; training a model
+with laquant's mixers, as ``eval/train.py`` does for the hybrid, runs the differentiable references).
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ def kernel_choice() -> str:
 
 
 def use_triton(x: torch.Tensor, state_format: str | None = None) -> bool:
-    """True when ``x`` lives on a CUDA device, Triton is there and the state format is a kernel's."""
+    """True when ``x`` lives on a CUDA device, Triton is there, the state format is a kernel's and no
+    gradient is wanted through ``x``."""
     if not (x.is_cuda and HAS_TRITON and kernel_choice() == "auto"):
+        return False
+    if x.requires_grad and torch.is_grad_enabled():
         return False
     return state_format is None or state_format in FORMAT_CODES

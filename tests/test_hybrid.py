@@ -295,3 +295,15 @@ def test_hybrid_state_paths_on_the_triton_kernels(family, recipe, monkeypatch):
     # fp8 state: the kernels scale by a reciprocal multiply, the reference divides (a code may differ)
     assert rel_err(fast, slow) < (1e-4 if recipe is None else 1e-2)
     assert fast_err < (1e-4 if recipe is None else 0.05) and slow_err < (1e-4 if recipe is None else 0.05)
+
+
+@pytest.mark.gpu
+def test_training_on_cuda_takes_the_differentiable_path():
+    """The kernels are forward-only: with gradients wanted, the mixers run the PyTorch references."""
+    model = _model("qwen3_next").cuda().train()
+    get_adapter(model)
+    ids = torch.randint(0, VOCAB, (2, 80)).cuda()
+    model(input_ids=ids, labels=ids).loss.backward()
+    mixer = next(m for m in model.modules() if type(m).__name__ == "GatedDeltaNetMixer")
+    grad = mixer.in_proj_qkvz.weight.grad
+    assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0

@@ -1,8 +1,10 @@
-"""Launch-parameter sweep for the decode and prefill kernels (H100 numbers set the defaults).
+"""Launch-parameter sweep for the decode and prefill kernels (GLA and the gated delta rule) (H100 numbers set the defaults).
 
     python eval/scripts/sweep_kernels.py decode
     python eval/scripts/sweep_kernels.py prefill T BLOCK_T BLOCK_V WARPS   (one config per process:
         a config that faults must not take the others down with it)
+    python eval/scripts/sweep_kernels.py delta_decode
+    python eval/scripts/sweep_kernels.py delta_prefill T BLOCK_T BLOCK_V WARPS
 """
 import sys
 
@@ -10,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
+from laquant.kernels.delta_chunk_triton import chunk_delta_reference, chunk_delta_triton
+from laquant.kernels.delta_decode_triton import delta_decode_step
 from laquant.kernels.gla_chunk_triton import chunk_gla_reference, chunk_gla_triton
 from laquant.kernels.gla_decode_triton import gla_decode_step
 from laquant.quant.state import StateQuantizer
@@ -44,5 +48,40 @@ def prefill(T, bt, bv, w):
     print(f"prefill T={T} block_t={bt} block_v={bv} warps={w}: {ms:.3f} ms (rel err {err:.1e})", flush=True)
 
 
+def delta_decode():
+    B, Hk, H, K = 64, 16, 32, 128
+    q, k = (torch.randn(B, Hk, K, device="cuda").bfloat16() for _ in range(2))
+    v = torch.randn(B, H, K, device="cuda").bfloat16()
+    g, beta = -F.softplus(torch.randn(B, H, device="cuda")), torch.rand(B, H, device="cuda")
+    idx = torch.arange(B, device="cuda", dtype=torch.int32)
+    for fmt in ("fp8_row", "bf16", "fp32"):
+        quant = StateQuantizer(fmt)
+        data, scale = quant.store(torch.randn(B, H, K, K, device="cuda") * 0.1)
+        scale = scale.squeeze(-1).contiguous() if scale is not None else None
+        for bk in (8, 16, 32, 64):
+            for w in (1, 2, 4, 8):
+                run = lambda: delta_decode_step(q, k, v, g, beta, data, scale, idx, quant,  # noqa: E731
+                                                use_qk_l2norm=True, block_k=bk, num_warps=w)
+                print(f"delta_decode {fmt} block_k={bk} warps={w}: {do_bench(run, return_mode='median') * 1e3:.1f} us",
+                      flush=True)
+
+
+def delta_prefill(T, bt, bv, w):
+    Bp = 65536 // T
+    q, k = (torch.randn(Bp, T, 16, 128, device="cuda").bfloat16() for _ in range(2))
+    v = torch.randn(Bp, T, 32, 128, device="cuda").bfloat16()
+    g, beta = -F.softplus(torch.randn(Bp, T, 32, device="cuda")) * 0.5, torch.rand(Bp, T, 32, device="cuda")
+    run = lambda: chunk_delta_triton(q, k, v, g, beta, use_qk_l2norm=True, block_t=bt, block_v=bv,  # noqa: E731
+                                     num_warps=w)
+    o = run()[0]
+    n = min(Bp, 2)
+    cut = lambda x: x[:n, :1024]  # noqa: E731
+    ref = chunk_delta_reference(cut(q), cut(k), cut(v), cut(g), cut(beta), use_qk_l2norm=True)[0]
+    err = ((cut(o).float() - ref.float()).norm() / ref.float().norm()).item()
+    ms = do_bench(run, return_mode="median")
+    print(f"delta_prefill T={T} block_t={bt} block_v={bv} warps={w}: {ms:.3f} ms (rel err {err:.1e})", flush=True)
+
+
 if __name__ == "__main__":
-    decode() if sys.argv[1] == "decode" else prefill(*map(int, sys.argv[2:]))
+    modes = {"decode": decode, "prefill": prefill, "delta_decode": delta_decode, "delta_prefill": delta_prefill}
+    modes[sys.argv[1]](*map(int, sys.argv[2:]))
