@@ -19,6 +19,11 @@ recomputes them: cheap next to the ``[BT, K] x [K, BV]`` products. The spec is
 sequence, with the formats of :class:`~laquant.quant.state.StateQuantizer`). Matmuls take bf16
 operands with float32 accumulation for bf16 inputs (as fla does), exact float32 for float32 inputs;
 the triangular solve is always float32.
+
+Design note: fla splits this into a chunk-parallel WY pass (writing w and u) and a 64-token state
+pass. That layout, tried here too, was slower at B*T = 65,536 with T <= 16K (6.4 ms against this
+kernel's 3.9 ms at 16 x 4,096 on an H100) and faster only for one long sequence (8.2 against
+16.6 ms at 1 x 65,536), where too few programs run; ``eval/results/speed.md`` has the numbers.
 """
 
 from __future__ import annotations
@@ -159,232 +164,11 @@ if triton is not None:
                 tl.store(hts_ptr + scale_off, out_scale, mask=mk)
 
 
-if triton is not None:
-
-    @triton.jit
-    def _unit_lower_inverse(A, rows, BT: tl.constexpr):
-        """``(I + A)^-1`` of a strictly lower ``[BT, BT]`` tile, by forward substitution:
-        ``(I + A)^-1 = I + L`` with row i of L ``-a_i - a_i L`` (``a_i`` row i of A)."""
-        L = tl.zeros([BT, BT], dtype=tl.float32)
-        for i in tl.static_range(1, BT):
-            a_i = tile_row(A, rows, i)
-            L = tl.where((rows == i)[:, None], (-a_i - tl.sum(a_i[:, None] * L, axis=0))[None, :], L)
-        return L + tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
-
-    @triton.jit
-    def _load_sub(base, stride_t, offs_t, eos, offs_d, D: tl.constexpr, L2NORM: tl.constexpr):
-        m = offs_t < eos
-        x = tl.load(base + offs_t[:, None] * stride_t + offs_d[None, :], mask=m[:, None] & (offs_d < D)[None, :],
-                    other=0.0).to(tl.float32)
-        if L2NORM:
-            x = x * tl.rsqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
-        return x
-
-    @triton.jit
-    def _system_block(ki, kj, beta_i, Gi, Gj, rows, DIAG: tl.constexpr, LOW_PRECISION: tl.constexpr):
-        """Block (i, j) of the chunk's system: ``beta_i (k_i . k_j) exp(G_i - G_j)``, strictly lower
-        on the diagonal."""
-        if DIAG:
-            below = rows[:, None] > rows[None, :]
-            out = tl.where(below, mm(ki, tl.trans(kj), LOW_PRECISION) * beta_i[:, None]
-                           * tl.exp(tl.where(below, Gi[:, None] - Gj[None, :], 0.0)), 0.0)
-        else:
-            out = mm(ki, tl.trans(kj), LOW_PRECISION) * beta_i[:, None] * tl.exp(Gi[:, None] - Gj[None, :])
-        return out
-
-    @triton.jit
-    def _delta_wy_kernel(
-        k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, cu_ptr,
-        s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh,
-        T,
-        H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-        BV: tl.constexpr, VARLEN: tl.constexpr, LOW_PRECISION: tl.constexpr, L2NORM: tl.constexpr,
-    ):
-        """Per 64-token chunk, in parallel: ``w = (I + A)^-1 (beta exp(G) k)`` and ``u = (I + A)^-1 (beta v)``.
-        The inverse is built from four 16 x 16 diagonal blocks (forward substitution) merged
-        blockwise: ``T_ij = -T_ii sum_{j <= m < i} A_im T_mj``."""
-        i_nh = tl.program_id(0)
-        i_c = tl.program_id(1)
-        n = i_nh // H
-        h = i_nh % H
-        hk = h // GROUP
-        if VARLEN:
-            bos = tl.load(cu_ptr + n).to(tl.int64)
-            eos = tl.load(cu_ptr + n + 1).to(tl.int64)
-            b = 0
-        else:
-            bos = 0
-            eos = T
-            b = n
-        t0 = bos + i_c * 64
-        if t0 < eos:
-            r = tl.arange(0, 16)
-            offs_k = tl.arange(0, BK)
-            offs_v = tl.arange(0, BV)
-            k_base = k_ptr + b * s_kb + hk * s_kh
-            v_base = v_ptr + b * s_vb + h * s_vh
-            g_base = g_ptr + b * s_gb + h * s_gh
-            be_base = beta_ptr + b * s_bb + h * s_bh
-            t_0, t_1, t_2, t_3 = t0 + r, t0 + 16 + r, t0 + 32 + r, t0 + 48 + r
-            k0 = _load_sub(k_base, s_kt, t_0, eos, offs_k, K, L2NORM)
-            k1 = _load_sub(k_base, s_kt, t_1, eos, offs_k, K, L2NORM)
-            k2 = _load_sub(k_base, s_kt, t_2, eos, offs_k, K, L2NORM)
-            k3 = _load_sub(k_base, s_kt, t_3, eos, offs_k, K, L2NORM)
-            b0 = tl.load(be_base + t_0 * s_bt, mask=t_0 < eos, other=0.0).to(tl.float32)
-            b1 = tl.load(be_base + t_1 * s_bt, mask=t_1 < eos, other=0.0).to(tl.float32)
-            b2 = tl.load(be_base + t_2 * s_bt, mask=t_2 < eos, other=0.0).to(tl.float32)
-            b3 = tl.load(be_base + t_3 * s_bt, mask=t_3 < eos, other=0.0).to(tl.float32)
-            G0 = tl.cumsum(tl.load(g_base + t_0 * s_gt, mask=t_0 < eos, other=0.0).to(tl.float32), axis=0)
-            G1 = tl.cumsum(tl.load(g_base + t_1 * s_gt, mask=t_1 < eos, other=0.0).to(tl.float32), axis=0)
-            G2 = tl.cumsum(tl.load(g_base + t_2 * s_gt, mask=t_2 < eos, other=0.0).to(tl.float32), axis=0)
-            G3 = tl.cumsum(tl.load(g_base + t_3 * s_gt, mask=t_3 < eos, other=0.0).to(tl.float32), axis=0)
-            G1 += tl.sum(tl.where(r == 15, G0, 0.0), axis=0)  # cumulative from the chunk's start
-            G2 += tl.sum(tl.where(r == 15, G1, 0.0), axis=0)
-            G3 += tl.sum(tl.where(r == 15, G2, 0.0), axis=0)
-            T00 = _unit_lower_inverse(_system_block(k0, k0, b0, G0, G0, r, True, LOW_PRECISION), r, 16)
-            T11 = _unit_lower_inverse(_system_block(k1, k1, b1, G1, G1, r, True, LOW_PRECISION), r, 16)
-            T22 = _unit_lower_inverse(_system_block(k2, k2, b2, G2, G2, r, True, LOW_PRECISION), r, 16)
-            T33 = _unit_lower_inverse(_system_block(k3, k3, b3, G3, G3, r, True, LOW_PRECISION), r, 16)
-            A10 = _system_block(k1, k0, b1, G1, G0, r, False, LOW_PRECISION)
-            A20 = _system_block(k2, k0, b2, G2, G0, r, False, LOW_PRECISION)
-            A21 = _system_block(k2, k1, b2, G2, G1, r, False, LOW_PRECISION)
-            A30 = _system_block(k3, k0, b3, G3, G0, r, False, LOW_PRECISION)
-            A31 = _system_block(k3, k1, b3, G3, G1, r, False, LOW_PRECISION)
-            A32 = _system_block(k3, k2, b3, G3, G2, r, False, LOW_PRECISION)
-            T10 = -mm(T11, mm(A10, T00, False), False)
-            T21 = -mm(T22, mm(A21, T11, False), False)
-            T32 = -mm(T33, mm(A32, T22, False), False)
-            T20 = -mm(T22, mm(A20, T00, False) + mm(A21, T10, False), False)
-            T31 = -mm(T33, mm(A31, T11, False) + mm(A32, T21, False), False)
-            T30 = -mm(T33, mm(A30, T00, False) + mm(A31, T10, False) + mm(A32, T20, False), False)
-            # w = T (beta exp(G) k), row block by row block
-            kb0 = k0 * (b0 * tl.exp(G0))[:, None]
-            kb1 = k1 * (b1 * tl.exp(G1))[:, None]
-            kb2 = k2 * (b2 * tl.exp(G2))[:, None]
-            kb3 = k3 * (b3 * tl.exp(G3))[:, None]
-            w_base = w_ptr + b * s_wb + h * s_wh + offs_k[None, :]
-            mk = (offs_k < K)[None, :]
-            tl.store(w_base + t_0[:, None] * s_wt, mm(T00, kb0, LOW_PRECISION).to(w_ptr.dtype.element_ty),
-                     mask=(t_0 < eos)[:, None] & mk)
-            tl.store(w_base + t_1[:, None] * s_wt,
-                     (mm(T10, kb0, LOW_PRECISION) + mm(T11, kb1, LOW_PRECISION)).to(w_ptr.dtype.element_ty),
-                     mask=(t_1 < eos)[:, None] & mk)
-            tl.store(w_base + t_2[:, None] * s_wt,
-                     (mm(T20, kb0, LOW_PRECISION) + mm(T21, kb1, LOW_PRECISION)
-                      + mm(T22, kb2, LOW_PRECISION)).to(w_ptr.dtype.element_ty), mask=(t_2 < eos)[:, None] & mk)
-            tl.store(w_base + t_3[:, None] * s_wt,
-                     (mm(T30, kb0, LOW_PRECISION) + mm(T31, kb1, LOW_PRECISION) + mm(T32, kb2, LOW_PRECISION)
-                      + mm(T33, kb3, LOW_PRECISION)).to(w_ptr.dtype.element_ty), mask=(t_3 < eos)[:, None] & mk)
-            # u = T (beta v)
-            vb0 = _load_sub(v_base, s_vt, t_0, eos, offs_v, V, False) * b0[:, None]
-            vb1 = _load_sub(v_base, s_vt, t_1, eos, offs_v, V, False) * b1[:, None]
-            vb2 = _load_sub(v_base, s_vt, t_2, eos, offs_v, V, False) * b2[:, None]
-            vb3 = _load_sub(v_base, s_vt, t_3, eos, offs_v, V, False) * b3[:, None]
-            u_base = u_ptr + b * s_ub + h * s_uh + offs_v[None, :]
-            mv = (offs_v < V)[None, :]
-            tl.store(u_base + t_0[:, None] * s_ut, mm(T00, vb0, LOW_PRECISION).to(u_ptr.dtype.element_ty),
-                     mask=(t_0 < eos)[:, None] & mv)
-            tl.store(u_base + t_1[:, None] * s_ut,
-                     (mm(T10, vb0, LOW_PRECISION) + mm(T11, vb1, LOW_PRECISION)).to(u_ptr.dtype.element_ty),
-                     mask=(t_1 < eos)[:, None] & mv)
-            tl.store(u_base + t_2[:, None] * s_ut,
-                     (mm(T20, vb0, LOW_PRECISION) + mm(T21, vb1, LOW_PRECISION)
-                      + mm(T22, vb2, LOW_PRECISION)).to(u_ptr.dtype.element_ty), mask=(t_2 < eos)[:, None] & mv)
-            tl.store(u_base + t_3[:, None] * s_ut,
-                     (mm(T30, vb0, LOW_PRECISION) + mm(T31, vb1, LOW_PRECISION) + mm(T32, vb2, LOW_PRECISION)
-                      + mm(T33, vb3, LOW_PRECISION)).to(u_ptr.dtype.element_ty), mask=(t_3 < eos)[:, None] & mv)
-
-    @triton.jit
-    def _delta_state_kernel(
-        q_ptr, k_ptr, w_ptr, u_ptr, g_ptr, o_ptr, h0_ptr, h0s_ptr, ht_ptr, hts_ptr, static_ptr, cu_ptr,
-        s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_gb, s_gt, s_gh,
-        s_ob, s_ot, s_oh,
-        T, qk_scale,
-        H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-        BK: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr, HAS_H0: tl.constexpr, IN_FMT: tl.constexpr,
-        STORE_HT: tl.constexpr, OUT_FMT: tl.constexpr, QMAX_OUT: tl.constexpr, RT_FMT: tl.constexpr,
-        RT_STATIC: tl.constexpr, QMAX_RT: tl.constexpr, LOW_PRECISION: tl.constexpr, L2NORM: tl.constexpr,
-    ):
-        """The sequential part, 64 tokens a step: ``v_new = u - w S``, the output, the state update
-        and its round trip through the storage format."""
-        BT: tl.constexpr = 64
-        i_nh = tl.program_id(0)
-        i_v = tl.program_id(1)
-        n = i_nh // H
-        h = i_nh % H
-        hk = h // GROUP
-        if VARLEN:
-            bos = tl.load(cu_ptr + n).to(tl.int64)
-            eos = tl.load(cu_ptr + n + 1).to(tl.int64)
-            b = 0
-        else:
-            bos = 0
-            eos = T
-            b = n
-        offs_k = tl.arange(0, BK)
-        offs_v = i_v * BV + tl.arange(0, BV)
-        mk = offs_k < K
-        mv = offs_v < V
-        mkv = mk[:, None] & mv[None, :]
-        rows = tl.arange(0, BT)
-        causal = rows[:, None] >= rows[None, :]
-        q_base = q_ptr + b * s_qb + hk * s_qh
-        k_base = k_ptr + b * s_kb + hk * s_kh
-        w_base = w_ptr + b * s_wb + h * s_wh
-        u_base = u_ptr + b * s_ub + h * s_uh
-        o_base = o_ptr + b * s_ob + h * s_oh
-        state_off = (n * H + h).to(tl.int64) * K * V + offs_k[:, None] * V + offs_v[None, :]
-        scale_off = (n * H + h).to(tl.int64) * K + offs_k
-
-        S = tl.zeros([BK, BV], dtype=tl.float32)
-        if HAS_H0:
-            h0_scale = tl.full([BK], 1.0, tl.float32)
-            if IN_FMT >= 2:
-                h0_scale = tl.load(h0s_ptr + scale_off, mask=mk, other=1.0)
-            S = decode_state(tl.load(h0_ptr + state_off, mask=mkv, other=0.0), h0_scale, IN_FMT)
-        static = tl.full([BK], 1.0, tl.float32)
-        if RT_STATIC:
-            static = tl.load(static_ptr + h * K + offs_k, mask=mk, other=1.0)
-
-        n_chunks = tl.cdiv(eos - bos, BT)
-        for i_c in range(0, n_chunks):
-            t0 = bos + i_c * BT
-            offs_t = t0 + rows
-            mt = offs_t < eos
-            mtk = mt[:, None] & mk[None, :]
-            mtv = mt[:, None] & mv[None, :]
-            q = _load_sub(q_base, s_qt, offs_t, eos, offs_k, K, L2NORM) * qk_scale
-            k = _load_sub(k_base, s_kt, offs_t, eos, offs_k, K, L2NORM)
-            w = tl.load(w_base + offs_t[:, None] * s_wt + offs_k[None, :], mask=mtk, other=0.0).to(tl.float32)
-            u = tl.load(u_base + offs_t[:, None] * s_ut + offs_v[None, :], mask=mtv, other=0.0).to(tl.float32)
-            G = tl.cumsum(tl.load(g_ptr + b * s_gb + h * s_gh + offs_t * s_gt, mask=mt, other=0.0).to(tl.float32),
-                          axis=0)
-            v_new = u - mm(w, S, LOW_PRECISION)
-            o = mm(q * tl.exp(G)[:, None], S, LOW_PRECISION)
-            D = tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
-            o += mm(tl.where(causal, mm(q, tl.trans(k), LOW_PRECISION) * D, 0.0), v_new, LOW_PRECISION)
-            tl.store(o_base + offs_t[:, None] * s_ot + offs_v[None, :], o.to(o_ptr.dtype.element_ty), mask=mtv)
-            G_last = tl.sum(tl.where(rows == BT - 1, G, 0.0), axis=0)  # padded rows have g = 0
-            S = S * tl.exp(G_last) + mm(tl.trans(k * tl.exp(G_last - G)[:, None]), v_new, LOW_PRECISION)
-            if RT_FMT > 0:
-                if t0 + BT < eos:
-                    if RT_STATIC:
-                        S = roundtrip_state(S, static, RT_FMT)
-                    else:
-                        S = roundtrip_state(S, absmax_row_scale(S, QMAX_RT), RT_FMT)
-        if STORE_HT:
-            out_scale = absmax_row_scale(S, QMAX_OUT)
-            tl.store(ht_ptr + state_off, encode_state(S, out_scale, OUT_FMT), mask=mkv)
-            if OUT_FMT >= 2:
-                tl.store(hts_ptr + scale_off, out_scale, mask=mk)
-
-
 def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_state: PrefillStates | None = None,
                        output_final_state: bool = False, final_format: str = "fp32",
                        roundtrip: StateQuantizer | None = None, cu_seqlens: torch.Tensor | None = None,
                        use_qk_l2norm: bool = False, block_t: int = 16, block_v: int | None = None,
-                       num_warps: int = 4, num_stages: int = 1, out: torch.Tensor | None = None,
-                       method: str = "wy", wy_warps: int = 4):
+                       num_warps: int = 4, num_stages: int = 1, out: torch.Tensor | None = None):
     """Chunked gated-delta-rule forward. q, k ``[B, T, Hk, K]``, v ``[B, T, Hv, V]`` (``Hv`` a
     multiple of ``Hk``), g (log-decay) and beta ``[B, T, Hv]``. With ``cu_seqlens`` (int32
     ``[N + 1]``), B is 1 and the N sequences lie back to back along T, as in fla.
@@ -394,7 +178,9 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
     applied every 64 tokens. ``final_format``: the final state's format (fresh per-row scales).
     ``use_qk_l2norm`` normalises q and k in the kernel (Qwen3-Next does). ``block_t`` (16, 32 or
     64), ``block_v``, ``num_warps`` and ``num_stages`` are launch parameters; they do not change
-    the result beyond rounding. Returns ``(o, final_state or None)``.
+    the result beyond rounding. By default V is split over several programs (down to 32 columns)
+    while the ``N * Hv`` sequence-heads alone cannot fill the GPU, unless a per-row state format
+    needs whole rows. Returns ``(o, final_state or None)``.
     """
     if triton is None:
         raise RuntimeError("Triton is not installed; use chunk_delta_reference")
@@ -423,8 +209,13 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
     rt_static = bool(roundtrip is not None and roundtrip.format.is_scaled and roundtrip.renorm_interval == 0)
     BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
     needs_rows = final_format in ("fp8_row", "int8_row") or (rt_code >= 2 and not rt_static)
-    if block_v is not None and not needs_rows:  # per-row scales need whole rows in one program
-        BV = min(BV, block_v)
+    if not needs_rows:  # per-row scales need whole rows in one program
+        if block_v is not None:
+            BV = min(BV, block_v)
+        elif q.is_cuda:  # too few (sequence, head) programs to fill the GPU: split V as well
+            sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+            while N * H * triton.cdiv(V, BV) < sms and BV > 32:
+                BV //= 2
     dummy = o
     h0 = h0s = dummy
     if initial_state is not None:
@@ -432,35 +223,6 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
         h0s = initial_state.scale.contiguous() if initial_state.scale is not None else dummy
     static = roundtrip.static_scale.reshape(H, K).float().contiguous().to(q.device) if rt_static else dummy
     qmax = lambda fmt: StateFormat(fmt).qmax if StateFormat(fmt).is_scaled else 1.0  # noqa: E731
-    if method == "wy":
-        longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
-        w = torch.empty(*v.shape[:3], K, dtype=q.dtype, device=q.device)
-        u = torch.empty(v.shape, dtype=q.dtype, device=q.device)
-        _delta_wy_kernel[(N * H, triton.cdiv(longest, 64))](
-            k, v, g, beta, w, u, cu_seqlens if cu_seqlens is not None else dummy,
-            k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-            g.stride(0), g.stride(1), g.stride(2), beta.stride(0), beta.stride(1), beta.stride(2),
-            w.stride(0), w.stride(1), w.stride(2), u.stride(0), u.stride(1), u.stride(2), T,
-            H=H, GROUP=H // Hk, K=K, V=V, BK=BK, BV=triton.next_power_of_2(V), VARLEN=cu_seqlens is not None,
-            LOW_PRECISION=q.dtype != torch.float32, L2NORM=use_qk_l2norm, num_warps=wy_warps,
-        )
-        _delta_state_kernel[(N * H, triton.cdiv(V, BV))](
-            q, k, w, u, g, o, h0, h0s,
-            final.data if final is not None else dummy,
-            final.scale if final is not None and final.scale is not None else dummy,
-            static, cu_seqlens if cu_seqlens is not None else dummy,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            w.stride(0), w.stride(1), w.stride(2), u.stride(0), u.stride(1), u.stride(2),
-            g.stride(0), g.stride(1), g.stride(2), o.stride(0), o.stride(1), o.stride(2),
-            T, K ** -0.5 if scale is None else scale,
-            H=H, GROUP=H // Hk, K=K, V=V, BK=BK, BV=BV, VARLEN=cu_seqlens is not None,
-            HAS_H0=initial_state is not None,
-            IN_FMT=format_code(initial_state.format) if initial_state is not None else 0,
-            STORE_HT=final is not None, OUT_FMT=format_code(final_format), QMAX_OUT=qmax(final_format),
-            RT_FMT=rt_code, RT_STATIC=rt_static, QMAX_RT=qmax(roundtrip.format.name) if roundtrip is not None else 1.0,
-            LOW_PRECISION=q.dtype != torch.float32, L2NORM=use_qk_l2norm, num_warps=num_warps, num_stages=num_stages,
-        )
-        return o, final
     _chunk_delta_fwd_kernel[(N * H, triton.cdiv(V, BV))](
         q, k, v, g, beta, o, h0, h0s,
         final.data if final is not None else dummy,

@@ -4,7 +4,7 @@
     python eval/scripts/sweep_kernels.py prefill T BLOCK_T BLOCK_V WARPS   (one config per process:
         a config that faults must not take the others down with it)
     python eval/scripts/sweep_kernels.py delta_decode
-    python eval/scripts/sweep_kernels.py delta_prefill T BLOCK_T BLOCK_V WARPS METHOD WY_WARPS
+    python eval/scripts/sweep_kernels.py delta_prefill T BLOCK_T BLOCK_V WARPS
 """
 import sys
 
@@ -66,24 +66,22 @@ def delta_decode():
                       flush=True)
 
 
-def delta_prefill(T, bt, bv, w, method="wy", wy_warps=4):
-    T, bt, bv, w, wy_warps = int(T), int(bt), int(bv), int(w), int(wy_warps)
+def delta_prefill(T, bt, bv, w):
     Bp = 65536 // T
     q, k = (torch.randn(Bp, T, 16, 128, device="cuda").bfloat16() for _ in range(2))
     v = torch.randn(Bp, T, 32, 128, device="cuda").bfloat16()
     g, beta = -F.softplus(torch.randn(Bp, T, 32, device="cuda")) * 0.5, torch.rand(Bp, T, 32, device="cuda")
     run = lambda: chunk_delta_triton(q, k, v, g, beta, use_qk_l2norm=True, block_t=bt, block_v=bv,  # noqa: E731
-                                     num_warps=w, method=method, wy_warps=wy_warps)
+                                     num_warps=w)
     o = run()[0]
     n = min(Bp, 2)
     cut = lambda x: x[:n, :1024]  # noqa: E731
     ref = chunk_delta_reference(cut(q), cut(k), cut(v), cut(g), cut(beta), use_qk_l2norm=True)[0]
     err = ((cut(o).float() - ref.float()).norm() / ref.float().norm()).item()
     ms = do_bench(run, return_mode="median")
-    print(f"delta_prefill {method} T={T} block_t={bt} block_v={bv} warps={w} wy_warps={wy_warps}: {ms:.3f} ms "
-          f"(rel err {err:.1e})", flush=True)
+    print(f"delta_prefill T={T} block_t={bt} block_v={bv} warps={w}: {ms:.3f} ms (rel err {err:.1e})", flush=True)
 
 
 if __name__ == "__main__":
     modes = {"decode": decode, "prefill": prefill, "delta_decode": delta_decode, "delta_prefill": delta_prefill}
-    modes[sys.argv[1]](*(sys.argv[2:] if sys.argv[1] == "delta_prefill" else map(int, sys.argv[2:])))
+    modes[sys.argv[1]](*map(int, sys.argv[2:]))
