@@ -54,11 +54,12 @@ def plan(adapter, stats: Stats, recipe: dict) -> dict:
     if recipe["softmax_attention"]["format"] == "int8":
         # the attention layers' q/k/v/o get the projections' treatment (W8A8 with outlier split)
         for name in adapter.attention_projections():
-            decisions["projections"][name] = {**_projection_decision(name, stats, proj_recipe),
-                                              "role": "softmax_attention"}
+            if (decision := _projection_decision(name, stats, proj_recipe)) is not None:
+                decisions["projections"][name] = {**decision, "role": "softmax_attention"}
     if proj_recipe["format"] == "int8":
         for name in projections:
-            decisions["projections"][name] = _projection_decision(name, stats, proj_recipe)
+            if (decision := _projection_decision(name, stats, proj_recipe)) is not None:
+                decisions["projections"][name] = decision
     if gate_recipe["format"] == "int8":
         for name, gate in adapter.gates().items():
             start, n_channels = adapter.gate_channels(name) or (None, _linears(gate)[-1].out_features)
@@ -72,9 +73,13 @@ def plan(adapter, stats: Stats, recipe: dict) -> dict:
     return decisions
 
 
-def _projection_decision(name: str, stats: Stats, proj_recipe: dict) -> dict:
-    outliers = select_outliers(stats.get(name, "act_absmax"), proj_recipe["outlier_threshold"],
-                               proj_recipe["outlier_top_k"])
+def _projection_decision(name: str, stats: Stats, proj_recipe: dict) -> dict | None:
+    """W8A8 with outlier split; None (the layer stays in high precision) when every input channel
+    is an outlier: an int8 layer without int8 columns would be the bf16 layer with extra work."""
+    absmax = stats.get(name, "act_absmax")
+    outliers = select_outliers(absmax, proj_recipe["outlier_threshold"], proj_recipe["outlier_top_k"])
+    if len(outliers) == absmax.numel():
+        return None
     return {"format": "int8", "outliers": outliers, "weight_granularity": proj_recipe["weight_granularity"],
             "act_granularity": proj_recipe["act_granularity"]}
 

@@ -66,6 +66,25 @@ def test_layer_by_layer_calibration_equals_whole_model(tiny_model_dir, calib_ids
     assert plan(adapter, whole, recipe) == plan(adapter, layerwise, recipe)
 
 
+def test_a_projection_whose_every_input_channel_is_an_outlier_stays_bf16(tiny_model_dir, calib_ids):
+    """The outlier split would leave no int8 column: the layer is kept, the others still quantized."""
+    from laquant.quantize import plan
+    from laquant.recipe import load_recipe
+
+    model, _ = laquant.load_model(tiny_model_dir)
+    adapter = get_adapter(model)
+    stats = collect_stats(model, adapter, calibration_batches(calib_ids, samples=2, seq_len=64, seed=0),
+                          progress=False)
+    name = "model.layers.0.mlp.down_proj"
+    absmax = stats.get(name, "act_absmax")
+    stats.tensors[f"{name}/act_absmax"] = absmax.clamp_min(10.0)  # every channel above the threshold (6)
+    decisions = plan(adapter, stats, load_recipe("gla_w8a8"))
+    assert name not in decisions["projections"] and "model.layers.0.mlp.up_proj" in decisions["projections"]
+    laquant.quantize.apply(model, adapter, decisions, stats)
+    assert type(model.model.layers[0].mlp.down_proj) is torch.nn.Linear
+    assert isinstance(model.model.layers[0].mlp.up_proj, QuantLinear)
+
+
 def test_nan_during_calibration_names_the_module(tiny_model_dir, calib_ids):
     model, _ = laquant.load_model(tiny_model_dir)
     with torch.no_grad():
