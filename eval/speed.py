@@ -75,9 +75,28 @@ def _randn(*shape, dtype=torch.bfloat16, scale=1.0):
 
 
 # ----------------------------------------------------------------------------------------- decode
+def _time_state_formats(row: dict, step, shape, io_bytes: int, bandwidth=None, state_std: float = 1.0) -> None:
+    """Time ``step(data, scale, quantizer)``, a decode step on a state pool of ``shape`` ``[B, H, K, V]``,
+    in each state format; record µs, GB/s (the state read and written plus ``io_bytes``) and, with
+    the copy ``bandwidth``, the memory floor and the fraction of it reached."""
+    from laquant.quant.state import StateQuantizer
+
+    B, H, K, V = shape
+    for fmt in ("fp8_row", "int8_row", "bf16", "fp32"):
+        quant = StateQuantizer(fmt)
+        data, scale = quant.store(torch.randn(B, H, K, V, device="cuda") * state_std)
+        scale = scale.squeeze(-1).contiguous() if scale is not None else None
+        ms = _bench(lambda: step(data, scale, quant))
+        nbytes = 2 * quant.format.bytes_per_state(K, V, B * H) + io_bytes
+        row[f"laquant_{fmt}_us"] = ms * 1e3
+        row[f"laquant_{fmt}_GBps"] = nbytes / (ms * 1e-3) / 1e9
+        if bandwidth:
+            row[f"laquant_{fmt}_floor_us"] = nbytes / bandwidth * 1e6
+            row[f"laquant_{fmt}_of_copy_bw"] = nbytes / (ms * 1e-3) / bandwidth
+
+
 def bench_decode(batches=(1, 4, 16, 32, 64, 128, 256), H=64, K=128, bandwidth=None) -> list[dict]:
     from laquant.kernels.gla_decode_triton import gla_decode_step
-    from laquant.quant.state import StateQuantizer
 
     try:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
@@ -92,17 +111,8 @@ def bench_decode(batches=(1, 4, 16, 32, 64, 128, 256), H=64, K=128, bandwidth=No
         idx = torch.arange(B, device="cuda", dtype=torch.int32)
         io_bytes = B * H * (3 * K + 2 * V) * 2  # q, k, g, v in and o out, bf16
         row = {"B": B, "H": H, "K": K, "V": V}
-        for fmt in ("fp8_row", "int8_row", "bf16", "fp32"):
-            quant = StateQuantizer(fmt)
-            data, scale = quant.store(torch.randn(B, H, K, V, device="cuda"))
-            scale = scale.squeeze(-1).contiguous() if scale is not None else None
-            ms = _bench(lambda: gla_decode_step(q, k, v, g, data, scale, idx, quant))
-            nbytes = 2 * quant.format.bytes_per_state(K, V, B * H) + io_bytes  # state read and written
-            row[f"laquant_{fmt}_us"] = ms * 1e3
-            row[f"laquant_{fmt}_GBps"] = nbytes / (ms * 1e-3) / 1e9
-            if bandwidth:
-                row[f"laquant_{fmt}_floor_us"] = nbytes / bandwidth * 1e6
-                row[f"laquant_{fmt}_of_copy_bw"] = nbytes / (ms * 1e-3) / bandwidth
+        _time_state_formats(row, lambda data, scale, quant: gla_decode_step(q, k, v, g, data, scale, idx, quant),
+                            (B, H, K, V), io_bytes, bandwidth)
         if fused_recurrent_gla is not None:
             h0 = torch.randn(B, H, K, V, device="cuda")
             q4, k4, v4, g4 = (x.unsqueeze(1) for x in (q, k, v, g))
@@ -172,7 +182,6 @@ def bench_delta_decode(batches=(1, 4, 16, 64, 256), Hk=16, Hv=32, K=128, bandwid
     """One gated-delta-rule decode step (Qwen3-Next's heads: 16 q/k, 32 v, K = V = 128, l2-normalised
     q and k) on a state pool in each format vs fla ``fused_recurrent_gated_delta_rule`` (fp32 state)."""
     from laquant.kernels.delta_decode_triton import delta_decode_step
-    from laquant.quant.state import StateQuantizer
 
     try:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
@@ -185,17 +194,9 @@ def bench_delta_decode(batches=(1, 4, 16, 64, 256), Hk=16, Hv=32, K=128, bandwid
         idx = torch.arange(B, device="cuda", dtype=torch.int32)
         io_bytes = B * (Hk * 2 * K + Hv * 2 * V) * 2 + B * Hv * 8  # q, k, v in, o out (bf16); g, beta fp32
         row = {"B": B, "Hk": Hk, "Hv": Hv, "K": K, "V": V}
-        for fmt in ("fp8_row", "int8_row", "bf16", "fp32"):
-            quant = StateQuantizer(fmt)
-            data, scale = quant.store(torch.randn(B, Hv, K, V, device="cuda") * 0.1)
-            scale = scale.squeeze(-1).contiguous() if scale is not None else None
-            ms = _bench(lambda: delta_decode_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], data, scale, idx,
-                                                  quant, use_qk_l2norm=True))
-            nbytes = 2 * quant.format.bytes_per_state(K, V, B * Hv) + io_bytes  # state read and written
-            row[f"laquant_{fmt}_us"] = ms * 1e3
-            row[f"laquant_{fmt}_GBps"] = nbytes / (ms * 1e-3) / 1e9
-            if bandwidth:
-                row[f"laquant_{fmt}_of_copy_bw"] = nbytes / (ms * 1e-3) / bandwidth
+        _time_state_formats(row, lambda data, scale, quant: delta_decode_step(
+            q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], data, scale, idx, quant, use_qk_l2norm=True),
+            (B, Hv, K, V), io_bytes, bandwidth, state_std=0.1)
         if fused_recurrent_gated_delta_rule is not None:
             h0 = torch.randn(B, Hv, K, V, device="cuda") * 0.1
             row["fla_fp32_us"] = 1e3 * _bench(lambda: fused_recurrent_gated_delta_rule(

@@ -31,16 +31,17 @@ from __future__ import annotations
 import torch
 
 from laquant.kernels.delta_reference import chunk_gated_delta_rule
-from laquant.kernels.gla_chunk_triton import CHUNK, PrefillStates, alloc_states, sequence_bounds, store_states
+from laquant.kernels.gla_chunk_triton import (CHUNK, PrefillStates, alloc_states, sequence_bounds, state_io,
+                                              store_states)
 from laquant.kernels.triton_numerics import format_code
-from laquant.quant.state import StateFormat, StateQuantizer
+from laquant.quant.state import StateQuantizer
 
 try:
     import triton
     import triton.language as tl
 
-    from laquant.kernels.triton_numerics import (absmax_row_scale, decode_state, encode_state, mm, roundtrip_state,
-                                                 tile_row)
+    from laquant.kernels.triton_numerics import (absmax_row_scale, load_state_rows, mm, roundtrip_state,
+                                                 sequence_span, store_state_rows, tile_row)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -70,29 +71,24 @@ if triton is not None:
 
     @triton.jit
     def _chunk_delta_fwd_kernel(
-        q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h0_ptr, h0s_ptr, ht_ptr, hts_ptr, static_ptr, cu_ptr,
+        q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, cu_ptr,
         s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh,
         s_ob, s_ot, s_oh,
         T, qk_scale,
         H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-        BK: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr, HAS_H0: tl.constexpr, IN_FMT: tl.constexpr,
-        STORE_HT: tl.constexpr, OUT_FMT: tl.constexpr, QMAX_OUT: tl.constexpr, RT_FMT: tl.constexpr,
-        RT_EVERY: tl.constexpr, RT_STATIC: tl.constexpr, QMAX_RT: tl.constexpr, LOW_PRECISION: tl.constexpr,
-        L2NORM: tl.constexpr,
+        BK: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr, RT_EVERY: tl.constexpr,
+        LOW_PRECISION: tl.constexpr, L2NORM: tl.constexpr,
+        # the state's formats in, inside and out (see laquant.kernels.gla_chunk_triton.state_io)
+        h0_ptr, h0s_ptr, ht_ptr, hts_ptr, static_ptr,
+        HAS_H0: tl.constexpr, IN_FMT: tl.constexpr, STORE_HT: tl.constexpr, OUT_FMT: tl.constexpr,
+        QMAX_OUT: tl.constexpr, RT_FMT: tl.constexpr, RT_STATIC: tl.constexpr, QMAX_RT: tl.constexpr,
     ):
         i_nh = tl.program_id(0)
         i_v = tl.program_id(1)
         n = i_nh // H
         h = i_nh % H
         hk = h // GROUP
-        if VARLEN:
-            bos = tl.load(cu_ptr + n).to(tl.int64)
-            eos = tl.load(cu_ptr + n + 1).to(tl.int64)
-            b = 0
-        else:
-            bos = 0
-            eos = T
-            b = n
+        bos, eos, b = sequence_span(cu_ptr, n, T, VARLEN)
         offs_k = tl.arange(0, BK)
         offs_v = i_v * BV + tl.arange(0, BV)
         mk = offs_k < K
@@ -109,10 +105,7 @@ if triton is not None:
 
         S = tl.zeros([BK, BV], dtype=tl.float32)
         if HAS_H0:
-            h0_scale = tl.full([BK], 1.0, tl.float32)
-            if IN_FMT >= 2:
-                h0_scale = tl.load(h0s_ptr + scale_off, mask=mk, other=1.0)
-            S = decode_state(tl.load(h0_ptr + state_off, mask=mkv, other=0.0), h0_scale, IN_FMT)
+            S, _ = load_state_rows(h0_ptr + state_off, h0s_ptr + scale_off, mk, mkv, IN_FMT, BK)
         static = tl.full([BK], 1.0, tl.float32)
         if RT_STATIC:
             static = tl.load(static_ptr + h * K + offs_k, mask=mk, other=1.0)
@@ -153,15 +146,9 @@ if triton is not None:
             S = S * tl.exp(G_last) + mm(tl.trans(k * tl.exp(G_last - G)[:, None]), v_new, LOW_PRECISION)
             if RT_FMT > 0:
                 if ((i_c + 1) % RT_EVERY == 0) & (t0 + BT < eos):
-                    if RT_STATIC:
-                        S = roundtrip_state(S, static, RT_FMT)
-                    else:
-                        S = roundtrip_state(S, absmax_row_scale(S, QMAX_RT), RT_FMT)
+                    S = roundtrip_state(S, static, RT_FMT, RT_STATIC, QMAX_RT)
         if STORE_HT:
-            out_scale = absmax_row_scale(S, QMAX_OUT)
-            tl.store(ht_ptr + state_off, encode_state(S, out_scale, OUT_FMT), mask=mkv)
-            if OUT_FMT >= 2:
-                tl.store(hts_ptr + scale_off, out_scale, mask=mk)
+            store_state_rows(S, ht_ptr + state_off, hts_ptr + scale_off, mk, mkv, absmax_row_scale(S, QMAX_OUT), OUT_FMT)
 
 
 def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_state: PrefillStates | None = None,
@@ -205,10 +192,9 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
                              f"got {tuple(initial_state.data.shape)}")
         format_code(initial_state.format)
     final = alloc_states((N, H, K, V), final_format, q.device) if output_final_state else None
-    rt_code = format_code(roundtrip.format.name) if roundtrip is not None else 0
-    rt_static = bool(roundtrip is not None and roundtrip.format.is_scaled and roundtrip.renorm_interval == 0)
+    dummy = o
+    state_args, needs_rows = state_io(initial_state, final, final_format, roundtrip, H, K, dummy)
     BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
-    needs_rows = final_format in ("fp8_row", "int8_row") or (rt_code >= 2 and not rt_static)
     if not needs_rows:  # per-row scales need whole rows in one program
         if block_v is not None:
             BV = min(BV, block_v)
@@ -216,27 +202,14 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
             sms = torch.cuda.get_device_properties(q.device).multi_processor_count
             while N * H * triton.cdiv(V, BV) < sms and BV > 32:
                 BV //= 2
-    dummy = o
-    h0 = h0s = dummy
-    if initial_state is not None:
-        h0 = initial_state.data.contiguous()
-        h0s = initial_state.scale.contiguous() if initial_state.scale is not None else dummy
-    static = roundtrip.static_scale.reshape(H, K).float().contiguous().to(q.device) if rt_static else dummy
-    qmax = lambda fmt: StateFormat(fmt).qmax if StateFormat(fmt).is_scaled else 1.0  # noqa: E731
     _chunk_delta_fwd_kernel[(N * H, triton.cdiv(V, BV))](
-        q, k, v, g, beta, o, h0, h0s,
-        final.data if final is not None else dummy,
-        final.scale if final is not None and final.scale is not None else dummy,
-        static, cu_seqlens if cu_seqlens is not None else dummy,
+        q, k, v, g, beta, o, cu_seqlens if cu_seqlens is not None else dummy,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2),
         beta.stride(0), beta.stride(1), beta.stride(2), o.stride(0), o.stride(1), o.stride(2),
         T, K ** -0.5 if scale is None else scale,
         H=H, GROUP=H // Hk, K=K, V=V, BT=block_t, BK=BK, BV=BV, VARLEN=cu_seqlens is not None,
-        HAS_H0=initial_state is not None, IN_FMT=format_code(initial_state.format) if initial_state is not None else 0,
-        STORE_HT=final is not None, OUT_FMT=format_code(final_format), QMAX_OUT=qmax(final_format), RT_FMT=rt_code,
-        RT_EVERY=CHUNK // block_t, RT_STATIC=rt_static,
-        QMAX_RT=qmax(roundtrip.format.name) if roundtrip is not None else 1.0,
-        LOW_PRECISION=q.dtype != torch.float32, L2NORM=use_qk_l2norm, num_warps=num_warps, num_stages=num_stages,
+        RT_EVERY=CHUNK // block_t, LOW_PRECISION=q.dtype != torch.float32, L2NORM=use_qk_l2norm,
+        num_warps=num_warps, num_stages=num_stages, **state_args,
     )
     return o, final

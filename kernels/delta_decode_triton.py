@@ -26,7 +26,7 @@ try:
     import triton
     import triton.language as tl
 
-    from laquant.kernels.triton_numerics import decode_state, encode_state, stored_row_scale
+    from laquant.kernels.triton_numerics import load_state_rows, store_state_rows, stored_row_scale
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -89,11 +89,8 @@ if triton is not None:
                 qq = tl.load(q_base + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32)
                 q_sq += qq * qq
                 k_sq += kk * kk
-            row_scale = tl.full([BLOCK_K], 1.0, tl.float32)
-            if FMT >= 2:
-                row_scale = tl.load(scale_base + offs_k, mask=mask_k, other=1.0)
-            st = decode_state(tl.load(state_base + offs_k[:, None] * s_sk + offs_v[None, :],
-                                      mask=mask_k[:, None] & mask_v[None, :], other=0.0), row_scale, FMT)
+            st, _ = load_state_rows(state_base + offs_k[:, None] * s_sk + offs_v[None, :], scale_base + offs_k, mask_k,
+                                    mask_k[:, None] & mask_v[None, :], FMT, BLOCK_K)
             kS += kk[:, None] * st
         if L2NORM:  # as fla and transformers: x * rsqrt(sum(x^2) + 1e-6)
             q_mul = qk_scale * tl.rsqrt(tl.sum(q_sq, axis=0) + 1e-6)
@@ -109,20 +106,14 @@ if triton is not None:
             kk = tl.load(k_base + offs_k * s_kk, mask=mask_k, other=0.0).to(tl.float32) * k_mul
             qq = tl.load(q_base + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32) * q_mul
             ptrs = state_base + offs_k[:, None] * s_sk + offs_v[None, :]
-            old_scale = tl.full([BLOCK_K], 1.0, tl.float32)
-            if FMT >= 2:
-                old_scale = tl.load(scale_base + offs_k, mask=mask_k, other=1.0)
-            st = decode_state(tl.load(ptrs, mask=mask, other=0.0), old_scale, FMT) * decay
-            st += kk[:, None] * delta[None, :]
+            st, old_scale = load_state_rows(ptrs, scale_base + offs_k, mask_k, mask, FMT, BLOCK_K)
+            st = st * decay + kk[:, None] * delta[None, :]
             readout += qq[:, None] * st
             new_scale = old_scale
             if FMT >= 2:
-                static = old_scale
-                if RENORM == 0:
-                    static = tl.load(static_ptr + h * K + offs_k, mask=mask_k, other=1.0)
-                new_scale = stored_row_scale(st, old_scale, static, renorm_now, RENORM, QMAX)
-                tl.store(scale_base + offs_k, new_scale, mask=mask_k)
-            tl.store(ptrs, encode_state(st, new_scale, FMT), mask=mask)
+                new_scale = stored_row_scale(st, old_scale, static_ptr + h * K + offs_k, mask_k, renorm_now, RENORM,
+                                             QMAX)
+            store_state_rows(st, ptrs, scale_base + offs_k, mask_k, mask, new_scale, FMT)
         o = tl.sum(readout, axis=0)
         tl.store(o_ptr + b * s_ob + h * s_oh + offs_v, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
                  mask=mask_v)

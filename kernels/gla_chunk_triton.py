@@ -33,8 +33,8 @@ try:
     import triton
     import triton.language as tl
 
-    from laquant.kernels.triton_numerics import (absmax_row_scale, decode_state, encode_state, mm, roundtrip_state,
-                                                 tile_row)
+    from laquant.kernels.triton_numerics import (absmax_row_scale, load_state_rows, mm, roundtrip_state,
+                                                 sequence_span, store_state_rows, tile_row)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -114,28 +114,23 @@ if triton is not None:
 
     @triton.jit
     def _chunk_gla_fwd_kernel(
-        q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, h0_ptr, h0s_ptr, ht_ptr, hts_ptr, ck_ptr, cks_ptr, static_ptr, cu_ptr,
+        q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, ck_ptr, cks_ptr, cu_ptr,
         s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh, s_ob, s_ot, s_oh,
-        T, n_ckpt, qk_scale,
+        T, n_ckpt, qk_scale, decay_ptr,
         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
         BK: tl.constexpr, BV: tl.constexpr, SCALAR_DECAY: tl.constexpr, VARLEN: tl.constexpr,
+        RT_EVERY: tl.constexpr, CKPT_EVERY: tl.constexpr, LOW_PRECISION: tl.constexpr,
+        STORE_O: tl.constexpr, STORE_DECAY: tl.constexpr,
+        # the state's formats in, inside and out (see state_io)
+        h0_ptr, h0s_ptr, ht_ptr, hts_ptr, static_ptr,
         HAS_H0: tl.constexpr, IN_FMT: tl.constexpr, STORE_HT: tl.constexpr, OUT_FMT: tl.constexpr,
-        QMAX_OUT: tl.constexpr, RT_FMT: tl.constexpr, RT_EVERY: tl.constexpr, RT_STATIC: tl.constexpr,
-        QMAX_RT: tl.constexpr, CKPT_EVERY: tl.constexpr, LOW_PRECISION: tl.constexpr,
-        STORE_O: tl.constexpr, STORE_DECAY: tl.constexpr, decay_ptr,
+        QMAX_OUT: tl.constexpr, RT_FMT: tl.constexpr, RT_STATIC: tl.constexpr, QMAX_RT: tl.constexpr,
     ):
         i_nh = tl.program_id(0)
         i_v = tl.program_id(1)
         n = i_nh // H
         h = i_nh % H
-        if VARLEN:
-            bos = tl.load(cu_ptr + n).to(tl.int64)
-            eos = tl.load(cu_ptr + n + 1).to(tl.int64)
-            b = 0
-        else:
-            bos = 0
-            eos = T
-            b = n
+        bos, eos, b = sequence_span(cu_ptr, n, T, VARLEN)
         offs_k = tl.arange(0, BK)
         offs_v = i_v * BV + tl.arange(0, BV)
         mk = offs_k < K
@@ -153,10 +148,7 @@ if triton is not None:
 
         S = tl.zeros([BK, BV], dtype=tl.float32)
         if HAS_H0:
-            h0_scale = tl.full([BK], 1.0, tl.float32)
-            if IN_FMT >= 2:
-                h0_scale = tl.load(h0s_ptr + scale_off, mask=mk, other=1.0)
-            S = decode_state(tl.load(h0_ptr + state_off, mask=mkv, other=0.0), h0_scale, IN_FMT)
+            S, _ = load_state_rows(h0_ptr + state_off, h0s_ptr + scale_off, mk, mkv, IN_FMT, BK)
         static = tl.full([BK], 1.0, tl.float32)
         if RT_STATIC:
             static = tl.load(static_ptr + h * K + offs_k, mask=mk, other=1.0)
@@ -217,26 +209,17 @@ if triton is not None:
             if CKPT_EVERY > 0:
                 if ((i_c + 1) % CKPT_EVERY == 0) & (t0 + BT <= eos):
                     c_idx = (i_c + 1) // CKPT_EVERY - 1
-                    ck_scale = absmax_row_scale(S, QMAX_OUT)
                     ck_off = ((n * n_ckpt + c_idx) * H + h).to(tl.int64) * K
-                    tl.store(ck_ptr + ck_off * V + offs_k[:, None] * V + offs_v[None, :],
-                             encode_state(S, ck_scale, OUT_FMT), mask=mkv)
-                    if OUT_FMT >= 2:
-                        tl.store(cks_ptr + ck_off + offs_k, ck_scale, mask=mk)
+                    store_state_rows(S, ck_ptr + ck_off * V + offs_k[:, None] * V + offs_v[None, :],
+                                     cks_ptr + ck_off + offs_k, mk, mkv, absmax_row_scale(S, QMAX_OUT), OUT_FMT)
             if RT_FMT > 0:
                 if ((i_c + 1) % RT_EVERY == 0) & (t0 + BT < eos):
-                    if RT_STATIC:
-                        S = roundtrip_state(S, static, RT_FMT)
-                    else:
-                        S = roundtrip_state(S, absmax_row_scale(S, QMAX_RT), RT_FMT)
+                    S = roundtrip_state(S, static, RT_FMT, RT_STATIC, QMAX_RT)
         if STORE_DECAY:
             if i_v == 0:
                 tl.store(decay_ptr + scale_off, g_total, mask=mk)
         if STORE_HT:
-            out_scale = absmax_row_scale(S, QMAX_OUT)
-            tl.store(ht_ptr + state_off, encode_state(S, out_scale, OUT_FMT), mask=mkv)
-            if OUT_FMT >= 2:
-                tl.store(hts_ptr + scale_off, out_scale, mask=mk)
+            store_state_rows(S, ht_ptr + state_off, hts_ptr + scale_off, mk, mkv, absmax_row_scale(S, QMAX_OUT), OUT_FMT)
 
 
     @triton.jit
@@ -374,39 +357,49 @@ def _segmented(q, k, v, g, scale, initial_state, output_final_state, final_forma
     return o, (store_states(final, final_format) if output_final_state else None), None
 
 
+def state_io(initial_state: PrefillStates | None, final: PrefillStates | None, final_format: str,
+             roundtrip: StateQuantizer | None, H: int, K: int, dummy: torch.Tensor) -> tuple[dict, bool]:
+    """The state-format arguments both chunked kernels (GLA, delta rule) take: the initial state
+    and its scales, the final state's buffers, the static scales of a round trip, and their format
+    constexprs. Also whether a program needs whole state rows (per-row scales computed in it)."""
+    rt_code = format_code(roundtrip.format.name) if roundtrip is not None else 0
+    rt_static = bool(roundtrip is not None and roundtrip.format.is_scaled and roundtrip.renorm_interval == 0)
+    qmax = lambda fmt: StateFormat(fmt).qmax if StateFormat(fmt).is_scaled else 1.0  # noqa: E731
+    args = dict(
+        h0_ptr=initial_state.data.contiguous() if initial_state is not None else dummy,
+        h0s_ptr=initial_state.scale.contiguous() if initial_state is not None and initial_state.scale is not None
+        else dummy,
+        ht_ptr=final.data if final is not None else dummy,
+        hts_ptr=final.scale if final is not None and final.scale is not None else dummy,
+        static_ptr=roundtrip.static_scale.reshape(H, K).float().contiguous().to(dummy.device) if rt_static else dummy,
+        HAS_H0=initial_state is not None, IN_FMT=format_code(initial_state.format) if initial_state is not None else 0,
+        STORE_HT=final is not None, OUT_FMT=format_code(final_format), QMAX_OUT=qmax(final_format),
+        RT_FMT=rt_code, RT_STATIC=rt_static, QMAX_RT=qmax(roundtrip.format.name) if roundtrip is not None else 1.0,
+    )
+    needs_rows = final_format in ("fp8_row", "int8_row") or (rt_code >= 2 and not rt_static)
+    return args, needs_rows
+
+
 def _launch(q, k, v, g, o, scale, N, initial_state, final, ckpt, checkpoint_every, roundtrip, cu_seqlens, store_o,
             decay, block_t, block_v, num_warps, num_stages):
     B, T, H, K = q.shape
     V = v.shape[-1]
     final_format = final.format if final is not None else (ckpt.format if ckpt is not None else "fp32")
-    rt_code = format_code(roundtrip.format.name) if roundtrip is not None else 0
-    rt_static = bool(roundtrip is not None and roundtrip.format.is_scaled and roundtrip.renorm_interval == 0)
+    dummy = o
+    state_args, needs_rows = state_io(initial_state, final, final_format, roundtrip, H, K, dummy)
     BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
-    needs_rows = final_format in ("fp8_row", "int8_row") or (roundtrip is not None and roundtrip.format.is_scaled
-                                                              and not rt_static)
     if block_v is not None and not needs_rows:  # per-row scales need whole rows in one program
         BV = min(BV, block_v)
-    dummy = o
-    h0 = h0s = dummy
-    if initial_state is not None:
-        h0 = initial_state.data.contiguous()
-        h0s = initial_state.scale.contiguous() if initial_state.scale is not None else dummy
-    static = roundtrip.static_scale.reshape(H, K).float().contiguous().to(q.device) if rt_static else dummy
-    qmax = lambda fmt: StateFormat(fmt).qmax if StateFormat(fmt).is_scaled else 1.0  # noqa: E731
     _chunk_gla_fwd_kernel[(N * H, triton.cdiv(V, BV))](
-        q, k, v, g, o, h0, h0s,
-        final.data if final is not None else dummy, final.scale if final is not None and final.scale is not None else dummy,
+        q, k, v, g, o,
         ckpt.data if ckpt is not None else dummy, ckpt.scale if ckpt is not None and ckpt.scale is not None else dummy,
-        static, cu_seqlens if cu_seqlens is not None else dummy,
+        cu_seqlens if cu_seqlens is not None else dummy,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2), o.stride(0), o.stride(1),
         o.stride(2), T, ckpt.data.shape[1] if ckpt is not None else 1, K ** -0.5 if scale is None else scale,
+        decay if decay is not None else dummy,
         H=H, K=K, V=V, BT=block_t, BC=SUB, BK=BK, BV=BV, SCALAR_DECAY=g.dim() == 3, VARLEN=cu_seqlens is not None,
-        HAS_H0=initial_state is not None, IN_FMT=format_code(initial_state.format) if initial_state is not None else 0,
-        STORE_HT=final is not None, OUT_FMT=format_code(final_format), QMAX_OUT=qmax(final_format), RT_FMT=rt_code,
-        RT_EVERY=CHUNK // block_t, RT_STATIC=rt_static,
-        QMAX_RT=qmax(roundtrip.format.name) if roundtrip is not None else 1.0,
-        CKPT_EVERY=checkpoint_every // block_t if ckpt is not None else 0, LOW_PRECISION=q.dtype != torch.float32,
-        STORE_O=store_o, STORE_DECAY=decay is not None, decay_ptr=decay if decay is not None else dummy,
-        num_warps=num_warps, num_stages=num_stages,
+        RT_EVERY=CHUNK // block_t, CKPT_EVERY=checkpoint_every // block_t if ckpt is not None else 0,
+        LOW_PRECISION=q.dtype != torch.float32, STORE_O=store_o, STORE_DECAY=decay is not None,
+        num_warps=num_warps, num_stages=num_stages, **state_args,
     )

@@ -24,7 +24,7 @@ try:
     import triton
     import triton.language as tl
 
-    from laquant.kernels.triton_numerics import decode_state, encode_state, stored_row_scale
+    from laquant.kernels.triton_numerics import load_state_rows, store_state_rows, stored_row_scale
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -88,22 +88,16 @@ if triton is not None:
             kk = tl.load(k_ptr + b * s_kb + h * s_kh + offs_k * s_kk, mask=mask_k, other=0.0).to(tl.float32)
             g = tl.load(g_ptr + b * s_gb + h * s_gh + offs_k * s_gk, mask=mask_k, other=0.0).to(tl.float32)
             ptrs = state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :]
+            sc_ptrs = scale_ptr + slot * s_cp + h * s_ch + offs_k
             mask = mask_k[:, None] & mask_v[None, :]
-            old_scale = tl.full([BLOCK_K], 1.0, tl.float32)
-            if FMT >= 2:
-                sc_ptrs = scale_ptr + slot * s_cp + h * s_ch + offs_k
-                old_scale = tl.load(sc_ptrs, mask=mask_k, other=1.0)
-            st = decode_state(tl.load(ptrs, mask=mask, other=0.0), old_scale, FMT)
+            st, old_scale = load_state_rows(ptrs, sc_ptrs, mask_k, mask, FMT, BLOCK_K)
             st = st * tl.exp(g)[:, None] + kk[:, None] * v[None, :]
             readout += q[:, None] * st
             new_scale = old_scale
             if FMT >= 2:
-                static = old_scale
-                if RENORM == 0:
-                    static = tl.load(static_ptr + h * K + offs_k, mask=mask_k, other=1.0)
-                new_scale = stored_row_scale(st, old_scale, static, renorm_now, RENORM, QMAX)
-                tl.store(sc_ptrs, new_scale, mask=mask_k)
-            tl.store(ptrs, encode_state(st, new_scale, FMT), mask=mask)
+                new_scale = stored_row_scale(st, old_scale, static_ptr + h * K + offs_k, mask_k, renorm_now, RENORM,
+                                             QMAX)
+            store_state_rows(st, ptrs, sc_ptrs, mask_k, mask, new_scale, FMT)
         o = tl.sum(readout, axis=0)
         tl.store(o_ptr + b * s_ob + h * s_oh + offs_v, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
                  mask=mask_v)

@@ -54,13 +54,13 @@ if triton is not None:
         return tl.maximum(tl.max(tl.abs(x), axis=1) / QMAX, 1.1754943508222875e-38)  # float32 tiny
 
     @triton.jit
-    def stored_row_scale(st, old_scale, static_scale, renorm_now, RENORM: tl.constexpr, QMAX: tl.constexpr):
+    def stored_row_scale(st, old_scale, static_ptrs, mask_k, renorm_now, RENORM: tl.constexpr, QMAX: tl.constexpr):
         """The per-row scale a decode step stores ``st`` with (scaled formats; the kernel twin of
-        :meth:`~laquant.quant.state.StateQuantizer.store` on a pool slot): the calibrated
-        ``static_scale`` when ``RENORM`` is 0; else the fresh absmax, which with ``RENORM > 1``
-        only grows (``max`` with ``old_scale``) except when ``renorm_now``."""
+        :meth:`~laquant.quant.state.StateQuantizer.store` on a pool slot): the calibrated static
+        scales at ``static_ptrs`` when ``RENORM`` is 0; else the fresh absmax, which with
+        ``RENORM > 1`` only grows (``max`` with ``old_scale``) except when ``renorm_now``."""
         if RENORM == 0:
-            scale = static_scale
+            scale = tl.load(static_ptrs, mask=mask_k, other=1.0)
         else:
             scale = absmax_row_scale(st, QMAX)
             if RENORM > 1:
@@ -107,10 +107,43 @@ if triton is not None:
         return st
 
     @triton.jit
-    def roundtrip_state(st, scale, FMT: tl.constexpr):
-        """Store then load: what a state kept in ``FMT`` with these row scales still holds."""
+    def roundtrip_state(st, static, FMT: tl.constexpr, STATIC: tl.constexpr, QMAX: tl.constexpr):
+        """Store then load: what a state kept in ``FMT`` still holds, with the row scales
+        ``static`` when ``STATIC``, else fresh per-row absmax scales."""
         if FMT == 0:
             out = st
         else:
+            scale = static
+            if not STATIC:
+                scale = absmax_row_scale(st, QMAX)
             out = decode_state(encode_state(st, scale, FMT), scale, FMT)
         return out
+
+    @triton.jit
+    def load_state_rows(data_ptrs, scale_ptrs, mask_k, mask, FMT: tl.constexpr, BLOCK_K: tl.constexpr):
+        """A stored ``[BLOCK_K, V]`` state tile as float32, and its row scales (1 for the plain formats)."""
+        scale = tl.full([BLOCK_K], 1.0, tl.float32)
+        if FMT >= 2:
+            scale = tl.load(scale_ptrs, mask=mask_k, other=1.0)
+        return decode_state(tl.load(data_ptrs, mask=mask, other=0.0), scale, FMT), scale
+
+    @triton.jit
+    def store_state_rows(st, data_ptrs, scale_ptrs, mask_k, mask, scale, FMT: tl.constexpr):
+        """Store a float32 state tile in ``FMT`` with these row scales (kept too, scaled formats)."""
+        tl.store(data_ptrs, encode_state(st, scale, FMT), mask=mask)
+        if FMT >= 2:
+            tl.store(scale_ptrs, scale, mask=mask_k)
+
+    @triton.jit
+    def sequence_span(cu_ptr, n, T, VARLEN: tl.constexpr):
+        """``(bos, eos, batch row)`` of sequence ``n``: packed along T by ``cu_seqlens`` (VARLEN), or
+        row ``n`` of the batch."""
+        if VARLEN:
+            bos = tl.load(cu_ptr + n).to(tl.int64)
+            eos = tl.load(cu_ptr + n + 1).to(tl.int64)
+            b = 0
+        else:
+            bos = 0
+            eos = T
+            b = n
+        return bos, eos, b
