@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from laquant.calibration.stats import Stats
-from laquant.quant.state import StateFormat
+from laquant.kernels.common.formats import get_format
 
 
 def model_bytes(model, storage_dtype: torch.dtype = torch.bfloat16) -> int:
@@ -21,7 +21,7 @@ def state_bytes_per_sequence(mixers: dict, decisions: dict | None) -> int:
     total = 0
     for name, info in mixers.items():
         fmt = (decisions or {}).get("state", {}).get(name, {}).get("format", "fp32")
-        total += StateFormat(fmt).bytes_per_state(info["head_k"], info["head_v"], info["num_heads"])
+        total += get_format(fmt).bytes_per_state(info["head_k"], info["head_v"], info["num_heads"])
     return total
 
 
@@ -70,7 +70,7 @@ def layer_summary(stats: Stats, decisions: dict) -> str:
     for name in stats.modules("mixers"):
         d = decisions["state"].get(name, {"format": "fp32", "renorm_interval": "-"})
         absmax, growth = stats.get(name, "state_absmax"), stats.get(name, "state_growth")
-        fmt = d["format"] + (f" (renorm {d['renorm_interval']})" if StateFormat(d["format"]).is_scaled else "")
+        fmt = d["format"] + (f" (renorm {d['renorm_interval']})" if get_format(d["format"]).is_scaled else "")
         out.append(f"| {name} | {fmt} | {absmax.max():.2f} | {absmax.median():.3f} | {growth.max():+.3f} |")
     return "\n".join(out)
 

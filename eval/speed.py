@@ -79,7 +79,7 @@ def _time_state_formats(row: dict, step, shape, io_bytes: int, bandwidth=None, s
     """Time ``step(data, scale, quantizer)``, a decode step on a state pool of ``shape`` ``[B, H, K, V]``,
     in each state format; record µs, GB/s (the state read and written plus ``io_bytes``) and, with
     the copy ``bandwidth``, the memory floor and the fraction of it reached."""
-    from laquant.quant.state import StateQuantizer
+    from laquant.kernels.common.state import StateQuantizer
 
     B, H, K, V = shape
     for fmt in ("fp8_row", "int8_row", "bf16", "fp32"):
@@ -96,7 +96,7 @@ def _time_state_formats(row: dict, step, shape, io_bytes: int, bandwidth=None, s
 
 
 def bench_decode(batches=(1, 4, 16, 32, 64, 128, 256), H=64, K=128, bandwidth=None) -> list[dict]:
-    from laquant.kernels.gla_decode_triton import gla_decode_step
+    from laquant.kernels.gla.decode import gla_decode_step
 
     try:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
@@ -133,9 +133,9 @@ def bench_decode(batches=(1, 4, 16, 32, 64, 128, 256), H=64, K=128, bandwidth=No
 # ---------------------------------------------------------------------------------------- prefill
 def bench_prefill(seq_lens=(1024, 2048, 4096, 8192, 16384, 32768, 65536), total=65536, H=16, K=128,
                   bandwidth=None) -> list[dict]:
-    from laquant.kernels.gla_chunk_triton import chunk_gla_triton
-    from laquant.kernels.linear_attention_triton import noncausal_linear_attention_triton
-    from laquant.quant.state import StateQuantizer
+    from laquant.kernels.gla.chunk import chunk_gla_triton
+    from laquant.kernels.gla.noncausal import noncausal_linear_attention_triton
+    from laquant.kernels.common.state import StateQuantizer
 
     try:
         from fla.ops.gla import chunk_gla as fla_chunk_gla
@@ -181,7 +181,7 @@ def _delta_inputs(B, T, Hk, Hv, K, V):
 def bench_delta_decode(batches=(1, 4, 16, 64, 256), Hk=16, Hv=32, K=128, bandwidth=None) -> list[dict]:
     """One gated-delta-rule decode step (Qwen3-Next's heads: 16 q/k, 32 v, K = V = 128, l2-normalised
     q and k) on a state pool in each format vs fla ``fused_recurrent_gated_delta_rule`` (fp32 state)."""
-    from laquant.kernels.delta_decode_triton import delta_decode_step
+    from laquant.kernels.delta.decode import delta_decode_step
 
     try:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
@@ -212,8 +212,8 @@ def bench_delta_prefill(seq_lens=(1024, 4096, 16384, 65536), total=65536, Hk=16,
                         bandwidth=None, peak_tflops=None) -> list[dict]:
     """Chunked gated-delta-rule prefill, B * T = 65,536 tokens, Qwen3-Next's heads, bf16: laquant
     (fp32 state; fp8 round trips every 64 tokens) vs fla ``chunk_gated_delta_rule`` (forward)."""
-    from laquant.kernels.delta_chunk_triton import chunk_delta_triton
-    from laquant.quant.state import StateQuantizer
+    from laquant.kernels.delta.chunk import chunk_delta_triton
+    from laquant.kernels.common.state import StateQuantizer
 
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk

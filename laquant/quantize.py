@@ -14,7 +14,8 @@ import torch
 from laquant.calibration.stats import Stats
 from laquant.errors import LaquantError
 from laquant.quant.modules import QuantGate, QuantLinear
-from laquant.quant.state import StateFormat, StateQuantizer
+from laquant.kernels.common.formats import get_format
+from laquant.kernels.common.state import StateQuantizer
 
 
 def select_outliers(absmax: torch.Tensor, threshold: float | None, top_k: int | None) -> list[int]:
@@ -94,7 +95,7 @@ def _linears(gate) -> list:
 
 def static_state_scale(state_absmax: torch.Tensor, fmt: str) -> torch.Tensor:
     """Calibrated scale for a state ``[H, K]`` absmax, shaped to broadcast over ``[B, H, K, V]``."""
-    fmt = StateFormat(fmt)
+    fmt = get_format(fmt)
     if fmt.granularity == "row":
         amax = state_absmax.unsqueeze(-1)
     elif fmt.granularity == "head":
@@ -142,7 +143,7 @@ def apply(model, adapter, decisions: dict, stats: Stats | None = None) -> None:
     mixers = adapter.mixers()
     for name, d in decisions["state"].items():
         mixer = adapter.module(name)
-        fmt = StateFormat(d["format"])
+        fmt = get_format(d["format"])
         static = None
         if d["renorm_interval"] == 0 and fmt.is_scaled:
             info = mixers[name]

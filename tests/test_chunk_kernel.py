@@ -1,21 +1,15 @@
 """The Triton chunked-prefill kernel against its PyTorch reference (GPU, or CPU under TRITON_INTERPRET=1)."""
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import rel_err
-from laquant.quant import StateFormat, StateQuantizer
+from conftest import DEVICE, INTERPRETED, rel_err, require_triton_kernels
+from laquant.quant import State, StateFormat, StateQuantizer
 
-triton = pytest.importorskip("triton")
-from laquant.kernels.gla_chunk_triton import PrefillStates, chunk_gla_reference, chunk_gla_triton  # noqa: E402
+triton = require_triton_kernels()
+from laquant.kernels.gla.chunk import chunk_gla_reference, chunk_gla_triton  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("Triton kernels run on CPU only under TRITON_INTERPRET=1", allow_module_level=True)
-INTERPRETED = DEVICE == "cpu"
 # The interpreter's bf16 tl.dot returns garbage and its fp8 casts misround (see test_decode_kernel):
 # interpreted runs use float32 inputs and allow fp8 round trips to drift.
 DTYPES = [torch.float32] if INTERPRETED else [torch.float32, torch.bfloat16]
@@ -79,7 +73,7 @@ def test_strong_per_channel_decay():
 def test_state_formats_in_and_out(in_fmt, out_fmt):
     q, k, v, g = _inputs(2, 100, 2, 16, 32, torch.float32, seed=1)
     data, scale = StateQuantizer(in_fmt).store(torch.randn(2, 2, 16, 32, device=DEVICE))
-    h0 = PrefillStates(data, None if scale is None else scale.squeeze(-1), in_fmt)
+    h0 = State(data, scale, in_fmt)
     out, ref = _run((q, k, v, g), dict(initial_state=h0, output_final_state=True, final_format=out_fmt))
     # the final state is re-quantized: only rounding-boundary flips may differ, by one step
     _check(out, ref, _tol(torch.float32, out_fmt if out_fmt != "fp32" else None) * 5)
@@ -119,7 +113,7 @@ def test_sequence_parallel_segments(scalar, segments, T):
     """Long sequences split into pieces run in parallel, chained by a scan of their final states."""
     q, k, v, g = _inputs(2, T, 2, 16, 32, torch.float32, scalar=scalar, seed=7)
     data, _ = StateQuantizer("fp32").store(torch.randn(2, 2, 16, 32, device=DEVICE))
-    h0 = PrefillStates(data, None, "fp32")
+    h0 = State(data, None, "fp32")
     out, ref = _run((q, k, v, g), dict(initial_state=h0, output_final_state=True, final_format="bf16"),
                     segments=segments)
     _check(out, ref, 5e-5)  # the scan multiplies decays summed in another order

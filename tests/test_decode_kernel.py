@@ -1,25 +1,17 @@
 """The Triton decode-step kernel against its PyTorch reference (GPU, or CPU under TRITON_INTERPRET=1)."""
 
-import os
-
 import pytest
 import torch
 
-from conftest import rel_err
+from conftest import DEVICE, INTERPRETED, rel_err, require_triton_kernels
 from laquant.quant import StateFormat, StateQuantizer
 
-triton = pytest.importorskip("triton")
-from laquant.kernels.gla_decode_triton import gla_decode_step, gla_decode_step_reference  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("Triton kernels run on CPU only under TRITON_INTERPRET=1", allow_module_level=True)
+triton = require_triton_kernels()
+from laquant.kernels.gla.decode import gla_decode_step, gla_decode_step_reference  # noqa: E402
 
 # Triton's CPU interpreter (3.9) converts fp32 -> fp8 e4m3 wrongly when mantissa rounding carries into
 # the next binade (31.9 -> 16.0, 7.99 -> 4.0) and truncates fp32 -> bf16 despite rtne; the GPU's
 # conversions are exact. Interpreted runs therefore allow those elements to differ.
-INTERPRETED = DEVICE == "cpu"
-
 
 def _case(B, H, K, V, P, fmt, renorm=1, in_dtype=torch.bfloat16):
     gen = torch.Generator().manual_seed(B * 1000 + K + V)

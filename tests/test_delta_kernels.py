@@ -1,25 +1,18 @@
 """The gated-delta-rule Triton kernels (decode step on a state pool, chunked prefill) against their
 PyTorch references (GPU, or CPU under TRITON_INTERPRET=1)."""
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import rel_err
-from laquant.quant import StateFormat, StateQuantizer
+from conftest import DEVICE, INTERPRETED, rel_err, require_triton_kernels
+from laquant.quant import State, StateFormat, StateQuantizer
 
-triton = pytest.importorskip("triton")
-from laquant.kernels.delta_chunk_triton import chunk_delta_reference, chunk_delta_triton  # noqa: E402
-from laquant.kernels.delta_decode_triton import delta_decode_step, delta_decode_step_reference  # noqa: E402
-from laquant.kernels.gla_chunk_triton import PrefillStates  # noqa: E402
+triton = require_triton_kernels()
+from laquant.kernels.delta.chunk import chunk_delta_reference, chunk_delta_triton  # noqa: E402
+from laquant.kernels.delta.decode import delta_decode_step, delta_decode_step_reference  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("Triton kernels run on CPU only under TRITON_INTERPRET=1", allow_module_level=True)
 # the interpreter misrounds fp8/bf16 casts and its bf16 tl.dot is wrong (see test_decode_kernel)
-INTERPRETED = DEVICE == "cpu"
 DTYPES = [torch.float32] if INTERPRETED else [torch.float32, torch.bfloat16]
 
 
@@ -35,7 +28,7 @@ def _inputs(B, T, Hk, Hv, K, V, dtype=torch.float32, seed=0, decay=0.5):
 def _stored(shape, fmt, seed=1):
     gen = torch.Generator().manual_seed(seed)
     data, scale = StateQuantizer(fmt).store(torch.randn(*shape, generator=gen).to(DEVICE))
-    return PrefillStates(data, None if scale is None else scale.squeeze(-1), fmt)
+    return State(data, scale, fmt)
 
 
 # ---- decode step -------------------------------------------------------------------------------

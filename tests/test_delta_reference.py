@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import rel_err
-from laquant.kernels.delta_reference import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from laquant.kernels.delta.reference import chunk_gated_delta_rule, recurrent_gated_delta_rule
 from laquant.quant import StateQuantizer
 
 qwen3_next = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")

@@ -262,10 +262,10 @@ def test_a_recipe_for_a_role_the_model_lacks_is_an_error(tiny_model_dir):
 def test_hybrid_state_paths_on_the_triton_kernels(family, recipe, monkeypatch):
     """On CUDA the state paths run on laquant's Triton kernels: Gated DeltaNet on the delta-rule
     kernels, Lightning and Mamba2 on the GLA kernels (scalar decay); they match the references."""
-    import laquant.kernels.delta_chunk_triton as delta_chunk
-    import laquant.kernels.delta_decode_triton as delta_decode
-    import laquant.kernels.gla_chunk_triton as gla_chunk
-    import laquant.kernels.gla_decode_triton as gla_decode
+    import laquant.kernels.delta.chunk as delta_chunk
+    import laquant.kernels.delta.decode as delta_decode
+    import laquant.kernels.gla.chunk as gla_chunk
+    import laquant.kernels.gla.decode as gla_decode
 
     model = _model(family).cuda()
     get_adapter(model)

@@ -1,23 +1,18 @@
 """The int8 outlier-split GEMM kernels against the reference (the QuantLinear module's CPU path)."""
 
-import os
-
 import pytest
 import torch
 
-from conftest import rel_err
+from conftest import DEVICE, rel_err, require_triton_kernels
 from laquant.quant.modules import QuantLinear
-from laquant.quant.numerics import quantize_int8
+from laquant.kernels.common.numerics import quantize_int8
 
-triton = pytest.importorskip("triton")
-from laquant.kernels.int8_gemm_triton import (  # noqa: E402
+triton = require_triton_kernels()
+from laquant.kernels.gemm.int8 import (  # noqa: E402
     int8_outlier_linear_triton,
     quantize_rows,
 )
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("Triton kernels run on CPU only under TRITON_INTERPRET=1", allow_module_level=True)
 # the interpreter's bf16 tl.dot is broken (see test_chunk_kernel): interpreted runs use float32
 DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
 

@@ -1,19 +1,13 @@
 """The non-causal (bidirectional) linear-attention kernels against the reference."""
 
-import os
-
 import pytest
 import torch
 
-from conftest import rel_err
-from laquant.kernels.gla_reference import noncausal_linear_attention, naive_gla
+from conftest import DEVICE, rel_err, require_triton_kernels
+from laquant.kernels.gla.reference import noncausal_linear_attention, naive_gla
 
-triton = pytest.importorskip("triton")
-from laquant.kernels.linear_attention_triton import noncausal_linear_attention_triton  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("Triton kernels run on CPU only under TRITON_INTERPRET=1", allow_module_level=True)
+triton = require_triton_kernels()
+from laquant.kernels.gla.noncausal import noncausal_linear_attention_triton  # noqa: E402
 
 
 def test_reference_is_full_attention_without_mask():

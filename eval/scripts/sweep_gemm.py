@@ -4,7 +4,7 @@ import itertools
 import torch
 from triton.testing import do_bench_cudagraph
 
-from laquant.kernels.int8_gemm_triton import _int8_gemm_kernel, quantize_rows
+from laquant.kernels.gemm.int8 import _int8_gemm_kernel, quantize_rows
 from laquant.quant.modules import QuantLinear
 
 for (K, N), M in itertools.product([(4096, 4096), (2048, 2048)], [16, 2048, 8192]):

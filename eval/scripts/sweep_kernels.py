@@ -12,11 +12,11 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-from laquant.kernels.delta_chunk_triton import chunk_delta_reference, chunk_delta_triton
-from laquant.kernels.delta_decode_triton import delta_decode_step
-from laquant.kernels.gla_chunk_triton import chunk_gla_reference, chunk_gla_triton
-from laquant.kernels.gla_decode_triton import gla_decode_step
-from laquant.quant.state import StateQuantizer
+from laquant.kernels.delta.chunk import chunk_delta_reference, chunk_delta_triton
+from laquant.kernels.delta.decode import delta_decode_step
+from laquant.kernels.gla.chunk import chunk_gla_reference, chunk_gla_triton
+from laquant.kernels.gla.decode import gla_decode_step
+from laquant.kernels.common.state import StateQuantizer
 
 
 def decode():

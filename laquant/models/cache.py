@@ -2,22 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass
-class StoredState:
-    """A layer's state as stored: ``data`` (fp32, bf16 or fp8) and its float32 ``scale`` (fp8 only)."""
-
-    data: torch.Tensor
-    scale: torch.Tensor | None
-    n_stores: int
-
-    def nbytes(self) -> int:
-        n = self.data.numel() * self.data.element_size()
-        return n + (self.scale.numel() * self.scale.element_size() if self.scale is not None else 0)
+from laquant.kernels.common.state import State
 
 
 class GLAStateCache:
@@ -26,13 +13,13 @@ class GLAStateCache:
     memory of the past is its state."""
 
     def __init__(self, num_layers: int):
-        self.states: list[StoredState | None] = [None] * num_layers
+        self.states: list[State | None] = [None] * num_layers
         self.seen_tokens = 0
 
-    def get(self, layer_idx: int) -> StoredState | None:
+    def get(self, layer_idx: int) -> State | None:
         return self.states[layer_idx]
 
-    def update(self, layer_idx: int, stored: StoredState, new_tokens: int) -> None:
+    def update(self, layer_idx: int, stored: State, new_tokens: int) -> None:
         self.states[layer_idx] = stored
         if layer_idx == len(self.states) - 1:
             self.seen_tokens += new_tokens
@@ -50,14 +37,14 @@ class HybridStates:
     laquant's formats, so they do not depend on how a transformers version lays out its cache."""
 
     def __init__(self):
-        self.states: dict[int, StoredState] = {}
+        self.states: dict[int, State] = {}
         self.conv: dict[int, torch.Tensor] = {}
         self.seen_tokens = 0
 
-    def get(self, layer_idx: int) -> StoredState | None:
+    def get(self, layer_idx: int) -> State | None:
         return self.states.get(layer_idx)
 
-    def update(self, layer_idx: int, stored: StoredState, new_tokens: int) -> None:
+    def update(self, layer_idx: int, stored: State, new_tokens: int) -> None:
         self.states[layer_idx] = stored
 
     def state_bytes(self) -> int:

@@ -1,6 +1,6 @@
 """Quantized modules that replace a model's ``nn.Linear`` layers.
 
-All numerics go through :mod:`laquant.quant.numerics` and :mod:`laquant.kernels`; the modules only
+All numerics go through :mod:`laquant.kernels.common.numerics` and :mod:`laquant.kernels`; the modules only
 hold the quantized tensors (as buffers, so they save and load with the state dict) and wire them.
 Each module can be built empty from its recorded decision (shapes only), which is how a
 checkpoint is reloaded: build, then ``load_state_dict``.
@@ -12,8 +12,8 @@ import torch
 import torch.nn as nn
 
 from laquant.kernels import int8_outlier_linear
-from laquant.kernels.dispatch import use_triton
-from laquant.quant.numerics import INT8_MAX, dequantize, quantize_int8
+from laquant.kernels.common.dispatch import use_triton
+from laquant.kernels.common.numerics import INT8_MAX, dequantize, quantize_int8
 
 GRANULARITIES = ("per_channel", "per_tensor")
 ACT_GRANULARITIES = ("per_token", "per_tensor", "none")  # none: weight-only
@@ -71,7 +71,7 @@ class QuantLinear(nn.Module):
 
     def packed(self):
         """The weight as the Triton GEMM reads it, rebuilt when a buffer changed (e.g. a reload)."""
-        from laquant.kernels.int8_gemm_triton import PackedOutlierWeight
+        from laquant.kernels.gemm.int8 import PackedOutlierWeight
 
         bufs = (self.qweight, self.weight_scale, self.keep_idx, self.outlier_idx, self.outlier_weight, self.bias)
         key = tuple((b.data_ptr(), b._version) if b is not None else None for b in bufs)
@@ -83,7 +83,7 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.act_granularity == "per_token" and use_triton(x):
-            from laquant.kernels.int8_gemm_triton import int8_outlier_linear_triton
+            from laquant.kernels.gemm.int8 import int8_outlier_linear_triton
 
             return int8_outlier_linear_triton(x, self.packed())
         return int8_outlier_linear(

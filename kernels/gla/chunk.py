@@ -15,52 +15,31 @@ the optional states) touches memory. Per chunk:
   request it is also written out every ``checkpoint_every`` tokens and at the end, in a format.
 
 The spec is :func:`chunk_gla_reference` (laquant's :func:`~laquant.kernels.chunk_gla` per
-sequence, with the formats of :class:`~laquant.quant.state.StateQuantizer`). Matmuls take bf16
+sequence, with the formats of :class:`~laquant.kernels.common.state.StateQuantizer`). Matmuls take bf16
 operands with float32 accumulation for bf16 inputs (as fla does), exact float32 for float32 inputs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from laquant.kernels.gla_reference import chunk_gla
-from laquant.kernels.triton_numerics import format_code
-from laquant.quant.state import StateFormat, StateQuantizer
+from ..common.state import State, StateQuantizer
+from ..common.state_io import CHUNK, check_state_args, sequence_bounds, state_io, store_states
+from .reference import chunk_gla
 
 try:
     import triton
     import triton.language as tl
 
-    from laquant.kernels.triton_numerics import (absmax_row_scale, load_state_rows, mm, roundtrip_state,
+    from ..common.triton_numerics import (absmax_row_scale, load_state_rows, mm, roundtrip_state,
                                                  sequence_span, store_state_rows, tile_row)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
-CHUNK = 64  # state round trips and checkpoints fall on multiples of this many tokens
 SUB = 16  # rows per column block of the intra-chunk split
 
 
-@dataclass
-class PrefillStates:
-    """States a prefill returns, as stored: ``data`` ``[N, H, K, V]`` (or ``[N, C, H, K, V]`` for
-    checkpoints) and float32 ``scale`` ``[..., K]`` for the scaled formats, else None."""
-
-    data: torch.Tensor
-    scale: torch.Tensor | None
-    format: str
-
-    def load(self) -> torch.Tensor:
-        return StateQuantizer.load(self.data, None if self.scale is None else self.scale.unsqueeze(-1))
-
-
-def store_states(state: torch.Tensor, fmt: str) -> PrefillStates:
-    data, scale = StateQuantizer(fmt).store(state)
-    return PrefillStates(data, None if scale is None else scale.squeeze(-1), fmt)
-
-
-def chunk_gla_reference(q, k, v, g, scale=None, initial_state: PrefillStates | None = None,
+def chunk_gla_reference(q, k, v, g, scale=None, initial_state: State | None = None,
                         output_final_state: bool = False, final_format: str = "fp32",
                         roundtrip: StateQuantizer | None = None, checkpoint_every: int = 0,
                         cu_seqlens: torch.Tensor | None = None):
@@ -68,7 +47,7 @@ def chunk_gla_reference(q, k, v, g, scale=None, initial_state: PrefillStates | N
     if g.dim() == 3:  # scalar per-head decay
         g = g.unsqueeze(-1).expand_as(q)
     bounds = sequence_bounds(q, cu_seqlens)
-    rt = roundtrip.roundtrip if roundtrip is not None and roundtrip.format.name != "fp32" else None
+    rt = roundtrip.roundtrip if roundtrip is not None and not roundtrip.is_plain_fp32 else None
     h0 = initial_state.load() if initial_state is not None else None
     outs, finals, ckpts = [], [], []
     for n, (bos, eos) in enumerate(bounds):
@@ -101,13 +80,6 @@ def chunk_gla_reference(q, k, v, g, scale=None, initial_state: PrefillStates | N
                 full[n, i] = s[0]
         ck = store_states(full, final_format)
     return o, final, ck
-
-
-def sequence_bounds(q, cu_seqlens):
-    if cu_seqlens is None:
-        return [(0, q.shape[1])] * q.shape[0]
-    cu = cu_seqlens.tolist()
-    return list(zip(cu[:-1], cu[1:]))
 
 
 if triton is not None:
@@ -247,16 +219,7 @@ if triton is not None:
         tl.store(final_ptr + (n * H + h).to(tl.int64) * K * V + tile, S, mask=mkv)
 
 
-_STORAGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8_row": torch.float8_e4m3fn,
-                   "int8_row": torch.int8}
-
-
-def alloc_states(shape, fmt, device) -> PrefillStates:
-    scale = torch.empty(shape[:-1], dtype=torch.float32, device=device) if fmt in ("fp8_row", "int8_row") else None
-    return PrefillStates(torch.empty(shape, dtype=_STORAGE_DTYPES[fmt], device=device), scale, fmt)
-
-
-def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: PrefillStates | None = None,
+def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: State | None = None,
                      output_final_state: bool = False, final_format: str = "fp32",
                      roundtrip: StateQuantizer | None = None, checkpoint_every: int = 0,
                      cu_seqlens: torch.Tensor | None = None, block_t: int = 16, block_v: int | None = None,
@@ -266,7 +229,7 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Pref
     per channel or ``[B, T, H]`` per head. With ``cu_seqlens`` (int32 ``[N + 1]``), B is 1 and the
     N sequences lie back to back along T, as in fla.
 
-    ``initial_state``: :class:`PrefillStates` ``[N, H, K, V]`` in fp32, bf16, fp8_row or int8_row.
+    ``initial_state``: :class:`State` ``[N, H, K, V]`` in fp32, bf16, fp8_row or int8_row.
     ``roundtrip``: the state's storage format inside the prefill (a :class:`StateQuantizer`: its
     format, and static scales if its ``renorm_interval`` is 0), applied every 64 tokens.
     ``final_format`` is the format of the final state and the checkpoints (fresh per-row scales).
@@ -295,12 +258,8 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Pref
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     q, k, v, g = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, g))
     o = torch.empty_like(v) if out is None else out
-    format_code(final_format)  # an unsupported format is named before any work
-    if initial_state is not None:
-        if tuple(initial_state.data.shape) != (N, H, K, V):
-            raise ValueError(f"initial_state must be [N, H, K, V] = {(N, H, K, V)}; got {tuple(initial_state.data.shape)}")
-        format_code(initial_state.format)
-    sequential_state = (roundtrip is not None and roundtrip.format.name != "fp32") or checkpoint_every
+    check_state_args(initial_state, final_format, (N, H, K, V), "[N, H, K, V]")
+    sequential_state = (roundtrip is not None and not roundtrip.is_plain_fp32) or checkpoint_every
     if segments is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
         # below one program per SM, split; the split costs a state-only pass over k, v, g
@@ -313,10 +272,10 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Pref
             raise ValueError("segments > 1 needs float32 states without checkpoints and no cu_seqlens")
         return _segmented(q, k, v, g, scale, initial_state, output_final_state, final_format, segments, o,
                           dict(block_t=block_t, block_v=block_v, num_warps=num_warps, num_stages=num_stages))
-    final = alloc_states((N, H, K, V), final_format, q.device) if output_final_state else None
+    final = State.empty((N, H, K, V), final_format, q.device) if output_final_state else None
     longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
     n_ckpt = longest // checkpoint_every if checkpoint_every else 0
-    ckpt = alloc_states((N, n_ckpt, H, K, V), final_format, q.device) if checkpoint_every else None
+    ckpt = State.empty((N, n_ckpt, H, K, V), final_format, q.device) if checkpoint_every else None
     if ckpt is not None:
         ckpt.data.zero_()
         if ckpt.scale is not None:
@@ -340,7 +299,7 @@ def _segmented(q, k, v, g, scale, initial_state, output_final_state, final_forma
     flat = lambda x: x.reshape(1, B * T, *x.shape[2:])  # noqa: E731 - [B, T, ...] -> packed [1, B*T, ...]
     qf, kf, vf, gf, of = (flat(x) for x in (q, k, v, g, o))
     n_pieces = B * segments
-    local = PrefillStates(torch.empty(n_pieces, H, K, V, device=q.device), None, "fp32")
+    local = State(torch.empty(n_pieces, H, K, V, device=q.device), None, "fp32")
     decay = torch.empty(n_pieces, H, K, device=q.device)
     # the state-only pass has no intra-chunk work: long chunks mean fewer sequential steps
     _launch(qf, kf, vf, gf, of, scale, n_pieces, None, local, None, 0, None, cu, store_o=False, decay=decay,
@@ -352,32 +311,9 @@ def _segmented(q, k, v, g, scale, initial_state, output_final_state, final_forma
     _segment_scan_kernel[(B * H, triton.cdiv(K, BKs))](local.data, decay, h0, starts_state, final, segments, H=H, K=K,
                                                        V=V, BK=BKs, BV=triton.next_power_of_2(V),
                                                        HAS_H0=initial_state is not None)
-    _launch(qf, kf, vf, gf, of, scale, n_pieces, PrefillStates(starts_state, None, "fp32"), None, None, 0, None, cu,
+    _launch(qf, kf, vf, gf, of, scale, n_pieces, State(starts_state, None, "fp32"), None, None, 0, None, cu,
             store_o=True, decay=None, **launch)
     return o, (store_states(final, final_format) if output_final_state else None), None
-
-
-def state_io(initial_state: PrefillStates | None, final: PrefillStates | None, final_format: str,
-             roundtrip: StateQuantizer | None, H: int, K: int, dummy: torch.Tensor) -> tuple[dict, bool]:
-    """The state-format arguments both chunked kernels (GLA, delta rule) take: the initial state
-    and its scales, the final state's buffers, the static scales of a round trip, and their format
-    constexprs. Also whether a program needs whole state rows (per-row scales computed in it)."""
-    rt_code = format_code(roundtrip.format.name) if roundtrip is not None else 0
-    rt_static = bool(roundtrip is not None and roundtrip.format.is_scaled and roundtrip.renorm_interval == 0)
-    qmax = lambda fmt: StateFormat(fmt).qmax if StateFormat(fmt).is_scaled else 1.0  # noqa: E731
-    args = dict(
-        h0_ptr=initial_state.data.contiguous() if initial_state is not None else dummy,
-        h0s_ptr=initial_state.scale.contiguous() if initial_state is not None and initial_state.scale is not None
-        else dummy,
-        ht_ptr=final.data if final is not None else dummy,
-        hts_ptr=final.scale if final is not None and final.scale is not None else dummy,
-        static_ptr=roundtrip.static_scale.reshape(H, K).float().contiguous().to(dummy.device) if rt_static else dummy,
-        HAS_H0=initial_state is not None, IN_FMT=format_code(initial_state.format) if initial_state is not None else 0,
-        STORE_HT=final is not None, OUT_FMT=format_code(final_format), QMAX_OUT=qmax(final_format),
-        RT_FMT=rt_code, RT_STATIC=rt_static, QMAX_RT=qmax(roundtrip.format.name) if roundtrip is not None else 1.0,
-    )
-    needs_rows = final_format in ("fp8_row", "int8_row") or (rt_code >= 2 and not rt_static)
-    return args, needs_rows
 
 
 def _launch(q, k, v, g, o, scale, N, initial_state, final, ckpt, checkpoint_every, roundtrip, cu_seqlens, store_o,

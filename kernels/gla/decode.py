@@ -4,7 +4,7 @@
 scale per K row) is loaded, decayed, updated with ``k v^T``, read out with ``q``, and stored back in its
 format, all in float32 registers. Spec: :func:`gla_decode_step_reference`, which is
 :func:`laquant.kernels.recurrent_gla_step` plus the pool and the storage format
-(:class:`laquant.quant.state.StateQuantizer`).
+(:class:`laquant.kernels.common.state.StateQuantizer`).
 
 One program handles one (sequence, head) and walks the K rows in blocks of ``BLOCK_K``, keeping
 the whole V row in registers so the per-row absmax, and so the fp8 scale, is exact. The kernel is
@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import torch
 
-from laquant.kernels.gla_reference import recurrent_gla_step
-from laquant.quant.state import StateQuantizer
-
-from laquant.kernels.triton_numerics import format_code
+from ..common.state import StateQuantizer, load_pool_slots, store_pool_slots
+from ..common.state_io import pool_args
+from .reference import recurrent_gla_step
 
 try:
     import triton
     import triton.language as tl
 
-    from laquant.kernels.triton_numerics import load_state_rows, store_state_rows, stored_row_scale
+    from ..common.triton_numerics import load_state_rows, store_state_rows, stored_row_scale
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -35,28 +34,6 @@ def gla_decode_step_reference(q, k, v, g, state, scale, pool_idx, quantizer: Sta
     o, h = recurrent_gla_step(q, k, v, g, load_pool_slots(state, scale, pool_idx, quantizer), qk_scale)
     store_pool_slots(h, state, scale, pool_idx, quantizer, n_stores)
     return o
-
-
-def load_pool_slots(state, scale, pool_idx, quantizer: StateQuantizer) -> torch.Tensor:
-    """The float32 states of the pool slots ``pool_idx`` (the reference side of a decode kernel)."""
-    idx = pool_idx.long()
-    return quantizer.load(state[idx], scale[idx].unsqueeze(-1) if scale is not None else None)
-
-
-def store_pool_slots(h, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None) -> None:
-    """Store the new states ``h`` into the pool slots ``pool_idx`` in place, as a decode kernel does."""
-    idx = pool_idx.long()
-    old_scale = scale[idx].unsqueeze(-1) if scale is not None else None
-    if quantizer.format.is_scaled and quantizer.renorm_interval > 1:
-        # per slot: the scale only grows, except at a renormalisation (every N-th store of that slot)
-        renorm_now = ((n_stores[idx] + 1) % quantizer.renorm_interval == 0).view(-1, 1, 1, 1)
-        fresh = quantizer.fresh_scale(h)
-        data, new_scale = quantizer.quantize(h, torch.where(renorm_now, fresh, torch.maximum(fresh, old_scale)))
-    else:
-        data, new_scale = quantizer.store(h)
-    state[idx] = data
-    if scale is not None:
-        scale[idx] = new_scale.squeeze(-1).expand(len(idx), *scale.shape[1:])
 
 
 if triton is not None:
@@ -103,11 +80,6 @@ if triton is not None:
                  mask=mask_v)
 
 
-# (block_k, num_warps) per format: the fastest at B = 64, H = 64, K = V = 128 on an H100
-# (eval/scripts/sweep_kernels.py); the 8-bit states want more rows in flight per program.
-LAUNCH = {"fp32": (64, 4), "bf16": (32, 2), "fp8_row": (16, 2), "int8_row": (16, 2)}
-
-
 def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer,
                     n_stores: torch.Tensor | None = None, qk_scale: float | None = None,
                     block_k: int | None = None, num_warps: int | None = None,
@@ -117,31 +89,16 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
     are updated in place (``n_stores`` is read, not incremented: the caller counts). Returns ``o``."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use gla_decode_step_reference")
-    fmt = quantizer.format.name
-    code = format_code(fmt)
     B, H, K = q.shape
     V = v.shape[-1]
-    if state.stride(-1) != 1 or (scale is not None and scale.stride(-1) != 1):
-        raise ValueError("state and scale pools must be contiguous in their last dimension")
-    if quantizer.format.is_scaled and quantizer.renorm_interval > 1 and n_stores is None:
-        raise ValueError("renorm_interval > 1 needs the per-slot store counts n_stores")
+    pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K, block_k,
+                                                      num_warps)
     o = torch.empty(B, H, V, dtype=v.dtype, device=v.device) if out is None else out
-    default_k, default_warps = LAUNCH[fmt]
-    block_k, num_warps = block_k or default_k, num_warps or default_warps
     qk_scale = K ** -0.5 if qk_scale is None else qk_scale
-    static = quantizer.static_scale if (quantizer.format.is_scaled and quantizer.renorm_interval == 0) else None
-    if static is not None:
-        static = static.reshape(H, K).float().contiguous().to(q.device)
-    scale_t = scale if scale is not None else state
     _gla_decode_kernel[(B * H,)](
-        q, k, v, g, o, state, scale_t, pool_idx, n_stores if n_stores is not None else pool_idx,
-        static if static is not None else scale_t,
+        q, k, v, g, o, *pool,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(),
-        o.stride(0), o.stride(1), state.stride(0), state.stride(1), state.stride(2),
-        scale_t.stride(0), scale_t.stride(1) if scale is not None else 0,
-        qk_scale, H=H, K=K, V=V, BLOCK_K=min(block_k, triton.next_power_of_2(K)),
-        BLOCK_V=triton.next_power_of_2(V), FMT=code, RENORM=quantizer.renorm_interval,
-        QMAX=quantizer.format.qmax if quantizer.format.is_scaled else 1.0,
-        num_warps=num_warps,
+        o.stride(0), o.stride(1), *pool_strides,
+        qk_scale, H=H, K=K, V=V, BLOCK_V=triton.next_power_of_2(V), num_warps=num_warps, **consts,
     )
     return o

@@ -1,6 +1,6 @@
 """Triton kernels: W8A8 int8 GEMM with an LLM.int8-style outlier split, one output.
 
-Spec: :func:`laquant.kernels.int8_reference.int8_outlier_linear` with per-token activations and
+Spec: :func:`laquant.kernels.gemm.reference.int8_outlier_linear` with per-token activations and
 per-output-channel (or per-tensor) weight scales. Two launches:
 
 1. ``_quantize_rows_kernel`` reads x once per row: the absmax over the non-outlier columns gives
@@ -25,7 +25,7 @@ try:
     import triton
     import triton.language as tl
 
-    from laquant.kernels.triton_numerics import quantize_int8
+    from ..common.triton_numerics import quantize_int8
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 

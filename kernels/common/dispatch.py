@@ -3,7 +3,7 @@
 ``LAQUANT_KERNELS=reference`` forces the references on CUDA too (to compare the two paths on one
 device); a state format the kernels do not store (fp8_head, fp8_tensor) also takes the reference,
 and so does anything autograd must differentiate (the kernels are forward-only; training a model
-with laquant's mixers, as ``eval/train.py`` does for the hybrid, runs the differentiable references).
+with laquant's mixers, as ``tools/train.py`` does for the hybrid, runs the differentiable references).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from laquant.kernels.triton_numerics import FORMAT_CODES
+from .formats import KERNEL_FORMATS
 
 try:
     import triton  # noqa: F401
@@ -38,4 +38,4 @@ def use_triton(x: torch.Tensor, state_format: str | None = None) -> bool:
         return False
     if x.requires_grad and torch.is_grad_enabled():
         return False
-    return state_format is None or state_format in FORMAT_CODES
+    return state_format is None or state_format in KERNEL_FORMATS

@@ -1,11 +1,12 @@
-"""Triton device functions for laquant's numerics: the in-kernel twin of :mod:`laquant.quant.numerics`.
+"""Triton device functions for laquant's numerics: the in-kernel twin of :mod:`.numerics`.
 
 Every Triton kernel quantizes through these, so the rounding rules live in one place per language:
 symmetric absmax scales (``absmax / qmax``, at least float32's tiny), ``x / scale`` as an exactly
 rounded division (``div_rn``, as PyTorch divides; states use a per-row reciprocal, see
 :func:`encode_state`), int8 rounded half to even (as ``torch.round``)
 and clamped to +-127, fp8 e4m3 clamped to +-448 then cast (round to nearest even). Format codes
-are the ones the kernels take as a constexpr.
+(``FMT``) are the registry's ``kernel_code`` (:mod:`.formats`): 0 fp32, 1 bf16, 2 fp8 e4m3 and 3 int8,
+the scaled ones with one float32 scale per K row.
 """
 
 from __future__ import annotations
@@ -15,16 +16,6 @@ try:
     import triton.language as tl
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
-
-# storage formats of a [K, V] state tile; the scaled ones carry one float32 scale per K row
-FORMAT_CODES = {"fp32": 0, "bf16": 1, "fp8_row": 2, "int8_row": 3}
-
-
-def format_code(name: str) -> int:
-    if name not in FORMAT_CODES:
-        raise ValueError(f"laquant's Triton kernels store states as {', '.join(FORMAT_CODES)}, not {name!r}")
-    return FORMAT_CODES[name]
-
 
 if triton is not None:
 
@@ -56,7 +47,7 @@ if triton is not None:
     @triton.jit
     def stored_row_scale(st, old_scale, static_ptrs, mask_k, renorm_now, RENORM: tl.constexpr, QMAX: tl.constexpr):
         """The per-row scale a decode step stores ``st`` with (scaled formats; the kernel twin of
-        :meth:`~laquant.quant.state.StateQuantizer.store` on a pool slot): the calibrated static
+        :meth:`~laquant.kernels.common.state.StateQuantizer.store` on a pool slot): the calibrated static
         scales at ``static_ptrs`` when ``RENORM`` is 0; else the fresh absmax, which with
         ``RENORM > 1`` only grows (``max`` with ``old_scale``) except when ``renorm_now``."""
         if RENORM == 0:

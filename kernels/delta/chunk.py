@@ -2,7 +2,7 @@
 
 One program owns one (sequence, value head, V block) and walks its sequence in chunks of ``BT``
 (16, 32 or 64) tokens with the ``[K, V]`` state in float32 registers, as the GLA prefill
-(:mod:`laquant.kernels.gla_chunk_triton`) does. Per chunk, with ``G`` the cumulative log-decay
+(:mod:`laquant.kernels.gla.chunk`) does. Per chunk, with ``G`` the cumulative log-decay
 inside it (a scalar per head and token) and ``D_ij = exp(G_i - G_j)`` for ``j <= i``:
 
 * the delta updates inside the chunk are one unit-lower-triangular system
@@ -16,7 +16,7 @@ inside it (a scalar per head and token) and ``D_ij = exp(G_i - G_j)`` for ``j <=
 The inverse and ``w`` depend only on k, g and beta, so with V split over several programs each
 recomputes them: cheap next to the ``[BT, K] x [K, BV]`` products. The spec is
 :func:`chunk_delta_reference` (laquant's :func:`~laquant.kernels.chunk_gated_delta_rule` per
-sequence, with the formats of :class:`~laquant.quant.state.StateQuantizer`). Matmuls take bf16
+sequence, with the formats of :class:`~laquant.kernels.common.state.StateQuantizer`). Matmuls take bf16
 operands with float32 accumulation for bf16 inputs (as fla does), exact float32 for float32 inputs;
 the triangular solve is always float32.
 
@@ -30,28 +30,26 @@ from __future__ import annotations
 
 import torch
 
-from laquant.kernels.delta_reference import chunk_gated_delta_rule
-from laquant.kernels.gla_chunk_triton import (CHUNK, PrefillStates, alloc_states, sequence_bounds, state_io,
-                                              store_states)
-from laquant.kernels.triton_numerics import format_code
-from laquant.quant.state import StateQuantizer
+from ..common.state import State, StateQuantizer
+from ..common.state_io import CHUNK, check_state_args, sequence_bounds, state_io, store_states
+from .reference import chunk_gated_delta_rule
 
 try:
     import triton
     import triton.language as tl
 
-    from laquant.kernels.triton_numerics import (absmax_row_scale, load_state_rows, mm, roundtrip_state,
-                                                 sequence_span, store_state_rows, tile_row)
+    from ..common.triton_numerics import (absmax_row_scale, load_state_rows, mm, roundtrip_state, sequence_span,
+                                          store_state_rows, tile_row)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
 
-def chunk_delta_reference(q, k, v, g, beta, scale=None, initial_state: PrefillStates | None = None,
+def chunk_delta_reference(q, k, v, g, beta, scale=None, initial_state: State | None = None,
                           output_final_state: bool = False, final_format: str = "fp32",
                           roundtrip: StateQuantizer | None = None, cu_seqlens: torch.Tensor | None = None,
                           use_qk_l2norm: bool = False):
     """What :func:`chunk_delta_triton` computes, in PyTorch; same arguments and returns."""
-    rt = roundtrip.roundtrip if roundtrip is not None and roundtrip.format.name != "fp32" else None
+    rt = roundtrip.roundtrip if roundtrip is not None and not roundtrip.is_plain_fp32 else None
     h0 = initial_state.load() if initial_state is not None else None
     outs, finals = [], []
     for n, (bos, eos) in enumerate(sequence_bounds(q, cu_seqlens)):
@@ -78,7 +76,7 @@ if triton is not None:
         H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
         BK: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr, RT_EVERY: tl.constexpr,
         LOW_PRECISION: tl.constexpr, L2NORM: tl.constexpr,
-        # the state's formats in, inside and out (see laquant.kernels.gla_chunk_triton.state_io)
+        # the state's formats in, inside and out (see laquant.kernels.common.state_io)
         h0_ptr, h0s_ptr, ht_ptr, hts_ptr, static_ptr,
         HAS_H0: tl.constexpr, IN_FMT: tl.constexpr, STORE_HT: tl.constexpr, OUT_FMT: tl.constexpr,
         QMAX_OUT: tl.constexpr, RT_FMT: tl.constexpr, RT_STATIC: tl.constexpr, QMAX_RT: tl.constexpr,
@@ -151,7 +149,7 @@ if triton is not None:
             store_state_rows(S, ht_ptr + state_off, hts_ptr + scale_off, mk, mkv, absmax_row_scale(S, QMAX_OUT), OUT_FMT)
 
 
-def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_state: PrefillStates | None = None,
+def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_state: State | None = None,
                        output_final_state: bool = False, final_format: str = "fp32",
                        roundtrip: StateQuantizer | None = None, cu_seqlens: torch.Tensor | None = None,
                        use_qk_l2norm: bool = False, block_t: int = 16, block_v: int | None = None,
@@ -160,7 +158,7 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
     multiple of ``Hk``), g (log-decay) and beta ``[B, T, Hv]``. With ``cu_seqlens`` (int32
     ``[N + 1]``), B is 1 and the N sequences lie back to back along T, as in fla.
 
-    ``initial_state``: :class:`PrefillStates` ``[N, Hv, K, V]`` in fp32, bf16, fp8_row or int8_row.
+    ``initial_state``: :class:`State` ``[N, Hv, K, V]`` in fp32, bf16, fp8_row or int8_row.
     ``roundtrip``: the state's storage format inside the prefill (a :class:`StateQuantizer`),
     applied every 64 tokens. ``final_format``: the final state's format (fresh per-row scales).
     ``use_qk_l2norm`` normalises q and k in the kernel (Qwen3-Next does). ``block_t`` (16, 32 or
@@ -185,13 +183,8 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     o = torch.empty_like(v) if out is None else out
-    format_code(final_format)  # an unsupported format is named before any work
-    if initial_state is not None:
-        if tuple(initial_state.data.shape) != (N, H, K, V):
-            raise ValueError(f"initial_state must be [N, Hv, K, V] = {(N, H, K, V)}; "
-                             f"got {tuple(initial_state.data.shape)}")
-        format_code(initial_state.format)
-    final = alloc_states((N, H, K, V), final_format, q.device) if output_final_state else None
+    check_state_args(initial_state, final_format, (N, H, K, V), "[N, Hv, K, V]")
+    final = State.empty((N, H, K, V), final_format, q.device) if output_final_state else None
     dummy = o
     state_args, needs_rows = state_io(initial_state, final, final_format, roundtrip, H, K, dummy)
     BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from laquant.quant.numerics import dequantize, quantize_int8
+from ..common.numerics import dequantize, quantize_int8
 
 
 def int8_matmul_exact(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Triton kernel: one gated-delta-rule decode step on a state pool, the state read and written in place.
 
 ``state[pool_idx[b]]`` (``[Hv, K, V]`` per slot, in any of the decode formats of
-:mod:`laquant.kernels.gla_decode_triton`) is loaded, decayed, corrected by the delta rule, read out
+:mod:`laquant.kernels.gla.decode`) is loaded, decayed, corrected by the delta rule, read out
 and stored back in its format, in float32 registers. Spec: :func:`delta_decode_step_reference`,
 which is :func:`laquant.kernels.recurrent_gated_delta_rule_step` plus the pool and the format.
 
@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import torch
 
-from laquant.kernels.delta_reference import l2_normalize, recurrent_gated_delta_rule_step
-from laquant.kernels.gla_decode_triton import LAUNCH, load_pool_slots, store_pool_slots
-from laquant.kernels.triton_numerics import format_code
-from laquant.quant.state import StateQuantizer
+from ..common.state import StateQuantizer, load_pool_slots, store_pool_slots
+from ..common.state_io import pool_args
+from .reference import l2_normalize, recurrent_gated_delta_rule_step
 
 try:
     import triton
     import triton.language as tl
 
-    from laquant.kernels.triton_numerics import load_state_rows, store_state_rows, stored_row_scale
+    from ..common.triton_numerics import load_state_rows, store_state_rows, stored_row_scale
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -129,8 +128,6 @@ def delta_decode_step(q, k, v, g, beta, state, scale, pool_idx, quantizer: State
     incremented: the caller counts). Returns ``o`` ``[B, Hv, V]``."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use delta_decode_step_reference")
-    fmt = quantizer.format.name
-    code = format_code(fmt)
     B, Hk, K = q.shape
     H, V = v.shape[1], v.shape[2]
     if k.shape != q.shape or v.shape[0] != B or H % Hk or g.shape != (B, H) or beta.shape != (B, H):
@@ -139,26 +136,14 @@ def delta_decode_step(q, k, v, g, beta, state, scale, pool_idx, quantizer: State
                          f"beta {tuple(beta.shape)}")
     if tuple(state.shape[1:]) != (H, K, V):
         raise ValueError(f"state pool must be [P, Hv, K, V] = [P, {H}, {K}, {V}]; got {tuple(state.shape)}")
-    if state.stride(-1) != 1 or (scale is not None and scale.stride(-1) != 1):
-        raise ValueError("state and scale pools must be contiguous in their last dimension")
-    if quantizer.format.is_scaled and quantizer.renorm_interval > 1 and n_stores is None:
-        raise ValueError("renorm_interval > 1 needs the per-slot store counts n_stores")
+    pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K, block_k,
+                                                      num_warps)
     o = torch.empty(B, H, V, dtype=v.dtype, device=v.device) if out is None else out
-    default_k, default_warps = LAUNCH[fmt]
-    block_k, num_warps = block_k or default_k, num_warps or default_warps
-    static = quantizer.static_scale if (quantizer.format.is_scaled and quantizer.renorm_interval == 0) else None
-    if static is not None:
-        static = static.reshape(H, K).float().contiguous().to(q.device)
-    scale_t = scale if scale is not None else state
     _delta_decode_kernel[(B * H,)](
-        q, k, v, g, beta, o, state, scale_t, pool_idx, n_stores if n_stores is not None else pool_idx,
-        static if static is not None else scale_t,
+        q, k, v, g, beta, o, *pool,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
-        o.stride(0), o.stride(1), state.stride(0), state.stride(1), state.stride(2),
-        scale_t.stride(0), scale_t.stride(1) if scale is not None else 0,
+        o.stride(0), o.stride(1), *pool_strides,
         K ** -0.5 if qk_scale is None else qk_scale, H=H, GROUP=H // Hk, K=K, V=V,
-        BLOCK_K=min(block_k, triton.next_power_of_2(K)), BLOCK_V=triton.next_power_of_2(V), FMT=code,
-        RENORM=quantizer.renorm_interval, QMAX=quantizer.format.qmax if quantizer.format.is_scaled else 1.0,
-        L2NORM=use_qk_l2norm, num_warps=num_warps,
+        BLOCK_V=triton.next_power_of_2(V), L2NORM=use_qk_l2norm, num_warps=num_warps, **consts,
     )
     return o

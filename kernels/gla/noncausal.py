@@ -4,7 +4,7 @@ Two passes. The first sums ``k^T v`` over T-slices of each head into float32 par
 summaries (several slices per head so that long sequences fill the GPU), summed in a fixed order
 afterwards, so the result is deterministic; the second multiplies each query block by the
 summary. Both read their inputs once: the cost is linear in T, where softmax attention's is
-quadratic. Spec: :func:`laquant.kernels.gla_reference.noncausal_linear_attention`.
+quadratic. Spec: :func:`laquant.kernels.gla.reference.noncausal_linear_attention`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ try:
     import triton
     import triton.language as tl
 
-    from laquant.kernels.triton_numerics import mm
+    from ..common.triton_numerics import mm
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 

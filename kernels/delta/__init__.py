@@ -1,0 +1,1 @@
+"""The gated delta rule (Gated DeltaNet, Qwen3-Next)."""

@@ -1,0 +1,1 @@
+"""Gated linear attention (GLA; Lightning attention and Mamba2-style SSD as its scalar-decay case)."""
