@@ -126,6 +126,49 @@ if triton is not None:
             tl.store(scale_ptrs, scale, mask=mask_k)
 
     @triton.jit
+    def program_tile(cu_ptr, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                     BV: tl.constexpr, VARLEN: tl.constexpr):
+        """What a chunked kernel's program owns (grid: ``N * H`` by V blocks): sequence ``n``, head
+        ``h``, V block ``i_v``, the sequence's span ``(bos, eos, batch row)`` and the K / V offsets
+        and masks of its state tile."""
+        i_nh = tl.program_id(0)
+        i_v = tl.program_id(1)
+        n = i_nh // H
+        h = i_nh % H
+        bos, eos, b = sequence_span(cu_ptr, n, T, VARLEN)
+        offs_k = tl.arange(0, BK)
+        offs_v = i_v * BV + tl.arange(0, BV)
+        mk = offs_k < K
+        mv = offs_v < V
+        return n, h, i_v, bos, eos, b, offs_k, offs_v, mk, mv, mk[:, None] & mv[None, :]
+
+    @triton.jit
+    def chunk_rows(bos, eos, i_c, rows, mk, BT: tl.constexpr):
+        """Chunk ``i_c`` of the sequence ``[bos, eos)``: its first token, its token offsets, and their
+        mask alone and with the K mask."""
+        t0 = bos + i_c * BT
+        offs_t = t0 + rows
+        mt = offs_t < eos
+        return t0, offs_t, mt, mt[:, None] & mk[None, :]
+
+    @triton.jit
+    def start_state(h0_ptr, h0s_ptr, static_ptr, n, h, offs_k, offs_v, mk, mkv, H: tl.constexpr, K: tl.constexpr,
+                    V: tl.constexpr, HAS_H0: tl.constexpr, IN_FMT: tl.constexpr, RT_STATIC: tl.constexpr,
+                    BK: tl.constexpr, BV: tl.constexpr):
+        """Where a chunked kernel's program starts, for sequence ``n`` and head ``h``: the offsets of
+        its tile in ``[N, H, K, V]`` states and ``[N, H, K]`` row scales, the initial state (zeros
+        without ``HAS_H0``) and the round trip's static row scales (ones without ``RT_STATIC``)."""
+        state_off = (n * H + h).to(tl.int64) * K * V + offs_k[:, None] * V + offs_v[None, :]
+        scale_off = (n * H + h).to(tl.int64) * K + offs_k
+        S = tl.zeros([BK, BV], dtype=tl.float32)
+        if HAS_H0:
+            S, _ = load_state_rows(h0_ptr + state_off, h0s_ptr + scale_off, mk, mkv, IN_FMT, BK)
+        static = tl.full([BK], 1.0, tl.float32)
+        if RT_STATIC:
+            static = tl.load(static_ptr + h * K + offs_k, mask=mk, other=1.0)
+        return S, static, state_off, scale_off
+
+    @triton.jit
     def sequence_span(cu_ptr, n, T, VARLEN: tl.constexpr):
         """``(bos, eos, batch row)`` of sequence ``n``: packed along T by ``cu_seqlens`` (VARLEN), or
         row ``n`` of the batch."""

@@ -38,7 +38,7 @@ try:
     import triton
     import triton.language as tl
 
-    from ..common.triton_numerics import (absmax_row_scale, load_state_rows, mm, roundtrip_state, sequence_span,
+    from ..common.triton_numerics import (absmax_row_scale, chunk_rows, mm, program_tile, roundtrip_state, start_state,
                                           store_state_rows, tile_row)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
@@ -81,39 +81,19 @@ if triton is not None:
         HAS_H0: tl.constexpr, IN_FMT: tl.constexpr, STORE_HT: tl.constexpr, OUT_FMT: tl.constexpr,
         QMAX_OUT: tl.constexpr, RT_FMT: tl.constexpr, RT_STATIC: tl.constexpr, QMAX_RT: tl.constexpr,
     ):
-        i_nh = tl.program_id(0)
-        i_v = tl.program_id(1)
-        n = i_nh // H
-        h = i_nh % H
+        n, h, i_v, bos, eos, b, offs_k, offs_v, mk, mv, mkv = program_tile(cu_ptr, T, H, K, V, BK, BV, VARLEN)
+        S, static, state_off, scale_off = start_state(h0_ptr, h0s_ptr, static_ptr, n, h, offs_k, offs_v, mk, mkv, H, K,
+                                                      V, HAS_H0, IN_FMT, RT_STATIC, BK, BV)
         hk = h // GROUP
-        bos, eos, b = sequence_span(cu_ptr, n, T, VARLEN)
-        offs_k = tl.arange(0, BK)
-        offs_v = i_v * BV + tl.arange(0, BV)
-        mk = offs_k < K
-        mv = offs_v < V
-        mkv = mk[:, None] & mv[None, :]
         rows = tl.arange(0, BT)
         causal = rows[:, None] >= rows[None, :]
         q_base = q_ptr + b * s_qb + hk * s_qh
         k_base = k_ptr + b * s_kb + hk * s_kh
         v_base = v_ptr + b * s_vb + h * s_vh
         o_base = o_ptr + b * s_ob + h * s_oh
-        state_off = (n * H + h).to(tl.int64) * K * V + offs_k[:, None] * V + offs_v[None, :]
-        scale_off = (n * H + h).to(tl.int64) * K + offs_k
 
-        S = tl.zeros([BK, BV], dtype=tl.float32)
-        if HAS_H0:
-            S, _ = load_state_rows(h0_ptr + state_off, h0s_ptr + scale_off, mk, mkv, IN_FMT, BK)
-        static = tl.full([BK], 1.0, tl.float32)
-        if RT_STATIC:
-            static = tl.load(static_ptr + h * K + offs_k, mask=mk, other=1.0)
-
-        n_chunks = tl.cdiv(eos - bos, BT)
-        for i_c in range(0, n_chunks):
-            t0 = bos + i_c * BT
-            offs_t = t0 + rows
-            mt = offs_t < eos
-            mtk = mt[:, None] & mk[None, :]
+        for i_c in range(0, tl.cdiv(eos - bos, BT)):
+            t0, offs_t, mt, mtk = chunk_rows(bos, eos, i_c, rows, mk, BT)
             mtv = mt[:, None] & mv[None, :]
             q = tl.load(q_base + offs_t[:, None] * s_qt + offs_k[None, :], mask=mtk, other=0.0).to(tl.float32)
             k = tl.load(k_base + offs_t[:, None] * s_kt + offs_k[None, :], mask=mtk, other=0.0).to(tl.float32)

@@ -25,15 +25,11 @@ if triton is not None:
     def _kv_summary_kernel(k_ptr, v_ptr, kv_ptr, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, T, tokens_per_split,
                            H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                            BK: tl.constexpr, BV: tl.constexpr, LOW_PRECISION: tl.constexpr):
-        i_bh = tl.program_id(0)
-        i_s = tl.program_id(1)
+        i_bh, i_s = tl.program_id(0), tl.program_id(1)  # (batch, head), split of T
         n_splits = tl.num_programs(1)
-        b = i_bh // H
-        h = i_bh % H
-        offs_k = tl.arange(0, BK)
-        offs_v = tl.arange(0, BV)
-        mk = offs_k < K
-        mv = offs_v < V
+        b, h = i_bh // H, i_bh % H
+        offs_k, offs_v = tl.arange(0, BK), tl.arange(0, BV)
+        mk, mv = offs_k < K, offs_v < V
         acc = tl.zeros([BK, BV], dtype=tl.float32)
         t_start = i_s * tokens_per_split
         t_end = tl.minimum(t_start + tokens_per_split, T)
@@ -52,16 +48,12 @@ if triton is not None:
     def _apply_summary_kernel(q_ptr, kv_ptr, o_ptr, s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, T, qk_scale,
                               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                               BK: tl.constexpr, BV: tl.constexpr, LOW_PRECISION: tl.constexpr):
-        i_bh = tl.program_id(0)
-        i_t = tl.program_id(1)
-        b = i_bh // H
-        h = i_bh % H
+        i_bh, i_t = tl.program_id(0), tl.program_id(1)  # (batch, head), block of T
+        b, h = i_bh // H, i_bh % H
         offs_t = i_t * BT + tl.arange(0, BT)
-        offs_k = tl.arange(0, BK)
-        offs_v = tl.arange(0, BV)
+        offs_k, offs_v = tl.arange(0, BK), tl.arange(0, BV)
         mt = offs_t < T
-        mk = offs_k < K
-        mv = offs_v < V
+        mk, mv = offs_k < K, offs_v < V
         kv = tl.load(kv_ptr + (i_bh * K).to(tl.int64) * V + offs_k[:, None] * V + offs_v[None, :],
                      mask=mk[:, None] & mv[None, :], other=0.0)
         q = tl.load(q_ptr + b * s_qb + h * s_qh + offs_t[:, None] * s_qt + offs_k[None, :],

@@ -40,14 +40,8 @@ def _check_shapes(q, k, v, g, initial_state):
             raise ValueError(f"initial_state must be [B, H, K, V] = {expected}; got {tuple(initial_state.shape)}")
 
 
-def recurrent_gla_step(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    state: torch.Tensor,
-    scale: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def recurrent_gla_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, state: torch.Tensor,
+                       scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One decode step. q, k, g ``[B, H, K]``, v ``[B, H, V]``, state ``[B, H, K, V]`` (float32).
 
     Returns ``(o [B, H, V] in v.dtype, new_state [B, H, K, V] in the accumulator dtype)``.
@@ -61,15 +55,9 @@ def recurrent_gla_step(
     return o.to(out_dtype), state
 
 
-def recurrent_gla(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+def recurrent_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float | None = None,
+                  initial_state: torch.Tensor | None = None,
+                  output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token-by-token form: a loop of :func:`recurrent_gla_step`. Same signature as :func:`chunk_gla`."""
     _check_shapes(q, k, v, g, initial_state)
     B, T, H, K = q.shape
@@ -83,18 +71,10 @@ def recurrent_gla(
     return o, (state if output_final_state else None)
 
 
-def chunk_gla(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    chunk_size: int = 16,
-    state_roundtrip: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    roundtrip_every: int = 4,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+def chunk_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float | None = None,
+              initial_state: torch.Tensor | None = None, output_final_state: bool = False, chunk_size: int = 16,
+              state_roundtrip: Callable[[torch.Tensor], torch.Tensor] | None = None,
+              roundtrip_every: int = 4) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked form: exact attention inside each chunk, the state carried between chunks.
 
     The intra-chunk part is vectorised over all chunks; only the state hand-over between chunks
@@ -145,14 +125,8 @@ def chunk_gla(
     return o.to(out_dtype), (state if output_final_state else None)
 
 
-def naive_gla(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-) -> torch.Tensor:
+def naive_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float | None = None,
+              initial_state: torch.Tensor | None = None) -> torch.Tensor:
     """O(T^2) masked form, for tests: o_i = sum_{j<=i} (q_i * exp(B_i - B_j)) . k_j v_j + (q_i * exp(B_i)) h_0."""
     _check_shapes(q, k, v, g, initial_state)
     acc = _acc_dtype(q, k, v, g)
@@ -169,9 +143,8 @@ def naive_gla(
     return o
 
 
-def noncausal_linear_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
-) -> torch.Tensor:
+def noncausal_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               scale: float | None = None) -> torch.Tensor:
     """Bidirectional (encoder) linear attention: every token reads every token,
     ``o_i = scale * q_i (sum_j k_j^T v_j)``. q, k ``[B, T, H, K]``, v ``[B, T, H, V]``; float32
     arithmetic, output in ``v.dtype``. Cost is linear in T: one ``[K, V]`` summary per head."""
