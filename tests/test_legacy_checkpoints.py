@@ -1,0 +1,46 @@
+"""Checkpoints written by an earlier laquant (tests/fixtures/legacy_v1, see its make.py) load with
+today's code and give the logits that code computed, to the bit, in prefill and in token-by-token
+decode (where the stored state format acts)."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import laquant
+from laquant.adapters.hybrid import new_cache
+from laquant.loading import default_model_dir
+
+LEGACY = Path(__file__).parent / "fixtures" / "legacy_v1"
+CASES = ["gla_int8", "gla_fp8_state_naive", "qwen3_next_hybrid_int8", "bamba_hybrid_int8"]
+
+
+@pytest.fixture(params=CASES)
+def legacy_dir(request, tmp_path):
+    out = tmp_path / request.param
+    shutil.copytree(LEGACY / request.param, out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # not stored twice in the repository
+        shutil.copy(default_model_dir() / name, out / name)
+    return out
+
+
+@torch.no_grad()
+def test_a_legacy_checkpoint_gives_the_logits_it_gave(legacy_dir):
+    expected = load_file(legacy_dir / "expected.safetensors")
+    model, _ = laquant.load(legacy_dir)
+    ids = expected["ids"]
+    assert torch.equal(model(input_ids=ids).logits, expected["prefill"])
+    cache = new_cache(model)
+    decode = torch.cat([model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits
+                        for t in range(ids.shape[1])], 1)
+    assert torch.equal(decode, expected["decode"])
+
+
+def test_inspect_reads_a_legacy_checkpoint(legacy_dir, capsys):
+    from laquant.cli import main
+
+    assert main(["inspect", str(legacy_dir), "--plots", str(legacy_dir / "plots-new")]) == 0
+    out = capsys.readouterr().out
+    assert "recipe" in out and len(list((legacy_dir / "plots-new").glob("*.png"))) == 3
