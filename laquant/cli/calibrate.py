@@ -76,8 +76,7 @@ class Job:
 
 def run(args: argparse.Namespace) -> int:
     job = check_inputs(args)
-    model, _ = load_model(job.model_dir, device=job.home)
-    mixers = {n: vars(i) for n, i in get_adapter(model).mixers().items()}
+    model, mixers = load(job)
     base = measure(job, model, "bf16", mixers, None)
     result = calibrate(model, job.recipe, data=job.batches, stats=job.stats, seed=args.seed,
                        progress=not args.quiet, layerwise_device=job.device if args.offload else None)
@@ -111,6 +110,12 @@ def check_inputs(args: argparse.Namespace) -> Job:
         eval_ids = tokenize(load_text(args.eval_data), tokenizer)[: args.eval_max_tokens]
         strided_windows(len(eval_ids), args.eval_context, default_stride(args.eval_context))
     return Job(args, device, recipe, out, model_dir, tokenizer, stats, batches, eval_ids)
+
+
+def load(job: Job) -> tuple[torch.nn.Module, dict]:
+    """The model (where it waits between steps) and its mixers' shapes, for the state sizes."""
+    model, _ = load_model(job.model_dir, device=job.home)
+    return model, {n: vars(i) for n, i in get_adapter(model).mixers().items()}
 
 
 def measure(job: Job, model, label: str, mixers: dict, decisions: dict | None) -> dict:
