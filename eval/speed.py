@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import nullcontext
+from functools import partial
+from importlib import import_module
 from pathlib import Path
 
 import torch
@@ -131,30 +134,48 @@ def bench_decode(batches=(1, 4, 16, 32, 64, 128, 256), H=64, K=128, bandwidth=No
 
 
 # ---------------------------------------------------------------------------------------- prefill
+def _fla_op(module: str, name: str):
+    """fla's op ``module.name``, or None without fla (its columns are left out)."""
+    try:
+        return getattr(import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def _prefill_shapes(seq_lens, total: int) -> list[tuple[int, int]]:
+    """``(B, T)`` per sequence length: ``B * T = total`` tokens, one sequence where T alone exceeds it."""
+    return [(max(1, total // T), T) for T in seq_lens]
+
+
+def _time_chunked(row: dict, chunked, peer=None, peer_no_grad: bool = False) -> None:
+    """Time a chunked prefill ``chunked(**kwargs)``: ``laquant_ms`` as given (float32 state),
+    ``laquant_fp8_roundtrip_ms`` with the state rounded to fp8 at every chunk; then fla's ``peer``
+    (under ``torch.no_grad()`` where asked) and the speedup over it."""
+    from laquant.kernels.common.state import StateQuantizer
+
+    row["laquant_ms"] = _bench(chunked)
+    fp8 = StateQuantizer("fp8_row")
+    row["laquant_fp8_roundtrip_ms"] = _bench(partial(chunked, roundtrip=fp8, final_format="fp8_row"))
+    if peer is not None:
+        with torch.no_grad() if peer_no_grad else nullcontext():
+            row["fla_ms"] = _bench(peer)
+        row["speedup_vs_fla"] = row["fla_ms"] / row["laquant_ms"]
+
+
 def bench_prefill(seq_lens=(1024, 2048, 4096, 8192, 16384, 32768, 65536), total=65536, H=16, K=128,
                   bandwidth=None) -> list[dict]:
     from laquant.kernels.gla.chunk import chunk_gla_triton
     from laquant.kernels.gla.noncausal import noncausal_linear_attention_triton
-    from laquant.kernels.common.state import StateQuantizer
 
-    try:
-        from fla.ops.gla import chunk_gla as fla_chunk_gla
-    except ImportError:
-        fla_chunk_gla = None
+    fla_chunk_gla = _fla_op("fla.ops.gla", "chunk_gla")
     V = K
     rows = []
-    for T in seq_lens:
-        B = max(1, total // T)
+    for B, T in _prefill_shapes(seq_lens, total):
         q, k, v = (_randn(B, T, H, d) for d in (K, K, V))
         g = (F.logsigmoid(torch.randn(B, T, H, K, device="cuda")) / 16).bfloat16()
         row = {"B": B, "T": T, "H": H, "K": K, "V": V}
-        row["laquant_ms"] = _bench(lambda: chunk_gla_triton(q, k, v, g, output_final_state=True))
-        fp8 = StateQuantizer("fp8_row")
-        row["laquant_fp8_roundtrip_ms"] = _bench(
-            lambda: chunk_gla_triton(q, k, v, g, output_final_state=True, roundtrip=fp8, final_format="fp8_row"))
-        if fla_chunk_gla is not None:
-            row["fla_ms"] = _bench(lambda: fla_chunk_gla(q, k, v, g, output_final_state=True))
-            row["speedup_vs_fla"] = row["fla_ms"] / row["laquant_ms"]
+        peer = None if fla_chunk_gla is None else partial(fla_chunk_gla, q, k, v, g, output_final_state=True)
+        _time_chunked(row, partial(chunk_gla_triton, q, k, v, g, output_final_state=True), peer)
         qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))  # SDPA's [B, H, T, D]
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
             row["sdpa_causal_ms"] = _bench(lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=True))
@@ -213,28 +234,17 @@ def bench_delta_prefill(seq_lens=(1024, 4096, 16384, 65536), total=65536, Hk=16,
     """Chunked gated-delta-rule prefill, B * T = 65,536 tokens, Qwen3-Next's heads, bf16: laquant
     (fp32 state; fp8 round trips every 64 tokens) vs fla ``chunk_gated_delta_rule`` (forward)."""
     from laquant.kernels.delta.chunk import chunk_delta_triton
-    from laquant.kernels.common.state import StateQuantizer
 
-    try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
-    except ImportError:
-        fla_chunk = None
+    fla_chunk = _fla_op("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
     V = K
     rows = []
-    for T in seq_lens:
-        B = max(1, total // T)
+    for B, T in _prefill_shapes(seq_lens, total):
         q, k, v, g, beta = _delta_inputs(B, T, Hk, Hv, K, V)
         row = {"B": B, "T": T, "Hk": Hk, "Hv": Hv, "K": K, "V": V}
-        row["laquant_ms"] = _bench(lambda: chunk_delta_triton(q, k, v, g, beta, output_final_state=True,
-                                                              use_qk_l2norm=True))
-        fp8 = StateQuantizer("fp8_row")
-        row["laquant_fp8_roundtrip_ms"] = _bench(lambda: chunk_delta_triton(
-            q, k, v, g, beta, output_final_state=True, roundtrip=fp8, final_format="fp8_row", use_qk_l2norm=True))
-        if fla_chunk is not None:
-            with torch.no_grad():
-                row["fla_ms"] = _bench(lambda: fla_chunk(q, k, v, g, beta, output_final_state=True,
-                                                         use_qk_l2norm_in_kernel=True))
-            row["speedup_vs_fla"] = row["fla_ms"] / row["laquant_ms"]
+        peer = None if fla_chunk is None else partial(fla_chunk, q, k, v, g, beta, output_final_state=True,
+                                                      use_qk_l2norm_in_kernel=True)
+        _time_chunked(row, partial(chunk_delta_triton, q, k, v, g, beta, output_final_state=True, use_qk_l2norm=True),
+                      peer, peer_no_grad=True)
         # floors: q, k, v, g, beta read and o written once; the matmul FLOPs of the chunked form
         # (64-token chunks: k k^T, w, u, q k^T, A v_new per chunk; w S, q S, k^T v_new per token)
         if bandwidth:

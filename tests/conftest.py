@@ -42,6 +42,22 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
+def checkpoint_decisions(folder) -> dict:
+    """The quantization decisions a laquant checkpoint folder records in its config.json."""
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(folder) / "config.json").read_text())["quantization_config"]["decisions"]
+
+
+def same_tensors(file_a, file_b) -> bool:
+    """Two safetensors files hold the same names with bit-equal tensors."""
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(file_a)), load_file(str(file_b))
+    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+
+
 @pytest.fixture
 def trained_model_dir():
     from laquant.loading import default_model_dir

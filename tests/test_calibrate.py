@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 import laquant
-from conftest import rel_err
+from conftest import checkpoint_decisions, rel_err, same_tensors
 from laquant.adapters import get_adapter
 from laquant.calibration.run import calibration_batches, collect_stats
 from laquant.cli import main
@@ -226,9 +226,21 @@ def test_calibrate_and_inspect_cli(tmp_path, tiny_model_dir, capsys):
     # --offload: the model waits on the CPU while each layer calibrates on --device (here the CPU too)
     assert main(["calibrate", "--recipe", "gla_int8", "--model", str(tiny_model_dir), "--samples", "2",
                  "--seq-len", "64", "--no-eval", "--offload", "--out", str(tmp_path / "off"), "--quiet"]) == 0
+    # ... and quantizes exactly as the whole model on the device does
+    assert main(["calibrate", "--recipe", "gla_int8", "--model", str(tiny_model_dir), "--samples", "2",
+                 "--seq-len", "64", "--no-eval", "--out", str(tmp_path / "on"), "--quiet"]) == 0
+    assert checkpoint_decisions(tmp_path / "off") == checkpoint_decisions(tmp_path / "on")
+    for name in ("model.safetensors", "stats.safetensors"):
+        assert same_tensors(tmp_path / "off" / name, tmp_path / "on" / name), name
     # reusing the statistics needs no calibration data
     assert main(["calibrate", "--recipe", "gla_fp8_state", "--model", str(tiny_model_dir), "--stats",
                  str(out / "stats.safetensors"), "--no-eval", "--out", str(tmp_path / "q2"), "--quiet"]) == 0
+    assert same_tensors(tmp_path / "q2" / "stats.safetensors", out / "stats.safetensors")
+    # ... and, with the recipe that wrote them, gives the same checkpoint as that run
+    assert main(["calibrate", "--recipe", "gla_int8", "--model", str(tiny_model_dir), "--stats",
+                 str(out / "stats.safetensors"), "--no-eval", "--out", str(tmp_path / "q3"), "--quiet"]) == 0
+    assert checkpoint_decisions(tmp_path / "q3") == checkpoint_decisions(out)
+    assert same_tensors(tmp_path / "q3" / "model.safetensors", out / "model.safetensors")
 
 
 @pytest.mark.parametrize("argv,message", [

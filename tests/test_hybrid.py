@@ -12,7 +12,7 @@ import shutil
 import pytest
 import torch
 import torch.nn as nn
-from conftest import rel_err
+from conftest import checkpoint_decisions, rel_err, same_tensors
 from transformers import (AutoModelForCausalLM, BambaConfig, BambaForCausalLM, MiniMaxConfig, MiniMaxForCausalLM,
                           Qwen3NextConfig, Qwen3NextForCausalLM)
 
@@ -181,6 +181,10 @@ def test_calibrate_cli_on_a_hybrid(family_dir, tmp_path, capsys):
     assert "in_proj_ba" in report and "linear_attn" in report
     assert main(["calibrate", "--recipe", "hybrid_int8", "--model", str(model_dir), "--samples", "2",
                  "--seq-len", "64", "--no-eval", "--offload", "--out", str(tmp_path / "off"), "--quiet"]) == 0
+    # layer by layer quantizes exactly as the whole model did (same samples and seed)
+    assert checkpoint_decisions(tmp_path / "off") == checkpoint_decisions(out)
+    for name in ("model.safetensors", "stats.safetensors"):
+        assert same_tensors(tmp_path / "off" / name, out / name), name
     # a config transformers refuses: one line naming the field, exit 2, nothing written
     bad = tmp_path / "bad"
     shutil.copytree(model_dir, bad)

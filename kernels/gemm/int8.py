@@ -147,7 +147,7 @@ if triton is not None:
 
 
 def gemm_config(M: int) -> dict:
-    """Tiles by the number of rows, the fastest in eval/scripts/sweep_gemm.py on an H100 (4096^2
+    """Tiles by the number of rows, the fastest in tools/sweep_gemm.py on an H100 (4096^2
     and 2048^2 weights): 128 x 128 x 128 int8 tiles reach 950-1140 TOPS at M >= 2048."""
     if M <= 64:
         return dict(BM=64, BN=128, BK=128, GROUP_M=4, num_warps=8, num_stages=3)

@@ -1,6 +1,6 @@
 """Peak GPU memory of calibration: the whole model on the GPU vs one decoder layer at a time.
 
-    python -m laquant.eval.calib_memory [MODEL] --samples 32 --seq-len 2048 --json out.json   (needs CUDA)
+    python tools/calib_memory.py [MODEL] --samples 32 --seq-len 2048 --json out.json   (needs CUDA)
 
 MODEL: a model directory, or ``config:{json}`` for a randomly initialised GLA of that config (peak
 memory depends on the shapes, not on the weights; the shipped tokenizer reads the calibration text).

@@ -1,6 +1,6 @@
 """Text samples from a model (recurrent decoding with the state cache), to read as a sanity check.
 
-    python -m laquant.eval.samples [MODEL] [--tokens 80] [--device cpu]
+    python tools/samples.py [MODEL] [--tokens 80] [--device cpu]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def generate(model, tokenizer, prompt: str, new_tokens: int, top_k: int = 40, te
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m laquant.eval.samples", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python tools/samples.py", description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", default=None)
     parser.add_argument("--tokens", type=int, default=80)
     parser.add_argument("--device", default="cpu")

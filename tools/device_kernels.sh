@@ -18,7 +18,7 @@ if [ ! -f "$W/setup.done" ]; then
 fi
 if [ ! -f "$W/job.started" ]; then
   touch "$W/job.started"
-  setsid nohup bash eval/scripts/"$JOB" "$W" > "$W/job.log" 2>&1 < /dev/null &
+  setsid nohup bash tools/"$JOB" "$W" > "$W/job.log" 2>&1 < /dev/null &
 fi
 t=0
 while [ ! -f "$W/job.done" ] && [ $t -lt "$WAIT" ]; do sleep 10; t=$((t + 10)); done

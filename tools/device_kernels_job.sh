@@ -6,6 +6,6 @@ python3 -m pytest -q -rs --timeout 900 tests/test_chunk_kernel.py tests/test_lin
 laquant eval speed --out "$W/speed" --model gla-small \
   'config:{"hidden_size": 2048, "num_hidden_layers": 24, "num_heads": 16, "vocab_size": 32000}' \
   > "$W/speed.log" 2>&1
-python3 -m laquant.eval.ablation --device cuda --max-tokens 65536 --quiet \
+python3 tools/ablation.py --device cuda --max-tokens 65536 --quiet \
   --recipes gla_int8 gla_int8_all gla_fp8_state --out "$W/ablation_gla-small_gpu" > "$W/ablation.log" 2>&1
 touch "$W/job.done"

@@ -1,10 +1,10 @@
 """Launch-parameter sweep for the decode and prefill kernels (GLA and the gated delta rule) (H100 numbers set the defaults).
 
-    python eval/scripts/sweep_kernels.py decode
-    python eval/scripts/sweep_kernels.py prefill T BLOCK_T BLOCK_V WARPS   (one config per process:
+    python tools/sweep_kernels.py decode
+    python tools/sweep_kernels.py prefill T BLOCK_T BLOCK_V WARPS   (one config per process:
         a config that faults must not take the others down with it)
-    python eval/scripts/sweep_kernels.py delta_decode
-    python eval/scripts/sweep_kernels.py delta_prefill T BLOCK_T BLOCK_V WARPS
+    python tools/sweep_kernels.py delta_decode
+    python tools/sweep_kernels.py delta_prefill T BLOCK_T BLOCK_V WARPS
 """
 import sys
 

@@ -1,8 +1,8 @@
 """Train laquant's reference language models (and their BPE tokenizer) from local text.
 
-    python -m laquant.eval.train tokenizer --data-dir ../shared/data --out OUT/tokenizer
-    python -m laquant.eval.train model --size small --data-dir ../shared/data --tokenizer OUT/tokenizer --out OUT/gla-small
-    python -m laquant.eval.train model --arch qwen3_next --size small ... --out OUT/qwen3next-small
+    python tools/train.py tokenizer --data-dir ../shared/data --out OUT/tokenizer
+    python tools/train.py model --size small --data-dir ../shared/data --tokenizer OUT/tokenizer --out OUT/gla-small
+    python tools/train.py model --arch qwen3_next --size small ... --out OUT/qwen3next-small
 
 GLA: fla's ``GLAForCausalLM`` when flash-linear-attention and a GPU are there (its Triton
 kernels train fast), else laquant's own implementation of the same architecture: both write the
@@ -245,7 +245,7 @@ def train_model(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m laquant.eval.train", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python tools/train.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
     p_tok = sub.add_parser("tokenizer", help="train the byte-level BPE tokenizer")

@@ -9,11 +9,11 @@ for m in gla-small gla-large; do
     laquant eval ppl "$W/$m" --data "$d" --context 2048 --mode prefill decode --device cuda --quiet \
       --json "$W/ppl_${m}_${name}.json" || echo "eval failed: $m $d"
   done
-  python3 -m laquant.eval.samples "$W/$m" --device cuda > "$W/samples_${m}.txt" || echo "samples failed: $m"
+  python3 tools/samples.py "$W/$m" --device cuda > "$W/samples_${m}.txt" || echo "samples failed: $m"
 done
 # recipe ablation on the GPU (laquant's reference path on CUDA, float32 compute), both models
 for m in gla-small gla-large; do
-  python3 -m laquant.eval.ablation "$W/$m" --device cuda --max-tokens 65536 --quiet \
+  python3 tools/ablation.py "$W/$m" --device cuda --max-tokens 65536 --quiet \
     --out "$W/ablation_${m}" || echo "ablation failed: $m"
 done
 # decode-step kernel benchmark against fla (last: the least important if time runs out)

@@ -1,6 +1,6 @@
 """Recipe ablation: bf16 vs each recipe, perplexity in prefill and decode mode, one table.
 
-    python -m laquant.eval.ablation [MODEL] --out eval/results/ablation_gla-small [--max-tokens N] [--device cuda]
+    python tools/ablation.py [MODEL] --out eval/results/ablation_gla-small [--max-tokens N] [--device cuda]
 
 Statistics are collected once and reused by every recipe, so the recipes differ only in what they
 do with them. Writes ``OUT.json`` and ``OUT.md``.
@@ -87,7 +87,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m laquant.eval.ablation", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python tools/ablation.py", description=__doc__.splitlines()[0])
     p.add_argument("model", nargs="?", default=None)
     p.add_argument("--out", required=True, help="output path without extension (.json and .md are written)")
     p.add_argument("--recipes", nargs="+", default=None,

@@ -18,20 +18,20 @@ if [ ! -f "$W/setup.done" ]; then
 fi
 if [ ! -f "$W/train.started" ]; then
   touch "$W/train.started"
-  setsid nohup bash eval/scripts/device_train.sh "$W" > "$W/train.log" 2>&1 < /dev/null &
+  setsid nohup bash tools/device_train.sh "$W" > "$W/train.log" 2>&1 < /dev/null &
   echo "training started"
 fi
 # The large model cannot travel back (98 MB): its recipe ablation must run here, as soon as it exists.
 if [ -f "$W/gla-large/model.safetensors" ] && [ -f "$W/train.done" ] && [ ! -f "$W/ablation_large.started" ]; then
   touch "$W/ablation_large.started"
-  setsid nohup python3 -m laquant.eval.ablation "$W/gla-large" --device cuda --max-tokens 32768 --samples 64 \
+  setsid nohup python3 tools/ablation.py "$W/gla-large" --device cuda --max-tokens 32768 --samples 64 \
     --quiet --out "$W/ablation_gla-large" > "$W/ablation_large.log" 2>&1 < /dev/null &
 fi
 t=0
 while [ ! -f "$W/eval.done" ] && [ ! -f "$W/train.failed" ] && [ "$t" -lt "$WAIT" ]; do
   if [ -f "$W/train.done" ] && [ ! -f "$W/eval.started" ]; then
     touch "$W/eval.started"   # evaluation also runs in the background: it can outlast one call
-    setsid nohup bash -c "bash eval/scripts/device_eval.sh '$W' > '$W/eval.log' 2>&1; touch '$W/eval.done'" \
+    setsid nohup bash -c "bash tools/device_eval.sh '$W' > '$W/eval.log' 2>&1; touch '$W/eval.done'" \
       < /dev/null > /dev/null 2>&1 &
   fi
   sleep 15; t=$((t + 15))

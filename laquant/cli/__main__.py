@@ -1,0 +1,7 @@
+"""``python -m laquant.cli``: the ``laquant`` command."""
+
+import sys
+
+from laquant.cli import main
+
+sys.exit(main())
