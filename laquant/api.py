@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from laquant.adapters import get_adapter
+from laquant.adapters import get_adapter, install
 from laquant.calibration.run import calibration_batches, collect_stats
 from laquant.calibration.stats import Stats
 from laquant.checkpoint import fill_model, load_state_dict_file, read_quantization_config, save_quantized
@@ -38,7 +38,7 @@ def calibrate(model, recipe: dict | str, data: torch.Tensor | None = None, stats
     """
     recipe = load_recipe(recipe) if isinstance(recipe, str) else recipe
     recipe = for_family(recipe, model.config.model_type)
-    adapter = get_adapter(model)
+    adapter = install(model)  # a transformers hybrid loaded without laquant gets laquant's mixers here
     if stats is None:
         if data is None:
             raise LaquantError("calibrate needs calibration data (token ids) or saved stats")

@@ -43,10 +43,10 @@ class LaquantHfQuantizer(HfQuantizer):
         return False
 
     def _process_model_before_weight_loading(self, model, **kwargs):
-        from laquant.adapters import get_adapter
+        from laquant.adapters import install
         from laquant.quantize import apply
 
-        apply(model, get_adapter(model), self.quantization_config.decisions)
+        apply(model, install(model), self.quantization_config.decisions)
         return model
 
     def _process_model_after_weight_loading(self, model, **kwargs):

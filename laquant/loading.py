@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from laquant.errors import LaquantError
+from laquant.families import get_family
 
 DEFAULT_MODEL_NAME = "gla-small"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -52,17 +53,10 @@ def read_config(model_dir: Path) -> dict:
         raise LaquantError(f"{cfg_path} is not valid JSON ({exc}); the checkpoint is corrupted") from None
 
 
-SUPPORTED_MODEL_TYPES = ("gla", "qwen3_next", "minimax", "bamba")
-
-
 def read_supported_config(model_dir: Path) -> dict:
     """The model's config.json, after checking that laquant supports its architecture."""
     cfg = read_config(model_dir)
-    model_type = cfg.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise LaquantError(
-            f"{model_dir}: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
+    get_family(cfg.get("model_type"), f"{model_dir}: model_type")
     model_config(cfg, model_dir)  # a config transformers would refuse fails here, with its reason
     return cfg
 
@@ -78,48 +72,31 @@ def load_tokenizer(spec: str | Path | None = None):
 
 
 def model_config(cfg: dict, source: Path | str):
-    """The transformers config object of a supported ``config.json`` dict."""
-    from transformers import CONFIG_MAPPING
-
-    from laquant.models import GLAConfig
-    from laquant.models.gla import check_supported
-
+    """The config object of a supported ``config.json`` dict."""
+    family = get_family(cfg.get("model_type"), f"{source}: model_type")
     cfg = {k: v for k, v in cfg.items() if k != "quantization_config"}
-    if cfg["model_type"] == "gla":
-        config = GLAConfig.from_dict(cfg)
+    if family.native:
         try:
-            check_supported(config)
-        except ValueError as exc:
+            return family.config(cfg)
+        except ValueError as exc:  # options laquant's implementation does not have
             raise LaquantError(f"{source}: {exc}") from None
-        return config
-    cls = CONFIG_MAPPING[cfg["model_type"]]
-    # transformers writes inf/nan as {"__float__": "Infinity"} (e.g. bamba's time_step_limit)
-    decode = getattr(cls, "_decode_special_floats", None)
     try:
-        return cls.from_dict(decode(cfg) if decode is not None else cfg)
+        return family.config(cfg)
     except Exception as exc:  # transformers' validators: name the field they reject
         reason = [line.strip() for line in str(exc).splitlines() if line.strip()][-1]
-        raise LaquantError(f"{source}: config.json is not a valid {cfg['model_type']} config: {reason}") from None
-
-
-def model_class(config):
-    """laquant's GLA, or transformers' class for a hybrid (whose linear layers the adapter replaces)."""
-    from transformers import AutoModelForCausalLM
-
-    from laquant.models import GLAForCausalLM
-
-    return GLAForCausalLM if config.model_type == "gla" else AutoModelForCausalLM
+        raise LaquantError(f"{source}: config.json is not a valid {family.model_type} config: {reason}") from None
 
 
 def empty_model(cfg: dict, source: Path | str, dtype: torch.dtype):
     """A model of ``cfg``'s architecture with laquant's mixers in place, weights uninitialised
     (to load a checkpoint into)."""
-    from laquant.adapters import get_adapter
+    from laquant.adapters import install
 
     config = model_config(cfg, source)
-    cls = model_class(config)
-    model = (cls(config) if config.model_type == "gla" else cls.from_config(config)).to(dtype)
-    get_adapter(model)
+    family = get_family(config.model_type)
+    cls = family.model_class()
+    model = (cls(config) if family.native else cls.from_config(config)).to(dtype)
+    install(model)
     return model
 
 
@@ -129,7 +106,7 @@ def load_model(spec: str | Path | None = None, device: str | torch.device = "cpu
     transformers hybrids with laquant's mixers in place of their linear-attention layers."""
     from transformers.utils import logging as hf_logging
 
-    from laquant.adapters import get_adapter
+    from laquant.adapters import install
 
     model_dir = resolve_model_dir(spec)
     cfg = read_supported_config(model_dir)
@@ -139,10 +116,11 @@ def load_model(spec: str | Path | None = None, device: str | torch.device = "cpu
     tokenizer = load_tokenizer(model_dir)
     hf_logging.disable_progress_bar()  # one bar per weight file is noise next to laquant's own
     try:
-        model = model_class(config).from_pretrained(model_dir, config=config, dtype=dtype, use_safetensors=True)
+        model = get_family(config.model_type).model_class().from_pretrained(model_dir, config=config, dtype=dtype,
+                                                                            use_safetensors=True)
     except Exception as exc:
         raise LaquantError(f"could not load weights from {model_dir}: {type(exc).__name__}: {exc}".splitlines()[0]) from None
     finally:
         hf_logging.enable_progress_bar()
-    get_adapter(model)  # checks the layout; puts laquant's mixers in place in a hybrid
+    install(model)  # checks the layout; puts laquant's mixers in place in a hybrid
     return model.to(device).eval(), tokenizer

@@ -120,10 +120,10 @@ def validate_recipe(raw: dict, source: str = "recipe") -> dict:
     recipe["keep"] = keep
     recipe["families"] = {}
     for model_type, override in families.items():
-        from laquant.adapters import ADAPTERS
+        from laquant.families import FAMILIES
 
-        if model_type not in ADAPTERS:
-            raise LaquantError(f"{source}: families.{model_type}: unknown model_type; known: {', '.join(ADAPTERS)}")
+        if model_type not in FAMILIES:
+            raise LaquantError(f"{source}: families.{model_type}: unknown model_type; known: {', '.join(FAMILIES)}")
         if not isinstance(override, dict) or any(k not in SCHEMA for k in override):
             raise LaquantError(f"{source}: families.{model_type} may only override the sections {', '.join(SCHEMA)}")
         validate_recipe({**_merged(raw, override), "name": recipe["name"]}, f"{source} (families.{model_type})")

@@ -17,7 +17,7 @@ from transformers import (AutoModelForCausalLM, BambaConfig, BambaForCausalLM, M
                           Qwen3NextConfig, Qwen3NextForCausalLM)
 
 import laquant
-from laquant.adapters import get_adapter, new_cache
+from laquant.adapters import get_adapter, install, new_cache
 from laquant.calibration.run import collect_stats
 from laquant.cli import main
 from laquant.errors import LaquantError
@@ -84,7 +84,7 @@ def test_laquant_mixers_compute_what_transformers_does(family):
     model = _model(family)
     ids = torch.randint(0, VOCAB, (2, 45))
     reference = model(input_ids=ids).logits  # transformers' own PyTorch path
-    adapter = get_adapter(model)
+    adapter = install(model)
     mixer_types = {type(adapter.module(n)).__name__ for n in adapter.mixers()}
     assert mixer_types == {adapter.mixer_class.__name__}
     assert rel_err(model(input_ids=ids).logits, reference) < 1e-5
@@ -96,7 +96,7 @@ def test_laquant_mixers_compute_what_transformers_does(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_roles(family):
-    adapter = get_adapter(_model(family))
+    adapter = install(_model(family))
     kept = adapter.kept()
     assert kept["decay"] and kept["norms"] and kept["embeddings"] == ["model.embed_tokens"]
     assert all(n.endswith((".q_proj", ".k_proj", ".v_proj", ".o_proj")) for n in adapter.attention_projections())
@@ -136,7 +136,7 @@ def test_laquant_ops_replace_the_fla_route(monkeypatch):
     ids = torch.randint(0, VOCAB, (1, 20))
     with pytest.raises(RuntimeError, match="fla kernel"):
         model(input_ids=ids)
-    get_adapter(model)
+    install(model)
     assert torch.isfinite(model(input_ids=ids).logits).all()
 
 
@@ -202,7 +202,7 @@ def test_calibrate_cli_on_a_hybrid(family_dir, tmp_path, capsys):
 @torch.no_grad()
 def test_layer_by_layer_calibration_of_a_hybrid_equals_whole_model():
     model = _model("qwen3_next")
-    adapter = get_adapter(model)
+    adapter = install(model)
     batches = torch.randint(0, VOCAB, (3, 80))
     whole = collect_stats(model, adapter, batches, segment=32, batch_size=2, progress=False)
     layerwise = collect_stats(model, adapter, batches, segment=32, batch_size=2, progress=False,
@@ -272,7 +272,7 @@ def test_hybrid_state_paths_on_the_triton_kernels(family, recipe, monkeypatch):
     import laquant.kernels.gla.decode as gla_decode
 
     model = _model(family).cuda()
-    get_adapter(model)
+    install(model)
     if recipe is not None:
         laquant.calibrate(model, recipe, torch.randint(0, VOCAB, (4, 128)).cuda(), progress=False)
     ids = torch.randint(0, VOCAB, (3, 150)).cuda()
@@ -305,7 +305,7 @@ def test_hybrid_state_paths_on_the_triton_kernels(family, recipe, monkeypatch):
 def test_training_on_cuda_takes_the_differentiable_path():
     """The kernels are forward-only: with gradients wanted, the mixers run the PyTorch references."""
     model = _model("qwen3_next").cuda().train()
-    get_adapter(model)
+    install(model)
     ids = torch.randint(0, VOCAB, (2, 80)).cuda()
     model(input_ids=ids, labels=ids).loss.backward()
     mixer = next(m for m in model.modules() if type(m).__name__ == "GatedDeltaNetMixer")

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 import laquant
-from laquant.adapters.hybrid import new_cache
+from laquant.adapters import new_cache
 from laquant.loading import default_model_dir
 
 LEGACY = Path(__file__).parent / "fixtures" / "legacy_v1"

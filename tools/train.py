@@ -103,7 +103,7 @@ def build_model(size: str, vocab_size: int, eos_id: int, impl: str, arch: str = 
     if arch == "qwen3_next":
         from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
-        from laquant.adapters import get_adapter
+        from laquant.adapters import install
 
         n = HYBRID_SIZES[size]["num_hidden_layers"]
         layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)]
@@ -111,7 +111,7 @@ def build_model(size: str, vocab_size: int, eos_id: int, impl: str, arch: str = 
                                                      max_position_embeddings=32768))
         # the delta rule trains on laquant's reference ops: fla 0.6's chunked backward refuses
         # Triton < 3.7.1 on Hopper, and transformers' own fallback loops over every chunk row
-        get_adapter(model)
+        install(model)
         return model
     cfg = dict(SIZES[size], **common, max_position_embeddings=2048)
     if impl == "fla":

@@ -3,24 +3,40 @@
 Roles: ``projections`` (ordinary ``nn.Linear``), ``gates`` (gate projections), ``mixers``
 (linear-attention layers holding a recurrent state), ``softmax_attention``, and what is kept in
 high precision (``embeddings``, ``norms``, ``lm_head``; in hybrids also ``routers``, ``experts``,
-``conv``, ``decay``). Recipes speak in roles only.
+``conv``, ``decay``). Recipes speak in roles only. Which adapter a model gets is its family's
+(:mod:`laquant.families`).
 """
 
 from __future__ import annotations
 
 from laquant.adapters.base import Adapter, MixerInfo
-from laquant.adapters.gla import GLAAdapter
-from laquant.adapters.hybrid import HYBRID_ADAPTERS, new_cache
 from laquant.errors import LaquantError
-
-ADAPTERS: dict[str, type[Adapter]] = {"gla": GLAAdapter, **HYBRID_ADAPTERS}
 
 
 def get_adapter(model) -> Adapter:
+    """The adapter of ``model``: reads and checks its layout, changes nothing."""
+    from laquant.families import FAMILIES
+
     model_type = getattr(model.config, "model_type", None)
-    if model_type not in ADAPTERS:
-        raise LaquantError(f"no laquant adapter for model_type {model_type!r}; supported: {', '.join(ADAPTERS)}")
-    return ADAPTERS[model_type](model)
+    if model_type not in FAMILIES:
+        raise LaquantError(f"no laquant adapter for model_type {model_type!r}; supported: {', '.join(FAMILIES)}")
+    return FAMILIES[model_type].adapter(model)
 
 
-__all__ = ["ADAPTERS", "Adapter", "MixerInfo", "get_adapter", "new_cache"]
+def install(model) -> Adapter:
+    """Put laquant's modules in place in ``model`` (a hybrid's linear-attention mixers; idempotent)
+    and return its adapter."""
+    adapter = get_adapter(model)
+    adapter.install()
+    return adapter
+
+
+def new_cache(model):
+    """A fresh cache for ``model`` (laquant's GLA or a transformers hybrid): what ``past_key_values``
+    takes for incremental decoding."""
+    if hasattr(model, "new_cache"):
+        return model.new_cache()
+    return get_adapter(model).new_cache()
+
+
+__all__ = ["Adapter", "MixerInfo", "get_adapter", "install", "new_cache"]

@@ -25,6 +25,10 @@ class Adapter:
     def __init__(self, model: nn.Module):
         self.model = model
 
+    def install(self) -> None:
+        """Put laquant's modules in place in the model (idempotent). Building an adapter only
+        reads the model; this is the one step that changes it before quantization."""
+
     def projections(self) -> dict[str, nn.Linear]:
         raise NotImplementedError
 

@@ -65,11 +65,33 @@ class GatedDeltaNetMixer(RecurrentMixer):
     MODULES = ("conv1d", "in_proj_qkvz", "in_proj_ba", "norm", "out_proj")
     PARAMETERS = ("dt_bias", "A_log")
     ATTRS = ("num_v_heads", "num_k_heads", "head_k_dim", "head_v_dim", "key_dim", "value_dim", "activation")
+    PROJECTIONS = ("in_proj_qkvz", "out_proj")
+    GATE = "in_proj_ba"
+    DECAY = ("A_log", "dt_bias")
 
     def __init__(self, src: nn.Module):
         super().__init__(src.layer_idx)
         _take(self, src, self.MODULES + self.PARAMETERS, self.ATTRS)
         self.layer_type = getattr(src, "layer_type", "linear_attention")
+
+    @staticmethod
+    def fused_splits(src: nn.Module) -> dict[str, dict[str, int]]:
+        return {"in_proj_qkvz": {"q": src.key_dim, "k": src.key_dim, "v": src.value_dim, "z": src.value_dim},
+                "in_proj_ba": {"b": src.num_v_heads, "a": src.num_v_heads}}
+
+    @staticmethod
+    def layout_problem(src: nn.Module) -> str | None:
+        if src.num_v_heads % src.num_k_heads:
+            return (f"{src.num_v_heads} value heads do not group evenly over {src.num_k_heads} key heads; "
+                    "the fused split is unknown")
+        return None
+
+    def state_shape(self) -> tuple[int, int, int]:
+        return self.num_v_heads, self.head_k_dim, self.head_v_dim
+
+    def gate_log_decay(self, logits: torch.Tensor) -> torch.Tensor:
+        """The log-decay of ``in_proj_ba``'s outputs."""
+        return self.log_decay(self.split_ba(logits)[1])
 
     def split_qkvz(self, qkvz: torch.Tensor):
         r = self.num_v_heads // self.num_k_heads
@@ -113,6 +135,9 @@ class LightningMixer(RecurrentMixer):
     MODULES = ("norm", "qkv_proj", "out_proj", "output_gate")
     BUFFERS = ("slope_rate", "query_decay", "key_decay", "diagonal_decay")
     ATTRS = ("head_dim", "num_attention_heads", "act_fn", "block_size")
+    PROJECTIONS = ("qkv_proj", "output_gate", "out_proj")
+    GATE = None  # the decay is a fixed buffer
+    DECAY = ("slope_rate",)
 
     def __init__(self, src: nn.Module):
         super().__init__(src.layer_idx)
@@ -120,6 +145,14 @@ class LightningMixer(RecurrentMixer):
         for name in self.BUFFERS:  # transformers saves them; keep the state dict the same
             self.register_buffer(name, getattr(src, name))
         self.layer_type = getattr(src, "layer_type", "linear_attention")
+
+    @staticmethod
+    def fused_splits(src: nn.Module) -> dict[str, dict[str, int]]:
+        width = src.num_attention_heads * src.head_dim
+        return {"qkv_proj": {"q": width, "k": width, "v": width}}
+
+    def state_shape(self) -> tuple[int, int, int]:
+        return self.num_attention_heads, self.head_dim, self.head_dim
 
     def log_decay(self) -> torch.Tensor:
         """Per-head log-decay ``[H]`` (the same at every token)."""
@@ -147,11 +180,31 @@ class Mamba2Mixer(RecurrentMixer):
     PARAMETERS = ("dt_bias", "A_log", "D")
     ATTRS = ("num_heads", "head_dim", "ssm_state_size", "n_groups", "intermediate_size", "conv_dim", "activation",
              "time_step_limit")
+    PROJECTIONS = ("in_proj", "out_proj")
+    GATE = "in_proj"  # the dt channels of the fused in_proj (also a projection)
+    DECAY = ("A_log", "dt_bias", "D")
 
     def __init__(self, src: nn.Module):
         super().__init__(src.layer_idx)
         _take(self, src, self.MODULES + self.PARAMETERS, self.ATTRS)
         self.layer_type = getattr(src, "layer_type", "linear_attention")
+
+    @staticmethod
+    def fused_splits(src: nn.Module) -> dict[str, dict[str, int]]:
+        return {"in_proj": {"z": src.intermediate_size, "x": src.intermediate_size,
+                            "B": src.n_groups * src.ssm_state_size, "C": src.n_groups * src.ssm_state_size,
+                            "dt": src.num_heads}}
+
+    def gate_channels(self) -> tuple[int, int]:
+        """The gate's outputs within ``in_proj``: ``(first, count)`` (the dt channels)."""
+        return self.intermediate_size + self.conv_dim, self.num_heads
+
+    def state_shape(self) -> tuple[int, int, int]:
+        return self.num_heads, self.ssm_state_size, self.head_dim  # [d_state, head_dim] per head
+
+    def gate_log_decay(self, logits: torch.Tensor) -> torch.Tensor:
+        """The log-decay of the dt logits (the gate's channels of ``in_proj``)."""
+        return self.log_decay(logits)
 
     def split_in_proj(self, proj: torch.Tensor):
         """``in_proj``'s output -> (z ``[..., I]``, x|B|C ``[..., conv_dim]``, dt ``[..., H]``)."""
@@ -187,5 +240,3 @@ class Mamba2Mixer(RecurrentMixer):
         y = self.norm(y.reshape(B, T, -1).to(dtype), z)
         return self.out_proj(y.to(dtype))
 
-
-MIXERS = {"qwen3_next": GatedDeltaNetMixer, "minimax": LightningMixer, "bamba": Mamba2Mixer}

@@ -1,0 +1,96 @@
+"""The family registry: every model type laquant supports, in one table.
+
+A :class:`Family` says how to build a model of that type (laquant's own implementation, or
+transformers' through its Auto classes), which adapter maps its roles, and for transformers'
+hybrids where the linear mixer sits, which transformers class that is and which of laquant's
+mixers replaces it (the mixer class carries its recurrence and layout). Loading, adapters, recipes
+(``families:`` keys) and the supported list in errors and docs all read :data:`FAMILIES`.
+
+Adding a transformers hybrid whose recurrence laquant has is one entry here (plus its tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from laquant.errors import LaquantError
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str
+    recurrence: str  # "gla" (gated linear attention, incl. Lightning and Mamba2's SSD) or "delta" (gated delta rule)
+    # transformers' hybrids: the decoder layer's attribute holding the linear mixer, transformers'
+    # class found there, and laquant's mixer class (laquant.models.hybrid_mixers) that replaces it
+    mixer_attr: str = ""
+    source_class: str = ""
+    mixer: str = ""
+    cache: Callable | None = None  # a fresh cache for incremental decoding, where transformers' default does not fit
+
+    @property
+    def native(self) -> bool:
+        """laquant runs its own implementation of the model (fla's GLA), not transformers'."""
+        return self.model_type == "gla"
+
+    @property
+    def mixer_class(self) -> type:
+        from laquant.models import hybrid_mixers
+
+        return getattr(hybrid_mixers, self.mixer)
+
+    def adapter(self, model):
+        """The adapter of ``model`` (checks its layout; changes nothing: see ``Adapter.install``)."""
+        if self.native:
+            from laquant.adapters.gla import GLAAdapter
+
+            return GLAAdapter(model)
+        from laquant.adapters.hybrid import HybridAdapter
+
+        return HybridAdapter(model, self)
+
+    def config(self, cfg: dict):
+        """The config object of a ``config.json`` dict of this family (ValueError: unsupported options)."""
+        if self.native:
+            from laquant.models.gla import GLAConfig, check_supported
+
+            config = GLAConfig.from_dict(cfg)
+            check_supported(config)
+            return config
+        from transformers import CONFIG_MAPPING
+
+        cls = CONFIG_MAPPING[self.model_type]
+        # transformers writes inf/nan as {"__float__": "Infinity"} (e.g. bamba's time_step_limit)
+        decode = getattr(cls, "_decode_special_floats", None)
+        return cls.from_dict(decode(cfg) if decode is not None else cfg)
+
+    def model_class(self):
+        """The class whose ``from_pretrained`` / ``from_config`` builds the model."""
+        if self.native:
+            from laquant.models import GLAForCausalLM
+
+            return GLAForCausalLM
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM
+
+
+def _minimax_cache():
+    from transformers.models.minimax.modeling_minimax import MiniMaxCache
+
+    return MiniMaxCache()  # MiniMaxModel accepts no other cache class
+
+
+_FAMILIES = (
+    Family("gla", "gla"),
+    Family("qwen3_next", "delta", "linear_attn", "Qwen3NextGatedDeltaNet", "GatedDeltaNetMixer"),
+    Family("minimax", "gla", "self_attn", "MiniMaxLightningAttention", "LightningMixer", cache=_minimax_cache),
+    Family("bamba", "gla", "mamba", "BambaMixer", "Mamba2Mixer"),
+)
+FAMILIES: dict[str, Family] = {f.model_type: f for f in _FAMILIES}
+
+
+def get_family(model_type: str | None, what: str = "model_type") -> Family:
+    if model_type not in FAMILIES:
+        raise LaquantError(f"{what} {model_type!r} is not supported; supported: {', '.join(FAMILIES)}")
+    return FAMILIES[model_type]
