@@ -26,13 +26,6 @@ from laquant.models.cache import state_store
 from laquant.models.recurrent import RecurrentMixer
 
 
-def _take(dst: nn.Module, src: nn.Module, modules: tuple[str, ...], attrs: tuple[str, ...]) -> None:
-    for name in modules:
-        setattr(dst, name, getattr(src, name))
-    for name in attrs:
-        setattr(dst, name, getattr(src, name))
-
-
 def mask_padding(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
     """Zero padded positions (a 2-D ``[B, T]`` mask of this call's tokens), as transformers does."""
     if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape[1] == x.shape[1]:
@@ -57,7 +50,52 @@ def short_conv(x: torch.Tensor, states, layer_idx: int, conv: nn.Conv1d, activat
     return out.to(x.dtype)
 
 
-class GatedDeltaNetMixer(RecurrentMixer):
+class HybridMixer(RecurrentMixer):
+    """A laquant mixer that takes over a transformers mixer ``src``: its submodules, parameters,
+    buffers and attributes (``MODULES``, ``PARAMETERS``, ``BUFFERS``, ``ATTRS``) under the same names.
+    The class also says how it sits in the model (read by
+    :class:`~laquant.adapters.hybrid.HybridAdapter`): its ordinary projections (``PROJECTIONS``), its
+    gate projection (``GATE``, or None), its decay parameters (``DECAY``), the split of its fused
+    projections (:meth:`fused_splits`) and the shape ``(heads, K, V)`` of its state."""
+
+    MODULES: tuple[str, ...] = ()
+    PARAMETERS: tuple[str, ...] = ()
+    BUFFERS: tuple[str, ...] = ()  # transformers saves them: registered again to keep the state dict
+    ATTRS: tuple[str, ...] = ()
+    PROJECTIONS: tuple[str, ...] = ()
+    GATE: str | None = None
+    DECAY: tuple[str, ...] = ()
+
+    def __init__(self, src: nn.Module):
+        super().__init__(src.layer_idx)
+        for name in self.MODULES + self.PARAMETERS + self.ATTRS:
+            setattr(self, name, getattr(src, name))
+        for name in self.BUFFERS:
+            self.register_buffer(name, getattr(src, name))
+        self.layer_type = getattr(src, "layer_type", "linear_attention")
+
+    @staticmethod
+    def fused_splits(src: nn.Module) -> dict[str, dict[str, int]]:
+        """Fused projection of the source module -> its parts and their widths."""
+        return {}
+
+    @staticmethod
+    def layout_problem(src: nn.Module) -> str | None:
+        """What makes the source module's layout unusable beyond missing parts (None: nothing)."""
+        return None
+
+    def gate_channels(self) -> tuple[int, int] | None:
+        """``(first, count)`` when the gate is a slice of a fused projection's outputs."""
+        return None
+
+    def state_shape(self) -> tuple[int, int, int]:
+        raise NotImplementedError
+
+    def gate_log_decay(self, logits: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} has no gate projection")
+
+
+class GatedDeltaNetMixer(HybridMixer):
     """transformers' ``Qwen3NextGatedDeltaNet``: fused ``in_proj_qkvz`` (q, k, v and the output gate
     z, grouped per key head), ``in_proj_ba`` (beta logits b and decay logits a, grouped the same way),
     a short conv over q, k, v, and the gated delta rule with ``g = -exp(A_log) softplus(a + dt_bias)``."""
@@ -68,11 +106,6 @@ class GatedDeltaNetMixer(RecurrentMixer):
     PROJECTIONS = ("in_proj_qkvz", "out_proj")
     GATE = "in_proj_ba"
     DECAY = ("A_log", "dt_bias")
-
-    def __init__(self, src: nn.Module):
-        super().__init__(src.layer_idx)
-        _take(self, src, self.MODULES + self.PARAMETERS, self.ATTRS)
-        self.layer_type = getattr(src, "layer_type", "linear_attention")
 
     @staticmethod
     def fused_splits(src: nn.Module) -> dict[str, dict[str, int]]:
@@ -127,7 +160,7 @@ class GatedDeltaNetMixer(RecurrentMixer):
         return self.out_proj(o.reshape(B, T, -1))
 
 
-class LightningMixer(RecurrentMixer):
+class LightningMixer(HybridMixer):
     """transformers' ``MiniMaxLightningAttention``: ``act(qkv_proj(x))`` split per head into q, k, v;
     ``S_t = exp(-slope) S_{t-1} + k_t^T v_t``, ``o_t = q_t S_t`` (no q scaling); RMSNorm over all
     heads, a sigmoid output gate, ``out_proj``. The decay (``slope_rate``) is a fixed buffer."""
@@ -138,13 +171,6 @@ class LightningMixer(RecurrentMixer):
     PROJECTIONS = ("qkv_proj", "output_gate", "out_proj")
     GATE = None  # the decay is a fixed buffer
     DECAY = ("slope_rate",)
-
-    def __init__(self, src: nn.Module):
-        super().__init__(src.layer_idx)
-        _take(self, src, self.MODULES, self.ATTRS)
-        for name in self.BUFFERS:  # transformers saves them; keep the state dict the same
-            self.register_buffer(name, getattr(src, name))
-        self.layer_type = getattr(src, "layer_type", "linear_attention")
 
     @staticmethod
     def fused_splits(src: nn.Module) -> dict[str, dict[str, int]]:
@@ -171,7 +197,7 @@ class LightningMixer(RecurrentMixer):
         return self.out_proj(o), None
 
 
-class Mamba2Mixer(RecurrentMixer):
+class Mamba2Mixer(HybridMixer):
     """transformers' ``BambaMixer`` (Mamba2): fused ``in_proj`` -> (gate z, x|B|C, dt); a short conv
     over x|B|C; the SSD scan ``S_t = exp(dt_t A) S_{t-1} + B_t^T (dt_t x_t)``, ``y_t = C_t S_t + D x_t``
     (B and C shared by the heads of a group); a gated RMSNorm with z; ``out_proj``."""
@@ -183,11 +209,6 @@ class Mamba2Mixer(RecurrentMixer):
     PROJECTIONS = ("in_proj", "out_proj")
     GATE = "in_proj"  # the dt channels of the fused in_proj (also a projection)
     DECAY = ("A_log", "dt_bias", "D")
-
-    def __init__(self, src: nn.Module):
-        super().__init__(src.layer_idx)
-        _take(self, src, self.MODULES + self.PARAMETERS, self.ATTRS)
-        self.layer_type = getattr(src, "layer_type", "linear_attention")
 
     @staticmethod
     def fused_splits(src: nn.Module) -> dict[str, dict[str, int]]:

@@ -20,41 +20,6 @@ from laquant.kernels.common.state import State, StateQuantizer
 
 
 class RecurrentMixer(nn.Module):
-    """The base of laquant's mixers. A hybrid mixer class also says how it sits in transformers'
-    model (read by :class:`~laquant.adapters.hybrid.HybridAdapter`): the submodules, parameters,
-    buffers and attributes it takes over (``MODULES``, ``PARAMETERS``, ``BUFFERS``, ``ATTRS``), its
-    ordinary projections (``PROJECTIONS``), its gate projection (``GATE``, or None), its decay
-    parameters (``DECAY``), the split of its fused projections (:meth:`fused_splits`) and the
-    shape ``(heads, K, V)`` of its state."""
-
-    MODULES: tuple[str, ...] = ()
-    PARAMETERS: tuple[str, ...] = ()
-    BUFFERS: tuple[str, ...] = ()
-    ATTRS: tuple[str, ...] = ()
-    PROJECTIONS: tuple[str, ...] = ()
-    GATE: str | None = None
-    DECAY: tuple[str, ...] = ()
-
-    @staticmethod
-    def fused_splits(src: nn.Module) -> dict[str, dict[str, int]]:
-        """Fused projection of the source module -> its parts and their widths."""
-        return {}
-
-    @staticmethod
-    def layout_problem(src: nn.Module) -> str | None:
-        """What makes the source module's layout unusable beyond missing parts (None: nothing)."""
-        return None
-
-    def gate_channels(self) -> tuple[int, int] | None:
-        """``(first, count)`` when the gate is a slice of a fused projection's outputs."""
-        return None
-
-    def state_shape(self) -> tuple[int, int, int]:
-        raise NotImplementedError
-
-    def gate_log_decay(self, logits: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError(f"{type(self).__name__} has no gate projection")
-
     def __init__(self, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
