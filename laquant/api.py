@@ -12,7 +12,8 @@ from laquant.calibration.run import calibration_batches, collect_stats
 from laquant.calibration.stats import Stats
 from laquant.checkpoint import fill_model, load_state_dict_file, read_quantization_config, save_quantized
 from laquant.errors import LaquantError
-from laquant.quantize import apply, plan
+from laquant.decisions import Decisions
+from laquant.quantize import apply, build_empty, plan
 from laquant.recipe import for_family, load_recipe
 
 
@@ -22,7 +23,7 @@ class Calibrated:
 
     model: torch.nn.Module
     recipe: dict
-    decisions: dict
+    decisions: Decisions
     stats: Stats
 
 
@@ -43,8 +44,7 @@ def calibrate(model, recipe: dict | str, data: torch.Tensor | None = None, stats
         if data is None:
             raise LaquantError("calibrate needs calibration data (token ids) or saved stats")
         batches = data if data.dim() == 2 else calibration_batches(data, samples, seq_len, seed)
-        threshold = recipe["projections"]["outlier_threshold"] or 6.0
-        stats = collect_stats(model, adapter, batches, threshold=threshold, seed=seed, progress=progress,
+        stats = collect_stats(model, adapter, batches, seed=seed, progress=progress,
                               layerwise_device=layerwise_device)
     elif stats.meta.get("model_type") != model.config.model_type:
         raise LaquantError(f"the statistics were collected on a {stats.meta.get('model_type')!r} model, "
@@ -69,6 +69,6 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     if qcfg is None:
         return load_model(model_dir, device=device, dtype=dtype)
     model = empty_model(read_supported_config(model_dir), model_dir, dtype)
-    apply(model, get_adapter(model), qcfg["decisions"])
+    build_empty(model, get_adapter(model), qcfg["decisions"])
     fill_model(model, load_state_dict_file(model_dir / "model.safetensors"), model_dir)
     return model.to(device).eval(), load_tokenizer(model_dir)

@@ -68,7 +68,7 @@ class StagingDir:
         return False
 
 
-def save_quantized(model, out: Path, recipe: dict, decisions: dict, stats=None, tokenizer=None,
+def save_quantized(model, out: Path, recipe: dict, decisions, stats=None, tokenizer=None,
                    report: str | None = None, overwrite: bool = False,
                    storage_dtype: torch.dtype = torch.bfloat16) -> Path:
     from safetensors.torch import save_file
@@ -85,7 +85,7 @@ def save_quantized(model, out: Path, recipe: dict, decisions: dict, stats=None, 
         config["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
         config["quantization_config"] = {
             "quant_method": QUANT_METHOD, "format_version": FORMAT_VERSION,
-            "recipe": recipe, "decisions": decisions,
+            "recipe": recipe, "decisions": decisions if isinstance(decisions, dict) else decisions.to_dict(),
         }
         encode = getattr(model.config, "_encode_special_floats", None)  # inf/nan as transformers writes them
         (tmp / "config.json").write_text(json.dumps(encode(config) if encode else config, indent=2) + "\n")

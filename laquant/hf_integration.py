@@ -44,9 +44,9 @@ class LaquantHfQuantizer(HfQuantizer):
 
     def _process_model_before_weight_loading(self, model, **kwargs):
         from laquant.adapters import install
-        from laquant.quantize import apply
+        from laquant.quantize import build_empty
 
-        apply(model, install(model), self.quantization_config.decisions)
+        build_empty(model, install(model), self.quantization_config.decisions)
         return model
 
     def _process_model_after_weight_loading(self, model, **kwargs):

@@ -1,8 +1,10 @@
-"""Stats + recipe -> per-module decisions (``plan``) -> quantized modules in the model (``apply``).
+"""Stats + recipe -> per-module decisions (``plan``) -> quantized modules in the model.
 
-Decisions are plain JSON (they go into ``config.json``'s ``quantization_config``), so a saved
-checkpoint is rebuilt by ``apply(model, adapter, decisions)`` with empty modules of the right
-shapes, then filled by ``load_state_dict``.
+One handler per decision kind (:data:`HANDLERS`, as torchao registers one handler per config) with
+two constructors: ``from_stats`` quantizes a module's real weights with its calibrated statistics
+(:func:`apply`), ``empty`` builds the quantized module with the recorded shapes only, to load a
+checkpoint's state dict into (:func:`build_empty`). Decisions are typed
+(:mod:`laquant.decisions`) and recorded as JSON in ``config.json``'s ``quantization_config``.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import itertools
 import torch
 
 from laquant.calibration.stats import Stats
+from laquant.decisions import Decisions, GateDecision, ProjectionDecision, StateDecision
 from laquant.errors import LaquantError
-from laquant.quant.modules import QuantGate, QuantLinear
 from laquant.kernels.common.formats import get_format
 from laquant.kernels.common.state import StateQuantizer
+from laquant.quant.modules import QuantGate, QuantLinear
 
 
 def select_outliers(absmax: torch.Tensor, threshold: float | None, top_k: int | None) -> list[int]:
@@ -45,44 +48,40 @@ def check_roles(adapter, recipe: dict) -> None:
                                f"{what}; use a recipe for this family or --set {fix}")
 
 
-def plan(adapter, stats: Stats, recipe: dict) -> dict:
+def plan(adapter, stats: Stats, recipe: dict) -> Decisions:
     check_roles(adapter, recipe)
     proj_recipe, gate_recipe, state_recipe = recipe["projections"], recipe["gates"], recipe["state"]
     projections = dict(adapter.projections())
     if "lm_head" not in recipe["keep"]:
         projections.update({n: adapter.module(n) for n in adapter.kept()["lm_head"]})
-    decisions: dict = {"projections": {}, "gates": {}, "state": {}}
+    decisions = Decisions()
     if recipe["softmax_attention"]["format"] == "int8":
         # the attention layers' q/k/v/o get the projections' treatment (W8A8 with outlier split)
         for name in adapter.attention_projections():
-            if (decision := _projection_decision(name, stats, proj_recipe)) is not None:
-                decisions["projections"][name] = {**decision, "role": "softmax_attention"}
+            if (decision := _projection_decision(name, stats, proj_recipe, "softmax_attention")) is not None:
+                decisions.projections[name] = decision
     if proj_recipe["format"] == "int8":
         for name in projections:
             if (decision := _projection_decision(name, stats, proj_recipe)) is not None:
-                decisions["projections"][name] = decision
+                decisions.projections[name] = decision
     if gate_recipe["format"] == "int8":
         for name, gate in adapter.gates().items():
             start, n_channels = adapter.gate_channels(name) or (None, _linears(gate)[-1].out_features)
-            decisions["gates"][name] = {
-                "format": "int8", "weight_granularity": gate_recipe["weight_granularity"],
-                "scaling": gate_recipe["scaling"], "clamp": gate_recipe["clamp"],
-                "n_channels": n_channels, "channel_start": start,
-            }
+            decisions.gates[name] = GateDecision(n_channels, start, gate_recipe["weight_granularity"],
+                                                 gate_recipe["scaling"], gate_recipe["clamp"])
     for name in adapter.mixers():
-        decisions["state"][name] = {"format": state_recipe["format"], "renorm_interval": state_recipe["renorm_interval"]}
+        decisions.state[name] = StateDecision(state_recipe["format"], state_recipe["renorm_interval"])
     return decisions
 
 
-def _projection_decision(name: str, stats: Stats, proj_recipe: dict) -> dict | None:
+def _projection_decision(name: str, stats: Stats, proj_recipe: dict, role: str | None = None):
     """W8A8 with outlier split; None (the layer stays in high precision) when every input channel
     is an outlier: an int8 layer without int8 columns would be the bf16 layer with extra work."""
     absmax = stats.get(name, "act_absmax")
     outliers = select_outliers(absmax, proj_recipe["outlier_threshold"], proj_recipe["outlier_top_k"])
     if len(outliers) == absmax.numel():
         return None
-    return {"format": "int8", "outliers": outliers, "weight_granularity": proj_recipe["weight_granularity"],
-            "act_granularity": proj_recipe["act_granularity"]}
+    return ProjectionDecision(outliers, proj_recipe["weight_granularity"], proj_recipe["act_granularity"], role)
 
 
 def _device(module) -> torch.device:
@@ -95,66 +94,117 @@ def _linears(gate) -> list:
 
 def static_state_scale(state_absmax: torch.Tensor, fmt: str) -> torch.Tensor:
     """Calibrated scale for a state ``[H, K]`` absmax, shaped to broadcast over ``[B, H, K, V]``."""
-    fmt = get_format(fmt)
-    if fmt.granularity == "row":
+    spec = get_format(fmt)
+    if spec.granularity == "row":
         amax = state_absmax.unsqueeze(-1)
-    elif fmt.granularity == "head":
+    elif spec.granularity == "head":
         amax = state_absmax.amax(-1).view(-1, 1, 1)
     else:
         amax = state_absmax.amax()
-    return (amax.float() / fmt.qmax).clamp_min(torch.finfo(torch.float32).tiny)
+    return (amax.float() / spec.qmax).clamp_min(torch.finfo(torch.float32).tiny)
 
 
-@torch.no_grad()
-def apply(model, adapter, decisions: dict, stats: Stats | None = None) -> None:
-    """Rewrite ``model`` in place. With ``stats``: quantize the real weights. Without: build empty
-    modules of the recorded shapes (for loading a checkpoint's state dict into)."""
-    dtype = next(model.parameters()).dtype
-    for name, d in decisions["projections"].items():
-        linear = adapter.module(name)
-        if stats is not None:
-            new = QuantLinear.from_linear(linear, torch.tensor(d["outliers"], dtype=torch.long),
-                                          d["weight_granularity"], d["act_granularity"])
-        else:
-            new = QuantLinear(linear.in_features, linear.out_features, len(d["outliers"]), linear.bias is not None,
-                              d["weight_granularity"], d["act_granularity"], dtype=dtype)
-        adapter.replace(name, new.to(linear.weight.device))
+# ------------------------------------------------------------------------------------- handlers
+# from_stats(module, name, decision, stats, adapter) and empty(module, name, decision, adapter, dtype)
+# return what takes the module's place (None: the module is changed in place).
 
-    for name, d in decisions["gates"].items():
-        gate = adapter.module(name)
+class ProjectionHandler:
+    @staticmethod
+    def from_stats(linear, name, d: ProjectionDecision, stats, adapter):
+        outliers = torch.tensor(d.outliers, dtype=torch.long)
+        return QuantLinear.from_linear(linear, outliers, d.weight_granularity, d.act_granularity)
+
+    @staticmethod
+    def empty(linear, name, d: ProjectionDecision, adapter, dtype):
+        return QuantLinear(linear.in_features, linear.out_features, len(d.outliers), linear.bias is not None,
+                           d.weight_granularity, d.act_granularity, dtype=dtype).to(linear.weight.device)
+
+
+class GateHandler:
+    @staticmethod
+    def _wrap(gate, d: GateDecision, quantize_linear):
         linears = []
         for lin in _linears(gate):
-            if isinstance(lin, QuantLinear) or d.get("channel_start") is not None:
+            if isinstance(lin, QuantLinear) or d.channel_start is not None:
                 # a slice of a fused projection: the projection's own decision quantizes it (or keeps it)
                 linears.append(lin)
-            elif stats is not None:
-                q = QuantLinear.from_linear(lin, torch.zeros(0, dtype=torch.long), d["weight_granularity"], "none")
-                linears.append(q.to(lin.weight.device))
             else:
-                q = QuantLinear(lin.in_features, lin.out_features, 0, lin.bias is not None,
-                                d["weight_granularity"], "none", dtype=dtype)
-                linears.append(q.to(lin.weight.device))
-        new = QuantGate(*linears, n_channels=d["n_channels"], scaling=d["scaling"], clamp=d["clamp"],
-                        channel_start=d.get("channel_start"))
-        if stats is not None:
-            new.calibrate(stats.get(name, "logit_min"), stats.get(name, "logit_max"))
-        adapter.replace(name, new.to(_device(linears[-1])))
+                linears.append(quantize_linear(lin).to(lin.weight.device))
+        new = QuantGate(*linears, n_channels=d.n_channels, scaling=d.scaling, clamp=d.clamp,
+                        channel_start=d.channel_start)
+        return new.to(_device(linears[-1]))
 
-    mixers = adapter.mixers()
-    for name, d in decisions["state"].items():
-        mixer = adapter.module(name)
-        fmt = get_format(d["format"])
-        static = None
-        if d["renorm_interval"] == 0 and fmt.is_scaled:
-            info = mixers[name]
-            if stats is not None:
-                static = static_state_scale(stats.get(name, "state_absmax"), d["format"])
-            else:
-                shape = {"row": (info.num_heads, info.head_k, 1), "head": (info.num_heads, 1, 1)}
-                static = torch.ones(shape.get(fmt.granularity, ()))
+    @classmethod
+    def from_stats(cls, gate, name, d: GateDecision, stats, adapter):
+        new = cls._wrap(gate, d, lambda lin: QuantLinear.from_linear(lin, torch.zeros(0, dtype=torch.long),
+                                                                       d.weight_granularity, "none"))
+        new.calibrate(stats.get(name, "logit_min").to(new.logit_min.device),
+                      stats.get(name, "logit_max").to(new.logit_max.device))
+        return new
+
+    @classmethod
+    def empty(cls, gate, name, d: GateDecision, adapter, dtype):
+        return cls._wrap(gate, d, lambda lin: QuantLinear(lin.in_features, lin.out_features, 0, lin.bias is not None,
+                                                          d.weight_granularity, "none", dtype=dtype))
+
+
+class StateHandler:
+    @staticmethod
+    def _set(mixer, name, d: StateDecision, static: torch.Tensor | None):
+        if static is not None:
             mixer.register_buffer("state_static_scale", static.to(next(mixer.parameters(), static).device))
             static = mixer.state_static_scale
         try:
-            mixer.state_quantizer = StateQuantizer(d["format"], d["renorm_interval"], static)
+            mixer.state_quantizer = StateQuantizer(d.format, d.renorm_interval, static)
         except ValueError as exc:
             raise LaquantError(f"{name}: {exc}") from None
+
+    @staticmethod
+    def _static(d: StateDecision) -> bool:
+        return d.renorm_interval == 0 and get_format(d.format).is_scaled
+
+    @classmethod
+    def from_stats(cls, mixer, name, d: StateDecision, stats, adapter):
+        static = static_state_scale(stats.get(name, "state_absmax"), d.format) if cls._static(d) else None
+        cls._set(mixer, name, d, static)
+
+    @classmethod
+    def empty(cls, mixer, name, d: StateDecision, adapter, dtype):
+        static = None
+        if cls._static(d):
+            info = adapter.mixers()[name]
+            static = torch.ones(get_format(d.format).scale_shape(info.num_heads, info.head_k))
+        cls._set(mixer, name, d, static)
+
+
+HANDLERS = {ProjectionDecision: ProjectionHandler, GateDecision: GateHandler, StateDecision: StateHandler}
+
+
+def handler_for(decision):
+    handler = HANDLERS.get(type(decision))
+    if handler is None:
+        raise LaquantError(f"no quantization handler for a {type(decision).__name__}; "
+                           f"known: {', '.join(t.__name__ for t in HANDLERS)}")
+    return handler
+
+
+def _rewrite(adapter, decisions: Decisions | dict, build) -> None:
+    if not isinstance(decisions, Decisions):
+        decisions = Decisions.from_dict(decisions)
+    for name, decision in decisions.every_module():
+        new = build(handler_for(decision), adapter.module(name), name, decision)
+        if new is not None:
+            adapter.replace(name, new)
+
+
+@torch.no_grad()
+def apply(model, adapter, decisions: Decisions | dict, stats: Stats) -> None:
+    """Quantize ``model`` in place by ``decisions``, from its real weights and ``stats``."""
+    _rewrite(adapter, decisions, lambda h, module, name, d: h.from_stats(module, name, d, stats, adapter))
+
+
+@torch.no_grad()
+def build_empty(model, adapter, decisions: Decisions | dict) -> None:
+    """Rewrite ``model`` into empty quantized modules of the recorded shapes (to load a checkpoint into)."""
+    dtype = next(model.parameters()).dtype
+    _rewrite(adapter, decisions, lambda h, module, name, d: h.empty(module, name, d, adapter, dtype))

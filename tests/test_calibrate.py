@@ -31,12 +31,12 @@ def test_stats_match_what_the_model_computes(tiny_model_dir, calib_ids):
     seen = {}
     h = model.model.layers[1].attn.q_proj.register_forward_pre_hook(
         lambda m, a: seen.__setitem__("x", torch.maximum(seen.get("x", torch.zeros(64)), a[0].abs().amax((0, 1)))))
-    stats = collect_stats(model, get_adapter(model), batches, threshold=0.5, segment=64, progress=False)
+    stats = collect_stats(model, get_adapter(model), batches, segment=64, progress=False)
     h.remove()
     name = "model.layers.1.attn.q_proj"
     assert torch.equal(stats.get(name, "act_absmax"), seen["x"])
     assert (stats.get(name, "act_p999") <= stats.get(name, "act_absmax") + 1e-3).all()
-    over = stats.get(name, "act_over_threshold")
+    over = stats.over_threshold(name, 0.5)
     assert ((over >= 0) & (over <= 1)).all() and over.sum() > 0
     assert stats.get("model.layers.0.attn", "checkpoints").tolist() == [64, 128, 192, 200]
     assert stats.get("model.layers.0.attn", "state_trajectory").shape == (4, 2, 16)

@@ -66,15 +66,34 @@ def test_loss_is_shifted_cross_entropy():
 
 @torch.no_grad()
 def test_save_and_reload_through_transformers(tmp_path, tiny_model_dir):
+    """save_pretrained writes a checkpoint that laquant's loader and transformers' Auto classes both
+    read back to the same logits, with the config it was given."""
+    import shutil
+
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     import laquant  # noqa: F401  (registers model_type "gla")
 
     model, _ = load_model(tiny_model_dir)
-    auto = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     ids = torch.randint(0, 8192, (1, 25))
-    assert torch.equal(model(input_ids=ids).logits, auto(input_ids=ids).logits)
-    assert json.loads((tiny_model_dir / "config.json").read_text())["model_type"] == "gla"
+    logits = model(input_ids=ids).logits
+    saved = tmp_path / "saved"
+    model.save_pretrained(saved)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_model_dir / name, saved / name)
+    written = json.loads((saved / "config.json").read_text())
+    assert written["model_type"] == "gla" and written["architectures"] == ["GLAForCausalLM"]
+    assert {k: written[k] for k in ("hidden_size", "num_hidden_layers", "num_heads", "vocab_size")} == \
+        {"hidden_size": 64, "num_hidden_layers": 2, "num_heads": 2, "vocab_size": 8192}
+    weights, state = load_file(saved / "model.safetensors"), model.state_dict()
+    assert weights.keys() == state.keys() and all(torch.equal(weights[k], state[k]) for k in state)
+
+    reloaded, _ = load_model(saved)
+    auto = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32).eval()
+    assert type(auto).__name__ == "GLAForCausalLM"
+    assert torch.equal(reloaded(input_ids=ids).logits, logits)
+    assert torch.equal(auto(input_ids=ids).logits, logits)
 
 
 def test_unsupported_fla_options_are_refused(tmp_path, tiny_model_dir):

@@ -28,14 +28,21 @@ class _Sampler:
         return torch.quantile(torch.cat(self.parts).float(), q, dim=0)
 
 
-class ProjectionObserver:
-    """Input channels of a linear: absmax, 99.9th percentile of |x|, how often |x| > threshold."""
+# |x| levels the projections' over-level counts are kept at: 2^k and 1.5 * 2^k from 1/64 to 12288,
+# so a recipe's outlier threshold (6.0 by default, any such level exactly) is read off when planning
+# or reporting, and the statistics do not depend on the recipe they were collected for
+MAGNITUDE_LEVELS = torch.tensor(sorted(m * 2.0 ** k for k in range(-6, 14) for m in (1.0, 1.5)))
 
-    def __init__(self, name: str, module: torch.nn.Linear, threshold: float, gen: torch.Generator):
-        self.name, self.threshold = name, threshold
+
+class ProjectionObserver:
+    """Input channels of a linear: absmax, 99.9th percentile of |x|, and how often |x| exceeds each
+    of :data:`MAGNITUDE_LEVELS`."""
+
+    def __init__(self, name: str, module: torch.nn.Linear, gen: torch.Generator):
+        self.name = name
         n = module.in_features
         self.absmax = torch.zeros(n)
-        self.over = torch.zeros(n, dtype=torch.float64)
+        self.hist = torch.zeros(n * (len(MAGNITUDE_LEVELS) + 1), dtype=torch.float64)  # [channel, level bin], flat
         self.tokens = 0
         self.sample = _Sampler(16, gen)
         w = module.weight.detach().float()
@@ -46,14 +53,23 @@ class ProjectionObserver:
         _check_finite(self.name, "input", x)
         a = x.abs().float()
         self.absmax = torch.maximum(self.absmax, a.amax(0).cpu())
-        self.over += (a > self.threshold).sum(0).cpu().double()
+        bins = torch.bucketize(a, MAGNITUDE_LEVELS.to(a.device))  # how many levels lie below |x|
+        offsets = torch.arange(a.shape[1], device=a.device) * (len(MAGNITUDE_LEVELS) + 1)
+        self.hist = self.hist.to(a.device).index_add_(0, (bins + offsets).flatten(),
+                                                      torch.ones(bins.numel(), dtype=torch.float64, device=a.device))
         self.tokens += a.shape[0]
         self.sample.add(a)
 
     def result(self) -> dict[str, torch.Tensor]:
         return {"act_absmax": self.absmax, "act_p999": self.sample.quantile(0.999),
-                "act_over_threshold": (self.over / max(self.tokens, 1)).float(),
+                "act_over_levels": self._over_levels(),
                 "weight_min": self.weight_min, "weight_max": self.weight_max}
+
+    def _over_levels(self) -> torch.Tensor:
+        """``[channels, levels]``: the fraction of tokens whose |x| exceeds each level."""
+        hist = self.hist.cpu().view(-1, len(MAGNITUDE_LEVELS) + 1)
+        over = hist.flip(-1).cumsum(-1).flip(-1)[:, 1:]  # tokens in the bins above each level
+        return (over / max(self.tokens, 1)).float()
 
 
 class GateObserver:

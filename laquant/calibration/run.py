@@ -8,7 +8,7 @@ import torch
 from tqdm.auto import tqdm
 
 from laquant.adapters.base import Adapter
-from laquant.calibration.observers import GateObserver, ProjectionObserver, StateObserver
+from laquant.calibration.observers import MAGNITUDE_LEVELS, GateObserver, ProjectionObserver, StateObserver
 from laquant.calibration.stats import Stats
 from laquant.errors import LaquantError
 from laquant.models.cache import state_store
@@ -27,7 +27,7 @@ def calibration_batches(ids: torch.Tensor, samples: int, seq_len: int, seed: int
 
 
 @torch.no_grad()
-def collect_stats(model, adapter, batches: torch.Tensor, threshold: float = 6.0, segment: int = 256,
+def collect_stats(model, adapter, batches: torch.Tensor, segment: int = 256,
                   batch_size: int = 8, seed: int = 0, progress: bool = True,
                   layerwise_device: str | torch.device | None = None) -> Stats:
     """Run ``batches [N, L]`` through ``model`` in segments of ``segment`` tokens, carrying the
@@ -42,7 +42,7 @@ def collect_stats(model, adapter, batches: torch.Tensor, threshold: float = 6.0,
     # recipes that keep them and those that quantize them
     observed = {**adapter.projections(), **adapter.attention_projections(),
                 **{n: adapter.module(n) for n in adapter.kept()["lm_head"]}}
-    proj = {n: ProjectionObserver(n, m, threshold, gen) for n, m in observed.items()}
+    proj = {n: ProjectionObserver(n, m, gen) for n, m in observed.items()}
     gates = {n: GateObserver(n, lambda y, n=n: adapter.gate_log_decay(n, y), gen, adapter.gate_channels(n))
              for n in adapter.gates()}
     mixers = adapter.mixers()
@@ -89,7 +89,7 @@ def collect_stats(model, adapter, batches: torch.Tensor, threshold: float = 6.0,
             tensors.update({f"{name}/{k}": v.float().contiguous().cpu() for k, v in obs.result().items()})
     meta = {
         "model_type": model.config.model_type, "samples": n, "seq_len": length, "segment": segment,
-        "threshold": threshold, "seed": seed,
+        "magnitude_levels": MAGNITUDE_LEVELS.tolist(), "seed": seed,
         "roles": {"projections": list(proj), "gates": list(gates), "mixers": list(mixers)},
         "mixers": {k: vars(v) for k, v in mixers.items()},
     }

@@ -1,0 +1,61 @@
+"""The family registry is the one list of supported model types: loading, adapters, recipes and
+the docs read it."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from laquant.adapters import get_adapter, install
+from laquant.errors import LaquantError
+from laquant.families import FAMILIES, get_family
+from laquant.loading import read_supported_config
+from laquant.recipe import validate_recipe
+
+
+def test_every_family_names_its_recurrence_and_mixer():
+    for model_type, family in FAMILIES.items():
+        assert family.model_type == model_type and family.recurrence in ("gla", "delta")
+        if not family.native:
+            mixer = family.mixer_class
+            assert family.source_class and family.mixer_attr and mixer.MODULES and mixer.PROJECTIONS
+            assert (mixer.GATE is None) == (model_type == "minimax")
+
+
+def test_unsupported_model_types_are_refused_naming_the_registry(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(LaquantError, match=f"model_type 'llama' is not supported; supported: {', '.join(FAMILIES)}$"):
+        read_supported_config(tmp_path)
+    with pytest.raises(LaquantError, match="'rwkv7' is not supported"):
+        get_family("rwkv7")
+    with pytest.raises(LaquantError, match=f"families.llama: unknown model_type; known: {', '.join(FAMILIES)}"):
+        validate_recipe({"families": {"llama": {"state": {"format": "fp32"}}}})
+
+
+def test_the_readme_lists_the_registry():
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    listed = re.search(r"<!-- families -->(.*?)<!-- /families -->", readme, re.S).group(1)
+    assert re.findall(r"`(\w+)`", listed) == list(FAMILIES)
+
+
+def test_an_adapter_reads_the_model_and_install_changes_it():
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen3NextForCausalLM(Qwen3NextConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, intermediate_size=48, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, linear_num_key_heads=1, linear_num_value_heads=2,
+        linear_key_head_dim=16, linear_value_head_dim=16, num_experts=2, num_experts_per_tok=1,
+        moe_intermediate_size=16, shared_expert_intermediate_size=16,
+        layer_types=["linear_attention", "full_attention"]))
+    adapter = get_adapter(model)
+    assert type(model.model.layers[0].linear_attn).__name__ == "Qwen3NextGatedDeltaNet"
+    assert not getattr(model, "_laquant_positions_hook", False)
+    with pytest.raises(LaquantError, match=r"model.layers.0.linear_attn is still transformers' .*install"):
+        adapter.mixers()
+    install(model)
+    install(model)  # idempotent
+    assert type(model.model.layers[0].linear_attn).__name__ == "GatedDeltaNetMixer"
+    assert list(get_adapter(model).mixers()) == ["model.layers.0.linear_attn"]
