@@ -1,17 +1,22 @@
 """Checkpoints written by an earlier laquant (tests/fixtures/legacy_v1, see its make.py) load with
-today's code and give the logits that code computed, to the bit, in prefill and in token-by-token
-decode (where the stored state format acts)."""
+today's code and give the logits that code computed, in prefill and in token-by-token decode (where
+the stored state format acts): to the bit under the torch version that wrote them (CI's), within the
+rounding of another version's CPU kernels elsewhere (one flipped int8 activation code moves a logit
+by up to ~1/127 of its scale)."""
 
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 import laquant
 from laquant.adapters import new_cache
 from laquant.loading import default_model_dir
+
+from conftest import rel_err
 
 LEGACY = Path(__file__).parent / "fixtures" / "legacy_v1"
 CASES = ["gla_int8", "gla_fp8_state_naive", "qwen3_next_hybrid_int8", "bamba_hybrid_int8"]
@@ -29,13 +34,15 @@ def legacy_dir(request, tmp_path):
 @torch.no_grad()
 def test_a_legacy_checkpoint_gives_the_logits_it_gave(legacy_dir):
     expected = load_file(legacy_dir / "expected.safetensors")
+    with safe_open(legacy_dir / "expected.safetensors", "pt") as f:
+        same_torch = f.metadata()["torch"] == torch.__version__
     model, _ = laquant.load(legacy_dir)
     ids = expected["ids"]
-    assert torch.equal(model(input_ids=ids).logits, expected["prefill"])
     cache = new_cache(model)
     decode = torch.cat([model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits
                         for t in range(ids.shape[1])], 1)
-    assert torch.equal(decode, expected["decode"])
+    for got, want in ((model(input_ids=ids).logits, expected["prefill"]), (decode, expected["decode"])):
+        assert torch.equal(got, want) if same_torch else rel_err(got, want) < 2e-2
 
 
 def test_inspect_reads_a_legacy_checkpoint(legacy_dir, capsys):
