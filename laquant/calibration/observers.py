@@ -53,8 +53,8 @@ class ProjectionObserver:
         _check_finite(self.name, "input", x)
         a = x.abs().float()
         self.absmax = torch.maximum(self.absmax, a.amax(0).cpu())
-        bins = torch.bucketize(a, MAGNITUDE_LEVELS.to(a.device))  # how many levels lie below |x|
-        offsets = torch.arange(a.shape[1], device=a.device) * (len(MAGNITUDE_LEVELS) + 1)
+        bins = torch.bucketize(a, MAGNITUDE_LEVELS.to(a.device), out_int32=True)  # how many levels lie below |x|
+        offsets = torch.arange(a.shape[1], dtype=torch.int32, device=a.device) * (len(MAGNITUDE_LEVELS) + 1)
         self.hist = self.hist.to(a.device).index_add_(0, (bins + offsets).flatten(),
                                                       torch.ones(bins.numel(), dtype=torch.float64, device=a.device))
         self.tokens += a.shape[0]
