@@ -17,6 +17,7 @@ from laquant.calibration.stats import Stats
 from laquant.checkpoint import check_out_dir
 from laquant.cli.common import add_to_folder, pick_device
 from laquant.data import load_text, tokenize
+from laquant.decisions import Decisions
 from laquant.errors import LaquantError
 from laquant.eval.plots import write_stat_plots
 from laquant.eval.ppl import default_stride, perplexity_by_mode, strided_windows
@@ -118,7 +119,7 @@ def load(job: Job) -> tuple[torch.nn.Module, dict]:
     return model, {n: vars(i) for n, i in get_adapter(model).mixers().items()}
 
 
-def measure(job: Job, model, label: str, mixers: dict, decisions: dict | None) -> dict:
+def measure(job: Job, model, label: str, mixers: dict, decisions: Decisions | None) -> dict:
     """One row of the comparison: perplexity per mode (unless --no-eval), model and state bytes."""
     row = perplexities(job, model, label) if job.eval_ids is not None else {}
     row.update(model_bytes=model_bytes(model), state_bytes=state_bytes_per_sequence(mixers, decisions))
