@@ -52,9 +52,11 @@ class LaquantHfQuantizer(HfQuantizer):
     def _process_model_after_weight_loading(self, model, **kwargs):
         return model
 
-    @property
-    def is_serializable(self) -> bool:
-        return False  # save with laquant.save, which writes the whole checkpoint folder
+    def is_serializable(self, safe_serialization=None) -> bool:
+        # a method in transformers' interface; save_pretrained writes the quantized buffers and this
+        # quantization_config, which from_pretrained and laquant.load rebuild bit for bit (laquant.save
+        # also writes the statistics, recipe.yaml and report.md)
+        return True
 
     @property
     def is_trainable(self) -> bool:

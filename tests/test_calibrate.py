@@ -143,6 +143,24 @@ def test_transformers_from_pretrained_is_bit_exact(tmp_path, tiny_model_dir, cal
     assert st["model.embeddings.weight"].dtype == torch.bfloat16
 
 
+@torch.no_grad()
+def test_save_pretrained_of_a_loaded_checkpoint_reloads_bit_exact(tmp_path, tiny_model_dir, calib_ids):
+    from transformers import AutoModelForCausalLM
+
+    model, tok = laquant.load_model(tiny_model_dir)
+    res = laquant.calibrate(model, "gla_int8", calib_ids, samples=2, seq_len=96, progress=False)
+    laquant.save(res, tmp_path / "out", tokenizer=tok)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    hf.save_pretrained(tmp_path / "again")
+    tok.save_pretrained(tmp_path / "again")
+    ids = torch.randint(0, 8192, (2, 40))
+    expected = model(input_ids=ids).logits
+    assert torch.equal(AutoModelForCausalLM.from_pretrained(tmp_path / "again").eval()(input_ids=ids).logits, expected)
+    reloaded, _ = laquant.load(tmp_path / "again")
+    assert torch.equal(reloaded(input_ids=ids).logits, expected)
+    assert checkpoint_decisions(tmp_path / "again") == checkpoint_decisions(tmp_path / "out")
+
+
 def _prefill_vs_decode(model, ids):
     full = model(input_ids=ids).logits
     cache = model.new_cache()
