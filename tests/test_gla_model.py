@@ -105,3 +105,23 @@ def test_unsupported_fla_options_are_refused(tmp_path, tiny_model_dir):
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(LaquantError, match="use_short_conv"):
         load_model(tmp_path / "m")
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("recipe", [None, "gla_int8"])
+def test_generate_equals_the_greedy_decode_loop(tiny_model_dir, recipe):
+    import laquant
+
+    model, _ = load_model(tiny_model_dir)
+    if recipe is not None:
+        laquant.calibrate(model, recipe, torch.randint(0, 8192, (2, 96)), progress=False)
+    ids = torch.randint(0, 8192, (2, 9))
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=7, do_sample=False)
+    cache, tokens = model.new_cache(), [ids]
+    logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1]
+    for _ in range(7):
+        tokens.append(logits.argmax(-1, keepdim=True))
+        logits = model(input_ids=tokens[-1], past_key_values=cache, use_cache=True).logits[:, -1]
+    assert torch.equal(out, torch.cat(tokens, 1))
+    with pytest.raises(ValueError, match="unpadded prompts only"):
+        model.generate(ids, attention_mask=torch.tensor([[0] + [1] * 8, [1] * 9]), max_new_tokens=2)

@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from laquant.models.cache import GLAStateCache
@@ -280,7 +280,7 @@ class GLAModel(GLAPreTrainedModel):
         return self.norm(hidden)
 
 
-class GLAForCausalLM(GLAPreTrainedModel):
+class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embeddings.weight"}
 
     def __init__(self, config: GLAConfig):
@@ -303,6 +303,23 @@ class GLAForCausalLM(GLAPreTrainedModel):
 
     def new_cache(self) -> GLAStateCache:
         return GLAStateCache(self.config.num_hidden_layers)
+
+    # generate(): the recurrent-state cache is made here, not as transformers' DynamicCache
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False
+
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, use_cache=True,
+                                      **kwargs) -> dict:
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError("laquant's GLA generates from unpadded prompts only (a recurrent state has no "
+                             "mask); generate each prompt length as its own batch")
+        if use_cache and past_key_values is None:
+            past_key_values = self.new_cache()
+        if past_key_values is not None:
+            input_ids = input_ids[:, past_key_values.seen_tokens:]  # only the tokens the state has not seen
+        return {"input_ids": input_ids, "past_key_values": past_key_values, "use_cache": use_cache,
+                "logits_to_keep": 1}
 
     def forward(
         self,
