@@ -51,7 +51,17 @@ def calibrate(model, recipe: dict | str, data: torch.Tensor | None = None, stats
                            f"not {model.config.model_type!r}")
     decisions = plan(adapter, stats, recipe)
     apply(model, adapter, decisions, stats)
+    _record_quantization(model, recipe, decisions.to_dict())
     return Calibrated(model, recipe, decisions, stats)
+
+
+def _record_quantization(model, recipe: dict, decisions: dict) -> None:
+    """Keep the recipe and decisions on the model's config, so that transformers' ``save_pretrained``
+    writes a checkpoint that reloads as quantized (without them it would reload as an unquantized
+    model with missing weights)."""
+    from laquant.hf_integration import LaquantConfig
+
+    model.config.quantization_config = LaquantConfig(recipe=recipe, decisions=decisions)
 
 
 def save(result: Calibrated, out: str | Path, tokenizer=None, report: str | None = None,
@@ -71,4 +81,5 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     model = empty_model(read_supported_config(model_dir), model_dir, dtype)
     build_empty(model, get_adapter(model), qcfg["decisions"])
     fill_model(model, load_state_dict_file(model_dir / "model.safetensors"), model_dir)
+    _record_quantization(model, qcfg["recipe"], qcfg["decisions"])
     return model.to(device).eval(), load_tokenizer(model_dir)

@@ -159,6 +159,12 @@ def test_save_pretrained_of_a_loaded_checkpoint_reloads_bit_exact(tmp_path, tiny
     reloaded, _ = laquant.load(tmp_path / "again")
     assert torch.equal(reloaded(input_ids=ids).logits, expected)
     assert checkpoint_decisions(tmp_path / "again") == checkpoint_decisions(tmp_path / "out")
+    # a model from laquant.load, and the calibrated model itself, save the same way
+    for i, m in enumerate((reloaded, model)):
+        m.save_pretrained(tmp_path / f"m{i}")
+        tok.save_pretrained(tmp_path / f"m{i}")
+        assert checkpoint_decisions(tmp_path / f"m{i}") == checkpoint_decisions(tmp_path / "out")
+        assert torch.equal(laquant.load(tmp_path / f"m{i}")[0](input_ids=ids).logits, expected)
 
 
 def _prefill_vs_decode(model, ids):
