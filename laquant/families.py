@@ -30,8 +30,9 @@ class Family:
 
     @property
     def native(self) -> bool:
-        """laquant runs its own implementation of the model (fla's GLA), not transformers'."""
-        return self.model_type == "gla"
+        """laquant runs its own implementation of the model (fla's GLA), not transformers' with
+        laquant's mixer put in."""
+        return not self.mixer
 
     @property
     def mixer_class(self) -> type:

@@ -17,6 +17,7 @@ from laquant.calibration.stats import Stats
 from laquant.decisions import Decisions, GateDecision, ProjectionDecision, StateDecision
 from laquant.errors import LaquantError
 from laquant.kernels.common.formats import get_format
+from laquant.kernels.common.numerics import absmax_scale
 from laquant.kernels.common.state import StateQuantizer
 from laquant.quant.modules import QuantGate, QuantLinear
 
@@ -93,15 +94,10 @@ def _linears(gate) -> list:
 
 
 def static_state_scale(state_absmax: torch.Tensor, fmt: str) -> torch.Tensor:
-    """Calibrated scale for a state ``[H, K]`` absmax, shaped to broadcast over ``[B, H, K, V]``."""
+    """Calibrated scale for a state ``[H, K]`` absmax, shaped to broadcast over ``[B, H, K, V]``:
+    the format's own scale of a state whose rows are their absmax."""
     spec = get_format(fmt)
-    if spec.granularity == "row":
-        amax = state_absmax.unsqueeze(-1)
-    elif spec.granularity == "head":
-        amax = state_absmax.amax(-1).view(-1, 1, 1)
-    else:
-        amax = state_absmax.amax()
-    return (amax.float() / spec.qmax).clamp_min(torch.finfo(torch.float32).tiny)
+    return absmax_scale(state_absmax.unsqueeze(-1), spec.scale_dims, spec.qmax)
 
 
 # ------------------------------------------------------------------------------------- handlers

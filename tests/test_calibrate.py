@@ -125,14 +125,20 @@ def test_save_reload_bit_exact(tmp_path, tiny_model_dir, calib_ids, recipe):
         assert torch.equal(a, b)
 
 
-@torch.no_grad()
-def test_transformers_from_pretrained_is_bit_exact(tmp_path, tiny_model_dir, calib_ids):
+def _saved_gla_int8(tmp_path, tiny_model_dir, calib_ids):
+    """The tiny model calibrated with gla_int8, saved to ``tmp_path / "out"`` and read back by
+    transformers: ``(calibrated model, tokenizer, from_pretrained model)``."""
     from transformers import AutoModelForCausalLM
 
     model, tok = laquant.load_model(tiny_model_dir)
     res = laquant.calibrate(model, "gla_int8", calib_ids, samples=2, seq_len=96, progress=False)
     laquant.save(res, tmp_path / "out", tokenizer=tok)
-    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    return model, tok, AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+
+
+@torch.no_grad()
+def test_transformers_from_pretrained_is_bit_exact(tmp_path, tiny_model_dir, calib_ids):
+    model, tok, hf = _saved_gla_int8(tmp_path, tiny_model_dir, calib_ids)
     ids = torch.randint(0, 8192, (1, 40))
     assert torch.equal(hf(input_ids=ids).logits, model(input_ids=ids).logits)
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
@@ -147,10 +153,7 @@ def test_transformers_from_pretrained_is_bit_exact(tmp_path, tiny_model_dir, cal
 def test_save_pretrained_of_a_loaded_checkpoint_reloads_bit_exact(tmp_path, tiny_model_dir, calib_ids):
     from transformers import AutoModelForCausalLM
 
-    model, tok = laquant.load_model(tiny_model_dir)
-    res = laquant.calibrate(model, "gla_int8", calib_ids, samples=2, seq_len=96, progress=False)
-    laquant.save(res, tmp_path / "out", tokenizer=tok)
-    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    model, tok, hf = _saved_gla_int8(tmp_path, tiny_model_dir, calib_ids)
     hf.save_pretrained(tmp_path / "again")
     tok.save_pretrained(tmp_path / "again")
     ids = torch.randint(0, 8192, (2, 40))

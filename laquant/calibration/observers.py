@@ -42,7 +42,7 @@ class ProjectionObserver:
         self.name = name
         n = module.in_features
         self.absmax = torch.zeros(n)
-        self.hist = torch.zeros(n * (len(MAGNITUDE_LEVELS) + 1), dtype=torch.float64)  # [channel, level bin], flat
+        self.hist = torch.zeros(n * (len(MAGNITUDE_LEVELS) + 1), dtype=torch.int64)  # [channel, level bin], flat
         self.tokens = 0
         self.sample = _Sampler(16, gen)
         w = module.weight.detach().float()
@@ -55,8 +55,7 @@ class ProjectionObserver:
         self.absmax = torch.maximum(self.absmax, a.amax(0).cpu())
         bins = torch.bucketize(a, MAGNITUDE_LEVELS.to(a.device), out_int32=True)  # how many levels lie below |x|
         offsets = torch.arange(a.shape[1], dtype=torch.int32, device=a.device) * (len(MAGNITUDE_LEVELS) + 1)
-        self.hist = self.hist.to(a.device).index_add_(0, (bins + offsets).flatten(),
-                                                      torch.ones(bins.numel(), dtype=torch.float64, device=a.device))
+        self.hist = self.hist.to(a.device) + torch.bincount((bins + offsets).flatten(), minlength=self.hist.numel())
         self.tokens += a.shape[0]
         self.sample.add(a)
 
@@ -69,7 +68,7 @@ class ProjectionObserver:
         """``[channels, levels]``: the fraction of tokens whose |x| exceeds each level."""
         hist = self.hist.cpu().view(-1, len(MAGNITUDE_LEVELS) + 1)
         over = hist.flip(-1).cumsum(-1).flip(-1)[:, 1:]  # tokens in the bins above each level
-        return (over / max(self.tokens, 1)).float()
+        return (over.double() / max(self.tokens, 1)).float()
 
 
 class GateObserver:
