@@ -41,5 +41,9 @@ def test_triton_path_matches_reference(recipe, monkeypatch, trained_model_dir):
     # can move an activation across an int8 rounding boundary: both results are equally valid, so
     # the bound is looser there. Perplexity equality is checked by the GPU ablation run.
     w8a8 = recipe in ("gla_int8", "gla_int8_all")
+    if w8a8:  # q/k/v/g and the MLP's gate/up each ran as one fused GEMM
+        layer = model.model.layers[0]
+        assert layer.attn._fused_projections[("q_proj", "k_proj", "v_proj", "g_proj")][1] is not None
+        assert layer.mlp._fused_projections[("gate_proj", "up_proj")][1] is not None
     assert rel_err(fast[:, :150], slow[:, :150]) < (1e-2 if w8a8 else 1e-3)  # prefill
     assert rel_err(fast[:, 150:], slow[:, 150:]) < (3e-2 if w8a8 else 1e-2)  # decode: 50 steps of rounding

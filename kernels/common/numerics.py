@@ -42,3 +42,13 @@ def quantize_fp8(x: torch.Tensor, dim: int | tuple[int, ...] | None = -1,
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``q * scale`` in ``dtype`` (int8 or fp8 ``q``)."""
     return (q.float() * scale).to(dtype)
+
+
+def fake_quantize_int8(x: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor | None = None,
+                       hi: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` clamped to ``[lo, hi]`` (bounds rounded to x's dtype; none: no clamp), rounded to int8
+    with the static ``scale`` and back to x's dtype (calibrated gate logits)."""
+    if lo is not None:
+        x = torch.maximum(torch.minimum(x, hi.to(x.dtype)), lo.to(x.dtype))
+    q, scale = quantize_int8(x, scale=scale)
+    return dequantize(q, scale, x.dtype)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from laquant.adapters.base import Adapter, MixerInfo
 from laquant.errors import LaquantError
+from laquant.kernels.gla.gate import gate_log_decay
 
 ATTN_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "g_proj", "o_proj")
 MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
@@ -64,5 +64,4 @@ class GLAAdapter(Adapter):
 
     def gate_log_decay(self, gate_name: str, logits: torch.Tensor) -> torch.Tensor:
         attn = self.module(gate_name.rpartition(".")[0])
-        gk = F.logsigmoid(logits.float()) / attn.gate_logit_normalizer
-        return gk.clamp_min(attn.clamp_min) if attn.clamp_min is not None else gk
+        return gate_log_decay(logits, attn.gate_logit_normalizer, attn.clamp_min)

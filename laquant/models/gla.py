@@ -16,8 +16,13 @@ import torch.nn.functional as F
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from laquant.kernels.common.dispatch import use_triton
+from laquant.kernels.gla.gate import gate_log_decay, gate_log_decay_triton
+from laquant.kernels.rowwise.fused import MAX_ROW, gated_rms_norm_triton, rms_norm_triton, swiglu_triton
+from laquant.kernels.rowwise.reference import gated_rms_norm, rms_norm, swiglu
 from laquant.models.cache import GLAStateCache
 from laquant.models.recurrent import RecurrentMixer
+from laquant.quant.fused import project
 
 
 class GLAConfig(PretrainedConfig):
@@ -130,11 +135,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, prenorm: bool = False):
-        dtype = x.dtype
-        h = x.float() if residual is None else x.float() + residual.float()
-        out = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + self.eps) * self.weight.float()
-        out = out.to(dtype)
-        return (out, h.to(dtype)) if prenorm else out
+        if use_triton(x) and x.shape[-1] <= MAX_ROW:
+            out, summed = rms_norm_triton(x, self.weight, self.eps, residual)
+        else:
+            out, summed = rms_norm(x, self.weight, self.eps, residual)
+        return (out, x if summed is None else summed) if prenorm else out
 
 
 class GatedRMSNorm(nn.Module):
@@ -146,9 +151,9 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + self.eps) * self.weight.float()
-        return (h * F.silu(g.float())).to(x.dtype)
+        if use_triton(x) and x.shape[-1] <= MAX_ROW:
+            return gated_rms_norm_triton(x, g, self.weight, self.eps)
+        return gated_rms_norm(x, g, self.weight, self.eps)
 
 
 class GatedMLP(nn.Module):
@@ -162,7 +167,9 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = project(self, ("gate_proj", "up_proj"), x)
+        h = swiglu_triton(gate, up) if use_triton(gate) else swiglu(gate, up)
+        return self.down_proj(h)
 
 
 class GatedLinearAttention(RecurrentMixer):
@@ -206,22 +213,24 @@ class GatedLinearAttention(RecurrentMixer):
         return x.repeat_interleave(self.num_kv_groups, dim=-2) if shared_kv and self.num_kv_groups > 1 else x
 
     def log_decay(self, x: torch.Tensor) -> torch.Tensor:
-        """Per-channel log-decay (<= 0) from the gate logits, as fla computes it."""
-        gk = F.logsigmoid(self.gk_proj(x).float()) / self.gate_logit_normalizer
-        if self.clamp_min is not None:
-            gk = gk.clamp_min(self.clamp_min)
-        return gk
+        """Per-channel log-decay (<= 0) from the gate logits, as fla computes it (after the
+        calibrated clamp and int8 rounding of an int8 gate's logits)."""
+        gate = self.gk_proj
+        treatment = gate.logit_treatment() if hasattr(gate, "logit_treatment") else {}
+        logits = gate.project(x) if treatment else gate(x)
+        fn = gate_log_decay_triton if use_triton(logits) else gate_log_decay
+        return fn(logits, self.gate_logit_normalizer, self.clamp_min, **treatment)
 
     def forward(self, x: torch.Tensor, cache: GLAStateCache | None = None) -> torch.Tensor:
-        q = self._heads(self.q_proj(x), self.head_k_dim, shared_kv=False)
-        k = self._heads(self.k_proj(x), self.head_k_dim)
-        v = self._heads(self.v_proj(x), self.head_v_dim)
+        q, k, v, g = project(self, ("q_proj", "k_proj", "v_proj", "g_proj"), x)
+        q = self._heads(q, self.head_k_dim, shared_kv=False)
+        k = self._heads(k, self.head_k_dim)
+        v = self._heads(v, self.head_v_dim)
         gk = self._heads(self.log_decay(x), self.head_k_dim)
 
         o = self.attend_gla(q, k, v, gk, cache)
 
-        g = self.g_proj(x).unflatten(-1, (-1, self.head_v_dim))
-        o = self.g_norm_swish_gate(o, g).flatten(-2)
+        o = self.g_norm_swish_gate(o, g.unflatten(-1, (-1, self.head_v_dim))).flatten(-2)
         return self.o_proj(o)
 
 

@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from laquant.kernels import int8_outlier_linear
 from laquant.kernels.common.dispatch import use_triton
-from laquant.kernels.common.numerics import INT8_MAX, dequantize, quantize_int8
+from laquant.kernels.common.numerics import INT8_MAX, dequantize, fake_quantize_int8, quantize_int8
 
 GRANULARITIES = ("per_channel", "per_tensor")
 ACT_GRANULARITIES = ("per_token", "per_tensor", "none")  # none: weight-only
@@ -64,6 +64,13 @@ class QuantLinear(nn.Module):
         if linear.bias is not None:
             mod.bias.copy_(linear.bias.detach())
         return mod.to(w.device)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for name in ("qweight", "outlier_weight"):  # row slices of a fused group's weight (laquant.quant.fused)
+            buf = self._buffers[name]
+            if buf._base is not None:
+                destination[prefix + name] = buf.detach().clone()
 
     @property
     def n_outliers(self) -> int:
@@ -139,11 +146,22 @@ class QuantGate(nn.Sequential):
         s, e = self.channel_start, self.channel_start + self.logit_min.numel()
         return torch.cat([out[..., :s], self._quantize_logits(out[..., s:e]), out[..., e:]], -1)
 
+    def logit_treatment(self) -> dict:
+        """The calibrated treatment of the logits, as :func:`~laquant.kernels.gla.gate.gate_log_decay` takes it."""
+        bounds = self.clamp
+        return {"logit_min": self.logit_min if bounds else None, "logit_max": self.logit_max if bounds else None,
+                "logit_scale": self.logit_scale}
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """The gate's linears alone (the logits before their treatment); a gate of a fused projection
+        (``channel_start``) has no logits of its own to return."""
+        if self.channel_start is not None:
+            raise ValueError("a gate that is a slice of a fused projection has no projection of its own")
+        return super().forward(x)
+
     def _quantize_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.clamp:
-            logits = torch.maximum(torch.minimum(logits, self.logit_max.to(logits.dtype)), self.logit_min.to(logits.dtype))
-        q, scale = quantize_int8(logits, scale=self.logit_scale)
-        return dequantize(q, scale, logits.dtype)
+        t = self.logit_treatment()
+        return fake_quantize_int8(logits, t["logit_scale"], t["logit_min"], t["logit_max"])
 
     def extra_repr(self) -> str:
         where = "" if self.channel_start is None else f", channels={self.channel_start}+{self.logit_min.numel()}"

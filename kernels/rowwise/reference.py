@@ -1,0 +1,30 @@
+"""Row-wise ops of a decoder layer, in plain PyTorch: the spec of :mod:`.fused` and the CPU path.
+
+The roundings follow the unfused PyTorch modules they replace (fla's ``RMSNorm`` with the
+residual add, ``FusedRMSNormGated`` with swish, ``silu(gate) * up``): statistics and products in
+float32, one rounding to the input dtype where the unfused code rounds.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """``(rmsnorm(x + residual) * weight, x + residual)`` in x's dtype; the sum is None without a residual."""
+    h = x.float() if residual is None else x.float() + residual.float()
+    out = (h * torch.rsqrt(h.square().mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+    return out, (None if residual is None else h.to(x.dtype))
+
+
+def gated_rms_norm(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``rmsnorm(x) * weight * silu(g)`` over the last dimension, in x's dtype."""
+    h = x.float()
+    h = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + eps) * weight.float()
+    return (h * F.silu(g.float())).to(x.dtype)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` rounded as PyTorch's two ops round it (silu's output, then the product)."""
+    return F.silu(gate) * up

@@ -1,0 +1,142 @@
+"""The fused row-wise kernels (RMSNorm with residual, gated RMSNorm, SwiGLU, GLA's gate tail) and
+the fused projection groups, against their PyTorch references (interpreted on CPU, float32)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import DEVICE, INTERPRETED, rel_err, require_triton_kernels
+from laquant.kernels.common.numerics import fake_quantize_int8
+from laquant.kernels.gla.gate import gate_log_decay
+from laquant.kernels.rowwise.reference import gated_rms_norm, rms_norm, swiglu
+from laquant.quant.modules import QuantLinear
+
+triton = require_triton_kernels()
+from laquant.kernels.gla.gate import gate_log_decay_triton  # noqa: E402
+from laquant.kernels.rowwise.fused import gated_rms_norm_triton, rms_norm_triton, row_layout, swiglu_triton  # noqa: E402
+
+DTYPE = torch.float32 if INTERPRETED else torch.bfloat16
+TOL = 1e-6 if INTERPRETED else 1e-2
+
+
+def _randn(*shape, scale=1.0):
+    return (torch.randn(*shape) * scale).to(DEVICE, DTYPE)
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 200), (1, 1, 2048), (7, 96)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm(shape, with_residual):
+    x, w = _randn(*shape, scale=3.0), _randn(shape[-1])
+    residual = _randn(*shape) if with_residual else None
+    out, summed = rms_norm_triton(x, w, 1e-6, residual)
+    ref, ref_sum = rms_norm(x.cpu(), w.cpu(), 1e-6, None if residual is None else residual.cpu())
+    assert out.dtype == x.dtype and rel_err(out.float().cpu(), ref.float()) < TOL
+    if with_residual:
+        assert rel_err(summed.float().cpu(), ref_sum.float()) < TOL
+    else:
+        assert summed is None
+
+
+def test_gated_rms_norm_on_strided_slices():
+    """The output gate is a column slice of a fused projection's output: rows at two strides."""
+    B, T, H, V = 3, 2, 4, 72
+    fused = _randn(B, T, 2 * H * V + 40)
+    g = fused[..., 40:40 + H * V].unflatten(-1, (H, V))
+    x, w = _randn(B, T, H, V), _randn(V)
+    assert row_layout(g)[2] == H  # two-level addressing, no copy
+    out = gated_rms_norm_triton(x, g, w, 1e-5)
+    ref = gated_rms_norm(x.cpu(), g.cpu(), w.cpu(), 1e-5)
+    assert rel_err(out.float().cpu(), ref.float()) < TOL
+
+
+def test_swiglu_on_slices():
+    y = _randn(9, 2 * 300, scale=2.0)
+    gate, up = y.split(300, dim=-1)
+    out = swiglu_triton(gate, up)
+    assert rel_err(out.float().cpu(), swiglu(gate.cpu(), up.cpu()).float()) < TOL
+
+
+@pytest.mark.parametrize("treatment", ["none", "per_channel", "per_tensor", "unclamped"])
+@pytest.mark.parametrize("clamp_min", [None, -0.5])
+def test_gate_log_decay(treatment, clamp_min):
+    M, C = 13, 1100  # C spans two column blocks
+    logits = _randn(M, C, scale=4.0)
+    logits[:, 3] = 40.0  # beyond the calibrated range: clamped
+    kw = {}
+    if treatment != "none":
+        lo, hi = -torch.rand(C) * 6, torch.rand(C) * 6
+        amax = torch.maximum(lo.abs(), hi.abs())
+        scale = amax / 127 if treatment != "per_tensor" else amax.max().reshape(1) / 127
+        kw = {"logit_min": lo, "logit_max": hi, "logit_scale": scale}
+        if treatment == "unclamped":
+            kw.update(logit_min=None, logit_max=None)
+    out = gate_log_decay_triton(logits, 16, clamp_min, **{k: v.to(DEVICE) if v is not None else None
+                                                          for k, v in kw.items()})
+    ref = gate_log_decay(logits.cpu(), 16, clamp_min, **kw)
+    assert out.dtype == torch.float32 and out.shape == (M, C)
+    assert torch.isfinite(out).all() and (out <= 0).all()
+    # rounding to the int8 grid may flip at a tie between implementations: compare by elements
+    close = torch.isclose(out.cpu(), ref, rtol=1e-5, atol=1e-6)
+    assert close.float().mean() > 0.999
+
+
+def test_gate_reference_is_the_modules_treatment():
+    from laquant.quant.modules import QuantGate
+
+    gate = QuantGate(torch.nn.Linear(8, 6), n_channels=6)
+    gate.calibrate(-torch.rand(6) * 3, torch.rand(6) * 3)
+    x = torch.randn(5, 8)
+    expect = F.logsigmoid(gate(x).float()) / 16
+    assert torch.equal(gate_log_decay(gate.project(x), 16, **gate.logit_treatment()), expect)
+    t = gate.logit_treatment()
+    assert torch.equal(gate(x), fake_quantize_int8(gate.project(x), t["logit_scale"], t["logit_min"], t["logit_max"]))
+
+
+# ------------------------------------------------------------------------------ projection groups
+def _group(K=96, sizes=(40, 24, 72), n_out=5, bias=(False, True, False)):
+    owner = torch.nn.Module()
+    outliers = torch.randperm(K)[:n_out]
+    for i, (n, b) in enumerate(zip(sizes, bias)):
+        lin = torch.nn.Linear(K, n, bias=b)
+        setattr(owner, f"p{i}", QuantLinear.from_linear(lin.to(DTYPE), outliers).to(DEVICE))
+    return owner, tuple(f"p{i}" for i in range(len(sizes))), outliers
+
+
+def test_fused_group_equals_members(monkeypatch):
+    from laquant.quant import fused
+
+    monkeypatch.setattr(fused, "use_triton", lambda x: True)  # the fused path, interpreted on CPU
+    owner, names, outliers = _group()
+    x = _randn(7, 96)
+    x[:, outliers] *= 20
+    before = {k: v.clone() for k, v in owner.state_dict().items()}
+    separate = [getattr(owner, n)(x) for n in names]
+    outs = fused.project(owner, names, x)
+    for a, b in zip(outs, separate):
+        assert a.shape == b.shape and rel_err(a.float().cpu(), b.float().cpu()) < TOL
+    # the members now hold row slices of one weight, and still save (and compare) as before
+    assert owner.p1.qweight._base is not None and owner.p1.qweight._base is owner.p0.qweight._base
+    after = owner.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert all(v._base is None for v in after.values())  # no shared storage for safetensors
+    # a reload into the members is seen: the group is rebuilt from the new weights
+    new_state = {k: (v.clone() if not k.endswith("qweight") else torch.randint_like(v, -100, 100))
+                 for k, v in before.items()}
+    owner.load_state_dict(new_state)
+    refreshed = fused.project(owner, names, x)
+    expect = [getattr(owner, n)(x) for n in names]
+    for a, b in zip(refreshed, expect):
+        assert rel_err(a.float().cpu(), b.float().cpu()) < TOL
+
+
+def test_members_with_different_outliers_run_alone(monkeypatch):
+    from laquant.quant import fused
+
+    monkeypatch.setattr(fused, "use_triton", lambda x: True)
+    owner, names, _ = _group(sizes=(16, 16), bias=(False, False))
+    owner.p1.outlier_idx.copy_((owner.p1.outlier_idx + 1) % 96)  # another column set
+    x = _randn(3, 96)
+    outs = fused.project(owner, names, x)
+    assert owner.p0.qweight._base is None  # not fused
+    for a, n in zip(outs, names):
+        assert torch.equal(a, getattr(owner, n)(x))
