@@ -68,17 +68,22 @@ class GateDecision(_ReadsAsJSON):
 
 @dataclass(eq=True)
 class StateDecision(_ReadsAsJSON):
-    """The recurrent state's storage format and renormalisation interval (0: calibrated static scales)."""
+    """The recurrent state's storage format, renormalisation interval (0: calibrated static scales)
+    and whether a prefill rounds it to that format after every 64-token chunk (``prefill_roundtrip``)
+    or only stores its final state in it. Checkpoints written before the field existed rounded at
+    every chunk, and reload so."""
 
     format: str
     renorm_interval: int = 1
+    prefill_roundtrip: bool = False
 
     def to_dict(self) -> dict:
-        return {"format": self.format, "renorm_interval": self.renorm_interval}
+        return {"format": self.format, "renorm_interval": self.renorm_interval,
+                "prefill_roundtrip": self.prefill_roundtrip}
 
     @classmethod
     def from_dict(cls, d: dict) -> StateDecision:
-        return cls(d["format"], d["renorm_interval"])
+        return cls(d["format"], d["renorm_interval"], d.get("prefill_roundtrip", True))
 
 
 SECTIONS = {"projections": ProjectionDecision, "gates": GateDecision, "state": StateDecision}

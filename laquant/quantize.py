@@ -71,7 +71,8 @@ def plan(adapter, stats: Stats, recipe: dict) -> Decisions:
             decisions.gates[name] = GateDecision(n_channels, start, gate_recipe["weight_granularity"],
                                                  gate_recipe["scaling"], gate_recipe["clamp"])
     for name in adapter.mixers():
-        decisions.state[name] = StateDecision(state_recipe["format"], state_recipe["renorm_interval"])
+        decisions.state[name] = StateDecision(state_recipe["format"], state_recipe["renorm_interval"],
+                                              state_recipe["prefill_roundtrip"])
     return decisions
 
 
@@ -152,6 +153,7 @@ class StateHandler:
             static = mixer.state_static_scale
         try:
             mixer.state_quantizer = StateQuantizer(d.format, d.renorm_interval, static)
+            mixer.prefill_roundtrip = d.prefill_roundtrip
         except ValueError as exc:
             raise LaquantError(f"{name}: {exc}") from None
 

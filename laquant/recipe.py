@@ -37,6 +37,9 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     "state": {
         "format": (STATE_FORMATS, "fp32"),
         "renorm_interval": ("an integer >= 0", 1),
+        # true: a prefill rounds the state to its format after every 64-token chunk (as if stored
+        # between chunks); false: kept in float32 inside one prefill call, stored in the format at its end
+        "prefill_roundtrip": ((True, False), False),
     },
     # hybrids: the q/k/v/o projections of the softmax-attention layers (int8: the projections'
     # W8A8 with outlier split and their settings)

@@ -13,7 +13,8 @@ from laquant.calibration.run import calibration_batches, collect_stats
 from laquant.cli import main
 from laquant.errors import LaquantError
 from laquant.quant.modules import QuantGate, QuantLinear
-from laquant.recipe import available_recipes
+from laquant.kernels.common.state import StateQuantizer
+from laquant.recipe import available_recipes, load_recipe
 
 
 @pytest.fixture(scope="module")
@@ -297,3 +298,28 @@ def test_calibrate_bad_input(tmp_path, tiny_model_dir, capsys, argv, message):
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+@torch.no_grad()
+def test_prefill_rounds_the_state_once_unless_asked_per_chunk(tiny_model_dir, calib_ids):
+    """prefill_roundtrip false (the default): a prefill keeps the state in float32 and stores its
+    final state in the format once; true: rounded after every 64-token chunk as well."""
+    ids = torch.randint(0, 8192, (2, 200))  # four chunks
+    finals = {}
+    for roundtrip in (False, True):
+        model, _ = laquant.load_model(tiny_model_dir)
+        recipe = load_recipe("gla_int8_all", [f"state.prefill_roundtrip={str(roundtrip).lower()}"])
+        result = laquant.calibrate(model, recipe, calib_ids, samples=2, seq_len=96, progress=False)
+        decision = result.decisions["state"]["model.layers.0.attn"]
+        assert decision["prefill_roundtrip"] is roundtrip
+        cache = model.new_cache()
+        model(ids, past_key_values=cache, use_cache=True)
+        finals[roundtrip] = cache.get(0).load()
+        if not roundtrip:  # the same prefill with a float32 state, its final state stored once
+            mixer = model.model.layers[0].attn
+            quantizer, mixer.state_quantizer = mixer.state_quantizer, StateQuantizer("fp32")
+            plain = model.new_cache()
+            model(ids, past_key_values=plain, use_cache=True)
+            once = quantizer.store_state(plain.get(0).load(), None).load()
+            assert torch.equal(finals[False], once)
+    assert not torch.equal(finals[False], finals[True])

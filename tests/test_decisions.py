@@ -35,12 +35,17 @@ WRITTEN = {
 
 def test_decisions_round_trip_the_json_a_checkpoint_holds():
     decisions = Decisions.from_dict(WRITTEN)
-    assert json.dumps(decisions.to_dict()) == json.dumps(WRITTEN)  # keys, values and key order
+    # keys, values and key order; a state decision written before prefill_roundtrip existed rounded
+    # the state at every prefill chunk, and now says so
+    expected = json.loads(json.dumps(WRITTEN))
+    expected["state"]["model.layers.0.attn"]["prefill_roundtrip"] = True
+    assert json.dumps(decisions.to_dict()) == json.dumps(expected)
+    assert json.dumps(Decisions.from_dict(expected).to_dict()) == json.dumps(expected)
     q = decisions.projections["model.layers.3.self_attn.k_proj"]
     assert isinstance(q, ProjectionDecision) and q.role == "softmax_attention" and q.outliers == []
     gate = decisions.gates["model.layers.0.mamba.in_proj"]
     assert isinstance(gate, GateDecision) and (gate.channel_start, gate.n_channels, gate.clamp) == (320, 4, False)
-    assert decisions.state["model.layers.0.attn"] == StateDecision("fp8_row", 0)
+    assert decisions.state["model.layers.0.attn"] == StateDecision("fp8_row", 0, prefill_roundtrip=True)
     # read as the JSON they stand for, as Calibrated.decisions was
     assert set(decisions) == {"projections", "gates", "state"}
     assert decisions["projections"]["model.layers.0.attn.q_proj"]["outliers"] == [3, 17]

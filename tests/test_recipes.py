@@ -20,7 +20,8 @@ def test_gla_int8_is_what_the_design_says():
     assert r["projections"] == {"format": "int8", "weight_granularity": "per_channel", "act_granularity": "per_token",
                                 "outlier_threshold": 6.0, "outlier_top_k": None}
     assert r["gates"]["scaling"] == "per_channel" and r["gates"]["clamp"] is True
-    assert r["state"] == {"format": "fp8_row", "renorm_interval": 1}
+    # the state is stored in fp8 between calls and decode steps; a prefill keeps it float32 inside
+    assert r["state"] == {"format": "fp8_row", "renorm_interval": 1, "prefill_roundtrip": False}
     assert r["keep"] == ["embeddings", "norms", "lm_head"]
 
 
@@ -32,7 +33,7 @@ def test_overrides():
 
 @pytest.mark.parametrize("overrides,message", [
     (["state.format=fp4"], "state.format = 'fp4' is not allowed; allowed: fp32, bf16, fp8_row"),
-    (["state.renorm=2"], "unknown key state.renorm; allowed: format, renorm_interval"),
+    (["state.renorm=2"], "unknown key state.renorm; allowed: format, renorm_interval, prefill_roundtrip"),
     (["projections.outlier_threshold=-3"], "a number > 0, or null"),
     (["projections.outlier_top_k=2.5"], "an integer > 0, or null"),
     (["gates.clamp=yes please"], "gates.clamp"),

@@ -45,18 +45,18 @@ if triton is not None:
         cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         mc = cols < C
         mask = (rows < M)[:, None] & mc[None, :]
-        x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * s_xm + cols[None, :], mask=mask, other=0.0)
+        raw = tl.load(x_ptr + rows.to(tl.int64)[:, None] * s_xm + cols[None, :], mask=mask, other=0.0)
+        x = raw.to(tl.float32)  # exact; the bounds and the dequantized logits are rounded to raw's dtype
         if QUANT:
-            if BOUNDS:  # bounds rounded to the logits' dtype, as the PyTorch path compares them
-                lo = tl.load(lo_ptr + cols, mask=mc, other=0.0).to(x.dtype)
-                hi = tl.load(hi_ptr + cols, mask=mc, other=0.0).to(x.dtype)
+            if BOUNDS:
+                lo = tl.load(lo_ptr + cols, mask=mc, other=0.0).to(raw.dtype).to(tl.float32)
+                hi = tl.load(hi_ptr + cols, mask=mc, other=0.0).to(raw.dtype).to(tl.float32)
                 x = tl.maximum(tl.minimum(x, hi[None, :]), lo[None, :])
             if PER_CHANNEL:
                 s = tl.load(s_ptr + cols, mask=mc, other=1.0)[None, :]
             else:
                 s = tl.load(s_ptr)
-            x = (tl_quantize_int8(x.to(tl.float32), s).to(tl.float32) * s).to(x.dtype)
-        x = x.to(tl.float32)
+            x = (tl_quantize_int8(x, s).to(tl.float32) * s).to(raw.dtype).to(tl.float32)
         y = (tl.minimum(x, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(x)))) / normalizer  # logsigmoid
         if CLAMP_MIN:
             y = tl.maximum(y, clamp_min)

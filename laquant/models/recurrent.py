@@ -23,13 +23,15 @@ class RecurrentMixer(nn.Module):
     def __init__(self, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.state_quantizer = StateQuantizer("fp32")  # how the state is stored between steps/chunks
+        self.state_quantizer = StateQuantizer("fp32")  # how the state is stored between calls and steps
+        self.prefill_roundtrip = False  # also round it to that format after every chunk of a prefill
 
     @property
     def state_roundtrip(self):
-        """The storage round trip applied inside a chunked prefill (None for fp32: nothing to model)."""
+        """The storage round trip applied inside a chunked prefill (None: the state stays float32
+        until the prefill stores its final state)."""
         sq = self.state_quantizer
-        return None if sq.is_plain_fp32 else sq.roundtrip
+        return None if sq.is_plain_fp32 or not self.prefill_roundtrip else sq.roundtrip
 
     def store_state(self, states, stored: State | None, state: torch.Tensor, new_tokens: int) -> None:
         states.update(self.layer_idx, self.state_quantizer.store_state(state, stored), new_tokens)
@@ -103,7 +105,7 @@ class RecurrentMixer(nn.Module):
 
     @property
     def _prefill_roundtrip(self) -> StateQuantizer | None:
-        return None if self.state_quantizer.is_plain_fp32 else self.state_quantizer
+        return None if self.state_quantizer.is_plain_fp32 or not self.prefill_roundtrip else self.state_quantizer
 
     def _attend_triton(self, q, k, v, g, states, stored, scale):
         from laquant.kernels.gla.chunk import chunk_gla_triton
