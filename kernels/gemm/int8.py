@@ -1,18 +1,46 @@
-"""Triton kernels: W8A8 int8 GEMM with an LLM.int8-style outlier split, one output.
+"""Triton kernels: int8 GEMMs with an LLM.int8-style outlier split, one output. Two paths:
 
-Spec: :func:`laquant.kernels.gemm.reference.int8_outlier_linear` with per-token activations and
+**W8A8** (:func:`int8_outlier_linear_triton`), spec
+:func:`laquant.kernels.gemm.reference.int8_outlier_linear` with per-token activations and
 per-output-channel (or per-tensor) weight scales. Two launches:
 
 1. ``_quantize_rows_kernel`` reads x once per row: the absmax over the non-outlier columns gives
    the token's scale, the kept columns are written as int8, packed (the weight's layout), and the
    outlier columns are gathered into a small dense ``[M, n_outliers]`` block;
-2. ``_int8_gemm_kernel`` multiplies int8 x int8 into int32 accumulators on the tensor cores, and
-   its epilogue dequantizes with the row and column scales, adds the outlier block times the
-   bf16 outlier weights (a second, thin tensor-core product) and the bias, and writes y once.
+2. the GEMM multiplies int8 x int8 into int32 accumulators on the tensor cores, and its epilogue
+   dequantizes with the row and column scales, adds the outlier block times the bf16 outlier
+   weights (a second, thin tensor-core product) and the bias, and writes y once. At large M the
+   tiled ``_int8_gemm_kernel`` (:func:`gemm_config`); at decode sizes (M <= 256) the split-K
+   ``_splitk_gemm_kernel``, which cuts the weight stream along N (small BN) and K (``SPLIT_K``
+   programs per output tile) so that enough programs stream the weight.
 
-The GEMM reads the module's own ``[N, n_keep]`` int8 weight (:class:`PackedOutlierWeight` holds no
-copy of it), as plain row-major tiles. The quantization is a pass of its own before the GEMM, not
-fused into the GEMM's main loop: the per-token scale needs the whole row first.
+**W8A16**, weight-only (:func:`int8_weight_only_linear_triton`), spec ``int8_outlier_linear(...,
+act_granularity="none")``: one launch of ``_splitk_gemm_kernel`` on x itself (bf16, fp16 or fp32):
+the kept columns read through ``packed.source``, the int8 weight converted to x's dtype in registers
+(exact), fp32 accumulation, the column scale in the epilogue, plus the outlier block (gathered from
+x) times the outlier weights, plus the bias.
+
+Split-K: each split's fp32 partial goes to a workspace; the last split of a tile to arrive (an
+atomic counter per tile, left at zero again) sums the partials in split order and writes y, so the
+result does not depend on the order in which the programs ran (bit-reproducible), in one launch.
+(``FIXUP=False`` sums them in a second small kernel.) The counters are one buffer per device and
+stream: two launches running at once on one stream cannot happen; on two streams they use two.
+
+**Dispatch and numerics contract** (:func:`linear_triton`, ``mode="auto"``): :func:`choose_gemm`
+picks, per M bucket and layer shape, whichever path the committed sweep (``configs.TABLE``, made
+by ``tools/sweep_gemm.py``) found faster. W8A8 quantizes the activations per token, so a token's
+output does not depend on the other tokens in the batch. Where the table picks W8A16 (small M,
+decode) the activations are *not* quantized: the result is closer to the float model there, and
+a token's output differs from what W8A8 gives it. Since the path depends on the batch's token
+count M, the same token gets (slightly) different outputs in a decode step (small M: W8A16 where
+the table says so) and in a prefill (large M: W8A8). Both agree with their spec to float rounding;
+``mode="w8a8"`` or ``"w8a16"`` pins one path for all M (e.g. to compare with the CPU reference,
+which follows the module's ``act_granularity``). The table that ships says which path runs where:
+see ``configs.TABLE`` and ``eval/results/gemm_decode_*.md``.
+
+The GEMMs read the module's own ``[N, n_keep]`` int8 weight (:class:`PackedOutlierWeight` holds no
+copy of it), as plain row-major tiles. The quantization is a pass of its own before the W8A8 GEMM,
+not fused into its main loop: the per-token scale needs the whole row first.
 """
 
 from __future__ import annotations
