@@ -51,6 +51,7 @@ def _check(y, ref, dtype):
 
 
 SPLITK = [dict(BM=16, BN=32, BK=64, SPLIT_K=1, FIXUP=True, num_warps=4, num_stages=2),
+          dict(BM=16, BN=32, BK=64, SPLIT_K=2, FIXUP=True, FUSE_Q=True, num_warps=4, num_stages=2),
           dict(BM=16, BN=32, BK=64, SPLIT_K=3, FIXUP=True, num_warps=4, num_stages=2),
           dict(BM=32, BN=64, BK=128, SPLIT_K=2, FIXUP=False, num_warps=4, num_stages=2)]
 
@@ -118,8 +119,9 @@ def test_committed_table_is_complete():
 # --- GPU only: odd shapes, every dtype, the table's own configs ---
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
-@pytest.mark.parametrize("M", [1, 3, 17, 64, 100, 257])
+@pytest.mark.parametrize("dtype,M", [(d, M) for d in (torch.bfloat16, torch.float16) for M in (1, 3, 17, 64, 100, 257)]
+                         + [(torch.float32, M) for M in (1, 17, 100)],
+                         ids=lambda v: {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(v, str(v)))
 @pytest.mark.parametrize("K,N,n_out,bias", [(1000, 333, 7, True), (2056, 1100, 0, False), (777, 2050, 40, False)])
 def test_gpu_odd_shapes(dtype, M, K, N, n_out, bias):
     mod, outliers = _module(K, N, n_out, bias, dtype, seed=M)

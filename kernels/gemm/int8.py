@@ -179,7 +179,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["M", "SPLIT_K"])
     def _splitk_gemm_kernel(a_ptr, src_ptr, w_ptr, xs_ptr, ws_ptr, xo_ptr, oidx_ptr, wo_ptr, bias_ptr, y_ptr,
                             part_ptr, cnt_ptr, M, N, K, KX, NO, SPLIT_K, s_am, s_ym,
-                            A8: tl.constexpr, GATHER: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                            A8: tl.constexpr, FUSEQ: tl.constexpr, GATHER: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                             BK: tl.constexpr, BNO: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr,
                             HAS_OUT: tl.constexpr, HAS_BIAS: tl.constexpr):
         """Small-M GEMM over the ``[N, K]`` int8 weight: few rows, so the weight stream is cut along N
@@ -188,6 +188,9 @@ if triton is not None:
         ``A8``: a is the int8 ``[M, K]`` codes of quantize_rows (int32 dot, row x column scales);
         else a is x itself (bf16/fp16/fp32), its kept columns read through ``src`` when ``GATHER``
         (columns in order when not), the int8 weight converted in registers, fp32 dot, column scale.
+        ``A8`` and ``FUSEQ``: a is x, quantized per token inside the kernel (each program reads its
+        rows' kept columns once for the absmax, then quantizes its K slice as it goes: one launch,
+        the same codes as quantize_rows; for small M, where x is small).
         Split 0 adds the outlier product and the bias to its partial. ``FIXUP``: each split stores
         its partial, counts itself on the tile's counter, and the last to arrive sums the partials in
         split order (deterministic) and writes y, then zeroes the counter (one launch); otherwise
@@ -207,6 +210,15 @@ if triton is not None:
         w_cols = w_ptr + offs_n[None, :].to(tl.int64) * K
         if A8:
             acc = tl.zeros([BM, BN], dtype=tl.int32)
+            if FUSEQ:  # the rows' absmax over all kept columns first (x from L2; small M only)
+                amax = tl.zeros([BM, BK], dtype=tl.float32)
+                for k0 in range(0, K, BK):
+                    kk = k0 + offs_k
+                    xa = _load_x(a_rows, src_ptr, kk, kk < K, mm, KX, GATHER)
+                    amax = tl.maximum(amax, tl.abs(xa.to(tl.float32)))
+                xs = tl.maximum(tl.max(amax, axis=1) / 127.0, 1.1754943508222875e-38)
+            else:
+                xs = tl.load(xs_ptr + offs_m, mask=mm, other=0.0)
         else:
             acc = tl.zeros([BM, BN], dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BK):
@@ -214,21 +226,20 @@ if triton is not None:
             mk = kk < k_hi
             w = tl.load(w_cols + kk[:, None], mask=mk[:, None] & mn[None, :], other=0)
             if A8:
-                a = tl.load(a_rows + kk[None, :], mask=mm[:, None] & mk[None, :], other=0)
+                if FUSEQ:
+                    xa = _load_x(a_rows, src_ptr, kk, mk, mm, KX, GATHER).to(tl.float32)
+                    a = quantize_int8(xa, xs[:, None])
+                else:
+                    a = tl.load(a_rows + kk[None, :], mask=mm[:, None] & mk[None, :], other=0)
                 acc = tl.dot(a, w, acc, out_dtype=tl.int32)
             else:
-                if GATHER:
-                    src = tl.load(src_ptr + kk, mask=mk, other=-1)
-                    a = tl.load(a_rows + src[None, :], mask=mm[:, None] & (src >= 0)[None, :], other=0.0)
-                else:  # no outliers: the kept columns are x's first KX (K pads them to 16)
-                    a = tl.load(a_rows + kk[None, :], mask=mm[:, None] & (mk & (kk < KX))[None, :], other=0.0)
+                a = _load_x(a_rows, src_ptr, kk, mk, mm, KX, GATHER)
                 if a.dtype == tl.float32:
                     acc = tl.dot(a, w.to(tl.float32), acc, input_precision="ieee")
                 else:
                     acc = tl.dot(a, w.to(a.dtype), acc)
         ws = tl.load(ws_ptr + offs_n, mask=mn, other=0.0)
         if A8:
-            xs = tl.load(xs_ptr + offs_m, mask=mm, other=0.0)
             y = acc.to(tl.float32) * xs[:, None] * ws[None, :]
         else:
             y = acc * ws[None, :]
@@ -237,7 +248,7 @@ if triton is not None:
                 for o0 in range(0, NO, BNO):
                     offs_o = o0 + tl.arange(0, BNO)
                     mo = offs_o < NO
-                    if A8:  # quantize_rows' dense outlier block
+                    if A8 and not FUSEQ:  # quantize_rows' dense outlier block
                         xo = tl.load(xo_ptr + offs_m[:, None].to(tl.int64) * NO + offs_o[None, :],
                                      mask=mm[:, None] & mo[None, :], other=0.0)
                     else:  # gathered from x
@@ -270,6 +281,15 @@ if triton is not None:
         else:
             tl.store(y_ptr + offs_m[:, None].to(tl.int64) * s_ym + offs_n[None, :], y.to(y_ptr.dtype.element_ty),
                      mask=out_mask)
+
+    @triton.jit
+    def _load_x(a_rows, src_ptr, kk, mk, mm, KX, GATHER: tl.constexpr):
+        """x's kept columns ``kk`` of the packed layout, ``[BM, BK]`` in x's dtype (0 outside)."""
+        if GATHER:
+            src = tl.load(src_ptr + kk, mask=mk, other=-1)
+            return tl.load(a_rows + src[None, :], mask=mm[:, None] & (src >= 0)[None, :], other=0.0)
+        # no outliers: the kept columns are x's first KX (the packed width pads them to 16)
+        return tl.load(a_rows + kk[None, :], mask=mm[:, None] & (mk & (kk < KX))[None, :], other=0.0)
 
     @triton.jit(do_not_specialize=["SPLIT_K"])
     def _splitk_reduce_kernel(part_ptr, y_ptr, MN, SPLIT_K, BLOCK: tl.constexpr):
@@ -310,8 +330,11 @@ def int8_outlier_linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, con
     or of the tiled kernel (``GROUP_M``); None takes the committed table's (:mod:`.configs`)."""
     x2, shape, M, N, K = _prepare(x, packed)
     cfg = config if config is not None else choose_config("w8a8", M, N, K)
-    xq, xs, xo = quantize_rows(x2, packed)
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if M and cfg.get("FUSE_Q"):  # one launch: the per-token quantization inside the GEMM
+        _launch_splitk(True, x2, x2.stride(0), None, None, packed, y, cfg, fuse_q=True)
+        return y.reshape(*shape[:-1], N)
+    xq, xs, xo = quantize_rows(x2, packed)
     if M and "SPLIT_K" in cfg:
         _launch_splitk(True, xq, xq.stride(0), xs, xo, packed, y, cfg)
     elif M:
@@ -394,10 +417,26 @@ def _tile_counters(device: torch.device):
     return buf
 
 
-def _launch_splitk(a8: bool, a, s_am, xs, xo, packed, y, cfg):
+def _fit_smem(cfg, a_bytes, limit=224 * 1024):
+    """Shrink num_stages, then BK, until the pipelined a and w tiles fit in shared memory (fp32 x
+    needs four times the int8 tile: the tables' tiles were swept with bf16 x)."""
+    BK, stages = cfg["BK"], cfg["num_stages"]
+    limit = limit if a_bytes < 4 else 160 * 1024  # fp32 x: room for the fp32 copy of the w tile
+    while stages * BK * (cfg["BM"] * a_bytes + cfg["BN"]) > limit:
+        if stages > 2:
+            stages -= 1
+        elif BK > 32:
+            BK //= 2
+        else:
+            break
+    return BK, stages
+
+
+def _launch_splitk(a8: bool, a, s_am, xs, xo, packed, y, cfg, fuse_q=False):
     M, N = y.shape
     KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
-    BM, BN, BK = cfg["BM"], cfg["BN"], cfg["BK"]
+    BM, BN = cfg["BM"], cfg["BN"]
+    BK, stages = _fit_smem(cfg, 1 if a8 and not fuse_q else a.element_size())
     n_m, n_n = triton.cdiv(M, BM), triton.cdiv(N, BN)
     split = max(1, min(int(cfg["SPLIT_K"]), triton.cdiv(KQ, BK)))
     fixup = bool(cfg.get("FIXUP", True)) and n_m * n_n <= _N_COUNTERS
@@ -405,10 +444,10 @@ def _launch_splitk(a8: bool, a, s_am, xs, xo, packed, y, cfg):
     cnt = _tile_counters(y.device) if split > 1 and fixup else packed.source
     dummy = packed.scale
     _splitk_gemm_kernel[(n_m, n_n, split)](
-        a, packed.source, packed.qweight, xs if a8 else dummy, packed.scale, xo if a8 else dummy,
+        a, packed.source, packed.qweight, dummy if xs is None else xs, packed.scale, dummy if xo is None else xo,
         packed.outlier_idx, packed.outlier_weight, packed.bias if packed.bias is not None else dummy, y,
         part, cnt, M, N, KQ, packed.in_features, NO, split, s_am, y.stride(0),
-        A8=a8, GATHER=NO > 0, BM=BM, BN=BN, BK=BK, BNO=_bno(NO, y.dtype), SPLIT=split > 1, FIXUP=fixup,
-        HAS_OUT=NO > 0, HAS_BIAS=packed.bias is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        A8=a8, FUSEQ=fuse_q, GATHER=NO > 0, BM=BM, BN=BN, BK=BK, BNO=_bno(NO, y.dtype), SPLIT=split > 1, FIXUP=fixup,
+        HAS_OUT=NO > 0, HAS_BIAS=packed.bias is not None, num_warps=cfg["num_warps"], num_stages=stages)
     if split > 1 and not fixup:
         _splitk_reduce_kernel[(triton.cdiv(M * N, 1024),)](part, y, M * N, split, BLOCK=1024, num_warps=4)
