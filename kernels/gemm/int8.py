@@ -1,18 +1,46 @@
-"""Triton kernels: W8A8 int8 GEMM with an LLM.int8-style outlier split, one output.
+"""Triton kernels: int8 GEMMs with an LLM.int8-style outlier split, one output. Two paths:
 
-Spec: :func:`laquant.kernels.gemm.reference.int8_outlier_linear` with per-token activations and
+**W8A8** (:func:`int8_outlier_linear_triton`), spec
+:func:`laquant.kernels.gemm.reference.int8_outlier_linear` with per-token activations and
 per-output-channel (or per-tensor) weight scales. Two launches:
 
 1. ``_quantize_rows_kernel`` reads x once per row: the absmax over the non-outlier columns gives
    the token's scale, the kept columns are written as int8, packed (the weight's layout), and the
    outlier columns are gathered into a small dense ``[M, n_outliers]`` block;
-2. ``_int8_gemm_kernel`` multiplies int8 x int8 into int32 accumulators on the tensor cores, and
-   its epilogue dequantizes with the row and column scales, adds the outlier block times the
-   bf16 outlier weights (a second, thin tensor-core product) and the bias, and writes y once.
+2. the GEMM multiplies int8 x int8 into int32 accumulators on the tensor cores, and its epilogue
+   dequantizes with the row and column scales, adds the outlier block times the bf16 outlier
+   weights (a second, thin tensor-core product) and the bias, and writes y once. At large M the
+   tiled ``_int8_gemm_kernel`` (:func:`gemm_config`); at decode sizes (M <= 256) the split-K
+   ``_splitk_gemm_kernel``, which cuts the weight stream along N (small BN) and K (``SPLIT_K``
+   programs per output tile) so that enough programs stream the weight.
 
-The GEMM reads the module's own ``[N, n_keep]`` int8 weight (:class:`PackedOutlierWeight` holds no
-copy of it), as plain row-major tiles. The quantization is a pass of its own before the GEMM, not
-fused into the GEMM's main loop: the per-token scale needs the whole row first.
+**W8A16**, weight-only (:func:`int8_weight_only_linear_triton`), spec ``int8_outlier_linear(...,
+act_granularity="none")``: one launch of ``_splitk_gemm_kernel`` on x itself (bf16, fp16 or fp32):
+the kept columns read through ``packed.source``, the int8 weight converted to x's dtype in registers
+(exact), fp32 accumulation, the column scale in the epilogue, plus the outlier block (gathered from
+x) times the outlier weights, plus the bias.
+
+Split-K: each split's fp32 partial goes to a workspace; the last split of a tile to arrive (an
+atomic counter per tile, left at zero again) sums the partials in split order and writes y, so the
+result does not depend on the order in which the programs ran (bit-reproducible), in one launch.
+(``FIXUP=False`` sums them in a second small kernel.) The counters are one buffer per device and
+stream: two launches running at once on one stream cannot happen; on two streams they use two.
+
+**Dispatch and numerics contract** (:func:`linear_triton`, ``mode="auto"``): :func:`choose_gemm`
+picks, per M bucket and layer shape, whichever path the committed sweep (``configs.TABLE``, made
+by ``tools/sweep_gemm.py``) found faster. W8A8 quantizes the activations per token, so a token's
+output does not depend on the other tokens in the batch. Where the table picks W8A16 (small M,
+decode) the activations are *not* quantized: the result is closer to the float model there, and
+a token's output differs from what W8A8 gives it. Since the path depends on the batch's token
+count M, the same token gets (slightly) different outputs in a decode step (small M: W8A16 where
+the table says so) and in a prefill (large M: W8A8). Both agree with their spec to float rounding;
+``mode="w8a8"`` or ``"w8a16"`` pins one path for all M (e.g. to compare with the CPU reference,
+which follows the module's ``act_granularity``). The table that ships says which path runs where:
+see ``configs.TABLE`` and ``eval/results/gemm_decode_*.md``.
+
+The GEMMs read the module's own ``[N, n_keep]`` int8 weight (:class:`PackedOutlierWeight` holds no
+copy of it), as plain row-major tiles. The quantization is a pass of its own before the W8A8 GEMM,
+not fused into its main loop: the per-token scale needs the whole row first.
 """
 
 from __future__ import annotations
@@ -20,6 +48,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from .configs import choose_config, choose_gemm, tiled_config  # noqa: F401  (re-exported)
 
 try:
     import triton
@@ -146,12 +176,134 @@ if triton is not None:
                  mask=mm[:, None] & mn[None, :])
 
 
+    @triton.jit(do_not_specialize=["M", "SPLIT_K"])
+    def _splitk_gemm_kernel(a_ptr, src_ptr, w_ptr, xs_ptr, ws_ptr, xo_ptr, oidx_ptr, wo_ptr, bias_ptr, y_ptr,
+                            part_ptr, cnt_ptr, M, N, K, KX, NO, SPLIT_K, s_am, s_ym,
+                            A8: tl.constexpr, FUSEQ: tl.constexpr, GATHER: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                            BK: tl.constexpr, BNO: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr,
+                            HAS_OUT: tl.constexpr, HAS_BIAS: tl.constexpr):
+        """Small-M GEMM over the ``[N, K]`` int8 weight: few rows, so the weight stream is cut along N
+        (small BN) and along K (``SPLIT_K`` programs per output tile, fp32 partials).
+
+        ``A8``: a is the int8 ``[M, K]`` codes of quantize_rows (int32 dot, row x column scales);
+        else a is x itself (bf16/fp16/fp32), its kept columns read through ``src`` when ``GATHER``
+        (columns in order when not), the int8 weight converted in registers, fp32 dot, column scale.
+        ``A8`` and ``FUSEQ``: a is x, quantized per token inside the kernel (each program reads its
+        rows' kept columns once for the absmax, then quantizes its K slice as it goes: one launch,
+        the same codes as quantize_rows; for small M, where x is small).
+        Split 0 adds the outlier product and the bias to its partial. ``FIXUP``: each split stores
+        its partial, counts itself on the tile's counter, and the last to arrive sums the partials in
+        split order (deterministic) and writes y, then zeroes the counter (one launch); otherwise
+        :func:`_splitk_reduce_kernel` sums them."""
+        pid_m = tl.program_id(0)  # the row blocks of one weight tile run side by side: it streams once
+        pid_n = tl.program_id(1)
+        pid_k = tl.program_id(2)
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        offs_k = tl.arange(0, BK)
+        mm = offs_m < M
+        mn = offs_n < N
+        k_per = tl.cdiv(tl.cdiv(K, BK), SPLIT_K) * BK
+        k_lo = pid_k * k_per
+        k_hi = tl.minimum(K, k_lo + k_per)
+        a_rows = a_ptr + offs_m[:, None].to(tl.int64) * s_am
+        w_cols = w_ptr + offs_n[None, :].to(tl.int64) * K
+        if A8:
+            acc = tl.zeros([BM, BN], dtype=tl.int32)
+            if FUSEQ:  # the rows' absmax over all kept columns first (x from L2; small M only)
+                amax = tl.zeros([BM, BK], dtype=tl.float32)
+                for k0 in range(0, K, BK):
+                    kk = k0 + offs_k
+                    xa = _load_x(a_rows, src_ptr, kk, kk < K, mm, KX, GATHER)
+                    amax = tl.maximum(amax, tl.abs(xa.to(tl.float32)))
+                xs = tl.maximum(tl.max(amax, axis=1) / 127.0, 1.1754943508222875e-38)
+            else:
+                xs = tl.load(xs_ptr + offs_m, mask=mm, other=0.0)
+        else:
+            acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            kk = k0 + offs_k
+            mk = kk < k_hi
+            w = tl.load(w_cols + kk[:, None], mask=mk[:, None] & mn[None, :], other=0)
+            if A8:
+                if FUSEQ:
+                    xa = _load_x(a_rows, src_ptr, kk, mk, mm, KX, GATHER).to(tl.float32)
+                    a = quantize_int8(xa, xs[:, None])
+                else:
+                    a = tl.load(a_rows + kk[None, :], mask=mm[:, None] & mk[None, :], other=0)
+                acc = tl.dot(a, w, acc, out_dtype=tl.int32)
+            else:
+                a = _load_x(a_rows, src_ptr, kk, mk, mm, KX, GATHER)
+                if a.dtype == tl.float32:
+                    acc = tl.dot(a, w.to(tl.float32), acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(a, w.to(a.dtype), acc)
+        ws = tl.load(ws_ptr + offs_n, mask=mn, other=0.0)
+        if A8:
+            y = acc.to(tl.float32) * xs[:, None] * ws[None, :]
+        else:
+            y = acc * ws[None, :]
+        if pid_k == 0:
+            if HAS_OUT:
+                for o0 in range(0, NO, BNO):
+                    offs_o = o0 + tl.arange(0, BNO)
+                    mo = offs_o < NO
+                    if A8 and not FUSEQ:  # quantize_rows' dense outlier block
+                        xo = tl.load(xo_ptr + offs_m[:, None].to(tl.int64) * NO + offs_o[None, :],
+                                     mask=mm[:, None] & mo[None, :], other=0.0)
+                    else:  # gathered from x
+                        oi = tl.load(oidx_ptr + offs_o, mask=mo, other=0)
+                        xo = tl.load(a_rows + oi[None, :], mask=mm[:, None] & mo[None, :], other=0.0)
+                    wo = tl.load(wo_ptr + offs_n[None, :].to(tl.int64) * NO + offs_o[:, None],
+                                 mask=mo[:, None] & mn[None, :], other=0.0)
+                    if xo.dtype == tl.float32:
+                        y += tl.dot(xo, wo.to(tl.float32), input_precision="ieee")
+                    else:
+                        y += tl.dot(xo, wo.to(xo.dtype))
+            if HAS_BIAS:
+                y += tl.load(bias_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)[None, :]
+        out_mask = mm[:, None] & mn[None, :]
+        if SPLIT:
+            mn_off = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+            MN = M.to(tl.int64) * N
+            tl.store(part_ptr + pid_k * MN + mn_off, y, mask=out_mask)
+            if FIXUP:
+                tile = pid_n * tl.num_programs(0) + pid_m
+                tl.debug_barrier()  # every thread's partial is stored before the count is raised
+                arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+                if arrived == SPLIT_K - 1:
+                    tot = tl.zeros([BM, BN], dtype=tl.float32)
+                    for s in range(0, SPLIT_K):
+                        tot += tl.load(part_ptr + s * MN + mn_off, mask=out_mask, other=0.0, cache_modifier=".cg")
+                    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * s_ym + offs_n[None, :],
+                             tot.to(y_ptr.dtype.element_ty), mask=out_mask)
+                    tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next call
+        else:
+            tl.store(y_ptr + offs_m[:, None].to(tl.int64) * s_ym + offs_n[None, :], y.to(y_ptr.dtype.element_ty),
+                     mask=out_mask)
+
+    @triton.jit
+    def _load_x(a_rows, src_ptr, kk, mk, mm, KX, GATHER: tl.constexpr):
+        """x's kept columns ``kk`` of the packed layout, ``[BM, BK]`` in x's dtype (0 outside)."""
+        if GATHER:
+            src = tl.load(src_ptr + kk, mask=mk, other=-1)
+            return tl.load(a_rows + src[None, :], mask=mm[:, None] & (src >= 0)[None, :], other=0.0)
+        # no outliers: the kept columns are x's first KX (the packed width pads them to 16)
+        return tl.load(a_rows + kk[None, :], mask=mm[:, None] & (mk & (kk < KX))[None, :], other=0.0)
+
+    @triton.jit(do_not_specialize=["SPLIT_K"])
+    def _splitk_reduce_kernel(part_ptr, y_ptr, MN, SPLIT_K, BLOCK: tl.constexpr):
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < MN
+        tot = tl.zeros([BLOCK], dtype=tl.float32)
+        for s in range(0, SPLIT_K):
+            tot += tl.load(part_ptr + s * MN + offs, mask=m, other=0.0)
+        tl.store(y_ptr + offs, tot.to(y_ptr.dtype.element_ty), mask=m)
+
+
 def gemm_config(M: int) -> dict:
-    """Tiles by the number of rows, the fastest in tools/sweep_gemm.py on an H100 (4096^2
-    and 2048^2 weights): 128 x 128 x 128 int8 tiles reach 950-1140 TOPS at M >= 2048."""
-    if M <= 64:
-        return dict(BM=64, BN=128, BK=128, GROUP_M=4, num_warps=8, num_stages=3)
-    return dict(BM=128, BN=128, BK=128, GROUP_M=8, num_warps=4, num_stages=3)
+    """The tiled W8A8 kernel's tiles by the number of rows (:func:`.configs.tiled_config`)."""
+    return tiled_config(M)
 
 
 def quantize_rows(x2: torch.Tensor, packed: PackedOutlierWeight):
@@ -174,7 +326,66 @@ def quantize_rows(x2: torch.Tensor, packed: PackedOutlierWeight):
 
 def int8_outlier_linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, config: dict | None = None) -> torch.Tensor:
     """``x [..., K]`` -> ``y [..., N]`` in x's dtype; the Triton twin of ``int8_outlier_linear``
-    (per-token activations)."""
+    (per-token activations, W8A8). ``config``: tiles of the split-K kernel (a dict with ``SPLIT_K``)
+    or of the tiled kernel (``GROUP_M``); None takes the committed table's (:mod:`.configs`)."""
+    x2, shape, M, N, K = _prepare(x, packed)
+    cfg = config if config is not None else choose_config("w8a8", M, N, K)
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if M and cfg.get("FUSE_Q"):  # one launch: the per-token quantization inside the GEMM
+        _launch_splitk(True, x2, x2.stride(0), None, None, packed, y, cfg, fuse_q=True)
+        return y.reshape(*shape[:-1], N)
+    xq, xs, xo = quantize_rows(x2, packed)
+    if M and "SPLIT_K" in cfg:
+        _launch_splitk(True, xq, xq.stride(0), xs, xo, packed, y, cfg)
+    elif M:
+        cfg = dict(cfg)
+        warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+        KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
+        grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]),)
+        _int8_gemm_kernel[grid](xq, packed.qweight, xs, packed.scale, xo, packed.outlier_weight,
+                                packed.bias if packed.bias is not None else xs, y, M, N, KQ, NO, y.stride(0),
+                                BNO=_bno(NO, x.dtype), HAS_OUT=NO > 0,
+                                HAS_BIAS=packed.bias is not None, num_warps=warps, num_stages=stages, **cfg)
+    return y.reshape(*shape[:-1], N)
+
+
+def int8_weight_only_linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, config: dict | None = None) -> torch.Tensor:
+    """W8A16: ``x [..., K]`` (bf16, fp16 or fp32) -> ``y [..., N]`` in x's dtype; the Triton twin of
+    ``int8_outlier_linear(..., act_granularity="none")``. One launch: x's kept columns are read
+    through ``packed.source`` inside the GEMM (no quantization pass), the int8 weight becomes x's
+    dtype in registers, fp32 accumulation, the column scale in the epilogue, plus the outlier block
+    product and the bias. ``config``: split-K tiles (a dict with ``SPLIT_K``); None takes the table's."""
+    x2, shape, M, N, K = _prepare(x, packed)
+    if x2.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"the weight-only GEMM takes bf16, fp16 or fp32 x, not {x2.dtype}")
+    cfg = config if config is not None else choose_config("w8a16", M, N, K)
+    if "SPLIT_K" not in cfg:
+        raise ValueError("the weight-only GEMM runs the split-K kernel: its config needs SPLIT_K")
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if M:
+        _launch_splitk(False, x2, x2.stride(0), None, None, packed, y, cfg)
+    return y.reshape(*shape[:-1], N)
+
+
+def linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, mode: str = "auto") -> torch.Tensor:
+    """The quantized linear on the GPU: ``mode`` ``"w8a8"`` (per-token int8 activations),
+    ``"w8a16"`` (weight-only) or ``"auto"``: whichever the committed sweep found faster at this
+    number of tokens M = x.numel() / K (:func:`choose_gemm`); see the module docstring for what
+    that means for the numerics."""
+    M, K = x.numel() // max(x.shape[-1], 1), x.shape[-1]
+    N = packed.qweight.shape[0]
+    if mode == "auto":
+        path, cfg = choose_gemm(M, N, K)
+    elif mode in ("w8a8", "w8a16"):
+        path, cfg = mode, choose_config(mode, M, N, K)
+    else:
+        raise ValueError(f"mode must be auto, w8a8 or w8a16; got {mode!r}")
+    if path == "w8a16":
+        return int8_weight_only_linear_triton(x, packed, cfg)
+    return int8_outlier_linear_triton(x, packed, cfg)
+
+
+def _prepare(x, packed):
     if triton is None:
         raise RuntimeError("Triton is not installed; use int8_outlier_linear")
     shape = x.shape
@@ -182,18 +393,61 @@ def int8_outlier_linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, con
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M, K = x2.shape
-    N, KQ = packed.qweight.shape
     if packed.in_features != K:
         raise ValueError(f"input has {K} features, the layer {packed.in_features}")
-    NO = packed.outlier_idx.numel()
-    xq, xs, xo = quantize_rows(x2, packed)
-    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    cfg = dict(gemm_config(M) if config is None else config)
-    warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
-    grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]),)
-    if M:
-        _int8_gemm_kernel[grid](xq, packed.qweight, xs, packed.scale, xo, packed.outlier_weight,
-                                packed.bias if packed.bias is not None else xs, y, M, N, KQ, NO, y.stride(0),
-                                BNO=min(64 if x.dtype != torch.float32 else 32, max(16, triton.next_power_of_2(NO))), HAS_OUT=NO > 0,
-                                HAS_BIAS=packed.bias is not None, num_warps=warps, num_stages=stages, **cfg)
-    return y.reshape(*shape[:-1], N)
+    return x2, shape, M, packed.qweight.shape[0], K
+
+
+def _bno(NO, dtype):
+    return min(64 if dtype != torch.float32 else 32, max(16, triton.next_power_of_2(NO)))
+
+
+_COUNTERS: dict = {}
+_N_COUNTERS = 1 << 16
+
+
+def _tile_counters(device: torch.device):
+    """Zeroed int32 tile counters of the in-kernel split-K fixup, one buffer per (device, stream)
+    (the kernel leaves them zero again); allocated once, outside any graph capture that warmed up."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream)
+    buf = _COUNTERS.get(key)
+    if buf is None:
+        buf = _COUNTERS[key] = torch.zeros(_N_COUNTERS, dtype=torch.int32, device=device)
+    return buf
+
+
+def _fit_smem(cfg, a_bytes, limit=224 * 1024):
+    """Shrink num_stages, then BK, until the pipelined a and w tiles fit in shared memory (fp32 x
+    needs four times the int8 tile: the tables' tiles were swept with bf16 x)."""
+    BK, stages = cfg["BK"], cfg["num_stages"]
+    limit = limit if a_bytes < 4 else 160 * 1024  # fp32 x: room for the fp32 copy of the w tile
+    while stages * BK * (cfg["BM"] * a_bytes + cfg["BN"]) > limit:
+        if stages > 2:
+            stages -= 1
+        elif BK > 32:
+            BK //= 2
+        else:
+            break
+    return BK, stages
+
+
+def _launch_splitk(a8: bool, a, s_am, xs, xo, packed, y, cfg, fuse_q=False):
+    M, N = y.shape
+    KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
+    BM, BN = cfg["BM"], cfg["BN"]
+    BK, stages = _fit_smem(cfg, 1 if a8 and not fuse_q else a.element_size())
+    n_m, n_n = triton.cdiv(M, BM), triton.cdiv(N, BN)
+    split = max(1, min(int(cfg["SPLIT_K"]), triton.cdiv(KQ, BK)))
+    fixup = bool(cfg.get("FIXUP", True)) and n_m * n_n <= _N_COUNTERS
+    part = torch.empty((split, M, N), dtype=torch.float32, device=y.device) if split > 1 else y
+    cnt = _tile_counters(y.device) if split > 1 and fixup else packed.source
+    dummy = packed.scale
+    _splitk_gemm_kernel[(n_m, n_n, split)](
+        a, packed.source, packed.qweight, dummy if xs is None else xs, packed.scale, dummy if xo is None else xo,
+        packed.outlier_idx, packed.outlier_weight, packed.bias if packed.bias is not None else dummy, y,
+        part, cnt, M, N, KQ, packed.in_features, NO, split, s_am, y.stride(0),
+        A8=a8, FUSEQ=fuse_q, GATHER=NO > 0, BM=BM, BN=BN, BK=BK, BNO=_bno(NO, y.dtype), SPLIT=split > 1, FIXUP=fixup,
+        HAS_OUT=NO > 0, HAS_BIAS=packed.bias is not None, num_warps=cfg["num_warps"], num_stages=stages)
+    if split > 1 and not fixup:
+        _splitk_reduce_kernel[(triton.cdiv(M * N, 1024),)](part, y, M * N, split, BLOCK=1024, num_warps=4)

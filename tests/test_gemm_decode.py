@@ -1,0 +1,152 @@
+"""The small-M (decode) GEMMs: the split-K W8A8 kernel, the W8A16 weight-only kernel and the
+dispatch by the committed sweep table (kernels/gemm/configs.py)."""
+
+import pytest
+import torch
+
+from conftest import DEVICE, rel_err, require_triton_kernels
+from laquant.kernels.gemm import configs
+from laquant.quant.modules import QuantLinear
+
+triton = require_triton_kernels()
+from laquant.kernels.gemm import int8 as gemm  # noqa: E402
+from laquant.kernels.gemm.int8 import (  # noqa: E402
+    int8_outlier_linear_triton,
+    int8_weight_only_linear_triton,
+    linear_triton,
+)
+
+TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
+
+
+def _module(K, N, n_out, bias, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    lin = torch.nn.Linear(K, N, bias=bias)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(N, K, generator=gen) * 0.05)
+        if bias:
+            lin.bias.copy_(torch.randn(N, generator=gen))
+    outliers = torch.randperm(K, generator=gen)[:n_out]
+    return QuantLinear.from_linear(lin.to(dtype), outliers).to(DEVICE), outliers
+
+
+def _x(M, K, outliers, dtype, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=gen)
+    x[:, outliers] *= 30
+    return x.to(DEVICE, dtype)
+
+
+def _reference(mod, x, act):
+    from laquant.kernels import int8_outlier_linear
+
+    args = (mod.qweight[:, :mod.n_main], mod.weight_scale, mod.keep_idx if mod.n_outliers else None,
+            mod.outlier_idx, mod.outlier_weight, mod.bias)
+    return int8_outlier_linear(x.cpu(), *(t.cpu() if t is not None else None for t in args), act).to(DEVICE)
+
+
+def _check(y, ref, dtype):
+    assert y.dtype == ref.dtype and y.shape == ref.shape
+    assert rel_err(y.float(), ref.float()) < TOL[dtype]  # rel_err refuses NaN/Inf
+
+
+SPLITK = [dict(BM=16, BN=32, BK=64, SPLIT_K=1, FIXUP=True, num_warps=4, num_stages=2),
+          dict(BM=16, BN=32, BK=64, SPLIT_K=2, FIXUP=True, FUSE_Q=True, num_warps=4, num_stages=2),
+          dict(BM=16, BN=32, BK=64, SPLIT_K=3, FIXUP=True, num_warps=4, num_stages=2),
+          dict(BM=32, BN=64, BK=128, SPLIT_K=2, FIXUP=False, num_warps=4, num_stages=2)]
+
+
+# --- on the CPU under Triton's interpreter (float32: its bf16 dot is wrong), and on the GPU ---
+
+@pytest.mark.parametrize("cfg", SPLITK)
+@pytest.mark.parametrize("M,K,N,n_out,bias", [(3, 200, 72, 7, True), (17, 96, 40, 0, False)])
+def test_splitk_kernels_match_reference(cfg, M, K, N, n_out, bias):
+    dtype = torch.float32 if DEVICE == "cpu" else torch.bfloat16
+    mod, outliers = _module(K, N, n_out, bias, dtype)
+    x = _x(M, K, outliers, dtype)
+    p = mod.packed()
+    _check(int8_outlier_linear_triton(x, p, cfg), _reference(mod, x, "per_token"), dtype)
+    _check(int8_weight_only_linear_triton(x, p, cfg), _reference(mod, x, "none"), dtype)
+    for buf in gemm._COUNTERS.values():  # the in-kernel fixup leaves its counters zeroed
+        assert not buf.any()
+
+
+def test_auto_dispatch_follows_the_table(monkeypatch):
+    """linear_triton(mode="auto") runs the path choose_gemm picks, with its tiles."""
+    w8a8 = dict(BM=16, BN=32, BK=64, SPLIT_K=2, FIXUP=True, num_warps=4, num_stages=2)
+    w8a16 = dict(BM=64, BN=64, BK=64, SPLIT_K=1, FIXUP=True, num_warps=4, num_stages=2)
+    table = {"1@64x96": {"path": "w8a16", "w8a8": w8a8, "w8a16": w8a16},
+             "64@64x96": {"path": "w8a8", "w8a8": w8a8, "w8a16": w8a16}}
+    monkeypatch.setattr(configs, "TABLE", table)
+    calls = []
+    monkeypatch.setattr(gemm, "int8_outlier_linear_triton", lambda x, p, c: calls.append(("w8a8", c)))
+    monkeypatch.setattr(gemm, "int8_weight_only_linear_triton", lambda x, p, c: calls.append(("w8a16", c)))
+    mod, outliers = _module(96, 64, 3, False, torch.float32)
+    for M in (1, 40, 300):
+        linear_triton(_x(M, 96, outliers, torch.float32), mod.packed())
+    assert [c[0] for c in calls] == ["w8a16", "w8a8", "w8a8"]
+    assert calls[0][1]["BN"] == 64 and calls[0][1]["BM"] == 16  # BM shrinks to what M needs
+    assert calls[1][1]["SPLIT_K"] == 2 and "GROUP_M" in calls[2][1]  # M > 256: the tiled kernel
+    linear_triton(_x(1, 96, outliers, torch.float32), mod.packed(), mode="w8a8")
+    assert calls[-1][0] == "w8a8"
+    with pytest.raises(ValueError):
+        linear_triton(_x(1, 96, outliers, torch.float32), mod.packed(), mode="int4")
+
+
+def test_choose_gemm_buckets_and_unseen_shapes(monkeypatch):
+    table = {f"{b}@{s}": {"path": "w8a16" if b <= 16 else "w8a8", "w8a8": dict(configs.DEFAULT_SPLITK["w8a8"], BN=n),
+                          "w8a16": configs.DEFAULT_SPLITK["w8a16"]}
+             for b in configs.M_BUCKETS for s, n in (("2048x2048", 32), ("5632x2048", 128))}
+    monkeypatch.setattr(configs, "TABLE", table)
+    assert configs.choose_gemm(1, 2048, 2048)[0] == "w8a16"
+    assert configs.choose_gemm(16, 2048, 2048)[0] == "w8a16"
+    assert configs.choose_gemm(17, 2048, 2048)[0] == "w8a8"
+    assert configs.choose_gemm(64, 6000, 2100)[1]["BN"] == 128  # nearest swept shape
+    assert configs.choose_gemm(64, 2000, 2048)[1]["BN"] == 32
+    assert "GROUP_M" in configs.choose_gemm(257, 2048, 2048)[1]
+
+
+def test_committed_table_is_complete():
+    """Every swept shape has every bucket, both paths, a path choice (when the table is filled)."""
+    shapes = {k.split("@")[1] for k in configs.TABLE}
+    for s in shapes:
+        for b in configs.M_BUCKETS:
+            e = configs.TABLE[f"{b}@{s}"]
+            assert e["path"] in ("w8a8", "w8a16") and "SPLIT_K" in e["w8a16"]
+            assert "SPLIT_K" in e["w8a8"] or "GROUP_M" in e["w8a8"]  # the split-K or the tiled kernel
+
+
+# --- GPU only: odd shapes, every dtype, the table's own configs ---
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,M", [(d, M) for d in (torch.bfloat16, torch.float16) for M in (1, 3, 17, 64, 100, 257)]
+                         + [(torch.float32, M) for M in (1, 17, 100)],
+                         ids=lambda v: {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(v, str(v)))
+@pytest.mark.parametrize("K,N,n_out,bias", [(1000, 333, 7, True), (2056, 1100, 0, False), (777, 2050, 40, False)])
+def test_gpu_odd_shapes(dtype, M, K, N, n_out, bias):
+    mod, outliers = _module(K, N, n_out, bias, dtype, seed=M)
+    x = _x(M, K, outliers, dtype, seed=M + 1)
+    p = mod.packed()
+    ref8, ref16 = _reference(mod, x, "per_token"), _reference(mod, x, "none")
+    _check(int8_outlier_linear_triton(x, p), ref8, dtype)
+    _check(int8_weight_only_linear_triton(x, p), ref16, dtype)
+    _check(linear_triton(x, p, mode="w8a8"), ref8, dtype)
+    _check(linear_triton(x, p, mode="w8a16"), ref16, dtype)
+    path, _ = configs.choose_gemm(M, N, K)
+    _check(linear_triton(x.view(1, M, K), p).view(M, N), ref16 if path == "w8a16" else ref8, dtype)
+    for cfg in SPLITK:
+        _check(int8_outlier_linear_triton(x, p, cfg), ref8, dtype)
+        _check(int8_weight_only_linear_triton(x, p, cfg), ref16, dtype)
+
+
+@pytest.mark.gpu
+def test_gpu_fixup_is_deterministic_and_resets():
+    mod, outliers = _module(2048, 2048, 8, True, torch.bfloat16)
+    x = _x(64, 2048, outliers, torch.bfloat16)
+    p = mod.packed()
+    for path in ("w8a8", "w8a16"):
+        fn = int8_outlier_linear_triton if path == "w8a8" else int8_weight_only_linear_triton
+        cfg = dict(BM=64, BN=32, BK=128, SPLIT_K=8, FIXUP=True, num_warps=4, num_stages=3)
+        ys = [fn(x, p, cfg) for _ in range(20)]
+        assert all(torch.equal(ys[0], y) for y in ys)
+        assert not gemm._tile_counters(x.device).any()
