@@ -72,6 +72,25 @@ if triton is not None:
         return int8_codes(tl.math.div_rn(x, scale))
 
     @triton.jit
+    def store_token_codes(row, source_ptr, idx_ptr, xq_row, xs_out, xo_row, KQ, NO, BK: tl.constexpr,
+                          BNO: tl.constexpr, HAS_OUT: tl.constexpr):
+        """W8A8's activation codes of one token's row (``BK >= KQ``): the absmax over the kept
+        columns (``source``: the input column of each int8 column, -1 in the padding) gives its
+        scale, the kept columns are stored as int8 in the weight's packed order, the outlier
+        columns (``idx``) copied to a dense block."""
+        offs = tl.arange(0, BK)
+        src = tl.load(source_ptr + offs, mask=offs < KQ, other=-1)
+        x = tl.load(row + src, mask=src >= 0, other=0.0).to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(x), axis=0) / 127.0, 1.1754943508222875e-38)
+        tl.store(xs_out, scale)
+        tl.store(xq_row + offs, quantize_int8(x, scale), mask=offs < KQ)
+        if HAS_OUT:
+            offs_o = tl.arange(0, BNO)
+            mo = offs_o < NO
+            idx = tl.load(idx_ptr + offs_o, mask=mo, other=0)
+            tl.store(xo_row + offs_o, tl.load(row + idx, mask=mo, other=0.0), mask=mo)
+
+    @triton.jit
     def encode_state(st, scale, FMT: tl.constexpr):
         """A float32 state tile in storage format ``FMT`` (``scale`` per row, scaled formats only).
 

@@ -55,7 +55,7 @@ try:
     import triton
     import triton.language as tl
 
-    from ..common.triton_numerics import quantize_int8
+    from ..common.triton_numerics import quantize_int8, store_token_codes
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -98,19 +98,14 @@ if triton is not None:
         row = x_ptr + m * s_xm
         out = xq_ptr + m * KQ
         if ONE_TILE:  # the whole row in registers: x is read once
-            offs = tl.arange(0, BK)
-            src = tl.load(source_ptr + offs, mask=offs < KQ, other=-1)
-            x = tl.load(row + src, mask=src >= 0, other=0.0).to(tl.float32)
-            scale = tl.maximum(tl.max(tl.abs(x), axis=0) / 127.0, 1.1754943508222875e-38)
-            tl.store(xs_ptr + m, scale)
-            tl.store(out + offs, quantize_int8(x, scale), mask=offs < KQ)
+            store_token_codes(row, source_ptr, idx_ptr, out, xs_ptr + m, xo_ptr + m * NO, KQ, NO, BK, BNO, HAS_OUT)
         else:
             _quantize_long_row(row, source_ptr, out, xs_ptr + m, KQ, BK)
-        if HAS_OUT:
-            offs_o = tl.arange(0, BNO)
-            mo = offs_o < NO
-            idx = tl.load(idx_ptr + offs_o, mask=mo, other=0)
-            tl.store(xo_ptr + m * NO + offs_o, tl.load(row + idx, mask=mo, other=0.0), mask=mo)
+            if HAS_OUT:
+                offs_o = tl.arange(0, BNO)
+                mo = offs_o < NO
+                idx = tl.load(idx_ptr + offs_o, mask=mo, other=0)
+                tl.store(xo_ptr + m * NO + offs_o, tl.load(row + idx, mask=mo, other=0.0), mask=mo)
 
     @triton.jit
     def _quantize_long_row(row, source_ptr, out, scale_out, KQ, BK: tl.constexpr):
@@ -181,7 +176,7 @@ if triton is not None:
                             part_ptr, cnt_ptr, M, N, K, KX, NO, SPLIT_K, s_am, s_ym,
                             A8: tl.constexpr, FUSEQ: tl.constexpr, GATHER: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                             BK: tl.constexpr, BNO: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr,
-                            HAS_OUT: tl.constexpr, HAS_BIAS: tl.constexpr):
+                            HAS_OUT: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr):
         """Small-M GEMM over the ``[N, K]`` int8 weight: few rows, so the weight stream is cut along N
         (small BN) and along K (``SPLIT_K`` programs per output tile, fp32 partials).
 
@@ -223,12 +218,18 @@ if triton is not None:
             acc = tl.zeros([BM, BN], dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BK):
             kk = k0 + offs_k
-            mk = kk < k_hi
-            w = tl.load(w_cols + kk[:, None], mask=mk[:, None] & mn[None, :], other=0)
+            if EVEN_K:  # no mask along the contiguous dimension: the loads vectorise
+                mk = offs_k < BK
+                w = tl.load(w_cols + kk[:, None], mask=mn[None, :], other=0)
+            else:
+                mk = kk < k_hi
+                w = tl.load(w_cols + kk[:, None], mask=mk[:, None] & mn[None, :], other=0)
             if A8:
                 if FUSEQ:
                     xa = _load_x(a_rows, src_ptr, kk, mk, mm, KX, GATHER).to(tl.float32)
                     a = quantize_int8(xa, xs[:, None])
+                elif EVEN_K:
+                    a = tl.load(a_rows + kk[None, :], mask=mm[:, None], other=0)
                 else:
                     a = tl.load(a_rows + kk[None, :], mask=mm[:, None] & mk[None, :], other=0)
                 acc = tl.dot(a, w, acc, out_dtype=tl.int32)
@@ -334,7 +335,15 @@ def int8_outlier_linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, con
     if M and cfg.get("FUSE_Q"):  # one launch: the per-token quantization inside the GEMM
         _launch_splitk(True, x2, x2.stride(0), None, None, packed, y, cfg, fuse_q=True)
         return y.reshape(*shape[:-1], N)
-    xq, xs, xo = quantize_rows(x2, packed)
+    int8_gemm(*quantize_rows(x2, packed), packed, y, cfg)
+    return y.reshape(*shape[:-1], N)
+
+
+def int8_gemm(xq: torch.Tensor, xs: torch.Tensor, xo: torch.Tensor, packed: PackedOutlierWeight, y: torch.Tensor,
+              cfg: dict) -> None:
+    """The W8A8 GEMM on activations already quantized (:func:`quantize_rows`, or a kernel that
+    wrote the same codes, scales and outlier block as its epilogue), into ``y [M, N]``."""
+    M, N = y.shape
     if M and "SPLIT_K" in cfg:
         _launch_splitk(True, xq, xq.stride(0), xs, xo, packed, y, cfg)
     elif M:
@@ -344,9 +353,8 @@ def int8_outlier_linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, con
         grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]),)
         _int8_gemm_kernel[grid](xq, packed.qweight, xs, packed.scale, xo, packed.outlier_weight,
                                 packed.bias if packed.bias is not None else xs, y, M, N, KQ, NO, y.stride(0),
-                                BNO=_bno(NO, x.dtype), HAS_OUT=NO > 0,
+                                BNO=_bno(NO, y.dtype), HAS_OUT=NO > 0,
                                 HAS_BIAS=packed.bias is not None, num_warps=warps, num_stages=stages, **cfg)
-    return y.reshape(*shape[:-1], N)
 
 
 def int8_weight_only_linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, config: dict | None = None) -> torch.Tensor:
@@ -448,6 +456,7 @@ def _launch_splitk(a8: bool, a, s_am, xs, xo, packed, y, cfg, fuse_q=False):
         packed.outlier_idx, packed.outlier_weight, packed.bias if packed.bias is not None else dummy, y,
         part, cnt, M, N, KQ, packed.in_features, NO, split, s_am, y.stride(0),
         A8=a8, FUSEQ=fuse_q, GATHER=NO > 0, BM=BM, BN=BN, BK=BK, BNO=_bno(NO, y.dtype), SPLIT=split > 1, FIXUP=fixup,
-        HAS_OUT=NO > 0, HAS_BIAS=packed.bias is not None, num_warps=cfg["num_warps"], num_stages=stages)
+        HAS_OUT=NO > 0, HAS_BIAS=packed.bias is not None, EVEN_K=KQ % BK == 0,
+        num_warps=cfg["num_warps"], num_stages=stages)
     if split > 1 and not fixup:
         _splitk_reduce_kernel[(triton.cdiv(M * N, 1024),)](part, y, M * N, split, BLOCK=1024, num_warps=4)
