@@ -409,15 +409,22 @@ def _model_maker(model_id: str):
 
 
 def _qwen3_next_path() -> str:
-    """Which delta-rule and conv functions transformers' Qwen3-Next calls here (fla's kernels when
-    the kernels hub / fla provide them, else its PyTorch fallback)."""
+    """Which delta-rule and conv implementations transformers' Qwen3-Next calls here: its functions
+    are wrapped at import time with the implementation chosen then (fla's kernels when fla imports,
+    else the PyTorch fallback); read from the wrappers' closures."""
+    import inspect
+
     from transformers.models.qwen3_next import modeling_qwen3_next as m
 
     names = []
-    for fn in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_update"):
-        f = getattr(m, fn, None)
-        f = getattr(f, "__wrapped__", f)
-        names.append(f"{fn}={getattr(f, '__module__', '?')}.{getattr(f, '__qualname__', '?')}")
+    for fn in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
+               "causal_conv1d_update"):
+        f = impl = getattr(m, fn, None)
+        try:
+            impl = inspect.getclosurevars(f).nonlocals.get("implementation", f)
+        except (TypeError, ValueError):
+            pass
+        names.append(f"{fn} -> {getattr(impl, '__module__', '?')}.{getattr(impl, '__qualname__', '?')}")
     return "; ".join(names)
 
 
@@ -504,10 +511,10 @@ def cache_bytes(cache) -> int:
     while todo:
         obj, depth = todo.pop()
         if isinstance(obj, torch.Tensor):
-            key = (obj.untyped_storage().data_ptr(), obj.untyped_storage().nbytes())
+            key = (obj.data_ptr(), tuple(obj.shape))
             if key not in seen:
                 seen.add(key)
-                total += obj.untyped_storage().nbytes()
+                total += obj.numel() * obj.element_size()
         elif depth < 5 and id(obj) not in seen:
             seen.add(id(obj))
             if isinstance(obj, dict):
