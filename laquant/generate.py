@@ -80,6 +80,10 @@ def _forward(model, ids, cache):
     return out.logits[:, -1], out.past_key_values
 
 
+class _NotInPlace(LaquantError):
+    """A decode step replaced its state tensors instead of updating them: no graph can replay it."""
+
+
 class _DecodeGraph:
     """One captured decode step on a static cache: reads ``tok [B, 1]``, writes the chosen token
     back into it and into ``history[:, pos]``, advances ``pos`` and marks finished rows."""
@@ -101,7 +105,7 @@ class _DecodeGraph:
                 self._step()
         torch.cuda.current_stream().wait_stream(stream)
         if any(a is not b for a, b in zip(states, self.cache.states)):
-            raise LaquantError("this model's decode step does not update its states in place (a state format "
+            raise _NotInPlace("this model's decode step does not update its states in place (a state format "
                                "without a decode kernel, or LAQUANT_KERNELS=reference): decode with graphed=False")
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
@@ -157,13 +161,16 @@ class DecodeSession:
         device = next(model.parameters()).device
         if input_ids.device != device:
             input_ids = input_ids.to(device)
-        if graphed is None:
+        auto = graphed is None
+        if auto:
             graphed = is_graphable(model)
         elif graphed and not is_graphable(model):
             where = "CUDA" if device.type == "cuda" else f"{device.type} (CUDA graphs need a CUDA device)"
             raise LaquantError(f"a graphed decode loop needs laquant's GLAForCausalLM on CUDA; this is "
                                f"{type(model).__name__} on {where}. Transformers' hybrids grow their KV cache "
                                "and replace their conv states every step, so they decode eagerly (graphed=False)")
+        if graphed and generator is not None and auto:
+            graphed = False  # a generator drives the eager loop's sampling
         if graphed and generator is not None:
             raise LaquantError("a generator cannot drive the graphed loop's sampling (it draws from the default "
                                "CUDA generator: seed it with torch.manual_seed); pass graphed=False to use one")
@@ -178,10 +185,15 @@ class DecodeSession:
             self.made = 1
             if graphed:
                 key = (do_sample, float(temperature), top_k, eos_token_id)
-                self.graph = _graph_for(model, cache, input_ids.shape[0], max_new_tokens, key, self._choose,
-                                        eos_token_id)
-                self.graph.load(cache, first)
-            else:
+                try:
+                    self.graph = _graph_for(model, cache, input_ids.shape[0], max_new_tokens, key, self._choose,
+                                            eos_token_id)
+                    self.graph.load(cache, first)
+                except _NotInPlace:
+                    if not auto:
+                        raise
+                    self.graphed = graphed = False  # graphed=None: the eager loop, on the untouched prefill cache
+            if not graphed:
                 self.tok = first
                 self.generated = [first]
                 self.done = first == eos_token_id if eos_token_id is not None else None
@@ -244,8 +256,9 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: 
              graphed: bool | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids [B, T]`` (unpadded prompts of one
     length); returns ``[B, T + n]``. ``graphed``: None graphs on CUDA (laquant's GLA) and decodes
-    eagerly elsewhere; True insists on the graph; False is the eager reference loop. ``generator``
-    drives sampling in the eager loop only."""
+    eagerly elsewhere (and where the model's decode step cannot be captured, or a ``generator`` is
+    given); True insists on the graph; False is the eager reference loop. ``generator`` drives
+    sampling in the eager loop only (the graph draws from the default CUDA generator)."""
     return DecodeSession(model, input_ids, max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                          eos_token_id=eos_token_id, graphed=graphed, generator=generator).run()
 

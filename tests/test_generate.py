@@ -320,4 +320,7 @@ def test_graphed_sampling_runs():
     out = generate(model, ids, 20, do_sample=True, temperature=0.9, top_k=50)
     assert out.shape == (4, 28) and bool((out < 4096).all())
     with pytest.raises(LaquantError, match="generator"):
-        generate(model, ids, 4, do_sample=True, generator=torch.Generator("cuda"))
+        generate(model, ids, 4, do_sample=True, generator=torch.Generator("cuda"), graphed=True)
+    g = torch.Generator("cuda")
+    a = generate(model, ids, 6, do_sample=True, generator=g.manual_seed(1))  # graphed=None: eager with it
+    assert torch.equal(a, generate(model, ids, 6, do_sample=True, generator=g.manual_seed(1), graphed=False))
