@@ -324,8 +324,9 @@ def _decode_rate(model, prompt, steps, graphed) -> float:
 
     B = prompt.shape[0]
     with torch.no_grad():
-        session = DecodeSession(model, prompt, steps + 2, graphed=graphed)
-        session.step()  # first step outside the timing
+        session = DecodeSession(model, prompt, steps + 3, graphed=graphed)
+        session.step()  # two steps outside the timing (first-call costs)
+        session.step()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(steps):
@@ -444,7 +445,9 @@ def peer_variants(model_ids) -> list[tuple[str, str, callable]]:
                 except ImportError as exc:
                     raise LaquantError(f"the fla peer needs flash-linear-attention ({exc})") from None
                 model = _random_model(lambda: FlaGLAForCausalLM(FlaGLAConfig(**fields)))
-                model.peer_path = f"fla {__import__('fla').__version__} GLAForCausalLM, fla kernels and fla Cache"
+                model.peer_path = (f"fla {__import__('fla').__version__} GLAForCausalLM, fla kernels and fla Cache; "
+                                   "eager decode (its Cache stores a new state tensor at every update, so a captured "
+                                   "step would replay on stale ones)")
                 return model
 
             out.append((label, "fla_bf16", make_fla))
@@ -453,7 +456,8 @@ def peer_variants(model_ids) -> list[tuple[str, str, callable]]:
                 from transformers import Qwen3NextForCausalLM
 
                 model = _random_model(lambda: Qwen3NextForCausalLM(qwen3_next_config(fields)))
-                model.peer_path = "transformers Qwen3NextForCausalLM: " + _qwen3_next_path()
+                model.peer_path = ("transformers Qwen3NextForCausalLM, eager decode (its KV cache grows): "
+                                   + _qwen3_next_path())
                 return model
 
             out.append((label, "transformers_bf16", make_hf))
@@ -632,6 +636,7 @@ def bench_e2e(variants, prompt_len=4096, batches=(1, 16, 64), steps=32, profile:
         graphable = is_graphable(model)
         row = {"model": label, "variant": variant, "params+buffers": n_params, "prompt_len": prompt_len,
                "decode_steps": steps, "decode_path": "graphed + eager" if graphable else "eager only"}
+        # eager only: transformers' hybrids (KV cache grows, conv states replaced per step) and the peers
         if hasattr(model, "peer_path"):
             row["peer_path"] = model.peer_path
         ids = torch.randint(0, vocab, (1, prompt_len), device="cuda")
@@ -703,16 +708,17 @@ def best_decode_rate(row: dict, B: int) -> tuple[float | None, bool]:
 
 def plot_e2e(rows: list[dict], out: Path) -> None:
     """Bars of decode tokens/s per batch size (graphed where the variant has a graph, hatched:
-    eager) and of prefill tokens/s, one bar per variant."""
+    eager), one bar per variant, and below them prefill tokens/s per variant."""
     import numpy as np
 
     from laquant.eval.plots import pyplot, save_figure
 
     batches = sorted({int(k[len("decode_B"):-len("_tok_per_s")]) for r in rows for k in r
                       if k.startswith("decode_B") and k.endswith("_tok_per_s") and "graphed" not in k})
-    names = [f"{r['model']}\n{r['variant']}" for r in rows]
-    fig, (ax, ax2) = pyplot().subplots(1, 2, figsize=(max(8, 2.2 * len(batches) * len(rows) / 3 + 4), 4.5),
-                                       gridspec_kw={"width_ratios": [3, 1]})
+    names = [f"{r['model']} · {r['variant']}" for r in rows]
+    fig, (ax, ax2) = pyplot().subplots(2, 1, figsize=(max(7.0, 1.2 * len(batches) * max(1, len(rows)) / 2 + 3),
+                                                       4.5 + 0.35 * len(rows)),
+                                       gridspec_kw={"height_ratios": [3, max(1.0, 0.35 * len(rows))]})
     width = 0.8 / max(1, len(rows))
     x = np.arange(len(batches))
     for i, (r, name) in enumerate(zip(rows, names)):
@@ -721,15 +727,22 @@ def plot_e2e(rows: list[dict], out: Path) -> None:
             v, graphed = best_decode_rate(r, B)
             vals.append(v or 0.0)
             hatches.append("" if graphed else "//")
-        bars = ax.bar(x + (i - (len(rows) - 1) / 2) * width, vals, width, label=name.replace("\n", " · "))
-        for bar, h in zip(bars, hatches):
+        bars = ax.bar(x + (i - (len(rows) - 1) / 2) * width, vals, width, label=name)
+        for bar, h, v in zip(bars, hatches, vals):
             bar.set_hatch(h)
+            if v:
+                ax.annotate(f"{v:,.0f}", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom",
+                            fontsize=6)
     ax.set(xticks=x, xticklabels=[f"B={B}" for B in batches], yscale="log", ylabel="decode tokens/s",
-           title="decode (solid: CUDA graph, hatched: eager)")
-    ax.legend(fontsize=7)
-    ax2.barh(np.arange(len(rows)), [r.get("prefill_tok_per_s") or 0.0 for r in rows])
-    ax2.set(yticks=np.arange(len(rows)), yticklabels=[n.replace("\n", " · ") for n in names], xscale="log",
-            xlabel="prefill tokens/s", title="prefill, one prompt")
+           title="decode tokens/s (solid: CUDA graph, one replay per step; hatched: eager)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    y = np.arange(len(rows))
+    prefill = [r.get("prefill_tok_per_s") or 0.0 for r in rows]
+    ax2.barh(y, prefill, color=[f"C{i}" for i in range(len(rows))])
+    for yi, v in zip(y, prefill):
+        ax2.annotate(f" {v:,.0f}", (v, yi), va="center", fontsize=6)
+    ax2.set(yticks=y, yticklabels=names, xlabel="prefill tokens/s (one prompt)")
+    ax2.invert_yaxis()
     ax2.tick_params(axis="y", labelsize=7)
     save_figure(fig, out)
 
