@@ -99,7 +99,7 @@ def test_bad_input_is_an_error():
 @torch.no_grad()
 def test_eager_loop_on_a_transformers_hybrid():
     from laquant.adapters import install, new_cache
-    from tests.test_hybrid import qwen3_next
+    from test_hybrid import qwen3_next  # tests/ is on sys.path under pytest (conftest.py)
 
     model = qwen3_next().eval()
     install(model)
