@@ -14,10 +14,16 @@ Suites (all on one CUDA device; each ratio is taken against a peer timed in the 
   bitsandbytes LLM.int8 (threshold 6.0) and ``torch._scaled_mm`` fp8 rowwise (operands quantized
   beforehand, so its time is the GEMM alone);
 * ``e2e``     a model in bf16 and quantized with a recipe: prefill tokens/s, decode tokens/s after
-  a 4K prompt (eager and CUDA-graphed), peak memory and state bytes per sequence.
+  a 4K prompt (eager, and CUDA-graphed through :mod:`laquant.generate`: one replay per step), peak
+  memory, cache bytes per sequence, and a ``torch.profiler`` profile of one eager decode step at
+  B = 64 after a 512-token prompt (kernels per step and per decoder layer, GPU time, top kernels);
+  with ``peers``, in the same process: fla's own ``GLAForCausalLM`` for a ``config:{json}`` GLA and
+  transformers' own ``Qwen3NextForCausalLM`` for a ``qwen3_next:{json}`` hybrid (same config,
+  random weights, bf16, their own caches, eager decode).
 
 Times are medians of ``triton.testing.do_bench`` (which clears L2 between runs). Results go to
-``OUT/speed.json`` (device, versions, shapes, dtypes, raw times) and ``OUT/speed.md``.
+``OUT/speed.json`` (device, versions, shapes, dtypes, raw times), ``OUT/speed.md``, ``OUT/speed.png``
+(kernel suites) and ``OUT/speed_e2e.png`` (e2e bars).
 """
 
 from __future__ import annotations
@@ -312,61 +318,157 @@ def bench_gemm(ms_list=(1, 16, 128, 2048, 8192), shapes=None, n_outliers=8) -> l
 
 # -------------------------------------------------------------------------------------------- e2e
 def _decode_rate(model, prompt, steps, graphed) -> float:
-    """Tokens per second of ``steps`` decode steps after ``prompt``, the batch of sequences in parallel."""
+    """Tokens per second of ``steps`` decode steps after ``prompt``, the batch of sequences in
+    parallel, through :class:`laquant.generate.DecodeSession` (graphed: one replay per step)."""
+    from laquant.generate import DecodeSession
+
     B = prompt.shape[0]
     with torch.no_grad():
-        out = model(prompt, use_cache=True, logits_to_keep=1)
-        cache = out.past_key_values
-        step = out.logits[:, -1:].argmax(-1)
-        if graphed:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    model(step, past_key_values=cache)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                model(step, past_key_values=cache)
-            run = graph.replay
-        else:
-            run = lambda: model(step, past_key_values=cache)  # noqa: E731
-        run()
+        session = DecodeSession(model, prompt, steps + 3, graphed=graphed)
+        session.step()  # two steps outside the timing (first-call costs)
+        session.step()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(steps):
-            run()
+            session.step()
         torch.cuda.synchronize()
     return B * steps / (time.perf_counter() - t0)
 
 
-def _spec(model_id: str):
-    """What the loaders take for a model id (``gla-small``: the embedded model)."""
-    from laquant.loading import DEFAULT_MODEL_NAME
+# A qwen3_next of about the size of the GLA configs benchmarked (``qwen3_next:{json}`` overrides any
+# field): Gated DeltaNet with Qwen3-Next's head layout, one gated softmax-attention layer in four, MoE.
+QWEN3_NEXT_DEFAULTS = dict(
+    vocab_size=32000, hidden_size=1024, num_hidden_layers=8, intermediate_size=2816, num_attention_heads=8,
+    num_key_value_heads=2, head_dim=128, linear_num_key_heads=8, linear_num_value_heads=16, linear_key_head_dim=128,
+    linear_value_head_dim=128, num_experts=16, num_experts_per_tok=2, moe_intermediate_size=512,
+    shared_expert_intermediate_size=512, decoder_sparse_step=1, full_attention_interval=4,
+    bos_token_id=0, eos_token_id=0)
 
-    return None if model_id == DEFAULT_MODEL_NAME else model_id
+
+def qwen3_next_config(fields: dict):
+    """transformers' ``Qwen3NextConfig`` of :data:`QWEN3_NEXT_DEFAULTS` with ``fields`` over them."""
+    from transformers import Qwen3NextConfig
+
+    cfg = {**QWEN3_NEXT_DEFAULTS, **fields}
+    if "layer_types" not in cfg:
+        every = cfg.pop("full_attention_interval")
+        cfg["layer_types"] = ["full_attention" if (i + 1) % every == 0 else "linear_attention"
+                              for i in range(cfg["num_hidden_layers"])]
+    else:
+        cfg.pop("full_attention_interval", None)
+    return Qwen3NextConfig(**cfg)
+
+
+def _parse_spec(model_id: str) -> tuple[str, dict | None]:
+    """``config:{json}`` -> ("gla", fields); ``qwen3_next:{json}`` -> ("qwen3_next", fields); anything
+    else (a folder, an HF id, gla-small) -> ("load", None)."""
+    for prefix, kind in (("config:", "gla"), ("qwen3_next:", "qwen3_next")):
+        if model_id.startswith(prefix):
+            text = model_id[len(prefix):] or "{}"
+            try:
+                fields = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise LaquantError(f"--model {model_id!r}: the part after {prefix!r} is not JSON ({exc})") from None
+            if not isinstance(fields, dict):
+                raise LaquantError(f"--model {model_id!r}: expected a JSON object of config fields after {prefix!r}")
+            return kind, fields
+    return "load", None
+
+
+def _random_model(build):
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = build()
+    return model.to(torch.bfloat16).eval()
 
 
 def _model_maker(model_id: str):
-    """``(label, make)`` for a model id: a directory / HF id / ``gla-small``, or ``config:{json}``
-    (a randomly initialised GLA of that config: speed only)."""
+    """``(label, make)`` for a model id: a directory / HF id / ``gla-small``, ``config:{json}`` (a
+    randomly initialised laquant GLA of that GLAConfig: speed only) or ``qwen3_next:{json}`` (a
+    random transformers Qwen3-Next with laquant's mixers installed)."""
     from laquant.loading import load_model
     from laquant.models import GLAConfig, GLAForCausalLM
 
-    if model_id.startswith("config:"):
-        cfg = GLAConfig(**json.loads(model_id[len("config:"):]))
+    kind, fields = _parse_spec(model_id)
+    if kind == "gla":
+        cfg = GLAConfig(**fields)
+        return f"random GLA {cfg.hidden_size}x{cfg.num_hidden_layers}", lambda: _random_model(lambda: GLAForCausalLM(cfg))
+    if kind == "qwen3_next":
+        from transformers import Qwen3NextForCausalLM
+
+        from laquant.adapters import install
+
+        cfg = qwen3_next_config(fields)
 
         def make():
-            torch.manual_seed(0)
-            return GLAForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+            model = _random_model(lambda: Qwen3NextForCausalLM(cfg))
+            install(model)
+            return model
 
-        return f"random {cfg.hidden_size}x{cfg.num_hidden_layers}", make
+        return f"random qwen3_next {cfg.hidden_size}x{cfg.num_hidden_layers}", make
     return model_id, lambda: load_model(_spec(model_id), device="cuda", dtype=torch.bfloat16)[0]
 
 
-def recipe_variants(model_ids, recipe: str) -> list[tuple[str, str, callable]]:
-    """Each model in bf16 and quantized with ``recipe`` here (calibration on the shipped text, or on
-    random tokens for a ``config:`` model)."""
+def _qwen3_next_path() -> str:
+    """Which delta-rule and conv implementations transformers' Qwen3-Next calls here: its functions
+    are wrapped at import time with the implementation chosen then (fla's kernels when fla imports,
+    else the PyTorch fallback); read from the wrappers' closures."""
+    import inspect
+
+    from transformers.models.qwen3_next import modeling_qwen3_next as m
+
+    names = []
+    for fn in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
+               "causal_conv1d_update"):
+        f = impl = getattr(m, fn, None)
+        try:
+            impl = inspect.getclosurevars(f).nonlocals.get("implementation", f)
+        except (TypeError, ValueError):
+            pass
+        names.append(f"{fn} -> {getattr(impl, '__module__', '?')}.{getattr(impl, '__qualname__', '?')}")
+    return "; ".join(names)
+
+
+def peer_variants(model_ids) -> list[tuple[str, str, callable]]:
+    """The peers of the ``config:`` and ``qwen3_next:`` models, same config and random weights, bf16:
+    fla's own ``GLAForCausalLM`` (its kernels and cache; variant ``fla_bf16``) and transformers'
+    own ``Qwen3NextForCausalLM`` (variant ``transformers_bf16``). Other models have none here."""
+    out = []
+    for model_id in model_ids:
+        kind, fields = _parse_spec(model_id)
+        label, _ = _model_maker(model_id)
+        if kind == "gla":
+            def make_fla(fields=fields):
+                try:
+                    from fla.models import GLAConfig as FlaGLAConfig
+                    from fla.models import GLAForCausalLM as FlaGLAForCausalLM
+                except ImportError as exc:
+                    raise LaquantError(f"the fla peer needs flash-linear-attention ({exc})") from None
+                model = _random_model(lambda: FlaGLAForCausalLM(FlaGLAConfig(**fields)))
+                model.peer_path = (f"fla {__import__('fla').__version__} GLAForCausalLM, fla kernels and fla Cache; "
+                                   "eager decode (its Cache stores a new state tensor at every update, so a captured "
+                                   "step would replay on stale ones)")
+                return model
+
+            out.append((label, "fla_bf16", make_fla))
+        elif kind == "qwen3_next":
+            def make_hf(fields=fields):
+                from transformers import Qwen3NextForCausalLM
+
+                model = _random_model(lambda: Qwen3NextForCausalLM(qwen3_next_config(fields)))
+                model.peer_path = ("transformers Qwen3NextForCausalLM, eager decode (its KV cache grows): "
+                                   + _qwen3_next_path())
+                return model
+
+            out.append((label, "transformers_bf16", make_hf))
+    return out
+
+
+def recipe_variants(model_ids, recipe: str, hybrid_recipe: str = "hybrid_int8",
+                    peers: bool = False) -> list[tuple[str, str, callable]]:
+    """Each model in bf16 and quantized here (calibration on the shipped text, or on random tokens
+    for a ``config:`` / ``qwen3_next:`` model): GLA with ``recipe``, a hybrid with ``hybrid_recipe``;
+    with ``peers``, each model's peer (:func:`peer_variants`) after it."""
     from laquant.api import calibrate
     from laquant.data import load_text, tokenize
     from laquant.loading import load_tokenizer
@@ -374,17 +476,21 @@ def recipe_variants(model_ids, recipe: str) -> list[tuple[str, str, callable]]:
     out = []
     for model_id in model_ids:
         label, make = _model_maker(model_id)
+        kind, _ = _parse_spec(model_id)
+        this_recipe = hybrid_recipe if kind == "qwen3_next" else recipe
 
-        def quantized(make=make, model_id=model_id):
+        def quantized(make=make, model_id=model_id, kind=kind, this_recipe=this_recipe):
             model = make()
-            if model_id.startswith("config:"):
+            if kind != "load":
                 calib = torch.randint(0, model.config.vocab_size, (4, 1024), device="cuda")
             else:
                 ids = tokenize(load_text("calibration"), load_tokenizer(_spec(model_id)))
                 calib = ids[: 4 * 1024].view(4, 1024).cuda()
-            return calibrate(model, recipe, data=calib, progress=False).model
+            return calibrate(model, this_recipe, data=calib, progress=False).model
 
-        out += [(label, "bf16", make), (label, recipe, quantized)]
+        out += [(label, "bf16", make), (label, this_recipe, quantized)]
+        if peers:
+            out += peer_variants([model_id])
     return out
 
 
@@ -400,16 +506,139 @@ def checkpoint_variants(path: str, baseline: str | None) -> list[tuple[str, str,
     return out
 
 
-def bench_e2e(variants, prompt_len=4096, batches=(1, 16, 64), steps=32) -> list[dict]:
-    """Prefill tokens/s (one prompt), decode tokens/s after a prompt (eager and CUDA-graphed), peak
-    memory and state bytes per sequence, one model in memory at a time."""
+def cache_bytes(cache) -> int:
+    """Bytes of a decode cache: laquant's state bytes, or (any other cache: fla's, transformers')
+    every tensor reachable from it (recurrent states, conv states and, in a hybrid, the KV cache)."""
+    if hasattr(cache, "state_bytes"):
+        return cache.state_bytes()
+    seen, total, todo = set(), 0, [(cache, 0)]
+    while todo:
+        obj, depth = todo.pop()
+        if isinstance(obj, torch.Tensor):
+            key = (obj.data_ptr(), tuple(obj.shape))
+            if key not in seen:
+                seen.add(key)
+                total += obj.numel() * obj.element_size()
+        elif depth < 5 and id(obj) not in seen:
+            seen.add(id(obj))
+            if isinstance(obj, dict):
+                todo += [(v, depth + 1) for v in obj.values()]
+            elif isinstance(obj, (list, tuple)):
+                todo += [(v, depth + 1) for v in obj]
+            elif hasattr(obj, "__dict__") and not isinstance(obj, (torch.nn.Module, type)):
+                todo += [(v, depth + 1) for v in vars(obj).values()]
+    return total
+
+
+# --------------------------------------------------------------------------------------- profile
+MARKER = "spin_kernel"  # torch.cuda._sleep's kernel: the profile's layer boundaries
+
+
+def decoder_layers(model) -> list:
+    """The decoder layers of a causal LM (``model.model.layers``: laquant's, fla's, transformers')."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    return list(layers) if layers is not None else []
+
+
+def summarize_kernels(kernels, num_layers: int, top: int = 6) -> dict:
+    """One decode step's GPU activity ``[(name, start_us, duration_us), ...]`` (marker kernels named
+    :data:`MARKER` launched before each decoder layer and after the last) -> the profile fields of an
+    e2e row: ``kernels_per_step``, ``kernels_per_layer`` (mean over the decoder layers; None when the
+    markers are not all there), ``kernels_outside_layers``, ``gpu_ms_per_step`` (kernel time, markers
+    excluded) and ``top_kernels`` (``[name, calls, ms, share]`` by total time)."""
+    kernels = sorted(kernels, key=lambda k: k[1])
+    segments, current = [], []
+    for name, _, dur in kernels:
+        if MARKER in name:
+            segments.append(current)
+            current = []
+        else:
+            current.append((name, dur))
+    segments.append(current)
+    real = [k for seg in segments for k in seg]
+    gpu_us = sum(d for _, d in real)
+    per_name: dict[str, list] = {}
+    for name, dur in real:
+        entry = per_name.setdefault(name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += dur
+    ranked = sorted(per_name.items(), key=lambda kv: -kv[1][1])[:top]
+    out = {"kernels_per_step": len(real), "kernels_per_layer": None, "kernels_outside_layers": None,
+           "gpu_ms_per_step": gpu_us / 1e3,
+           "top_kernels": [[short_kernel_name(n), c, us / 1e3, us / gpu_us if gpu_us else 0.0]
+                           for n, (c, us) in ranked]}
+    if num_layers and len(segments) == num_layers + 2:
+        inside = segments[1:-1]
+        out["kernels_per_layer"] = sum(len(s) for s in inside) / num_layers
+        out["kernels_outside_layers"] = len(segments[0]) + len(segments[-1])
+    return out
+
+
+def short_kernel_name(name: str, width: int = 70) -> str:
+    """A kernel's name without template arguments and parameter lists, at most ``width`` characters."""
+    out, depth = [], 0
+    for ch in name:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth = max(0, depth - 1)
+        elif depth == 0:
+            out.append(ch)
+    short = "".join(out).strip() or name
+    return short if len(short) <= width else short[: width - 1] + "…"
+
+
+def profile_decode_step(model, batch: int = 64, prompt_len: int = 512) -> dict:
+    """``torch.profiler`` over one eager (graph-less) decode step of ``batch`` sequences after a
+    ``prompt_len``-token prompt: :func:`summarize_kernels` of it."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from laquant.generate import DecodeSession
+
+    layers = decoder_layers(model)
+    prompt = torch.randint(0, model.config.vocab_size, (batch, prompt_len), device="cuda")
+    with torch.no_grad():
+        session = DecodeSession(model, prompt, 4, graphed=False)
+        session.step()  # warm: kernels compiled, autotuned
+        mark = lambda *_: torch.cuda._sleep(1)  # noqa: E731
+        hooks = [layer.register_forward_pre_hook(mark) for layer in layers]
+        if layers:
+            hooks.append(layers[-1].register_forward_hook(mark))
+        try:
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                session.step()
+                torch.cuda.synchronize()
+        finally:
+            for h in hooks:
+                h.remove()
+    kernels = [(e.name, e.time_range.start, e.time_range.end - e.time_range.start) for e in prof.events()
+               if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
+    out = summarize_kernels(kernels, len(layers))
+    out["profile"] = f"B={batch}, prompt {prompt_len}, one eager step"
+    return out
+
+
+def bench_e2e(variants, prompt_len=4096, batches=(1, 16, 64), steps=32, profile: tuple[int, int] | None = (64, 512)
+              ) -> list[dict]:
+    """Prefill tokens/s (one prompt), decode tokens/s after a prompt (eager, and through the
+    CUDA-graphed loop of :mod:`laquant.generate` where the model has one), peak memory, cache bytes
+    per sequence and, with ``profile = (B, prompt)``, the kernels of one eager decode step; one
+    model in memory at a time."""
+    from laquant.generate import is_graphable
+
     rows = []
     for label, variant, make in variants:
         model = make()
         vocab = model.config.vocab_size
         n_params = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
+        graphable = is_graphable(model)
         row = {"model": label, "variant": variant, "params+buffers": n_params, "prompt_len": prompt_len,
-               "decode_steps": steps}
+               "decode_steps": steps, "decode_path": "graphed + eager" if graphable else "eager only"}
+        # eager only: transformers' hybrids (KV cache grows, conv states replaced per step) and the peers
+        if hasattr(model, "peer_path"):
+            row["peer_path"] = model.peer_path
         ids = torch.randint(0, vocab, (1, prompt_len), device="cuda")
         with torch.no_grad():
             ms = _bench(lambda: model(ids, logits_to_keep=1), rep=200)
@@ -420,15 +649,102 @@ def bench_e2e(variants, prompt_len=4096, batches=(1, 16, 64), steps=32) -> list[
             prompt = torch.randint(0, vocab, (B, prompt_len), device="cuda")
             row[f"decode_B{B}_tok_per_s"] = _decode_rate(model, prompt, steps, graphed=False)
             row[f"peak_mem_B{B}_GiB"] = torch.cuda.max_memory_allocated() / 2**30  # eager: no graph pool
-            row[f"decode_B{B}_graphed_tok_per_s"] = _decode_rate(model, prompt, steps, graphed=True)
+            row[f"decode_B{B}_graphed_tok_per_s"] = (_decode_rate(model, prompt, steps, graphed=True)
+                                                     if graphable else None)
+        from laquant.generate import release_graphs
+
+        release_graphs(model)
         with torch.no_grad():
-            cache = model(ids[:, :64], use_cache=True, logits_to_keep=1).past_key_values
-        row["state_bytes_per_seq"] = cache.state_bytes()
+            from laquant.generate import _fresh_cache
+
+            cache = model(ids[:, :64], past_key_values=_fresh_cache(model), use_cache=True,
+                          logits_to_keep=1).past_key_values
+        row["state_bytes_per_seq"] = cache_bytes(cache)
+        del cache
+        if profile is not None:
+            torch.cuda.empty_cache()
+            row.update(profile_decode_step(model, *profile))
         rows.append(row)
         print(json.dumps(row), flush=True)
-        del model, cache
+        del model
         torch.cuda.empty_cache()
     return rows
+
+
+E2E_PROFILE_KEYS = ("kernels_per_step", "kernels_per_layer", "kernels_outside_layers", "gpu_ms_per_step",
+                    "top_kernels", "profile", "peer_path")
+
+
+def e2e_markdown(rows: list[dict]) -> list[str]:
+    """The e2e suite's tables: speeds (one row per variant), then the decode-step profile (kernels
+    per step and per layer, GPU time, top kernels) and which path each peer ran."""
+    keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in E2E_PROFILE_KEYS]
+    lines = ["## e2e", "", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(_fmt(r.get(k)) for k in keys) + " |" for r in rows]
+    lines.append("")
+    profiled = [r for r in rows if r.get("kernels_per_step") is not None]
+    if profiled:
+        lines += ["### e2e: one eager decode step, torch.profiler (" + profiled[0].get("profile", "") + ")", "",
+                  "| model | variant | kernels / step | kernels / layer | kernels outside layers | GPU ms / step "
+                  "| top kernels (calls, ms, share) |", "|---|---|---|---|---|---|---|"]
+        for r in profiled:
+            top = "<br>".join(f"`{n}` ({c}, {ms:.3f}, {share:.0%})" for n, c, ms, share in r.get("top_kernels") or [])
+            lines.append(f"| {r['model']} | {r['variant']} | {r['kernels_per_step']} | {_fmt(r.get('kernels_per_layer'))} "
+                         f"| {_fmt(r.get('kernels_outside_layers'))} | {_fmt(r['gpu_ms_per_step'])} | {top} |")
+        lines.append("")
+    peers = [r for r in rows if r.get("peer_path")]
+    if peers:
+        lines += ["Peers' paths: " + "; ".join(f"**{r['variant']}**: {r['peer_path']}" for r in peers), ""]
+    return lines
+
+
+def best_decode_rate(row: dict, B: int) -> tuple[float | None, bool]:
+    """``(tokens/s, graphed)``: the graphed rate where the variant has one, else the eager one."""
+    g = row.get(f"decode_B{B}_graphed_tok_per_s")
+    if g is not None:
+        return g, True
+    return row.get(f"decode_B{B}_tok_per_s"), False
+
+
+def plot_e2e(rows: list[dict], out: Path) -> None:
+    """Bars of decode tokens/s per batch size (graphed where the variant has a graph, hatched:
+    eager), one bar per variant, and below them prefill tokens/s per variant."""
+    import numpy as np
+
+    from laquant.eval.plots import pyplot, save_figure
+
+    batches = sorted({int(k[len("decode_B"):-len("_tok_per_s")]) for r in rows for k in r
+                      if k.startswith("decode_B") and k.endswith("_tok_per_s") and "graphed" not in k})
+    names = [f"{r['model']} · {r['variant']}" for r in rows]
+    fig, (ax, ax2) = pyplot().subplots(2, 1, figsize=(max(7.0, 1.2 * len(batches) * max(1, len(rows)) / 2 + 3),
+                                                       4.5 + 0.35 * len(rows)),
+                                       gridspec_kw={"height_ratios": [3, max(1.0, 0.35 * len(rows))]})
+    width = 0.8 / max(1, len(rows))
+    x = np.arange(len(batches))
+    for i, (r, name) in enumerate(zip(rows, names)):
+        vals, hatches = [], []
+        for B in batches:
+            v, graphed = best_decode_rate(r, B)
+            vals.append(v or 0.0)
+            hatches.append("" if graphed else "//")
+        bars = ax.bar(x + (i - (len(rows) - 1) / 2) * width, vals, width, label=name)
+        for bar, h, v in zip(bars, hatches, vals):
+            bar.set_hatch(h)
+            if v:
+                ax.annotate(f"{v:,.0f}", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom",
+                            fontsize=6)
+    ax.set(xticks=x, xticklabels=[f"B={B}" for B in batches], yscale="log", ylabel="decode tokens/s",
+           title="decode tokens/s (solid: CUDA graph, one replay per step; hatched: eager)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    y = np.arange(len(rows))
+    prefill = [r.get("prefill_tok_per_s") or 0.0 for r in rows]
+    ax2.barh(y, prefill, color=[f"C{i}" for i in range(len(rows))])
+    for yi, v in zip(y, prefill):
+        ax2.annotate(f" {v:,.0f}", (v, yi), va="center", fontsize=6)
+    ax2.set(yticks=y, yticklabels=names, xlabel="prefill tokens/s (one prompt)")
+    ax2.invert_yaxis()
+    ax2.tick_params(axis="y", labelsize=7)
+    save_figure(fig, out)
 
 
 # ----------------------------------------------------------------------------------------- report
@@ -447,6 +763,9 @@ def markdown(result: dict) -> str:
     for suite in SUITES:
         rows = result.get(suite)
         if not rows:
+            continue
+        if suite == "e2e":
+            lines += e2e_markdown(rows)
             continue
         keys = list(dict.fromkeys(k for r in rows for k in r))
         lines += [f"## {suite}", "", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
@@ -492,7 +811,8 @@ def plot(result: dict, out: Path) -> None:
 
 def run_speed(out_dir: Path, suites=SUITES, models=("gla-small",), recipe="gla_int8", quick=False,
               checkpoint: str | None = None, baseline: str | None = None, batches=(1, 16, 64),
-              prompt_len: int = 4096, steps: int = 32) -> dict:
+              prompt_len: int = 4096, steps: int = 32, peers: bool = False, hybrid_recipe: str = "hybrid_int8",
+              profile: tuple[int, int] | None = (64, 512)) -> dict:
     if not torch.cuda.is_available():
         raise LaquantError("`laquant eval speed` measures GPU kernels and needs a CUDA device; none is visible "
                            "(check `nvidia-smi` and CUDA_VISIBLE_DEVICES)")
@@ -515,8 +835,10 @@ def run_speed(out_dir: Path, suites=SUITES, models=("gla-small",), recipe="gla_i
         result["gemm"] = bench_gemm((1, 2048) if quick else (1, 16, 128, 2048, 8192),
                                     shapes={"square 4096->4096": (4096, 4096)} if quick else None)
     if "e2e" in suites:
-        variants = checkpoint_variants(checkpoint, baseline) if checkpoint else recipe_variants(models, recipe)
-        result["e2e"] = bench_e2e(variants, prompt_len=512 if quick else prompt_len, batches=batches, steps=steps)
+        variants = (checkpoint_variants(checkpoint, baseline) if checkpoint
+                    else recipe_variants(models, recipe, hybrid_recipe, peers=peers))
+        result["e2e"] = bench_e2e(variants, prompt_len=512 if quick else prompt_len, batches=batches, steps=steps,
+                                  profile=profile)
     from laquant.checkpoint import StagingDir
 
     with StagingDir(out_dir, overwrite=True) as tmp:
@@ -524,5 +846,7 @@ def run_speed(out_dir: Path, suites=SUITES, models=("gla-small",), recipe="gla_i
         (tmp / "speed.md").write_text(markdown(result))
         if any(result.get(suite) for suite in PANELS):
             plot(result, tmp / "speed.png")
+        if result.get("e2e"):
+            plot_e2e(result["e2e"], tmp / "speed_e2e.png")
     return result
 

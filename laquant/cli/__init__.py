@@ -1,4 +1,4 @@
-"""The ``laquant`` command line: calibrate, inspect, eval ppl, eval speed.
+"""The ``laquant`` command line: calibrate, inspect, generate, eval ppl, eval speed.
 
 One module per command, each with ``add_arguments(parser)`` and ``run(args) -> exit code``; this
 module names the commands, builds the parser and turns a ``LaquantError`` into one line and exit 2.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from laquant.cli import calibrate, eval_ppl, eval_speed, inspect
+from laquant.cli import calibrate, eval_ppl, eval_speed, generate, inspect
 from laquant.cli.eval_speed import SPEED_SUITES
 from laquant.errors import LaquantError
 
@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
              description="Collect activation, gate and state statistics, quantize by the recipe, "
                          "compare perplexity with the unquantized model, and write OUT/.")
     _command(sub, inspect, "inspect", help="per-layer summary and plots of a laquant checkpoint")
+    _command(sub, generate, "generate", help="generate text from a model or checkpoint (CUDA-graphed decode on a GPU)",
+             description="Prefill the prompt, then decode token by token (one CUDA graph replay per step on a "
+                         "GPU; eager on the CPU); prints the text and the decode rate.")
 
     p_eval = sub.add_parser("eval", help="evaluate a model: perplexity or speed")
     eval_sub = p_eval.add_subparsers(dest="eval_command", required=True, metavar="WHAT")

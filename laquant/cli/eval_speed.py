@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from laquant.errors import LaquantError
 from laquant.eval.speed import SUITES, markdown, run_speed
 from laquant.loading import resolve_model_dir
 
@@ -22,20 +23,53 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", type=int, default=4096, help="e2e prompt length in tokens")
     p.add_argument("--gen", type=int, default=32, help="e2e decode steps timed")
     p.add_argument("--model", nargs="+", default=["gla-small"],
-                   help="models for the e2e suite: directories, HF ids, or config:{json} for a random "
-                        "model of that GLAConfig (speed only)")
-    p.add_argument("--recipe", default="gla_int8", help="recipe for the quantized e2e model")
+                   help="models for the e2e suite: directories, HF ids, gla-small, 'config:{json}' for a random "
+                        "laquant GLA of that GLAConfig (e.g. 'config:{\"hidden_size\": 2048, \"num_hidden_layers\": 24, "
+                        "\"num_heads\": 4, \"vocab_size\": 32000}'), or 'qwen3_next:{json}' for a random "
+                        "transformers Qwen3-Next with laquant's mixers (the JSON overrides fields of a ~1024x8 MoE "
+                        "config: see QWEN3_NEXT_DEFAULTS in laquant/eval/speed.py; 'qwen3_next:{}' takes it as is). "
+                        "Random models measure speed only")
+    p.add_argument("--recipe", default="gla_int8", help="recipe for the quantized e2e GLA model (default: gla_int8)")
+    p.add_argument("--hybrid-recipe", default="hybrid_int8",
+                   help="recipe for the quantized e2e qwen3_next model (default: hybrid_int8)")
+    p.add_argument("--peers", action="store_true",
+                   help="e2e: also time, in the same process, fla's own GLAForCausalLM for each config:{json} "
+                        "model (variant fla_bf16) and transformers' own Qwen3NextForCausalLM for each "
+                        "qwen3_next:{json} model (variant transformers_bf16): same config, random weights, bf16, "
+                        "their own kernels and caches, eager decode")
+    p.add_argument("--profile", type=int, nargs=2, default=[64, 512], metavar=("BATCH", "PROMPT"),
+                   help="e2e: torch.profiler over one eager decode step of BATCH sequences after a PROMPT-token "
+                        "prompt per variant: kernels per step and per layer, GPU ms, top kernels (default: 64 512)")
+    p.add_argument("--no-profile", action="store_true", help="e2e: skip the decode-step profile")
     p.add_argument("--out", default="speed-results", help="output folder (replaced atomically)")
     p.add_argument("--quick", action="store_true", help="a few shapes only (smoke test)")
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """What can be checked before any GPU work: the e2e model specs, batch sizes, profile shape."""
+    from laquant.eval.speed import _parse_spec
+
+    for model_id in args.model:
+        _parse_spec(model_id)  # a config:/qwen3_next: spec that is not a JSON object is an error here
+    if any(b < 1 for b in args.batch) or args.prompt < 1 or args.gen < 1:
+        raise LaquantError("--batch, --prompt and --gen must be positive")
+    if any(n < 1 for n in args.profile):
+        raise LaquantError(f"--profile BATCH PROMPT must be positive, got {args.profile}")
+    if args.peers and args.checkpoint is not None:
+        raise LaquantError("--peers pairs config:/qwen3_next: models with fla's and transformers' own models; "
+                           "it does not apply to a checkpoint")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_args(args)
     suites = args.suite or list(SUITES)
     if args.checkpoint is not None:
         resolve_model_dir(args.checkpoint)  # a missing folder is named before any GPU work
     result = run_speed(Path(args.out), suites, models=args.model, recipe=args.recipe, quick=args.quick,
                        checkpoint=args.checkpoint, baseline=args.baseline, batches=args.batch,
-                       prompt_len=args.prompt, steps=args.gen)
+                       prompt_len=args.prompt, steps=args.gen, peers=args.peers, hybrid_recipe=args.hybrid_recipe,
+                       profile=None if args.no_profile else tuple(args.profile))
     print(markdown(result))
-    print(f"\nwrote {args.out}/speed.json, speed.md" + (", speed.png" if set(suites) - {"gemm", "e2e"} else ""))
+    print(f"\nwrote {args.out}/speed.json, speed.md" + (", speed.png" if set(suites) - {"gemm", "e2e"} else "")
+          + (", speed_e2e.png" if "e2e" in suites else ""))
     return 0

@@ -2,9 +2,34 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from laquant.kernels.common.state import State
+
+
+@dataclass
+class DecodeSlots:
+    """What the decode kernels read besides the states, kept as persistent device tensors by a
+    static cache so that a CUDA graph of a decode step replays them: ``pool_idx`` ``[B]`` int32
+    (pool slot ``b`` is sequence ``b``) and ``n_stores`` ``[B]`` int32, the stores made so far. All
+    layers step together, so one counter serves them all: the last stateful layer advances it in
+    place once per step (:meth:`GLAStateCache.count_static_step`). ``synced`` is the count the
+    Python-side ``State.n_stores`` were last brought up to (:meth:`GLAStateCache.sync_counters`)."""
+
+    pool_idx: torch.Tensor
+    n_stores: torch.Tensor
+    last_layer: int
+    synced: int
+
+
+@dataclass
+class StaticState(State):
+    """A state of a static cache: its tensors are updated in place by the decode kernels and the
+    store count lives on the device (``slots``); ``n_stores`` is synced after a run of steps."""
+
+    slots: DecodeSlots | None = None
 
 
 class GLAStateCache:
@@ -26,6 +51,66 @@ class GLAStateCache:
 
     def __len__(self) -> int:
         return sum(s is not None for s in self.states)
+
+    # A static cache (laquant.generate's CUDA-graphed decode loop): every decode step updates the
+    # same tensors in place and counts stores on the device, so a replayed step is an eager one.
+
+    @property
+    def slots(self) -> DecodeSlots | None:
+        """The shared decode tensors of a static cache (None: an ordinary cache)."""
+        first = next((s for s in self.states if s is not None), None)
+        return getattr(first, "slots", None)
+
+    def static_copy(self) -> GLAStateCache:
+        """A static cache holding copies of this cache's states (all layers must hold one, stored
+        the same number of times, with kernel-addressable storage: the decode steps then run in
+        place on the Triton kernels)."""
+        if any(s is None for s in self.states):
+            raise ValueError("a static cache needs every layer's state: run the prompt through the model first")
+        counts = {s.n_stores for s in self.states}
+        if len(counts) != 1:
+            raise ValueError(f"the layers' states were stored {sorted(counts)} times; a static cache steps all together")
+        n, batch, device = counts.pop(), self.states[0].data.shape[0], self.states[0].data.device
+        slots = DecodeSlots(torch.arange(batch, dtype=torch.int32, device=device),
+                            torch.full((batch,), n, dtype=torch.int32, device=device), len(self.states) - 1, n)
+        out = GLAStateCache(len(self.states))
+        out.states = [StaticState(s.data.clone(), None if s.scale is None else s.scale.clone(), s.format, n, slots)
+                      for s in self.states]
+        out.seen_tokens = self.seen_tokens
+        return out
+
+    def load_from(self, other: GLAStateCache) -> None:
+        """Copy ``other``'s states and counters into this static cache's tensors (no reallocation)."""
+        slots = self.slots
+        for mine, theirs in zip(self.states, other.states):
+            if theirs is None or theirs.data.shape != mine.data.shape or theirs.format != mine.format:
+                raise ValueError("the cache to load does not match the static cache's layout")
+            mine.data.copy_(theirs.data)
+            if mine.scale is not None:
+                mine.scale.copy_(theirs.scale)
+            mine.n_stores = theirs.n_stores
+        slots.n_stores.fill_(other.states[0].n_stores)
+        slots.synced = other.states[0].n_stores
+        self.seen_tokens = other.seen_tokens
+
+    def count_static_step(self, layer_idx: int) -> None:
+        """A decode step of layer ``layer_idx`` on a static cache: the shared device counter moves
+        on once per step (at the last layer), in place, so a captured step advances it on replay."""
+        slots = self.slots
+        if layer_idx == slots.last_layer:
+            slots.n_stores.add_(1)
+
+    def sync_counters(self) -> int:
+        """Bring the Python-side counters (``State.n_stores``, ``seen_tokens``) of a static cache up
+        to its device counter (one host sync); returns the decode steps since the last sync."""
+        slots = self.slots
+        n = int(slots.n_stores[0])
+        steps = n - slots.synced
+        for s in self.states:
+            s.n_stores = n
+        self.seen_tokens += steps
+        slots.synced = n
+        return steps
 
     def state_bytes(self) -> int:
         return sum(s.nbytes() for s in self.states if s is not None)

@@ -97,10 +97,16 @@ class RecurrentMixer(nn.Module):
     def _pool_slots(self, stored: State, batch: int, device):
         """``(pool_idx, quantizer, n_stores)``: the decode kernels' view of a stored batch as a
         pool whose slot ``b`` is sequence ``b``."""
+        slots = getattr(stored, "slots", None)
+        if slots is not None:  # a static cache's persistent tensors (models.cache.StaticState): graph-replayable
+            return slots.pool_idx, self.state_quantizer, slots.n_stores
         n_stores = torch.full((batch,), stored.n_stores, dtype=torch.int32, device=device)
         return torch.arange(batch, dtype=torch.int32, device=device), self.state_quantizer, n_stores
 
     def _count_decode_step(self, states, stored: State) -> None:
+        if getattr(stored, "slots", None) is not None:  # counted on the device, synced after the loop
+            states.count_static_step(self.layer_idx)
+            return
         states.update(self.layer_idx, State(stored.data, stored.scale, stored.format, stored.n_stores + 1), 1)
 
     @property

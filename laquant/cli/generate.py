@@ -1,0 +1,69 @@
+"""``laquant generate MODEL --prompt TEXT``: text from a model or a laquant checkpoint (laquant.generate)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from laquant.api import load
+from laquant.cli.common import pick_device
+from laquant.errors import LaquantError
+from laquant.loading import DEFAULT_MODEL_NAME, read_supported_config, resolve_model_dir
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL_NAME,
+                   help=f"a laquant checkpoint folder, a model directory, a Hugging Face id, or {DEFAULT_MODEL_NAME} "
+                        "(the embedded model; the default)")
+    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most (default: 64)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--greedy", action="store_true", help="argmax decoding (the default)")
+    mode.add_argument("--temperature", type=float, default=None, help="sample at this temperature")
+    p.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens (with --temperature)")
+    p.add_argument("--seed", type=int, default=0, help="random seed for sampling")
+    p.add_argument("--device", default="auto", help="cpu, cuda, or auto (default: auto)")
+    p.add_argument("--no-graph", action="store_true", help="decode eagerly on CUDA too (no CUDA graph)")
+    p.add_argument("--no-eos", action="store_true", help="do not stop at the tokenizer's end-of-sequence token")
+
+
+def run(args: argparse.Namespace) -> int:
+    from laquant.generate import DecodeSession
+
+    if args.max_new_tokens < 1:
+        raise LaquantError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.temperature is not None and not args.temperature > 0:
+        raise LaquantError(f"--temperature must be > 0, got {args.temperature}")
+    if args.top_k is not None and (args.top_k < 1 or args.temperature is None):
+        raise LaquantError("--top-k needs --temperature and must be >= 1")
+    if not args.prompt:
+        raise LaquantError("--prompt is empty; give the text to continue")
+    device = pick_device(args.device)
+    spec = None if args.model == DEFAULT_MODEL_NAME else args.model
+    read_supported_config(resolve_model_dir(spec))  # a missing or unsupported model is named before loading
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    model, tokenizer = load(resolve_model_dir(spec), device=device, dtype=dtype)
+    ids = tokenizer(args.prompt, return_tensors="pt").input_ids.to(device)
+    if ids.shape[1] == 0:
+        raise LaquantError("the prompt tokenizes to no tokens")
+    eos = None if args.no_eos else tokenizer.eos_token_id
+    torch.manual_seed(args.seed)
+    graphed = False if args.no_graph else None
+    t0 = time.perf_counter()
+    session = DecodeSession(model, ids, args.max_new_tokens, do_sample=args.temperature is not None,
+                            temperature=args.temperature or 1.0, top_k=args.top_k, eos_token_id=eos, graphed=graphed)
+    t1 = time.perf_counter()
+    out = session.run()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    new = out.shape[1] - ids.shape[1]
+    print(tokenizer.decode(out[0].tolist(), skip_special_tokens=True))
+    rate = (new - 1) / (t2 - t1) if new > 1 else float("nan")
+    how = "CUDA graph, one replay per token" if session.graphed else "eager"
+    setup = " (graph capture included: the first call per batch size)" if session.graphed else ""
+    print(f"\n[{new} tokens; prefill {ids.shape[1]} tokens in {t1 - t0:.3f} s{setup}; "
+          f"decode {rate:.1f} tokens/s ({how}, {device})]")
+    return 0

@@ -1,0 +1,266 @@
+"""``laquant.generate``: a decode loop for laquant's models, CUDA-graphed on the GPU.
+
+:func:`generate` prefills the prompt eagerly, then decodes token by token. On CUDA (``graphed=None``
+or ``True``) a laquant ``GLAForCausalLM`` decodes on a **static cache** (:meth:`GLAStateCache.static_copy`:
+the states are updated in place by the decode kernels and the store count lives on the device) with
+**one CUDA graph per step**: the model's forward, the token choice (argmax or sampling) and the
+write of the chosen token into the graph's input buffer and its token history are all captured, so
+a step is one ``graph.replay()``. A graph is captured once per (model, batch size, sampling
+settings) and reused by later calls (:func:`release_graphs` frees them). EOS is checked on the host
+every ``eos_check_every`` steps only (a check is a device sync); sequences that finished earlier
+get ``eos_token_id`` after their EOS, and the output stops at the step at which all had finished.
+
+The eager loop (``graphed=False``; always on the CPU and for transformers' hybrids, whose KV cache
+grows and whose short-conv states are replaced at every step, so a captured step would replay on
+stale tensors) is the reference: greedy output of the graphed loop equals it.
+
+Sampling is Gumbel-max (``argmax(softmax(logits / T) / Exp(1))``: a draw from the softmax), with
+``top_k`` keeping the k largest logits; the same function runs inside the graph and eagerly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from laquant.errors import LaquantError
+
+EOS_CHECK_EVERY = 16
+
+
+def pick_tokens(logits: torch.Tensor, do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """The next token per row of ``logits [B, V]``: argmax, or a sample of ``softmax(logits / T)``
+    restricted to the ``top_k`` largest. Graph-capturable (no host sync)."""
+    if not do_sample:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, -1)
+    noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    return (probs / noise).argmax(-1)
+
+
+def _check_args(model, input_ids, max_new_tokens, do_sample, temperature, top_k) -> None:
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
+        raise LaquantError("input_ids must be a LongTensor [batch, prompt length]")
+    if input_ids.shape[1] == 0 or input_ids.shape[0] == 0:
+        raise LaquantError("input_ids is empty: generate needs a prompt of at least one token per sequence")
+    if max_new_tokens < 1:
+        raise LaquantError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if do_sample and not temperature > 0:
+        raise LaquantError(f"temperature must be > 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise LaquantError(f"top_k must be >= 1, got {top_k}")
+    vocab = model.config.vocab_size
+    if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
+        raise LaquantError(f"input_ids holds token ids outside the model's vocabulary [0, {vocab})")
+
+
+def is_graphable(model) -> bool:
+    """laquant's own GLA model on CUDA decodes on a static cache (transformers' hybrids do not)."""
+    from laquant.models import GLAForCausalLM
+
+    return isinstance(model, GLAForCausalLM) and next(model.parameters()).is_cuda
+
+
+def _fresh_cache(model):
+    """The cache a prefill starts from: laquant's (GLA, or a transformers hybrid with laquant's
+    mixers) or, for any other model (a peer), None: the model makes its own."""
+    from laquant.adapters import new_cache
+
+    if hasattr(model, "new_cache") or getattr(model, "_laquant_positions_hook", False):
+        return new_cache(model)
+    return None
+
+
+def _forward(model, ids, cache):
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1], out.past_key_values
+
+
+class _NotInPlace(LaquantError):
+    """A decode step replaced its state tensors instead of updating them: no graph can replay it."""
+
+
+class _DecodeGraph:
+    """One captured decode step on a static cache: reads ``tok [B, 1]``, writes the chosen token
+    back into it and into ``history[:, pos]``, advances ``pos`` and marks finished rows."""
+
+    def __init__(self, model, prefill_cache, capacity: int, choose, eos: int | None):
+        self.model, self.choose, self.eos = model, choose, eos
+        self.cache = prefill_cache.static_copy()
+        batch, device = self.cache.states[0].data.shape[0], self.cache.states[0].data.device
+        self.tok = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        self.history = torch.zeros(batch, capacity, dtype=torch.long, device=device)
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)
+        self.done = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.capacity = capacity
+        states = list(self.cache.states)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # compiles / autotunes the kernels outside the capture
+            for _ in range(2):
+                self._step()
+        torch.cuda.current_stream().wait_stream(stream)
+        if any(a is not b for a, b in zip(states, self.cache.states)):
+            raise _NotInPlace("this model's decode step does not update its states in place (a state format "
+                               "without a decode kernel, or LAQUANT_KERNELS=reference): decode with graphed=False")
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._step()
+
+    def _step(self) -> None:
+        logits, _ = _forward(self.model, self.tok, self.cache)
+        nxt = self.choose(logits)
+        if self.eos is not None:
+            nxt = torch.where(self.done, torch.full_like(nxt, self.eos), nxt)
+            self.done |= nxt == self.eos
+        self.tok.copy_(nxt[:, None])
+        self.history.index_copy_(1, self.pos, nxt[:, None])
+        self.pos += 1
+
+    def load(self, prefill_cache, first: torch.Tensor) -> None:
+        self.cache.load_from(prefill_cache)
+        self.tok.copy_(first[:, None])
+        self.history[:, 0] = first
+        self.pos.fill_(1)
+        if self.eos is not None:
+            torch.eq(first, self.eos, out=self.done)
+
+
+def _graph_for(model, prefill_cache, batch, steps, key, choose, eos) -> _DecodeGraph:
+    """The model's captured step for ``key``, capturing it on first use (or when ``steps`` exceed
+    the captured token history)."""
+    graphs = model.__dict__.setdefault("_laquant_decode_graphs", {})
+    layout = tuple((tuple(s.data.shape), s.data.dtype, s.format, s.scale is None) for s in prefill_cache.states)
+    full_key = (batch, layout, *key)
+    g = graphs.get(full_key)
+    if g is None or g.capacity < steps:
+        graphs.pop(full_key, None)
+        g = _DecodeGraph(model, prefill_cache, max(256, 1 << (steps - 1).bit_length()), choose, eos)
+        graphs[full_key] = g
+    return g
+
+
+def release_graphs(model) -> None:
+    """Free the decode graphs (and their static caches) captured for ``model``."""
+    model.__dict__.pop("_laquant_decode_graphs", None)
+
+
+class DecodeSession:
+    """A prompt prefilled and ready to decode: :meth:`step` makes one token per sequence (one
+    ``graph.replay()`` when graphed), :meth:`tokens` returns what was generated. :func:`generate`
+    and ``laquant eval speed`` both decode through it."""
+
+    def __init__(self, model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: bool = False,
+                 temperature: float = 1.0, top_k: int | None = None, eos_token_id: int | None = None,
+                 graphed: bool | None = None, generator: torch.Generator | None = None):
+        _check_args(model, input_ids, max_new_tokens, do_sample, temperature, top_k)
+        device = next(model.parameters()).device
+        if input_ids.device != device:
+            input_ids = input_ids.to(device)
+        auto = graphed is None
+        if auto:
+            graphed = is_graphable(model)
+        elif graphed and not is_graphable(model):
+            where = "CUDA" if device.type == "cuda" else f"{device.type} (CUDA graphs need a CUDA device)"
+            raise LaquantError(f"a graphed decode loop needs laquant's GLAForCausalLM on CUDA; this is "
+                               f"{type(model).__name__} on {where}. Transformers' hybrids grow their KV cache "
+                               "and replace their conv states every step, so they decode eagerly (graphed=False)")
+        if graphed and generator is not None and auto:
+            graphed = False  # a generator drives the eager loop's sampling
+        if graphed and generator is not None:
+            raise LaquantError("a generator cannot drive the graphed loop's sampling (it draws from the default "
+                               "CUDA generator: seed it with torch.manual_seed); pass graphed=False to use one")
+        self.model, self.graphed, self.eos = model, graphed, eos_token_id
+        self.max_new_tokens = max_new_tokens
+        self.input_ids = input_ids
+        self._choose = lambda logits: pick_tokens(logits, do_sample, temperature, top_k, generator)  # noqa: E731
+        with torch.no_grad():
+            logits, cache = _forward(model, input_ids, _fresh_cache(model))
+            first = self._choose(logits)
+            self.cache = cache
+            self.made = 1
+            if graphed:
+                key = (do_sample, float(temperature), top_k, eos_token_id)
+                try:
+                    self.graph = _graph_for(model, cache, input_ids.shape[0], max_new_tokens, key, self._choose,
+                                            eos_token_id)
+                    self.graph.load(cache, first)
+                except _NotInPlace:
+                    if not auto:
+                        raise
+                    self.graphed = graphed = False  # graphed=None: the eager loop, on the untouched prefill cache
+            if not graphed:
+                self.tok = first
+                self.generated = [first]
+                self.done = first == eos_token_id if eos_token_id is not None else None
+
+    def step(self) -> None:
+        """One more token per sequence."""
+        if self.made >= self.max_new_tokens:
+            raise LaquantError(f"already made max_new_tokens = {self.max_new_tokens} tokens")
+        if self.graphed:
+            self.graph.graph.replay()
+        else:
+            with torch.no_grad():
+                logits, self.cache = _forward(self.model, self.tok[:, None], self.cache)
+                nxt = self._choose(logits)
+                if self.done is not None:
+                    nxt = torch.where(self.done, torch.full_like(nxt, self.eos), nxt)
+                    self.done |= nxt == self.eos
+                self.tok = nxt
+                self.generated.append(nxt)
+        self.made += 1
+
+    def finished(self) -> bool:
+        """Every sequence has produced EOS (a host sync; False without an eos_token_id)."""
+        if self.eos is None:
+            return False
+        done = self.graph.done if self.graphed else self.done
+        return bool(done.all())
+
+    def tokens(self) -> torch.Tensor:
+        """The generated tokens ``[B, n]``, cut after the step at which every sequence had finished."""
+        if self.graphed:
+            new = self.graph.history[:, :self.made].clone()
+            self.graph.cache.sync_counters()
+        else:
+            new = torch.stack(self.generated, 1)
+        return trim_after_eos(new, self.eos)
+
+    def run(self, eos_check_every: int = EOS_CHECK_EVERY) -> torch.Tensor:
+        """Decode up to ``max_new_tokens``, checking for EOS every ``eos_check_every`` steps; returns
+        the prompt and the new tokens ``[B, T + n]``."""
+        while self.made < self.max_new_tokens:
+            if self.eos is not None and self.made % eos_check_every == 0 and self.finished():
+                break
+            self.step()
+        return torch.cat([self.input_ids, self.tokens()], 1)
+
+
+def trim_after_eos(new: torch.Tensor, eos: int | None) -> torch.Tensor:
+    """``new [B, n]`` up to and including the first step at which every row has produced ``eos``."""
+    if eos is None or new.shape[1] == 0:
+        return new
+    all_done = (new == eos).int().cummax(1).values.all(0)
+    if not bool(all_done.any()):
+        return new
+    return new[:, : int(all_done.int().argmax()) + 1]
+
+
+def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: bool = False,
+             temperature: float = 1.0, top_k: int | None = None, eos_token_id: int | None = None,
+             graphed: bool | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Generate up to ``max_new_tokens`` tokens after ``input_ids [B, T]`` (unpadded prompts of one
+    length); returns ``[B, T + n]``. ``graphed``: None graphs on CUDA (laquant's GLA) and decodes
+    eagerly elsewhere (and where the model's decode step cannot be captured, or a ``generator`` is
+    given); True insists on the graph; False is the eager reference loop. ``generator`` drives
+    sampling in the eager loop only (the graph draws from the default CUDA generator)."""
+    return DecodeSession(model, input_ids, max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
+                         eos_token_id=eos_token_id, graphed=graphed, generator=generator).run()
+
+
+__all__ = ["DecodeSession", "generate", "is_graphable", "pick_tokens", "release_graphs", "trim_after_eos"]

@@ -1,0 +1,326 @@
+"""laquant.generate (the eager reference loop on CPU, the CUDA-graphed loop on GPU), the static
+cache it decodes on, the `laquant generate` command, and the e2e speed suite's CPU-side parts."""
+
+import json
+
+import pytest
+import torch
+
+from laquant.cli import main
+from laquant.errors import LaquantError
+from laquant.generate import DecodeSession, generate, pick_tokens, trim_after_eos
+from laquant.kernels.common.state import State, StateQuantizer
+from laquant.models import GLAConfig, GLAForCausalLM
+from laquant.models.cache import GLAStateCache, StaticState
+
+
+def _plain_loop(model, ids, n, cache=None):
+    """Greedy decoding written out: the prompt, then one token at a time through the cache."""
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+    cache, tokens = out.past_key_values, [ids]
+    logits = out.logits[:, -1]
+    for _ in range(n):
+        tokens.append(logits.argmax(-1, keepdim=True))
+        logits = model(input_ids=tokens[-1], past_key_values=cache, use_cache=True).logits[:, -1]
+    return torch.cat(tokens, 1)
+
+
+def _tiny_gla(**kw):
+    torch.manual_seed(1)
+    cfg = dict(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=512, bos_token_id=0, eos_token_id=0)
+    return GLAForCausalLM(GLAConfig(**{**cfg, **kw})).eval()
+
+
+@torch.no_grad()
+def test_eager_loop_equals_transformers_generate_and_a_plain_loop(tiny_model_dir):
+    from laquant.loading import load_model
+
+    model, _ = load_model(tiny_model_dir)
+    ids = torch.randint(0, 8192, (2, 9))
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=7, do_sample=False)
+    out = generate(model, ids, 7)
+    assert torch.equal(out, ref)
+    assert torch.equal(out, _plain_loop(model, ids, 7))
+    assert torch.equal(generate(model, ids, 7, graphed=False), out)  # graphed=None is eager on the CPU
+
+
+@torch.no_grad()
+def test_eos_stops_when_every_sequence_has_finished():
+    model = _tiny_gla()
+    ids = torch.randint(1, 512, (3, 5))
+    free = generate(model, ids, 40)[:, 5:]
+    eos = int(free[0, 3])  # the first row produces it at step 3
+    out = generate(model, ids, 40, eos_token_id=eos)[:, 5:]
+    assert out.shape[1] <= 40 and torch.equal(out[0, :4], free[0, :4])
+    for row, ref in zip(out, free):  # each row: as without EOS up to its first EOS, then EOS
+        hits = (ref == eos).nonzero()
+        if len(hits) and hits[0, 0] < out.shape[1]:
+            first = int(hits[0, 0])
+            assert torch.equal(row[:first + 1], ref[:first + 1]) and bool((row[first:] == eos).all())
+        else:
+            assert torch.equal(row, ref[:out.shape[1]])
+    assert out.shape[1] == 40 or bool((out[:, -1] == eos).all())
+
+
+def test_trim_after_eos():
+    new = torch.tensor([[5, 2, 2, 2], [7, 7, 2, 2]])
+    assert torch.equal(trim_after_eos(new, 2), new[:, :3])
+    assert torch.equal(trim_after_eos(new, 9), new)
+    assert torch.equal(trim_after_eos(new, None), new)
+
+
+def test_sampling():
+    logits = torch.randn(4, 50)
+    assert torch.equal(pick_tokens(logits, True, 0.7, top_k=1), logits.argmax(-1))  # top-1 sampling is greedy
+    draws = torch.stack([pick_tokens(logits, True, 1.0, top_k=3) for _ in range(200)])
+    top3 = logits.topk(3).indices
+    assert all(bool(torch.isin(draws[:, b], top3[b]).all()) for b in range(4))
+    assert len(draws[:, 0].unique()) > 1
+    model, ids = _tiny_gla(), torch.randint(1, 512, (2, 4))
+    a = generate(model, ids, 6, do_sample=True, top_k=20, generator=torch.Generator().manual_seed(3))
+    b = generate(model, ids, 6, do_sample=True, top_k=20, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a, b) and a.shape == (2, 10)
+
+
+def test_bad_input_is_an_error():
+    model = _tiny_gla()
+    with pytest.raises(LaquantError, match="CUDA"):
+        generate(model, torch.ones(1, 3, dtype=torch.long), 4, graphed=True)
+    with pytest.raises(LaquantError, match="vocabulary"):
+        generate(model, torch.full((1, 3), 600), 4)
+    with pytest.raises(LaquantError, match="LongTensor"):
+        generate(model, torch.ones(3), 4)
+    with pytest.raises(LaquantError, match="max_new_tokens"):
+        generate(model, torch.ones(1, 3, dtype=torch.long), 0)
+    with pytest.raises(LaquantError, match="temperature"):
+        generate(model, torch.ones(1, 3, dtype=torch.long), 2, do_sample=True, temperature=0)
+
+
+@torch.no_grad()
+def test_eager_loop_on_a_transformers_hybrid():
+    from laquant.adapters import install, new_cache
+    from test_hybrid import qwen3_next  # tests/ is on sys.path under pytest (conftest.py)
+
+    model = qwen3_next().eval()
+    install(model)
+    ids = torch.randint(0, 8192, (2, 7))
+    assert torch.equal(generate(model, ids, 5), _plain_loop(model, ids, 5, new_cache(model)))
+
+
+# ---------------------------------------------------------------------------------- static cache
+def _filled_cache(n_layers=3, batch=2, n_stores=1, fmt="fp8_row"):
+    cache = GLAStateCache(n_layers)
+    quant = StateQuantizer(fmt)
+    for i in range(n_layers):
+        data, scale = quant.store(torch.randn(batch, 2, 4, 4))
+        cache.states[i] = State(data, scale, fmt, n_stores)
+    cache.seen_tokens = 9
+    return cache
+
+
+def test_static_cache_counts_stores_on_the_device():
+    cache = _filled_cache()
+    static = cache.static_copy()
+    slots = static.slots
+    assert all(isinstance(s, StaticState) and s.slots is slots for s in static.states)
+    assert slots.pool_idx.tolist() == [0, 1] and slots.n_stores.tolist() == [1, 1]
+    assert static.states[0].data.data_ptr() != cache.states[0].data.data_ptr()  # copies
+    for _ in range(5):  # five decode steps of three layers: the shared counter moves once per step
+        for layer in range(3):
+            static.count_static_step(layer)
+    assert slots.n_stores.tolist() == [6, 6] and static.states[0].n_stores == 1
+    assert static.sync_counters() == 5
+    assert [s.n_stores for s in static.states] == [6, 6, 6] and static.seen_tokens == 14
+    data_ptr = static.states[1].data.data_ptr()
+    other = _filled_cache(n_stores=4)
+    static.load_from(other)
+    assert static.states[1].data.data_ptr() == data_ptr and torch.equal(static.states[1].data.float(),
+                                                                       other.states[1].data.float())
+    assert slots.n_stores.tolist() == [4, 4] and static.seen_tokens == 9
+    with pytest.raises(ValueError, match="stored"):
+        uneven = _filled_cache()
+        uneven.states[2].n_stores = 2
+        uneven.static_copy()
+    with pytest.raises(ValueError, match="every layer"):
+        GLAStateCache(2).static_copy()
+
+
+def test_mixer_uses_a_static_caches_tensors():
+    from laquant.models.recurrent import RecurrentMixer
+
+    static = _filled_cache().static_copy()
+    mixer = RecurrentMixer(layer_idx=2)
+    stored = static.get(2)
+    pool_idx, _, n_stores = mixer._pool_slots(stored, 2, "cpu")
+    assert pool_idx is static.slots.pool_idx and n_stores is static.slots.n_stores  # no per-step allocation
+    mixer._count_decode_step(static, stored)
+    assert static.get(2) is stored and static.slots.n_stores.tolist() == [2, 2]
+    plain = _filled_cache()
+    mixer._count_decode_step(plain, plain.get(2))
+    assert plain.get(2).n_stores == 2 and plain.seen_tokens == 10  # an ordinary cache counts in Python
+
+
+# ------------------------------------------------------------------------------------------- CLI
+def test_cli_generate(capsys):
+    assert main(["generate", "--prompt", "The history of", "--max-new-tokens", "4", "--device", "cpu",
+                 "--no-eos"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("The history of") and "4 tokens" in out and "tokens/s (eager, cpu)" in out
+    assert main(["generate", "--prompt", "x", "--temperature", "0.8", "--top-k", "5", "--max-new-tokens", "3",
+                 "--device", "cpu"]) == 0
+    capsys.readouterr()
+    assert main(["generate", "no-such-model-dir", "--prompt", "x"]) == 2
+    assert "not found" in capsys.readouterr().err
+    assert main(["generate", "--prompt", "x", "--max-new-tokens", "0", "--device", "cpu"]) == 2
+    assert main(["generate", "--prompt", "x", "--top-k", "3", "--device", "cpu"]) == 2
+    assert "needs --temperature" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["generate", "--prompt", "x", "--greedy", "--temperature", "1"])
+
+
+# ------------------------------------------------------------------------------- eval speed, e2e
+def test_eval_speed_arguments(capsys):
+    from laquant.cli import build_parser
+
+    args = build_parser().parse_args(["eval", "speed", "--suite", "e2e", "--peers", "--model",
+                                      'config:{"hidden_size": 512}', "qwen3_next:{}", "--profile", "8", "128"])
+    assert args.peers and args.profile == [8, 128] and args.model[1] == "qwen3_next:{}"
+    assert main(["eval", "speed", "--suite", "e2e", "--model", "config:[1]"]) == 2
+    assert "JSON object" in capsys.readouterr().err
+    assert main(["eval", "speed", "--suite", "e2e", "--model", "qwen3_next:{oops"]) == 2
+    assert "not JSON" in capsys.readouterr().err
+
+
+def test_qwen3_next_peer_config():
+    from laquant.eval.speed import qwen3_next_config
+
+    cfg = qwen3_next_config({"num_hidden_layers": 6, "full_attention_interval": 3})
+    assert cfg.layer_types == ["linear_attention", "linear_attention", "full_attention"] * 2
+    assert cfg.hidden_size == 1024
+
+
+def _synthetic_kernels(layers=2):
+    ks, t = [], 0.0
+
+    def add(name, dur):
+        nonlocal t
+        ks.append((name, t, dur))
+        t += dur + 1
+
+    add("embedding_kernel", 2.0)
+    for _ in range(layers):
+        add("spin_kernel(long)", 0.5)
+        for name, dur in (("gemm_bf16<128, 64>(Params)", 10.0), ("_gla_decode_kernel", 5.0), ("rmsnorm", 1.0)):
+            add(name, dur)
+    add("spin_kernel(long)", 0.5)
+    add("gemm_bf16<128, 64>(Params)", 20.0)
+    return ks
+
+
+def test_profile_summary():
+    from laquant.eval.speed import short_kernel_name, summarize_kernels
+
+    s = summarize_kernels(_synthetic_kernels(), num_layers=2)
+    assert s["kernels_per_step"] == 8 and s["kernels_per_layer"] == 3 and s["kernels_outside_layers"] == 2
+    assert s["gpu_ms_per_step"] == pytest.approx(0.054)
+    name, calls, ms, share = s["top_kernels"][0]
+    assert (name, calls, ms) == ("gemm_bf16", 3, pytest.approx(0.040)) and share == pytest.approx(40 / 54)
+    assert summarize_kernels(_synthetic_kernels(), num_layers=3)["kernels_per_layer"] is None  # markers missing
+    assert short_kernel_name("void at::native::vectorized_elementwise_kernel<4, Functor<float>>(int, F)") == \
+        "void at::native::vectorized_elementwise_kernel"
+
+
+def _e2e_rows():
+    from laquant.eval.speed import summarize_kernels
+
+    prof = summarize_kernels(_synthetic_kernels(), num_layers=2)
+    base = {"model": "random GLA 512x4", "params+buffers": 1000, "prompt_len": 256, "decode_steps": 8,
+            "prefill_tok_per_s": 1e5, "decode_B1_tok_per_s": 100.0, "decode_B64_tok_per_s": 5000.0,
+            "state_bytes_per_seq": 4096}
+    return [
+        {**base, "variant": "bf16", "decode_path": "graphed + eager", "decode_B1_graphed_tok_per_s": 300.0,
+         "decode_B64_graphed_tok_per_s": 9000.0, **prof, "profile": "B=64, prompt 512, one eager step"},
+        {**base, "variant": "gla_int8_all", "decode_path": "graphed + eager", "decode_B1_graphed_tok_per_s": 250.0,
+         "decode_B64_graphed_tok_per_s": 11000.0, **prof},
+        {**base, "variant": "fla_bf16", "decode_path": "eager only", "decode_B1_graphed_tok_per_s": None,
+         "decode_B64_graphed_tok_per_s": None, "peer_path": "fla 0.6 GLAForCausalLM", **prof},
+    ]
+
+
+def test_e2e_markdown_and_plot(tmp_path):
+    from laquant.eval.speed import best_decode_rate, markdown, plot_e2e
+
+    rows = _e2e_rows()
+    md = markdown({"versions": {"device": "test"}, "copy_bandwidth_GBps": 3000.0, "e2e": rows})
+    assert "## e2e" in md and "### e2e: one eager decode step" in md
+    assert "| random GLA 512x4 | fla_bf16 | 8 | 3 | 2 | 0.054 |" in md
+    assert "`gemm_bf16` (3, 0.040, 74%)" in md and "**fla_bf16**: fla 0.6 GLAForCausalLM" in md
+    header = next(line for line in md.splitlines() if line.startswith("| model | params"))
+    assert "top_kernels" not in header and "decode_B64_graphed_tok_per_s" in header
+    assert best_decode_rate(rows[0], 64) == (9000.0, True) and best_decode_rate(rows[2], 64) == (5000.0, False)
+    plot_e2e(rows, tmp_path / "e2e.png")
+    assert (tmp_path / "e2e.png").stat().st_size > 10_000
+    json.dumps(rows)  # what speed.json stores
+
+
+# ------------------------------------------------------------------------------------------- GPU
+def _gpu_model(recipe=None, renorm_interval=None, **kw):
+    import laquant
+    from laquant.recipe import load_recipe
+
+    torch.manual_seed(0)
+    cfg = dict(hidden_size=256, num_hidden_layers=3, num_heads=2, vocab_size=4096, bos_token_id=0, eos_token_id=0)
+    with torch.device("cuda"):
+        model = GLAForCausalLM(GLAConfig(**{**cfg, **kw}))
+    model = model.to(torch.bfloat16).eval()
+    if recipe is not None:
+        rec = load_recipe(recipe, [f"state.renorm_interval={renorm_interval}"] if renorm_interval else None)
+        laquant.calibrate(model, rec, torch.randint(0, 4096, (4, 256), device="cuda"), progress=False)
+    return model
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe,renorm", [(None, None), ("gla_int8_all", None), ("gla_int8", 4)])
+@torch.no_grad()
+def test_graphed_loop_equals_the_eager_loop(recipe, renorm):
+    from laquant.generate import release_graphs
+
+    model = _gpu_model(recipe, renorm)
+    if renorm:
+        assert {m.state_quantizer.renorm_interval for m in model.modules() if hasattr(m, "state_quantizer")} == {renorm}
+    for B, n in ((3, 40), (3, 25), (1, 12)):
+        ids = torch.randint(1, 4096, (B, 17), device="cuda")
+        eager = generate(model, ids, n, graphed=False)
+        graphed = generate(model, ids, n)  # graphed=None: graphed on CUDA
+        assert torch.equal(graphed, eager), (B, n)
+    graphs = model.__dict__["_laquant_decode_graphs"]
+    assert len(graphs) == 2  # captured once per batch size, reused across calls
+    # the device counter ran with the steps (renormalisation schedule), and synced back
+    session = DecodeSession(model, ids, 10, graphed=True)
+    session.run()
+    cache = session.graph.cache
+    assert cache.slots.n_stores.tolist() == [10] and [s.n_stores for s in cache.states] == [10] * 3
+    assert cache.seen_tokens == 17 + 9
+    # EOS, checked every few steps
+    ids = torch.randint(1, 4096, (2, 9), device="cuda")
+    free = generate(model, ids, 30, graphed=False)
+    eos = int(free[0, 9 + 5])
+    assert torch.equal(generate(model, ids, 30, eos_token_id=eos), generate(model, ids, 30, eos_token_id=eos,
+                                                                            graphed=False))
+    release_graphs(model)
+    assert "_laquant_decode_graphs" not in model.__dict__
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_graphed_sampling_runs():
+    model = _gpu_model()
+    ids = torch.randint(1, 4096, (4, 8), device="cuda")
+    torch.manual_seed(5)
+    out = generate(model, ids, 20, do_sample=True, temperature=0.9, top_k=50)
+    assert out.shape == (4, 28) and bool((out < 4096).all())
+    with pytest.raises(LaquantError, match="generator"):
+        generate(model, ids, 4, do_sample=True, generator=torch.Generator("cuda"), graphed=True)
+    g = torch.Generator("cuda")
+    a = generate(model, ids, 6, do_sample=True, generator=g.manual_seed(1))  # graphed=None: eager with it
+    assert torch.equal(a, generate(model, ids, 6, do_sample=True, generator=g.manual_seed(1), graphed=False))
