@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 from laquant.kernels.common.dispatch import use_triton
-from laquant.quant.modules import QuantLinear
+from laquant.quant.modules import GPU_MODES, QuantLinear
 
 _BUFFERS = ("qweight", "weight_scale", "keep_idx", "outlier_idx", "outlier_weight", "bias")
 
@@ -33,7 +33,7 @@ def _fusable(members, x: torch.Tensor) -> bool:
     first = members[0]
     return (len(members) > 1 and use_triton(x)
             and all(isinstance(m, QuantLinear) and not (m._forward_hooks or m._forward_pre_hooks) for m in members)
-            and first.act_granularity == "per_token" and first.qweight.device == x.device
+            and first.act_granularity in GPU_MODES and first.qweight.device == x.device
             and all(m.act_granularity == first.act_granularity and m.in_features == first.in_features
                     and m.n_main == first.n_main and m.n_outliers == first.n_outliers
                     and m.outlier_weight.dtype == first.outlier_weight.dtype for m in members))
@@ -81,6 +81,7 @@ def project(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor) -> list[t
         cache[names] = (_key(members), packed)
     if packed is None:
         return [m(x) for m in members]
-    from laquant.kernels.gemm.int8 import int8_outlier_linear_triton
+    from laquant.kernels.gemm.int8 import linear_triton
 
-    return list(int8_outlier_linear_triton(x, packed).split([m.out_features for m in members], dim=-1))
+    y = linear_triton(x, packed, GPU_MODES[members[0].act_granularity])
+    return list(y.split([m.out_features for m in members], dim=-1))

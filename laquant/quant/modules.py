@@ -17,6 +17,10 @@ from laquant.kernels.common.numerics import INT8_MAX, dequantize, fake_quantize_
 
 GRANULARITIES = ("per_channel", "per_tensor")
 ACT_GRANULARITIES = ("per_token", "per_tensor", "none")  # none: weight-only
+# the GPU GEMM each activation granularity runs (laquant.kernels.gemm.int8.linear_triton): per-token
+# W8A8, or weight-only where the committed sweep found it faster at that many tokens ("auto");
+# weight-only always for "none". Per-tensor activations run the reference.
+GPU_MODES = {"per_token": "auto", "none": "w8a16"}
 
 
 class QuantLinear(nn.Module):
@@ -89,10 +93,10 @@ class QuantLinear(nn.Module):
         return self._packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.act_granularity == "per_token" and use_triton(x):
-            from laquant.kernels.gemm.int8 import int8_outlier_linear_triton
+        if self.act_granularity in GPU_MODES and use_triton(x):
+            from laquant.kernels.gemm.int8 import linear_triton
 
-            return int8_outlier_linear_triton(x, self.packed())
+            return linear_triton(x, self.packed(), GPU_MODES[self.act_granularity])
         return int8_outlier_linear(
             x, self.qweight[:, :self.n_main], self.weight_scale,
             None if self.n_outliers == 0 else self.keep_idx,
