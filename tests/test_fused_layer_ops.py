@@ -140,3 +140,51 @@ def test_members_with_different_outliers_run_alone(monkeypatch):
     assert owner.p0.qweight._base is None  # not fused
     for a, n in zip(outs, names):
         assert torch.equal(a, getattr(owner, n)(x))
+
+
+# ------------------------------------------------------- activation codes written by the producer
+def _packed(K, N, n_out=3):
+    outliers = torch.randperm(K)[:n_out]
+    return QuantLinear.from_linear(torch.nn.Linear(K, N).to(DTYPE), outliers).to(DEVICE).packed()
+
+
+def _same_codes(codes, out, packed):
+    from laquant.kernels.gemm.int8 import quantize_rows
+
+    xq, xs, xo = quantize_rows(out.reshape(codes[0].shape[0], -1), packed)
+    n_out = packed.outlier_idx.numel()  # without outliers the block is a placeholder, never read
+    assert torch.equal(codes[0], xq) and torch.equal(codes[1], xs) and torch.equal(codes[2][:, :n_out], xo[:, :n_out])
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_writes_the_gemms_codes(with_residual):
+    x, w = _randn(2, 5, 200, scale=3.0), _randn(200)
+    residual = _randn(2, 5, 200) if with_residual else None
+    packed = _packed(200, 24)
+    out, summed, codes = rms_norm_triton(x, w, 1e-6, residual, packed=packed)
+    ref, _ = rms_norm(x.cpu(), w.cpu(), 1e-6, None if residual is None else residual.cpu())
+    assert rel_err(out.float().cpu(), ref.float()) < TOL
+    _same_codes(codes, out, packed)  # exactly what a quantization pass over out gives
+
+
+def test_gated_norm_writes_codes_of_whole_tokens():
+    B, T, H, V = 2, 3, 3, 40  # three heads: rows per token not a power of two
+    x, g, w = _randn(B, T, H, V), _randn(B, T, H, V), _randn(V)
+    packed = _packed(H * V, 16)
+    out, codes = gated_rms_norm_triton(x, g, w, 1e-5, packed=packed)
+    assert rel_err(out.float().cpu(), gated_rms_norm(x.cpu(), g.cpu(), w.cpu(), 1e-5).float()) < TOL
+    _same_codes(codes, out, packed)
+
+
+def test_swiglu_writes_the_down_projections_codes():
+    y = _randn(7, 2 * 300, scale=2.0)
+    gate, up = y.split(300, dim=-1)
+    packed = _packed(300, 40, n_out=0)
+    out, codes = swiglu_triton(gate, up, packed)
+    assert rel_err(out.float().cpu(), swiglu(gate.cpu(), up.cpu()).float()) < TOL
+    _same_codes(codes, out, packed)
+
+
+def test_codes_for_the_wrong_gemm_are_refused():
+    with pytest.raises(ValueError, match="codes for a GEMM of 64 inputs"):
+        rms_norm_triton(_randn(3, 200), _randn(200), 1e-6, packed=_packed(64, 8))

@@ -15,6 +15,8 @@ import torch
 try:
     import triton
     import triton.language as tl
+
+    from ..common.triton_numerics import store_token_codes
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -59,12 +61,30 @@ if triton is not None:
         return (r // inner) * s0 + (r % inner) * s1
 
     @triton.jit
+    def _quant_epilogue(y_ptr, width, src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, BQ: tl.constexpr,
+                        BNO: tl.constexpr, HAS_OUT: tl.constexpr):
+        """This program's token (its rows of the contiguous y, ``width`` elements) as the next
+        GEMM's W8A8 codes, read back from what this program just stored."""
+        tl.debug_barrier()  # every thread's stores of y are visible to the whole program
+        tok = tl.program_id(0).to(tl.int64)
+        store_token_codes(y_ptr + tok * width, src_ptr, oidx_ptr, xq_ptr + tok * KQ, xs_ptr + tok, xo_ptr + tok * NO,
+                          KQ, NO, BQ, BNO, HAS_OUT)
+
+    @triton.jit
     def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, g_ptr, y_ptr, ro_ptr, M, N, eps,
                          sx0, sx1, xin, sr0, sr1, rin, sg0, sg1, gin, sy0, sy1, yin, sro,
-                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr):
-        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+                         src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, RPP,
+                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
+                         QUANT: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr):
+        if QUANT:  # one token (RPP rows of y) per program
+            local = tl.arange(0, ROWS)
+            rows = tl.program_id(0) * RPP + local
+            row_ok = (local < RPP) & (rows < M)
+        else:
+            rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+            row_ok = rows < M
         cols = tl.arange(0, BLOCK_N)
-        mask = (rows < M)[:, None] & (cols < N)[None, :]
+        mask = row_ok[:, None] & (cols < N)[None, :]
         h = tl.load(x_ptr + _row_offsets(rows, sx0, sx1, xin)[:, None] + cols[None, :], mask=mask, other=0.0)
         dtype = h.dtype
         h = h.to(tl.float32)
@@ -80,10 +100,14 @@ if triton is not None:
                         other=0.0).to(tl.float32)
             y = y * (g * tl.sigmoid(g))
         tl.store(y_ptr + _row_offsets(rows, sy0, sy1, yin)[:, None] + cols[None, :], y.to(dtype), mask=mask)
+        if QUANT:
+            _quant_epilogue(y_ptr, RPP * N, src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, BQ, BNO, HAS_OUT)
 
     @triton.jit
     def _swiglu_kernel(a_ptr, b_ptr, y_ptr, M, N, sa0, sa1, ain, sb0, sb1, bin, sy,
-                       BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+                       src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO,
+                       BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+                       QUANT: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr):
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = (rows < M)[:, None] & (cols < N)[None, :]
@@ -93,48 +117,96 @@ if triton is not None:
         s = (af * tl.sigmoid(af)).to(a.dtype)  # silu rounds to the dtype before the product, as in PyTorch
         y = (s.to(tl.float32) * b.to(tl.float32)).to(a.dtype)
         tl.store(y_ptr + rows.to(tl.int64)[:, None] * sy + cols[None, :], y, mask=mask)
+        if QUANT:  # one row per program, the whole row in one block
+            _quant_epilogue(y_ptr, sy, src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, BQ, BNO, HAS_OUT)
 
 
-def _launch_norm(x, weight, eps, residual=None, g=None):
+def _codes(M: int, packed, dtype, device):
+    """Empty W8A8 activation codes for ``packed`` (the GEMM's layout, as quantize_rows writes them)
+    and the kernel arguments that fill them; None: no codes wanted."""
+    if packed is None:
+        return None, {}
+    KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
+    codes = (torch.empty(M, KQ, dtype=torch.int8, device=device), torch.empty(M, dtype=torch.float32, device=device),
+             torch.empty(M, max(NO, 1), dtype=dtype, device=device))
+    args = dict(ptrs=(packed.source, packed.outlier_idx, *codes, KQ, NO),
+                consts=dict(QUANT=True, BQ=triton.next_power_of_2(KQ), BNO=max(16, triton.next_power_of_2(NO)),
+                            HAS_OUT=NO > 0))
+    return codes, args
+
+
+_NO_CODES = dict(consts=dict(QUANT=False, BQ=16, BNO=16, HAS_OUT=False))
+
+
+def _check_codes(packed, width: int) -> None:
+    if packed is not None and (packed.in_features != width or packed.qweight.shape[1] > 8192):
+        raise ValueError(f"codes for a GEMM of {packed.in_features} inputs (packed width {packed.qweight.shape[1]}, "
+                         f"at most 8192) cannot come from rows of {width}")
+
+
+def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int = 1):
+    """``heads``: rows per token (the gated norm's heads), for the codes of a whole token."""
     N = x.shape[-1]
     M = x.numel() // N if N else 0
+    _check_codes(packed, heads * N)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     ro = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else y
+    codes, q = _codes(M // heads, packed, x.dtype, x.device)
     if M:
         block_n, rows, warps = _rows_block(N)
+        if packed is not None:
+            rows = triton.next_power_of_2(heads)
         dummy = (0, 0, 1)
-        _rms_norm_kernel[(triton.cdiv(M, rows),)](
+        ptrs = q.get("ptrs", (x, x, x, x, x, 0, 0))
+        _rms_norm_kernel[(M // heads if packed is not None else triton.cdiv(M, rows),)](
             x, residual if residual is not None else x, weight, g if g is not None else x, y, ro, M, N, eps,
             *row_layout(x), *(row_layout(residual) if residual is not None else dummy),
-            *(row_layout(g) if g is not None else dummy), *row_layout(y), N,
-            BLOCK_N=block_n, ROWS=rows, HAS_RES=residual is not None, GATED=g is not None, num_warps=warps)
-    return y, (ro if residual is not None else None)
+            *(row_layout(g) if g is not None else dummy), *row_layout(y), N, *ptrs, heads,
+            BLOCK_N=block_n, ROWS=rows, HAS_RES=residual is not None, GATED=g is not None,
+            num_warps=warps if packed is None else max(4, min(8, rows * block_n // 512)),
+            **(q or _NO_CODES)["consts"])
+    return y, (ro if residual is not None else None), codes
 
 
-def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
-    """Twin of :func:`.reference.rms_norm`: ``(out, x + residual)`` (None without a residual)."""
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+                    packed=None):
+    """Twin of :func:`.reference.rms_norm`: ``(out, x + residual)`` (None without a residual); with
+    ``packed`` (a :class:`~..gemm.int8.PackedOutlierWeight`), also the W8A8 codes of ``out`` for
+    that GEMM, ``(xq, xs, xo)``, as a third element (what :func:`~..gemm.int8.quantize_rows` of
+    ``out`` gives, in the same launch)."""
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"residual shape {tuple(residual.shape)} differs from x's {tuple(x.shape)}")
-    return _launch_norm(x, weight, eps, residual=residual)
+    out, summed, codes = _launch_norm(x, weight, eps, residual=residual, packed=packed)
+    return (out, summed) if packed is None else (out, summed, codes)
 
 
-def gated_rms_norm_triton(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Twin of :func:`.reference.gated_rms_norm`."""
+def gated_rms_norm_triton(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, eps: float, packed=None):
+    """Twin of :func:`.reference.gated_rms_norm` over ``x [..., H, D]``; with ``packed``, also the W8A8
+    codes of each token's ``H * D`` outputs for that GEMM: ``(out, (xq, xs, xo))``."""
     if g.shape != x.shape:
         raise ValueError(f"gate shape {tuple(g.shape)} differs from x's {tuple(x.shape)}")
-    return _launch_norm(x, weight, eps, g=g)[0]
+    out, _, codes = _launch_norm(x, weight, eps, g=g, packed=packed, heads=x.shape[-2] if packed is not None else 1)
+    return out if packed is None else (out, codes)
 
 
-def swiglu_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """Twin of :func:`.reference.swiglu`; ``gate`` and ``up`` may be strided slices of one tensor."""
+def swiglu_triton(gate: torch.Tensor, up: torch.Tensor, packed=None):
+    """Twin of :func:`.reference.swiglu`; ``gate`` and ``up`` may be strided slices of one tensor.
+    With ``packed``, also the W8A8 codes of the output for that GEMM: ``(out, (xq, xs, xo))``."""
     if gate.shape != up.shape:
         raise ValueError(f"gate shape {tuple(gate.shape)} differs from up's {tuple(up.shape)}")
     N = gate.shape[-1]
     M = gate.numel() // N if N else 0
+    _check_codes(packed, N)
     y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    codes, q = _codes(M, packed, gate.dtype, gate.device)
     if M:
-        block_n = min(1024, triton.next_power_of_2(N))
-        rows = max(1, 2048 // block_n)
+        if packed is None:
+            block_n = min(1024, triton.next_power_of_2(N))
+            rows = max(1, 2048 // block_n)
+        else:  # a token's whole row in one program
+            block_n, rows = triton.next_power_of_2(N), 1
+        ptrs = q.get("ptrs", (gate, gate, gate, gate, gate, 0, 0))
         _swiglu_kernel[(triton.cdiv(M, rows), triton.cdiv(N, block_n))](
-            gate, up, y, M, N, *row_layout(gate), *row_layout(up), N, BLOCK_N=block_n, ROWS=rows, num_warps=4)
-    return y
+            gate, up, y, M, N, *row_layout(gate), *row_layout(up), N, *ptrs, BLOCK_N=block_n, ROWS=rows,
+            num_warps=4 if block_n <= 2048 else 8, **(q or _NO_CODES)["consts"])
+    return y if packed is None else (y, codes)

@@ -22,7 +22,10 @@ from laquant.kernels.rowwise.fused import MAX_ROW, gated_rms_norm_triton, rms_no
 from laquant.kernels.rowwise.reference import gated_rms_norm, rms_norm, swiglu
 from laquant.models.cache import GLAStateCache
 from laquant.models.recurrent import RecurrentMixer
-from laquant.quant.fused import project
+from laquant.quant.fused import project, w8a8_inputs
+
+ATTN_INPUTS = ("q_proj", "k_proj", "v_proj", "g_proj")  # the projections that read the normed hidden state
+MLP_INPUTS = ("gate_proj", "up_proj")
 
 
 class GLAConfig(PretrainedConfig):
@@ -141,6 +144,12 @@ class RMSNorm(nn.Module):
             out, summed = rms_norm(x, self.weight, self.eps, residual)
         return (out, x if summed is None else summed) if prenorm else out
 
+    def quantizing(self, x: torch.Tensor, packed, residual: torch.Tensor | None = None):
+        """``(out, x + residual, codes)``: also the W8A8 codes of ``out`` for the GEMM of ``packed``
+        (:func:`laquant.quant.fused.w8a8_inputs`), in the same kernel (GPU only)."""
+        out, summed, codes = rms_norm_triton(x, self.weight, self.eps, residual, packed=packed)
+        return out, (x if summed is None else summed), codes
+
 
 class GatedRMSNorm(nn.Module):
     """fla's FusedRMSNormGated with swish: ``rmsnorm(x) * weight * silu(g)``, in float32."""
@@ -155,6 +164,11 @@ class GatedRMSNorm(nn.Module):
             return gated_rms_norm_triton(x, g, self.weight, self.eps)
         return gated_rms_norm(x, g, self.weight, self.eps)
 
+    def quantizing(self, x: torch.Tensor, g: torch.Tensor, packed):
+        """``(out, codes)`` over ``x [..., H, D]``: also the W8A8 codes of each token's ``H * D``
+        outputs for the GEMM of ``packed``, in the same kernel (GPU only)."""
+        return gated_rms_norm_triton(x, g, self.weight, self.eps, packed=packed)
+
 
 class GatedMLP(nn.Module):
     def __init__(self, hidden_size: int, hidden_ratio: int | None, intermediate_size: int | None):
@@ -166,8 +180,13 @@ class GatedMLP(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = project(self, ("gate_proj", "up_proj"), x)
+    def forward(self, x: torch.Tensor, codes=None) -> torch.Tensor:
+        """``codes``: x's W8A8 codes for the fused gate/up GEMM, made by the norm before it."""
+        gate, up = project(self, MLP_INPUTS, x, codes)
+        packed = w8a8_inputs(self, ("down_proj",), x)
+        if packed is not None:
+            h, codes = swiglu_triton(gate, up, packed)
+            return project(self, ("down_proj",), h, codes)[0]
         h = swiglu_triton(gate, up) if use_triton(gate) else swiglu(gate, up)
         return self.down_proj(h)
 
@@ -221,8 +240,9 @@ class GatedLinearAttention(RecurrentMixer):
         fn = gate_log_decay_triton if use_triton(logits) else gate_log_decay
         return fn(logits, self.gate_logit_normalizer, self.clamp_min, **treatment)
 
-    def forward(self, x: torch.Tensor, cache: GLAStateCache | None = None) -> torch.Tensor:
-        q, k, v, g = project(self, ("q_proj", "k_proj", "v_proj", "g_proj"), x)
+    def forward(self, x: torch.Tensor, cache: GLAStateCache | None = None, codes=None) -> torch.Tensor:
+        """``codes``: x's W8A8 codes for the fused q/k/v/g GEMM, made by the norm before it."""
+        q, k, v, g = project(self, ATTN_INPUTS, x, codes)
         q = self._heads(q, self.head_k_dim, shared_kv=False)
         k = self._heads(k, self.head_k_dim)
         v = self._heads(v, self.head_v_dim)
@@ -230,8 +250,12 @@ class GatedLinearAttention(RecurrentMixer):
 
         o = self.attend_gla(q, k, v, gk, cache)
 
-        o = self.g_norm_swish_gate(o, g.unflatten(-1, (-1, self.head_v_dim))).flatten(-2)
-        return self.o_proj(o)
+        g = g.unflatten(-1, (-1, self.head_v_dim))
+        packed = w8a8_inputs(self, ("o_proj",), x)
+        if packed is not None:
+            o, codes = self.g_norm_swish_gate.quantizing(o, g, packed)
+            return project(self, ("o_proj",), o.flatten(-2), codes)[0]
+        return self.o_proj(self.g_norm_swish_gate(o, g).flatten(-2))
 
 
 class GLABlock(nn.Module):
@@ -243,8 +267,18 @@ class GLABlock(nn.Module):
         self.mlp = GatedMLP(config.hidden_size, config.hidden_ratio, config.intermediate_size)
 
     def forward(self, hidden: torch.Tensor, cache: GLAStateCache | None = None) -> torch.Tensor:
+        # where the next GEMM is W8A8, the norm writes its int8 codes too (one kernel, no quantization pass)
         residual = hidden
-        hidden = self.attn(self.attn_norm(hidden), cache)
+        packed = w8a8_inputs(self.attn, ATTN_INPUTS, hidden)
+        if packed is not None:
+            normed, _, codes = self.attn_norm.quantizing(hidden, packed)
+            hidden = self.attn(normed, cache, codes)
+        else:
+            hidden = self.attn(self.attn_norm(hidden), cache)
+        packed = w8a8_inputs(self.mlp, MLP_INPUTS, hidden)
+        if packed is not None:
+            hidden, residual, codes = self.mlp_norm.quantizing(hidden, packed, residual)
+            return residual + self.mlp(hidden, codes)
         hidden, residual = self.mlp_norm(hidden, residual, prenorm=True)
         return residual + self.mlp(hidden)
 

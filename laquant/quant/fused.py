@@ -4,7 +4,9 @@ A linear-attention layer's q, k, v and output-gate projections all read the norm
 and so do an MLP's gate and up projections. Quantized with one set of outlier columns (they
 are: the calibrated statistics are those of the one input they share), they can share one
 activation quantization and one int8 GEMM over their concatenated weights, which is what
-:func:`project` runs on the Triton path. The members stay separate modules, and checkpoints keep
+:func:`project` runs on the Triton path. Where that GEMM is W8A8 (:func:`w8a8_inputs`), the kernel
+that makes the input (an RMSNorm, the gated norm, SwiGLU) also writes its int8 codes, so no
+quantization pass runs on its own. The members stay separate modules, and checkpoints keep
 one entry per module: the fused weight is built on first use, and the members' int8 weights and
 outlier columns become row slices of it, so the weights are held once. It is rebuilt when a
 member's buffers change (a reload).
@@ -68,20 +70,54 @@ def _fuse(members):
                                     first.in_features)
 
 
-def project(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor) -> list[torch.Tensor]:
-    """``[getattr(owner, n)(x) for n in names]``, as one GEMM where the members allow it (the
-    outputs are then column slices of one tensor)."""
+def packed_group(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor):
+    """The one packed weight the members run as on the GPU for input ``x`` (fused when several), or
+    None where they run module by module."""
     members = [getattr(owner, n) for n in names]
+    if len(members) == 1:
+        m = members[0]
+        ok = (isinstance(m, QuantLinear) and m.act_granularity in GPU_MODES and use_triton(x)
+              and m.qweight.device == x.device and not (m._forward_hooks or m._forward_pre_hooks))
+        return m.packed() if ok else None
     if not _fusable(members, x):
-        return [m(x) for m in members]
+        return None
     cache = owner.__dict__.setdefault("_fused_projections", {})
     key, packed = cache.get(names, (None, None))
     if key != _key(members):
         packed = _fuse(members) if _same_columns(members) else None
         cache[names] = (_key(members), packed)
-    if packed is None:
-        return [m(x) for m in members]
-    from laquant.kernels.gemm.int8 import linear_triton
+    return packed
 
-    y = linear_triton(x, packed, GPU_MODES[members[0].act_granularity])
-    return list(y.split([m.out_features for m in members], dim=-1))
+
+def w8a8_inputs(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor):
+    """The packed weight when the members will run the W8A8 GEMM on ``x`` (so the kernel that
+    makes x can write its int8 codes too, see :func:`project`), else None. ``x`` may be any
+    tensor of the input's leading shape and device: only its token count and device are read."""
+    packed = packed_group(owner, names, x)
+    if packed is None or getattr(owner, names[0]).act_granularity != "per_token":
+        return None
+    from laquant.kernels.gemm.configs import choose_gemm
+
+    M = x.numel() // max(x.shape[-1], 1)
+    return packed if choose_gemm(M, packed.qweight.shape[0], packed.in_features)[0] == "w8a8" else None
+
+
+def project(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor, codes=None) -> list[torch.Tensor]:
+    """``[getattr(owner, n)(x) for n in names]``, as one GEMM where the members allow it (the
+    outputs are then column slices of one tensor). ``codes``: x's W8A8 codes ``(xq, xs, xo)``
+    for the packed weight :func:`w8a8_inputs` returned, written by the kernel that made x."""
+    packed = packed_group(owner, names, x)
+    members = [getattr(owner, n) for n in names]
+    if packed is None:
+        if codes is not None:
+            raise ValueError("activation codes were given for projections that do not run as one packed GEMM")
+        return [m(x) for m in members]
+    from laquant.kernels.gemm.int8 import choose_config, int8_gemm, linear_triton
+
+    if codes is None:
+        y = linear_triton(x, packed, GPU_MODES[members[0].act_granularity])
+    else:
+        M, N = codes[0].shape[0], packed.qweight.shape[0]
+        y = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
+        int8_gemm(*codes, packed, y.view(M, N), choose_config("w8a8", M, N, packed.in_features))
+    return list(y.split([m.out_features for m in members], dim=-1)) if len(members) > 1 else [y]
