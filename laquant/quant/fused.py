@@ -90,16 +90,16 @@ def packed_group(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor):
 
 
 def w8a8_inputs(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor):
-    """The packed weight when the members will run the W8A8 GEMM on ``x`` (so the kernel that
-    makes x can write its int8 codes too, see :func:`project`), else None. ``x`` may be any
-    tensor of the input's leading shape and device: only its token count and device are read."""
-    packed = packed_group(owner, names, x)
-    if packed is None or getattr(owner, names[0]).act_granularity != "per_token":
-        return None
-    from laquant.kernels.gemm.configs import choose_gemm
+    """The packed weight of per-token W8A8 members that run as one GEMM on the GPU (so the kernel
+    that makes x writes its int8 codes too, see :func:`project`), else None. ``x`` may be any
+    tensor of the input's leading shape and device: only its device is read.
 
-    M = x.numel() // max(x.shape[-1], 1)
-    return packed if choose_gemm(M, packed.qweight.shape[0], packed.in_features)[0] == "w8a8" else None
+    With the codes made by the producer, the W8A8 GEMM alone beat the weight-only one at every M
+    measured (1 to 256 tokens, eval/results/speed_h100_e2e_fused.md), so a model path with a producer
+    always runs W8A8: its numerics do not depend on the batch's token count. (A module called on
+    its own takes ``linear_triton``'s ``auto``, whose table counts the quantization pass.)"""
+    packed = packed_group(owner, names, x)
+    return packed if packed is not None and getattr(owner, names[0]).act_granularity == "per_token" else None
 
 
 def project(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor, codes=None) -> list[torch.Tensor]:
