@@ -274,8 +274,10 @@ def _segmented(q, k, v, g, scale, initial_state, output_final_state, final_forma
     V = v.shape[-1]
     length = CHUNK * triton.cdiv(triton.cdiv(T, segments), CHUNK)
     segments = triton.cdiv(T, length)
-    starts = [b * T + min(j * length, T) for b in range(B) for j in range(segments)] + [B * T]
-    cu = torch.tensor(starts, dtype=torch.int32).to(q.device, non_blocking=True)
+    # the piece boundaries made on the device: a copy from host memory would wait for the GPU
+    piece = (torch.arange(segments, dtype=torch.int32, device=q.device) * length).clamp_max(T)
+    starts = (torch.arange(B, dtype=torch.int32, device=q.device)[:, None] * T + piece).flatten()
+    cu = torch.cat([starts, starts.new_full((1,), B * T)])
     flat = lambda x: x.reshape(1, B * T, *x.shape[2:])  # noqa: E731 - [B, T, ...] -> packed [1, B*T, ...]
     qf, kf, vf, gf, of = (flat(x) for x in (q, k, v, g, o))
     n_pieces = B * segments
