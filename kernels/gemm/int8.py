@@ -123,6 +123,16 @@ if triton is not None:
             tl.store(out + offs, quantize_int8(x, scale), mask=offs < KQ)
 
     @triton.jit
+    def _add_outliers(y, xo, wo_ptr, offs_n, mn, offs_o, mo, NO):
+        """``y`` plus the outlier columns' thin product ``xo [BM, BNO] @ outlier_weight[offs_n, offs_o]^T``
+        (in the model dtype on the tensor cores; exact float32 products for float32 x)."""
+        wo = tl.load(wo_ptr + offs_n[None, :].to(tl.int64) * NO + offs_o[:, None], mask=mo[:, None] & mn[None, :],
+                     other=0.0)
+        if xo.dtype == tl.float32:
+            return y + tl.dot(xo, wo.to(tl.float32), input_precision="ieee")
+        return y + tl.dot(xo, wo.to(xo.dtype))
+
+    @triton.jit
     def _int8_gemm_kernel(a_ptr, w_ptr, xs_ptr, ws_ptr, xo_ptr, wo_ptr, bias_ptr, y_ptr, M, N, K, NO, s_ym,
                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BNO: tl.constexpr,
                           GROUP_M: tl.constexpr, HAS_OUT: tl.constexpr, HAS_BIAS: tl.constexpr):
@@ -159,12 +169,7 @@ if triton is not None:
                 mo = offs_o < NO
                 xo = tl.load(xo_ptr + offs_m[:, None].to(tl.int64) * NO + offs_o[None, :],
                              mask=mm[:, None] & mo[None, :], other=0.0)
-                wo = tl.load(wo_ptr + offs_n[None, :].to(tl.int64) * NO + offs_o[:, None],
-                             mask=mo[:, None] & mn[None, :], other=0.0)
-                if xo.dtype == tl.float32:
-                    y += tl.dot(xo, wo.to(tl.float32), input_precision="ieee")
-                else:
-                    y += tl.dot(xo, wo.to(xo.dtype))
+                y = _add_outliers(y, xo, wo_ptr, offs_n, mn, offs_o, mo, NO)
         if HAS_BIAS:
             y += tl.load(bias_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)[None, :]
         tl.store(y_ptr + offs_m[:, None].to(tl.int64) * s_ym + offs_n[None, :], y.to(y_ptr.dtype.element_ty),
@@ -255,12 +260,7 @@ if triton is not None:
                     else:  # gathered from x
                         oi = tl.load(oidx_ptr + offs_o, mask=mo, other=0)
                         xo = tl.load(a_rows + oi[None, :], mask=mm[:, None] & mo[None, :], other=0.0)
-                    wo = tl.load(wo_ptr + offs_n[None, :].to(tl.int64) * NO + offs_o[:, None],
-                                 mask=mo[:, None] & mn[None, :], other=0.0)
-                    if xo.dtype == tl.float32:
-                        y += tl.dot(xo, wo.to(tl.float32), input_precision="ieee")
-                    else:
-                        y += tl.dot(xo, wo.to(xo.dtype))
+                    y = _add_outliers(y, xo, wo_ptr, offs_n, mn, offs_o, mo, NO)
             if HAS_BIAS:
                 y += tl.load(bias_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)[None, :]
         out_mask = mm[:, None] & mn[None, :]
