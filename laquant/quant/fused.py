@@ -31,9 +31,10 @@ def _key(members) -> tuple:
                  for m in members for b in (getattr(m, name) for name in _BUFFERS))
 
 
-def _fusable(members, x: torch.Tensor) -> bool:
+def _runs_packed(members, x: torch.Tensor) -> bool:
+    """The members can run as one packed GEMM on x (GPU, quantized alike, no hooks to honour)."""
     first = members[0]
-    return (len(members) > 1 and use_triton(x)
+    return (use_triton(x)
             and all(isinstance(m, QuantLinear) and not (m._forward_hooks or m._forward_pre_hooks) for m in members)
             and first.act_granularity in GPU_MODES and first.qweight.device == x.device
             and all(m.act_granularity == first.act_granularity and m.in_features == first.in_features
@@ -74,13 +75,10 @@ def packed_group(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor):
     """The one packed weight the members run as on the GPU for input ``x`` (fused when several), or
     None where they run module by module."""
     members = [getattr(owner, n) for n in names]
-    if len(members) == 1:
-        m = members[0]
-        ok = (isinstance(m, QuantLinear) and m.act_granularity in GPU_MODES and use_triton(x)
-              and m.qweight.device == x.device and not (m._forward_hooks or m._forward_pre_hooks))
-        return m.packed() if ok else None
-    if not _fusable(members, x):
+    if not _runs_packed(members, x):
         return None
+    if len(members) == 1:
+        return members[0].packed()
     cache = owner.__dict__.setdefault("_fused_projections", {})
     key, packed = cache.get(names, (None, None))
     if key != _key(members):
