@@ -5,6 +5,7 @@ import torch
 
 from conftest import rel_err
 from laquant.kernels import chunk_gla, int8_matmul_exact, int8_outlier_linear
+from laquant.kernels.gemm.reference import int8_matmul_float64
 from laquant.quant import StateFormat, StateQuantizer, dequantize, quantize_fp8, quantize_int8
 from laquant.quant.modules import QuantLinear
 
@@ -66,10 +67,18 @@ def test_renorm_interval_and_static_scales():
         StateQuantizer("fp4")
 
 
-def test_int8_matmul_is_exact_integer_arithmetic():
-    a = torch.randint(-127, 128, (33, 1000), dtype=torch.int8)
-    b = torch.randint(-127, 128, (17, 1000), dtype=torch.int8)
-    assert torch.equal(int8_matmul_exact(a, b).long(), a.long() @ b.long().T)
+@pytest.mark.parametrize("M,K,N", [(33, 1000, 17), (1, 2048, 300), (5, 7, 3), (64, 96, 40)])
+def test_int8_matmul_is_exact_integer_arithmetic(M, K, N):
+    """The CPU's int32 path (torch._int_mm) and the float64 emulation give the exact integer sums,
+    also for a weight that is a column slice of a padded buffer (as QuantLinear holds it)."""
+    a = torch.randint(-127, 128, (M, K), dtype=torch.int8)
+    padded = torch.randint(-127, 128, (N, K + 9), dtype=torch.int8)
+    b = padded[:, :K]
+    exact = a.long() @ b.long().T
+    assert torch.equal(int8_matmul_exact(a, b).long(), exact)
+    assert torch.equal(int8_matmul_float64(a, b).long(), exact)
+    extreme = torch.full((M, K), -127, dtype=torch.int8)  # the largest sums
+    assert torch.equal(int8_matmul_exact(extreme, b).long(), extreme.long() @ b.long().T)
 
 
 def test_outlier_linear_matches_float_reference_and_split_helps():
