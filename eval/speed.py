@@ -406,7 +406,7 @@ def _model_maker(model_id: str):
             return model
 
         return f"random qwen3_next {cfg.hidden_size}x{cfg.num_hidden_layers}", make
-    return model_id, lambda: load_model(_spec(model_id), device="cuda", dtype=torch.bfloat16)[0]
+    return model_id, lambda: load_model(model_id, device="cuda", dtype=torch.bfloat16)[0]
 
 
 def _qwen3_next_path() -> str:
@@ -484,7 +484,7 @@ def recipe_variants(model_ids, recipe: str, hybrid_recipe: str = "hybrid_int8",
             if kind != "load":
                 calib = torch.randint(0, model.config.vocab_size, (4, 1024), device="cuda")
             else:
-                ids = tokenize(load_text("calibration"), load_tokenizer(_spec(model_id)))
+                ids = tokenize(load_text("calibration"), load_tokenizer(model_id))
                 calib = ids[: 4 * 1024].view(4, 1024).cuda()
             return calibrate(model, this_recipe, data=calib, progress=False).model
 

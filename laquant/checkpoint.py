@@ -22,8 +22,23 @@ FORMAT_VERSION = 1
 
 
 def check_out_dir(out: Path, overwrite: bool) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+    """Before any work: ``out`` can be made here (a folder, new or empty or to be replaced, whose
+    nearest existing parent folder takes new entries)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise LaquantError(f"output {out} is a file, not a folder; pass a folder path")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise LaquantError(f"output {out} exists and is not empty; pass --overwrite to replace it")
+    parent = out.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise LaquantError(f"output {out} cannot be made: {parent} is a file")
+    try:  # what the staging folder will do there
+        tempfile.TemporaryDirectory(dir=parent, prefix=f".{out.name}.probe-").cleanup()
+    except OSError as exc:
+        raise LaquantError(f"output {out} cannot be written: {parent} does not take new folders "
+                           f"({exc.strerror or type(exc).__name__}); choose another --out") from None
 
 
 def storage_tensor(t: torch.Tensor, storage_dtype: torch.dtype) -> torch.Tensor:

@@ -22,12 +22,15 @@ def default_model_dir() -> Path:
 
 
 def resolve_model_dir(spec: str | Path | None) -> Path:
-    """``None`` -> embedded model; an existing directory -> itself; ``org/name`` -> the Hub cache."""
+    """``None`` or ``"gla-small"`` (no such local folder) -> the embedded model; an existing
+    directory -> itself; ``org/name`` -> the Hub cache."""
     if spec is None:
         return default_model_dir()
     path = Path(spec).expanduser()
     if path.is_dir():
         return path
+    if str(spec) == DEFAULT_MODEL_NAME:
+        return default_model_dir()
     if path.exists():
         raise LaquantError(f"model path {spec} is a file; pass the model's directory (with config.json)")
     if _HUB_ID.match(str(spec)):

@@ -277,6 +277,9 @@ def test_calibrate_and_inspect_cli(tmp_path, tiny_model_dir, capsys):
     (["--recipe", "gla_int8", "--data", "{empty}"], "is empty"),
     (["--recipe", "gla_int8", "--data", "{short}", "--seq-len", "512"], "calibration data is too short"),
     (["--recipe", "gla_int8", "--out", "{nonempty}"], "exists and is not empty; pass --overwrite"),
+    (["--recipe", "gla_int8", "--out", "{short}"], "is a file, not a folder"),
+    (["--recipe", "gla_int8", "--out", "{short}/sub"], "cannot be made: "),
+    (["--recipe", "gla_int8", "--out", "/proc/laquant-out"], "cannot be written: /proc does not take new folders"),
     (["--recipe", "gla_int8", "--model", "{llama}"], "model_type 'llama' is not supported"),
     (["--recipe", "gla_int8", "--stats", "{short}"], "not a laquant statistics file"),
 ])
@@ -290,6 +293,7 @@ def test_calibrate_bad_input(tmp_path, tiny_model_dir, capsys, argv, message):
     subs = {"{empty}": str(tmp_path / "empty.txt"), "{short}": str(tmp_path / "short.txt"),
             "{nonempty}": str(tmp_path / "nonempty"), "{llama}": str(tmp_path / "llama")}
     argv = [subs.get(a, a) for a in argv]
+    argv = [a.replace("{short}", subs["{short}"]) for a in argv]
     if "--model" not in argv:
         argv += ["--model", str(tiny_model_dir)]
     if "--out" not in argv:
@@ -323,3 +327,20 @@ def test_prefill_rounds_the_state_once_unless_asked_per_chunk(tiny_model_dir, ca
             once = quantizer.store_state(plain.get(0).load(), None).load()
             assert torch.equal(finals[False], once)
     assert not torch.equal(finals[False], finals[True])
+
+
+def test_ctrl_c_during_calibrate_is_one_line_and_leaves_nothing(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    import laquant.cli.calibrate as cli_calibrate
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    for phase in ("calibrate", "save"):  # while calibrating, while writing
+        with monkeypatch.context() as m:
+            m.setattr(cli_calibrate, phase, interrupted)
+            out = tmp_path / f"out-{phase}"
+            assert main(["calibrate", "--recipe", "gla_int8", "--model", str(tiny_model_dir), "--out", str(out),
+                         "--samples", "2", "--seq-len", "64", "--no-eval", "--quiet"]) == 130
+            err = capsys.readouterr().err
+            assert err.strip() == "laquant: interrupted" and "Traceback" not in err
+            assert list(tmp_path.iterdir()) == []

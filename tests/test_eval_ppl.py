@@ -61,3 +61,12 @@ def test_embedded_model_is_a_language_model():
     dec = perplexity(model, sample, context=512, mode="decode", progress=False)
     assert abs(pre.nll - dec.nll) < 1e-4
     assert pre.ppl < unigram_ppl / 2, (pre.ppl, unigram_ppl)
+
+
+def test_the_embedded_model_is_named_gla_small_everywhere(tmp_path, monkeypatch):
+    from laquant.loading import default_model_dir, resolve_model_dir
+
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model_dir("gla-small") == resolve_model_dir(None) == default_model_dir()
+    (tmp_path / "gla-small").mkdir()  # a local folder of that name wins
+    assert resolve_model_dir("gla-small").resolve() == (tmp_path / "gla-small").resolve()
