@@ -10,7 +10,7 @@ import torch
 from laquant.adapters import get_adapter, install
 from laquant.calibration.run import calibration_batches, collect_stats
 from laquant.calibration.stats import Stats
-from laquant.checkpoint import fill_model, load_state_dict_file, read_quantization_config, save_quantized
+from laquant.checkpoint import fill_model, read_quantization_config, save_quantized
 from laquant.errors import LaquantError
 from laquant.decisions import Decisions
 from laquant.quantize import apply, build_empty, plan
@@ -80,6 +80,6 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
         return load_model(model_dir, device=device, dtype=dtype)
     model = empty_model(read_supported_config(model_dir), model_dir, dtype)
     build_empty(model, get_adapter(model), qcfg["decisions"])
-    fill_model(model, load_state_dict_file(model_dir / "model.safetensors"), model_dir)
+    fill_model(model, model_dir / "model.safetensors", model_dir)
     _record_quantization(model, qcfg["recipe"], qcfg["decisions"])
     return model.to(device).eval(), load_tokenizer(model_dir)

@@ -128,27 +128,47 @@ def read_quantization_config(model_dir: Path) -> dict | None:
     return qcfg
 
 
-def load_state_dict_file(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+def _targets(model) -> dict[str, torch.Tensor]:
+    """The model's parameters and persistent buffers by state-dict name (tied ones under each
+    name), as the tensors themselves, to copy a checkpoint into."""
+    out = {}
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        prefix = f"{prefix}." if prefix else ""
+        for name, p in module._parameters.items():
+            if p is not None:
+                out[prefix + name] = p
+        for name, b in module._buffers.items():
+            if b is not None and name not in module._non_persistent_buffers_set:
+                out[prefix + name] = b
+    return out
+
+
+@torch.no_grad()
+def fill_model(model, path: Path, source: Path) -> None:
+    """Copy the checkpoint file ``path`` into ``model`` one tensor at a time (peak memory: the model
+    plus its largest tensor, not a second copy of it); every key and shape must match."""
+    from safetensors import safe_open
 
     if not path.is_file():
         raise LaquantError(f"checkpoint weights not found: {path}")
+    expected = _targets(model)
     try:
-        return load_file(str(path))
+        with safe_open(str(path), framework="pt") as f:
+            keys = set(f.keys())
+            missing = [k for k in expected if k not in keys]
+            unexpected = [k for k in keys if k not in expected]
+            if missing or unexpected:
+                what = f"missing {missing[:3]}" if missing else f"unexpected {sorted(unexpected)[:3]}"
+                raise LaquantError(f"{source} does not match its quantization_config ({what}); "
+                                   "the checkpoint is corrupted")
+            for name, target in expected.items():
+                t = f.get_tensor(name)
+                if t.shape != target.shape:
+                    raise LaquantError(f"{source}: tensor {name} has shape {tuple(t.shape)}, "
+                                       f"expected {tuple(target.shape)}")
+                target.copy_(t)
+    except LaquantError:
+        raise
     except Exception as exc:
         raise LaquantError(f"{path} is corrupted or truncated ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
                            "re-create the checkpoint") from None
-
-
-def fill_model(model, state: dict[str, torch.Tensor], source: Path) -> None:
-    """Load ``state`` into ``model``; every key must match, or the checkpoint does not fit the model."""
-    expected = model.state_dict()
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    if missing or unexpected:
-        what = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
-        raise LaquantError(f"{source} does not match its quantization_config ({what}); the checkpoint is corrupted")
-    for k, v in state.items():
-        if expected[k].shape != v.shape:
-            raise LaquantError(f"{source}: tensor {k} has shape {tuple(v.shape)}, expected {tuple(expected[k].shape)}")
-    model.load_state_dict(state, strict=True)

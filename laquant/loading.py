@@ -97,9 +97,22 @@ def empty_model(cfg: dict, source: Path | str, dtype: torch.dtype):
     config = model_config(cfg, source)
     family = get_family(config.model_type)
     cls = family.model_class()
-    model = (cls(config) if family.native else cls.from_config(config)).to(dtype)
+    with _skip_weight_init():  # every weight is overwritten by the checkpoint: no random init of each
+        model = (cls(config) if family.native else cls.from_config(config)).to(dtype)
     install(model)
     return model
+
+
+def _skip_weight_init():
+    """transformers' context that skips weight initialisation (its module moved between versions)."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:
+        try:
+            from transformers.modeling_utils import no_init_weights
+        except ImportError:
+            from contextlib import nullcontext as no_init_weights
+    return no_init_weights()
 
 
 def load_model(spec: str | Path | None = None, device: str | torch.device = "cpu",
