@@ -87,6 +87,9 @@ _FAMILIES = (
     Family("qwen3_next", "delta", "linear_attn", "Qwen3NextGatedDeltaNet", "GatedDeltaNetMixer"),
     Family("minimax", "gla", "self_attn", "MiniMaxLightningAttention", "LightningMixer", cache=_minimax_cache),
     Family("bamba", "gla", "mamba", "BambaMixer", "Mamba2Mixer"),
+    # Qwen3.5: the text model's config type (AutoModelForCausalLM builds Qwen3_5ForCausalLM from it)
+    Family("qwen3_5_text", "delta", "linear_attn", "Qwen3_5GatedDeltaNet", "SplitGatedDeltaNetMixer"),
+    Family("qwen3_5_moe_text", "delta", "linear_attn", "Qwen3_5MoeGatedDeltaNet", "SplitGatedDeltaNetMixer"),
 )
 FAMILIES: dict[str, Family] = {f.model_type: f for f in _FAMILIES}
 

@@ -50,7 +50,29 @@ def bamba(**kw):
     return BambaForCausalLM(BambaConfig(**{**cfg, **kw}))
 
 
-FAMILIES = {"qwen3_next": qwen3_next, "minimax": minimax, "bamba": bamba}
+def qwen3_5(**kw):
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, intermediate_size=96, num_attention_heads=2,
+               num_key_value_heads=1, head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2,
+               linear_key_head_dim=16, linear_value_head_dim=24,
+               layer_types=["linear_attention"] * 3 + ["full_attention"], bos_token_id=0, eos_token_id=0)
+    return Qwen3_5ForCausalLM(Qwen3_5TextConfig(**{**cfg, **kw}))
+
+
+def qwen3_5_moe(**kw):
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
+               num_key_value_heads=1, head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2,
+               linear_key_head_dim=16, linear_value_head_dim=24, num_experts=4, num_experts_per_tok=2,
+               moe_intermediate_size=32, shared_expert_intermediate_size=32,
+               layer_types=["linear_attention"] * 3 + ["full_attention"], bos_token_id=0, eos_token_id=0)
+    return Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**{**cfg, **kw}))
+
+
+FAMILIES = {"qwen3_next": qwen3_next, "minimax": minimax, "bamba": bamba, "qwen3_5": qwen3_5,
+            "qwen3_5_moe": qwen3_5_moe}
 
 
 def _model(family):
@@ -110,6 +132,11 @@ def test_roles(family):
         assert "model.layers.0.linear_attn.in_proj_qkvz" in projections
         assert list(adapter.gates()) == [f"model.layers.{i}.linear_attn.in_proj_ba" for i in range(3)]
         assert "model.layers.1.mlp.gate" in kept["routers"] and "model.layers.1.mlp.experts" in kept["experts"]
+        assert (info.num_heads, info.head_k, info.head_v) == (2, 16, 24)
+    elif family in ("qwen3_5", "qwen3_5_moe"):  # separate projections: the gate is in_proj_a
+        assert {f"model.layers.0.linear_attn.{p}" for p in ("in_proj_qkv", "in_proj_z", "in_proj_b")} <= set(projections)
+        assert list(adapter.gates()) == [f"model.layers.{i}.linear_attn.in_proj_a" for i in range(3)]
+        assert "model.layers.0.linear_attn.A_log" in kept["decay"]
         assert (info.num_heads, info.head_k, info.head_v) == (2, 16, 24)
     elif family == "minimax":
         assert adapter.gates() == {} and "model.layers.0.self_attn.slope_rate" in kept["decay"]
