@@ -94,7 +94,15 @@ _FAMILIES = (
 FAMILIES: dict[str, Family] = {f.model_type: f for f in _FAMILIES}
 
 
+# vision-language wrappers whose text model is supported: what to do instead (one line)
+_TEXT_OF_VL = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+
+
 def get_family(model_type: str | None, what: str = "model_type") -> Family:
     if model_type not in FAMILIES:
-        raise LaquantError(f"{what} {model_type!r} is not supported; supported: {', '.join(FAMILIES)}")
+        hint = ""
+        if model_type in _TEXT_OF_VL:
+            hint = (f" (a vision-language checkpoint: the vision tower is not handled yet; save its language model "
+                    f"as a CausalLM with model_type {_TEXT_OF_VL[model_type]!r}, its text_config, and quantize that)")
+        raise LaquantError(f"{what} {model_type!r} is not supported{hint}; supported: {', '.join(FAMILIES)}")
     return FAMILIES[model_type]

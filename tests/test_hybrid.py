@@ -239,6 +239,16 @@ def test_layer_by_layer_calibration_of_a_hybrid_equals_whole_model():
         assert torch.equal(value, layerwise.tensors[key]), key
 
 
+def test_a_vision_language_qwen3_5_is_refused_with_what_to_do():
+    from laquant.families import get_family
+
+    with pytest.raises(LaquantError, match=r"model_type 'qwen3_5' is not supported \(a vision-language checkpoint.*"
+                                           r"'qwen3_5_text'.*; supported: gla, .*qwen3_5_text"):
+        get_family("qwen3_5")
+    with pytest.raises(LaquantError, match=r"'mystery' is not supported; supported: gla, qwen3_next"):
+        get_family("mystery")
+
+
 def test_unresolvable_layer_types_are_named():
     model = _model("qwen3_next")
     model.config.layer_types = ["linear_attention", "mystery", "linear_attention", "full_attention"]
@@ -260,6 +270,21 @@ def test_unknown_module_layouts_are_named():
     model.model.layers[1].linear_attn.in_proj_qkvz = nn.Linear(64, 100, bias=False)
     with pytest.raises(LaquantError, match=r"fused projection model.layers.1.linear_attn.in_proj_qkvz has 100 "
                                            r"outputs; its split is unknown \(expected q 16 \+ k 16 \+ v 48 \+ z 48"):
+        get_adapter(model)
+
+    model = _model("qwen3_5")
+    del model.model.layers[0].linear_attn.in_proj_a  # e.g. a version that fuses b and a again
+    with pytest.raises(LaquantError, match=r"model.layers.0.linear_attn \(Qwen3_5GatedDeltaNet\) lacks in_proj_a; "
+                                           r"expected attributes: conv1d, in_proj_qkv, in_proj_z, in_proj_b, in_proj_a"):
+        get_adapter(model)
+    model = _model("qwen3_5")
+    model.model.layers[1].linear_attn.in_proj_qkv = nn.Linear(64, 100, bias=False)
+    with pytest.raises(LaquantError, match=r"in_proj_qkv has 100 outputs; its split is unknown \(expected q 16 \+ k 16 "
+                                           r"\+ v 48"):
+        get_adapter(model)
+    model = _model("qwen3_5")
+    model.model.layers[2].linear_attn.in_proj_a = nn.Linear(64, 3, bias=False)
+    with pytest.raises(LaquantError, match=r"in_proj_a has 3 outputs, expected 2"):
         get_adapter(model)
 
     model = _model("bamba")

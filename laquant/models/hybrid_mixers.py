@@ -275,12 +275,16 @@ class SplitGatedDeltaNetMixer(GatedDeltaNetMixer):
 
     @staticmethod
     def fused_splits(src: nn.Module) -> dict[str, dict[str, int]]:
-        return {}
+        return {"in_proj_qkv": {"q": src.key_dim, "k": src.key_dim, "v": src.value_dim}}
 
     @staticmethod
     def layout_problem(src: nn.Module) -> str | None:
         if src.num_v_heads % src.num_k_heads:
             return f"{src.num_v_heads} value heads do not group evenly over {src.num_k_heads} key heads"
+        want = {"in_proj_z": src.value_dim, "in_proj_b": src.num_v_heads, "in_proj_a": src.num_v_heads}
+        for name, n in want.items():
+            if getattr(src, name).out_features != n:
+                return f"{name} has {getattr(src, name).out_features} outputs, expected {n}"
         return None
 
     def gate_log_decay(self, logits: torch.Tensor) -> torch.Tensor:
