@@ -90,6 +90,7 @@ _FAMILIES = (
     # Qwen3.5: the text model's config type (AutoModelForCausalLM builds Qwen3_5ForCausalLM from it)
     Family("qwen3_5_text", "delta", "linear_attn", "Qwen3_5GatedDeltaNet", "SplitGatedDeltaNetMixer"),
     Family("qwen3_5_moe_text", "delta", "linear_attn", "Qwen3_5MoeGatedDeltaNet", "SplitGatedDeltaNetMixer"),
+    Family("olmo_hybrid", "delta", "linear_attn", "OlmoHybridGatedDeltaNet", "OlmoGatedDeltaNetMixer"),
 )
 FAMILIES: dict[str, Family] = {f.model_type: f for f in _FAMILIES}
 

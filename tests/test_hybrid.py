@@ -71,8 +71,19 @@ def qwen3_5_moe(**kw):
     return Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**{**cfg, **kw}))
 
 
+def olmo_hybrid(**kw):
+    from transformers import OlmoHybridConfig, OlmoHybridForCausalLM
+
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, intermediate_size=96, num_attention_heads=2,
+               num_key_value_heads=1, linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=16,
+               linear_value_head_dim=24, linear_allow_neg_eigval=True,
+               layer_types=["linear_attention"] * 3 + ["full_attention"], bos_token_id=0, eos_token_id=0,
+               pad_token_id=0)
+    return OlmoHybridForCausalLM(OlmoHybridConfig(**{**cfg, **kw}))
+
+
 FAMILIES = {"qwen3_next": qwen3_next, "minimax": minimax, "bamba": bamba, "qwen3_5": qwen3_5,
-            "qwen3_5_moe": qwen3_5_moe}
+            "qwen3_5_moe": qwen3_5_moe, "olmo_hybrid": olmo_hybrid}
 
 
 def _model(family):
@@ -132,6 +143,12 @@ def test_roles(family):
         assert "model.layers.0.linear_attn.in_proj_qkvz" in projections
         assert list(adapter.gates()) == [f"model.layers.{i}.linear_attn.in_proj_ba" for i in range(3)]
         assert "model.layers.1.mlp.gate" in kept["routers"] and "model.layers.1.mlp.experts" in kept["experts"]
+        assert (info.num_heads, info.head_k, info.head_v) == (2, 16, 24)
+    elif family == "olmo_hybrid":
+        assert {f"model.layers.0.linear_attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "b_proj", "g_proj",
+                                                             "o_proj")} <= set(projections)
+        assert list(adapter.gates()) == [f"model.layers.{i}.linear_attn.a_proj" for i in range(3)]
+        assert "model.layers.0.linear_attn.A_log" in kept["decay"]
         assert (info.num_heads, info.head_k, info.head_v) == (2, 16, 24)
     elif family in ("qwen3_5", "qwen3_5_moe"):  # separate projections: the gate is in_proj_a
         assert {f"model.layers.0.linear_attn.{p}" for p in ("in_proj_qkv", "in_proj_z", "in_proj_b")} <= set(projections)
