@@ -87,11 +87,23 @@ _FAMILIES = (
     Family("qwen3_next", "delta", "linear_attn", "Qwen3NextGatedDeltaNet", "GatedDeltaNetMixer"),
     Family("minimax", "gla", "self_attn", "MiniMaxLightningAttention", "LightningMixer", cache=_minimax_cache),
     Family("bamba", "gla", "mamba", "BambaMixer", "Mamba2Mixer"),
+    # Qwen3.5: the text model's config type (AutoModelForCausalLM builds Qwen3_5ForCausalLM from it)
+    Family("qwen3_5_text", "delta", "linear_attn", "Qwen3_5GatedDeltaNet", "SplitGatedDeltaNetMixer"),
+    Family("qwen3_5_moe_text", "delta", "linear_attn", "Qwen3_5MoeGatedDeltaNet", "SplitGatedDeltaNetMixer"),
+    Family("olmo_hybrid", "delta", "linear_attn", "OlmoHybridGatedDeltaNet", "OlmoGatedDeltaNetMixer"),
 )
 FAMILIES: dict[str, Family] = {f.model_type: f for f in _FAMILIES}
 
 
+# vision-language wrappers whose text model is supported: what to do instead (one line)
+_TEXT_OF_VL = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+
+
 def get_family(model_type: str | None, what: str = "model_type") -> Family:
     if model_type not in FAMILIES:
-        raise LaquantError(f"{what} {model_type!r} is not supported; supported: {', '.join(FAMILIES)}")
+        hint = ""
+        if model_type in _TEXT_OF_VL:
+            hint = (f" (a vision-language checkpoint: the vision tower is not handled yet; save its language model "
+                    f"as a CausalLM with model_type {_TEXT_OF_VL[model_type]!r}, its text_config, and quantize that)")
+        raise LaquantError(f"{what} {model_type!r} is not supported{hint}; supported: {', '.join(FAMILIES)}")
     return FAMILIES[model_type]

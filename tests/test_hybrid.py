@@ -50,7 +50,40 @@ def bamba(**kw):
     return BambaForCausalLM(BambaConfig(**{**cfg, **kw}))
 
 
-FAMILIES = {"qwen3_next": qwen3_next, "minimax": minimax, "bamba": bamba}
+def qwen3_5(**kw):
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, intermediate_size=96, num_attention_heads=2,
+               num_key_value_heads=1, head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2,
+               linear_key_head_dim=16, linear_value_head_dim=24,
+               layer_types=["linear_attention"] * 3 + ["full_attention"], bos_token_id=0, eos_token_id=0)
+    return Qwen3_5ForCausalLM(Qwen3_5TextConfig(**{**cfg, **kw}))
+
+
+def qwen3_5_moe(**kw):
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
+               num_key_value_heads=1, head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2,
+               linear_key_head_dim=16, linear_value_head_dim=24, num_experts=4, num_experts_per_tok=2,
+               moe_intermediate_size=32, shared_expert_intermediate_size=32,
+               layer_types=["linear_attention"] * 3 + ["full_attention"], bos_token_id=0, eos_token_id=0)
+    return Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**{**cfg, **kw}))
+
+
+def olmo_hybrid(**kw):
+    from transformers import OlmoHybridConfig, OlmoHybridForCausalLM
+
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, intermediate_size=96, num_attention_heads=2,
+               num_key_value_heads=1, linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=16,
+               linear_value_head_dim=24, linear_allow_neg_eigval=True,
+               layer_types=["linear_attention"] * 3 + ["full_attention"], bos_token_id=0, eos_token_id=0,
+               pad_token_id=0)
+    return OlmoHybridForCausalLM(OlmoHybridConfig(**{**cfg, **kw}))
+
+
+FAMILIES = {"qwen3_next": qwen3_next, "minimax": minimax, "bamba": bamba, "qwen3_5": qwen3_5,
+            "qwen3_5_moe": qwen3_5_moe, "olmo_hybrid": olmo_hybrid}
 
 
 def _model(family):
@@ -110,6 +143,17 @@ def test_roles(family):
         assert "model.layers.0.linear_attn.in_proj_qkvz" in projections
         assert list(adapter.gates()) == [f"model.layers.{i}.linear_attn.in_proj_ba" for i in range(3)]
         assert "model.layers.1.mlp.gate" in kept["routers"] and "model.layers.1.mlp.experts" in kept["experts"]
+        assert (info.num_heads, info.head_k, info.head_v) == (2, 16, 24)
+    elif family == "olmo_hybrid":
+        assert {f"model.layers.0.linear_attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "b_proj", "g_proj",
+                                                             "o_proj")} <= set(projections)
+        assert list(adapter.gates()) == [f"model.layers.{i}.linear_attn.a_proj" for i in range(3)]
+        assert "model.layers.0.linear_attn.A_log" in kept["decay"]
+        assert (info.num_heads, info.head_k, info.head_v) == (2, 16, 24)
+    elif family in ("qwen3_5", "qwen3_5_moe"):  # separate projections: the gate is in_proj_a
+        assert {f"model.layers.0.linear_attn.{p}" for p in ("in_proj_qkv", "in_proj_z", "in_proj_b")} <= set(projections)
+        assert list(adapter.gates()) == [f"model.layers.{i}.linear_attn.in_proj_a" for i in range(3)]
+        assert "model.layers.0.linear_attn.A_log" in kept["decay"]
         assert (info.num_heads, info.head_k, info.head_v) == (2, 16, 24)
     elif family == "minimax":
         assert adapter.gates() == {} and "model.layers.0.self_attn.slope_rate" in kept["decay"]
@@ -212,6 +256,16 @@ def test_layer_by_layer_calibration_of_a_hybrid_equals_whole_model():
         assert torch.equal(value, layerwise.tensors[key]), key
 
 
+def test_a_vision_language_qwen3_5_is_refused_with_what_to_do():
+    from laquant.families import get_family
+
+    with pytest.raises(LaquantError, match=r"model_type 'qwen3_5' is not supported \(a vision-language checkpoint.*"
+                                           r"'qwen3_5_text'.*; supported: gla, .*qwen3_5_text"):
+        get_family("qwen3_5")
+    with pytest.raises(LaquantError, match=r"'mystery' is not supported; supported: gla, qwen3_next"):
+        get_family("mystery")
+
+
 def test_unresolvable_layer_types_are_named():
     model = _model("qwen3_next")
     model.config.layer_types = ["linear_attention", "mystery", "linear_attention", "full_attention"]
@@ -233,6 +287,21 @@ def test_unknown_module_layouts_are_named():
     model.model.layers[1].linear_attn.in_proj_qkvz = nn.Linear(64, 100, bias=False)
     with pytest.raises(LaquantError, match=r"fused projection model.layers.1.linear_attn.in_proj_qkvz has 100 "
                                            r"outputs; its split is unknown \(expected q 16 \+ k 16 \+ v 48 \+ z 48"):
+        get_adapter(model)
+
+    model = _model("qwen3_5")
+    del model.model.layers[0].linear_attn.in_proj_a  # e.g. a version that fuses b and a again
+    with pytest.raises(LaquantError, match=r"model.layers.0.linear_attn \(Qwen3_5GatedDeltaNet\) lacks in_proj_a; "
+                                           r"expected attributes: conv1d, in_proj_qkv, in_proj_z, in_proj_b, in_proj_a"):
+        get_adapter(model)
+    model = _model("qwen3_5")
+    model.model.layers[1].linear_attn.in_proj_qkv = nn.Linear(64, 100, bias=False)
+    with pytest.raises(LaquantError, match=r"in_proj_qkv has 100 outputs; its split is unknown \(expected q 16 \+ k 16 "
+                                           r"\+ v 48"):
+        get_adapter(model)
+    model = _model("qwen3_5")
+    model.model.layers[2].linear_attn.in_proj_a = nn.Linear(64, 3, bias=False)
+    with pytest.raises(LaquantError, match=r"in_proj_a has 3 outputs, expected 2"):
         get_adapter(model)
 
     model = _model("bamba")

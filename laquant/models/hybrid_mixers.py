@@ -261,3 +261,97 @@ class Mamba2Mixer(HybridMixer):
         y = self.norm(y.reshape(B, T, -1).to(dtype), z)
         return self.out_proj(y.to(dtype))
 
+
+
+class SplitGatedDeltaNetMixer(GatedDeltaNetMixer):
+    """transformers' ``Qwen3_5GatedDeltaNet`` / ``Qwen3_5MoeGatedDeltaNet``: qwen3_next's gated delta
+    rule with separate projections, ``in_proj_qkv`` (q, k, v contiguous, the conv's input),
+    ``in_proj_z`` (the output gate), ``in_proj_b`` (beta logits) and ``in_proj_a`` (decay logits,
+    the gate projection)."""
+
+    MODULES = ("conv1d", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "norm", "out_proj")
+    PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "out_proj")
+    GATE = "in_proj_a"
+
+    @staticmethod
+    def fused_splits(src: nn.Module) -> dict[str, dict[str, int]]:
+        return {"in_proj_qkv": {"q": src.key_dim, "k": src.key_dim, "v": src.value_dim}}
+
+    @staticmethod
+    def layout_problem(src: nn.Module) -> str | None:
+        if src.num_v_heads % src.num_k_heads:
+            return f"{src.num_v_heads} value heads do not group evenly over {src.num_k_heads} key heads"
+        want = {"in_proj_z": src.value_dim, "in_proj_b": src.num_v_heads, "in_proj_a": src.num_v_heads}
+        for name, n in want.items():
+            if getattr(src, name).out_features != n:
+                return f"{name} has {getattr(src, name).out_features} outputs, expected {n}"
+        return None
+
+    def gate_log_decay(self, logits: torch.Tensor) -> torch.Tensor:
+        """The log-decay of ``in_proj_a``'s outputs."""
+        return self.log_decay(logits)
+
+    def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs):
+        x = mask_padding(hidden_states, attention_mask)
+        B, T, _ = x.shape
+        states = state_store(cache_params)
+        z = self.in_proj_z(x).unflatten(-1, (-1, self.head_v_dim))
+        b, a = self.in_proj_b(x), self.in_proj_a(x)
+        mixed = short_conv(self.in_proj_qkv(x), states, self.layer_idx, self.conv1d, self.activation)
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], -1)
+        q, k = q.unflatten(-1, (-1, self.head_k_dim)), k.unflatten(-1, (-1, self.head_k_dim))
+        v = v.unflatten(-1, (-1, self.head_v_dim))
+        g, beta = self.log_decay(a), b.float().sigmoid()
+
+        o = self.attend_delta(q, k, v, g, beta, states)
+        o = self.norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+        return self.out_proj(o.reshape(B, T, -1))
+
+
+class OlmoGatedDeltaNetMixer(GatedDeltaNetMixer):
+    """transformers' ``OlmoHybridGatedDeltaNet``: separate ``q_proj``, ``k_proj``, ``v_proj`` (their
+    concatenation is the conv's input; the conv has no bias), ``a_proj`` (decay logits, the gate
+    projection), ``b_proj`` (beta logits; beta doubled to ``[0, 2]`` with ``allow_neg_eigval``),
+    ``g_proj`` (the output gate) into the gated ``o_norm``, and ``o_proj``."""
+
+    MODULES = ("conv1d", "q_proj", "k_proj", "v_proj", "a_proj", "b_proj", "g_proj", "o_norm", "o_proj")
+    ATTRS = (*GatedDeltaNetMixer.ATTRS, "allow_neg_eigval")
+    PROJECTIONS = ("q_proj", "k_proj", "v_proj", "b_proj", "g_proj", "o_proj")
+    GATE = "a_proj"
+
+    @staticmethod
+    def fused_splits(src: nn.Module) -> dict[str, dict[str, int]]:
+        return {}
+
+    @staticmethod
+    def layout_problem(src: nn.Module) -> str | None:
+        if src.num_v_heads % src.num_k_heads:
+            return f"{src.num_v_heads} value heads do not group evenly over {src.num_k_heads} key heads"
+        want = {"q_proj": src.key_dim, "k_proj": src.key_dim, "v_proj": src.value_dim, "g_proj": src.value_dim,
+                "a_proj": src.num_v_heads, "b_proj": src.num_v_heads}
+        for name, n in want.items():
+            if getattr(src, name).out_features != n:
+                return f"{name} has {getattr(src, name).out_features} outputs, expected {n}"
+        return None
+
+    def gate_log_decay(self, logits: torch.Tensor) -> torch.Tensor:
+        """The log-decay of ``a_proj``'s outputs."""
+        return self.log_decay(logits)
+
+    def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs):
+        x = mask_padding(hidden_states, attention_mask)
+        B, T, _ = x.shape
+        states = state_store(cache_params)
+        mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1)
+        mixed = short_conv(mixed, states, self.layer_idx, self.conv1d, self.activation)
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], -1)
+        q, k = q.unflatten(-1, (-1, self.head_k_dim)), k.unflatten(-1, (-1, self.head_k_dim))
+        v = v.unflatten(-1, (-1, self.head_v_dim))
+        beta = self.b_proj(x).float().sigmoid()
+        if self.allow_neg_eigval:
+            beta = beta * 2.0
+        g = self.log_decay(self.a_proj(x))
+
+        o = self.attend_delta(q, k, v, g, beta, states)
+        o = self.o_norm(o.reshape(-1, self.head_v_dim), self.g_proj(x).reshape(-1, self.head_v_dim))
+        return self.o_proj(o.reshape(B, T, -1))
