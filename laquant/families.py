@@ -27,6 +27,10 @@ class Family:
     source_class: str = ""
     mixer: str = ""
     cache: Callable | None = None  # a fresh cache for incremental decoding, where transformers' default does not fit
+    # where the softmax attention sits, and config.layer_types' MLP-only block types (nemotron_h types
+    # each block: its mixer_attr holds the linear mixer, the attention or the MLP / MoE)
+    attention_attr: str = "self_attn"
+    mlp_layer_types: tuple[str, ...] = ()
 
     @property
     def native(self) -> bool:
@@ -87,6 +91,8 @@ _FAMILIES = (
     Family("qwen3_next", "delta", "linear_attn", "Qwen3NextGatedDeltaNet", "GatedDeltaNetMixer"),
     Family("minimax", "gla", "self_attn", "MiniMaxLightningAttention", "LightningMixer", cache=_minimax_cache),
     Family("bamba", "gla", "mamba", "BambaMixer", "Mamba2Mixer"),
+    Family("nemotron_h", "gla", "mixer", "NemotronHMamba2Mixer", "Mamba2Mixer", attention_attr="mixer",
+           mlp_layer_types=("mlp", "moe")),
 )
 FAMILIES: dict[str, Family] = {f.model_type: f for f in _FAMILIES}
 
