@@ -27,6 +27,10 @@ class Family:
     source_class: str = ""
     mixer: str = ""
     cache: Callable | None = None  # a fresh cache for incremental decoding, where transformers' default does not fit
+    # where the softmax attention sits, and config.layer_types' MLP-only block types (nemotron_h types
+    # each block: its mixer_attr holds the linear mixer, the attention or the MLP / MoE)
+    attention_attr: str = "self_attn"
+    mlp_layer_types: tuple[str, ...] = ()
 
     @property
     def native(self) -> bool:
@@ -91,6 +95,8 @@ _FAMILIES = (
     Family("qwen3_5_text", "delta", "linear_attn", "Qwen3_5GatedDeltaNet", "SplitGatedDeltaNetMixer"),
     Family("qwen3_5_moe_text", "delta", "linear_attn", "Qwen3_5MoeGatedDeltaNet", "SplitGatedDeltaNetMixer"),
     Family("olmo_hybrid", "delta", "linear_attn", "OlmoHybridGatedDeltaNet", "OlmoGatedDeltaNetMixer"),
+    Family("nemotron_h", "gla", "mixer", "NemotronHMamba2Mixer", "Mamba2Mixer", attention_attr="mixer",
+           mlp_layer_types=("mlp", "moe")),
 )
 FAMILIES: dict[str, Family] = {f.model_type: f for f in _FAMILIES}
 

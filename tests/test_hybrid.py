@@ -1,4 +1,4 @@
-"""transformers hybrids (qwen3_next, minimax, bamba) on tiny random configs: plumbing only.
+"""transformers hybrids (qwen3_next, minimax, bamba, qwen3_5, olmo_hybrid, nemotron_h) on tiny random configs: plumbing only.
 
 The adapters' models must compute what transformers computes, carry their state through laquant's
 cache, quantize by role, save and reload bit for bit, and refuse layouts they do not know.
@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 from conftest import checkpoint_decisions, rel_err, same_tensors
 from transformers import (AutoModelForCausalLM, BambaConfig, BambaForCausalLM, MiniMaxConfig, MiniMaxForCausalLM,
-                          Qwen3NextConfig, Qwen3NextForCausalLM)
+                          NemotronHConfig, NemotronHForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM)
 
 import laquant
 from laquant.adapters import get_adapter, install, new_cache
@@ -82,8 +82,19 @@ def olmo_hybrid(**kw):
     return OlmoHybridForCausalLM(OlmoHybridConfig(**{**cfg, **kw}))
 
 
+def nemotron_h(**kw):
+    # typed blocks: mamba, MoE, attention, MLP, mamba (the grouped gated RMSNorm: n_groups 2)
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_attention_heads=2, num_key_value_heads=1,
+               head_dim=32, mamba_num_heads=4, mamba_head_dim=32, n_groups=2, ssm_state_size=16, chunk_size=16,
+               n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+               moe_shared_expert_intermediate_size=32, n_group=1, topk_group=1, use_mamba_kernels=False,
+               layers_block_type=["linear_attention", "moe", "full_attention", "mlp", "linear_attention"],
+               bos_token_id=0, eos_token_id=0)
+    return NemotronHForCausalLM(NemotronHConfig(**{**cfg, **kw}))
+
+
 FAMILIES = {"qwen3_next": qwen3_next, "minimax": minimax, "bamba": bamba, "qwen3_5": qwen3_5,
-            "qwen3_5_moe": qwen3_5_moe, "olmo_hybrid": olmo_hybrid}
+            "qwen3_5_moe": qwen3_5_moe, "olmo_hybrid": olmo_hybrid, "nemotron_h": nemotron_h}
 
 
 def _model(family):
@@ -159,10 +170,16 @@ def test_roles(family):
         assert adapter.gates() == {} and "model.layers.0.self_attn.slope_rate" in kept["decay"]
         assert (info.num_heads, info.head_k, info.head_v) == (2, 32, 32)
     else:
-        gate = "model.layers.0.mamba.in_proj"
+        gate = f"model.layers.0.{adapter.mixer_attr}.in_proj"
         assert gate in adapter.gates() and gate in projections
         assert adapter.gate_channels(gate) == (64 * 2 + 64 * 2 + 2 * 2 * 16, 4)
         assert (info.num_heads, info.head_k, info.head_v) == (4, 16, 32)  # [d_state, head_dim]
+    if family == "nemotron_h":  # typed blocks: mamba, MoE, attention, MLP, mamba, each at .mixer
+        assert adapter.linear_layers() == [0, 4] and adapter.attention_layers() == [2]
+        assert "model.layers.2.mixer.q_proj" in adapter.attention_projections()
+        assert {"model.layers.3.mixer.up_proj", "model.layers.3.mixer.down_proj",
+                "model.layers.1.mixer.shared_experts.up_proj"} <= set(projections)
+        assert "model.layers.1.mixer.gate" in kept["routers"] and "model.layers.1.mixer.experts" in kept["experts"]
 
 
 @torch.no_grad()
@@ -307,6 +324,22 @@ def test_unknown_module_layouts_are_named():
     model = _model("bamba")
     model.model.layers[0].mamba = nn.Identity()
     with pytest.raises(LaquantError, match="model.layers.0.mamba is Identity, expected transformers' BambaMixer"):
+        get_adapter(model)
+
+    model = _model("nemotron_h")  # typed blocks: a mamba block holding an MLP, an unknown block type
+    model.model.layers[4].mixer = model.model.layers[3].mixer
+    with pytest.raises(LaquantError, match="model.layers.4.mixer is NemotronHMLP, expected transformers' "
+                                           "NemotronHMamba2Mixer"):
+        get_adapter(model)
+    model.config.layer_types[4] = "mamba3"
+    with pytest.raises(LaquantError, match=r"model.layers.4: config.layer_types\[4\] = 'mamba3'; expected one of "
+                                           r"\('linear_attention', 'full_attention', 'mlp', 'moe'\)"):
+        get_adapter(model)
+
+    model = _model("nemotron_h")
+    model.model.layers[0].mixer.in_proj = nn.Linear(64, 100, bias=False)  # e.g. without the dt channels
+    with pytest.raises(LaquantError, match=r"model.layers.0.mixer.in_proj has 100 outputs; its split is unknown "
+                                           r"\(expected z 128 \+ x 128 \+ B 32 \+ C 32 \+ dt 4 = 324\)"):
         get_adapter(model)
 
     model = _model("minimax")

@@ -56,6 +56,8 @@ class HybridAdapter(Adapter):
         self.family = family
         self.model_type = family.model_type
         self.mixer_attr, self.mixer_class = family.mixer_attr, family.mixer_class
+        self.attention_attr = family.attention_attr
+        allowed = LAYER_TYPES + family.mlp_layer_types
         inner = getattr(model, "model", None)
         if inner is None or not isinstance(getattr(inner, "layers", None), nn.ModuleList):
             raise LaquantError(f"{self.model_type} adapter: expected a causal LM with model.layers (a ModuleList); "
@@ -64,11 +66,11 @@ class HybridAdapter(Adapter):
         types = getattr(model.config, "layer_types", None)
         if types is None or len(types) != len(self.layers):
             raise LaquantError(f"{self.model_type} adapter: cannot resolve the layer types: config.layer_types is "
-                               f"{types!r}, expected one of {LAYER_TYPES} for each of the {len(self.layers)} layers")
+                               f"{types!r}, expected one of {allowed} for each of the {len(self.layers)} layers")
         for i, t in enumerate(types):
-            if t not in LAYER_TYPES:
+            if t not in allowed:
                 raise LaquantError(f"{self.model_type} adapter: cannot resolve the type of model.layers.{i}: "
-                                   f"config.layer_types[{i}] = {t!r}; expected one of {LAYER_TYPES}")
+                                   f"config.layer_types[{i}] = {t!r}; expected one of {allowed}")
         self.layer_types = list(types)
         for i in self.linear_layers():
             mixer = getattr(self.layers[i], self.mixer_attr, None)
@@ -131,11 +133,17 @@ class HybridAdapter(Adapter):
         return mixer
 
     # roles
+    def _mlp_attrs(self, i: int) -> tuple[str, ...]:
+        """The attributes of layer ``i`` that may hold its MLP / MoE block."""
+        if self.layer_types[i] in self.family.mlp_layer_types:
+            return (self.mixer_attr,)
+        return ("mlp", "feed_forward", "block_sparse_moe")
+
     def _layer_linears(self, i: int) -> dict[str, nn.Linear]:
         """The MLP side's Linears of layer ``i`` (routers excluded)."""
         routers = set(self._routers(i))
         out = {}
-        for attr in ("mlp", "feed_forward", "block_sparse_moe"):
+        for attr in self._mlp_attrs(i):
             block = getattr(self.layers[i], attr, None)
             if block is not None:
                 out.update({f"model.layers.{i}.{attr}.{n}": m for n, m in block.named_modules()
@@ -174,7 +182,7 @@ class HybridAdapter(Adapter):
 
     def _routers(self, i: int) -> list[str]:
         out = []
-        for attr in ("mlp", "block_sparse_moe"):
+        for attr in self._mlp_attrs(i):
             block = getattr(self.layers[i], attr, None)
             for sub in ("gate", "shared_expert_gate"):
                 if block is not None and hasattr(block, "experts") and getattr(block, sub, None) is not None:
