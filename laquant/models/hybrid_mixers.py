@@ -263,6 +263,16 @@ class Mamba2Mixer(HybridMixer):
 
 
 
+def _widths_problem(src: nn.Module, want: dict[str, int]) -> str | None:
+    """What differs in a Gated DeltaNet with separate projections: the head grouping or a width."""
+    if src.num_v_heads % src.num_k_heads:
+        return f"{src.num_v_heads} value heads do not group evenly over {src.num_k_heads} key heads"
+    for name, n in want.items():
+        if getattr(src, name).out_features != n:
+            return f"{name} has {getattr(src, name).out_features} outputs, expected {n}"
+    return None
+
+
 class SplitGatedDeltaNetMixer(GatedDeltaNetMixer):
     """transformers' ``Qwen3_5GatedDeltaNet`` / ``Qwen3_5MoeGatedDeltaNet``: qwen3_next's gated delta
     rule with separate projections, ``in_proj_qkv`` (q, k, v contiguous, the conv's input),
@@ -279,16 +289,11 @@ class SplitGatedDeltaNetMixer(GatedDeltaNetMixer):
 
     @staticmethod
     def layout_problem(src: nn.Module) -> str | None:
-        if src.num_v_heads % src.num_k_heads:
-            return f"{src.num_v_heads} value heads do not group evenly over {src.num_k_heads} key heads"
-        want = {"in_proj_z": src.value_dim, "in_proj_b": src.num_v_heads, "in_proj_a": src.num_v_heads}
-        for name, n in want.items():
-            if getattr(src, name).out_features != n:
-                return f"{name} has {getattr(src, name).out_features} outputs, expected {n}"
-        return None
+        return _widths_problem(src, {"in_proj_z": src.value_dim, "in_proj_b": src.num_v_heads,
+                                     "in_proj_a": src.num_v_heads})
 
     def gate_log_decay(self, logits: torch.Tensor) -> torch.Tensor:
-        """The log-decay of ``in_proj_a``'s outputs."""
+        """The log-decay of the gate projection's outputs (the decay logits alone)."""
         return self.log_decay(logits)
 
     def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs):
@@ -308,14 +313,14 @@ class SplitGatedDeltaNetMixer(GatedDeltaNetMixer):
         return self.out_proj(o.reshape(B, T, -1))
 
 
-class OlmoGatedDeltaNetMixer(GatedDeltaNetMixer):
+class OlmoGatedDeltaNetMixer(SplitGatedDeltaNetMixer):
     """transformers' ``OlmoHybridGatedDeltaNet``: separate ``q_proj``, ``k_proj``, ``v_proj`` (their
     concatenation is the conv's input; the conv has no bias), ``a_proj`` (decay logits, the gate
     projection), ``b_proj`` (beta logits; beta doubled to ``[0, 2]`` with ``allow_neg_eigval``),
     ``g_proj`` (the output gate) into the gated ``o_norm``, and ``o_proj``."""
 
     MODULES = ("conv1d", "q_proj", "k_proj", "v_proj", "a_proj", "b_proj", "g_proj", "o_norm", "o_proj")
-    ATTRS = (*GatedDeltaNetMixer.ATTRS, "allow_neg_eigval")
+    ATTRS = (*SplitGatedDeltaNetMixer.ATTRS, "allow_neg_eigval")
     PROJECTIONS = ("q_proj", "k_proj", "v_proj", "b_proj", "g_proj", "o_proj")
     GATE = "a_proj"
 
@@ -325,18 +330,8 @@ class OlmoGatedDeltaNetMixer(GatedDeltaNetMixer):
 
     @staticmethod
     def layout_problem(src: nn.Module) -> str | None:
-        if src.num_v_heads % src.num_k_heads:
-            return f"{src.num_v_heads} value heads do not group evenly over {src.num_k_heads} key heads"
-        want = {"q_proj": src.key_dim, "k_proj": src.key_dim, "v_proj": src.value_dim, "g_proj": src.value_dim,
-                "a_proj": src.num_v_heads, "b_proj": src.num_v_heads}
-        for name, n in want.items():
-            if getattr(src, name).out_features != n:
-                return f"{name} has {getattr(src, name).out_features} outputs, expected {n}"
-        return None
-
-    def gate_log_decay(self, logits: torch.Tensor) -> torch.Tensor:
-        """The log-decay of ``a_proj``'s outputs."""
-        return self.log_decay(logits)
+        return _widths_problem(src, {"q_proj": src.key_dim, "k_proj": src.key_dim, "v_proj": src.value_dim,
+                                     "g_proj": src.value_dim, "a_proj": src.num_v_heads, "b_proj": src.num_v_heads})
 
     def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs):
         x = mask_padding(hidden_states, attention_mask)
