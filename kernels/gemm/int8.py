@@ -10,7 +10,7 @@ per-output-channel (or per-tensor) weight scales. Two launches:
 2. the GEMM multiplies int8 x int8 into int32 accumulators on the tensor cores, and its epilogue
    dequantizes with the row and column scales, adds the outlier block times the bf16 outlier
    weights (a second, thin tensor-core product) and the bias, and writes y once. At large M the
-   tiled ``_int8_gemm_kernel`` (:func:`gemm_config`); at decode sizes (M <= 256) the split-K
+   tiled ``_int8_gemm_kernel`` (:func:`.configs.tiled_config`); at decode sizes (M <= 256) the split-K
    ``_splitk_gemm_kernel``, which cuts the weight stream along N (small BN) and K (``SPLIT_K``
    programs per output tile) so that enough programs stream the weight.
 
@@ -39,8 +39,10 @@ which follows the module's ``act_granularity``). The table that ships says which
 see ``configs.TABLE`` and ``eval/results/gemm_decode_*.md``.
 
 The GEMMs read the module's own ``[N, n_keep]`` int8 weight (:class:`PackedOutlierWeight` holds no
-copy of it), as plain row-major tiles. The quantization is a pass of its own before the W8A8 GEMM,
-not fused into its main loop: the per-token scale needs the whole row first.
+copy of it), as plain row-major tiles. The activation quantization is not fused into the GEMM's main
+loop (the per-token scale needs the whole row first; the ``FUSE_Q`` variant that does it measured
+slower): it is a pass of its own (:func:`quantize_rows`), or, in the model path, the epilogue of the
+kernel that made the input (:mod:`..rowwise.fused`), whose codes :func:`int8_gemm` takes.
 """
 
 from __future__ import annotations
@@ -300,11 +302,6 @@ if triton is not None:
         for s in range(0, SPLIT_K):
             tot += tl.load(part_ptr + s * MN + offs, mask=m, other=0.0)
         tl.store(y_ptr + offs, tot.to(y_ptr.dtype.element_ty), mask=m)
-
-
-def gemm_config(M: int) -> dict:
-    """The tiled W8A8 kernel's tiles by the number of rows (:func:`.configs.tiled_config`)."""
-    return tiled_config(M)
 
 
 def quantize_rows(x2: torch.Tensor, packed: PackedOutlierWeight):

@@ -142,20 +142,21 @@ class GatedDeltaNetMixer(HybridMixer):
     def log_decay(self, a: torch.Tensor) -> torch.Tensor:
         return -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
 
+    def conv_and_attend(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, states) -> torch.Tensor:
+        """The short conv over the concatenated ``q, k, v [B, T, 2 * key_dim + value_dim]``, then the
+        gated delta rule: ``o [B, T, Hv, V]``."""
+        mixed = short_conv(qkv, states, self.layer_idx, self.conv1d, self.activation)
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], -1)
+        q, k = q.unflatten(-1, (-1, self.head_k_dim)), k.unflatten(-1, (-1, self.head_k_dim))
+        return self.attend_delta(q, k, v.unflatten(-1, (-1, self.head_v_dim)), g, beta, states)
+
     def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs):
         x = mask_padding(hidden_states, attention_mask)
         B, T, _ = x.shape
-        states = state_store(cache_params)
         q, k, v, z = self.split_qkvz(self.in_proj_qkvz(x))
         b, a = self.split_ba(self.in_proj_ba(x))
-        mixed = torch.cat([q.flatten(-2), k.flatten(-2), v.flatten(-2)], -1)
-        mixed = short_conv(mixed, states, self.layer_idx, self.conv1d, self.activation)
-        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], -1)
-        q, k = q.unflatten(-1, (-1, self.head_k_dim)), k.unflatten(-1, (-1, self.head_k_dim))
-        v = v.unflatten(-1, (-1, self.head_v_dim))
-        g, beta = self.log_decay(a), b.float().sigmoid()
-
-        o = self.attend_delta(q, k, v, g, beta, states)
+        qkv = torch.cat([q.flatten(-2), k.flatten(-2), v.flatten(-2)], -1)
+        o = self.conv_and_attend(qkv, self.log_decay(a), b.float().sigmoid(), state_store(cache_params))
         o = self.norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
         return self.out_proj(o.reshape(B, T, -1))
 
@@ -299,16 +300,9 @@ class SplitGatedDeltaNetMixer(GatedDeltaNetMixer):
     def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs):
         x = mask_padding(hidden_states, attention_mask)
         B, T, _ = x.shape
-        states = state_store(cache_params)
-        z = self.in_proj_z(x).unflatten(-1, (-1, self.head_v_dim))
-        b, a = self.in_proj_b(x), self.in_proj_a(x)
-        mixed = short_conv(self.in_proj_qkv(x), states, self.layer_idx, self.conv1d, self.activation)
-        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], -1)
-        q, k = q.unflatten(-1, (-1, self.head_k_dim)), k.unflatten(-1, (-1, self.head_k_dim))
-        v = v.unflatten(-1, (-1, self.head_v_dim))
-        g, beta = self.log_decay(a), b.float().sigmoid()
-
-        o = self.attend_delta(q, k, v, g, beta, states)
+        z = self.in_proj_z(x)
+        o = self.conv_and_attend(self.in_proj_qkv(x), self.log_decay(self.in_proj_a(x)),
+                                 self.in_proj_b(x).float().sigmoid(), state_store(cache_params))
         o = self.norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
         return self.out_proj(o.reshape(B, T, -1))
 
@@ -336,17 +330,10 @@ class OlmoGatedDeltaNetMixer(SplitGatedDeltaNetMixer):
     def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs):
         x = mask_padding(hidden_states, attention_mask)
         B, T, _ = x.shape
-        states = state_store(cache_params)
-        mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1)
-        mixed = short_conv(mixed, states, self.layer_idx, self.conv1d, self.activation)
-        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], -1)
-        q, k = q.unflatten(-1, (-1, self.head_k_dim)), k.unflatten(-1, (-1, self.head_k_dim))
-        v = v.unflatten(-1, (-1, self.head_v_dim))
         beta = self.b_proj(x).float().sigmoid()
         if self.allow_neg_eigval:
             beta = beta * 2.0
-        g = self.log_decay(self.a_proj(x))
-
-        o = self.attend_delta(q, k, v, g, beta, states)
+        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1)
+        o = self.conv_and_attend(qkv, self.log_decay(self.a_proj(x)), beta, state_store(cache_params))
         o = self.o_norm(o.reshape(-1, self.head_v_dim), self.g_proj(x).reshape(-1, self.head_v_dim))
         return self.o_proj(o.reshape(B, T, -1))
