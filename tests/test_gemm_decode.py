@@ -53,7 +53,8 @@ def _check(y, ref, dtype):
 SPLITK = [dict(BM=16, BN=32, BK=64, SPLIT_K=1, FIXUP=True, num_warps=4, num_stages=2),
           dict(BM=16, BN=32, BK=64, SPLIT_K=2, FIXUP=True, FUSE_Q=True, num_warps=4, num_stages=2),
           dict(BM=16, BN=32, BK=64, SPLIT_K=3, FIXUP=True, num_warps=4, num_stages=2),
-          dict(BM=32, BN=64, BK=128, SPLIT_K=2, FIXUP=False, num_warps=4, num_stages=2)]
+          dict(BM=32, BN=64, BK=128, SPLIT_K=2, FIXUP=False, num_warps=4, num_stages=2),
+          dict(BM=16, BN=64, BK=64, SPLIT_K=2, FIXUP=True, SWAP_AB=True, num_warps=4, num_stages=2)]
 
 
 # --- on the CPU under Triton's interpreter (float32: its bf16 dot is wrong), and on the GPU ---

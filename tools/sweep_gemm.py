@@ -1,8 +1,11 @@
 """Tile sweep for the int8 GEMMs at decode sizes, and the committed dispatch table.
 
-For each layer shape (N x K) and M bucket: cuBLAS bf16 (F.linear), the W8A8 path with the old
-tiled config (``tiled_config``), the W8A8 split-K kernel (its quantize_rows pass included) and the
-W8A16 weight-only kernel over a grid of tiles. CUDA-graph timings (``do_bench_cudagraph``, median);
+For each layer shape (N x K; the model's fused q/k/v/g and gate/up shapes included) and M bucket:
+cuBLAS bf16 (F.linear), the W8A8 path with the old tiled config (``tiled_config``), the W8A8 split-K
+kernel over a grid of tiles (with and without ``SWAP_AB``), timed as the model runs it: the GEMM
+alone on codes made beforehand (the producer's epilogue writes them), plus the quantize_rows pass
+timed once for a module called on its own ("auto"), and the W8A16 weight-only kernel over a grid of
+tiles at M <= 16 (above, it lost everywhere in the first sweep: the table keeps its default tiles). CUDA-graph timings (``do_bench_cudagraph``, median);
 every call takes the next of several weight copies (> 2 x L2 in all), so the weights stream from
 device memory as in a model's decode step, not from L2. Every candidate's output is checked against
 a float32 reference before it is timed (a wrong or NaN one is dropped).
@@ -25,10 +28,13 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench, do_bench_cudagraph
 
-from laquant.kernels.gemm.configs import M_BUCKETS, tiled_config
-from laquant.kernels.gemm.int8 import PackedOutlierWeight, int8_outlier_linear_triton, int8_weight_only_linear_triton
+from laquant.kernels.gemm.configs import DEFAULT_SPLITK, M_BUCKETS, tiled_config
+from laquant.kernels.gemm.int8 import (PackedOutlierWeight, int8_gemm, int8_outlier_linear_triton,
+                                       int8_weight_only_linear_triton, quantize_rows)
 
-SHAPES = [(2048, 2048), (5632, 2048), (2048, 5632)]  # (N, K): v/g/o, mlp up, mlp down
+# (N, K): v/g/o, mlp up, mlp down, and the GLA 2048 model's fused q/k/v/g and gate/up
+SHAPES = [(2048, 2048), (5632, 2048), (2048, 5632), (6144, 2048), (11264, 2048)]
+W8A16_MAX_M = 16
 N_OUT = 8
 STREAM_BYTES = 160 << 20  # weight copies per shape: > 2 x the H100's / H200's L2
 
@@ -42,16 +48,17 @@ def candidates(path, M, N, K):
     BM = min(64, max(16, triton.next_power_of_2(M)))
     n_m = triton.cdiv(M, BM)
     out = []
-    for BN, BK in itertools.product((32, 64, 128), (128, 256)):
+    for swap, BN, BK in itertools.product((False, True), (32, 64, 128), (128, 256)):
+        if swap and (path != "w8a8" or BN < 64):  # swapped, the weight rows are the MMA's tall side
+            continue
         tiles = n_m * triton.cdiv(N, BN)
         for split in (1, 2, 4, 8, 16):
             if split > 1 and (K // split < 2 * BK or tiles * split > 1100):
                 continue
             if split == 1 and tiles < 16:
                 continue
-            out.append(dict(BM=BM, BN=BN, BK=BK, SPLIT_K=split, FIXUP=True, num_warps=4, num_stages=4))
-            if path == "w8a8" and M <= 64:  # one launch: the per-token quantization inside the GEMM
-                out.append(dict(out[-1], FUSE_Q=True))
+            c = dict(BM=BM, BN=BN, BK=BK, SPLIT_K=split, FIXUP=True, num_warps=4, num_stages=4)
+            out.append(dict(c, SWAP_AB=True) if swap else c)
     if path == "w8a8" and M >= 64:
         out.append(tiled_config(M))
     return out
@@ -104,7 +111,7 @@ def bench(fn):
 def warm(share, dev):
     i, n = (int(v) for v in share.split("/"))
     jobs = [(path, M, N, K, c) for (N, K) in SHAPES for M in M_BUCKETS for path in ("w8a8", "w8a16")
-            for c in candidates(path, M, N, K)]
+            if path == "w8a8" or M <= W8A16_MAX_M for c in candidates(path, M, N, K)]
     seen = set()
     for j, (path, M, N, K, c) in enumerate(jobs):
         key = (path, tuple(sorted((k, v > 1 if k == "SPLIT_K" else v) for k, v in c.items())))  # compiled variants
@@ -173,15 +180,27 @@ def main():
             old = tiled_config(M)
             rec["w8a8_old_us"] = bench(rotating(lambda p: int8_outlier_linear_triton(x, p, old), packs))
             rec["w8a8_old_config"] = old
-            for path, fn in (("w8a8", int8_outlier_linear_triton), ("w8a16", int8_weight_only_linear_triton)):
+            codes = quantize_rows(x, packs[0])
+            y = torch.empty(M, N, device=dev, dtype=x.dtype)
+            rec["quantize_rows_us"] = bench(lambda: quantize_rows(x, packs[0]))
+
+            def gemm_alone(p, c):
+                int8_gemm(*codes, p, y, c)
+                return y
+
+            for path, fn in (("w8a8", gemm_alone), ("w8a16", lambda p, c: int8_weight_only_linear_triton(x, p, c))):
+                if path == "w8a16" and M > W8A16_MAX_M:
+                    rec["w8a16_us"], rec["w8a16_config"], rec["w8a16_rel_err"] = math.inf, DEFAULT_SPLITK["w8a16"], None
+                    rec["w8a16_rejected"] = []
+                    continue
                 best, errs = None, []
                 for c in candidates(path, M, N, K):
                     try:
-                        err = rel(fn(x, packs[0], c), ref)
+                        err = rel(fn(packs[0], c).clone(), ref)
                         if not err < 2e-2:
                             errs.append((c, err))
                             continue
-                        us = bench(rotating(lambda p: fn(x, p, c), packs))  # noqa: B023
+                        us = bench(rotating(lambda p: fn(p, c), packs))  # noqa: B023
                     except Exception as e:  # noqa: BLE001
                         errs.append((c, type(e).__name__))
                         continue
@@ -189,6 +208,10 @@ def main():
                         best = (us, c, err)
                 rec[f"{path}_us"], rec[f"{path}_config"], rec[f"{path}_rel_err"] = best
                 rec[f"{path}_rejected"] = [f"{c}: {e}" for c, e in errs]
+            rec["w8a8_gemm_alone_us"] = rec["w8a8_us"]
+            rec["w8a8_us"] = rec["w8a8_gemm_alone_us"] + rec["quantize_rows_us"]  # a module called on its own
+            rec["w8a8_gemm_alone_pct_copy"] = 100 * (w8_bytes + M * KQ + 2 * M * N) / rec["w8a8_gemm_alone_us"] / 1e3 / copy_gbs
+            rec["w8a8_gemm_alone_vs_cublas"] = rec["cublas_bf16_us"] / rec["w8a8_gemm_alone_us"]
             for key in ("w8a8_old", "w8a8", "w8a16"):
                 rec[f"{key}_GBps"] = (w8_bytes + act_bytes) / rec[f"{key}_us"] / 1e3
                 rec[f"{key}_pct_copy"] = 100 * rec[f"{key}_GBps"] / copy_gbs
@@ -203,7 +226,8 @@ def main():
     meta = dict(device=name, torch=torch.__version__, triton=triton.__version__, copy_GBps=copy_gbs,
                 empty_launch_us=floor_us,
                 shapes=SHAPES, M=list(M_BUCKETS), n_outliers=N_OUT, x_dtype="bfloat16",
-                timing="do_bench_cudagraph(rep=5) median; weights rotated over > 160 MB of copies")
+                timing="do_bench_cudagraph(rep=5) median; weights rotated over > 160 MB of copies; W8A8 tiles "
+                       "chosen by the GEMM alone on pre-made codes, w8a8_us adds one quantize_rows pass")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"gemm_decode_{slug}.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
@@ -214,17 +238,24 @@ def main():
         f.write("}\n")
     lines = [f"# int8 GEMM at decode sizes: {name}", "",
              f"torch {torch.__version__}, triton {triton.__version__}; copy bandwidth {copy_gbs:.0f} GB/s "
-             f"(read + write); one empty Triton kernel in a CUDA graph: {floor_us:.2f} us; x bf16, 8 outlier columns, no bias; CUDA-graph median, weights streamed from "
-             "device memory (rotated copies). GB/s counts weight + activation bytes; W8A8 times include "
-             "quantize_rows. `x cuBLAS` = cuBLAS bf16 time / ours (> 1 is faster).", "",
-             "| N x K | M | cuBLAS bf16 us | W8A8 old us | W8A8 new us | W8A16 us | chosen | chosen GB/s | "
-             "chosen % copy | chosen x cuBLAS | old x cuBLAS |",
+             f"(read + write); one empty Triton kernel in a CUDA graph: {floor_us:.2f} us; x bf16, "
+             f"{N_OUT} outlier columns, no bias; CUDA-graph median, weights streamed from device memory "
+             "(rotated copies). `GEMM alone` is what the model runs (codes written by the producer); "
+             "`% copy` counts its int8 weight + codes + output bytes; `auto` is a module called on its own "
+             "(quantize_rows + GEMM, or W8A16 where the table picks it). `x cuBLAS` = cuBLAS bf16 time / "
+             "ours (> 1 is faster). W8A16 was swept at M <= 16 only.", "",
+             "| N x K | M | cuBLAS bf16 us | GEMM alone us | % copy | x cuBLAS | tiles | quantize_rows us | "
+             "W8A16 us | auto path | auto x cuBLAS |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c = r["chosen"]
-        lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {r['cublas_bf16_us']:.2f} | {r['w8a8_old_us']:.2f} | "
-                     f"{r['w8a8_us']:.2f} | {r['w8a16_us']:.2f} | {c} | {r[f'{c}_GBps']:.0f} | "
-                     f"{r[f'{c}_pct_copy']:.0f}% | {r[f'{c}_vs_cublas']:.2f} | {r['w8a8_old_vs_cublas']:.2f} |")
+        cfg = r["w8a8_config"]
+        tiles = ("tiled" if "GROUP_M" in cfg else
+                 f"{'swap ' if cfg.get('SWAP_AB') else ''}{cfg['BM']}x{cfg['BN']}x{cfg['BK']} split {cfg['SPLIT_K']}")
+        w16 = f"{r['w8a16_us']:.2f}" if math.isfinite(r["w8a16_us"]) else "-"
+        lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {r['cublas_bf16_us']:.2f} | {r['w8a8_gemm_alone_us']:.2f} | "
+                     f"{r['w8a8_gemm_alone_pct_copy']:.0f}% | {r['w8a8_gemm_alone_vs_cublas']:.2f} | {tiles} | "
+                     f"{r['quantize_rows_us']:.2f} | {w16} | {c} | {r[f'{c}_vs_cublas']:.2f} |")
     lines += ["", "Configs (best of the sweep):", ""]
     for r in rows:
         lines.append(f"- {r['N']}x{r['K']} M={r['M']}: w8a8 `{r['w8a8_config']}`, w8a16 `{r['w8a16_config']}`")

@@ -183,7 +183,7 @@ if triton is not None:
                             part_ptr, cnt_ptr, M, N, K, KX, NO, SPLIT_K, s_am, s_ym,
                             A8: tl.constexpr, FUSEQ: tl.constexpr, GATHER: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                             BK: tl.constexpr, BNO: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr,
-                            HAS_OUT: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr):
+                            HAS_OUT: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr):
         """Small-M GEMM over the ``[N, K]`` int8 weight: few rows, so the weight stream is cut along N
         (small BN) and along K (``SPLIT_K`` programs per output tile, fp32 partials).
 
@@ -193,6 +193,9 @@ if triton is not None:
         ``A8`` and ``FUSEQ``: a is x, quantized per token inside the kernel (each program reads its
         rows' kept columns once for the absmax, then quantizes its K slice as it goes: one launch,
         the same codes as quantize_rows; for small M, where x is small).
+        ``SWAP_AB`` (``A8`` codes only): the product runs as ``w [BN, BK] @ a^T [BK, BM]``, so the
+        weight rows fill the tensor cores' tall side (64 on Hopper's wgmma) and the few tokens the
+        narrow one; the accumulator is transposed back before the epilogue (same int32 sums).
         Split 0 adds the outlier product and the bias to its partial. ``FIXUP``: each split stores
         its partial, counts itself on the tile's counter, and the last to arrive sums the partials in
         split order (deterministic) and writes y, then zeroes the counter (one launch); otherwise
@@ -210,42 +213,59 @@ if triton is not None:
         k_hi = tl.minimum(K, k_lo + k_per)
         a_rows = a_ptr + offs_m[:, None].to(tl.int64) * s_am
         w_cols = w_ptr + offs_n[None, :].to(tl.int64) * K
-        if A8:
-            acc = tl.zeros([BM, BN], dtype=tl.int32)
-            if FUSEQ:  # the rows' absmax over all kept columns first (x from L2; small M only)
-                amax = tl.zeros([BM, BK], dtype=tl.float32)
-                for k0 in range(0, K, BK):
-                    kk = k0 + offs_k
-                    xa = _load_x(a_rows, src_ptr, kk, kk < K, mm, KX, GATHER)
-                    amax = tl.maximum(amax, tl.abs(xa.to(tl.float32)))
-                xs = tl.maximum(tl.max(amax, axis=1) / 127.0, 1.1754943508222875e-38)
-            else:
-                xs = tl.load(xs_ptr + offs_m, mask=mm, other=0.0)
+        if SWAP_AB:
+            acc_t = tl.zeros([BN, BM], dtype=tl.int32)
+            xs = tl.load(xs_ptr + offs_m, mask=mm, other=0.0)
+            w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
+            a_cols = a_ptr + offs_m[None, :].to(tl.int64) * s_am
+            for k0 in range(k_lo, k_hi, BK):
+                kk = k0 + offs_k
+                if EVEN_K:
+                    w = tl.load(w_rows + kk[None, :], mask=mn[:, None], other=0)
+                    a = tl.load(a_cols + kk[:, None], mask=mm[None, :], other=0)
+                else:
+                    mk = kk < k_hi
+                    w = tl.load(w_rows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0)
+                    a = tl.load(a_cols + kk[:, None], mask=mk[:, None] & mm[None, :], other=0)
+                acc_t = tl.dot(w, a, acc_t, out_dtype=tl.int32)
+            acc = tl.trans(acc_t)
         else:
-            acc = tl.zeros([BM, BN], dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BK):
-            kk = k0 + offs_k
-            if EVEN_K:  # no mask along the contiguous dimension: the loads vectorise
-                mk = offs_k < BK
-                w = tl.load(w_cols + kk[:, None], mask=mn[None, :], other=0)
-            else:
-                mk = kk < k_hi
-                w = tl.load(w_cols + kk[:, None], mask=mk[:, None] & mn[None, :], other=0)
             if A8:
-                if FUSEQ:
-                    xa = _load_x(a_rows, src_ptr, kk, mk, mm, KX, GATHER).to(tl.float32)
-                    a = quantize_int8(xa, xs[:, None])
-                elif EVEN_K:
-                    a = tl.load(a_rows + kk[None, :], mask=mm[:, None], other=0)
+                acc = tl.zeros([BM, BN], dtype=tl.int32)
+                if FUSEQ:  # the rows' absmax over all kept columns first (x from L2; small M only)
+                    amax = tl.zeros([BM, BK], dtype=tl.float32)
+                    for k0 in range(0, K, BK):
+                        kk = k0 + offs_k
+                        xa = _load_x(a_rows, src_ptr, kk, kk < K, mm, KX, GATHER)
+                        amax = tl.maximum(amax, tl.abs(xa.to(tl.float32)))
+                    xs = tl.maximum(tl.max(amax, axis=1) / 127.0, 1.1754943508222875e-38)
                 else:
-                    a = tl.load(a_rows + kk[None, :], mask=mm[:, None] & mk[None, :], other=0)
-                acc = tl.dot(a, w, acc, out_dtype=tl.int32)
+                    xs = tl.load(xs_ptr + offs_m, mask=mm, other=0.0)
             else:
-                a = _load_x(a_rows, src_ptr, kk, mk, mm, KX, GATHER)
-                if a.dtype == tl.float32:
-                    acc = tl.dot(a, w.to(tl.float32), acc, input_precision="ieee")
+                acc = tl.zeros([BM, BN], dtype=tl.float32)
+            for k0 in range(k_lo, k_hi, BK):
+                kk = k0 + offs_k
+                if EVEN_K:  # no mask along the contiguous dimension: the loads vectorise
+                    mk = offs_k < BK
+                    w = tl.load(w_cols + kk[:, None], mask=mn[None, :], other=0)
                 else:
-                    acc = tl.dot(a, w.to(a.dtype), acc)
+                    mk = kk < k_hi
+                    w = tl.load(w_cols + kk[:, None], mask=mk[:, None] & mn[None, :], other=0)
+                if A8:
+                    if FUSEQ:
+                        xa = _load_x(a_rows, src_ptr, kk, mk, mm, KX, GATHER).to(tl.float32)
+                        a = quantize_int8(xa, xs[:, None])
+                    elif EVEN_K:
+                        a = tl.load(a_rows + kk[None, :], mask=mm[:, None], other=0)
+                    else:
+                        a = tl.load(a_rows + kk[None, :], mask=mm[:, None] & mk[None, :], other=0)
+                    acc = tl.dot(a, w, acc, out_dtype=tl.int32)
+                else:
+                    a = _load_x(a_rows, src_ptr, kk, mk, mm, KX, GATHER)
+                    if a.dtype == tl.float32:
+                        acc = tl.dot(a, w.to(tl.float32), acc, input_precision="ieee")
+                    else:
+                        acc = tl.dot(a, w.to(a.dtype), acc)
         ws = tl.load(ws_ptr + offs_n, mask=mn, other=0.0)
         if A8:
             y = acc.to(tl.float32) * xs[:, None] * ws[None, :]
@@ -454,6 +474,6 @@ def _launch_splitk(a8: bool, a, s_am, xs, xo, packed, y, cfg, fuse_q=False):
         part, cnt, M, N, KQ, packed.in_features, NO, split, s_am, y.stride(0),
         A8=a8, FUSEQ=fuse_q, GATHER=NO > 0, BM=BM, BN=BN, BK=BK, BNO=_bno(NO, y.dtype), SPLIT=split > 1, FIXUP=fixup,
         HAS_OUT=NO > 0, HAS_BIAS=packed.bias is not None, EVEN_K=KQ % BK == 0,
-        num_warps=cfg["num_warps"], num_stages=stages)
+        SWAP_AB=bool(cfg.get("SWAP_AB")) and a8 and not fuse_q, num_warps=cfg["num_warps"], num_stages=stages)
     if split > 1 and not fixup:
         _splitk_reduce_kernel[(triton.cdiv(M * N, 1024),)](part, y, M * N, split, BLOCK=1024, num_warps=4)
