@@ -188,3 +188,45 @@ def test_swiglu_writes_the_down_projections_codes():
 def test_codes_for_the_wrong_gemm_are_refused():
     with pytest.raises(ValueError, match="codes for a GEMM of 64 inputs"):
         rms_norm_triton(_randn(3, 200), _randn(200), 1e-6, packed=_packed(64, 8))
+
+
+@pytest.mark.parametrize("M,K,R,C,scaling,clamp_min", [(3, 200, 16, 72, "per_channel", None),
+                                                       (37, 96, 12, 40, "per_tensor", -2.0)])
+def test_low_rank_gate_in_one_kernel(M, K, R, C, scaling, clamp_min):
+    """Both weight-only int8 projections of a quantized low-rank gate and its tail in one kernel,
+    against the modules' own path (each W8A16 output rounded as the module returns it, then the
+    tail's reference)."""
+    from laquant.kernels.gla.gate import low_rank_gate_log_decay_triton
+    from laquant.quant.fused import low_rank_gate
+    from laquant.quant.modules import QuantGate
+
+    gen = torch.Generator().manual_seed(M)
+    first, second = torch.nn.Linear(K, R, bias=False), torch.nn.Linear(R, C)
+    with torch.no_grad():
+        for lin in (first, second):
+            lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen) * 0.1)
+        second.bias.copy_(torch.randn(C, generator=gen))
+    none = torch.zeros(0, dtype=torch.long)
+    gate = QuantGate(QuantLinear.from_linear(first.to(DTYPE), none, act_granularity="none"),
+                     QuantLinear.from_linear(second.to(DTYPE), none, act_granularity="none"),
+                     n_channels=C, scaling=scaling)
+    gate.calibrate(-torch.rand(C, generator=gen) * 4 - 1, torch.rand(C, generator=gen) * 2)
+    gate = gate.to(DEVICE)
+    x = (torch.randn(M, K, generator=gen) * 2).to(DEVICE, DTYPE)
+    treatment = gate.logit_treatment()
+    out = low_rank_gate_log_decay_triton(x, gate[0].packed(), gate[1].packed(), 16, clamp_min, **treatment)
+    cpu = gate.cpu()
+    ref = gate_log_decay(cpu.project(x.cpu()), 16, clamp_min, **cpu.logit_treatment())
+    assert out.dtype == torch.float32 and out.shape == (M, C)
+    assert rel_err(out.cpu(), ref) < (1e-5 if INTERPRETED else 1e-2)
+    if not INTERPRETED:
+        assert low_rank_gate(gate.to(DEVICE), x) is not None  # the model's gate takes this kernel
+
+
+def test_low_rank_gate_refuses_what_it_cannot_fuse():
+    from laquant.kernels.gla.gate import low_rank_gate_log_decay_triton
+
+    first = QuantLinear.from_linear(torch.nn.Linear(32, 8, bias=False), torch.tensor([3]), act_granularity="none")
+    second = QuantLinear.from_linear(torch.nn.Linear(8, 16), torch.zeros(0, dtype=torch.long), act_granularity="none")
+    with pytest.raises(ValueError, match="outlier"):
+        low_rank_gate_log_decay_triton(torch.randn(2, 32), first.packed(), second.packed(), 16)

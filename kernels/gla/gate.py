@@ -1,10 +1,18 @@
-"""GLA's gate tail: logits -> per-channel log-decay, in one pass.
+"""GLA's gate tail: logits -> per-channel log-decay, in one pass; and the whole quantized low-rank
+gate (both projections and the tail) in one launch.
 
 Spec (:func:`gate_log_decay`, also the CPU path): the calibrated gate treatment of an int8 gate
 (clamp the logits of each channel to its calibrated ``[logit_min, logit_max]``, round them to
 int8 with the channel's static scale, back to the logits' dtype), then fla's
 ``logsigmoid(logits) / normalizer``, optionally clamped below at ``clamp_min``. The Triton kernel
 does the same elementwise chain in one launch (PyTorch takes about a dozen).
+
+:func:`low_rank_gate_log_decay_triton`: fla's ``gk_proj`` is ``Linear(hidden, 16)`` then
+``Linear(16, key_dim)``; quantized, both are weight-only int8 (W8A16). Spec: the two modules'
+W8A16 products (``int8_outlier_linear(..., act_granularity="none")``, each output rounded to x's
+dtype as the module returns it), then :func:`gate_log_decay`. The kernel computes the rank-16
+intermediate of its rows in registers and goes on to the logits and the tail: one launch instead of
+three (the two GEMMs of a decode step are a few kilobytes of weight each: launch-bound).
 """
 
 from __future__ import annotations
@@ -38,14 +46,9 @@ def gate_log_decay(logits: torch.Tensor, normalizer: float, clamp_min: float | N
 if triton is not None:
 
     @triton.jit
-    def _gate_log_decay_kernel(x_ptr, lo_ptr, hi_ptr, s_ptr, y_ptr, M, C, s_xm, normalizer, clamp_min,
-                               BLOCK_C: tl.constexpr, ROWS: tl.constexpr, QUANT: tl.constexpr, BOUNDS: tl.constexpr,
-                               PER_CHANNEL: tl.constexpr, CLAMP_MIN: tl.constexpr):
-        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        mc = cols < C
-        mask = (rows < M)[:, None] & mc[None, :]
-        raw = tl.load(x_ptr + rows.to(tl.int64)[:, None] * s_xm + cols[None, :], mask=mask, other=0.0)
+    def _log_decay_tail(raw, cols, mc, lo_ptr, hi_ptr, s_ptr, normalizer, clamp_min, QUANT: tl.constexpr,
+                        BOUNDS: tl.constexpr, PER_CHANNEL: tl.constexpr, CLAMP_MIN: tl.constexpr):
+        """Logits ``raw`` (a tile of the logits' dtype, columns ``cols``) -> float32 log-decay."""
         x = raw.to(tl.float32)  # exact; the bounds and the dequantized logits are rounded to raw's dtype
         if QUANT:
             if BOUNDS:
@@ -60,6 +63,19 @@ if triton is not None:
         y = (tl.minimum(x, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(x)))) / normalizer  # logsigmoid
         if CLAMP_MIN:
             y = tl.maximum(y, clamp_min)
+        return y
+
+    @triton.jit
+    def _gate_log_decay_kernel(x_ptr, lo_ptr, hi_ptr, s_ptr, y_ptr, M, C, s_xm, normalizer, clamp_min,
+                               BLOCK_C: tl.constexpr, ROWS: tl.constexpr, QUANT: tl.constexpr, BOUNDS: tl.constexpr,
+                               PER_CHANNEL: tl.constexpr, CLAMP_MIN: tl.constexpr):
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        mc = cols < C
+        mask = (rows < M)[:, None] & mc[None, :]
+        raw = tl.load(x_ptr + rows.to(tl.int64)[:, None] * s_xm + cols[None, :], mask=mask, other=0.0)
+        y = _log_decay_tail(raw, cols, mc, lo_ptr, hi_ptr, s_ptr, normalizer, clamp_min, QUANT, BOUNDS, PER_CHANNEL,
+                            CLAMP_MIN)
         tl.store(y_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], y, mask=mask)
 
 
@@ -83,5 +99,80 @@ def gate_log_decay_triton(logits: torch.Tensor, normalizer: float, clamp_min: fl
             x, logit_min if bounds else dummy, logit_max if bounds else dummy, logit_scale if quant else dummy, y,
             M, C, x.stride(0), float(normalizer), 0.0 if clamp_min is None else clamp_min,
             BLOCK_C=block_c, ROWS=rows, QUANT=quant, BOUNDS=bounds,
+            PER_CHANNEL=quant and logit_scale.numel() > 1, CLAMP_MIN=clamp_min is not None, num_warps=4)
+    return y
+
+
+if triton is not None:
+
+    @triton.jit
+    def _w8a16_dot(a, w):
+        """``a @ w`` for W8A16: the int8 weight tile converted to a's dtype (exact), float32 sums."""
+        if a.dtype == tl.float32:
+            return tl.dot(a, w.to(tl.float32), input_precision="ieee")
+        return tl.dot(a, w.to(a.dtype))
+
+    @triton.jit
+    def _low_rank_gate_kernel(x_ptr, w1_ptr, s1_ptr, w2_ptr, s2_ptr, b2_ptr, lo_ptr, hi_ptr, s_ptr, y_ptr,
+                              M, K, R, C, s_xm, KQ1, KQ2, normalizer, clamp_min,
+                              ROWS: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr, BLOCK_C: tl.constexpr,
+                              HAS_BIAS: tl.constexpr, QUANT: tl.constexpr, BOUNDS: tl.constexpr,
+                              PER_CHANNEL: tl.constexpr, CLAMP_MIN: tl.constexpr):
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        mr = rows < M
+        mc = cols < C
+        r = tl.arange(0, BR)
+        m_r = r < R
+        x_rows = x_ptr + rows.to(tl.int64)[:, None] * s_xm
+        acc = tl.zeros([ROWS, BR], dtype=tl.float32)
+        for k0 in range(0, K, BK):  # the rank-R intermediate of these rows
+            kk = k0 + tl.arange(0, BK)
+            mk = kk < K
+            a = tl.load(x_rows + kk[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
+            w = tl.load(w1_ptr + r[None, :] * KQ1 + kk[:, None], mask=mk[:, None] & m_r[None, :], other=0)
+            acc = acc + _w8a16_dot(a, w)
+        h = (acc * tl.load(s1_ptr + r, mask=m_r, other=0.0)[None, :]).to(x_ptr.dtype.element_ty)
+        w2 = tl.load(w2_ptr + cols[None, :].to(tl.int64) * KQ2 + r[:, None], mask=m_r[:, None] & mc[None, :], other=0)
+        logits = _w8a16_dot(h, w2) * tl.load(s2_ptr + cols, mask=mc, other=0.0)[None, :]
+        if HAS_BIAS:
+            logits += tl.load(b2_ptr + cols, mask=mc, other=0.0).to(tl.float32)[None, :]
+        raw = logits.to(x_ptr.dtype.element_ty)
+        y = _log_decay_tail(raw, cols, mc, lo_ptr, hi_ptr, s_ptr, normalizer, clamp_min, QUANT, BOUNDS, PER_CHANNEL,
+                            CLAMP_MIN)
+        tl.store(y_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], y, mask=mr[:, None] & mc[None, :])
+
+
+def low_rank_gate_log_decay_triton(x: torch.Tensor, first, second, normalizer: float, clamp_min: float | None = None,
+                                   logit_min: torch.Tensor | None = None, logit_max: torch.Tensor | None = None,
+                                   logit_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 log-decay ``[..., C]`` from ``x [..., K]`` through two weight-only int8 linears (their
+    :class:`~..gemm.int8.PackedOutlierWeight`, ``first``: K -> R <= 64, ``second``: R -> C, neither
+    with outlier columns, the first without bias) and the gate tail, in one launch."""
+    K, R, C = first.in_features, first.qweight.shape[0], second.qweight.shape[0]
+    if first.outlier_idx.numel() or second.outlier_idx.numel() or first.bias is not None:
+        raise ValueError("the fused low-rank gate takes int8 linears without outlier columns, the first without bias")
+    if second.in_features != R or R > 64 or x.shape[-1] != K:
+        raise ValueError(f"low-rank gate shapes do not chain: x {tuple(x.shape)}, {K} -> {R} -> "
+                         f"{second.in_features} -> {C} (rank <= 64)")
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M = x2.shape[0]
+    y = torch.empty(*x.shape[:-1], C, dtype=torch.float32, device=x.device)
+    if M and C:
+        quant = logit_scale is not None
+        bounds = quant and logit_min is not None
+        rows = 16 if M <= 16 else 32 if M <= 256 else 64
+        block_c = min(256, max(16, triton.next_power_of_2(C)))
+        dummy = y
+        _low_rank_gate_kernel[(triton.cdiv(M, rows), triton.cdiv(C, block_c))](
+            x2, first.qweight, first.scale, second.qweight, second.scale,
+            second.bias if second.bias is not None else dummy,
+            logit_min if bounds else dummy, logit_max if bounds else dummy, logit_scale if quant else dummy, y,
+            M, K, R, C, x2.stride(0), first.qweight.shape[1], second.qweight.shape[1], float(normalizer),
+            0.0 if clamp_min is None else clamp_min,
+            ROWS=rows, BK=128 if x2.dtype != torch.float32 else 64, BR=max(16, triton.next_power_of_2(R)),
+            BLOCK_C=block_c, HAS_BIAS=second.bias is not None, QUANT=quant, BOUNDS=bounds,
             PER_CHANNEL=quant and logit_scale.numel() > 1, CLAMP_MIN=clamp_min is not None, num_warps=4)
     return y

@@ -17,12 +17,12 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from laquant.kernels.common.dispatch import use_triton
-from laquant.kernels.gla.gate import gate_log_decay, gate_log_decay_triton
+from laquant.kernels.gla.gate import gate_log_decay, gate_log_decay_triton, low_rank_gate_log_decay_triton
 from laquant.kernels.rowwise.fused import MAX_ROW, gated_rms_norm_triton, rms_norm_triton, swiglu_triton
 from laquant.kernels.rowwise.reference import gated_rms_norm, rms_norm, swiglu
 from laquant.models.cache import GLAStateCache
 from laquant.models.recurrent import RecurrentMixer
-from laquant.quant.fused import project, w8a8_inputs
+from laquant.quant.fused import low_rank_gate, project, w8a8_inputs
 
 ATTN_INPUTS = ("q_proj", "k_proj", "v_proj", "g_proj")  # the projections that read the normed hidden state
 MLP_INPUTS = ("gate_proj", "up_proj")
@@ -236,6 +236,9 @@ class GatedLinearAttention(RecurrentMixer):
         calibrated clamp and int8 rounding of an int8 gate's logits)."""
         gate = self.gk_proj
         treatment = gate.logit_treatment() if hasattr(gate, "logit_treatment") else {}
+        pair = low_rank_gate(gate, x) if treatment else None
+        if pair is not None:  # both int8 projections and the tail in one kernel
+            return low_rank_gate_log_decay_triton(x, *pair, self.gate_logit_normalizer, self.clamp_min, **treatment)
         logits = gate.project(x) if treatment else gate(x)
         fn = gate_log_decay_triton if use_triton(logits) else gate_log_decay
         return fn(logits, self.gate_logit_normalizer, self.clamp_min, **treatment)

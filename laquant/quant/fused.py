@@ -13,6 +13,9 @@ member's buffers change (a reload).
 
 Anything else (CPU, bf16 ``nn.Linear`` members, members with different outlier columns or
 settings, forward hooks on a member) runs the members one by one, as before.
+
+A quantized low-rank gate (GLA's ``gk_proj``: two weight-only int8 linears, then the gate tail)
+runs as one kernel on the GPU (:func:`low_rank_gate`).
 """
 
 from __future__ import annotations
@@ -119,3 +122,21 @@ def project(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor, codes=Non
         y = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
         int8_gemm(*codes, packed, y.view(M, N), choose_config("w8a8", M, N, packed.in_features))
     return list(y.split([m.out_features for m in members], dim=-1)) if len(members) > 1 else [y]
+
+
+def low_rank_gate(gate: nn.Module, x: torch.Tensor):
+    """``(first, second)``: the packed weights of a quantized low-rank gate that runs as one kernel
+    on x (:func:`laquant.kernels.gla.gate.low_rank_gate_log_decay_triton`), else None: on the GPU,
+    a QuantGate of two weight-only int8 linears without outlier columns (the first without bias,
+    rank <= 64), and no hooks to honour."""
+    linears = list(gate) if isinstance(gate, nn.Sequential) else []
+    if (len(linears) != 2 or getattr(gate, "channel_start", 0) is not None
+            or not _runs_packed(linears[:1], x) or not _runs_packed(linears[1:], x)
+            or gate._forward_hooks or gate._forward_pre_hooks):
+        return None
+    first, second = linears
+    if (first.act_granularity != "none" or second.act_granularity != "none" or first.n_outliers
+            or second.n_outliers or first.bias is not None or first.out_features > 64
+            or second.in_features != first.out_features):
+        return None
+    return first.packed(), second.packed()
