@@ -24,17 +24,25 @@ def _randn(*shape, scale=1.0):
 
 
 @pytest.mark.parametrize("shape", [(3, 5, 200), (1, 1, 2048), (7, 96)])
-@pytest.mark.parametrize("with_residual", [False, True])
-def test_rms_norm(shape, with_residual):
+@pytest.mark.parametrize("with_residual,round_sum", [(False, False), (True, False), (True, True)])
+def test_rms_norm(shape, with_residual, round_sum):
     x, w = _randn(*shape, scale=3.0), _randn(shape[-1])
     residual = _randn(*shape) if with_residual else None
-    out, summed = rms_norm_triton(x, w, 1e-6, residual)
-    ref, ref_sum = rms_norm(x.cpu(), w.cpu(), 1e-6, None if residual is None else residual.cpu())
+    out, summed = rms_norm_triton(x, w, 1e-6, residual, round_sum=round_sum)
+    ref, ref_sum = rms_norm(x.cpu(), w.cpu(), 1e-6, None if residual is None else residual.cpu(), round_sum=round_sum)
     assert out.dtype == x.dtype and rel_err(out.float().cpu(), ref.float()) < TOL
     if with_residual:
         assert rel_err(summed.float().cpu(), ref_sum.float()) < TOL
     else:
         assert summed is None
+
+
+def test_rms_norm_round_sum_is_a_separate_add():
+    """``round_sum`` normalizes x + residual as the separate add rounds it (bf16), not in float32."""
+    x, r, w = (torch.randn(4, 64) * 3).bfloat16(), torch.randn(4, 64).bfloat16(), torch.randn(64)
+    out, summed = rms_norm(x, w, 1e-6, r, round_sum=True)
+    assert torch.equal(out, rms_norm(x + r, w, 1e-6)[0]) and torch.equal(summed, x + r)
+    assert not torch.equal(rms_norm(x, w, 1e-6, r)[0], out)  # float32 sums differ from the rounded ones here
 
 
 def test_gated_rms_norm_on_strided_slices():

@@ -75,7 +75,8 @@ if triton is not None:
                          sx0, sx1, xin, sr0, sr1, rin, sg0, sg1, gin, sy0, sy1, yin, sro,
                          src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, RPP,
                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
-                         QUANT: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr):
+                         QUANT: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr,
+                         ROUND_SUM: tl.constexpr = False):
         if QUANT:  # one token (RPP rows of y) per program
             local = tl.arange(0, ROWS)
             rows = tl.program_id(0) * RPP + local
@@ -91,6 +92,8 @@ if triton is not None:
         if HAS_RES:
             h += tl.load(r_ptr + _row_offsets(rows, sr0, sr1, rin)[:, None] + cols[None, :], mask=mask,
                          other=0.0).to(tl.float32)
+            if ROUND_SUM:  # normalize the sum as stored (as a separate add would hand it over)
+                h = h.to(dtype).to(tl.float32)
             tl.store(ro_ptr + rows.to(tl.int64)[:, None] * sro + cols[None, :], h.to(dtype), mask=mask)
         rstd = tl.rsqrt(tl.sum(h * h, axis=1) / N + eps)
         w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
@@ -144,7 +147,7 @@ def _check_codes(packed, width: int) -> None:
                          f"at most 8192) cannot come from rows of {width}")
 
 
-def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int = 1):
+def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int = 1, round_sum: bool = False):
     """``heads``: rows per token (the gated norm's heads), for the codes of a whole token."""
     N = x.shape[-1]
     M = x.numel() // N if N else 0
@@ -162,21 +165,21 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
             x, residual if residual is not None else x, weight, g if g is not None else x, y, ro, M, N, eps,
             *row_layout(x), *(row_layout(residual) if residual is not None else dummy),
             *(row_layout(g) if g is not None else dummy), *row_layout(y), N, *ptrs, heads,
-            BLOCK_N=block_n, ROWS=rows, HAS_RES=residual is not None, GATED=g is not None,
+            BLOCK_N=block_n, ROWS=rows, HAS_RES=residual is not None, GATED=g is not None, ROUND_SUM=round_sum,
             num_warps=warps if packed is None else max(4, min(8, rows * block_n // 512)),
             **(q or _NO_CODES)["consts"])
     return y, (ro if residual is not None else None), codes
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-                    packed=None):
+                    packed=None, round_sum: bool = False):
     """Twin of :func:`.reference.rms_norm`: ``(out, x + residual)`` (None without a residual); with
     ``packed`` (a :class:`~..gemm.int8.PackedOutlierWeight`), also the W8A8 codes of ``out`` for
     that GEMM, ``(xq, xs, xo)``, as a third element (what :func:`~..gemm.int8.quantize_rows` of
     ``out`` gives, in the same launch)."""
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"residual shape {tuple(residual.shape)} differs from x's {tuple(x.shape)}")
-    out, summed, codes = _launch_norm(x, weight, eps, residual=residual, packed=packed)
+    out, summed, codes = _launch_norm(x, weight, eps, residual=residual, packed=packed, round_sum=round_sum)
     return (out, summed) if packed is None else (out, summed, codes)
 
 

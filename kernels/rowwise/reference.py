@@ -11,9 +11,14 @@ import torch
 import torch.nn.functional as F
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
-    """``(rmsnorm(x + residual) * weight, x + residual)`` in x's dtype; the sum is None without a residual."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+             round_sum: bool = False):
+    """``(rmsnorm(x + residual) * weight, x + residual)`` in x's dtype; the sum is None without a residual.
+    The sum is normalized in float32 (fla's fused add-and-norm), or with ``round_sum`` as rounded to
+    x's dtype (what a separate ``x + residual`` hands a norm)."""
     h = x.float() if residual is None else x.float() + residual.float()
+    if round_sum and residual is not None:
+        h = h.to(x.dtype).float()
     out = (h * torch.rsqrt(h.square().mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
     return out, (None if residual is None else h.to(x.dtype))
 

@@ -57,7 +57,8 @@ class GLAAdapter(Adapter):
         return self.model.model.embeddings(ids)
 
     def run_layer(self, layer: nn.Module, hidden: torch.Tensor, cache) -> torch.Tensor:
-        return layer(hidden, cache)
+        out, residual = layer(hidden, cache)
+        return residual + out
 
     def head_modules(self) -> list[nn.Module]:
         return [self.model.model.norm, self.model.lm_head]

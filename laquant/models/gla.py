@@ -137,17 +137,19 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, prenorm: bool = False):
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, prenorm: bool = False,
+                round_sum: bool = False):
+        """``round_sum``: normalize ``x + residual`` as rounded to x's dtype (a separate add's result)."""
         if use_triton(x) and x.shape[-1] <= MAX_ROW:
-            out, summed = rms_norm_triton(x, self.weight, self.eps, residual)
+            out, summed = rms_norm_triton(x, self.weight, self.eps, residual, round_sum=round_sum)
         else:
-            out, summed = rms_norm(x, self.weight, self.eps, residual)
+            out, summed = rms_norm(x, self.weight, self.eps, residual, round_sum=round_sum)
         return (out, x if summed is None else summed) if prenorm else out
 
-    def quantizing(self, x: torch.Tensor, packed, residual: torch.Tensor | None = None):
+    def quantizing(self, x: torch.Tensor, packed, residual: torch.Tensor | None = None, round_sum: bool = False):
         """``(out, x + residual, codes)``: also the W8A8 codes of ``out`` for the GEMM of ``packed``
         (:func:`laquant.quant.fused.w8a8_inputs`), in the same kernel (GPU only)."""
-        out, summed, codes = rms_norm_triton(x, self.weight, self.eps, residual, packed=packed)
+        out, summed, codes = rms_norm_triton(x, self.weight, self.eps, residual, packed=packed, round_sum=round_sum)
         return out, (x if summed is None else summed), codes
 
 
@@ -269,21 +271,25 @@ class GLABlock(nn.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.hidden_ratio, config.intermediate_size)
 
-    def forward(self, hidden: torch.Tensor, cache: GLAStateCache | None = None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, cache: GLAStateCache | None = None,
+                residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block on ``hidden + residual`` (on ``hidden`` when ``residual`` is None), as fla's
+        block computes it; returns ``(mlp_out, residual)``, whose sum is the block's output: the next
+        block's first norm adds them in its kernel (rounded as the separate add would round them)."""
         # where the next GEMM is W8A8, the norm writes its int8 codes too (one kernel, no quantization pass)
-        residual = hidden
         packed = w8a8_inputs(self.attn, ATTN_INPUTS, hidden)
         if packed is not None:
-            normed, _, codes = self.attn_norm.quantizing(hidden, packed)
+            normed, residual, codes = self.attn_norm.quantizing(hidden, packed, residual, round_sum=True)
             hidden = self.attn(normed, cache, codes)
         else:
-            hidden = self.attn(self.attn_norm(hidden), cache)
+            normed, residual = self.attn_norm(hidden, residual, prenorm=True, round_sum=True)
+            hidden = self.attn(normed, cache)
         packed = w8a8_inputs(self.mlp, MLP_INPUTS, hidden)
         if packed is not None:
             hidden, residual, codes = self.mlp_norm.quantizing(hidden, packed, residual)
-            return residual + self.mlp(hidden, codes)
+            return self.mlp(hidden, codes), residual
         hidden, residual = self.mlp_norm(hidden, residual, prenorm=True)
-        return residual + self.mlp(hidden)
+        return self.mlp(hidden), residual
 
 
 class GLAPreTrainedModel(PreTrainedModel):
@@ -320,10 +326,10 @@ class GLAModel(GLAPreTrainedModel):
         self.embeddings = value
 
     def forward(self, input_ids: torch.LongTensor, cache: GLAStateCache | None = None) -> torch.Tensor:
-        hidden = self.embeddings(input_ids)
+        hidden, residual = self.embeddings(input_ids), None
         for layer in self.layers:
-            hidden = layer(hidden, cache)
-        return self.norm(hidden)
+            hidden, residual = layer(hidden, cache, residual)
+        return self.norm(hidden, residual, round_sum=True)
 
 
 class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
