@@ -90,17 +90,22 @@ def gate_log_decay_triton(logits: torch.Tensor, normalizer: float, clamp_min: fl
     M = x.shape[0]
     y = torch.empty(*logits.shape[:-1], C, dtype=torch.float32, device=logits.device)
     if M and C:
-        quant = logit_scale is not None
-        bounds = quant and logit_min is not None
         block_c = min(1024, triton.next_power_of_2(C))
         rows = max(1, 2048 // block_c)
-        dummy = y
+        ptrs, clamp, consts = _tail_args(y, clamp_min, logit_min, logit_max, logit_scale)
         _gate_log_decay_kernel[(triton.cdiv(M, rows), triton.cdiv(C, block_c))](
-            x, logit_min if bounds else dummy, logit_max if bounds else dummy, logit_scale if quant else dummy, y,
-            M, C, x.stride(0), float(normalizer), 0.0 if clamp_min is None else clamp_min,
-            BLOCK_C=block_c, ROWS=rows, QUANT=quant, BOUNDS=bounds,
-            PER_CHANNEL=quant and logit_scale.numel() > 1, CLAMP_MIN=clamp_min is not None, num_warps=4)
+            x, *ptrs, y, M, C, x.stride(0), float(normalizer), clamp, BLOCK_C=block_c, ROWS=rows, num_warps=4, **consts)
     return y
+
+
+def _tail_args(y, clamp_min, logit_min, logit_max, logit_scale):
+    """The gate tail's pointer arguments (``y`` where absent), clamp value and constexprs."""
+    quant = logit_scale is not None
+    bounds = quant and logit_min is not None
+    ptrs = (logit_min if bounds else y, logit_max if bounds else y, logit_scale if quant else y)
+    consts = dict(QUANT=quant, BOUNDS=bounds, PER_CHANNEL=quant and logit_scale.numel() > 1,
+                  CLAMP_MIN=clamp_min is not None)
+    return ptrs, 0.0 if clamp_min is None else clamp_min, consts
 
 
 if triton is not None:
@@ -172,18 +177,13 @@ def low_rank_gate_log_decay_triton(x: torch.Tensor, first, second, normalizer: f
     M = x2.shape[0]
     y = torch.empty(*x.shape[:-1], C, dtype=torch.float32, device=x.device)
     if M and C:
-        quant = logit_scale is not None
-        bounds = quant and logit_min is not None
         cfg = dict(config or low_rank_gate_config(M, x2.dtype))
         rows, block_c = cfg.pop("ROWS"), min(cfg.pop("BLOCK_C"), max(16, triton.next_power_of_2(C)))
-        dummy = y
+        ptrs, clamp, consts = _tail_args(y, clamp_min, logit_min, logit_max, logit_scale)
         _low_rank_gate_kernel[(triton.cdiv(M, rows), triton.cdiv(C, block_c))](
             x2, first.qweight, first.scale, second.qweight, second.scale,
-            second.bias if second.bias is not None else dummy,
-            logit_min if bounds else dummy, logit_max if bounds else dummy, logit_scale if quant else dummy, y,
-            M, K, R, C, x2.stride(0), first.qweight.shape[1], second.qweight.shape[1], float(normalizer),
-            0.0 if clamp_min is None else clamp_min,
+            second.bias if second.bias is not None else y, *ptrs, y,
+            M, K, R, C, x2.stride(0), first.qweight.shape[1], second.qweight.shape[1], float(normalizer), clamp,
             ROWS=rows, BR=max(16, triton.next_power_of_2(R)), BLOCK_C=block_c, HAS_BIAS=second.bias is not None,
-            QUANT=quant, BOUNDS=bounds, PER_CHANNEL=quant and logit_scale.numel() > 1,
-            CLAMP_MIN=clamp_min is not None, **cfg)
+            **consts, **cfg)
     return y
