@@ -108,19 +108,20 @@ def exported_row(folder: Path, ids: torch.Tensor, args: argparse.Namespace) -> d
 
 
 def write_serving(folder: Path, summary: Exported, source: str, recipe_name: str, rows: list, eval_ids,
-                  args: argparse.Namespace) -> None:
+                  args: argparse.Namespace) -> dict | None:
     """``serving.md`` in the export folder; with ``eval_ids``, the exported form's perplexity below
-    the rows already measured."""
-    table, note = None, ""
+    the rows already measured (returned)."""
+    table, note, exported = None, "", None
     if eval_ids is not None:
-        rows = rows + [("compressed-tensors export", exported_row(folder, eval_ids, args))]
-        table = ppl_table(rows)
+        exported = exported_row(folder, eval_ids, args)
+        table = ppl_table(rows + [("compressed-tensors export", exported)])
         note = (f"Prefill mode on `{args.eval_data}`, first {len(eval_ids)} tokens, context {args.eval_context}, "
                 f"stride {default_stride(args.eval_context)}, CPU, float32 compute. laquant's form runs its own "
                 "quantized modules (outlier split, gate treatment); the export runs on transformers' own modules "
                 "through compressed-tensors, as a user without laquant loads it, its recurrent state in float32. "
                 "Percentages are against the first row. Model MiB: the weights as stored.")
     (folder / "serving.md").write_text(serving_markdown(summary, source, recipe_name, table, note))
+    return exported
 
 
 def ppl_table(rows: list[tuple[str, dict]]) -> str:
