@@ -150,7 +150,7 @@ def _quantized_modules(model, decisions: Decisions) -> tuple[dict[str, nn.Module
     dense (name -> why: weight-only gates, a gate whose projection stayed bf16); and the gates whose
     logit treatment is dropped."""
     linears, dense, dropped = {}, {}, []
-    for name in list(decisions.projections) + list(decisions.gates):
+    for name in dict.fromkeys([*decisions.projections, *decisions.gates]):  # Mamba2's in_proj is both
         module = model.get_submodule(name)
         if isinstance(module, QuantGate):
             dropped.append(name)

@@ -277,3 +277,12 @@ def test_the_python_api_refuses_an_uncalibrated_model(tmp_path):
     with pytest.raises(LaquantError, match="no laquant quantization decisions"):
         export_compressed_tensors(FAMILIES["bamba"]().eval(), tmp_path / "o")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_gate_inside_a_projection_is_counted_once(exports):
+    from laquant.compressed_tensors_export import plan_export
+
+    model = exports["bamba"][0]
+    summary, _ = plan_export(model, model.config.quantization_config.decisions)
+    assert summary.gate_treatment_dropped == [f"model.layers.{i}.mamba.in_proj" for i in (0, 1, 3)]
+    assert "model.layers.0.mamba.in_proj" in summary.int8 and not summary.dense
