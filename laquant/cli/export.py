@@ -116,7 +116,7 @@ def write_serving(folder: Path, summary: Exported, source: str, recipe_name: str
         exported = exported_row(folder, eval_ids, args)
         table = ppl_table(rows + [("compressed-tensors export", exported)])
         note = (f"Prefill mode on `{args.eval_data}`, first {len(eval_ids)} tokens, context {args.eval_context}, "
-                f"stride {default_stride(args.eval_context)}, CPU, float32 compute. laquant's form runs its own "
+                f"stride {default_stride(args.eval_context)}, float32 compute (the export on the CPU). laquant's form runs its own "
                 "quantized modules (outlier split, gate treatment); the export runs on transformers' own modules "
                 "through compressed-tensors, as a user without laquant loads it, its recurrent state in float32. "
                 "Percentages are against the first row. Model MiB: the weights as stored.")
