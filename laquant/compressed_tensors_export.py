@@ -10,11 +10,10 @@ engine. The int8 codes and scales are laquant's own, copied as they are. The res
 * **outlier columns** (laquant's LLM.int8-style split keeps some input channels in bf16): the
   format has no split. ``outliers="requantize"`` (the default) rebuilds the full weight (int8 part
   dequantized, outlier columns as they are) and quantizes it per channel again, through laquant's
-  one quantizer; ``outliers="bf16"`` keeps such layers dense (bf16, in ``ignore``).
+  one quantizer; ``outliers="bf16"`` keeps such layers dense (their weight dequantized, in bf16, in ``ignore``).
 * **gates** (int8 weights, calibrated clamp and int8 rounding of the logits): no such treatment
-  exists in the format; a gate projection of its own is written dense with its int8 weights
-  dequantized (weight-only int8 is what laquant ran: the product is the same) and listed in
-  ``ignore``; the clamp and logit rounding are dropped. A gate that is a slice of a W8A8
+  exists in the format; a gate projection of its own is written dense (bf16) with its int8 weights
+  dequantized (weight-only int8 is what laquant ran) and listed in ``ignore``; the clamp and logit rounding are dropped. A gate that is a slice of a W8A8
   projection (Mamba2's ``dt`` channels of ``in_proj``) keeps the projection's int8 form and loses
   only the logit treatment.
 * **the recurrent state format** is an engine option, not a tensor (vLLM's
@@ -265,7 +264,9 @@ def write_compressed_tensors(model, decisions: Decisions | dict, folder: Path, t
             if leaf == "weight" and want is not None and tuple(t.shape) != tuple(want.shape):
                 raise LaquantError(f"{key}: shape {tuple(t.shape)}, transformers expects {tuple(want.shape)}")
             keep = t.dtype == torch.int8 or leaf == "weight_scale"  # codes and float32 scales as they are
-            state[key] = (t.detach().cpu().contiguous() if keep else storage_tensor(t, storage_dtype)).clone()
+            # dense layers in the serving dtype (a dequantized weight rounds by 2**-9 relative: far below
+            # its int8 rounding; float32 would make them larger than the unquantized model's)
+            state[key] = (t if keep else t.to(storage_dtype)).detach().cpu().contiguous().clone()
     # every Linear that is not int8 is ignored; MoE expert blocks by name too (vLLM's fused MoE layer
     # takes the Linear scheme unless its prefix is ignored)
     int8 = set(summary.int8)
