@@ -94,6 +94,7 @@ def test_exports_load_without_laquant_and_match_laquant(exports, tmp_path):
         assert 0 < rel_err(exported, logits) < TOLERANCE_FACTOR * quant_err + TOLERANCE_FLOOR, family
 
 
+@pytest.mark.slow  # the module's calibrated exports take ~20 s to build on 2 cores
 @torch.no_grad()
 def test_each_int8_layer_is_compressed_tensors_w8a8_of_laquant_codes(exports):
     from transformers import AutoModelForCausalLM
@@ -123,6 +124,7 @@ def test_each_int8_layer_is_compressed_tensors_w8a8_of_laquant_codes(exports):
         assert ignored and all(tensors[f"{n}.weight"].is_floating_point() for n in ignored)
 
 
+@pytest.mark.slow  # the module's calibrated exports take ~20 s to build on 2 cores
 def test_config_is_compressed_tensors_w8a8(exports):
     from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
     from transformers import AutoConfig, CompressedTensorsConfig
@@ -152,6 +154,7 @@ def test_config_is_compressed_tensors_w8a8(exports):
         assert (folder / "serving.md").is_file()
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_outlier_columns_are_requantized_or_kept_dense(tmp_path):
     from laquant.compressed_tensors_export import write_compressed_tensors
@@ -279,6 +282,7 @@ def test_the_python_api_refuses_an_uncalibrated_model(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow  # the module's calibrated exports take ~20 s to build on 2 cores
 def test_a_gate_inside_a_projection_is_counted_once(exports):
     from laquant.compressed_tensors_export import plan_export
 
