@@ -1,4 +1,4 @@
-"""The ``laquant`` command line: calibrate, inspect, generate, eval ppl, eval speed.
+"""The ``laquant`` command line: calibrate, export, inspect, generate, eval ppl, eval speed.
 
 One module per command, each with ``add_arguments(parser)`` and ``run(args) -> exit code``; this
 module names the commands, builds the parser and turns a ``LaquantError`` into one line and exit 2.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from laquant.cli import calibrate, eval_ppl, eval_speed, generate, inspect
+from laquant.cli import calibrate, eval_ppl, eval_speed, export, generate, inspect
 from laquant.cli.eval_speed import SPEED_SUITES
 from laquant.errors import LaquantError
 
@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     _command(sub, calibrate, "calibrate", help="calibrate and quantize a model with a recipe, export a checkpoint",
              description="Collect activation, gate and state statistics, quantize by the recipe, "
                          "compare perplexity with the unquantized model, and write OUT/.")
+    _command(sub, export, "export", help="rewrite a laquant checkpoint as compressed-tensors W8A8 (vLLM, transformers)",
+             description="Write a laquant checkpoint of a transformers hybrid as a compressed-tensors W8A8 int8 "
+                         "checkpoint with serving.md (what carried over, the engine's state dtype, perplexity).")
     _command(sub, inspect, "inspect", help="per-layer summary and plots of a laquant checkpoint")
     _command(sub, generate, "generate", help="generate text from a model or checkpoint (CUDA-graphed decode on a GPU)",
              description="Prefill the prompt, then decode token by token (one CUDA graph replay per step on a "

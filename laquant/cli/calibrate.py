@@ -14,8 +14,10 @@ from laquant.adapters import get_adapter
 from laquant.api import Calibrated, calibrate, save
 from laquant.calibration.run import calibration_batches
 from laquant.calibration.stats import Stats
-from laquant.checkpoint import check_out_dir
+from laquant.checkpoint import StagingDir, check_out_dir
 from laquant.cli.common import add_to_folder, pick_device
+from laquant.cli.export import add_export_arguments, write_serving
+from laquant.compressed_tensors_export import check_exportable, write_compressed_tensors
 from laquant.data import load_text, tokenize
 from laquant.decisions import Decisions
 from laquant.errors import LaquantError
@@ -23,7 +25,7 @@ from laquant.eval.plots import write_stat_plots
 from laquant.eval.ppl import default_stride, perplexity_by_mode, strided_windows
 from laquant.eval.report import comparison_table, model_bytes, report_markdown, state_bytes_per_sequence
 from laquant.loading import load_model, load_tokenizer, read_supported_config, resolve_model_dir
-from laquant.recipe import load_recipe
+from laquant.recipe import load_recipe, recipe_to_yaml
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,6 +40,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override a recipe field, e.g. --set state.format=fp32 (repeatable)")
     p.add_argument("--stats", default=None, help="reuse statistics (stats.safetensors) instead of calibrating")
     p.add_argument("--out", default=None, help="output folder (default: ./laquant-<recipe>)")
+    p.add_argument("--format", choices=["laquant", "compressed-tensors"], default="laquant",
+                   help="laquant: laquant's checkpoint (laquant.load, with the statistics); compressed-tensors: "
+                        "the W8A8 int8 checkpoint vLLM serves and transformers loads without laquant, with "
+                        "serving.md (transformers hybrids only; `laquant export` converts a laquant checkpoint later)")
+    add_export_arguments(p, with_eval=False)
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
     p.add_argument("--eval-data", default="wikitext2")
     p.add_argument("--eval-context", type=int, default=2048)
@@ -86,8 +93,8 @@ def run(args: argparse.Namespace) -> int:
     table = comparison_table(rows)
     note = eval_note(job)
     save_and_plot(job, result, rows, report(job, result, table, note))
-    print(f"\n{note}\n\n{table}\n\nwrote {job.out}/ (model.safetensors, config.json, recipe.yaml, stats.safetensors, "
-          f"report.md, plots/)")
+    files = ("serving.md, recipe.yaml" if args.format == "compressed-tensors" else "recipe.yaml, stats.safetensors")
+    print(f"\n{note}\n\n{table}\n\nwrote {job.out}/ (model.safetensors, config.json, {files}, report.md, plots/)")
     return 0
 
 
@@ -97,7 +104,9 @@ def check_inputs(args: argparse.Namespace) -> Job:
     out = Path(args.out or f"laquant-{recipe['name']}")
     check_out_dir(out, args.overwrite)
     model_dir = resolve_model_dir(args.model)
-    read_supported_config(model_dir)
+    cfg = read_supported_config(model_dir)
+    if args.format == "compressed-tensors":
+        check_exportable(cfg.get("model_type"), model_dir)
     tokenizer = load_tokenizer(model_dir)
     stats = Stats.load(args.stats) if args.stats else None
     batches = None
@@ -158,9 +167,30 @@ def report(job: Job, result: Calibrated, table: str, note: str) -> str:
 
 def save_and_plot(job: Job, result: Calibrated, rows: list[tuple[str, dict]], report_md: str) -> None:
     """The checkpoint, then eval.json and the statistics plots added to it."""
-    save(result, job.out, tokenizer=job.tokenizer, report=report_md, overwrite=job.args.overwrite)
+    if job.args.format == "compressed-tensors":
+        rows = save_compressed_tensors(job, result, rows, report_md)
+    else:
+        save(result, job.out, tokenizer=job.tokenizer, report=report_md, overwrite=job.args.overwrite)
     summary = {"recipe": job.recipe["name"], "model": str(job.model_dir), "out": str(job.out),
+               "format": job.args.format,
                "rows": [{"name": n, **{k: v for k, v in r.items() if not k.endswith("by_position")}} for n, r in rows]}
     threshold = job.recipe["projections"]["outlier_threshold"]
     add_to_folder(job.out, {"eval.json": json.dumps(summary, indent=2) + "\n"},
                   lambda tmp: write_stat_plots(result.stats, tmp / "plots", threshold))
+
+
+def save_compressed_tensors(job: Job, result: Calibrated, rows: list[tuple[str, dict]], report_md: str) -> list:
+    """OUT in compressed-tensors form: the weights, config.json, tokenizer, serving.md (with the exported
+    form's prefill perplexity beside laquant's, when prefill mode was evaluated), report.md and
+    recipe.yaml. No stats.safetensors: engines load every *.safetensors file of a folder as weights.
+    Returns the rows with the exported form's."""
+    args = job.args
+    prefill = job.eval_ids is not None and "prefill" in args.eval_mode
+    ppl_rows = [(n, {"prefill": r["prefill"], "model_bytes": r["model_bytes"]}) for n, r in rows] if prefill else []
+    with StagingDir(job.out, args.overwrite) as tmp:
+        summary = write_compressed_tensors(result.model, result.decisions, tmp, job.tokenizer, args.outliers)
+        exported = write_serving(tmp, summary, str(job.model_dir), job.recipe["name"], ppl_rows,
+                                 job.eval_ids if prefill else None, args)
+        (tmp / "report.md").write_text(report_md)
+        (tmp / "recipe.yaml").write_text(recipe_to_yaml(job.recipe))
+    return rows + ([("compressed-tensors export", exported)] if exported is not None else [])
