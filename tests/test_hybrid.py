@@ -422,16 +422,19 @@ def test_a_recipe_for_a_role_the_model_lacks_is_an_error(tiny_model_dir):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["qwen3_next", "minimax", "bamba"])
+@pytest.mark.parametrize("family", ["qwen3_next", "minimax", "bamba", "kimi_linear"])
 @pytest.mark.parametrize("recipe", [None, "gla_fp8_state"])
 @torch.no_grad()
 def test_hybrid_state_paths_on_the_triton_kernels(family, recipe, monkeypatch):
     """On CUDA the state paths run on laquant's Triton kernels: Gated DeltaNet on the delta-rule
-    kernels, Lightning and Mamba2 on the GLA kernels (scalar decay); they match the references."""
+    kernels, KDA on its per-channel form, Lightning and Mamba2 on the GLA kernels (scalar decay);
+    they match the references."""
     import laquant.kernels.delta.chunk as delta_chunk
     import laquant.kernels.delta.decode as delta_decode
     import laquant.kernels.gla.chunk as gla_chunk
     import laquant.kernels.gla.decode as gla_decode
+    import laquant.kernels.kda.chunk as kda_chunk
+    import laquant.kernels.kda.decode as kda_decode
 
     model = _model(family).cuda()
     install(model)
@@ -440,7 +443,8 @@ def test_hybrid_state_paths_on_the_triton_kernels(family, recipe, monkeypatch):
     ids = torch.randint(0, VOCAB, (3, 150)).cuda()
     called = set()
     for module, name in ((delta_chunk, "chunk_delta_triton"), (delta_decode, "delta_decode_step"),
-                         (gla_chunk, "chunk_gla_triton"), (gla_decode, "gla_decode_step")):
+                         (gla_chunk, "chunk_gla_triton"), (gla_decode, "gla_decode_step"),
+                         (kda_chunk, "chunk_kda_triton"), (kda_decode, "kda_decode_step")):
         def spy(*args, _fn=getattr(module, name), _name=name, **kwargs):
             called.add(_name)
             return _fn(*args, **kwargs)
@@ -453,8 +457,9 @@ def test_hybrid_state_paths_on_the_triton_kernels(family, recipe, monkeypatch):
         return full, err
 
     fast, fast_err = run()
-    expected = {"chunk_delta_triton", "delta_decode_step"} if family == "qwen3_next" else {"chunk_gla_triton",
-                                                                                          "gla_decode_step"}
+    expected = {"qwen3_next": {"chunk_delta_triton", "delta_decode_step"},
+                "kimi_linear": {"chunk_kda_triton", "kda_decode_step"}}.get(family, {"chunk_gla_triton",
+                                                                                     "gla_decode_step"})
     assert called == expected
     monkeypatch.setenv("LAQUANT_KERNELS", "reference")
     slow, slow_err = run()
