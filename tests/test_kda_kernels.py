@@ -248,4 +248,7 @@ def test_model_sized_decode_on_gpu(fmt):
     o = kda_decode_step(*args, data, scale, idx, quant, n_stores, use_qk_l2norm=True)
     assert rel_err(o.float(), o_ref.float()) < 1e-2
     new, ref = data[idx.long()].float(), data_ref[idx.long()].float()
-    assert (new != ref).float().mean().item() < 0.01
+    if fmt in ("fp32", "bf16"):  # float states: rounding (fused multiply-adds), not codes, may differ
+        assert rel_err(new, ref) < (1e-5 if fmt == "fp32" else 1e-2)
+    else:
+        assert (new != ref).float().mean().item() < 0.01
