@@ -106,6 +106,9 @@ _FAMILIES = (
     Family("kimi_linear", "kda", "self_attn", "KimiLinearDeltaAttention", "KimiDeltaAttentionMixer",
            attention_projections=("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"),
            optional_attention_projections=("q_proj", "q_a_proj", "q_b_proj")),
+    # Ling / Ring hybrids: KDA with a full-rank bounded gate + MLA with a head-wise output gate (kept) + MoE
+    Family("bailing_hybrid", "kda", "self_attn", "BailingHybridDeltaAttention", "BailingKDAMixer",
+           attention_projections=("q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")),
 )
 FAMILIES: dict[str, Family] = {f.model_type: f for f in _FAMILIES}
 

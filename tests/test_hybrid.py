@@ -1,5 +1,5 @@
-"""transformers hybrids (qwen3_next, minimax, bamba, qwen3_5, olmo_hybrid, nemotron_h, kimi_linear) on tiny random
-configs: plumbing only.
+"""transformers hybrids (qwen3_next, minimax, bamba, qwen3_5, olmo_hybrid, nemotron_h, kimi_linear, bailing_hybrid) on
+tiny random configs: plumbing only.
 
 The adapters' models must compute what transformers computes, carry their state through laquant's
 cache, quantize by role, save and reload bit for bit, and refuse layouts they do not know.
@@ -107,9 +107,21 @@ def kimi_linear(**kw):
     return KimiLinearForCausalLM(KimiLinearConfig(**{**cfg, **kw}))
 
 
+def bailing_hybrid(**kw):
+    # KDA with the bounded ("safe") gate, MLA with a head-wise output gate; dense and MoE MLPs
+    from transformers import BailingHybridConfig, BailingHybridForCausalLM
+
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, intermediate_size=96, num_attention_heads=2,
+               num_key_value_heads=2, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+               head_dim=16, num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_group=1,
+               topk_group=1, layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+               mlp_layer_types=["dense", "sparse", "dense", "sparse"], bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return BailingHybridForCausalLM(BailingHybridConfig(**{**cfg, **kw}))
+
+
 FAMILIES = {"qwen3_next": qwen3_next, "minimax": minimax, "bamba": bamba, "qwen3_5": qwen3_5,
             "qwen3_5_moe": qwen3_5_moe, "olmo_hybrid": olmo_hybrid, "nemotron_h": nemotron_h,
-            "kimi_linear": kimi_linear}
+            "kimi_linear": kimi_linear, "bailing_hybrid": bailing_hybrid}
 
 
 def _model(family):
@@ -158,8 +170,9 @@ def test_roles(family):
     adapter = install(_model(family))
     kept = adapter.kept()
     assert kept["decay"] and kept["norms"] and kept["embeddings"] == ["model.embed_tokens"]
-    attention = (".q_proj", ".kv_a_proj_with_mqa", ".kv_b_proj", ".o_proj") if family == "kimi_linear" else (
-        ".q_proj", ".k_proj", ".v_proj", ".o_proj")  # kimi_linear's softmax attention is MLA
+    mla = family in ("kimi_linear", "bailing_hybrid")  # their softmax attention is MLA
+    attention = (".q_proj", ".kv_a_proj_with_mqa", ".kv_b_proj", ".o_proj") if mla else (
+        ".q_proj", ".k_proj", ".v_proj", ".o_proj")
     assert all(n.endswith(attention) for n in adapter.attention_projections())
     assert len(adapter.attention_projections()) == 4 * len(adapter.attention_layers()) > 0
     projections = adapter.projections()
@@ -193,6 +206,12 @@ def test_roles(family):
         assert "model.layers.1.mlp.shared_experts.up_proj" in projections
         assert (info.num_heads, info.head_k, info.head_v) == (2, 16, 16)
         assert adapter.linear_layers() == [0, 1, 3] and adapter.attention_layers() == [2]
+    elif family == "bailing_hybrid":  # a full-rank gate; MLA's head-wise output gate stays out of the roles
+        assert {f"model.layers.0.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "b_proj", "g_proj",
+                                                           "o_proj")} <= set(projections)
+        assert list(adapter.gates()) == [f"model.layers.{i}.self_attn.forget_gate.f_proj" for i in (0, 1, 3)]
+        assert "model.layers.2.self_attn.g_proj" not in {**projections, **adapter.attention_projections()}
+        assert (info.num_heads, info.head_k, info.head_v) == (2, 16, 16)
     elif family == "minimax":
         assert adapter.gates() == {} and "model.layers.0.self_attn.slope_rate" in kept["decay"]
         assert (info.num_heads, info.head_k, info.head_v) == (2, 32, 32)
@@ -243,9 +262,10 @@ def test_hybrid_int8_calibrate_export_reload(family_dir, tmp_path):
     assert result.recipe["families"] == {} and all(v["format"] == "fp8_row" for v in d["state"].values())
     quant = model(input_ids=ids).logits
     assert rel_err(quant, base) < 0.05
-    # fp8 state: decode stores it after every token, prefill every 64: close, not equal
+    # fp8 state: decode stores it after every token, prefill every 64: close, not equal (bailing_hybrid's
+    # bounded gate decays fast, so each token's rounding weighs more: 0.056 measured, 0.015 with a bf16 state)
     err, cache = _prefill_vs_decode(model, ids, 40)
-    assert err < 0.05
+    assert err < (0.08 if family == "bailing_hybrid" else 0.05)
     assert all(s.data.dtype == torch.float8_e4m3fn for s in state_store(cache).states.values())
 
     out = tmp_path / "q"
@@ -394,6 +414,18 @@ def test_kimi_linear_layouts_are_named_and_mla_with_a_low_rank_q_is_taken():
     assert [n.rpartition(".")[2] for n in adapter.attention_projections()] == ["q_a_proj", "q_b_proj",
                                                                                "kv_a_proj_with_mqa", "kv_b_proj",
                                                                                "o_proj"]
+
+
+@torch.no_grad()
+def test_bailing_hybrid_without_the_safe_gate():
+    """The unbounded gate ``-exp(A_log) softplus(x + dt_bias)``: still transformers' numbers."""
+    torch.manual_seed(3)
+    model = bailing_hybrid(kda_safe_gate=False).float().eval()
+    ids = torch.randint(0, VOCAB, (2, 21))
+    reference = model(input_ids=ids).logits
+    install(model)
+    assert rel_err(model(input_ids=ids).logits, reference) < 1e-5
+    assert _prefill_vs_decode(model, ids, 13)[0] < 1e-5
 
 
 @torch.no_grad()
