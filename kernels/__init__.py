@@ -3,11 +3,12 @@
 Grouped by recurrence as flash-linear-attention groups its ops: ``gla/`` (gated linear attention:
 ``reference``, ``chunk``, ``decode``, ``noncausal``), ``delta/`` (the gated delta rule:
 ``reference``, ``chunk``, ``decode``), ``kda/`` (Kimi Delta Attention, the delta rule with a
-per-channel decay: ``reference``, ``chunk``, ``decode`` on the delta rule's kernels), ``gemm/`` (int8 GEMM with the outlier split: ``reference``,
-``int8``), and ``common/`` (the state-format registry, the state container and codec, the one
-quantize/dequantize implementation and its Triton twin, dispatch). Each Triton kernel sits beside
-its plain-PyTorch reference, which is its spec and the CPU path. Nothing here imports the rest of
-laquant: kernels take tensors, numbers and the types of ``common/``.
+per-channel decay: ``reference``, ``chunk``, ``decode`` on the delta rule's kernels), ``gemm/``
+(int8 GEMM with the outlier split: ``reference``, ``int8``), and ``common/`` (the state-format
+registry, the state container and codec, the one quantize/dequantize implementation and its Triton
+twin, dispatch). Each Triton kernel sits beside its plain-PyTorch reference, which is its spec and
+the CPU path. Nothing here imports the rest of laquant: kernels take tensors, numbers and the types
+of ``common/``.
 """
 
 # From a checkout's root (``python -m ...``), this folder is also importable as a top-level

@@ -220,7 +220,8 @@ def launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, fin
     _chunk_delta_fwd_kernel[(N * H, triton.cdiv(V, BV))](
         q, k, v, g, beta, o, cu_seqlens if cu_seqlens is not None else dummy,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2), g.stride(3) if g.dim() == 4 else 0,
+        v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2),
+        g.stride(3) if g.dim() == 4 else 0,
         beta.stride(0), beta.stride(1), beta.stride(2), o.stride(0), o.stride(1), o.stride(2),
         T, K ** -0.5 if scale is None else scale,
         H=H, GROUP=H // Hk, K=K, V=V, BT=block_t, BK=BK, BV=BV, VARLEN=cu_seqlens is not None,

@@ -14,8 +14,9 @@ transformers'.
 
 Roles: ``projections`` (the mixers' and MLPs' ``nn.Linear``), ``gates`` (the mixer's gate
 projection: GDN's ``in_proj_ba``, Mamba2's ``dt`` channels of ``in_proj``, KDA's
-``forget_gate.f_b_proj``), ``mixers`` (the state
-and its layout), ``softmax_attention`` (q/k/v/o of the attention layers; MLA's q / kv_a / kv_b / o in kimi_linear), and kept ones: ``routers``
+``forget_gate.f_b_proj`` or ``forget_gate.f_proj``), ``mixers`` (the state and its layout),
+``softmax_attention`` (q/k/v/o of the attention layers; MLA's q / kv_a / kv_b / o in kimi_linear and
+bailing_hybrid, from the family's ``attention_projections``), and kept ones: ``routers``
 (MoE router and shared-expert gate), ``experts`` (3-D expert weights), ``conv``, ``decay``
 (``A_log``, ``dt_bias``, ``D``, Lightning's ``slope_rate``), embeddings, norms, lm_head.
 """
@@ -184,7 +185,7 @@ class HybridAdapter(Adapter):
 
     def gate_log_decay(self, gate_name: str, logits: torch.Tensor) -> torch.Tensor:
         mixer = self._mixer_of_gate(gate_name)
-        device = mixer.get_parameter(mixer.DECAY[0]).device  # statistics live on the CPU, the decay parameters may not
+        device = mixer.get_parameter(mixer.DECAY[0]).device  # statistics live on the CPU, the decay may not
         return mixer.gate_log_decay(logits.to(device)).to(logits.device)
 
     def mixers(self) -> dict[str, MixerInfo]:

@@ -5,8 +5,8 @@ given) as a :class:`~laquant.kernels.common.state.State`, in the format of its `
 (fp32 until a recipe sets one); the same container is the prefill kernels' initial and final
 state and the decode kernels' state pool. :meth:`RecurrentMixer.attend_gla` runs gated linear
 attention (GLA, Lightning, Mamba2's SSD are all of this form) and :meth:`RecurrentMixer.attend_delta`
-the gated delta rule (Gated DeltaNet; Kimi Delta Attention with a per-channel decay), each on the Triton kernels on CUDA and the PyTorch
-references elsewhere.
+the gated delta rule (Gated DeltaNet; Kimi Delta Attention with a per-channel decay), each on the
+Triton kernels on CUDA and the PyTorch references elsewhere.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from laquant.kernels import (chunk_gated_delta_rule, chunk_gla, chunk_kda, recurrent_gated_delta_rule, recurrent_gla_step,
-                             recurrent_kda)
+from laquant.kernels import (chunk_gated_delta_rule, chunk_gla, chunk_kda, recurrent_gated_delta_rule,
+                             recurrent_gla_step, recurrent_kda)
 from laquant.kernels.common.dispatch import use_triton
 from laquant.kernels.common.state import State, StateQuantizer
 
@@ -77,7 +77,7 @@ class RecurrentMixer(nn.Module):
             if T == 1 and stored is not None:
                 decode = kda_decode_step if per_channel else delta_decode_step
                 o = decode(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], stored.data, stored.row_scale,
-                                      *self._pool_slots(stored, q.shape[0], q.device), use_qk_l2norm=use_qk_l2norm)
+                           *self._pool_slots(stored, q.shape[0], q.device), use_qk_l2norm=use_qk_l2norm)
                 self._count_decode_step(states, stored)
                 return o.unsqueeze(1)
             chunk = chunk_kda_triton if per_channel else chunk_delta_triton
