@@ -10,6 +10,9 @@ Suites (all on one CUDA device; each ratio is taken against a peer timed in the 
 * ``delta_decode`` / ``delta_prefill``  the gated delta rule (Gated DeltaNet, Qwen3-Next's heads:
   16 q/k heads, 32 v heads, K = V = 128): the decode step on a state pool in each format vs fla
   ``fused_recurrent_gated_delta_rule``; the chunked prefill vs fla ``chunk_gated_delta_rule``;
+* ``kda_decode`` / ``kda_prefill``  Kimi Delta Attention (the delta rule with a per-channel decay,
+  Kimi Linear's heads: 32 heads, K = V = 128): the decode step on a state pool in each format vs fla
+  ``fused_recurrent_kda``; the chunked prefill vs fla ``chunk_kda``;
 * ``gemm``    the int8 outlier-split GEMM (activation quantization included) vs cuBLAS bf16,
   bitsandbytes LLM.int8 (threshold 6.0) and ``torch._scaled_mm`` fp8 rowwise (operands quantized
   beforehand, so its time is the GEMM alone);
@@ -40,7 +43,7 @@ import torch.nn.functional as F
 
 from laquant.errors import LaquantError
 
-SUITES = ("decode", "prefill", "delta_decode", "delta_prefill", "gemm", "e2e")
+SUITES = ("decode", "prefill", "delta_decode", "delta_prefill", "kda_decode", "kda_prefill", "gemm", "e2e")
 
 
 # dense bf16 tensor-core peak (vendor datasheets, no sparsity) for the compute floor
@@ -260,6 +263,63 @@ def bench_delta_prefill(seq_lens=(1024, 4096, 16384, 65536), total=65536, Hk=16,
         row["TFLOPs"] = flops / (row["laquant_ms"] * 1e-3) / 1e12
         if peak_tflops:
             row["compute_floor_ms"] = flops / (peak_tflops * 1e12) * 1e3
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+# ------------------------------------------------------------------------------ Kimi Delta Attention
+def _kda_inputs(B, T, H, K, V):
+    """KDA inputs as Kimi Linear feeds them: bf16 q, k, v; float32 per-channel log-decay and beta."""
+    q, k, v = _randn(B, T, H, K), _randn(B, T, H, K), _randn(B, T, H, V)
+    g = -F.softplus(torch.randn(B, T, H, K, device="cuda")) * 0.5
+    return q, k, v, g, torch.rand(B, T, H, device="cuda")
+
+
+def bench_kda_decode(batches=(1, 16, 64, 256), H=32, K=128, bandwidth=None) -> list[dict]:
+    """One KDA decode step (Kimi Linear's heads: 32, K = V = 128, l2-normalised q and k) on a state
+    pool in each format vs fla ``fused_recurrent_kda`` (fp32 state)."""
+    from laquant.kernels.kda.decode import kda_decode_step
+
+    fla_step = _fla_op("fla.ops.kda", "fused_recurrent_kda")
+    V = K
+    rows = []
+    for B in batches:
+        q, k, v, g, beta = _kda_inputs(B, 1, H, K, V)
+        idx = torch.arange(B, device="cuda", dtype=torch.int32)
+        io_bytes = B * H * ((2 * K + 2 * V) * 2 + K * 4 + 4)  # q, k, v in, o out (bf16); g, beta fp32
+        row = {"B": B, "H": H, "K": K, "V": V}
+        _time_state_formats(row, lambda data, scale, quant: kda_decode_step(
+            q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], data, scale, idx, quant, use_qk_l2norm=True),
+            (B, H, K, V), io_bytes, bandwidth, state_std=0.1)
+        if fla_step is not None:
+            h0 = torch.randn(B, H, K, V, device="cuda") * 0.1
+            row["fla_fp32_us"] = 1e3 * _bench(lambda: fla_step(q, k, v, g, beta, initial_state=h0,
+                                                               output_final_state=True, use_qk_l2norm_in_kernel=True))
+            for fmt in ("fp8_row", "bf16", "fp32"):
+                row[f"speedup_{fmt}_vs_fla"] = row["fla_fp32_us"] / row[f"laquant_{fmt}_us"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def bench_kda_prefill(seq_lens=(1024, 4096, 16384, 65536), total=65536, H=32, K=128, bandwidth=None) -> list[dict]:
+    """Chunked KDA prefill, B * T = 65,536 tokens, Kimi Linear's heads, bf16: laquant (fp32 state;
+    fp8 round trips every 64 tokens) vs fla ``chunk_kda`` (forward)."""
+    from laquant.kernels.kda.chunk import chunk_kda_triton
+
+    fla_chunk = _fla_op("fla.ops.kda", "chunk_kda")
+    V = K
+    rows = []
+    for B, T in _prefill_shapes(seq_lens, total):
+        q, k, v, g, beta = _kda_inputs(B, T, H, K, V)
+        row = {"B": B, "T": T, "H": H, "K": K, "V": V}
+        peer = None if fla_chunk is None else partial(fla_chunk, q, k, v, g, beta, output_final_state=True,
+                                                      use_qk_l2norm_in_kernel=True)
+        _time_chunked(row, partial(chunk_kda_triton, q, k, v, g, beta, output_final_state=True, use_qk_l2norm=True),
+                      peer, peer_no_grad=True)
+        if bandwidth:  # q, k, v, g, beta read and o written once
+            row["memory_floor_ms"] = B * T * H * ((2 * K + 2 * V) * 2 + K * 4 + 4) / bandwidth * 1e3
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -790,6 +850,13 @@ PANELS = {
                       (("laquant_ms", "laquant chunk"), ("laquant_fp8_roundtrip_ms", "laquant, fp8 state"),
                        ("fla_ms", "fla chunk_gated_delta_rule")),
                       "ms", "gated delta rule prefill, Hv=32, K=V=128, bf16"),
+    "kda_decode": ("B", "batch", (("laquant_fp8_row_us", "laquant fp8 state"), ("laquant_bf16_us", "laquant bf16"),
+                                  ("laquant_fp32_us", "laquant fp32"), ("fla_fp32_us", "fla fused_recurrent_kda")),
+                   "µs per step", "KDA decode, H=32, K=V=128"),
+    "kda_prefill": ("T", "sequence length (B*T = 65,536)",
+                    (("laquant_ms", "laquant chunk"), ("laquant_fp8_roundtrip_ms", "laquant, fp8 state"),
+                     ("fla_ms", "fla chunk_kda")),
+                    "ms", "KDA prefill, H=32, K=V=128, bf16"),
 }
 
 
@@ -831,6 +898,10 @@ def run_speed(out_dir: Path, suites=SUITES, models=("gla-small",), recipe="gla_i
     if "delta_prefill" in suites:
         result["delta_prefill"] = bench_delta_prefill((4096,) if quick else (1024, 4096, 16384, 65536), bandwidth=bw,
                                                       peak_tflops=DENSE_BF16_TFLOPS.get(torch.cuda.get_device_name()))
+    if "kda_decode" in suites:
+        result["kda_decode"] = bench_kda_decode((1, 64) if quick else (1, 16, 64, 256), bandwidth=bw)
+    if "kda_prefill" in suites:
+        result["kda_prefill"] = bench_kda_prefill((4096,) if quick else (1024, 4096, 16384, 65536), bandwidth=bw)
     if "gemm" in suites:
         result["gemm"] = bench_gemm((1, 2048) if quick else (1, 16, 128, 2048, 8192),
                                     shapes={"square 4096->4096": (4096, 4096)} if quick else None)

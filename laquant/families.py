@@ -20,7 +20,8 @@ from laquant.errors import LaquantError
 @dataclass(frozen=True)
 class Family:
     model_type: str
-    recurrence: str  # "gla" (gated linear attention, incl. Lightning and Mamba2's SSD) or "delta" (gated delta rule)
+    recurrence: str  # "gla" (gated linear attention, incl. Lightning and Mamba2's SSD), "delta" (gated delta rule)
+    # or "kda" (the delta rule with a per-channel decay)
     # transformers' hybrids: the decoder layer's attribute holding the linear mixer, transformers'
     # class found there, and laquant's mixer class (laquant.models.hybrid_mixers) that replaces it
     mixer_attr: str = ""
@@ -31,6 +32,10 @@ class Family:
     # each block: its mixer_attr holds the linear mixer, the attention or the MLP / MoE)
     attention_attr: str = "self_attn"
     mlp_layer_types: tuple[str, ...] = ()
+    # the softmax attention's projections, and those of them a config may leave None (MLA's q_proj
+    # or its low-rank q_a_proj / q_b_proj, by q_lora_rank)
+    attention_projections: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    optional_attention_projections: tuple[str, ...] = ()
 
     @property
     def native(self) -> bool:
@@ -97,6 +102,13 @@ _FAMILIES = (
     Family("olmo_hybrid", "delta", "linear_attn", "OlmoHybridGatedDeltaNet", "OlmoGatedDeltaNetMixer"),
     Family("nemotron_h", "gla", "mixer", "NemotronHMamba2Mixer", "Mamba2Mixer", attention_attr="mixer",
            mlp_layer_types=("mlp", "moe")),
+    # Kimi Linear: KDA (the delta rule with a per-channel decay) + MLA softmax attention + MoE
+    Family("kimi_linear", "kda", "self_attn", "KimiLinearDeltaAttention", "KimiDeltaAttentionMixer",
+           attention_projections=("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"),
+           optional_attention_projections=("q_proj", "q_a_proj", "q_b_proj")),
+    # Ling / Ring hybrids: KDA with a full-rank bounded gate + MLA with a head-wise output gate (kept) + MoE
+    Family("bailing_hybrid", "kda", "self_attn", "BailingHybridDeltaAttention", "BailingKDAMixer",
+           attention_projections=("q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")),
 )
 FAMILIES: dict[str, Family] = {f.model_type: f for f in _FAMILIES}
 

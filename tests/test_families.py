@@ -17,7 +17,7 @@ from laquant.recipe import validate_recipe
 
 def test_every_family_names_its_recurrence_and_mixer():
     for model_type, family in FAMILIES.items():
-        assert family.model_type == model_type and family.recurrence in ("gla", "delta")
+        assert family.model_type == model_type and family.recurrence in ("gla", "delta", "kda")
         if not family.native:
             mixer = family.mixer_class
             assert family.source_class and family.mixer_attr and mixer.MODULES and mixer.PROJECTIONS

@@ -20,6 +20,11 @@ sequence, with the formats of :class:`~laquant.kernels.common.state.StateQuantiz
 operands with float32 accumulation for bf16 inputs (as fla does), exact float32 for float32 inputs;
 the triangular solve is always float32.
 
+With a log-decay per key channel (Kimi Delta Attention, :mod:`laquant.kernels.kda.chunk`), ``G``
+is ``[BT, K]`` and ``D`` a ``[BT, BT, K]`` product: ``A`` and ``q k^T * D`` are then built one column
+at a time, ``exp(G_i - G_j)`` taken exactly for ``j <= i`` (never overflowing), the rest unchanged
+with the decays applied per channel.
+
 Design note: fla splits this into a chunk-parallel WY pass (writing w and u) and a 64-token state
 pass. That layout, tried here too, was slower at B*T = 65,536 with T <= 16K (6.4 ms against this
 kernel's 3.9 ms at 16 x 4,096 on an H100) and faster only for one long sequence (8.2 against
@@ -49,16 +54,23 @@ def chunk_delta_reference(q, k, v, g, beta, scale=None, initial_state: State | N
                           roundtrip: StateQuantizer | None = None, cu_seqlens: torch.Tensor | None = None,
                           use_qk_l2norm: bool = False):
     """What :func:`chunk_delta_triton` computes, in PyTorch; same arguments and returns."""
+    return per_sequence_reference(chunk_gated_delta_rule, q, k, v, g, beta, scale, initial_state, output_final_state,
+                                  final_format, roundtrip, cu_seqlens, use_qk_l2norm)
+
+
+def per_sequence_reference(rule, q, k, v, g, beta, scale, initial_state, output_final_state, final_format, roundtrip,
+                           cu_seqlens, use_qk_l2norm):
+    """A chunked reference ``rule`` (:func:`chunk_gated_delta_rule`, KDA's ``chunk_kda``) run per
+    sequence, with the state formats in, inside and out as the chunk kernel has them."""
     rt = roundtrip.roundtrip if roundtrip is not None and not roundtrip.is_plain_fp32 else None
     h0 = initial_state.load() if initial_state is not None else None
     outs, finals = [], []
     for n, (bos, eos) in enumerate(sequence_bounds(q, cu_seqlens)):
         b = 0 if cu_seqlens is not None else n
         seg = lambda x: x[b:b + 1, bos:eos]  # noqa: E731
-        o, state = chunk_gated_delta_rule(seg(q), seg(k), seg(v), seg(g), seg(beta), scale,
-                                          initial_state=h0[n:n + 1] if h0 is not None else None,
-                                          output_final_state=True, use_qk_l2norm=use_qk_l2norm, chunk_size=CHUNK,
-                                          state_roundtrip=rt)
+        o, state = rule(seg(q), seg(k), seg(v), seg(g), seg(beta), scale,
+                        initial_state=h0[n:n + 1] if h0 is not None else None, output_final_state=True,
+                        use_qk_l2norm=use_qk_l2norm, chunk_size=CHUNK, state_roundtrip=rt)
         outs.append(o)
         finals.append(state)
     o = torch.cat(outs, 1) if cu_seqlens is not None else torch.cat(outs, 0)
@@ -70,12 +82,12 @@ if triton is not None:
     @triton.jit
     def _chunk_delta_fwd_kernel(
         q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, cu_ptr,
-        s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh,
+        s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh, s_gk, s_bb, s_bt, s_bh,
         s_ob, s_ot, s_oh,
         T, qk_scale,
         H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
         BK: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr, RT_EVERY: tl.constexpr,
-        LOW_PRECISION: tl.constexpr, L2NORM: tl.constexpr,
+        LOW_PRECISION: tl.constexpr, L2NORM: tl.constexpr, PER_CHANNEL: tl.constexpr,
         # the state's formats in, inside and out (see laquant.kernels.common.state_io)
         h0_ptr, h0s_ptr, ht_ptr, hts_ptr, static_ptr,
         HAS_H0: tl.constexpr, IN_FMT: tl.constexpr, STORE_HT: tl.constexpr, OUT_FMT: tl.constexpr,
@@ -98,15 +110,37 @@ if triton is not None:
             q = tl.load(q_base + offs_t[:, None] * s_qt + offs_k[None, :], mask=mtk, other=0.0).to(tl.float32)
             k = tl.load(k_base + offs_t[:, None] * s_kt + offs_k[None, :], mask=mtk, other=0.0).to(tl.float32)
             v = tl.load(v_base + offs_t[:, None] * s_vt + offs_v[None, :], mask=mtv, other=0.0).to(tl.float32)
-            g = tl.load(g_ptr + b * s_gb + h * s_gh + offs_t * s_gt, mask=mt, other=0.0).to(tl.float32)
             beta = tl.load(beta_ptr + b * s_bb + h * s_bh + offs_t * s_bt, mask=mt, other=0.0).to(tl.float32)
             if L2NORM:  # as fla and transformers: x * rsqrt(sum(x^2) + 1e-6); padded rows stay 0
                 q = q * tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6)[:, None]
                 k = k * tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
             q = q * qk_scale
-            G = tl.cumsum(g, axis=0)
-            D = tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
-            A = tl.where(rows[:, None] > rows[None, :], mm(k, tl.trans(k), LOW_PRECISION) * D * beta[:, None], 0.0)
+            if PER_CHANNEL:  # KDA: G [BT, BK]; A and q k^T column by column, exp(G_i - G_j) exact for j <= i
+                G = tl.cumsum(tl.load(g_ptr + b * s_gb + h * s_gh + offs_t[:, None] * s_gt + offs_k[None, :] * s_gk,
+                                      mask=mtk, other=0.0).to(tl.float32), axis=0)
+                A = tl.zeros([BT, BT], dtype=tl.float32)
+                QK = tl.zeros([BT, BT], dtype=tl.float32)
+                for j in tl.static_range(BT):
+                    kd = tile_row(k, rows, j)[None, :] * tl.exp(
+                        tl.where((rows >= j)[:, None], G - tile_row(G, rows, j)[None, :], 0.0))
+                    A = tl.where((rows == j)[None, :], tl.sum(k * kd, axis=1)[:, None], A)
+                    QK = tl.where((rows == j)[None, :], tl.sum(q * kd, axis=1)[:, None], QK)
+                A = tl.where(rows[:, None] > rows[None, :], A * beta[:, None], 0.0)
+                QK = tl.where(causal, QK, 0.0)
+                G_last = tile_row(G, rows, BT - 1)  # [BK]; padded rows have g = 0
+                decay_in = tl.exp(G)  # [BT, BK]: from the chunk's start to each row
+                decay_out = tl.exp(G_last[None, :] - G)  # from each row to the chunk's end
+                decay_chunk = tl.exp(G_last)[:, None]
+            else:  # a scalar log-decay per head: G [BT], exp(G_i - G_j) as one [BT, BT] tile
+                g = tl.load(g_ptr + b * s_gb + h * s_gh + offs_t * s_gt, mask=mt, other=0.0).to(tl.float32)
+                G = tl.cumsum(g, axis=0)
+                D = tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
+                A = tl.where(rows[:, None] > rows[None, :], mm(k, tl.trans(k), LOW_PRECISION) * D * beta[:, None], 0.0)
+                QK = tl.where(causal, mm(q, tl.trans(k), LOW_PRECISION) * D, 0.0)
+                G_last = tl.sum(tl.where(rows == BT - 1, G, 0.0), axis=0)  # padded rows have g = 0
+                decay_in = tl.exp(G)[:, None]
+                decay_out = tl.exp(G_last - G)[:, None]
+                decay_chunk = tl.exp(G_last)
             # (I + A)^-1 = I + L, L strictly lower: row i of L is -a_i - a_i L (a_i row i of A)
             L = tl.zeros([BT, BT], dtype=tl.float32)
             for i in tl.static_range(1, BT):
@@ -115,13 +149,11 @@ if triton is not None:
                 L = tl.where((rows == i)[:, None], l_i[None, :], L)
             inv = L + tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
             u = mm(inv, v * beta[:, None], LOW_PRECISION)
-            w = mm(inv, k * (beta * tl.exp(G))[:, None], LOW_PRECISION)
+            w = mm(inv, k * beta[:, None] * decay_in, LOW_PRECISION)
             v_new = u - mm(w, S, LOW_PRECISION)
-            o = mm(q * tl.exp(G)[:, None], S, LOW_PRECISION)
-            o += mm(tl.where(causal, mm(q, tl.trans(k), LOW_PRECISION) * D, 0.0), v_new, LOW_PRECISION)
+            o = mm(q * decay_in, S, LOW_PRECISION) + mm(QK, v_new, LOW_PRECISION)
             tl.store(o_base + offs_t[:, None] * s_ot + offs_v[None, :], o.to(o_ptr.dtype.element_ty), mask=mtv)
-            G_last = tl.sum(tl.where(rows == BT - 1, G, 0.0), axis=0)  # padded rows have g = 0
-            S = S * tl.exp(G_last) + mm(tl.trans(k * tl.exp(G_last - G)[:, None]), v_new, LOW_PRECISION)
+            S = S * decay_chunk + mm(tl.trans(k * decay_out), v_new, LOW_PRECISION)
             if RT_FMT > 0:
                 if ((i_c + 1) % RT_EVERY == 0) & (t0 + BT < eos):
                     S = roundtrip_state(S, static, RT_FMT, RT_STATIC, QMAX_RT)
@@ -156,6 +188,16 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
         raise ValueError(f"expected q, k [B, T, Hk, K], v [B, T, Hv, V] with Hv a multiple of Hk, g and beta "
                          f"[B, T, Hv]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"g {tuple(g.shape)}, beta {tuple(beta.shape)}")
+    return launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, final_format, roundtrip, cu_seqlens,
+                        use_qk_l2norm, block_t, block_v, num_warps, num_stages, out)
+
+
+def launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, final_format, roundtrip, cu_seqlens,
+                 use_qk_l2norm, block_t, block_v, num_warps, num_stages, out):
+    """The chunk kernel on shape-checked arguments; g ``[B, T, Hv]`` (per head) or ``[B, T, Hv, K]``
+    (per channel, KDA's): the gated delta rule's and KDA's prefill share it."""
+    B, T, Hk, K = q.shape
+    H, V = v.shape[2], v.shape[3]
     if cu_seqlens is not None and B != 1:
         raise ValueError(f"with cu_seqlens the batch must be 1 (sequences packed along T); got B={B}")
     if block_t not in (16, 32, 64):
@@ -179,10 +221,12 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
         q, k, v, g, beta, o, cu_seqlens if cu_seqlens is not None else dummy,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2),
+        g.stride(3) if g.dim() == 4 else 0,
         beta.stride(0), beta.stride(1), beta.stride(2), o.stride(0), o.stride(1), o.stride(2),
         T, K ** -0.5 if scale is None else scale,
         H=H, GROUP=H // Hk, K=K, V=V, BT=block_t, BK=BK, BV=BV, VARLEN=cu_seqlens is not None,
         RT_EVERY=CHUNK // block_t, LOW_PRECISION=q.dtype != torch.float32, L2NORM=use_qk_l2norm,
+        PER_CHANNEL=g.dim() == 4,
         num_warps=num_warps, num_stages=num_stages, **state_args,
     )
     return o, final

@@ -10,7 +10,9 @@ makes two passes over the K rows in blocks of ``BLOCK_K``: the first accumulates
 second (whose loads hit in cache) updates, reads out and stores each row. The whole V row stays in
 one program, so per-row scales are exact. q and k may have fewer heads than v (grouped heads:
 value head ``h`` reads key head ``h // (Hv // Hk)``) and are l2-normalised in the kernel on request.
-Memory-bound: per sequence and head it reads and writes ``K*V`` state elements plus ``K`` scales.
+The kernel takes a log-decay per K row (KDA's, :mod:`laquant.kernels.kda.decode`); the per-head
+one here is that with stride 0. Memory-bound: per sequence and head it reads and writes ``K*V``
+state elements plus ``K`` scales.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ if triton is not None:
     @triton.jit
     def _delta_decode_kernel(
         q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, scale_ptr, idx_ptr, nstore_ptr, static_ptr,
-        s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_vb, s_vh, s_vv, s_gb, s_gh, s_bb, s_bh, s_ob, s_oh,
+        s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_vb, s_vh, s_vv, s_gb, s_gh, s_gk, s_bb, s_bh, s_ob, s_oh,
         s_sp, s_sh, s_sk, s_cp, s_ch,
         qk_scale,
         H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -64,7 +66,7 @@ if triton is not None:
         offs_v = tl.arange(0, BLOCK_V)
         mask_v = offs_v < V
         v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_v * s_vv, mask=mask_v, other=0.0).to(tl.float32)
-        decay = tl.exp(tl.load(g_ptr + b * s_gb + h * s_gh).to(tl.float32))
+        g_base = g_ptr + b * s_gb + h * s_gh  # the log-decay of each K row (stride 0: one per head)
         beta = tl.load(beta_ptr + b * s_bb + h * s_bh).to(tl.float32)
         q_base = q_ptr + b * s_qb + hk * s_qh
         k_base = k_ptr + b * s_kb + hk * s_kh
@@ -74,7 +76,7 @@ if triton is not None:
         if RENORM > 1:
             renorm_now = (tl.load(nstore_ptr + slot) + 1) % RENORM == 0
 
-        # pass 1: the norms of q and k (when asked) and k^T S of the incoming state
+        # pass 1: the norms of q and k (when asked) and k^T S of the decayed incoming state
         q_mul = qk_scale
         k_mul = 1.0
         kS = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)  # reduced over K once, after the loop
@@ -88,15 +90,16 @@ if triton is not None:
                 qq = tl.load(q_base + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32)
                 q_sq += qq * qq
                 k_sq += kk * kk
+            decay = tl.exp(tl.load(g_base + offs_k * s_gk, mask=mask_k, other=0.0).to(tl.float32))
             st, _ = load_state_rows(state_base + offs_k[:, None] * s_sk + offs_v[None, :], scale_base + offs_k, mask_k,
                                     mask_k[:, None] & mask_v[None, :], FMT, BLOCK_K)
-            kS += kk[:, None] * st
+            kS += (kk * decay)[:, None] * st
         if L2NORM:  # as fla and transformers: x * rsqrt(sum(x^2) + 1e-6)
             q_mul = qk_scale * tl.rsqrt(tl.sum(q_sq, axis=0) + 1e-6)
             k_mul = tl.rsqrt(tl.sum(k_sq, axis=0) + 1e-6)
-        delta = beta * (v - decay * k_mul * tl.sum(kS, axis=0))
+        delta = beta * (v - k_mul * tl.sum(kS, axis=0))
 
-        # pass 2: S = decay * S + k delta^T, o = q S, S stored back in its format
+        # pass 2: S = Diag(exp(g)) S + k delta^T, o = q S, S stored back in its format
         readout = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -104,9 +107,10 @@ if triton is not None:
             mask = mask_k[:, None] & mask_v[None, :]
             kk = tl.load(k_base + offs_k * s_kk, mask=mask_k, other=0.0).to(tl.float32) * k_mul
             qq = tl.load(q_base + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32) * q_mul
+            decay = tl.exp(tl.load(g_base + offs_k * s_gk, mask=mask_k, other=0.0).to(tl.float32))
             ptrs = state_base + offs_k[:, None] * s_sk + offs_v[None, :]
             st, old_scale = load_state_rows(ptrs, scale_base + offs_k, mask_k, mask, FMT, BLOCK_K)
-            st = st * decay + kk[:, None] * delta[None, :]
+            st = st * decay[:, None] + kk[:, None] * delta[None, :]
             readout += qq[:, None] * st
             new_scale = old_scale
             if FMT >= 2:
@@ -134,6 +138,16 @@ def delta_decode_step(q, k, v, g, beta, state, scale, pool_idx, quantizer: State
         raise ValueError(f"expected q, k [B, Hk, K], v [B, Hv, V] with Hv a multiple of Hk, g and beta [B, Hv]; "
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, g {tuple(g.shape)}, "
                          f"beta {tuple(beta.shape)}")
+    return launch_decode(q, k, v, g.unsqueeze(-1).expand(B, H, K), beta, state, scale, pool_idx, quantizer, n_stores,
+                         qk_scale, use_qk_l2norm, block_k, num_warps, out)
+
+
+def launch_decode(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_scale, use_qk_l2norm, block_k,
+                  num_warps, out):
+    """The decode kernel on checked arguments, g ``[B, Hv, K]`` a per-row log-decay (an expanded
+    per-head one has stride 0 over K): the gated delta rule's and KDA's step share it."""
+    B, Hk, K = q.shape
+    H, V = v.shape[1], v.shape[2]
     if tuple(state.shape[1:]) != (H, K, V):
         raise ValueError(f"state pool must be [P, Hv, K, V] = [P, {H}, {K}, {V}]; got {tuple(state.shape)}")
     pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K, block_k,

@@ -13,8 +13,10 @@ names), so the state path runs on laquant's ops in the recipe's state format; ev
 transformers'.
 
 Roles: ``projections`` (the mixers' and MLPs' ``nn.Linear``), ``gates`` (the mixer's gate
-projection: GDN's ``in_proj_ba``, Mamba2's ``dt`` channels of ``in_proj``), ``mixers`` (the state
-and its layout), ``softmax_attention`` (q/k/v/o of the attention layers), and kept ones: ``routers``
+projection: GDN's ``in_proj_ba``, Mamba2's ``dt`` channels of ``in_proj``, KDA's
+``forget_gate.f_b_proj`` or ``forget_gate.f_proj``), ``mixers`` (the state and its layout),
+``softmax_attention`` (q/k/v/o of the attention layers; MLA's q / kv_a / kv_b / o in kimi_linear and
+bailing_hybrid, from the family's ``attention_projections``), and kept ones: ``routers``
 (MoE router and shared-expert gate), ``experts`` (3-D expert weights), ``conv``, ``decay``
 (``A_log``, ``dt_bias``, ``D``, Lightning's ``slope_rate``), embeddings, norms, lm_head.
 """
@@ -29,7 +31,6 @@ from laquant.errors import LaquantError
 from laquant.models.cache import state_store
 
 LAYER_TYPES = ("linear_attention", "full_attention")
-ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def _positions_from_state_store(module, args, kwargs):
@@ -78,11 +79,14 @@ class HybridAdapter(Adapter):
                 self.check_layout(self.mixer_name(i), mixer)
         for i in self.attention_layers():
             attn = getattr(self.layers[i], self.attention_attr, None)
-            missing = [p for p in ATTENTION_PROJECTIONS if not isinstance(getattr(attn, p, None), nn.Module)]
+            optional = family.optional_attention_projections
+            missing = [p for p in family.attention_projections
+                       if not isinstance(getattr(attn, p, None), nn.Module)
+                       and not (p in optional and hasattr(attn, p) and getattr(attn, p) is None)]
             if attn is None or missing:
                 raise LaquantError(f"{self.model_type} adapter: model.layers.{i}.{self.attention_attr} "
                                    f"({type(attn).__name__}) is not the expected softmax attention: missing "
-                                   f"{', '.join(missing)}; expected q_proj, k_proj, v_proj, o_proj")
+                                   f"{', '.join(missing)}; expected {', '.join(family.attention_projections)}")
 
     # layout
     def linear_layers(self) -> list[int]:
@@ -154,26 +158,34 @@ class HybridAdapter(Adapter):
         out = {}
         for i in range(len(self.layers)):
             if self.layer_types[i] == "linear_attention":
-                out.update({f"{self.mixer_name(i)}.{p}": getattr(self.mixer(i), p) for p in self.mixer_class.PROJECTIONS})
+                out.update({f"{self.mixer_name(i)}.{p}": self.mixer(i).get_submodule(p)
+                            for p in self.mixer_class.PROJECTIONS})
             out.update(self._layer_linears(i))
         return out
 
     def attention_projections(self) -> dict[str, nn.Module]:
-        return {f"model.layers.{i}.{self.attention_attr}.{p}": getattr(getattr(self.layers[i], self.attention_attr), p)
-                for i in self.attention_layers() for p in ATTENTION_PROJECTIONS}
+        out = {}
+        for i in self.attention_layers():
+            attn = getattr(self.layers[i], self.attention_attr)
+            out.update({f"model.layers.{i}.{self.attention_attr}.{p}": getattr(attn, p)
+                        for p in self.family.attention_projections if getattr(attn, p) is not None})
+        return out
 
     def gates(self) -> dict[str, nn.Module]:
         gate = self.mixer_class.GATE
         if gate is None:
             return {}
-        return {f"{self.mixer_name(i)}.{gate}": getattr(self.mixer(i), gate) for i in self.linear_layers()}
+        return {f"{self.mixer_name(i)}.{gate}": self.mixer(i).get_submodule(gate) for i in self.linear_layers()}
+
+    def _mixer_of_gate(self, gate_name: str) -> nn.Module:
+        return self.module(gate_name.removesuffix("." + self.mixer_class.GATE))
 
     def gate_channels(self, name: str) -> tuple[int, int] | None:
-        return self.module(name.rpartition(".")[0]).gate_channels()
+        return self._mixer_of_gate(name).gate_channels()
 
     def gate_log_decay(self, gate_name: str, logits: torch.Tensor) -> torch.Tensor:
-        mixer = self.module(gate_name.rpartition(".")[0])
-        device = mixer.A_log.device  # statistics live on the CPU, the decay parameters may not
+        mixer = self._mixer_of_gate(gate_name)
+        device = mixer.get_parameter(mixer.DECAY[0]).device  # statistics live on the CPU, the decay may not
         return mixer.gate_log_decay(logits.to(device)).to(logits.device)
 
     def mixers(self) -> dict[str, MixerInfo]:

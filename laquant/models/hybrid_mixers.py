@@ -9,6 +9,8 @@ transformers from routing the layer to fla's GPU-only kernels on a CPU machine.
 * :class:`GatedDeltaNetMixer` (``qwen3_next``): the gated delta rule.
 * :class:`LightningMixer` (``minimax``): linear attention with a fixed per-head decay.
 * :class:`Mamba2Mixer` (``bamba``): Mamba2's SSD, a per-head scalar decay ``dt * A``.
+* :class:`KimiDeltaAttentionMixer` (``kimi_linear``): the delta rule with a per-channel decay (KDA).
+* :class:`BailingKDAMixer` (``bailing_hybrid``): KDA with a full-rank, bounded forget gate.
 
 Lightning and SSD are gated linear attention with a scalar decay, so they run on the GLA kernels.
 In laquant's state layout ``[K, V]`` a Mamba2 state is ``[d_state, head_dim]``: transformers'
@@ -337,3 +339,107 @@ class OlmoGatedDeltaNetMixer(SplitGatedDeltaNetMixer):
         o = self.conv_and_attend(qkv, self.log_decay(self.a_proj(x)), beta, state_store(cache_params))
         o = self.o_norm(o.reshape(-1, self.head_v_dim), self.g_proj(x).reshape(-1, self.head_v_dim))
         return self.o_proj(o.reshape(B, T, -1))
+
+
+class KimiDeltaAttentionMixer(HybridMixer):
+    """transformers' ``KimiLinearDeltaAttention`` (Kimi Delta Attention, KDA): separate ``q_proj``,
+    ``k_proj``, ``v_proj`` (their concatenation is the short conv's input), the per-channel forget
+    gate ``forget_gate`` (low rank ``f_a_proj`` -> ``f_b_proj``, then
+    ``g = -exp(A_log) softplus(logits + dt_bias)`` per head and key channel), ``b_proj`` (beta
+    logits), the low-rank output gate ``g_a_proj`` -> ``g_b_proj`` into the gated ``o_norm``, and
+    ``o_proj``. The recurrence is the delta rule with a per-channel decay (:mod:`laquant.kernels.kda`).
+    The gate role is ``forget_gate.f_b_proj``, whose outputs are the decay logits."""
+
+    MODULES = ("q_proj", "k_proj", "v_proj", "conv1d", "forget_gate", "b_proj", "g_a_proj", "g_b_proj", "o_norm",
+               "o_proj")
+    ATTRS = ("num_heads", "head_dim", "qkv_dim", "activation")
+    PROJECTIONS = ("q_proj", "k_proj", "v_proj", "forget_gate.f_a_proj", "b_proj", "g_a_proj", "g_b_proj", "o_proj")
+    GATE = "forget_gate.f_b_proj"
+    DECAY = ("forget_gate.A_log", "forget_gate.dt_bias")
+
+    @staticmethod
+    def layout_problem(src: nn.Module) -> str | None:
+        gate = src.forget_gate
+        missing = [a for a in ("f_a_proj", "f_b_proj", "A_log", "dt_bias") if not hasattr(gate, a)]
+        if missing:
+            return f"forget_gate ({type(gate).__name__}) lacks {', '.join(missing)}"
+        want = {"q_proj": src.qkv_dim, "k_proj": src.qkv_dim, "v_proj": src.qkv_dim, "g_b_proj": src.qkv_dim,
+                "b_proj": src.num_heads, "forget_gate.f_b_proj": src.qkv_dim}
+        for name, n in want.items():
+            if src.get_submodule(name).out_features != n:
+                return f"{name} has {src.get_submodule(name).out_features} outputs, expected {n}"
+        if gate.A_log.numel() != src.num_heads or gate.dt_bias.numel() != src.qkv_dim:
+            return (f"forget_gate.A_log has {gate.A_log.numel()} values and dt_bias {gate.dt_bias.numel()}, expected "
+                    f"{src.num_heads} (one per head) and {src.qkv_dim} (one per channel)")
+        return None
+
+    def state_shape(self) -> tuple[int, int, int]:
+        return self.num_heads, self.head_dim, self.head_dim
+
+    def log_decay(self, logits: torch.Tensor) -> torch.Tensor:
+        """The per-channel log-decay ``[..., H, K]`` of the decay logits ``[..., H * K]``."""
+        x = (logits.float() + self.forget_gate.dt_bias.float()).unflatten(-1, (self.num_heads, self.head_dim))
+        return -self.forget_gate.A_log.float().exp().reshape(self.num_heads, 1) * F.softplus(x)
+
+    def gate_log_decay(self, logits: torch.Tensor) -> torch.Tensor:
+        """The log-decay of the gate projection's outputs, per channel as they are laid out."""
+        return self.log_decay(logits).flatten(-2)
+
+    def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs):
+        x = mask_padding(hidden_states, attention_mask)
+        B, T, _ = x.shape
+        states = state_store(cache_params)
+        qkv = short_conv(torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1), states, self.layer_idx,
+                         self.conv1d, self.activation)
+        q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in qkv.split(self.qkv_dim, -1))
+        g = self.log_decay(self.forget_gate.f_b_proj(self.forget_gate.f_a_proj(x)))
+        o = self.attend_delta(q, k, v, g, self.b_proj(x).float().sigmoid(), states)
+        gate = self.g_b_proj(self.g_a_proj(x)).unflatten(-1, (self.num_heads, self.head_dim))
+        return self.o_proj(self.o_norm(o, gate).reshape(B, T, -1))
+
+
+class BailingKDAMixer(KimiDeltaAttentionMixer):
+    """transformers' ``BailingHybridDeltaAttention`` (Ling / Ring hybrids): Kimi Delta Attention with
+    a full-rank forget gate ``forget_gate.f_proj`` (the gate role), ``A_log`` per head, and with
+    ``safe_gate`` (the default) the bounded decay ``lower_bound * sigmoid(exp(A_log) (logits +
+    dt_bias))`` instead of ``-exp(A_log) softplus(logits + dt_bias)``; a full-rank output gate ``g_proj``."""
+
+    MODULES = ("q_proj", "k_proj", "v_proj", "conv1d", "forget_gate", "b_proj", "g_proj", "o_norm", "o_proj")
+    PROJECTIONS = ("q_proj", "k_proj", "v_proj", "b_proj", "g_proj", "o_proj")
+    GATE = "forget_gate.f_proj"
+
+    @staticmethod
+    def layout_problem(src: nn.Module) -> str | None:
+        gate = src.forget_gate
+        missing = [a for a in ("f_proj", "A_log", "dt_bias", "safe_gate", "lower_bound") if not hasattr(gate, a)]
+        if missing:
+            return f"forget_gate ({type(gate).__name__}) lacks {', '.join(missing)}"
+        want = {"q_proj": src.qkv_dim, "k_proj": src.qkv_dim, "v_proj": src.qkv_dim, "g_proj": src.qkv_dim,
+                "b_proj": src.num_heads, "forget_gate.f_proj": src.qkv_dim}
+        for name, n in want.items():
+            if src.get_submodule(name).out_features != n:
+                return f"{name} has {src.get_submodule(name).out_features} outputs, expected {n}"
+        if gate.A_log.numel() != src.num_heads or gate.dt_bias.numel() != src.qkv_dim:
+            return (f"forget_gate.A_log has {gate.A_log.numel()} values and dt_bias {gate.dt_bias.numel()}, expected "
+                    f"{src.num_heads} (one per head) and {src.qkv_dim} (one per channel)")
+        return None
+
+    def log_decay(self, logits: torch.Tensor) -> torch.Tensor:
+        gate = self.forget_gate
+        x = (logits.float() + gate.dt_bias.float()).unflatten(-1, (self.num_heads, self.head_dim))
+        rate = gate.A_log.float().exp().reshape(self.num_heads, 1)
+        if gate.safe_gate:
+            return gate.lower_bound * torch.sigmoid(rate * x)
+        return -rate * F.softplus(x)
+
+    def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs):
+        x = mask_padding(hidden_states, attention_mask)
+        B, T, _ = x.shape
+        states = state_store(cache_params)
+        qkv = short_conv(torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1), states, self.layer_idx,
+                         self.conv1d, self.activation)
+        q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in qkv.split(self.qkv_dim, -1))
+        g = self.log_decay(self.forget_gate.f_proj(x))
+        o = self.attend_delta(q, k, v, g, self.b_proj(x).float().sigmoid(), states)
+        gate = self.g_proj(x).unflatten(-1, (self.num_heads, self.head_dim))
+        return self.o_proj(self.o_norm(o, gate).reshape(B, T, -1))

@@ -5,8 +5,8 @@ given) as a :class:`~laquant.kernels.common.state.State`, in the format of its `
 (fp32 until a recipe sets one); the same container is the prefill kernels' initial and final
 state and the decode kernels' state pool. :meth:`RecurrentMixer.attend_gla` runs gated linear
 attention (GLA, Lightning, Mamba2's SSD are all of this form) and :meth:`RecurrentMixer.attend_delta`
-the gated delta rule (Gated DeltaNet), each on the Triton kernels on CUDA and the PyTorch
-references elsewhere.
+the gated delta rule (Gated DeltaNet; Kimi Delta Attention with a per-channel decay), each on the
+Triton kernels on CUDA and the PyTorch references elsewhere.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from laquant.kernels import chunk_gated_delta_rule, chunk_gla, recurrent_gated_delta_rule, recurrent_gla_step
+from laquant.kernels import (chunk_gated_delta_rule, chunk_gla, chunk_kda, recurrent_gated_delta_rule,
+                             recurrent_gla_step, recurrent_kda)
 from laquant.kernels.common.dispatch import use_triton
 from laquant.kernels.common.state import State, StateQuantizer
 
@@ -61,32 +62,38 @@ class RecurrentMixer(nn.Module):
 
     def attend_delta(self, q, k, v, g, beta, states, use_qk_l2norm: bool = True) -> torch.Tensor:
         """The gated delta rule over ``q, k [B, T, Hk, K]``, ``v [B, T, Hv, V]``, the log-decay ``g``
-        and ``beta`` ``[B, T, Hv]``, continuing the state held in ``states`` (None: no cache) and
+        (``[B, T, Hv]`` per head, or ``[B, T, Hv, K]`` per key channel: Kimi Delta Attention) and
+        ``beta`` ``[B, T, Hv]``, continuing the state held in ``states`` (None: no cache) and
         storing the new one there; Triton kernels on CUDA, the references elsewhere."""
         stored = states.get(self.layer_idx) if states is not None else None
         T = q.shape[1]
+        per_channel = g.dim() == 4
         if use_triton(q, self.state_quantizer.format.name):
             from laquant.kernels.delta.chunk import chunk_delta_triton
             from laquant.kernels.delta.decode import delta_decode_step
+            from laquant.kernels.kda.chunk import chunk_kda_triton
+            from laquant.kernels.kda.decode import kda_decode_step
 
             if T == 1 and stored is not None:
-                o = delta_decode_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], stored.data, stored.row_scale,
-                                      *self._pool_slots(stored, q.shape[0], q.device), use_qk_l2norm=use_qk_l2norm)
+                decode = kda_decode_step if per_channel else delta_decode_step
+                o = decode(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], stored.data, stored.row_scale,
+                           *self._pool_slots(stored, q.shape[0], q.device), use_qk_l2norm=use_qk_l2norm)
                 self._count_decode_step(states, stored)
                 return o.unsqueeze(1)
-            o, final = chunk_delta_triton(q, k, v, g, beta, initial_state=stored,
-                                          output_final_state=states is not None, roundtrip=self._prefill_roundtrip,
-                                          use_qk_l2norm=use_qk_l2norm)
+            chunk = chunk_kda_triton if per_channel else chunk_delta_triton
+            o, final = chunk(q, k, v, g, beta, initial_state=stored, output_final_state=states is not None,
+                             roundtrip=self._prefill_roundtrip, use_qk_l2norm=use_qk_l2norm)
             state = final.data if final is not None else None
         else:
             state = stored.load() if stored is not None else None
             if T == 1 and state is not None:
-                o, state = recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=True,
-                                                      use_qk_l2norm=use_qk_l2norm)
+                recurrent = recurrent_kda if per_channel else recurrent_gated_delta_rule
+                o, state = recurrent(q, k, v, g, beta, initial_state=state, output_final_state=True,
+                                     use_qk_l2norm=use_qk_l2norm)
             else:
-                o, state = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=state,
-                                                  output_final_state=states is not None, use_qk_l2norm=use_qk_l2norm,
-                                                  state_roundtrip=self.state_roundtrip)
+                chunk = chunk_kda if per_channel else chunk_gated_delta_rule
+                o, state = chunk(q, k, v, g, beta, initial_state=state, output_final_state=states is not None,
+                                 use_qk_l2norm=use_qk_l2norm, state_roundtrip=self.state_roundtrip)
         if states is not None:
             self.store_state(states, stored, state, T)
         return o

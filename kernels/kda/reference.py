@@ -1,0 +1,114 @@
+"""Plain-PyTorch reference for Kimi Delta Attention (KDA): the gated delta rule with a per-channel decay.
+
+Layout as fla (``fla.ops.kda``) and transformers (``kimi_linear``): q, k ``[B, T, Hk, K]``, v
+``[B, T, Hv, V]``, g (log-decay, ``<= 0``) ``[B, T, Hv, K]`` (one decay per key channel, per value
+head), beta ``[B, T, Hv]``, state ``[B, Hv, K, V]``; each q/k head serves ``Hv // Hk`` consecutive
+value heads. With ``S`` the state and ``scale = K ** -0.5``::
+
+    S_t = Diag(exp(g_t)) S_{t-1}                         (row c of S decays by exp(g_t[c]))
+    S_t = S_t + k_t^T (beta_t (v_t - k_t S_t))            (the delta rule: write only the correction)
+    o_t = (scale * q_t) S_t
+
+i.e. ``S_t = (I - beta_t k_t^T k_t) Diag(exp(g_t)) S_{t-1} + beta_t k_t^T v_t``. With a per-head
+decay (g the same in every channel) this is the gated delta rule of :mod:`laquant.kernels.delta`.
+Arithmetic in float32 (float64 for float64 inputs); the output is cast back to ``v.dtype``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..delta.reference import l2_normalize
+
+
+def _prepare(q, k, v, g, beta, use_qk_l2norm: bool):
+    if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:2] != q.shape[:2]:
+        raise ValueError(f"q, k must be [B, T, Hk, K] and v [B, T, Hv, V]; got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    hk, hv = q.shape[2], v.shape[2]
+    if hv % hk or g.shape != (*v.shape[:3], q.shape[3]) or beta.shape != v.shape[:3]:
+        raise ValueError(f"value heads ({hv}) must be a multiple of key heads ({hk}), g [B, T, Hv, K] and beta "
+                         f"[B, T, Hv]; got g {tuple(g.shape)}, beta {tuple(beta.shape)}")
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k, v, g, beta = (x.to(acc) for x in (q, k, v, g, beta))
+    if hv != hk:
+        q, k = (x.repeat_interleave(hv // hk, dim=2) for x in (q, k))
+    if use_qk_l2norm:
+        q, k = l2_normalize(q), l2_normalize(k)
+    return q, k, v, g, beta
+
+
+def recurrent_kda_step(q, k, v, g, beta, state, scale: float | None = None):
+    """One decode step on prepared (float, head-matched) inputs: q, k, g ``[B, H, K]``, v ``[B, H, V]``,
+    beta ``[B, H]``, state ``[B, H, K, V]``. Returns ``(o [B, H, V], new_state)``."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    state = state * g.exp().unsqueeze(-1)
+    delta = (v - torch.einsum("bhk,bhkv->bhv", k, state)) * beta.unsqueeze(-1)
+    state = state + k.unsqueeze(-1) * delta.unsqueeze(-2)
+    return torch.einsum("bhk,bhkv->bhv", q * scale, state), state
+
+
+def recurrent_kda(q, k, v, g, beta, scale: float | None = None, initial_state: torch.Tensor | None = None,
+                  output_final_state: bool = False, use_qk_l2norm: bool = False):
+    """Token by token. Returns ``(o [B, T, Hv, V], final state or None)``."""
+    out_dtype = v.dtype
+    q, k, v, g, beta = _prepare(q, k, v, g, beta, use_qk_l2norm)
+    B, T, H, K = q.shape
+    state = q.new_zeros(B, H, K, v.shape[-1]) if initial_state is None else initial_state.to(q.dtype)
+    out = []
+    for t in range(T):
+        o_t, state = recurrent_kda_step(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state, scale)
+        out.append(o_t)
+    o = torch.stack(out, 1) if out else v.new_zeros(B, 0, H, v.shape[-1])
+    return o.to(out_dtype), (state if output_final_state else None)
+
+
+def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state: torch.Tensor | None = None,
+              output_final_state: bool = False, use_qk_l2norm: bool = False, chunk_size: int = 64,
+              state_roundtrip: Callable[[torch.Tensor], torch.Tensor] | None = None):
+    """Chunked form (the WY / UT-transform representation, as fla's ``chunk_kda``). Inside a chunk,
+    with ``G`` the cumulative log-decay per channel and ``D_ijc = exp(G_ic - G_jc)`` (``j <= i``,
+    never overflowing), the delta updates are the unit-lower-triangular system
+    ``(I + A)``, ``A_ij = beta_i sum_c k_ic k_jc D_ijc`` (``j < i``); its solutions
+    ``u = (I + A)^-1 (beta v)`` and ``w = (I + A)^-1 (beta exp(G) k)`` give the values written,
+    ``v_new = u - w S``. Between chunks the state is carried, passing through ``state_roundtrip``
+    after every chunk but the last. Same arguments and returns as :func:`recurrent_kda`."""
+    out_dtype = v.dtype
+    q, k, v, g, beta = _prepare(q, k, v, g, beta, use_qk_l2norm)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    C = chunk_size
+    scale = K ** -0.5 if scale is None else scale
+    n = -(-T // C)
+    pad = n * C - T
+
+    def chunks(x):  # [B, T, H, ...] -> [B, H, n, C, ...]; zero padding adds nothing (beta = 0, g = 0)
+        x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 3) + (0, 0, 0, pad))
+        return x.reshape(B, n, C, H, *x.shape[3:]).transpose(1, 3).transpose(2, 3)
+
+    q, k, v, G = chunks(q) * scale, chunks(k), chunks(v), chunks(g).cumsum(-2)  # G [B, H, n, C, K]
+    beta = chunks(beta.unsqueeze(-1)).squeeze(-1)
+    strict = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1)
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    eye = torch.eye(C, dtype=q.dtype, device=q.device)
+    state = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(q.dtype)
+    out = []
+    for i in range(n):  # one chunk at a time: the [C, C, K] decay tensor of all chunks would not fit
+        qi, ki, vi, Gi, bi = q[:, :, i], k[:, :, i], v[:, :, i], G[:, :, i], beta[:, :, i]
+        diff = (Gi.unsqueeze(-2) - Gi.unsqueeze(-3)).masked_fill(~causal[..., None], 0.0)  # G_i - G_j, j <= i
+        kd = ki.unsqueeze(-3) * diff.exp()  # [B, H, C(i), C(j), K]: k_j exp(G_i - G_j)
+        system = torch.einsum("bhik,bhijk->bhij", ki, kd) * bi.unsqueeze(-1)
+        system = system.masked_fill(~strict, 0.0) + eye
+        attn = torch.einsum("bhik,bhijk->bhij", qi, kd).masked_fill(~causal, 0.0)
+        u = torch.linalg.solve_triangular(system, vi * bi.unsqueeze(-1), upper=False, unitriangular=True)
+        w = torch.linalg.solve_triangular(system, ki * bi.unsqueeze(-1) * Gi.exp(), upper=False, unitriangular=True)
+        v_new = u - w @ state
+        out.append((qi * Gi.exp()) @ state + attn @ v_new)
+        g_last = Gi[..., -1, :]  # [B, H, K]
+        state = state * g_last.exp().unsqueeze(-1) + (ki * (g_last.unsqueeze(-2) - Gi).exp()).transpose(-1, -2) @ v_new
+        if state_roundtrip is not None and i + 1 < n:
+            state = state_roundtrip(state)
+    o = torch.stack(out, 2).permute(0, 2, 3, 1, 4).reshape(B, n * C, H, V)[:, :T] if n else v.new_zeros(B, 0, H, V)
+    return o.to(out_dtype), (state if output_final_state else None)
