@@ -97,6 +97,9 @@ _FAMILIES = (
     Family("olmo_hybrid", "delta", "linear_attn", "OlmoHybridGatedDeltaNet", "OlmoGatedDeltaNetMixer"),
     Family("nemotron_h", "gla", "mixer", "NemotronHMamba2Mixer", "Mamba2Mixer", attention_attr="mixer",
            mlp_layer_types=("mlp", "moe")),
+    # Granite 4: bamba's mixer; the MoE (block_sparse_moe) beside a shared MLP (shared_mlp); the
+    # embedding / residual / attention / logits multipliers stay in transformers' decoder
+    Family("granitemoehybrid", "gla", "mamba", "GraniteMoeHybridMambaLayer", "Mamba2Mixer"),
 )
 FAMILIES: dict[str, Family] = {f.model_type: f for f in _FAMILIES}
 

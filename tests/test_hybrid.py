@@ -1,4 +1,4 @@
-"""transformers hybrids (qwen3_next, minimax, bamba, qwen3_5, olmo_hybrid, nemotron_h) on tiny random configs: plumbing only.
+"""transformers hybrids (qwen3_next, minimax, bamba, qwen3_5, olmo_hybrid, nemotron_h, granitemoehybrid) on tiny random configs: plumbing only.
 
 The adapters' models must compute what transformers computes, carry their state through laquant's
 cache, quantize by role, save and reload bit for bit, and refuse layouts they do not know.
@@ -93,8 +93,23 @@ def nemotron_h(**kw):
     return NemotronHForCausalLM(NemotronHConfig(**{**cfg, **kw}))
 
 
+def granitemoehybrid(**kw):
+    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+
+    # bamba's mixer shape; MoE beside the shared MLP; every multiplier away from 1 so parity covers them
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, intermediate_size=32, num_attention_heads=2,
+               num_key_value_heads=1, mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2, mamba_d_state=16,
+               mamba_chunk_size=16, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48,
+               position_embedding_type="rope", embedding_multiplier=3.0, residual_multiplier=0.5,
+               attention_multiplier=0.2, logits_scaling=2.5,
+               layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+               bos_token_id=0, eos_token_id=0)
+    return GraniteMoeHybridForCausalLM(GraniteMoeHybridConfig(**{**cfg, **kw}))
+
+
 FAMILIES = {"qwen3_next": qwen3_next, "minimax": minimax, "bamba": bamba, "qwen3_5": qwen3_5,
-            "qwen3_5_moe": qwen3_5_moe, "olmo_hybrid": olmo_hybrid, "nemotron_h": nemotron_h}
+            "qwen3_5_moe": qwen3_5_moe, "olmo_hybrid": olmo_hybrid, "nemotron_h": nemotron_h,
+            "granitemoehybrid": granitemoehybrid}
 
 
 def _model(family):
@@ -180,6 +195,11 @@ def test_roles(family):
         assert {"model.layers.3.mixer.up_proj", "model.layers.3.mixer.down_proj",
                 "model.layers.1.mixer.shared_experts.up_proj"} <= set(projections)
         assert "model.layers.1.mixer.gate" in kept["routers"] and "model.layers.1.mixer.experts" in kept["experts"]
+    if family == "granitemoehybrid":  # the MoE's router is a bare parameter, kept; the shared MLP is quantized
+        assert adapter.linear_layers() == [0, 1, 3] and adapter.attention_layers() == [2]
+        assert {"model.layers.2.shared_mlp.input_linear", "model.layers.2.shared_mlp.output_linear"} <= set(projections)
+        assert "model.layers.0.block_sparse_moe.router" in kept["routers"]
+        assert "model.layers.0.block_sparse_moe.experts" in kept["experts"]
 
 
 @torch.no_grad()
@@ -340,6 +360,12 @@ def test_unknown_module_layouts_are_named():
     model.model.layers[0].mixer.in_proj = nn.Linear(64, 100, bias=False)  # e.g. without the dt channels
     with pytest.raises(LaquantError, match=r"model.layers.0.mixer.in_proj has 100 outputs; its split is unknown "
                                            r"\(expected z 128 \+ x 128 \+ B 32 \+ C 32 \+ dt 4 = 324\)"):
+        get_adapter(model)
+
+    model = _model("granitemoehybrid")  # an attention layer where config.layer_types says mamba
+    model.model.layers[1].mamba = model.model.layers[2].self_attn
+    with pytest.raises(LaquantError, match="model.layers.1.mamba is GraniteMoeHybridAttention, expected transformers' "
+                                           "GraniteMoeHybridMambaLayer"):
         get_adapter(model)
 
     model = _model("minimax")

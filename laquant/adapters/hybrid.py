@@ -137,7 +137,7 @@ class HybridAdapter(Adapter):
         """The attributes of layer ``i`` that may hold its MLP / MoE block."""
         if self.layer_types[i] in self.family.mlp_layer_types:
             return (self.mixer_attr,)
-        return ("mlp", "feed_forward", "block_sparse_moe")
+        return ("mlp", "feed_forward", "block_sparse_moe", "shared_mlp")
 
     def _layer_linears(self, i: int) -> dict[str, nn.Linear]:
         """The MLP side's Linears of layer ``i`` (routers excluded)."""
@@ -184,7 +184,7 @@ class HybridAdapter(Adapter):
         out = []
         for attr in self._mlp_attrs(i):
             block = getattr(self.layers[i], attr, None)
-            for sub in ("gate", "shared_expert_gate"):
+            for sub in ("gate", "router", "shared_expert_gate"):
                 if block is not None and hasattr(block, "experts") and getattr(block, sub, None) is not None:
                     out.append(f"model.layers.{i}.{attr}.{sub}")
         return out
