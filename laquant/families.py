@@ -31,6 +31,9 @@ class Family:
     # each block: its mixer_attr holds the linear mixer, the attention or the MLP / MoE)
     attention_attr: str = "self_attn"
     mlp_layer_types: tuple[str, ...] = ()
+    # config.layer_types' types of blocks holding both a linear mixer and softmax attention, side by
+    # side (falcon_h1's "hybrid" blocks add the two outputs)
+    parallel_layer_types: tuple[str, ...] = ()
 
     @property
     def native(self) -> bool:
@@ -100,6 +103,8 @@ _FAMILIES = (
     # Granite 4: bamba's mixer; the MoE (block_sparse_moe) beside a shared MLP (shared_mlp); the
     # embedding / residual / attention / logits multipliers stay in transformers' decoder
     Family("granitemoehybrid", "gla", "mamba", "GraniteMoeHybridMambaLayer", "Mamba2Mixer"),
+    # Falcon-H1: every block runs Mamba2 and softmax attention in parallel; muP multipliers
+    Family("falcon_h1", "gla", "mamba", "FalconH1Mixer", "FalconH1Mamba2Mixer", parallel_layer_types=("hybrid",)),
 )
 FAMILIES: dict[str, Family] = {f.model_type: f for f in _FAMILIES}
 

@@ -1,4 +1,4 @@
-"""transformers hybrids (qwen3_next, minimax, bamba, qwen3_5, olmo_hybrid, nemotron_h, granitemoehybrid) on tiny random configs: plumbing only.
+"""transformers hybrids (qwen3_next, minimax, bamba, qwen3_5, olmo_hybrid, nemotron_h, granitemoehybrid, falcon_h1) on tiny random configs: plumbing only.
 
 The adapters' models must compute what transformers computes, carry their state through laquant's
 cache, quantize by role, save and reload bit for bit, and refuse layouts they do not know.
@@ -107,9 +107,22 @@ def granitemoehybrid(**kw):
     return GraniteMoeHybridForCausalLM(GraniteMoeHybridConfig(**{**cfg, **kw}))
 
 
+def falcon_h1(**kw):
+    from transformers import FalconH1Config, FalconH1ForCausalLM
+
+    # every block runs Mamba2 and attention side by side; every muP multiplier away from 1
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, intermediate_size=96, num_attention_heads=2,
+               num_key_value_heads=1, mamba_d_ssm=128, mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2,
+               mamba_d_state=16, mamba_chunk_size=16, mamba_rms_norm=True, embedding_multiplier=2.0,
+               lm_head_multiplier=0.7, mlp_multipliers=[1.3, 0.6], key_multiplier=0.8, attention_in_multiplier=1.5,
+               attention_out_multiplier=0.9, ssm_multipliers=[0.5, 1.25, 0.75, 1.5, 2.0], ssm_in_multiplier=1.2,
+               ssm_out_multiplier=0.8, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return FalconH1ForCausalLM(FalconH1Config(**{**cfg, **kw}))
+
+
 FAMILIES = {"qwen3_next": qwen3_next, "minimax": minimax, "bamba": bamba, "qwen3_5": qwen3_5,
             "qwen3_5_moe": qwen3_5_moe, "olmo_hybrid": olmo_hybrid, "nemotron_h": nemotron_h,
-            "granitemoehybrid": granitemoehybrid}
+            "granitemoehybrid": granitemoehybrid, "falcon_h1": falcon_h1}
 
 
 def _model(family):
@@ -151,6 +164,19 @@ def test_laquant_mixers_compute_what_transformers_does(family):
     err, cache = _prefill_vs_decode(model, ids, 29)
     assert err < 1e-5
     assert sorted(state_store(cache).states) == adapter.linear_layers()
+
+
+@pytest.mark.parametrize("options", [dict(mamba_rms_norm=False), dict(mamba_norm_before_gate=False)])
+@torch.no_grad()
+def test_falcon_h1_mixer_options(options):
+    """Falcon-H1's optional gated norm: without it y * silu(z); with it, the gate before the norm."""
+    torch.manual_seed(5)
+    model = falcon_h1(**options).float().eval()
+    ids = torch.randint(0, VOCAB, (2, 37))
+    reference = model(input_ids=ids).logits
+    install(model)
+    assert rel_err(model(input_ids=ids).logits, reference) < 1e-5
+    assert _prefill_vs_decode(model, ids, 21)[0] < 1e-5
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -195,6 +221,14 @@ def test_roles(family):
         assert {"model.layers.3.mixer.up_proj", "model.layers.3.mixer.down_proj",
                 "model.layers.1.mixer.shared_experts.up_proj"} <= set(projections)
         assert "model.layers.1.mixer.gate" in kept["routers"] and "model.layers.1.mixer.experts" in kept["experts"]
+    if family == "falcon_h1":  # every block: Mamba2 beside attention, then the MLP
+        assert adapter.linear_layers() == adapter.attention_layers() == [0, 1, 2]
+        assert {"model.layers.1.self_attn.k_proj", "model.layers.1.self_attn.o_proj"} <= set(
+            adapter.attention_projections())
+        assert {"model.layers.1.feed_forward.gate_proj", "model.layers.1.feed_forward.down_proj"} <= set(projections)
+        mixer = adapter.mixer(0)  # the gate's log-decay: the raw dt logits times their muP multiplier (2.0)
+        logits = torch.randn(5, 4)
+        assert torch.allclose(mixer.gate_log_decay(logits), mixer.log_decay(2.0 * logits))
     if family == "granitemoehybrid":  # the MoE's router is a bare parameter, kept; the shared MLP is quantized
         assert adapter.linear_layers() == [0, 1, 3] and adapter.attention_layers() == [2]
         assert {"model.layers.2.shared_mlp.input_linear", "model.layers.2.shared_mlp.output_linear"} <= set(projections)
@@ -366,6 +400,12 @@ def test_unknown_module_layouts_are_named():
     model.model.layers[1].mamba = model.model.layers[2].self_attn
     with pytest.raises(LaquantError, match="model.layers.1.mamba is GraniteMoeHybridAttention, expected transformers' "
                                            "GraniteMoeHybridMambaLayer"):
+        get_adapter(model)
+
+    model = _model("falcon_h1")  # a version without the muP vector on the mixer
+    del model.model.layers[1].mamba.mup_vector
+    with pytest.raises(LaquantError, match=r"model.layers.1.mamba: mup_vector is None, expected one multiplier per "
+                                           r"in_proj output \(324\)"):
         get_adapter(model)
 
     model = _model("minimax")

@@ -57,7 +57,7 @@ class HybridAdapter(Adapter):
         self.model_type = family.model_type
         self.mixer_attr, self.mixer_class = family.mixer_attr, family.mixer_class
         self.attention_attr = family.attention_attr
-        allowed = LAYER_TYPES + family.mlp_layer_types
+        allowed = LAYER_TYPES + family.mlp_layer_types + family.parallel_layer_types
         inner = getattr(model, "model", None)
         if inner is None or not isinstance(getattr(inner, "layers", None), nn.ModuleList):
             raise LaquantError(f"{self.model_type} adapter: expected a causal LM with model.layers (a ModuleList); "
@@ -86,10 +86,12 @@ class HybridAdapter(Adapter):
 
     # layout
     def linear_layers(self) -> list[int]:
-        return [i for i, t in enumerate(self.layer_types) if t == "linear_attention"]
+        both = self.family.parallel_layer_types
+        return [i for i, t in enumerate(self.layer_types) if t == "linear_attention" or t in both]
 
     def attention_layers(self) -> list[int]:
-        return [i for i, t in enumerate(self.layer_types) if t == "full_attention"]
+        both = self.family.parallel_layer_types
+        return [i for i, t in enumerate(self.layer_types) if t == "full_attention" or t in both]
 
     def mixer_name(self, i: int) -> str:
         return f"model.layers.{i}.{self.mixer_attr}"
@@ -151,9 +153,9 @@ class HybridAdapter(Adapter):
         return out
 
     def projections(self) -> dict[str, nn.Module]:
-        out = {}
+        out, linear = {}, set(self.linear_layers())
         for i in range(len(self.layers)):
-            if self.layer_types[i] == "linear_attention":
+            if i in linear:
                 out.update({f"{self.mixer_name(i)}.{p}": getattr(self.mixer(i), p) for p in self.mixer_class.PROJECTIONS})
             out.update(self._layer_linears(i))
         return out
