@@ -18,6 +18,17 @@ from laquant.errors import LaquantError
 
 
 @dataclass(frozen=True)
+class LayerPaths:
+    """Where a layer type's parts sit in its decoder layer, as dotted attribute paths, for layouts
+    that differ by type (zamba2's hybrid layers nest the mixer and the attention): the linear mixer,
+    the softmax attention ("" when none) and the blocks whose other Linears are projections."""
+
+    mixer: str
+    attention: str = ""
+    linears: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Family:
     model_type: str
     recurrence: str  # "gla" (gated linear attention, incl. Lightning and Mamba2's SSD) or "delta" (gated delta rule)
@@ -34,6 +45,10 @@ class Family:
     # config.layer_types' types of blocks holding both a linear mixer and softmax attention, side by
     # side (falcon_h1's "hybrid" blocks add the two outputs)
     parallel_layer_types: tuple[str, ...] = ()
+    layer_paths: tuple[tuple[str, LayerPaths], ...] = ()  # layer type -> its paths, where not the attributes above
+    # blocks transformers ties across layers (one set of weights used at several depths): laquant makes
+    # each tied group one module, so it is quantized once, calibrated on all its uses and stored once
+    shared_blocks: tuple[str, ...] = ()
 
     @property
     def native(self) -> bool:
@@ -105,6 +120,14 @@ _FAMILIES = (
     Family("granitemoehybrid", "gla", "mamba", "GraniteMoeHybridMambaLayer", "Mamba2Mixer"),
     # Falcon-H1: every block runs Mamba2 and softmax attention in parallel; muP multipliers
     Family("falcon_h1", "gla", "mamba", "FalconH1Mixer", "FalconH1Mamba2Mixer", parallel_layer_types=("hybrid",)),
+    # Zamba2: Mamba2 layers; a "hybrid" layer runs a shared transformer block (attention + MLP, each
+    # use with its own LoRA adapters) and a Linear before its Mamba2 layer
+    Family("zamba2", "gla", "mamba", "Zamba2MambaMixer", "Mamba2Mixer", parallel_layer_types=("hybrid",),
+           layer_paths=(("hybrid", LayerPaths(
+               "mamba_decoder.mamba", "shared_transformer.self_attn",
+               ("shared_transformer.feed_forward", "linear", *(f"shared_transformer.self_attn.linear_{p}_adapter_list"
+                                                               for p in "qkv")))),),
+           shared_blocks=("shared_transformer",)),
 )
 FAMILIES: dict[str, Family] = {f.model_type: f for f in _FAMILIES}
 

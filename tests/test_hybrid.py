@@ -1,4 +1,5 @@
-"""transformers hybrids (qwen3_next, minimax, bamba, qwen3_5, olmo_hybrid, nemotron_h, granitemoehybrid, falcon_h1) on tiny random configs: plumbing only.
+"""transformers hybrids (qwen3_next, minimax, bamba, qwen3_5, olmo_hybrid, nemotron_h, granitemoehybrid, falcon_h1,
+zamba2) on tiny random configs: plumbing only.
 
 The adapters' models must compute what transformers computes, carry their state through laquant's
 cache, quantize by role, save and reload bit for bit, and refuse layouts they do not know.
@@ -21,6 +22,7 @@ from laquant.adapters import get_adapter, install, new_cache
 from laquant.calibration.run import collect_stats
 from laquant.cli import main
 from laquant.errors import LaquantError
+from laquant.loading import load_tokenizer
 from laquant.models.cache import state_store
 from laquant.recipe import load_recipe
 
@@ -120,9 +122,23 @@ def falcon_h1(**kw):
     return FalconH1ForCausalLM(FalconH1Config(**{**cfg, **kw}))
 
 
+def zamba2(**kw):
+    from transformers import Zamba2Config, Zamba2ForCausalLM
+
+    # two shared transformer blocks used by three hybrid layers (layers 1 and 4 share block 0), each
+    # use with its own LoRA adapters; tied embeddings
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=6, intermediate_size=96, num_attention_heads=2,
+               num_key_value_heads=2, n_mamba_heads=4, mamba_d_state=16, mamba_ngroups=2, chunk_size=16, num_mem_blocks=2,
+               use_shared_attention_adapter=True, adapter_rank=8, use_mem_rope=True,
+               layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid", "hybrid",
+                                  "linear_attention"], bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return Zamba2ForCausalLM(Zamba2Config(**{**cfg, **kw}))
+
+
 FAMILIES = {"qwen3_next": qwen3_next, "minimax": minimax, "bamba": bamba, "qwen3_5": qwen3_5,
             "qwen3_5_moe": qwen3_5_moe, "olmo_hybrid": olmo_hybrid, "nemotron_h": nemotron_h,
-            "granitemoehybrid": granitemoehybrid, "falcon_h1": falcon_h1}
+            "granitemoehybrid": granitemoehybrid, "falcon_h1": falcon_h1,
+            "zamba2": zamba2}
 
 
 def _model(family):
@@ -185,7 +201,9 @@ def test_roles(family):
     kept = adapter.kept()
     assert kept["decay"] and kept["norms"] and kept["embeddings"] == ["model.embed_tokens"]
     assert all(n.endswith((".q_proj", ".k_proj", ".v_proj", ".o_proj")) for n in adapter.attention_projections())
-    assert len(adapter.attention_projections()) == 4 * len(adapter.attention_layers()) > 0
+    # zamba2: the shared block's projections once, under their first use
+    shared = {"zamba2": 1}.get(family, 0)
+    assert len(adapter.attention_projections()) == 4 * (len(adapter.attention_layers()) - shared) > 0
     projections = adapter.projections()
     assert not set(projections) & set(adapter.attention_projections())
     assert not set(projections) & set(kept["routers"])
@@ -229,6 +247,17 @@ def test_roles(family):
         mixer = adapter.mixer(0)  # the gate's log-decay: the raw dt logits times their muP multiplier (2.0)
         logits = torch.randn(5, 4)
         assert torch.allclose(mixer.gate_log_decay(logits), mixer.log_decay(2.0 * logits))
+    if family == "zamba2":  # Mamba2 everywhere; hybrid layers nest it beside a shared transformer block
+        assert adapter.linear_layers() == list(range(6)) and adapter.attention_layers() == [1, 3, 4]
+        assert adapter.mixer_name(3) == "model.layers.3.mamba_decoder.mamba" and "model.layers.3.mamba_decoder.mamba" \
+            in adapter.mixers()
+        assert "model.layers.4.mamba_decoder.mamba.in_proj" in adapter.gates()
+        assert set(adapter.attention_projections()) == {f"model.layers.{i}.shared_transformer.self_attn.{p}"
+                                                        for i in (1, 3) for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
+        assert {"model.layers.1.shared_transformer.feed_forward.gate_up_proj", "model.layers.4.linear",
+                "model.layers.1.shared_transformer.feed_forward.gate_up_proj_adapter_list.2.0",
+                "model.layers.1.shared_transformer.self_attn.linear_q_adapter_list.0.1"} <= set(projections)
+        assert not any(n.startswith("model.layers.4.shared_transformer") for n in projections)
     if family == "granitemoehybrid":  # the MoE's router is a bare parameter, kept; the shared MLP is quantized
         assert adapter.linear_layers() == [0, 1, 3] and adapter.attention_layers() == [2]
         assert {"model.layers.2.shared_mlp.input_linear", "model.layers.2.shared_mlp.output_linear"} <= set(projections)
@@ -281,6 +310,54 @@ def test_hybrid_int8_calibrate_export_reload(family_dir, tmp_path):
     assert torch.equal(reloaded(input_ids=ids).logits, quant)
     hf = AutoModelForCausalLM.from_pretrained(out).eval()
     assert torch.equal(hf(input_ids=ids).logits, quant)
+
+
+@torch.no_grad()
+def test_zamba2_shared_blocks_are_quantized_once_and_stored_once(tmp_path):
+    """A shared transformer block used at several depths is one module: calibrated on all its uses,
+    quantized once, stored once, and one module again after laquant.load and from_pretrained."""
+    from safetensors import safe_open
+
+    model = _model("zamba2")
+    adapter = install(model)
+    layers = model.model.layers
+    assert layers[4].shared_transformer is layers[1].shared_transformer
+    assert layers[3].shared_transformer is not layers[1].shared_transformer  # the other block (num_mem_blocks 2)
+    assert not any(k.startswith("model.layers.4.shared_transformer") for k in model.state_dict())
+    # the statistics of the shared q_proj are those of both its uses (layers 1 and 4)
+    seen = []
+    q = layers[1].shared_transformer.self_attn.q_proj
+    handle = q.register_forward_hook(lambda m, args, out: seen.append(args[0].detach().abs().amax((0, 1))))
+    calib = torch.randint(0, VOCAB, (2, 48))
+    stats = collect_stats(model, adapter, calib, segment=48, batch_size=2, progress=False)
+    handle.remove()
+    assert len(seen) == 2 and not torch.equal(seen[0], seen[1])
+    name = "model.layers.1.shared_transformer.self_attn.q_proj"
+    assert torch.equal(stats.get(name, "act_absmax"), torch.maximum(*seen))
+
+    ids = torch.randint(0, VOCAB, (1, 33))
+    result = laquant.calibrate(model, "hybrid_int8", calib, progress=False)
+    quant = model(input_ids=ids).logits
+    assert type(layers[4].shared_transformer.self_attn.q_proj).__name__ == "QuantLinear"
+    assert not any(".layers.4.shared_transformer" in n for n in result.decisions["projections"])
+    laquant.save(result, tmp_path / "q", tokenizer=load_tokenizer())
+    with safe_open(str(tmp_path / "q" / "model.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+    assert f"{name}.qweight" in keys and not any(k.startswith("model.layers.4.shared_transformer") for k in keys)
+    assert "lm_head.weight" not in keys  # tied to the embeddings: stored once too
+    for reloaded in (laquant.load(tmp_path / "q")[0], AutoModelForCausalLM.from_pretrained(tmp_path / "q").eval()):
+        shared = reloaded.model.layers
+        assert shared[4].shared_transformer is shared[1].shared_transformer
+        assert torch.equal(reloaded(input_ids=ids).logits, quant)
+
+
+def test_a_block_tied_in_part_is_refused():
+    model = _model("zamba2")
+    block = model.model.layers[4].shared_transformer
+    block.self_attn.q_proj.weight = nn.Parameter(block.self_attn.q_proj.weight.detach().clone())
+    with pytest.raises(LaquantError, match=r"model.layers.4.shared_transformer shares some but not all of its weights "
+                                           r"with model.layers.1.shared_transformer"):
+        install(model)
 
 
 def test_calibrate_cli_on_a_hybrid(family_dir, tmp_path, capsys):
@@ -406,6 +483,12 @@ def test_unknown_module_layouts_are_named():
     del model.model.layers[1].mamba.mup_vector
     with pytest.raises(LaquantError, match=r"model.layers.1.mamba: mup_vector is None, expected one multiplier per "
                                            r"in_proj output \(324\)"):
+        get_adapter(model)
+
+    model = _model("zamba2")  # a hybrid layer without its nested Mamba2 layer
+    del model.model.layers[3].mamba_decoder
+    with pytest.raises(LaquantError, match="model.layers.3.mamba_decoder.mamba is NoneType, expected transformers' "
+                                           "Zamba2MambaMixer"):
         get_adapter(model)
 
     model = _model("minimax")
