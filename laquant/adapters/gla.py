@@ -9,7 +9,6 @@ from laquant.adapters.base import Adapter, MixerInfo
 from laquant.errors import LaquantError
 from laquant.kernels.gla.gate import gate_log_decay
 
-ATTN_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "g_proj", "o_proj")
 MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
@@ -34,7 +33,7 @@ class GLAAdapter(Adapter):
     def projections(self) -> dict[str, nn.Module]:
         out = {}
         for i, layer in self._layers():
-            out.update({f"model.layers.{i}.attn.{p}": getattr(layer.attn, p) for p in ATTN_PROJECTIONS})
+            out.update({f"model.layers.{i}.attn.{p}": getattr(layer.attn, p) for p in (*layer.attn.inputs, "o_proj")})
             out.update({f"model.layers.{i}.mlp.{p}": getattr(layer.mlp, p) for p in MLP_PROJECTIONS})
         return out
 
@@ -47,8 +46,11 @@ class GLAAdapter(Adapter):
                 for i, layer in self._layers()}
 
     def kept(self) -> dict[str, list[str]]:
-        norms = [n for n, m in self.model.named_modules() if type(m).__name__ in ("RMSNorm", "GatedRMSNorm")]
-        return {"embeddings": ["model.embeddings"], "norms": norms, "lm_head": ["lm_head"]}
+        norms = [n for n, m in self.model.named_modules() if type(m).__name__ in ("RMSNorm", "GatedRMSNorm",
+                                                                                 "HeadRMSNorm")]
+        conv = [f"model.layers.{i}.attn.{p}_conv1d" for i, layer in self._layers() if layer.attn.use_short_conv
+                for p in "qkv"]
+        return {"embeddings": ["model.embeddings"], "norms": norms, "lm_head": ["lm_head"], "conv": conv}
 
     def decoder_layers(self) -> list[tuple[str, nn.Module]]:
         return [(f"model.layers.{i}", layer) for i, layer in self._layers()]

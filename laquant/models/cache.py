@@ -40,6 +40,7 @@ class GLAStateCache:
     def __init__(self, num_layers: int):
         self.states: list[State | None] = [None] * num_layers
         self.seen_tokens = 0
+        self.conv: dict = {}  # short convs' last inputs, by (layer, projection)
 
     def get(self, layer_idx: int) -> State | None:
         return self.states[layer_idx]
@@ -67,6 +68,8 @@ class GLAStateCache:
         place on the Triton kernels)."""
         if any(s is None for s in self.states):
             raise ValueError("a static cache needs every layer's state: run the prompt through the model first")
+        if self.conv:
+            raise ValueError("a static cache does not carry short-conv states (use_short_conv): decode eagerly")
         counts = {s.n_stores for s in self.states}
         if len(counts) != 1:
             raise ValueError(f"the layers' states were stored {sorted(counts)} times; a static cache steps all together")
