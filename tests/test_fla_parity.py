@@ -56,10 +56,14 @@ def test_random_gqa_model_matches_fla(tmp_path):
 
 @pytest.mark.parametrize("options", [dict(use_short_conv=True, conv_size=4), dict(use_output_gate=False),
                                      dict(fuse_norm=False), dict(elementwise_affine=False),
-                                     dict(feature_map="relu", num_kv_heads=2), dict(tie_word_embeddings=True)])
+                                     dict(feature_map="relu", num_kv_heads=2), dict(tie_word_embeddings=True),
+                                     dict(attn={"layers": [1], "num_heads": 4, "num_kv_heads": 2, "window_size": 100})])
 @torch.no_grad()
 def test_random_models_with_options_match_fla(tmp_path, options):
     from fla.models import GLAConfig, GLAForCausalLM
+
+    if "attn" in options:
+        pytest.importorskip("flash_attn", reason="fla's attention layers need flash-attn")
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 

@@ -14,6 +14,7 @@ import laquant
 from laquant.errors import LaquantError
 from laquant.loading import load_tokenizer, model_config
 from laquant.models import GLAConfig, GLAForCausalLM
+from laquant.recipe import load_recipe
 
 VOCAB = 300
 
@@ -65,12 +66,45 @@ def _fla_attention(x, sd, p, cfg):
     return o @ sd[f"{p}o_proj.weight"].double().T
 
 
+def _fla_softmax_attention(x, sd, p, spec):
+    """fla's Attention (fla/layers/attn.py): GQA, NeoX rotary embeddings, causal (windowed) softmax."""
+    B, T, C = x.shape
+    H, Hkv = spec["num_heads"], spec.get("num_kv_heads") or spec["num_heads"]
+    D = C // H
+
+    def proj(n):
+        y = x @ sd[f"{p}{n}_proj.weight"].double().T
+        return y + sd[f"{p}{n}_proj.bias"].double() if f"{p}{n}_proj.bias" in sd else y
+
+    q, k, v = (proj(n).unflatten(-1, (-1, D)) for n in "qkv")
+    inv_freq = 1.0 / (spec.get("rope_theta", 10000.0) ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
+    cos, sin = freqs.cos()[:, None].repeat(1, 1, 2), freqs.sin()[:, None].repeat(1, 1, 2)
+
+    def rope(t):
+        t1, t2 = t.chunk(2, -1)
+        return t * cos + torch.cat([-t2, t1], -1) * sin
+
+    q, k = rope(q), rope(k)
+    k, v = (t.repeat_interleave(H // Hkv, dim=2) for t in (k, v))
+    scores = torch.einsum("bihd,bjhd->bhij", q, k) / D ** 0.5
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None]
+    window = spec.get("window_size") or T
+    scores = scores.masked_fill(~((j <= i) & (j > i - window)), float("-inf"))
+    o = torch.einsum("bhij,bjhd->bihd", scores.softmax(-1), v).flatten(-2)
+    return o @ sd[f"{p}o_proj.weight"].double().T
+
+
 def fla_reference_logits(model, ids):
     cfg, sd = model.config, model.state_dict()
+    specs = cfg.attn if isinstance(cfg.attn, list) else [cfg.attn] if cfg.attn else []
     h = sd["model.embeddings.weight"].double()[ids]
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        h = h + _fla_attention(_rms(h, sd[p + "attn_norm.weight"], cfg.norm_eps), sd, p + "attn.", cfg)
+        x = _rms(h, sd[p + "attn_norm.weight"], cfg.norm_eps)
+        spec = next((s for s in specs if i in s["layers"]), None)
+        h = h + (_fla_attention(x, sd, p + "attn.", cfg) if spec is None
+                 else _fla_softmax_attention(x, sd, p + "attn.", spec))
         x = _rms(h, sd[p + "mlp_norm.weight"], cfg.norm_eps)
         gate, up = (x @ sd[f"{p}mlp.{n}_proj.weight"].double().T for n in ("gate", "up"))
         h = h + (F.silu(gate) * up) @ sd[p + "mlp.down_proj.weight"].double().T
@@ -101,7 +135,10 @@ OPTIONS = {
     "inert_flags": dict(fuse_swiglu=False, fuse_cross_entropy=False, fuse_linear_cross_entropy=True, use_l2warp=True,
                         attn_mode="fused_recurrent", use_gk=False, use_gv=True, gate_logit_normalizer=8,
                         gate_low_rank_dim=4),
-    "all_at_once": dict(use_short_conv=True, conv_size=4, use_output_gate=False, num_kv_heads=1, feature_map="relu",
+    "attn_layer": dict(attn={"layers": [1], "num_heads": 2, "num_kv_heads": 1, "qkv_bias": True}),
+    "attn_layers_windowed": dict(num_hidden_layers=3, attn=[{"layers": [0], "num_heads": 3, "window_size": 5,
+                                                             "rope_theta": 500.0}, {"layers": [2], "num_heads": 1}]),
+    "all_at_once": dict(attn={"layers": [0], "num_heads": 3, "window_size": 7},use_short_conv=True, conv_size=4, use_output_gate=False, num_kv_heads=1, feature_map="relu",
                         elementwise_affine=False, tie_word_embeddings=True),
 }
 
@@ -118,6 +155,7 @@ def test_options_compute_what_fla_computes(name):
     parts = [model(input_ids=ids[:, :19], past_key_values=cache, use_cache=True).logits]
     parts += [model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits for t in range(19, 37)]
     assert rel_err(torch.cat(parts, 1), reference) < 1e-5
+    assert cache.seen_tokens == 37  # counted by the last layer, whichever kind it is (generate reads it)
 
 
 def test_option_names_and_tying():
@@ -135,6 +173,8 @@ def test_option_names_and_tying():
     (dict(hidden_act="relu"), "hidden_act='relu' (supported: 'swish')"),
     (dict(feature_map="bias_gelu"), "feature_map='bias_gelu' (supported: None, 'relu'"),
     (dict(attnres_block_size=2), "attnres_block_size=2 (supported: None)"),
+    (dict(attn={"layers": [5], "num_heads": 2}), "attn: attn layers must be distinct indices in [0, 2); got [5]"),
+    (dict(attn={"layers": [1]}), "attn: attn specification {'layers': [1]} lacks num_heads"),
 ])
 def test_options_fla_cannot_build_or_laquant_lacks_are_named(options, named, tmp_path):
     cfg = dict(model_type="gla", hidden_size=96, num_hidden_layers=2, num_heads=3, vocab_size=VOCAB, **options)
@@ -154,9 +194,12 @@ def test_gla_int8_round_trip_with_options(tmp_path):
     ids = torch.randint(0, VOCAB, (2, 40))
     base = model(input_ids=ids).logits
     calib = torch.randint(0, VOCAB, (4, 64))
-    result = laquant.calibrate(model, "gla_int8", calib, progress=False)
+    recipe = load_recipe("gla_int8", ["softmax_attention.format=int8"])  # fla's attn layer 0 too
+    result = laquant.calibrate(model, recipe, calib, progress=False)
     projections = result.decisions["projections"]
-    assert "model.layers.0.attn.q_proj" in projections and not any(".g_proj" in n for n in projections)
+    assert "model.layers.1.attn.q_proj" in projections and not any(".g_proj" in n for n in projections)
+    assert projections["model.layers.0.attn.q_proj"].role == "softmax_attention"
+    assert list(result.decisions["gates"]) == ["model.layers.1.attn.gk_proj"]
     quant = model(input_ids=ids).logits
     assert rel_err(quant, base) < 0.1
     laquant.save(result, tmp_path / "q", tokenizer=load_tokenizer())

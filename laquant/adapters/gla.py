@@ -17,23 +17,32 @@ class GLAAdapter(Adapter):
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
+        from laquant.models.fla_attention import Attention
         from laquant.models.gla import GatedLinearAttention
 
         if not hasattr(model, "model") or not hasattr(model.model, "layers"):
             raise LaquantError("GLA adapter: expected a GLAForCausalLM with model.layers; "
                                f"got {type(model).__name__}")
         for i, layer in enumerate(model.model.layers):
-            if not isinstance(layer.attn, GatedLinearAttention):
+            if not isinstance(layer.attn, (GatedLinearAttention, Attention)):
                 raise LaquantError(f"GLA adapter: model.layers.{i}.attn is {type(layer.attn).__name__}, expected "
-                                   "laquant's GatedLinearAttention (load the model with laquant.load_model)")
+                                   "laquant's GatedLinearAttention or Attention (load the model with laquant.load_model)")
+        self._softmax = {i for i, layer in enumerate(model.model.layers) if isinstance(layer.attn, Attention)}
 
     def _layers(self):
-        return enumerate(self.model.model.layers)
+        """The GLA layers (fla's ``attn`` layers are softmax attention)."""
+        return ((i, layer) for i, layer in enumerate(self.model.model.layers) if i not in self._softmax)
+
+    def attention_projections(self) -> dict[str, nn.Module]:
+        return {f"model.layers.{i}.attn.{p}": getattr(self.model.model.layers[i].attn, p)
+                for i in sorted(self._softmax) for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
 
     def projections(self) -> dict[str, nn.Module]:
         out = {}
-        for i, layer in self._layers():
-            out.update({f"model.layers.{i}.attn.{p}": getattr(layer.attn, p) for p in (*layer.attn.inputs, "o_proj")})
+        for i, layer in enumerate(self.model.model.layers):
+            if i not in self._softmax:
+                out.update({f"model.layers.{i}.attn.{p}": getattr(layer.attn, p)
+                            for p in (*layer.attn.inputs, "o_proj")})
             out.update({f"model.layers.{i}.mlp.{p}": getattr(layer.mlp, p) for p in MLP_PROJECTIONS})
         return out
 
@@ -53,7 +62,7 @@ class GLAAdapter(Adapter):
         return {"embeddings": ["model.embeddings"], "norms": norms, "lm_head": ["lm_head"], "conv": conv}
 
     def decoder_layers(self) -> list[tuple[str, nn.Module]]:
-        return [(f"model.layers.{i}", layer) for i, layer in self._layers()]
+        return [(f"model.layers.{i}", layer) for i, layer in enumerate(self.model.model.layers)]
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.model.embeddings(ids)

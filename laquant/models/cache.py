@@ -41,12 +41,18 @@ class GLAStateCache:
         self.states: list[State | None] = [None] * num_layers
         self.seen_tokens = 0
         self.conv: dict = {}  # short convs' last inputs, by (layer, projection)
+        self.kv: dict = {}  # softmax-attention layers' keys and values (fla's ``attn`` layers), by layer
 
     def get(self, layer_idx: int) -> State | None:
         return self.states[layer_idx]
 
     def update(self, layer_idx: int, stored: State, new_tokens: int) -> None:
         self.states[layer_idx] = stored
+        if layer_idx == len(self.states) - 1:
+            self.seen_tokens += new_tokens
+
+    def update_kv(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, new_tokens: int) -> None:
+        self.kv[layer_idx] = (k, v)
         if layer_idx == len(self.states) - 1:
             self.seen_tokens += new_tokens
 
@@ -66,10 +72,11 @@ class GLAStateCache:
         """A static cache holding copies of this cache's states (all layers must hold one, stored
         the same number of times, with kernel-addressable storage: the decode steps then run in
         place on the Triton kernels)."""
+        if self.conv or self.kv:
+            raise ValueError("a static cache carries recurrent states only, not short-conv states (use_short_conv) "
+                             "or softmax-attention keys and values (attn layers): decode these models eagerly")
         if any(s is None for s in self.states):
             raise ValueError("a static cache needs every layer's state: run the prompt through the model first")
-        if self.conv:
-            raise ValueError("a static cache does not carry short-conv states (use_short_conv): decode eagerly")
         counts = {s.n_stores for s in self.states}
         if len(counts) != 1:
             raise ValueError(f"the layers' states were stored {sorted(counts)} times; a static cache steps all together")

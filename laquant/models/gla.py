@@ -21,6 +21,7 @@ from laquant.kernels.gla.gate import gate_log_decay, gate_log_decay_triton
 from laquant.kernels.rowwise.fused import MAX_ROW, gated_rms_norm_triton, rms_norm_triton, swiglu_triton
 from laquant.kernels.rowwise.reference import gated_rms_norm, rms_norm, swiglu
 from laquant.models.cache import GLAStateCache
+from laquant.models.fla_attention import Attention, attention_spec, attention_specs
 from laquant.models.recurrent import RecurrentMixer
 from laquant.quant.fused import project, w8a8_inputs
 
@@ -137,6 +138,10 @@ FEATURE_MAPS = {
 def check_supported(config: GLAConfig) -> None:
     bad = [f"{key}={getattr(config, key, None)!r} (supported: {ok!r})" for key, ok in _UNSUPPORTED.items()
            if getattr(config, key, ok) != ok]
+    try:
+        attention_specs(config.attn, config.num_hidden_layers)
+    except ValueError as exc:
+        bad.append(f"attn: {exc}")
     if config.feature_map is not None and config.feature_map not in FEATURE_MAPS:
         bad.append(f"feature_map={config.feature_map!r} (supported: None, {', '.join(map(repr, FEATURE_MAPS))})")
     if bad:
@@ -322,7 +327,9 @@ class GLABlock(nn.Module):
     def __init__(self, config: GLAConfig, layer_idx: int):
         super().__init__()
         self.attn_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
-        self.attn = GatedLinearAttention(config, layer_idx)
+        spec = attention_spec(config, layer_idx)  # fla's hybrid GLA: softmax attention at config.attn's layers
+        self.attn = GatedLinearAttention(config, layer_idx) if spec is None else Attention(config.hidden_size, spec,
+                                                                                           layer_idx)
         self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.hidden_ratio, config.intermediate_size)
 
