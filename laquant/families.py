@@ -49,12 +49,20 @@ class Family:
     # blocks transformers ties across layers (one set of weights used at several depths): laquant makes
     # each tied group one module, so it is quantized once, calibrated on all its uses and stored once
     shared_blocks: tuple[str, ...] = ()
+    # laquant's own implementation of an fla model type: laquant.models.<it> (CONFIG_CLASS, MODEL_CLASS,
+    # check_supported) and laquant.adapters.<it> (ADAPTER)
+    native_module: str = ""
 
     @property
     def native(self) -> bool:
         """laquant runs its own implementation of the model (fla's GLA), not transformers' with
         laquant's mixer put in."""
-        return not self.mixer
+        return bool(self.native_module)
+
+    def _native(self, package: str):
+        import importlib
+
+        return importlib.import_module(f"laquant.{package}.{self.native_module}")
 
     @property
     def mixer_class(self) -> type:
@@ -65,9 +73,7 @@ class Family:
     def adapter(self, model):
         """The adapter of ``model`` (checks its layout; changes nothing: see ``Adapter.install``)."""
         if self.native:
-            from laquant.adapters.gla import GLAAdapter
-
-            return GLAAdapter(model)
+            return self._native("adapters").ADAPTER(model)
         from laquant.adapters.hybrid import HybridAdapter
 
         return HybridAdapter(model, self)
@@ -75,10 +81,9 @@ class Family:
     def config(self, cfg: dict):
         """The config object of a ``config.json`` dict of this family (ValueError: unsupported options)."""
         if self.native:
-            from laquant.models.gla import GLAConfig, check_supported
-
-            config = GLAConfig.from_dict(cfg)
-            check_supported(config)
+            module = self._native("models")
+            config = module.CONFIG_CLASS.from_dict(cfg)
+            module.check_supported(config)
             return config
         from transformers import CONFIG_MAPPING
 
@@ -90,9 +95,7 @@ class Family:
     def model_class(self):
         """The class whose ``from_pretrained`` / ``from_config`` builds the model."""
         if self.native:
-            from laquant.models import GLAForCausalLM
-
-            return GLAForCausalLM
+            return self._native("models").MODEL_CLASS
         from transformers import AutoModelForCausalLM
 
         return AutoModelForCausalLM
@@ -105,7 +108,7 @@ def _minimax_cache():
 
 
 _FAMILIES = (
-    Family("gla", "gla"),
+    Family("gla", "gla", native_module="gla"),
     Family("qwen3_next", "delta", "linear_attn", "Qwen3NextGatedDeltaNet", "GatedDeltaNetMixer"),
     Family("minimax", "gla", "self_attn", "MiniMaxLightningAttention", "LightningMixer", cache=_minimax_cache),
     Family("bamba", "gla", "mamba", "BambaMixer", "Mamba2Mixer"),
@@ -128,6 +131,8 @@ _FAMILIES = (
                ("shared_transformer.feed_forward", "linear", *(f"shared_transformer.self_attn.linear_{p}_adapter_list"
                                                                for p in "qkv")))),),
            shared_blocks=("shared_transformer",)),
+    # fla's Gated DeltaNet (fla-format checkpoints, loaded without fla), on laquant's implementation
+    Family("gated_deltanet", "delta", native_module="gated_deltanet"),
 )
 FAMILIES: dict[str, Family] = {f.model_type: f for f in _FAMILIES}
 

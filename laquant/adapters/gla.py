@@ -76,3 +76,6 @@ class GLAAdapter(Adapter):
     def gate_log_decay(self, gate_name: str, logits: torch.Tensor) -> torch.Tensor:
         attn = self.module(gate_name.rpartition(".")[0])
         return gate_log_decay(logits, attn.gate_logit_normalizer, attn.clamp_min)
+
+
+ADAPTER = GLAAdapter  # read by laquant.families

@@ -458,3 +458,6 @@ class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
         return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
+
+
+CONFIG_CLASS, MODEL_CLASS = GLAConfig, GLAForCausalLM  # read by laquant.families
