@@ -55,8 +55,8 @@ class Family:
 
     @property
     def native(self) -> bool:
-        """laquant runs its own implementation of the model (fla's GLA), not transformers' with
-        laquant's mixer put in."""
+        """laquant runs its own implementation of the model (fla's GLA and Gated DeltaNet), not
+        transformers' with laquant's mixer put in."""
         return bool(self.native_module)
 
     def _native(self, package: str):

@@ -61,7 +61,7 @@ class LaquantHfQuantizer(HfQuantizer):
             parent, _, name = target.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, name, model.get_parameter_or_buffer(source))
         build_empty(model, install(model), self.quantization_config.decisions)
-        # ties whose tensors the quantized modules replaced (or that are one module now) are gone
+        # ties naming a tensor that a quantized module replaced are gone (its aliases are one module now)
         tied = getattr(model, "all_tied_weights_keys", None) or {}
         model.all_tied_weights_keys = {t: s for t, s in tied.items() if _exists(model, t) and _exists(model, s)}
         return model
