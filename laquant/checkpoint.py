@@ -92,7 +92,7 @@ def save_quantized(model, out: Path, recipe: dict, decisions, stats=None, tokeni
 
     out = Path(out)
     with StagingDir(out, overwrite) as tmp:
-        state = {k: storage_tensor(v, storage_dtype) for k, v in model.state_dict().items()}
+        state = {k: storage_tensor(v, storage_dtype) for k, v in unique_state(model).items()}
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "quant_method": QUANT_METHOD})
         config = model.config.to_dict()
         config.pop("quantization_config", None)
@@ -128,6 +128,17 @@ def read_quantization_config(model_dir: Path) -> dict | None:
     return qcfg
 
 
+def unique_state(model) -> dict[str, torch.Tensor]:
+    """The model's state dict with each tensor under its first name only: one used under several
+    names (a block shared by several layers, tied embeddings) is stored once; loading fills all."""
+    seen, out = set(), {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        if id(t) not in seen:
+            seen.add(id(t))
+            out[name] = t
+    return out
+
+
 def _targets(model) -> dict[str, torch.Tensor]:
     """The model's parameters and persistent buffers by state-dict name (tied ones under each
     name), as the tensors themselves, to copy a checkpoint into."""
@@ -152,16 +163,21 @@ def fill_model(model, path: Path, source: Path) -> None:
     if not path.is_file():
         raise LaquantError(f"checkpoint weights not found: {path}")
     expected = _targets(model)
+    aliases: dict[int, list[str]] = {}  # a tensor under several names is stored under one of them
+    for name, target in expected.items():
+        aliases.setdefault(id(target), []).append(name)
     try:
         with safe_open(str(path), framework="pt") as f:
             keys = set(f.keys())
-            missing = [k for k in expected if k not in keys]
+            missing = [names[0] for names in aliases.values() if not any(n in keys for n in names)]
             unexpected = [k for k in keys if k not in expected]
             if missing or unexpected:
                 what = f"missing {missing[:3]}" if missing else f"unexpected {sorted(unexpected)[:3]}"
                 raise LaquantError(f"{source} does not match its quantization_config ({what}); "
                                    "the checkpoint is corrupted")
-            for name, target in expected.items():
+            for names in aliases.values():
+                name = next(n for n in names if n in keys)
+                target = expected[name]
                 t = f.get_tensor(name)
                 if t.shape != target.shape:
                     raise LaquantError(f"{source}: tensor {name} has shape {tuple(t.shape)}, "

@@ -18,6 +18,17 @@ from laquant.errors import LaquantError
 
 
 @dataclass(frozen=True)
+class LayerPaths:
+    """Where a layer type's parts sit in its decoder layer, as dotted attribute paths, for layouts
+    that differ by type (zamba2's hybrid layers nest the mixer and the attention): the linear mixer,
+    the softmax attention ("" when none) and the blocks whose other Linears are projections."""
+
+    mixer: str
+    attention: str = ""
+    linears: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Family:
     model_type: str
     recurrence: str  # "gla" (gated linear attention, incl. Lightning and Mamba2's SSD), "delta" (gated delta rule)
@@ -36,12 +47,27 @@ class Family:
     # or its low-rank q_a_proj / q_b_proj, by q_lora_rank)
     attention_projections: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     optional_attention_projections: tuple[str, ...] = ()
+    # config.layer_types' types of blocks holding both a linear mixer and softmax attention, side by
+    # side (falcon_h1's "hybrid" blocks add the two outputs)
+    parallel_layer_types: tuple[str, ...] = ()
+    layer_paths: tuple[tuple[str, LayerPaths], ...] = ()  # layer type -> its paths, where not the attributes above
+    # blocks transformers ties across layers (one set of weights used at several depths): laquant makes
+    # each tied group one module, so it is quantized once, calibrated on all its uses and stored once
+    shared_blocks: tuple[str, ...] = ()
+    # laquant's own implementation of an fla model type: laquant.models.<it> (CONFIG_CLASS, MODEL_CLASS,
+    # check_supported) and laquant.adapters.<it> (ADAPTER)
+    native_module: str = ""
 
     @property
     def native(self) -> bool:
-        """laquant runs its own implementation of the model (fla's GLA), not transformers' with
-        laquant's mixer put in."""
-        return not self.mixer
+        """laquant runs its own implementation of the model (fla's GLA and Gated DeltaNet), not
+        transformers' with laquant's mixer put in."""
+        return bool(self.native_module)
+
+    def _native(self, package: str):
+        import importlib
+
+        return importlib.import_module(f"laquant.{package}.{self.native_module}")
 
     @property
     def mixer_class(self) -> type:
@@ -52,9 +78,7 @@ class Family:
     def adapter(self, model):
         """The adapter of ``model`` (checks its layout; changes nothing: see ``Adapter.install``)."""
         if self.native:
-            from laquant.adapters.gla import GLAAdapter
-
-            return GLAAdapter(model)
+            return self._native("adapters").ADAPTER(model)
         from laquant.adapters.hybrid import HybridAdapter
 
         return HybridAdapter(model, self)
@@ -62,10 +86,9 @@ class Family:
     def config(self, cfg: dict):
         """The config object of a ``config.json`` dict of this family (ValueError: unsupported options)."""
         if self.native:
-            from laquant.models.gla import GLAConfig, check_supported
-
-            config = GLAConfig.from_dict(cfg)
-            check_supported(config)
+            module = self._native("models")
+            config = module.CONFIG_CLASS.from_dict(cfg)
+            module.check_supported(config)
             return config
         from transformers import CONFIG_MAPPING
 
@@ -77,9 +100,7 @@ class Family:
     def model_class(self):
         """The class whose ``from_pretrained`` / ``from_config`` builds the model."""
         if self.native:
-            from laquant.models import GLAForCausalLM
-
-            return GLAForCausalLM
+            return self._native("models").MODEL_CLASS
         from transformers import AutoModelForCausalLM
 
         return AutoModelForCausalLM
@@ -92,7 +113,7 @@ def _minimax_cache():
 
 
 _FAMILIES = (
-    Family("gla", "gla"),
+    Family("gla", "gla", native_module="gla"),
     Family("qwen3_next", "delta", "linear_attn", "Qwen3NextGatedDeltaNet", "GatedDeltaNetMixer"),
     Family("minimax", "gla", "self_attn", "MiniMaxLightningAttention", "LightningMixer", cache=_minimax_cache),
     Family("bamba", "gla", "mamba", "BambaMixer", "Mamba2Mixer"),
@@ -109,6 +130,21 @@ _FAMILIES = (
     # Ling / Ring hybrids: KDA with a full-rank bounded gate + MLA with a head-wise output gate (kept) + MoE
     Family("bailing_hybrid", "kda", "self_attn", "BailingHybridDeltaAttention", "BailingKDAMixer",
            attention_projections=("q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")),
+    # Granite 4: bamba's mixer; the MoE (block_sparse_moe) beside a shared MLP (shared_mlp); the
+    # embedding / residual / attention / logits multipliers stay in transformers' decoder
+    Family("granitemoehybrid", "gla", "mamba", "GraniteMoeHybridMambaLayer", "Mamba2Mixer"),
+    # Falcon-H1: every block runs Mamba2 and softmax attention in parallel; muP multipliers
+    Family("falcon_h1", "gla", "mamba", "FalconH1Mixer", "FalconH1Mamba2Mixer", parallel_layer_types=("hybrid",)),
+    # Zamba2: Mamba2 layers; a "hybrid" layer runs a shared transformer block (attention + MLP, each
+    # use with its own LoRA adapters) and a Linear before its Mamba2 layer
+    Family("zamba2", "gla", "mamba", "Zamba2MambaMixer", "Mamba2Mixer", parallel_layer_types=("hybrid",),
+           layer_paths=(("hybrid", LayerPaths(
+               "mamba_decoder.mamba", "shared_transformer.self_attn",
+               ("shared_transformer.feed_forward", "linear", *(f"shared_transformer.self_attn.linear_{p}_adapter_list"
+                                                               for p in "qkv")))),),
+           shared_blocks=("shared_transformer",)),
+    # fla's Gated DeltaNet (fla-format checkpoints, loaded without fla), on laquant's implementation
+    Family("gated_deltanet", "delta", native_module="gated_deltanet"),
 )
 FAMILIES: dict[str, Family] = {f.model_type: f for f in _FAMILIES}
 

@@ -14,6 +14,14 @@ from transformers.utils.quantization_config import QuantizationConfigMixin
 from laquant.checkpoint import QUANT_METHOD
 
 
+def _exists(model, name: str) -> bool:
+    try:
+        model.get_parameter_or_buffer(name)
+    except AttributeError:
+        return False
+    return True
+
+
 @register_quantization_config(QUANT_METHOD)
 class LaquantConfig(QuantizationConfigMixin):
     def __init__(self, recipe: dict | None = None, decisions: dict | None = None, format_version: int = 1,
@@ -46,7 +54,16 @@ class LaquantHfQuantizer(HfQuantizer):
         from laquant.adapters import install
         from laquant.quantize import build_empty
 
+        # transformers ties weights after loading them (tie_weights does nothing while it builds the
+        # model); laquant makes a tied block (zamba2's shared transformer) one module before
+        # quantizing it, so it ties them here, as transformers would
+        for target, source in (getattr(model, "all_tied_weights_keys", None) or {}).items():
+            parent, _, name = target.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, name, model.get_parameter_or_buffer(source))
         build_empty(model, install(model), self.quantization_config.decisions)
+        # ties naming a tensor that a quantized module replaced are gone (its aliases are one module now)
+        tied = getattr(model, "all_tied_weights_keys", None) or {}
+        model.all_tied_weights_keys = {t: s for t, s in tied.items() if _exists(model, t) and _exists(model, s)}
         return model
 
     def _process_model_after_weight_loading(self, model, **kwargs):

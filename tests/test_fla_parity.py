@@ -52,3 +52,24 @@ def test_random_gqa_model_matches_fla(tmp_path):
     ours, theirs = _pair(tmp_path, torch.float32)
     ids = torch.randint(0, 500, (2, 333), device="cuda")
     assert rel_err(ours(input_ids=ids).logits, theirs(input_ids=ids).logits) < 5e-3  # fla's fp32 dots may use tf32
+
+
+@pytest.mark.parametrize("options", [dict(use_short_conv=True, conv_size=4), dict(use_output_gate=False),
+                                     dict(fuse_norm=False), dict(elementwise_affine=False),
+                                     dict(feature_map="relu", num_kv_heads=2), dict(tie_word_embeddings=True),
+                                     dict(attn={"layers": [1], "num_heads": 4, "num_kv_heads": 2, "window_size": 100})])
+@torch.no_grad()
+def test_random_models_with_options_match_fla(tmp_path, options):
+    from fla.models import GLAConfig, GLAForCausalLM
+
+    if "attn" in options:
+        pytest.importorskip("flash_attn", reason="fla's attention layers need flash-attn")
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    cfg = GLAConfig(hidden_size=192, num_hidden_layers=2, num_heads=4, vocab_size=500, **options)
+    GLAForCausalLM(cfg).save_pretrained(tmp_path)
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0}, unk_token="a"))).save_pretrained(tmp_path)
+    ours, theirs = _pair(tmp_path, torch.float32)
+    ids = torch.randint(0, 500, (2, 333), device="cuda")
+    assert rel_err(ours(input_ids=ids).logits, theirs(input_ids=ids).logits) < 5e-3

@@ -101,9 +101,9 @@ def test_unsupported_fla_options_are_refused(tmp_path, tiny_model_dir):
 
     shutil.copytree(tiny_model_dir, tmp_path / "m")
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
-    cfg["use_short_conv"] = True
+    cfg["attnres_block_size"] = 2  # fla's attention residuals (every other fla 0.6 GLA option is supported)
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(LaquantError, match="use_short_conv"):
+    with pytest.raises(LaquantError, match="attnres_block_size"):
         load_model(tmp_path / "m")
 
 

@@ -1,5 +1,5 @@
-"""transformers hybrids (qwen3_next, minimax, bamba, qwen3_5, olmo_hybrid, nemotron_h, kimi_linear, bailing_hybrid) on
-tiny random configs: plumbing only.
+"""transformers hybrids (qwen3_next, minimax, bamba, qwen3_5, olmo_hybrid, nemotron_h, kimi_linear, bailing_hybrid,
+granitemoehybrid, falcon_h1, zamba2) on tiny random configs: plumbing only.
 
 The adapters' models must compute what transformers computes, carry their state through laquant's
 cache, quantize by role, save and reload bit for bit, and refuse layouts they do not know.
@@ -22,6 +22,7 @@ from laquant.adapters import get_adapter, install, new_cache
 from laquant.calibration.run import collect_stats
 from laquant.cli import main
 from laquant.errors import LaquantError
+from laquant.loading import load_tokenizer
 from laquant.models.cache import state_store
 from laquant.recipe import load_recipe
 
@@ -119,9 +120,50 @@ def bailing_hybrid(**kw):
     return BailingHybridForCausalLM(BailingHybridConfig(**{**cfg, **kw}))
 
 
+def granitemoehybrid(**kw):
+    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+
+    # bamba's mixer shape; MoE beside the shared MLP; every multiplier away from 1 so parity covers them
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, intermediate_size=32, num_attention_heads=2,
+               num_key_value_heads=1, mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2, mamba_d_state=16,
+               mamba_chunk_size=16, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48,
+               position_embedding_type="rope", embedding_multiplier=3.0, residual_multiplier=0.5,
+               attention_multiplier=0.2, logits_scaling=2.5,
+               layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+               bos_token_id=0, eos_token_id=0)
+    return GraniteMoeHybridForCausalLM(GraniteMoeHybridConfig(**{**cfg, **kw}))
+
+
+def falcon_h1(**kw):
+    from transformers import FalconH1Config, FalconH1ForCausalLM
+
+    # every block runs Mamba2 and attention side by side; every muP multiplier away from 1
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, intermediate_size=96, num_attention_heads=2,
+               num_key_value_heads=1, mamba_d_ssm=128, mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2,
+               mamba_d_state=16, mamba_chunk_size=16, mamba_rms_norm=True, embedding_multiplier=2.0,
+               lm_head_multiplier=0.7, mlp_multipliers=[1.3, 0.6], key_multiplier=0.8, attention_in_multiplier=1.5,
+               attention_out_multiplier=0.9, ssm_multipliers=[0.5, 1.25, 0.75, 1.5, 2.0], ssm_in_multiplier=1.2,
+               ssm_out_multiplier=0.8, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return FalconH1ForCausalLM(FalconH1Config(**{**cfg, **kw}))
+
+
+def zamba2(**kw):
+    from transformers import Zamba2Config, Zamba2ForCausalLM
+
+    # two shared transformer blocks used by three hybrid layers (layers 1 and 4 share block 0), each
+    # use with its own LoRA adapters; tied embeddings
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=6, intermediate_size=96, num_attention_heads=2,
+               num_key_value_heads=2, n_mamba_heads=4, mamba_d_state=16, mamba_ngroups=2, chunk_size=16, num_mem_blocks=2,
+               use_shared_attention_adapter=True, adapter_rank=8, use_mem_rope=True,
+               layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid", "hybrid",
+                                  "linear_attention"], bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return Zamba2ForCausalLM(Zamba2Config(**{**cfg, **kw}))
+
+
 FAMILIES = {"qwen3_next": qwen3_next, "minimax": minimax, "bamba": bamba, "qwen3_5": qwen3_5,
             "qwen3_5_moe": qwen3_5_moe, "olmo_hybrid": olmo_hybrid, "nemotron_h": nemotron_h,
-            "kimi_linear": kimi_linear, "bailing_hybrid": bailing_hybrid}
+            "kimi_linear": kimi_linear, "bailing_hybrid": bailing_hybrid,
+            "granitemoehybrid": granitemoehybrid, "falcon_h1": falcon_h1, "zamba2": zamba2}
 
 
 def _model(family):
@@ -165,6 +207,19 @@ def test_laquant_mixers_compute_what_transformers_does(family):
     assert sorted(state_store(cache).states) == adapter.linear_layers()
 
 
+@pytest.mark.parametrize("options", [dict(mamba_rms_norm=False), dict(mamba_norm_before_gate=False)])
+@torch.no_grad()
+def test_falcon_h1_mixer_options(options):
+    """Falcon-H1's optional gated norm: without it y * silu(z); with it, the gate before the norm."""
+    torch.manual_seed(5)
+    model = falcon_h1(**options).float().eval()
+    ids = torch.randint(0, VOCAB, (2, 37))
+    reference = model(input_ids=ids).logits
+    install(model)
+    assert rel_err(model(input_ids=ids).logits, reference) < 1e-5
+    assert _prefill_vs_decode(model, ids, 21)[0] < 1e-5
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_roles(family):
     adapter = install(_model(family))
@@ -174,7 +229,9 @@ def test_roles(family):
     attention = (".q_proj", ".kv_a_proj_with_mqa", ".kv_b_proj", ".o_proj") if mla else (
         ".q_proj", ".k_proj", ".v_proj", ".o_proj")
     assert all(n.endswith(attention) for n in adapter.attention_projections())
-    assert len(adapter.attention_projections()) == 4 * len(adapter.attention_layers()) > 0
+    # zamba2: the shared block's projections once, under their first use
+    shared = {"zamba2": 1}.get(family, 0)
+    assert len(adapter.attention_projections()) == 4 * (len(adapter.attention_layers()) - shared) > 0
     projections = adapter.projections()
     assert not set(projections) & set(adapter.attention_projections())
     assert not set(projections) & set(kept["routers"])
@@ -226,6 +283,30 @@ def test_roles(family):
         assert {"model.layers.3.mixer.up_proj", "model.layers.3.mixer.down_proj",
                 "model.layers.1.mixer.shared_experts.up_proj"} <= set(projections)
         assert "model.layers.1.mixer.gate" in kept["routers"] and "model.layers.1.mixer.experts" in kept["experts"]
+    if family == "falcon_h1":  # every block: Mamba2 beside attention, then the MLP
+        assert adapter.linear_layers() == adapter.attention_layers() == [0, 1, 2]
+        assert {"model.layers.1.self_attn.k_proj", "model.layers.1.self_attn.o_proj"} <= set(
+            adapter.attention_projections())
+        assert {"model.layers.1.feed_forward.gate_proj", "model.layers.1.feed_forward.down_proj"} <= set(projections)
+        mixer = adapter.mixer(0)  # the gate's log-decay: the raw dt logits times their muP multiplier (2.0)
+        logits = torch.randn(5, 4)
+        assert torch.allclose(mixer.gate_log_decay(logits), mixer.log_decay(2.0 * logits))
+    if family == "zamba2":  # Mamba2 everywhere; hybrid layers nest it beside a shared transformer block
+        assert adapter.linear_layers() == list(range(6)) and adapter.attention_layers() == [1, 3, 4]
+        assert adapter.mixer_name(3) == "model.layers.3.mamba_decoder.mamba" and "model.layers.3.mamba_decoder.mamba" \
+            in adapter.mixers()
+        assert "model.layers.4.mamba_decoder.mamba.in_proj" in adapter.gates()
+        assert set(adapter.attention_projections()) == {f"model.layers.{i}.shared_transformer.self_attn.{p}"
+                                                        for i in (1, 3) for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
+        assert {"model.layers.1.shared_transformer.feed_forward.gate_up_proj", "model.layers.4.linear",
+                "model.layers.1.shared_transformer.feed_forward.gate_up_proj_adapter_list.2.0",
+                "model.layers.1.shared_transformer.self_attn.linear_q_adapter_list.0.1"} <= set(projections)
+        assert not any(n.startswith("model.layers.4.shared_transformer") for n in projections)
+    if family == "granitemoehybrid":  # the MoE's router is a bare parameter, kept; the shared MLP is quantized
+        assert adapter.linear_layers() == [0, 1, 3] and adapter.attention_layers() == [2]
+        assert {"model.layers.2.shared_mlp.input_linear", "model.layers.2.shared_mlp.output_linear"} <= set(projections)
+        assert "model.layers.0.block_sparse_moe.router" in kept["routers"]
+        assert "model.layers.0.block_sparse_moe.experts" in kept["experts"]
 
 
 @torch.no_grad()
@@ -274,6 +355,54 @@ def test_hybrid_int8_calibrate_export_reload(family_dir, tmp_path):
     assert torch.equal(reloaded(input_ids=ids).logits, quant)
     hf = AutoModelForCausalLM.from_pretrained(out).eval()
     assert torch.equal(hf(input_ids=ids).logits, quant)
+
+
+@torch.no_grad()
+def test_zamba2_shared_blocks_are_quantized_once_and_stored_once(tmp_path):
+    """A shared transformer block used at several depths is one module: calibrated on all its uses,
+    quantized once, stored once, and one module again after laquant.load and from_pretrained."""
+    from safetensors import safe_open
+
+    model = _model("zamba2")
+    adapter = install(model)
+    layers = model.model.layers
+    assert layers[4].shared_transformer is layers[1].shared_transformer
+    assert layers[3].shared_transformer is not layers[1].shared_transformer  # the other block (num_mem_blocks 2)
+    assert not any(k.startswith("model.layers.4.shared_transformer") for k in model.state_dict())
+    # the statistics of the shared q_proj are those of both its uses (layers 1 and 4)
+    seen = []
+    q = layers[1].shared_transformer.self_attn.q_proj
+    handle = q.register_forward_hook(lambda m, args, out: seen.append(args[0].detach().abs().amax((0, 1))))
+    calib = torch.randint(0, VOCAB, (2, 48))
+    stats = collect_stats(model, adapter, calib, segment=48, batch_size=2, progress=False)
+    handle.remove()
+    assert len(seen) == 2 and not torch.equal(seen[0], seen[1])
+    name = "model.layers.1.shared_transformer.self_attn.q_proj"
+    assert torch.equal(stats.get(name, "act_absmax"), torch.maximum(*seen))
+
+    ids = torch.randint(0, VOCAB, (1, 33))
+    result = laquant.calibrate(model, "hybrid_int8", calib, progress=False)
+    quant = model(input_ids=ids).logits
+    assert type(layers[4].shared_transformer.self_attn.q_proj).__name__ == "QuantLinear"
+    assert not any(".layers.4.shared_transformer" in n for n in result.decisions["projections"])
+    laquant.save(result, tmp_path / "q", tokenizer=load_tokenizer())
+    with safe_open(str(tmp_path / "q" / "model.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+    assert f"{name}.qweight" in keys and not any(k.startswith("model.layers.4.shared_transformer") for k in keys)
+    assert "lm_head.weight" not in keys  # tied to the embeddings: stored once too
+    for reloaded in (laquant.load(tmp_path / "q")[0], AutoModelForCausalLM.from_pretrained(tmp_path / "q").eval()):
+        shared = reloaded.model.layers
+        assert shared[4].shared_transformer is shared[1].shared_transformer
+        assert torch.equal(reloaded(input_ids=ids).logits, quant)
+
+
+def test_a_block_tied_in_part_is_refused():
+    model = _model("zamba2")
+    block = model.model.layers[4].shared_transformer
+    block.self_attn.q_proj.weight = nn.Parameter(block.self_attn.q_proj.weight.detach().clone())
+    with pytest.raises(LaquantError, match=r"model.layers.4.shared_transformer shares some but not all of its weights "
+                                           r"with model.layers.1.shared_transformer"):
+        install(model)
 
 
 def test_calibrate_cli_on_a_hybrid(family_dir, tmp_path, capsys):
@@ -387,6 +516,24 @@ def test_unknown_module_layouts_are_named():
     model.model.layers[0].mixer.in_proj = nn.Linear(64, 100, bias=False)  # e.g. without the dt channels
     with pytest.raises(LaquantError, match=r"model.layers.0.mixer.in_proj has 100 outputs; its split is unknown "
                                            r"\(expected z 128 \+ x 128 \+ B 32 \+ C 32 \+ dt 4 = 324\)"):
+        get_adapter(model)
+
+    model = _model("granitemoehybrid")  # an attention layer where config.layer_types says mamba
+    model.model.layers[1].mamba = model.model.layers[2].self_attn
+    with pytest.raises(LaquantError, match="model.layers.1.mamba is GraniteMoeHybridAttention, expected transformers' "
+                                           "GraniteMoeHybridMambaLayer"):
+        get_adapter(model)
+
+    model = _model("falcon_h1")  # a version without the muP vector on the mixer
+    del model.model.layers[1].mamba.mup_vector
+    with pytest.raises(LaquantError, match=r"model.layers.1.mamba: mup_vector is None, expected one multiplier per "
+                                           r"in_proj output \(324\)"):
+        get_adapter(model)
+
+    model = _model("zamba2")  # a hybrid layer without its nested Mamba2 layer
+    del model.model.layers[3].mamba_decoder
+    with pytest.raises(LaquantError, match="model.layers.3.mamba_decoder.mamba is NoneType, expected transformers' "
+                                           "Zamba2MambaMixer"):
         get_adapter(model)
 
     model = _model("minimax")

@@ -33,6 +33,36 @@ from laquant.models.cache import state_store
 LAYER_TYPES = ("linear_attention", "full_attention")
 
 
+def _resolve(obj, path: str):
+    """The module at the dotted attribute ``path`` below ``obj`` (None where a part is missing)."""
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _assign(obj, path: str, value) -> None:
+    parent, _, attr = path.rpartition(".")
+    setattr(_resolve(obj, parent) if parent else obj, attr, value)
+
+
+def _first_of_each(named: dict[str, nn.Module]) -> dict[str, nn.Module]:
+    """``named`` with each module under its first name only (a shared block's modules appear under
+    every layer that uses it)."""
+    seen, out = set(), {}
+    for name, module in named.items():
+        if id(module) not in seen:
+            seen.add(id(module))
+            out[name] = module
+    return out
+
+
+def _drop_shared_aliases(module, state_dict, prefix, local_metadata) -> None:
+    """A block used at several depths is one module: its tensors stay under its first use only."""
+    for alias in module._laquant_shared_blocks:
+        for key in [k for k in state_dict if k.startswith(f"{prefix}{alias}.")]:
+            del state_dict[key]
+
+
 def _positions_from_state_store(module, args, kwargs):
     """Give each call with a cache the positions that continue the sequence. transformers' hybrids
     do not all derive them from the cache (bamba starts at 0 on every call; minimax asks a linear
@@ -58,7 +88,7 @@ class HybridAdapter(Adapter):
         self.model_type = family.model_type
         self.mixer_attr, self.mixer_class = family.mixer_attr, family.mixer_class
         self.attention_attr = family.attention_attr
-        allowed = LAYER_TYPES + family.mlp_layer_types
+        allowed = LAYER_TYPES + family.mlp_layer_types + family.parallel_layer_types
         inner = getattr(model, "model", None)
         if inner is None or not isinstance(getattr(inner, "layers", None), nn.ModuleList):
             raise LaquantError(f"{self.model_type} adapter: expected a causal LM with model.layers (a ModuleList); "
@@ -74,29 +104,41 @@ class HybridAdapter(Adapter):
                                    f"config.layer_types[{i}] = {t!r}; expected one of {allowed}")
         self.layer_types = list(types)
         for i in self.linear_layers():
-            mixer = getattr(self.layers[i], self.mixer_attr, None)
+            mixer = _resolve(self.layers[i], self.mixer_path(i))
             if not isinstance(mixer, self.mixer_class):
                 self.check_layout(self.mixer_name(i), mixer)
         for i in self.attention_layers():
-            attn = getattr(self.layers[i], self.attention_attr, None)
+            attn = _resolve(self.layers[i], self.attention_path(i))
             optional = family.optional_attention_projections
             missing = [p for p in family.attention_projections
                        if not isinstance(getattr(attn, p, None), nn.Module)
                        and not (p in optional and hasattr(attn, p) and getattr(attn, p) is None)]
             if attn is None or missing:
-                raise LaquantError(f"{self.model_type} adapter: model.layers.{i}.{self.attention_attr} "
+                raise LaquantError(f"{self.model_type} adapter: model.layers.{i}.{self.attention_path(i)} "
                                    f"({type(attn).__name__}) is not the expected softmax attention: missing "
                                    f"{', '.join(missing)}; expected {', '.join(family.attention_projections)}")
 
     # layout
     def linear_layers(self) -> list[int]:
-        return [i for i, t in enumerate(self.layer_types) if t == "linear_attention"]
+        both = self.family.parallel_layer_types
+        return [i for i, t in enumerate(self.layer_types) if t == "linear_attention" or t in both]
 
     def attention_layers(self) -> list[int]:
-        return [i for i, t in enumerate(self.layer_types) if t == "full_attention"]
+        both = self.family.parallel_layer_types
+        return [i for i, t in enumerate(self.layer_types) if t == "full_attention" or t in both]
+
+    def _paths(self, i: int):
+        return dict(self.family.layer_paths).get(self.layer_types[i])
+
+    def mixer_path(self, i: int) -> str:
+        """Layer ``i``'s linear mixer, as a dotted path from the layer."""
+        return paths.mixer if (paths := self._paths(i)) else self.mixer_attr
+
+    def attention_path(self, i: int) -> str:
+        return paths.attention if (paths := self._paths(i)) else self.attention_attr
 
     def mixer_name(self, i: int) -> str:
-        return f"model.layers.{i}.{self.mixer_attr}"
+        return f"model.layers.{i}.{self.mixer_path(i)}"
 
     def check_layout(self, name: str, mixer: nn.Module) -> None:
         """Raise naming ``name`` and the expected layout when transformers' mixer differs from it."""
@@ -121,15 +163,45 @@ class HybridAdapter(Adapter):
 
     def install(self) -> None:
         for i in self.linear_layers():
-            layer = self.layers[i]
-            if not isinstance(getattr(layer, self.mixer_attr), self.mixer_class):
-                setattr(layer, self.mixer_attr, self.mixer_class(getattr(layer, self.mixer_attr)))
+            layer, path = self.layers[i], self.mixer_path(i)
+            if not isinstance(_resolve(layer, path), self.mixer_class):
+                _assign(layer, path, self.mixer_class(_resolve(layer, path)))
+        self._share_tied_blocks()
         if not getattr(self.model, "_laquant_positions_hook", False):
             self.model.register_forward_pre_hook(_positions_from_state_store, with_kwargs=True)
             self.model._laquant_positions_hook = True
 
+    def _share_tied_blocks(self) -> None:
+        """Make each group of blocks whose weights transformers ties (the same Parameters in separate
+        modules) one module: quantizing it then replaces it at every use, its observers see every
+        use, and its tensors are stored once (the model's state dict names them under the first use
+        only). A block tied only in part cannot be quantized once."""
+        aliases = getattr(self.model, "_laquant_shared_blocks", {})
+        for path in self.family.shared_blocks:
+            groups: list[tuple[str, nn.Module, set[int]]] = []
+            for i, layer in enumerate(self.layers):
+                block = _resolve(layer, path)
+                if block is None:
+                    continue
+                name, tensors = f"model.layers.{i}.{path}", {id(t) for t in block.state_dict(keep_vars=True).values()}
+                for first, shared, ids in groups:
+                    if block is shared or ids == tensors:
+                        _assign(layer, path, shared)
+                        aliases[name] = first
+                        break
+                    if ids & tensors:
+                        raise LaquantError(f"{self.model_type} adapter: {name} shares some but not all of its weights "
+                                           f"with {first}; laquant quantizes a block used at several depths once and "
+                                           "needs it tied whole")
+                else:
+                    groups.append((name, block, tensors))
+        if aliases and not hasattr(self.model, "_laquant_shared_blocks"):
+            self.model.register_state_dict_post_hook(_drop_shared_aliases)
+        if aliases:
+            self.model._laquant_shared_blocks = aliases
+
     def mixer(self, i: int) -> nn.Module:
-        mixer = getattr(self.layers[i], self.mixer_attr)
+        mixer = _resolve(self.layers[i], self.mixer_path(i))
         if not isinstance(mixer, self.mixer_class):
             raise LaquantError(f"{self.mixer_name(i)} is still transformers' {type(mixer).__name__}: the roles refer "
                                "to laquant's mixers; call laquant.adapters.install(model) first (laquant.load_model "
@@ -138,38 +210,41 @@ class HybridAdapter(Adapter):
 
     # roles
     def _mlp_attrs(self, i: int) -> tuple[str, ...]:
-        """The attributes of layer ``i`` that may hold its MLP / MoE block."""
+        """The attributes of layer ``i`` that may hold its MLP / MoE block (and its other Linears)."""
+        if (paths := self._paths(i)) is not None:
+            return paths.linears
         if self.layer_types[i] in self.family.mlp_layer_types:
             return (self.mixer_attr,)
-        return ("mlp", "feed_forward", "block_sparse_moe")
+        return ("mlp", "feed_forward", "block_sparse_moe", "shared_mlp")
 
     def _layer_linears(self, i: int) -> dict[str, nn.Linear]:
         """The MLP side's Linears of layer ``i`` (routers excluded)."""
         routers = set(self._routers(i))
         out = {}
         for attr in self._mlp_attrs(i):
-            block = getattr(self.layers[i], attr, None)
+            block = _resolve(self.layers[i], attr)
             if block is not None:
-                out.update({f"model.layers.{i}.{attr}.{n}": m for n, m in block.named_modules()
-                            if isinstance(m, nn.Linear) and f"model.layers.{i}.{attr}.{n}" not in routers})
+                named = {f"model.layers.{i}.{attr}" + (f".{n}" if n else ""): m for n, m in block.named_modules()}
+                out.update({n: m for n, m in named.items() if isinstance(m, nn.Linear) and n not in routers})
         return out
 
     def projections(self) -> dict[str, nn.Module]:
-        out = {}
+        out, linear = {}, set(self.linear_layers())
         for i in range(len(self.layers)):
-            if self.layer_types[i] == "linear_attention":
+            if i in linear:
                 out.update({f"{self.mixer_name(i)}.{p}": self.mixer(i).get_submodule(p)
                             for p in self.mixer_class.PROJECTIONS})
             out.update(self._layer_linears(i))
-        return out
+        return _first_of_each(out)
 
     def attention_projections(self) -> dict[str, nn.Module]:
         out = {}
         for i in self.attention_layers():
-            attn = getattr(self.layers[i], self.attention_attr)
-            out.update({f"model.layers.{i}.{self.attention_attr}.{p}": getattr(attn, p)
+            path = self.attention_path(i)
+            attn = _resolve(self.layers[i], path)
+            out.update({f"model.layers.{i}.{path}.{p}": getattr(attn, p)
                         for p in self.family.attention_projections if getattr(attn, p) is not None})
-        return out
+        return _first_of_each(out)
 
     def gates(self) -> dict[str, nn.Module]:
         gate = self.mixer_class.GATE
@@ -195,8 +270,8 @@ class HybridAdapter(Adapter):
     def _routers(self, i: int) -> list[str]:
         out = []
         for attr in self._mlp_attrs(i):
-            block = getattr(self.layers[i], attr, None)
-            for sub in ("gate", "shared_expert_gate"):
+            block = _resolve(self.layers[i], attr)
+            for sub in ("gate", "router", "shared_expert_gate"):
                 if block is not None and hasattr(block, "experts") and getattr(block, sub, None) is not None:
                     out.append(f"model.layers.{i}.{attr}.{sub}")
         return out

@@ -3,14 +3,18 @@
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from laquant.models.cache import GLAStateCache
+from laquant.models.gated_deltanet import GatedDeltaNetConfig, GatedDeltaNetForCausalLM
 from laquant.models.gla import GLAConfig, GLAForCausalLM, GLAModel
 
-# Register model_type "gla" unless another implementation (fla's) is already registered: with fla
+# Register fla's model types unless another implementation (fla's) is already registered: with fla
 # imported, transformers' Auto classes give fla's GPU model, and laquant.load still gives ours.
-try:
-    AutoConfig.register("gla", GLAConfig)
-    AutoModelForCausalLM.register(GLAConfig, GLAForCausalLM)
-except ValueError:
-    pass
+for _type, _config, _model in (("gla", GLAConfig, GLAForCausalLM),
+                               ("gated_deltanet", GatedDeltaNetConfig, GatedDeltaNetForCausalLM)):
+    try:
+        AutoConfig.register(_type, _config)
+        AutoModelForCausalLM.register(_config, _model)
+    except ValueError:
+        pass
 
-__all__ = ["GLAConfig", "GLAForCausalLM", "GLAModel", "GLAStateCache"]
+__all__ = ["GLAConfig", "GLAForCausalLM", "GLAModel", "GLAStateCache", "GatedDeltaNetConfig",
+           "GatedDeltaNetForCausalLM"]

@@ -40,12 +40,19 @@ class GLAStateCache:
     def __init__(self, num_layers: int):
         self.states: list[State | None] = [None] * num_layers
         self.seen_tokens = 0
+        self.conv: dict = {}  # short convs' last inputs, by (layer, projection)
+        self.kv: dict = {}  # softmax-attention layers' keys and values (fla's ``attn`` layers), by layer
 
     def get(self, layer_idx: int) -> State | None:
         return self.states[layer_idx]
 
     def update(self, layer_idx: int, stored: State, new_tokens: int) -> None:
         self.states[layer_idx] = stored
+        if layer_idx == len(self.states) - 1:
+            self.seen_tokens += new_tokens
+
+    def update_kv(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, new_tokens: int) -> None:
+        self.kv[layer_idx] = (k, v)
         if layer_idx == len(self.states) - 1:
             self.seen_tokens += new_tokens
 
@@ -65,6 +72,9 @@ class GLAStateCache:
         """A static cache holding copies of this cache's states (all layers must hold one, stored
         the same number of times, with kernel-addressable storage: the decode steps then run in
         place on the Triton kernels)."""
+        if self.conv or self.kv:
+            raise ValueError("a static cache carries recurrent states only, not short-conv states (use_short_conv) "
+                             "or softmax-attention keys and values (attn layers): decode these models eagerly")
         if any(s is None for s in self.states):
             raise ValueError("a static cache needs every layer's state: run the prompt through the model first")
         counts = {s.n_stores for s in self.states}

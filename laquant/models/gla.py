@@ -21,6 +21,7 @@ from laquant.kernels.gla.gate import gate_log_decay, gate_log_decay_triton, low_
 from laquant.kernels.rowwise.fused import MAX_ROW, gated_rms_norm_triton, rms_norm_triton, swiglu_triton
 from laquant.kernels.rowwise.reference import gated_rms_norm, rms_norm, swiglu
 from laquant.models.cache import GLAStateCache
+from laquant.models.fla_attention import Attention, attention_spec, attention_specs
 from laquant.models.recurrent import RecurrentMixer
 from laquant.quant.fused import low_rank_gate, project, w8a8_inputs
 
@@ -109,22 +110,40 @@ class GLAConfig(PretrainedConfig):
         )
 
 
-# fla GLA options this implementation does not reproduce, with the value it supports.
+# fla GLA options this implementation does not reproduce, with the value it supports. (fla 0.6's
+# GatedMLP takes only swish or powlu and its GLA layer's output gate has no powlu: swish is the only
+# hidden_act fla's GLA builds with. attnres_block_size: fla's attention residuals.)
 _UNSUPPORTED = {
-    "use_short_conv": False,
-    "feature_map": None,
-    "use_gv": False,
-    "attn": None,
     "attnres_block_size": None,
     "hidden_act": "swish",
-    "use_output_gate": True,
-    "elementwise_affine": True,
 }
+# fla's ACT2FN entries a GLA layer can apply to q and k (``feature_map``), in PyTorch
+FEATURE_MAPS = {
+    "relu": F.relu,
+    "sigmoid": torch.sigmoid,
+    "logsigmoid": F.logsigmoid,
+    "silu": F.silu,
+    "swish": F.silu,
+    "sqrelu": lambda x: F.relu(x.float()).square().to(x.dtype),
+    "gelu": lambda x: (x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))).to(x.dtype),
+}
+# Numerically inert in fla 0.6's GLA (accepted, no effect on the logits): fuse_swiglu,
+# fuse_cross_entropy, fuse_linear_cross_entropy and use_l2warp (fused kernels and training losses),
+# attn_mode (kernels computing the same recurrence), use_gk / use_gv (fields its GLA layer is never
+# given). fuse_norm=False keeps the numbers: fla then names the output norm g_norm and gates after
+# it, and its block norms are torch's nn.RMSNorm (same parameters; laquant keeps its float32-statistics
+# RMSNorm there, so bf16 results may differ from fla's by rounding).
 
 
 def check_supported(config: GLAConfig) -> None:
     bad = [f"{key}={getattr(config, key, None)!r} (supported: {ok!r})" for key, ok in _UNSUPPORTED.items()
            if getattr(config, key, ok) != ok]
+    try:
+        attention_specs(config.attn, config.num_hidden_layers)
+    except ValueError as exc:
+        bad.append(f"attn: {exc}")
+    if config.feature_map is not None and config.feature_map not in FEATURE_MAPS:
+        bad.append(f"feature_map={config.feature_map!r} (supported: None, {', '.join(map(repr, FEATURE_MAPS))})")
     if bad:
         raise ValueError("this GLA config uses options laquant's GLA path does not implement: " + ", ".join(bad))
 
@@ -154,22 +173,41 @@ class RMSNorm(nn.Module):
 
 
 class GatedRMSNorm(nn.Module):
-    """fla's FusedRMSNormGated with swish: ``rmsnorm(x) * weight * silu(g)``, in float32."""
+    """fla's FusedRMSNormGated with swish: ``rmsnorm(x) * weight * silu(g)``, in float32 (no weight
+    with ``elementwise_affine`` off)."""
 
-    def __init__(self, hidden_size: int, eps: float):
+    def __init__(self, hidden_size: int, eps: float, elementwise_affine: bool = True):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.weight = nn.Parameter(torch.ones(hidden_size)) if elementwise_affine else None
         self.eps = eps
+
+    def _weight(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight if self.weight is not None else x.new_ones(x.shape[-1], dtype=torch.float32)
 
     def forward(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         if use_triton(x) and x.shape[-1] <= MAX_ROW:
-            return gated_rms_norm_triton(x, g, self.weight, self.eps)
-        return gated_rms_norm(x, g, self.weight, self.eps)
+            return gated_rms_norm_triton(x, g, self._weight(x), self.eps)
+        return gated_rms_norm(x, g, self._weight(x), self.eps)
 
     def quantizing(self, x: torch.Tensor, g: torch.Tensor, packed):
         """``(out, codes)`` over ``x [..., H, D]``: also the W8A8 codes of each token's ``H * D``
         outputs for the GEMM of ``packed``, in the same kernel (GPU only)."""
-        return gated_rms_norm_triton(x, g, self.weight, self.eps, packed=packed)
+        return gated_rms_norm_triton(x, g, self._weight(x), self.eps, packed=packed)
+
+
+class HeadRMSNorm(nn.Module):
+    """fla's RMSNorm over each head's output (``g_norm``: no output gate, or the gate unfused):
+    statistics and weight in float32, the result in x's dtype; no weight with ``elementwise_affine`` off."""
+
+    def __init__(self, hidden_size: int, eps: float, elementwise_affine: bool = True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size)) if elementwise_affine else None
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + self.eps)
+        return (h * self.weight.float() if self.weight is not None else h).to(x.dtype)
 
 
 class GatedMLP(nn.Module):
@@ -194,7 +232,9 @@ class GatedMLP(nn.Module):
 
 
 class GatedLinearAttention(RecurrentMixer):
-    """fla's GatedLinearAttention (no short conv, no feature map), on laquant.kernels."""
+    """fla's GatedLinearAttention, on laquant.kernels: GQA, optional short convs on q, k, v (silu, no
+    bias), a feature map on q and k, the swish output gate fused into the norm (``fuse_norm``) or
+    after it, or none."""
 
     gate_logit_normalizer = 16
     gate_low_rank_dim = 16
@@ -216,17 +256,32 @@ class GatedLinearAttention(RecurrentMixer):
         self.head_v_dim = self.value_dim // self.num_heads
         kv_k, kv_v = self.key_dim // self.num_kv_groups, self.value_dim // self.num_kv_groups
         self.clamp_min = config.clamp_min
+        self.feature_map = FEATURE_MAPS[config.feature_map] if config.feature_map is not None else None
+        self.use_output_gate = config.use_output_gate
+        self.fuse_norm_and_gate = config.use_output_gate and config.fuse_norm
+        # the projections that read the normed hidden state (one fused GEMM where quantized alike)
+        self.inputs = ATTN_INPUTS if config.use_output_gate else ATTN_INPUTS[:3]
 
         self.q_proj = nn.Linear(hidden, self.key_dim, bias=False)
         self.k_proj = nn.Linear(hidden, kv_k, bias=False)
         self.v_proj = nn.Linear(hidden, kv_v, bias=False)
-        self.g_proj = nn.Linear(hidden, self.value_dim, bias=False)
+        if config.use_output_gate:
+            self.g_proj = nn.Linear(hidden, self.value_dim, bias=False)
+        self.use_short_conv = config.use_short_conv
+        if config.use_short_conv:  # fla's ShortConvolution: depthwise, causal, silu, no bias
+            for name, width in (("q_conv1d", self.key_dim), ("k_conv1d", kv_k), ("v_conv1d", kv_v)):
+                setattr(self, name, nn.Conv1d(width, width, config.conv_size, groups=width,
+                                              padding=config.conv_size - 1, bias=False))
         self.gk_proj = nn.Sequential(
             nn.Linear(hidden, self.gate_low_rank_dim, bias=False),
             nn.Linear(self.gate_low_rank_dim, kv_k, bias=True),
         )
         self.o_proj = nn.Linear(self.value_dim, hidden, bias=False)
-        self.g_norm_swish_gate = GatedRMSNorm(self.head_v_dim, eps=config.norm_eps)
+        affine = bool(config.elementwise_affine)
+        if self.fuse_norm_and_gate:
+            self.g_norm_swish_gate = GatedRMSNorm(self.head_v_dim, eps=config.norm_eps, elementwise_affine=affine)
+        else:
+            self.g_norm = HeadRMSNorm(self.head_v_dim, eps=config.norm_eps, elementwise_affine=affine)
 
     def _heads(self, x: torch.Tensor, head_dim: int, shared_kv: bool = True) -> torch.Tensor:
         """``[..., H*D] -> [..., H, D]``; k, v and gates are shared across query groups (MQA/GQA)."""
@@ -246,16 +301,26 @@ class GatedLinearAttention(RecurrentMixer):
         return fn(logits, self.gate_logit_normalizer, self.clamp_min, **treatment)
 
     def forward(self, x: torch.Tensor, cache: GLAStateCache | None = None, codes=None) -> torch.Tensor:
-        """``codes``: x's W8A8 codes for the fused q/k/v/g GEMM, made by the norm before it."""
-        q, k, v, g = project(self, ATTN_INPUTS, x, codes)
+        """``codes``: x's W8A8 codes for the fused q/k/v(/g) GEMM, made by the norm before it."""
+        q, k, v, *g = project(self, self.inputs, x, codes)
+        if self.use_short_conv:
+            from laquant.models.hybrid_mixers import short_conv
+
+            q, k, v = (short_conv(t, cache, (self.layer_idx, name), getattr(self, f"{name}_conv1d"), "silu")
+                       for t, name in ((q, "q"), (k, "k"), (v, "v")))
         q = self._heads(q, self.head_k_dim, shared_kv=False)
         k = self._heads(k, self.head_k_dim)
         v = self._heads(v, self.head_v_dim)
         gk = self._heads(self.log_decay(x), self.head_k_dim)
+        if self.feature_map is not None:
+            q, k = self.feature_map(q), self.feature_map(k)
 
         o = self.attend_gla(q, k, v, gk, cache)
 
-        g = g.unflatten(-1, (-1, self.head_v_dim))
+        if not self.fuse_norm_and_gate:
+            o = self.g_norm(o).flatten(-2)
+            return self.o_proj(o * F.silu(g[0]) if self.use_output_gate else o)
+        g = g[0].unflatten(-1, (-1, self.head_v_dim))
         packed = w8a8_inputs(self, ("o_proj",), x)
         if packed is not None:
             o, codes = self.g_norm_swish_gate.quantizing(o, g, packed)
@@ -267,7 +332,9 @@ class GLABlock(nn.Module):
     def __init__(self, config: GLAConfig, layer_idx: int):
         super().__init__()
         self.attn_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
-        self.attn = GatedLinearAttention(config, layer_idx)
+        spec = attention_spec(config, layer_idx)  # fla's hybrid GLA: softmax attention at config.attn's layers
+        self.attn = GatedLinearAttention(config, layer_idx) if spec is None else Attention(config.hidden_size, spec,
+                                                                                           layer_idx)
         self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.hidden_ratio, config.intermediate_size)
 
@@ -277,7 +344,7 @@ class GLABlock(nn.Module):
         block computes it; returns ``(mlp_out, residual)``, whose sum is the block's output: the next
         block's first norm adds them in its kernel (rounded as the separate add would round them)."""
         # where the next GEMM is W8A8, the norm writes its int8 codes too (one kernel, no quantization pass)
-        packed = w8a8_inputs(self.attn, ATTN_INPUTS, hidden)
+        packed = w8a8_inputs(self.attn, self.attn.inputs, hidden)
         if packed is not None:
             normed, residual, codes = self.attn_norm.quantizing(hidden, packed, residual, round_sum=True)
             hidden = self.attn(normed, cache, codes)
@@ -306,8 +373,10 @@ class GLAPreTrainedModel(PreTrainedModel):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=std)
-        elif isinstance(module, (RMSNorm, GatedRMSNorm)):
+        elif isinstance(module, (RMSNorm, GatedRMSNorm, HeadRMSNorm)) and module.weight is not None:
             nn.init.ones_(module.weight)
+        elif isinstance(module, nn.Conv1d):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
 
 
 class GLAModel(GLAPreTrainedModel):
@@ -398,3 +467,6 @@ class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
         return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
+
+
+CONFIG_CLASS, MODEL_CLASS = GLAConfig, GLAForCausalLM  # read by laquant.families

@@ -8,7 +8,8 @@ transformers from routing the layer to fla's GPU-only kernels on a CPU machine.
 
 * :class:`GatedDeltaNetMixer` (``qwen3_next``): the gated delta rule.
 * :class:`LightningMixer` (``minimax``): linear attention with a fixed per-head decay.
-* :class:`Mamba2Mixer` (``bamba``): Mamba2's SSD, a per-head scalar decay ``dt * A``.
+* :class:`Mamba2Mixer` (``bamba``, ``nemotron_h``, ``granitemoehybrid``, ``zamba2``): Mamba2's SSD, a
+  per-head scalar decay ``dt * A``; :class:`FalconH1Mamba2Mixer` (``falcon_h1``) with muP multipliers.
 * :class:`KimiDeltaAttentionMixer` (``kimi_linear``): the delta rule with a per-channel decay (KDA).
 * :class:`BailingKDAMixer` (``bailing_hybrid``): KDA with a full-rank, bounded forget gate.
 
@@ -249,7 +250,7 @@ class Mamba2Mixer(HybridMixer):
         B, T, _ = x.shape
         H, P, N, G = self.num_heads, self.head_dim, self.ssm_state_size, self.n_groups
         states = state_store(cache_params)
-        z, xbc, dt_logits = self.split_in_proj(self.in_proj(x))
+        z, xbc, dt_logits = self.split_in_proj(self.project(x))
         xbc = short_conv(xbc, states, self.layer_idx, self.conv1d, self.activation)
         xbc = mask_padding(xbc, attention_mask)
         xs, b, c = xbc.split([self.intermediate_size, G * N, G * N], dim=-1)
@@ -261,8 +262,52 @@ class Mamba2Mixer(HybridMixer):
         v = xs.float() * dt.unsqueeze(-1)
         y = self.attend_gla(q.float(), k.float(), v, g, states, scale=1.0)
         y = y + xs.float() * self.D.float()[:, None]
-        y = self.norm(y.reshape(B, T, -1).to(dtype), z)
-        return self.out_proj(y.to(dtype))
+        return self.out_proj(self.gated_output(y.reshape(B, T, -1).to(dtype), z).to(dtype))
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """``in_proj``'s output as the scan reads it."""
+        return self.in_proj(x)
+
+    def gated_output(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """The scan's output ``[B, T, I]`` gated by z (the gated RMSNorm)."""
+        return self.norm(y, z)
+
+
+class FalconH1Mamba2Mixer(Mamba2Mixer):
+    """transformers' ``FalconH1Mixer``: Mamba2 with muP multipliers, the input scaled by
+    ``ssm_in_multiplier`` before ``in_proj`` and ``in_proj``'s outputs by ``mup_vector`` (one
+    multiplier per part z, x, B, C, dt: ``config.ssm_multipliers``), so the dt logits reach the
+    softplus multiplied by the dt part's; the gated RMSNorm (grouped, norm before or after the gate)
+    is optional (``mamba_rms_norm``; without it the output is ``y * silu(z)``). ``mup_vector`` is a
+    non-persistent buffer transformers computes from the config: kept so, not saved."""
+
+    ATTRS = (*Mamba2Mixer.ATTRS, "ssm_in_multiplier", "mamba_rms_norm")
+
+    def __init__(self, src: nn.Module):
+        super().__init__(src)
+        self.register_buffer("mup_vector", src.mup_vector, persistent=False)
+
+    @staticmethod
+    def layout_problem(src: nn.Module) -> str | None:
+        want = src.in_proj.out_features
+        got = getattr(src, "mup_vector", None)
+        if not isinstance(got, torch.Tensor) or got.shape[-1] != want:
+            shape = None if not isinstance(got, torch.Tensor) else tuple(got.shape)
+            return f"mup_vector is {shape}, expected one multiplier per in_proj output ({want})"
+        return None
+
+    def gate_log_decay(self, logits: torch.Tensor) -> torch.Tensor:
+        """The log-decay of ``in_proj``'s raw dt channels (their muP multiplier applied first)."""
+        dt_mup = self.mup_vector.reshape(-1)[-self.num_heads:].to(logits.device, torch.float32)
+        return self.log_decay(logits.float() * dt_mup)
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        return self.in_proj(x * self.ssm_in_multiplier) * self.mup_vector
+
+    def gated_output(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        if self.mamba_rms_norm:
+            return self.norm(y, z)
+        return y * F.silu(z)
 
 
 
