@@ -78,6 +78,8 @@ def pool_args(state: torch.Tensor, scale: torch.Tensor | None, pool_idx: torch.T
         raise ValueError("state and scale pools must be contiguous in their last dimension")
     if fmt.is_scaled and quantizer.renorm_interval > 1 and n_stores is None:
         raise ValueError("renorm_interval > 1 needs the per-slot store counts n_stores")
+    if quantizer.stochastic and n_stores is None:
+        raise ValueError("stochastic rounding needs the per-slot store counts n_stores (its random bits' counter)")
     default_k, default_warps = DECODE_LAUNCH[fmt.name]
     scale_t = scale if scale is not None else state
     static = (quantizer.static_scale.reshape(H, K).float().contiguous().to(state.device)
@@ -86,5 +88,6 @@ def pool_args(state: torch.Tensor, scale: torch.Tensor | None, pool_idx: torch.T
     strides = (state.stride(0), state.stride(1), state.stride(2), scale_t.stride(0),
                scale_t.stride(1) if scale is not None else 0)
     consts = dict(FMT=code, RENORM=quantizer.renorm_interval, QMAX=fmt.qmax if fmt.is_scaled else 1.0,
+                  SR=quantizer.stochastic,
                   BLOCK_K=min(block_k or default_k, 1 << (K - 1).bit_length()))
     return ptrs, strides, consts, num_warps or default_warps
