@@ -220,3 +220,51 @@ def test_decode_stochastic_needs_store_counts():
     x = torch.randn(1, 1, 16).to(DEVICE)
     with pytest.raises(ValueError, match="n_stores"):
         gla_decode_step(x, x, x, x, data, scale, idx, quant)
+
+
+def _mismatch(a, b) -> float:
+    assert torch.equal(a.float().isfinite(), b.float().isfinite())
+    return (a.float() != b.float()).float().mean().item()
+
+
+@pytest.mark.parametrize("fmt", ["fp8_row", "int8_row"])
+def test_chunk_gla_stochastic_matches_reference(fmt):
+    from laquant.kernels.common.state import State
+    from laquant.kernels.gla.chunk import chunk_gla_reference, chunk_gla_triton
+
+    B, T, H, K, V = 2, 200, 2, 16, 24
+    gen = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(B, T, H, K, generator=gen) for _ in range(2))
+    v = torch.randn(B, T, H, V, generator=gen)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, generator=gen)) / 8
+    h0 = State(*StateQuantizer(fmt).store(torch.randn(B, H, K, V, generator=gen)), fmt, n_stores=4)
+    rt = StateQuantizer(fmt, rounding="stochastic")
+    args = dict(initial_state=h0, output_final_state=True, final_format=fmt, roundtrip=rt, checkpoint_every=64,
+                rounding="stochastic", seed=9)
+    o_ref, final_ref, ck_ref = chunk_gla_reference(q, k, v, g, **args)
+    dev = [x.to(DEVICE) for x in (q, k, v, g)]
+    h0_dev = State(h0.data.to(DEVICE), h0.scale.to(DEVICE), fmt, n_stores=4)
+    o, final, ck = chunk_gla_triton(*dev, **{**args, "initial_state": h0_dev})
+    assert rel_err(o.cpu(), o_ref) < 1e-4
+    assert _mismatch(final.data.cpu(), final_ref.data) < 0.01
+    assert _mismatch(ck.data.cpu(), ck_ref.data) < 0.01
+    nearest = chunk_gla_reference(q, k, v, g, **{**args, "rounding": "nearest"})[1]
+    assert _mismatch(nearest.data, final_ref.data) > 0.05  # the final state was rounded stochastically
+
+
+@pytest.mark.parametrize("fmt", ["fp8_row", "int8_row"])
+def test_chunk_delta_stochastic_matches_reference(fmt):
+    from laquant.kernels.delta.chunk import chunk_delta_reference, chunk_delta_triton
+
+    B, T, Hk, H, K, V = 2, 150, 1, 2, 16, 24
+    gen = torch.Generator().manual_seed(2)
+    q, k = (torch.randn(B, T, Hk, K, generator=gen) for _ in range(2))
+    v = torch.randn(B, T, H, V, generator=gen)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen)) / 4
+    beta = torch.rand(B, T, H, generator=gen)
+    args = dict(output_final_state=True, final_format=fmt, roundtrip=StateQuantizer(fmt, rounding="stochastic"),
+                use_qk_l2norm=True, rounding="stochastic", seed=4)
+    o_ref, final_ref = chunk_delta_reference(q, k, v, g, beta, **args)
+    o, final = chunk_delta_triton(*(x.to(DEVICE) for x in (q, k, v, g, beta)), **args)
+    assert rel_err(o.cpu(), o_ref) < 1e-4
+    assert _mismatch(final.data.cpu(), final_ref.data) < 0.01

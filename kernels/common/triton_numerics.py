@@ -107,7 +107,8 @@ if triton is not None:
         if BV >= 16:  # one Philox call per 16 elements, its four words spread over them
             c0 = (rows[:, None] + (v0 // 16 + tl.arange(0, BV // 16))[None, :]).to(tl.uint32)
             zero = c0 * 0
-            w0, w1, w2, w3 = tl.philox(seed, c0, zero + slot.to(tl.uint32), zero + position.to(tl.uint32), zero + sub)
+            w0, w1, w2, w3 = tl.philox(seed, c0, (zero + slot).to(tl.uint32), (zero + position).to(tl.uint32),
+                                       (zero + sub).to(tl.uint32))
             words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BK, BV // 16, 4])
             shifts = (tl.arange(0, 4) * 8).to(tl.uint32)
             out = tl.reshape((words[:, :, :, None] >> shifts[None, None, None, :]) & 0xFF, [BK, BV])
@@ -115,7 +116,8 @@ if triton is not None:
             offs_v = v0 + tl.arange(0, BV)
             c0 = (rows[:, None] + (offs_v // 16)[None, :]).to(tl.uint32)
             zero = c0 * 0
-            w0, w1, w2, w3 = tl.philox(seed, c0, zero + slot.to(tl.uint32), zero + position.to(tl.uint32), zero + sub)
+            w0, w1, w2, w3 = tl.philox(seed, c0, (zero + slot).to(tl.uint32), (zero + position).to(tl.uint32),
+                                       (zero + sub).to(tl.uint32))
             word = (offs_v % 16 // 4)[None, :]
             picked = tl.where(word == 0, w0, tl.where(word == 1, w1, tl.where(word == 2, w2, w3)))
             out = (picked >> ((offs_v % 4) * 8).to(tl.uint32)[None, :]) & 0xFF
