@@ -6,14 +6,15 @@ import pytest
 import torch
 
 from conftest import DEVICE, INTERPRETED, rel_err, require_triton_kernels
-from laquant.kernels.common.numerics import (FP8_DTYPE, fp8_e4m3_step, philox4x32, quantize_fp8, quantize_int8,
-                                             round_stochastic)
+from laquant.kernels.common.numerics import (FP8_DTYPE, philox4x32, quantize_fp8, quantize_int8, round_stochastic_fp8,
+                                             round_stochastic_int)
 from laquant.kernels.common.state import StateQuantizer, StoreKey, state_random_bytes
 
 triton = require_triton_kernels()
 import triton.language as tl  # noqa: E402
 
-from laquant.kernels.common.triton_numerics import round_stochastic as round_stochastic_tl  # noqa: E402
+from laquant.kernels.common.triton_numerics import round_stochastic_fp8 as round_stochastic_fp8_tl  # noqa: E402
+from laquant.kernels.common.triton_numerics import round_stochastic_int as round_stochastic_int_tl  # noqa: E402
 from laquant.kernels.common.triton_numerics import state_random_bytes as state_random_bytes_tl  # noqa: E402
 
 
@@ -41,7 +42,12 @@ def _bytes_kernel(out, seed, slot, position, sub, H: tl.constexpr, K: tl.constex
 def _round_kernel(y_ptr, r_ptr, out_ptr, N: tl.constexpr, FP8: tl.constexpr):
     offs = tl.arange(0, N)
     y = tl.load(y_ptr + offs)
-    tl.store(out_ptr + offs, round_stochastic_tl(y, tl.load(r_ptr + offs), FP8))
+    r = tl.load(r_ptr + offs)
+    if FP8:
+        out = round_stochastic_fp8_tl(y, r)
+    else:
+        out = round_stochastic_int_tl(y, r)
+    tl.store(out_ptr + offs, out)
 
 
 def test_philox_equals_triton_randint4x():
@@ -75,15 +81,23 @@ def test_kernel_rounding_equals_reference():
     gen = torch.Generator().manual_seed(3)
     y = torch.randn(256, generator=gen) * torch.logspace(-4, 2, 256)
     y = torch.cat([y, torch.tensor([0.0, -0.0, 448.0, -448.0, 2**-9, 3 * 2**-11, 240.0, 1e-30] * 4)])[:256]
-    r = torch.randint(0, 256, (256,), generator=gen).float()
+    r = torch.randint(0, 256, (256,), generator=gen, dtype=torch.int32)
     for fp8 in (True, False):
         yy = y.clamp(-448, 448) if fp8 else y.clamp(-127, 127)
         out = torch.empty_like(yy, device=DEVICE)
         _round_kernel[(1,)](yy.to(DEVICE), r.to(DEVICE), out, N=256, FP8=fp8)
-        ref = round_stochastic(yy, fp8_e4m3_step(yy) if fp8 else None, r)
+        ref = round_stochastic_fp8(yy, r) if fp8 else round_stochastic_int(yy, r)
         assert torch.equal(out.cpu(), ref)
         if fp8:
             assert torch.equal(ref.to(FP8_DTYPE).float(), ref)  # on the e4m3 grid: the cast is exact
+            lo = yy.to(FP8_DTYPE).float()  # one of the two neighbours: within one step of the nearest
+            assert ((ref - lo).abs() <= _fp8_step(yy)).all()
+
+
+def _fp8_step(y: torch.Tensor) -> torch.Tensor:
+    """e4m3's grid spacing around ``y``."""
+    exponent = torch.floor(torch.log2(y.abs().clamp_min(2.0 ** -6))).clamp(-6, 8)
+    return 2.0 ** (exponent - 3)
 
 
 @pytest.mark.parametrize("quantize,qmax", [(quantize_fp8, 448.0), (quantize_int8, 127.0)])
@@ -97,7 +111,7 @@ def test_stochastic_rounding_is_unbiased(quantize, qmax):
     q, _ = quantize(x, scale=scale, rounding="stochastic", random=r)
     mean = q.float().mean(0)
     qn, _ = quantize(x, scale=scale)
-    step = fp8_e4m3_step(values)[0] if quantize is quantize_fp8 else torch.ones_like(values)  # grid spacing
+    step = _fp8_step(values) if quantize is quantize_fp8 else torch.ones_like(values)  # grid spacing
     tol = 5 * step / 2 / n ** 0.5 + step / 512  # 5 sigma of a two-point draw plus the 8-bit bias bound
     assert ((mean - values).abs() <= tol).all(), (mean, values)
     nearest_err = (qn.float().mean(0) - values).abs()

@@ -39,7 +39,7 @@ def quantize_int8(x: torch.Tensor, dim: int | tuple[int, ...] | None = -1, scale
     scale = absmax_scale(x, dim, INT8_MAX) if scale is None else scale
     y = (x.float() / scale).clamp_(-INT8_MAX, INT8_MAX)
     if _stochastic(rounding, random, y):
-        y = round_stochastic(y, None, random)
+        y = round_stochastic_int(y, random)
     return y.round_().to(torch.int8), scale
 
 
@@ -49,7 +49,7 @@ def quantize_fp8(x: torch.Tensor, dim: int | tuple[int, ...] | None = -1, scale:
     scale = absmax_scale(x, dim, FP8_E4M3_MAX) if scale is None else scale
     y = (x.float() / scale).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX)
     if _stochastic(rounding, random, y):
-        y = round_stochastic(y, fp8_e4m3_step(y), random)  # exactly representable: the cast keeps it
+        y = round_stochastic_fp8(y, random)  # exactly representable: the cast keeps it
     return y.to(FP8_DTYPE), scale
 
 
@@ -64,25 +64,34 @@ def _stochastic(rounding: str, random: torch.Tensor | None, y: torch.Tensor) -> 
     return True
 
 
-def fp8_e4m3_step(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The spacing of the e4m3 grid around float32 ``y`` (``|y| <= 448``) and its reciprocal:
-    ``2**(e - 3)`` for the binade ``2**e <= |y| < 2**(e + 1)``, the subnormals' ``2**-9`` below ``2**-6``."""
-    exponent = (((y.view(torch.int32) >> 23) & 0xFF) - 127).clamp_min(-6) - 3
-    return ((exponent + 127) << 23).view(torch.float32), ((127 - exponent) << 23).view(torch.float32)
+FP8_MIN_NORMAL = 2.0 ** -6  # below it e4m3's grid is the subnormals' fixed 2**-9
 
 
-def round_stochastic(y: torch.Tensor, step: tuple[torch.Tensor, torch.Tensor] | None,
-                     random: torch.Tensor) -> torch.Tensor:
-    """``y`` rounded to a multiple of ``step`` (a power of two, given with its reciprocal; None: 1)
-    down or up in magnitude: up when ``256 * frac >= 255.5 - r`` for the random byte ``r``, that is
-    with probability ``round(256 * frac) / 256``. Every operation is exact in float32 (the kernels'
-    twin is ``triton_numerics.round_stochastic``), so the result depends on the bits alone."""
-    units = y.abs() if step is None else y.abs() * step[1]
+def round_stochastic_int(y: torch.Tensor, random: torch.Tensor) -> torch.Tensor:
+    """``y`` rounded to an integer, down or up in magnitude: up when ``256 * frac >= 255.5 - r`` for
+    the random byte ``r``, that is with probability ``round(256 * frac) / 256``. Every operation is
+    exact in float32, as in the kernels' twin (``triton_numerics.round_stochastic_int``)."""
+    units = y.abs()
     low = units.floor()
-    up = (units - low) * 256.0 >= 255.5 - random.float()
-    mag = low + up.float()
-    if step is not None:
-        mag = mag * step[0]
+    mag = low + ((units - low) * 256.0 >= 255.5 - random.float()).float()
+    return torch.where(y < 0, -mag, mag)
+
+
+def round_stochastic_fp8(y: torch.Tensor, random: torch.Tensor) -> torch.Tensor:
+    """``y`` (``|y| <= 448``) rounded to a neighbouring e4m3 value, up in magnitude with probability
+    ``round(256 * frac) / 256`` (``frac``: the distance to the lower neighbour in grid steps). On
+    float32's bits: an e4m3 value keeps 3 of the 23 mantissa bits, so adding ``r * 2**12 + 2**11``
+    to the 20 dropped bits carries into the kept ones exactly when ``frac * 2**20 + r * 2**12 +
+    2**11 >= 2**20``, and truncating them leaves the result (a carry out of the mantissa lands on the
+    next binade, as it should). Subnormal magnitudes are shifted into the binade ``[2**-6, 2**-5)``,
+    whose step is the subnormals' ``2**-9``, and back. The kernels' twin:
+    ``triton_numerics.round_stochastic_fp8`` (same operations, same bits)."""
+    a = y.abs()
+    small = a < FP8_MIN_NORMAL
+    z = torch.where(small, a + FP8_MIN_NORMAL, a)
+    bits = (z.view(torch.int32) + ((random.to(torch.int32) << 12) + 2048)) & -(1 << 20)
+    mag = bits.view(torch.float32)
+    mag = torch.where(small, mag - FP8_MIN_NORMAL, mag)
     return torch.where(y < 0, -mag, mag)
 
 
@@ -96,7 +105,9 @@ _U32 = 0xFFFFFFFF
 def philox4x32(seed: int, c0, c1, c2, c3, n_rounds: int = 10) -> tuple[torch.Tensor, ...]:
     """The four uint32 words (int64 tensors) of Philox for counters ``c0..c3`` (broadcast
     together) under the 64-bit key ``seed``: ``tl.philox(seed, c0, c1, c2, c3)``."""
-    c0, c1, c2, c3 = torch.broadcast_tensors(*(torch.as_tensor(c, dtype=torch.int64) & _U32 for c in (c0, c1, c2, c3)))
+    device = next((c.device for c in (c0, c1, c2, c3) if isinstance(c, torch.Tensor)), None)
+    c0, c1, c2, c3 = torch.broadcast_tensors(*(torch.as_tensor(c, dtype=torch.int64, device=device) & _U32
+                                               for c in (c0, c1, c2, c3)))
     k0, k1 = seed & _U32, (seed >> 32) & _U32
     for _ in range(n_rounds):
         prod_b = c2 * _PHILOX_ROUND_B  # < 2**64, wrapped in int64: the bits are the uint64 product's

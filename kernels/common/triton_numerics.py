@@ -10,8 +10,8 @@ the scaled ones with one float32 scale per K row.
 
 Stochastic rounding (``SR``): :func:`state_random_bytes` draws one random byte per state element
 from ``tl.philox`` with the counters of :func:`laquant.kernels.common.state.state_random_bytes`
-(one Philox call per 16 elements of a row), and :func:`round_stochastic` rounds with it exactly as
-:func:`laquant.kernels.common.numerics.round_stochastic` does.
+(one Philox call per 16 elements of a row), and :func:`round_stochastic_fp8` /
+:func:`round_stochastic_int` round with it exactly as their twins in :mod:`.numerics` do.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ if triton is not None:
     @triton.jit
     def state_random_bytes(seed, slot, position, sub, h, offs_k, v0, K: tl.constexpr, V: tl.constexpr,
                            BK: tl.constexpr, BV: tl.constexpr):
-        """The random bytes (as float32, 0..255) of a stochastic store of the state tile rows
+        """The random bytes (int32, 0..255) of a stochastic store of the state tile rows
         ``offs_k``, columns ``v0 .. v0 + BV`` of head ``h`` in ``slot``, store ``position``,
         sub-store ``sub``: byte ``v % 16`` of ``philox(seed, (h*K + k) * ceil(V/16) + v // 16,
         slot, position, sub)``."""
@@ -121,21 +121,27 @@ if triton is not None:
             word = (offs_v % 16 // 4)[None, :]
             picked = tl.where(word == 0, w0, tl.where(word == 1, w1, tl.where(word == 2, w2, w3)))
             out = (picked >> ((offs_v % 4) * 8).to(tl.uint32)[None, :]) & 0xFF
-        return out.to(tl.float32)
+        return out.to(tl.int32)
 
     @triton.jit
-    def round_stochastic(y, r, FP8: tl.constexpr):
-        """``y`` rounded down or up in magnitude to the e4m3 grid (``FP8``) or the integers, up when
-        ``256 * frac >= 255.5 - r``: every step exact in float32, as the PyTorch twin."""
+    def round_stochastic_int(y, r):
+        """``y`` rounded down or up in magnitude to an integer with the random byte ``r`` (up when
+        ``256 * frac >= 255.5 - r``): exact in float32, as ``numerics.round_stochastic_int``."""
         units = tl.abs(y)
-        if FP8:
-            e = tl.maximum(((y.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6) - 3
-            units = units * ((127 - e) << 23).to(tl.float32, bitcast=True)
         low = tl.floor(units)
-        up = (units - low) * 256.0 >= 255.5 - r
-        mag = low + up.to(tl.float32)
-        if FP8:
-            mag = mag * ((e + 127) << 23).to(tl.float32, bitcast=True)
+        mag = low + ((units - low) * 256.0 >= 255.5 - r.to(tl.float32)).to(tl.float32)
+        return tl.where(y < 0, -mag, mag)
+
+    @triton.jit
+    def round_stochastic_fp8(y, r):
+        """``y`` (``|y| <= 448``) rounded to a neighbouring e4m3 value with the random byte ``r``, on
+        float32's bits, as ``numerics.round_stochastic_fp8`` (whose docstring says why it is exact)."""
+        a = tl.abs(y)
+        small = a < 0.015625  # 2**-6: below it the subnormals' fixed step, shifted into [2**-6, 2**-5)
+        z = tl.where(small, a + 0.015625, a)
+        bits = (z.to(tl.int32, bitcast=True) + ((r << 12) + 2048)) & -1048576
+        mag = bits.to(tl.float32, bitcast=True)
+        mag = tl.where(small, mag - 0.015625, mag)
         return tl.where(y < 0, -mag, mag)
 
     @triton.jit
@@ -154,13 +160,13 @@ if triton is not None:
         elif FMT == 2:
             y = st * tl.math.div_rn(1.0, scale)[:, None]
             if SR:
-                out = round_stochastic(tl.minimum(tl.maximum(y, -448.0), 448.0), rbits, True).to(tl.float8e4nv)
+                out = round_stochastic_fp8(tl.minimum(tl.maximum(y, -448.0), 448.0), rbits).to(tl.float8e4nv)
             else:
                 out = fp8_codes(y)
         else:
             y = st * tl.math.div_rn(1.0, scale)[:, None]
             if SR:
-                out = round_stochastic(tl.minimum(tl.maximum(y, -127.0), 127.0), rbits, False).to(tl.int8)
+                out = round_stochastic_int(tl.minimum(tl.maximum(y, -127.0), 127.0), rbits).to(tl.int8)
             else:
                 out = int8_codes(y)
         return out

@@ -128,13 +128,13 @@ if triton is not None:
             S = S * tl.exp(G_last) + mm(tl.trans(k * tl.exp(G_last - G)[:, None]), v_new, LOW_PRECISION)
             if RT_FMT > 0:
                 if ((i_c + 1) % RT_EVERY == 0) & (t0 + BT < eos):
-                    rbits = 0.0
+                    rbits = 0
                     if RT_SR:
                         rbits = state_random_bytes(seed, n, position, (i_c + 1) // RT_EVERY, h, offs_k, i_v * BV, K, V,
                                                    BK, BV)
                     S = roundtrip_state(S, static, RT_FMT, RT_STATIC, QMAX_RT, RT_SR, rbits)
         if STORE_HT:
-            rbits = 0.0
+            rbits = 0
             if OUT_SR:
                 rbits = state_random_bytes(seed, n, position, 0, h, offs_k, i_v * BV, K, V, BK, BV)
             store_state_rows(S, ht_ptr + state_off, hts_ptr + scale_off, mk, mkv, absmax_row_scale(S, QMAX_OUT), OUT_FMT,

@@ -167,7 +167,7 @@ if triton is not None:
                 if ((i_c + 1) % CKPT_EVERY == 0) & (t0 + BT <= eos):
                     c_idx = (i_c + 1) // CKPT_EVERY - 1
                     ck_off = ((n * n_ckpt + c_idx) * H + h).to(tl.int64) * K
-                    rbits = 0.0
+                    rbits = 0
                     if OUT_SR:
                         rbits = state_random_bytes(seed, n, position, (i_c + 1) // RT_EVERY, h, offs_k, i_v * BV, K, V,
                                                    BK, BV)
@@ -176,7 +176,7 @@ if triton is not None:
                                      rbits)
             if RT_FMT > 0:
                 if ((i_c + 1) % RT_EVERY == 0) & (t0 + BT < eos):
-                    rbits = 0.0
+                    rbits = 0
                     if RT_SR:
                         rbits = state_random_bytes(seed, n, position, (i_c + 1) // RT_EVERY, h, offs_k, i_v * BV, K, V,
                                                    BK, BV)
@@ -185,7 +185,7 @@ if triton is not None:
             if i_v == 0:
                 tl.store(decay_ptr + scale_off, g_total, mask=mk)
         if STORE_HT:
-            rbits = 0.0
+            rbits = 0
             if OUT_SR:
                 rbits = state_random_bytes(seed, n, position, 0, h, offs_k, i_v * BV, K, V, BK, BV)
             store_state_rows(S, ht_ptr + state_off, hts_ptr + scale_off, mk, mkv, absmax_row_scale(S, QMAX_OUT), OUT_FMT,

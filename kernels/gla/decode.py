@@ -77,7 +77,7 @@ if triton is not None:
             if FMT >= 2:
                 new_scale = stored_row_scale(st, old_scale, static_ptr + h * K + offs_k, mask_k, renorm_now, RENORM,
                                              QMAX)
-            rbits = 0.0
+            rbits = 0
             if SR:
                 rbits = state_random_bytes(seed, slot, position, 0, h, offs_k, 0, K, V, BLOCK_K, BLOCK_V)
             store_state_rows(st, ptrs, sc_ptrs, mask_k, mask, new_scale, FMT, SR, rbits)
