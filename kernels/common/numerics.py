@@ -49,7 +49,7 @@ def quantize_fp8(x: torch.Tensor, dim: int | tuple[int, ...] | None = -1, scale:
     scale = absmax_scale(x, dim, FP8_E4M3_MAX) if scale is None else scale
     y = (x.float() / scale).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX)
     if _stochastic(rounding, random, y):
-        y = round_stochastic_fp8(y, random)  # exactly representable: the cast keeps it
+        y = round_stochastic_fp8(y, random)  # on the e4m3 grid where normal: the cast keeps it
     return y.to(FP8_DTYPE), scale
 
 
@@ -64,9 +64,6 @@ def _stochastic(rounding: str, random: torch.Tensor | None, y: torch.Tensor) -> 
     return True
 
 
-FP8_MIN_NORMAL = 2.0 ** -6  # below it e4m3's grid is the subnormals' fixed 2**-9
-
-
 def round_stochastic_int(y: torch.Tensor, random: torch.Tensor) -> torch.Tensor:
     """``y`` rounded to an integer, down or up in magnitude: up when ``256 * frac >= 255.5 - r`` for
     the random byte ``r``, that is with probability ``round(256 * frac) / 256``. Every operation is
@@ -78,21 +75,18 @@ def round_stochastic_int(y: torch.Tensor, random: torch.Tensor) -> torch.Tensor:
 
 
 def round_stochastic_fp8(y: torch.Tensor, random: torch.Tensor) -> torch.Tensor:
-    """``y`` (``|y| <= 448``) rounded to a neighbouring e4m3 value, up in magnitude with probability
-    ``round(256 * frac) / 256`` (``frac``: the distance to the lower neighbour in grid steps). On
-    float32's bits: an e4m3 value keeps 3 of the 23 mantissa bits, so adding ``r * 2**12 + 2**11``
-    to the 20 dropped bits carries into the kept ones exactly when ``frac * 2**20 + r * 2**12 +
-    2**11 >= 2**20``, and truncating them leaves the result (a carry out of the mantissa lands on the
-    next binade, as it should). Subnormal magnitudes are shifted into the binade ``[2**-6, 2**-5)``,
-    whose step is the subnormals' ``2**-9``, and back. The kernels' twin:
-    ``triton_numerics.round_stochastic_fp8`` (same operations, same bits)."""
-    a = y.abs()
-    small = a < FP8_MIN_NORMAL
-    z = torch.where(small, a + FP8_MIN_NORMAL, a)
-    bits = (z.view(torch.int32) + ((random.to(torch.int32) << 12) + 2048)) & -(1 << 20)
-    mag = bits.view(torch.float32)
-    mag = torch.where(small, mag - FP8_MIN_NORMAL, mag)
-    return torch.where(y < 0, -mag, mag)
+    """``y`` (``|y| <= 448``) rounded towards a neighbouring e4m3 value with the random byte ``r``,
+    on float32's bits: e4m3 keeps 3 of the 23 mantissa bits, so adding ``r * 2**12 + 2**11`` to
+    the 20 dropped bits carries into the kept ones exactly when ``frac * 2**20 + r * 2**12 + 2**11
+    >= 2**20`` (``frac``: the distance to the lower neighbour in grid steps), that is with
+    probability ``round(256 * frac) / 256``; truncating them leaves the result (a carry out of the
+    mantissa lands on the next binade; the sign bit is untouched). Normal e4m3 magnitudes
+    (``>= 2**-6``) come out exact; below, e4m3's subnormal grid is coarser than 3 mantissa bits and
+    the cast to e4m3 rounds the result to nearest (elements under ``2**-6 / 448`` of their row's
+    absmax). Four integer operations per element, the same in the kernels
+    (``triton_numerics.round_stochastic_fp8``)."""
+    bits = (y.view(torch.int32) + ((random.to(torch.int32) << 12) + 2048)) & -(1 << 20)
+    return bits.view(torch.float32)
 
 
 # Philox4x32-10 (Salmon et al., SC'11) exactly as Triton's ``tl.philox`` / ``tl.randint4x`` compute

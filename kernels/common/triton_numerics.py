@@ -134,15 +134,9 @@ if triton is not None:
 
     @triton.jit
     def round_stochastic_fp8(y, r):
-        """``y`` (``|y| <= 448``) rounded to a neighbouring e4m3 value with the random byte ``r``, on
-        float32's bits, as ``numerics.round_stochastic_fp8`` (whose docstring says why it is exact)."""
-        a = tl.abs(y)
-        small = a < 0.015625  # 2**-6: below it the subnormals' fixed step, shifted into [2**-6, 2**-5)
-        z = tl.where(small, a + 0.015625, a)
-        bits = (z.to(tl.int32, bitcast=True) + ((r << 12) + 2048)) & -1048576
-        mag = bits.to(tl.float32, bitcast=True)
-        mag = tl.where(small, mag - 0.015625, mag)
-        return tl.where(y < 0, -mag, mag)
+        """``y`` (``|y| <= 448``) rounded towards a neighbouring e4m3 value with the random byte
+        ``r``, on float32's bits, as ``numerics.round_stochastic_fp8`` (whose docstring says why)."""
+        return ((y.to(tl.int32, bitcast=True) + ((r << 12) + 2048)) & -1048576).to(tl.float32, bitcast=True)
 
     @triton.jit
     def encode_state(st, scale, FMT: tl.constexpr, SR: tl.constexpr, rbits):
