@@ -107,12 +107,30 @@ def plot_loss_by_position(series: dict[str, list[float]], path: Path, title: str
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, values in series.items():
-        v = np.array(values[1:])
-        window = max(1, len(v) // 64)
-        smooth = np.convolve(v, np.ones(window) / window, mode="valid")
-        ax.plot(np.arange(1, len(smooth) + 1) + window // 2, smooth, label=label)
+        ax.plot(*_smoothed(values), label=label)
     ax.set_xscale("log")
     _finish_line_plot(fig, ax, path, "position in window", "mean NLL (nats)", title)
+
+
+def _smoothed(values: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Positions 1.. and a moving average over 1/64 of the window (the curves are noisy per token)."""
+    v = np.array(values[1:], dtype=np.float64)
+    window = max(1, len(v) // 64)
+    smooth = np.convolve(v, np.ones(window) / window, mode="valid")
+    return np.arange(1, len(smooth) + 1) + window // 2, smooth
+
+
+def plot_drift(pairs: dict[str, tuple[list[float], list[float]]], path: Path, title: str) -> None:
+    """For each label, loss by position of a series minus its baseline's (``(values, baseline)``):
+    the drift of a quantized state."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, (values, baseline) in pairs.items():
+        x, smooth = _smoothed(list(np.array(values, dtype=np.float64) - np.array(baseline, dtype=np.float64)))
+        ax.plot(x, smooth, label=label)
+    ax.axhline(0.0, color="black", lw=0.8)
+    ax.set_xscale("log")
+    _finish_line_plot(fig, ax, path, "position in window", "NLL minus baseline (nats)", title)
 
 
 def plot_training_history(history: dict, path: Path, title: str) -> None:

@@ -8,7 +8,14 @@ arithmetic they compute the same number.
 
 * prefill: the whole window in one forward pass (chunked linear attention);
 * decode: the window token by token, the recurrent state carried in a cache between steps. This
-  is how a served model runs, and where a quantized state's error accumulates.
+  is how a served model runs, and where a quantized state's error accumulates. laquant's GLA on
+  CUDA replays one captured step per token (:class:`_GraphedScorer`: the decode kernels update the
+  states in place, the step reads its token and scores the next one on the device), so a 64K-token
+  window decodes in minutes; other models step eagerly.
+
+Besides the loss of the scored tokens (``loss_by_position``: each window offset averaged over the
+tokens scored there), a result keeps ``loss_by_position_all``: every window's loss at every offset,
+scored or not, the curve to read the drift of a quantized state against its baseline from.
 """
 
 from __future__ import annotations
@@ -64,6 +71,8 @@ class PerplexityResult:
     ppl: float
     seconds: float
     loss_by_position: list[float] = field(default_factory=list)  # mean NLL at each window offset
+    loss_by_position_all: list[float] = field(default_factory=list)  # the same over every window's every token
+    graphed: bool = False  # decode mode: one CUDA-graph replay per token
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -103,6 +112,8 @@ def perplexity(
 
     nll_sum = torch.zeros(context, dtype=torch.float64)
     count = torch.zeros(context, dtype=torch.float64)
+    all_sum = torch.zeros(context, dtype=torch.float64)
+    scorer = _GraphedScorer.make(model, min(batch_size, len(windows)), context) if mode == "decode" else None
     steps = len(batches) * context if mode == "decode" else len(windows)
     bar = tqdm(total=steps, desc=f"ppl {mode} ctx={context}", unit="tok" if mode == "decode" else "win",
                disable=not progress, leave=False)
@@ -116,6 +127,8 @@ def perplexity(
             logits = model(input_ids=inputs).logits[:, :-1]
             nll = _nll_rows(logits, inputs[:, 1:]).cpu()
             bar.update(len(batch))
+        elif scorer is not None:
+            nll = scorer.score(inputs, bar)
         else:
             cache = new_cache(model)
             cols = []
@@ -127,6 +140,7 @@ def perplexity(
             nll = torch.stack(cols, dim=1)
         if not torch.isfinite(nll[mask]).all():
             raise LaquantError(f"non-finite loss in {mode} mode: the model produced NaN/Inf logits")
+        all_sum[1:] += nll.double().sum(0)
         nll = nll.double() * mask
         nll_sum[1:] += nll.sum(0)
         count[1:] += mask.sum(0)
@@ -135,7 +149,88 @@ def perplexity(
     total = int(count.sum().item())
     mean_nll = float(nll_sum.sum().item() / total)
     by_position = (nll_sum / count.clamp_min(1)).tolist()
-    return PerplexityResult(mode, context, stride, total, mean_nll, math.exp(mean_nll), seconds, by_position)
+    by_position_all = [0.0] + (all_sum[1:] / len(windows)).tolist()
+    return PerplexityResult(mode, context, stride, total, mean_nll, math.exp(mean_nll), seconds, by_position,
+                            by_position_all, scorer is not None)
+
+
+class _GraphedScorer:
+    """Teacher-forced decode of a batch of windows with one CUDA-graph replay per token: the
+    captured step reads token ``pos`` of the windows (a device tensor), runs the model on a static
+    cache (the decode kernels update its states in place and count the stores on the device, so a
+    stochastically rounded state draws fresh bits each step) and writes the loss of token
+    ``pos + 1`` into a device buffer. A window is started by one eager step (the states' first
+    store), then ``context - 2`` replays; the losses come back in one copy."""
+
+    def __init__(self, model, batch: int, context: int, first_cache):
+        self.model = model
+        device = next(model.parameters()).device
+        self.inputs = torch.zeros(batch, context, dtype=torch.long, device=device)
+        self.nll = torch.zeros(batch, context - 1, dtype=torch.float32, device=device)
+        self.pos = torch.ones(1, dtype=torch.long, device=device)
+        self.cache = first_cache.static_copy()
+        states = list(self.cache.states)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # compiles the kernels outside the capture
+            self._step()
+        torch.cuda.current_stream().wait_stream(stream)
+        if any(a is not b for a, b in zip(states, self.cache.states)):
+            raise LaquantError("this model's decode step does not update its states in place")
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._step()
+
+    @classmethod
+    def make(cls, model, batch: int, context: int) -> _GraphedScorer | None:
+        """A scorer for laquant's GLA on CUDA whose state formats have decode kernels; else None
+        (the eager loop)."""
+        from laquant.generate import is_graphable
+        from laquant.kernels.common.formats import KERNEL_FORMATS
+
+        if not is_graphable(model) or context < 3:
+            return None
+        formats = {m.state_quantizer.format.name for m in model.modules() if hasattr(m, "state_quantizer")}
+        if not formats <= set(KERNEL_FORMATS):
+            return None
+        return _Lazy(cls, model, batch, context)
+
+    def _step(self) -> None:
+        tok = self.inputs.index_select(1, self.pos)
+        logits = self.model(input_ids=tok, past_key_values=self.cache, use_cache=True).logits[:, 0]
+        target = self.inputs.index_select(1, self.pos + 1)[:, 0]
+        self.nll.index_copy_(1, self.pos, _nll_rows(logits, target)[:, None])
+        self.pos += 1
+
+    def run(self, inputs: torch.Tensor, first_cache, first_nll: torch.Tensor, bar) -> torch.Tensor:
+        self.inputs[: len(inputs)].copy_(inputs)
+        self.cache.load_from(first_cache)
+        self.pos.fill_(1)
+        self.nll[:, 0] = first_nll
+        for _ in range(self.inputs.shape[1] - 2):
+            self.graph.replay()
+            bar.update(1)
+        bar.update(2)
+        return self.nll[: len(inputs)].cpu()
+
+
+class _Lazy:
+    """Captures the graph on the first batch (it needs a prefilled cache), pads smaller batches."""
+
+    def __init__(self, cls, model, batch, context):
+        self.cls, self.model, self.batch, self.context = cls, model, batch, context
+        self.scorer = None
+
+    def score(self, inputs: torch.Tensor, bar) -> torch.Tensor:
+        n = len(inputs)
+        if n < self.batch:  # the last batch: padded with copies of its last window, dropped after
+            inputs = torch.cat([inputs, inputs[-1:].expand(self.batch - n, -1)])
+        cache = new_cache(self.model)
+        logits = self.model(input_ids=inputs[:, :1], past_key_values=cache, use_cache=True).logits[:, 0]
+        first_nll = _nll_rows(logits, inputs[:, 1])
+        if self.scorer is None:
+            self.scorer = self.cls(self.model, self.batch, self.context, cache)
+        return self.scorer.run(inputs, cache, first_nll, bar)[:n]
 
 
 def perplexity_by_mode(model, ids: torch.Tensor, context: int, modes, batch_size: int | None = None,

@@ -71,19 +71,21 @@ class StateDecision(_ReadsAsJSON):
     """The recurrent state's storage format, renormalisation interval (0: calibrated static scales)
     and whether a prefill rounds it to that format after every 64-token chunk (``prefill_roundtrip``)
     or only stores its final state in it. Checkpoints written before the field existed rounded at
-    every chunk, and reload so."""
+    every chunk, and reload so. ``rounding``: nearest or stochastic stores (checkpoints written
+    before the field existed rounded to nearest, and reload so)."""
 
     format: str
     renorm_interval: int = 1
     prefill_roundtrip: bool = False
+    rounding: str = "nearest"
 
     def to_dict(self) -> dict:
         return {"format": self.format, "renorm_interval": self.renorm_interval,
-                "prefill_roundtrip": self.prefill_roundtrip}
+                "prefill_roundtrip": self.prefill_roundtrip, "rounding": self.rounding}
 
     @classmethod
     def from_dict(cls, d: dict) -> StateDecision:
-        return cls(d["format"], d["renorm_interval"], d.get("prefill_roundtrip", True))
+        return cls(d["format"], d["renorm_interval"], d.get("prefill_roundtrip", True), d.get("rounding", "nearest"))
 
 
 SECTIONS = {"projections": ProjectionDecision, "gates": GateDecision, "state": StateDecision}

@@ -135,7 +135,7 @@ def _graph_for(model, prefill_cache, batch, steps, key, choose, eos) -> _DecodeG
     the captured token history)."""
     graphs = model.__dict__.setdefault("_laquant_decode_graphs", {})
     layout = tuple((tuple(s.data.shape), s.data.dtype, s.format, s.scale is None) for s in prefill_cache.states)
-    full_key = (batch, layout, *key)
+    full_key = (batch, layout, prefill_cache.seed, *key)  # the seed is a launch argument baked into the graph
     g = graphs.get(full_key)
     if g is None or g.capacity < steps:
         graphs.pop(full_key, None)

@@ -72,7 +72,7 @@ def plan(adapter, stats: Stats, recipe: dict) -> Decisions:
                                                  gate_recipe["scaling"], gate_recipe["clamp"])
     for name in adapter.mixers():
         decisions.state[name] = StateDecision(state_recipe["format"], state_recipe["renorm_interval"],
-                                              state_recipe["prefill_roundtrip"])
+                                              state_recipe["prefill_roundtrip"], state_recipe["rounding"])
     return decisions
 
 
@@ -152,7 +152,7 @@ class StateHandler:
             mixer.register_buffer("state_static_scale", static.to(next(mixer.parameters(), static).device))
             static = mixer.state_static_scale
         try:
-            mixer.state_quantizer = StateQuantizer(d.format, d.renorm_interval, static)
+            mixer.state_quantizer = StateQuantizer(d.format, d.renorm_interval, static, d.rounding)
             mixer.prefill_roundtrip = d.prefill_roundtrip
         except ValueError as exc:
             raise LaquantError(f"{name}: {exc}") from None

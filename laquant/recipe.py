@@ -13,7 +13,8 @@ from pathlib import Path
 import yaml
 
 from laquant.errors import LaquantError
-from laquant.kernels.common.formats import STATE_FORMATS
+from laquant.kernels.common.formats import FORMATS, STATE_FORMATS
+from laquant.kernels.common.numerics import ROUNDINGS
 from laquant.recipes import recipe_dir
 
 ANY_NUMBER_OR_NULL = "a number > 0, or null"
@@ -40,6 +41,9 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         # true: a prefill rounds the state to its format after every 64-token chunk (as if stored
         # between chunks); false: kept in float32 inside one prefill call, stored in the format at its end
         "prefill_roundtrip": ((True, False), False),
+        # how a store rounds to an 8-bit format: to nearest, or stochastically (unbiased: small
+        # decays and updates survive in expectation; random bits from Philox keyed by the cache's seed)
+        "rounding": (ROUNDINGS, "nearest"),
     },
     # hybrids: the q/k/v/o projections of the softmax-attention layers (int8: the projections'
     # W8A8 with outlier split and their settings)
@@ -114,6 +118,11 @@ def validate_recipe(raw: dict, source: str = "recipe") -> dict:
                 raise LaquantError(f"{source}: {section}.{field} = {value!r} is not allowed; allowed: {shown}")
             out[field] = value
         recipe[section] = out
+    state = recipe["state"]
+    if state["rounding"] == "stochastic" and not FORMATS[state["format"]].is_scaled:
+        raise LaquantError(f"{source}: state.rounding = stochastic applies to the 8-bit state formats "
+                           f"({', '.join(f for f in STATE_FORMATS if FORMATS[f].is_scaled)}), not {state['format']!r}; "
+                           "set state.rounding=nearest or an 8-bit state.format")
     keep = raw.get("keep", list(KEEPABLE))
     if not isinstance(keep, list) or any(k not in KEEPABLE for k in keep):
         raise LaquantError(f"{source}: keep must be a list of roles from: {', '.join(KEEPABLE)}; got {keep!r}")

@@ -135,3 +135,12 @@ def test_speed_report_and_plot_cover_every_suite(tmp_path):
     assert "## delta_decode" in md and "## delta_prefill" in md and "| 4096 | 1 | 2 | 2 |" in md
     plot(result, tmp_path / "speed.png")
     assert (tmp_path / "speed.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_eval_ppl_drift_plot(capsys, tmp_path, tiny_model_dir):
+    drift = tmp_path / "drift.png"
+    code, _, _ = _run(capsys, "eval", "ppl", str(tiny_model_dir), "--baseline", str(tiny_model_dir), "--context", "64",
+                      "--mode", "decode", "--max-tokens", "200", "--plot-drift", str(drift), "--quiet")
+    assert code == 0 and drift.stat().st_size > 1000
+    code, _, err = _run(capsys, "eval", "ppl", str(tiny_model_dir), "--plot-drift", str(drift), "--quiet")
+    assert code == 2 and "--baseline" in err

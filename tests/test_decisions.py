@@ -36,9 +36,11 @@ WRITTEN = {
 def test_decisions_round_trip_the_json_a_checkpoint_holds():
     decisions = Decisions.from_dict(WRITTEN)
     # keys, values and key order; a state decision written before prefill_roundtrip existed rounded
-    # the state at every prefill chunk, and now says so
+    # the state at every prefill chunk, and now says so; one written before rounding existed rounded
+    # to nearest
     expected = json.loads(json.dumps(WRITTEN))
     expected["state"]["model.layers.0.attn"]["prefill_roundtrip"] = True
+    expected["state"]["model.layers.0.attn"]["rounding"] = "nearest"
     assert json.dumps(decisions.to_dict()) == json.dumps(expected)
     assert json.dumps(Decisions.from_dict(expected).to_dict()) == json.dumps(expected)
     q = decisions.projections["model.layers.3.self_attn.k_proj"]
@@ -91,3 +93,8 @@ def _inputs(model, name, batches):
     finally:
         handle.remove()
     return seen
+
+
+def test_stochastic_state_decision_round_trips():
+    d = StateDecision("int8_row", 1, False, "stochastic")
+    assert StateDecision.from_dict(json.loads(json.dumps(d.to_dict()))) == d

@@ -70,3 +70,40 @@ def test_the_embedded_model_is_named_gla_small_everywhere(tmp_path, monkeypatch)
     assert resolve_model_dir("gla-small") == resolve_model_dir(None) == default_model_dir()
     (tmp_path / "gla-small").mkdir()  # a local folder of that name wins
     assert resolve_model_dir("gla-small").resolve() == (tmp_path / "gla-small").resolve()
+
+
+@torch.no_grad()
+def test_loss_by_position_all_averages_every_window(tiny_model_dir):
+    model, _ = load_model(tiny_model_dir)
+    ids = torch.randint(0, 8192, (200,))
+    res = perplexity(model, ids, context=40, stride=20, mode="prefill", batch_size=4, progress=False)
+    windows = strided_windows(200, 40, 20)
+    inputs = torch.stack([ids[w.begin:w.end] for w in windows])
+    nll = torch.nn.functional.cross_entropy(model(input_ids=inputs).logits[:, :-1].flatten(0, 1),
+                                            inputs[:, 1:].flatten(), reduction="none").view(len(windows), -1)
+    assert res.loss_by_position_all[0] == 0.0 and not res.graphed
+    assert torch.allclose(torch.tensor(res.loss_by_position_all[1:], dtype=torch.float64), nll.double().mean(0), atol=1e-5)
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_graphed_decode_equals_the_eager_loop(tiny_model_dir):
+    import laquant.eval.ppl as ppl
+    from laquant.kernels.common.state import StateQuantizer
+
+    model, _ = load_model(tiny_model_dir)
+    model = model.cuda()
+    for m in model.modules():
+        if hasattr(m, "state_quantizer"):
+            m.state_quantizer = StateQuantizer("fp8_row", 1, rounding="stochastic")
+    ids = torch.randint(0, 8192, (700,))
+    graphed = perplexity(model, ids, context=128, stride=64, mode="decode", batch_size=4, progress=False)
+    make = ppl._GraphedScorer.make
+    ppl._GraphedScorer.make = classmethod(lambda cls, *a: None)
+    try:
+        eager = perplexity(model, ids, context=128, stride=64, mode="decode", batch_size=4, progress=False)
+    finally:
+        ppl._GraphedScorer.make = make
+    assert graphed.graphed and not eager.graphed
+    assert graphed.nll == pytest.approx(eager.nll, abs=1e-6)
+    assert graphed.loss_by_position_all == pytest.approx(eager.loss_by_position_all, abs=1e-5)

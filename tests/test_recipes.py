@@ -21,7 +21,7 @@ def test_gla_int8_is_what_the_design_says():
                                 "outlier_threshold": 6.0, "outlier_top_k": None}
     assert r["gates"]["scaling"] == "per_channel" and r["gates"]["clamp"] is True
     # the state is stored in fp8 between calls and decode steps; a prefill keeps it float32 inside
-    assert r["state"] == {"format": "fp8_row", "renorm_interval": 1, "prefill_roundtrip": False}
+    assert r["state"] == {"format": "fp8_row", "renorm_interval": 1, "prefill_roundtrip": False, "rounding": "nearest"}
     assert r["keep"] == ["embeddings", "norms", "lm_head"]
 
 
@@ -33,7 +33,9 @@ def test_overrides():
 
 @pytest.mark.parametrize("overrides,message", [
     (["state.format=fp4"], "state.format = 'fp4' is not allowed; allowed: fp32, bf16, fp8_row"),
-    (["state.renorm=2"], "unknown key state.renorm; allowed: format, renorm_interval, prefill_roundtrip"),
+    (["state.renorm=2"], "unknown key state.renorm; allowed: format, renorm_interval, prefill_roundtrip, rounding"),
+    (["state.rounding=up"], "state.rounding = 'up' is not allowed; allowed: nearest, stochastic"),
+    (["state.format=bf16", "state.rounding=stochastic"], "stochastic applies to the 8-bit state formats"),
     (["projections.outlier_threshold=-3"], "a number > 0, or null"),
     (["projections.outlier_top_k=2.5"], "an integer > 0, or null"),
     (["gates.clamp=yes please"], "gates.clamp"),

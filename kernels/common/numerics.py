@@ -4,6 +4,12 @@ Symmetric absmax quantization: ``scale = absmax / qmax`` over the reduced dimens
 ``q = clamp(round(x / scale), -qmax, qmax)`` (int8) or ``q = fp8(x / scale)`` (e4m3, round to
 nearest even by the cast), ``x ~= q * scale``. Scales are float32; an all-zero slice gets scale
 ``tiny`` so dequantization returns exact zeros and nothing divides by zero.
+
+``rounding="stochastic"`` rounds ``x / scale`` to one of its two neighbouring codes instead, up with
+probability equal to its distance from the lower one (so the expected code is ``x / scale``: small
+decays and updates survive in expectation where round-to-nearest would drop them). The caller gives
+8 random bits per element (``random``, integers 0..255): the Triton kernels draw them from Philox
+(:func:`philox4x32`, bit-identical to ``tl.randint4x``) and so do the references, so both round alike.
 """
 
 from __future__ import annotations
@@ -23,20 +29,92 @@ def absmax_scale(x: torch.Tensor, dim: int | tuple[int, ...] | None, qmax: float
     return (amax / qmax).clamp_min(_TINY)
 
 
-def quantize_int8(x: torch.Tensor, dim: int | tuple[int, ...] | None = -1,
-                  scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+ROUNDINGS = ("nearest", "stochastic")
+RANDOM_BITS = 8  # random bits per element of a stochastic rounding: bias at most 2**-9 of a step
+
+
+def quantize_int8(x: torch.Tensor, dim: int | tuple[int, ...] | None = -1, scale: torch.Tensor | None = None,
+                  rounding: str = "nearest", random: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 with absmax scales over ``dim`` (or the given ``scale``). Returns ``(q, scale)``."""
     scale = absmax_scale(x, dim, INT8_MAX) if scale is None else scale
-    q = (x.float() / scale).round_().clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
-    return q, scale
+    y = (x.float() / scale).clamp_(-INT8_MAX, INT8_MAX)
+    if _stochastic(rounding, random, y):
+        y = round_stochastic_int(y, random)
+    return y.round_().to(torch.int8), scale
 
 
-def quantize_fp8(x: torch.Tensor, dim: int | tuple[int, ...] | None = -1,
-                 scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8(x: torch.Tensor, dim: int | tuple[int, ...] | None = -1, scale: torch.Tensor | None = None,
+                 rounding: str = "nearest", random: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """fp8 e4m3 with absmax scales over ``dim`` (or the given ``scale``). Returns ``(q, scale)``."""
     scale = absmax_scale(x, dim, FP8_E4M3_MAX) if scale is None else scale
-    q = (x.float() / scale).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(FP8_DTYPE)
-    return q, scale
+    y = (x.float() / scale).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    if _stochastic(rounding, random, y):
+        y = round_stochastic_fp8(y, random)  # on the e4m3 grid where normal: the cast keeps it
+    return y.to(FP8_DTYPE), scale
+
+
+def _stochastic(rounding: str, random: torch.Tensor | None, y: torch.Tensor) -> bool:
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"unknown rounding {rounding!r}; allowed: {', '.join(ROUNDINGS)}")
+    if rounding == "nearest":
+        return False
+    if random is None or random.shape != y.shape:
+        raise ValueError(f"stochastic rounding needs random bits of the data's shape {tuple(y.shape)}; got "
+                         f"{None if random is None else tuple(random.shape)}")
+    return True
+
+
+def round_stochastic_int(y: torch.Tensor, random: torch.Tensor) -> torch.Tensor:
+    """``y`` rounded to an integer, down or up in magnitude: up when ``256 * frac >= 255.5 - r`` for
+    the random byte ``r``, that is with probability ``round(256 * frac) / 256``. Every operation is
+    exact in float32, as in the kernels' twin (``triton_numerics.round_stochastic_int``)."""
+    units = y.abs()
+    low = units.floor()
+    mag = low + ((units - low) * 256.0 >= 255.5 - random.float()).float()
+    return torch.where(y < 0, -mag, mag)
+
+
+def round_stochastic_fp8(y: torch.Tensor, random: torch.Tensor) -> torch.Tensor:
+    """``y`` (``|y| <= 448``) rounded towards a neighbouring e4m3 value with the random byte ``r``,
+    on float32's bits: e4m3 keeps 3 of the 23 mantissa bits, so adding ``r * 2**12 + 2**11`` to
+    the 20 dropped bits carries into the kept ones exactly when ``frac * 2**20 + r * 2**12 + 2**11
+    >= 2**20`` (``frac``: the distance to the lower neighbour in grid steps), that is with
+    probability ``round(256 * frac) / 256``; truncating them leaves the result (a carry out of the
+    mantissa lands on the next binade; the sign bit is untouched). Normal e4m3 magnitudes
+    (``>= 2**-6``) come out exact; below, e4m3's subnormal grid is coarser than 3 mantissa bits and
+    the cast to e4m3 rounds the result to nearest (elements under ``2**-6 / 448`` of their row's
+    absmax). Four integer operations per element, the same in the kernels
+    (``triton_numerics.round_stochastic_fp8``)."""
+    bits = (y.view(torch.int32) + ((random.to(torch.int32) << 12) + 2048)) & -(1 << 20)
+    return bits.view(torch.float32)
+
+
+# Philox4x32-10 (Salmon et al., SC'11) exactly as Triton's ``tl.philox`` / ``tl.randint4x`` compute
+# it (triton/language/random.py): uint32 words held in int64 tensors.
+_PHILOX_KEY_A, _PHILOX_KEY_B = 0x9E3779B9, 0xBB67AE85
+_PHILOX_ROUND_A, _PHILOX_ROUND_B = 0xD2511F53, 0xCD9E8D57
+_U32 = 0xFFFFFFFF
+
+
+def philox4x32(seed: int, c0, c1, c2, c3, n_rounds: int = 10) -> tuple[torch.Tensor, ...]:
+    """The four uint32 words (int64 tensors) of Philox for counters ``c0..c3`` (broadcast
+    together) under the 64-bit key ``seed``: ``tl.philox(seed, c0, c1, c2, c3)``."""
+    device = next((c.device for c in (c0, c1, c2, c3) if isinstance(c, torch.Tensor)), None)
+    c0, c1, c2, c3 = torch.broadcast_tensors(*(torch.as_tensor(c, dtype=torch.int64, device=device) & _U32
+                                               for c in (c0, c1, c2, c3)))
+    k0, k1 = seed & _U32, (seed >> 32) & _U32
+    for _ in range(n_rounds):
+        prod_b = c2 * _PHILOX_ROUND_B  # < 2**64, wrapped in int64: the bits are the uint64 product's
+        prod_a = c0 * _PHILOX_ROUND_A
+        c0, c2, c1, c3 = (_mulhi(prod_b) ^ c1 ^ k0, _mulhi(prod_a) ^ c3 ^ k1, prod_b & _U32, prod_a & _U32)
+        k0, k1 = (k0 + _PHILOX_KEY_A) & _U32, (k1 + _PHILOX_KEY_B) & _U32
+    return c0, c1, c2, c3
+
+
+
+def _mulhi(prod: torch.Tensor) -> torch.Tensor:
+    """The high 32 bits of a 64-bit product held (wrapped) in int64."""
+    return (prod >> 32) & _U32
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

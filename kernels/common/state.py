@@ -5,6 +5,10 @@ cache, and the one codec (:class:`StateQuantizer`) that stores and loads it in a
 Scales are float32 and kept broadcastable to the data: ``[..., K, 1]`` per row, ``[..., 1, 1]``
 per head, ``[]`` per tensor. The Triton kernels address per-row scales as ``[..., K]``; that is the
 same memory (:attr:`State.row_scale`).
+
+Stochastic rounding (``StateQuantizer(..., rounding="stochastic")``) draws each element's random
+byte from Philox keyed by a seed, with the counter ``(element group, slot, store, sub-store)``
+(:class:`StoreKey`); the kernels draw the same bytes (``triton_numerics.state_random_bytes``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,50 @@ from dataclasses import dataclass
 import torch
 
 from .formats import StateFormat, get_format
-from .numerics import absmax_scale, dequantize
+from .numerics import ROUNDINGS, absmax_scale, dequantize, philox4x32
+
+RANDOM_GROUP = 16  # elements of a state row that share one Philox call (16 random bytes)
+
+
+def state_random_bytes(seed: int, slots: torch.Tensor, position, sub: int, shape) -> torch.Tensor:
+    """The random bytes (int64, 0..255) a stochastic store of states ``shape`` ``[N, ..., H, K, V]``
+    uses: element ``(h, k, v)`` of slot ``slots[n]`` at store ``position`` (int or ``[N]``) takes
+    byte ``v % 16`` (little-endian within the four 32-bit words) of
+    ``philox(seed, (h * K + k) * ceil(V / 16) + v // 16, slot, position, sub)``. ``sub`` is 0 for
+    a store between calls or steps and ``j`` for a prefill's round trip or checkpoint after its
+    ``j``-th 64-token chunk, so no two stores of one sequence share bits."""
+    *lead, H, K, V = shape
+    groups = -(-V // RANDOM_GROUP)
+    extra = len(lead) - 1  # dimensions between the slot and the head (checkpoints)
+    device = slots.device
+    c0 = torch.arange(H * K * groups, device=device, dtype=torch.int64).view(H, K, groups)
+    c1 = slots.long().view(-1, *([1] * (extra + 3)))
+    c2 = torch.as_tensor(position, dtype=torch.int64, device=device).reshape(-1, *([1] * (extra + 3)))
+    words = torch.stack(philox4x32(seed, c0, c1, c2, sub), -1)  # [N, ..., H, K, groups, 4]
+    shifts = torch.arange(0, 32, 8, device=device)
+    bytes_ = (words.unsqueeze(-1) >> shifts) & 0xFF  # [..., groups, 4 words, 4 bytes]
+    bytes_ = bytes_.reshape(*bytes_.shape[:-3], groups * RANDOM_GROUP)[..., :V]
+    return bytes_.expand(*lead, H, K, V)
+
+
+@dataclass(frozen=True)
+class StoreKey:
+    """What a stochastic store's random bits are keyed by: the ``seed``, each stored state's
+    ``slots`` ``[N]`` (pool slot or batch row), the store ``position`` (its store count: int or
+    ``[N]``) and ``sub`` (see :func:`state_random_bytes`)."""
+
+    seed: int
+    slots: torch.Tensor
+    position: int | torch.Tensor
+    sub: int = 0
+
+    def random_bytes(self, shape) -> torch.Tensor:
+        return state_random_bytes(self.seed, self.slots, self.position, self.sub, shape)
+
+    @classmethod
+    def for_batch(cls, seed: int, batch: int, position, device, sub: int = 0) -> StoreKey:
+        """Slots ``0..batch-1`` (batch row ``b`` is slot ``b``, as the model's pools)."""
+        return cls(seed, torch.arange(batch, device=device), position, sub)
 
 
 @dataclass
@@ -73,14 +120,24 @@ class StateQuantizer:
     """
 
     def __init__(self, fmt: StateFormat | str = "fp32", renorm_interval: int = 1,
-                 static_scale: torch.Tensor | None = None):
+                 static_scale: torch.Tensor | None = None, rounding: str = "nearest"):
         self.format = get_format(fmt)
         if renorm_interval < 0:
             raise ValueError(f"renorm_interval must be >= 0, got {renorm_interval}")
         if self.format.is_scaled and renorm_interval == 0 and static_scale is None:
             raise ValueError("renorm_interval = 0 (static scales) needs a calibrated static_scale")
+        if rounding not in ROUNDINGS:
+            raise ValueError(f"unknown rounding {rounding!r}; allowed: {', '.join(ROUNDINGS)}")
+        if rounding == "stochastic" and not self.format.is_scaled:
+            raise ValueError(f"stochastic rounding applies to the 8-bit state formats, not {self.format.name!r}; "
+                             "use rounding nearest or an fp8/int8 format")
         self.renorm_interval = renorm_interval
         self.static_scale = static_scale
+        self.rounding = rounding
+
+    @property
+    def stochastic(self) -> bool:
+        return self.rounding == "stochastic"
 
     @property
     def is_plain_fp32(self) -> bool:
@@ -92,7 +149,9 @@ class StateQuantizer:
         return self.format.is_scaled and self.renorm_interval == 0
 
     def store(self, state: torch.Tensor, prev_scale: torch.Tensor | None = None,
-              n_stores: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+              n_stores: int = 0, key: StoreKey | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(data, scale)`` of ``state`` ``[N, ..., K, V]`` stored as store number ``n_stores``
+        (``key``: the random bits' key, needed by stochastic rounding)."""
         if not self.format.is_scaled:
             return quantize_state(state, self.format)
         if self.renorm_interval == 0:
@@ -101,28 +160,44 @@ class StateQuantizer:
             scale = self.fresh_scale(state)
             if prev_scale is not None and n_stores % self.renorm_interval != 0:
                 scale = torch.maximum(scale, prev_scale)
-        return self.quantize(state, scale)
+        return self.quantize(state, scale, key)
 
-    def store_state(self, state: torch.Tensor, prev: State | None = None) -> State:
-        """``state`` stored as the next store after ``prev`` (None: the first)."""
+    def store_state(self, state: torch.Tensor, prev: State | None = None, seed: int = 0) -> State:
+        """``state`` ``[B, H, K, V]`` stored as the next store after ``prev`` (None: the first);
+        stochastic rounding keys it by ``seed``, batch row and that store count."""
         n_stores = prev.n_stores + 1 if prev is not None else 1
-        data, scale = self.store(state, prev.scale if prev is not None else None, n_stores)
+        key = StoreKey.for_batch(seed, state.shape[0], n_stores, state.device) if self.stochastic else None
+        data, scale = self.store(state, prev.scale if prev is not None else None, n_stores, key)
         return State(data, scale, self.format.name, n_stores)
 
     def fresh_scale(self, state: torch.Tensor) -> torch.Tensor:
         """The scale a store computes from ``state`` alone (scaled formats)."""
         return absmax_scale(state, self.format.scale_dims, self.format.qmax)
 
-    def quantize(self, state: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``state`` in this (scaled) format with the given scale."""
-        return self.format.quantize(state, scale=scale)
+    def quantize(self, state: torch.Tensor, scale: torch.Tensor,
+                 key: StoreKey | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``state`` in this (scaled) format with the given scale (stochastic rounding: bits by ``key``)."""
+        if not self.stochastic:
+            return self.format.quantize(state, scale=scale)
+        if key is None:
+            raise ValueError("a stochastic store needs the key of its random bits (seed, slots, position)")
+        return self.format.quantize(state, scale=scale, rounding="stochastic", random=key.random_bytes(state.shape))
 
     @staticmethod
     def load(data: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         return dequantize_state(data, scale)
 
-    def roundtrip(self, state: torch.Tensor) -> torch.Tensor:
-        return self.load(*self.store(state))
+    def roundtrip(self, state: torch.Tensor, key: StoreKey | None = None) -> torch.Tensor:
+        return self.load(*self.store(state, key=key))
+
+    def chunk_roundtrip(self, seed: int, slots: torch.Tensor, position: int):
+        """The round trip a chunked prefill applies after each 64-token chunk (None: fp32 keeps the
+        state as it is): the ``j``-th call of the returned function keys its bits by sub-store ``j``."""
+        if self.is_plain_fp32:
+            return None
+        calls = iter(range(1, 1 << 62))
+        return lambda state: self.roundtrip(state, StoreKey(seed, slots, position, next(calls))
+                                            if self.stochastic else None)
 
 
 # A decode kernel's state pool: ``state`` ``[P, H, K, V]`` and per-row ``scale`` ``[P, H, K]``,
@@ -134,17 +209,23 @@ def load_pool_slots(state, scale, pool_idx, quantizer: StateQuantizer) -> torch.
     return quantizer.load(state[idx], scale[idx].unsqueeze(-1) if scale is not None else None)
 
 
-def store_pool_slots(h, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None) -> None:
-    """Store the new states ``h`` into the pool slots ``pool_idx`` in place, as a decode kernel does."""
+def store_pool_slots(h, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None, seed: int = 0) -> None:
+    """Store the new states ``h`` into the pool slots ``pool_idx`` in place, as a decode kernel does
+    (stochastic rounding: bits keyed by ``seed``, the slot and its store count ``n_stores + 1``)."""
     idx = pool_idx.long()
     old_scale = scale[idx].unsqueeze(-1) if scale is not None else None
+    key = None
+    if quantizer.stochastic:
+        if n_stores is None:
+            raise ValueError("stochastic rounding needs the per-slot store counts n_stores")
+        key = StoreKey(seed, idx, n_stores[idx].long() + 1)
     if quantizer.format.is_scaled and quantizer.renorm_interval > 1:
         # per slot: the scale only grows, except at a renormalisation (every N-th store of that slot)
         renorm_now = ((n_stores[idx] + 1) % quantizer.renorm_interval == 0).view(-1, 1, 1, 1)
         fresh = quantizer.fresh_scale(h)
-        data, new_scale = quantizer.quantize(h, torch.where(renorm_now, fresh, torch.maximum(fresh, old_scale)))
+        data, new_scale = quantizer.quantize(h, torch.where(renorm_now, fresh, torch.maximum(fresh, old_scale)), key)
     else:
-        data, new_scale = quantizer.store(h)
+        data, new_scale = quantizer.store(h, key=key)
     state[idx] = data
     if scale is not None:
         scale[idx] = new_scale.squeeze(-1).expand(len(idx), *scale.shape[1:])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .formats import get_format, kernel_code
-from .state import State, StateQuantizer, quantize_state
+from .state import State, StateQuantizer, StoreKey, quantize_state
 
 CHUNK = 64  # state round trips and checkpoints fall on multiples of this many tokens
 
@@ -19,9 +19,28 @@ def sequence_bounds(q: torch.Tensor, cu_seqlens: torch.Tensor | None) -> list[tu
     return list(zip(cu[:-1], cu[1:]))
 
 
-def store_states(state: torch.Tensor, fmt: str) -> State:
-    """float32 states stored in ``fmt`` with fresh scales (what a prefill returns)."""
-    return State(*quantize_state(state, fmt), fmt)
+def store_states(state: torch.Tensor, fmt: str, rounding: str = "nearest", seed: int = 0, position: int = 1,
+                 checkpoint_subs: list[int] | None = None) -> State:
+    """float32 states ``[N, H, K, V]`` stored in ``fmt`` with fresh scales (what a prefill returns),
+    or checkpoints ``[N, C, H, K, V]`` (``checkpoint_subs``: the sub-store of each ``c``); stochastic
+    rounding keys the bits of sequence ``n`` by ``(seed, n, position, sub)``."""
+    if rounding == "nearest":
+        return State(*quantize_state(state, fmt), fmt)
+    quant = StateQuantizer(fmt, rounding=rounding)
+    slots = torch.arange(state.shape[0], device=state.device)
+    if checkpoint_subs is None:
+        return State(*quant.store(state, key=StoreKey(seed, slots, position)), fmt)
+    parts = [quant.store(state[:, c], key=StoreKey(seed, slots, position, sub)) for c, sub in enumerate(checkpoint_subs)]
+    if not parts:
+        return State(*quantize_state(state, fmt), fmt)
+    return State(torch.stack([d for d, _ in parts], 1), torch.stack([s for _, s in parts], 1), fmt)
+
+
+def store_position(initial_state: State | None, position: int | None) -> int:
+    """The store count a prefill's stores are keyed by: given, or the one after ``initial_state``'s."""
+    if position is not None:
+        return position
+    return (initial_state.n_stores if initial_state is not None else 0) + 1
 
 
 def check_state_args(initial_state: State | None, final_format: str, shape: tuple, layout: str) -> None:
@@ -39,10 +58,15 @@ def _qmax(fmt: str) -> float:
 
 
 def state_io(initial_state: State | None, final: State | None, final_format: str,
-             roundtrip: StateQuantizer | None, H: int, K: int, dummy: torch.Tensor) -> tuple[dict, bool]:
+             roundtrip: StateQuantizer | None, H: int, K: int, dummy: torch.Tensor, rounding: str = "nearest",
+             seed: int = 0, position: int = 1) -> tuple[dict, bool]:
     """The state-format arguments both chunked kernels take: the initial state and its scales, the
-    final state's buffers, the static scales of a round trip, and their format constexprs. Also
-    whether a program needs whole state rows (per-row scales computed in it)."""
+    final state's buffers, the static scales of a round trip, and their format constexprs, with
+    the stochastic rounding of the round trips (the round trip's quantizer) and of the final state
+    and checkpoints (``rounding``), keyed by ``seed`` and ``position``. Also whether a program
+    needs whole state rows (per-row scales computed in it)."""
+    if rounding == "stochastic":
+        StateQuantizer(final_format, rounding=rounding)  # a clear error for a format it does not apply to
     rt_code = kernel_code(roundtrip.format) if roundtrip is not None else 0
     rt_static = bool(roundtrip is not None and roundtrip.uses_static_scale)
     args = dict(
@@ -55,6 +79,8 @@ def state_io(initial_state: State | None, final: State | None, final_format: str
         HAS_H0=initial_state is not None, IN_FMT=kernel_code(initial_state.format) if initial_state is not None else 0,
         STORE_HT=final is not None, OUT_FMT=kernel_code(final_format), QMAX_OUT=_qmax(final_format),
         RT_FMT=rt_code, RT_STATIC=rt_static, QMAX_RT=_qmax(roundtrip.format.name) if roundtrip is not None else 1.0,
+        seed=seed, position=position, RT_SR=bool(roundtrip is not None and roundtrip.stochastic),
+        OUT_SR=rounding == "stochastic",
     )
     needs_rows = get_format(final_format).is_scaled or (roundtrip is not None and roundtrip.format.is_scaled
                                                         and not rt_static)
@@ -78,6 +104,8 @@ def pool_args(state: torch.Tensor, scale: torch.Tensor | None, pool_idx: torch.T
         raise ValueError("state and scale pools must be contiguous in their last dimension")
     if fmt.is_scaled and quantizer.renorm_interval > 1 and n_stores is None:
         raise ValueError("renorm_interval > 1 needs the per-slot store counts n_stores")
+    if quantizer.stochastic and n_stores is None:
+        raise ValueError("stochastic rounding needs the per-slot store counts n_stores (its random bits' counter)")
     default_k, default_warps = DECODE_LAUNCH[fmt.name]
     scale_t = scale if scale is not None else state
     static = (quantizer.static_scale.reshape(H, K).float().contiguous().to(state.device)
@@ -86,5 +114,6 @@ def pool_args(state: torch.Tensor, scale: torch.Tensor | None, pool_idx: torch.T
     strides = (state.stride(0), state.stride(1), state.stride(2), scale_t.stride(0),
                scale_t.stride(1) if scale is not None else 0)
     consts = dict(FMT=code, RENORM=quantizer.renorm_interval, QMAX=fmt.qmax if fmt.is_scaled else 1.0,
+                  SR=quantizer.stochastic,
                   BLOCK_K=min(block_k or default_k, 1 << (K - 1).bit_length()))
     return ptrs, strides, consts, num_warps or default_warps

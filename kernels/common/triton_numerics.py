@@ -7,6 +7,11 @@ rounded division (``div_rn``, as PyTorch divides; states use a per-row reciproca
 and clamped to +-127, fp8 e4m3 clamped to +-448 then cast (round to nearest even). Format codes
 (``FMT``) are the registry's ``kernel_code`` (:mod:`.formats`): 0 fp32, 1 bf16, 2 fp8 e4m3 and 3 int8,
 the scaled ones with one float32 scale per K row.
+
+Stochastic rounding (``SR``): :func:`state_random_bytes` draws one random byte per state element
+from ``tl.philox`` with the counters of :func:`laquant.kernels.common.state.state_random_bytes`
+(one Philox call per 16 elements of a row), and :func:`round_stochastic_fp8` /
+:func:`round_stochastic_int` round with it exactly as their twins in :mod:`.numerics` do.
 """
 
 from __future__ import annotations
@@ -91,8 +96,52 @@ if triton is not None:
             tl.store(xo_row + offs_o, tl.load(row + idx, mask=mo, other=0.0), mask=mo)
 
     @triton.jit
-    def encode_state(st, scale, FMT: tl.constexpr):
-        """A float32 state tile in storage format ``FMT`` (``scale`` per row, scaled formats only).
+    def state_random_bytes(seed, slot, position, sub, h, offs_k, v0, K: tl.constexpr, V: tl.constexpr,
+                           BK: tl.constexpr, BV: tl.constexpr):
+        """The random bytes (int32, 0..255) of a stochastic store of the state tile rows
+        ``offs_k``, columns ``v0 .. v0 + BV`` of head ``h`` in ``slot``, store ``position``,
+        sub-store ``sub``: byte ``v % 16`` of ``philox(seed, (h*K + k) * ceil(V/16) + v // 16,
+        slot, position, sub)``."""
+        GROUPS: tl.constexpr = (V + 15) // 16
+        rows = (h * K + offs_k) * GROUPS
+        if BV >= 16:  # one Philox call per 16 elements, its four words spread over them
+            c0 = (rows[:, None] + (v0 // 16 + tl.arange(0, BV // 16))[None, :]).to(tl.uint32)
+            zero = c0 * 0
+            w0, w1, w2, w3 = tl.philox(seed, c0, (zero + slot).to(tl.uint32), (zero + position).to(tl.uint32),
+                                       (zero + sub).to(tl.uint32))
+            words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BK, BV // 16, 4])
+            shifts = (tl.arange(0, 4) * 8).to(tl.uint32)
+            out = tl.reshape((words[:, :, :, None] >> shifts[None, None, None, :]) & 0xFF, [BK, BV])
+        else:  # rows shorter than 16: one call per element, its byte picked
+            offs_v = v0 + tl.arange(0, BV)
+            c0 = (rows[:, None] + (offs_v // 16)[None, :]).to(tl.uint32)
+            zero = c0 * 0
+            w0, w1, w2, w3 = tl.philox(seed, c0, (zero + slot).to(tl.uint32), (zero + position).to(tl.uint32),
+                                       (zero + sub).to(tl.uint32))
+            word = (offs_v % 16 // 4)[None, :]
+            picked = tl.where(word == 0, w0, tl.where(word == 1, w1, tl.where(word == 2, w2, w3)))
+            out = (picked >> ((offs_v % 4) * 8).to(tl.uint32)[None, :]) & 0xFF
+        return out.to(tl.int32)
+
+    @triton.jit
+    def round_stochastic_int(y, r):
+        """``y`` rounded down or up in magnitude to an integer with the random byte ``r`` (up when
+        ``256 * frac >= 255.5 - r``): exact in float32, as ``numerics.round_stochastic_int``."""
+        units = tl.abs(y)
+        low = tl.floor(units)
+        mag = low + ((units - low) * 256.0 >= 255.5 - r.to(tl.float32)).to(tl.float32)
+        return tl.where(y < 0, -mag, mag)
+
+    @triton.jit
+    def round_stochastic_fp8(y, r):
+        """``y`` (``|y| <= 448``) rounded towards a neighbouring e4m3 value with the random byte
+        ``r``, on float32's bits, as ``numerics.round_stochastic_fp8`` (whose docstring says why)."""
+        return ((y.to(tl.int32, bitcast=True) + ((r << 12) + 2048)) & -1048576).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def encode_state(st, scale, FMT: tl.constexpr, SR: tl.constexpr, rbits):
+        """A float32 state tile in storage format ``FMT`` (``scale`` per row, scaled formats only),
+        rounded to nearest, or stochastically with the random bytes ``rbits`` when ``SR``.
 
         Scaled formats multiply by the row's reciprocal scale instead of dividing every element
         (an exact division per element made the decode step compute-bound): one rounding more
@@ -103,9 +152,17 @@ if triton is not None:
         elif FMT == 1:
             out = st.to(tl.bfloat16, fp_downcast_rounding="rtne")
         elif FMT == 2:
-            out = fp8_codes(st * tl.math.div_rn(1.0, scale)[:, None])
+            y = st * tl.math.div_rn(1.0, scale)[:, None]
+            if SR:
+                out = round_stochastic_fp8(tl.minimum(tl.maximum(y, -448.0), 448.0), rbits).to(tl.float8e4nv)
+            else:
+                out = fp8_codes(y)
         else:
-            out = int8_codes(st * tl.math.div_rn(1.0, scale)[:, None])
+            y = st * tl.math.div_rn(1.0, scale)[:, None]
+            if SR:
+                out = round_stochastic_int(tl.minimum(tl.maximum(y, -127.0), 127.0), rbits).to(tl.int8)
+            else:
+                out = int8_codes(y)
         return out
 
     @triton.jit
@@ -117,16 +174,17 @@ if triton is not None:
         return st
 
     @triton.jit
-    def roundtrip_state(st, static, FMT: tl.constexpr, STATIC: tl.constexpr, QMAX: tl.constexpr):
+    def roundtrip_state(st, static, FMT: tl.constexpr, STATIC: tl.constexpr, QMAX: tl.constexpr,
+                        SR: tl.constexpr, rbits):
         """Store then load: what a state kept in ``FMT`` still holds, with the row scales
-        ``static`` when ``STATIC``, else fresh per-row absmax scales."""
+        ``static`` when ``STATIC``, else fresh per-row absmax scales (``SR``: rounded with ``rbits``)."""
         if FMT == 0:
             out = st
         else:
             scale = static
             if not STATIC:
                 scale = absmax_row_scale(st, QMAX)
-            out = decode_state(encode_state(st, scale, FMT), scale, FMT)
+            out = decode_state(encode_state(st, scale, FMT, SR, rbits), scale, FMT)
         return out
 
     @triton.jit
@@ -138,9 +196,11 @@ if triton is not None:
         return decode_state(tl.load(data_ptrs, mask=mask, other=0.0), scale, FMT), scale
 
     @triton.jit
-    def store_state_rows(st, data_ptrs, scale_ptrs, mask_k, mask, scale, FMT: tl.constexpr):
-        """Store a float32 state tile in ``FMT`` with these row scales (kept too, scaled formats)."""
-        tl.store(data_ptrs, encode_state(st, scale, FMT), mask=mask)
+    def store_state_rows(st, data_ptrs, scale_ptrs, mask_k, mask, scale, FMT: tl.constexpr, SR: tl.constexpr,
+                         rbits):
+        """Store a float32 state tile in ``FMT`` with these row scales (kept too, scaled formats),
+        stochastically rounded with the bytes ``rbits`` when ``SR``."""
+        tl.store(data_ptrs, encode_state(st, scale, FMT, SR, rbits), mask=mask)
         if FMT >= 2:
             tl.store(scale_ptrs, scale, mask=mask_k)
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from ..common.state import State, StateQuantizer
-from ..common.state_io import CHUNK, check_state_args, sequence_bounds, state_io, store_states
+from ..common.state_io import CHUNK, check_state_args, sequence_bounds, state_io, store_position, store_states
 from .reference import chunk_gated_delta_rule
 
 try:
@@ -44,7 +44,7 @@ try:
     import triton.language as tl
 
     from ..common.triton_numerics import (absmax_row_scale, chunk_rows, mm, program_tile, roundtrip_state, start_state,
-                                          store_state_rows, tile_row)
+                                          state_random_bytes, store_state_rows, tile_row)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -52,20 +52,24 @@ except ImportError:  # laquant's CPU path needs no Triton
 def chunk_delta_reference(q, k, v, g, beta, scale=None, initial_state: State | None = None,
                           output_final_state: bool = False, final_format: str = "fp32",
                           roundtrip: StateQuantizer | None = None, cu_seqlens: torch.Tensor | None = None,
-                          use_qk_l2norm: bool = False):
+                          use_qk_l2norm: bool = False, rounding: str = "nearest", seed: int = 0,
+                          position: int | None = None):
     """What :func:`chunk_delta_triton` computes, in PyTorch; same arguments and returns."""
     return per_sequence_reference(chunk_gated_delta_rule, q, k, v, g, beta, scale, initial_state, output_final_state,
-                                  final_format, roundtrip, cu_seqlens, use_qk_l2norm)
+                                  final_format, roundtrip, cu_seqlens, use_qk_l2norm, rounding, seed, position)
 
 
 def per_sequence_reference(rule, q, k, v, g, beta, scale, initial_state, output_final_state, final_format, roundtrip,
-                           cu_seqlens, use_qk_l2norm):
+                           cu_seqlens, use_qk_l2norm, rounding: str = "nearest", seed: int = 0,
+                           position: int | None = None):
     """A chunked reference ``rule`` (:func:`chunk_gated_delta_rule`, KDA's ``chunk_kda``) run per
     sequence, with the state formats in, inside and out as the chunk kernel has them."""
-    rt = roundtrip.roundtrip if roundtrip is not None and not roundtrip.is_plain_fp32 else None
+    position = store_position(initial_state, position)
     h0 = initial_state.load() if initial_state is not None else None
     outs, finals = [], []
     for n, (bos, eos) in enumerate(sequence_bounds(q, cu_seqlens)):
+        rt = roundtrip.chunk_roundtrip(seed, torch.tensor([n], device=q.device), position) \
+            if roundtrip is not None else None
         b = 0 if cu_seqlens is not None else n
         seg = lambda x: x[b:b + 1, bos:eos]  # noqa: E731
         o, state = rule(seg(q), seg(k), seg(v), seg(g), seg(beta), scale,
@@ -74,7 +78,7 @@ def per_sequence_reference(rule, q, k, v, g, beta, scale, initial_state, output_
         outs.append(o)
         finals.append(state)
     o = torch.cat(outs, 1) if cu_seqlens is not None else torch.cat(outs, 0)
-    return o, (store_states(torch.cat(finals), final_format) if output_final_state else None)
+    return o, (store_states(torch.cat(finals), final_format, rounding, seed, position) if output_final_state else None)
 
 
 if triton is not None:
@@ -92,6 +96,7 @@ if triton is not None:
         h0_ptr, h0s_ptr, ht_ptr, hts_ptr, static_ptr,
         HAS_H0: tl.constexpr, IN_FMT: tl.constexpr, STORE_HT: tl.constexpr, OUT_FMT: tl.constexpr,
         QMAX_OUT: tl.constexpr, RT_FMT: tl.constexpr, RT_STATIC: tl.constexpr, QMAX_RT: tl.constexpr,
+        seed, position, RT_SR: tl.constexpr, OUT_SR: tl.constexpr,
     ):
         n, h, i_v, bos, eos, b, offs_k, offs_v, mk, mv, mkv = program_tile(cu_ptr, T, H, K, V, BK, BV, VARLEN)
         S, static, state_off, scale_off = start_state(h0_ptr, h0s_ptr, static_ptr, n, h, offs_k, offs_v, mk, mkv, H, K,
@@ -156,16 +161,25 @@ if triton is not None:
             S = S * decay_chunk + mm(tl.trans(k * decay_out), v_new, LOW_PRECISION)
             if RT_FMT > 0:
                 if ((i_c + 1) % RT_EVERY == 0) & (t0 + BT < eos):
-                    S = roundtrip_state(S, static, RT_FMT, RT_STATIC, QMAX_RT)
+                    rbits = 0
+                    if RT_SR:
+                        rbits = state_random_bytes(seed, n, position, (i_c + 1) // RT_EVERY, h, offs_k, i_v * BV, K, V,
+                                                   BK, BV)
+                    S = roundtrip_state(S, static, RT_FMT, RT_STATIC, QMAX_RT, RT_SR, rbits)
         if STORE_HT:
-            store_state_rows(S, ht_ptr + state_off, hts_ptr + scale_off, mk, mkv, absmax_row_scale(S, QMAX_OUT), OUT_FMT)
+            rbits = 0
+            if OUT_SR:
+                rbits = state_random_bytes(seed, n, position, 0, h, offs_k, i_v * BV, K, V, BK, BV)
+            store_state_rows(S, ht_ptr + state_off, hts_ptr + scale_off, mk, mkv, absmax_row_scale(S, QMAX_OUT), OUT_FMT,
+                             OUT_SR, rbits)
 
 
 def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_state: State | None = None,
                        output_final_state: bool = False, final_format: str = "fp32",
                        roundtrip: StateQuantizer | None = None, cu_seqlens: torch.Tensor | None = None,
                        use_qk_l2norm: bool = False, block_t: int = 16, block_v: int | None = None,
-                       num_warps: int = 4, num_stages: int = 1, out: torch.Tensor | None = None):
+                       num_warps: int = 4, num_stages: int = 1, out: torch.Tensor | None = None,
+                       rounding: str = "nearest", seed: int = 0, position: int | None = None):
     """Chunked gated-delta-rule forward. q, k ``[B, T, Hk, K]``, v ``[B, T, Hv, V]`` (``Hv`` a
     multiple of ``Hk``), g (log-decay) and beta ``[B, T, Hv]``. With ``cu_seqlens`` (int32
     ``[N + 1]``), B is 1 and the N sequences lie back to back along T, as in fla.
@@ -175,7 +189,9 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
     applied every 64 tokens. ``final_format``: the final state's format (fresh per-row scales).
     ``use_qk_l2norm`` normalises q and k in the kernel (Qwen3-Next does). ``block_t`` (16, 32 or
     64), ``block_v``, ``num_warps`` and ``num_stages`` are launch parameters; they do not change
-    the result beyond rounding. By default V is split over several programs (down to 32 columns)
+    the result beyond rounding. ``rounding``, ``seed`` and ``position``: the final state's (and a
+    stochastic ``roundtrip``'s) stochastic rounding, as in :func:`~laquant.kernels.gla.chunk.chunk_gla_triton`.
+    By default V is split over several programs (down to 32 columns)
     while the ``N * Hv`` sequence-heads alone cannot fill the GPU, unless a per-row state format
     needs whole rows. Returns ``(o, final_state or None)``.
     """
@@ -189,11 +205,11 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
                          f"[B, T, Hv]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"g {tuple(g.shape)}, beta {tuple(beta.shape)}")
     return launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, final_format, roundtrip, cu_seqlens,
-                        use_qk_l2norm, block_t, block_v, num_warps, num_stages, out)
+                        use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding, seed, position)
 
 
 def launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, final_format, roundtrip, cu_seqlens,
-                 use_qk_l2norm, block_t, block_v, num_warps, num_stages, out):
+                 use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding="nearest", seed=0, position=None):
     """The chunk kernel on shape-checked arguments; g ``[B, T, Hv]`` (per head) or ``[B, T, Hv, K]``
     (per channel, KDA's): the gated delta rule's and KDA's prefill share it."""
     B, T, Hk, K = q.shape
@@ -208,7 +224,8 @@ def launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, fin
     check_state_args(initial_state, final_format, (N, H, K, V), "[N, Hv, K, V]")
     final = State.empty((N, H, K, V), final_format, q.device) if output_final_state else None
     dummy = o
-    state_args, needs_rows = state_io(initial_state, final, final_format, roundtrip, H, K, dummy)
+    state_args, needs_rows = state_io(initial_state, final, final_format, roundtrip, H, K, dummy, rounding, seed,
+                                      store_position(initial_state, position))
     BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
     if not needs_rows:  # per-row scales need whole rows in one program
         if block_v is not None:

@@ -27,14 +27,14 @@ try:
     import triton
     import triton.language as tl
 
-    from ..common.triton_numerics import load_state_rows, store_state_rows, stored_row_scale
+    from ..common.triton_numerics import load_state_rows, state_random_bytes, store_state_rows, stored_row_scale
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
 
 def delta_decode_step_reference(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer,
                                 n_stores: torch.Tensor | None = None, qk_scale: float | None = None,
-                                use_qk_l2norm: bool = False):
+                                use_qk_l2norm: bool = False, seed: int = 0):
     """What the kernel computes, in PyTorch. Updates ``state``/``scale`` in place; returns ``o``
     ``[B, Hv, V]`` in ``v.dtype``."""
     r = v.shape[1] // q.shape[1]
@@ -43,7 +43,7 @@ def delta_decode_step_reference(q, k, v, g, beta, state, scale, pool_idx, quanti
         q, k = l2_normalize(q), l2_normalize(k)
     o, h = recurrent_gated_delta_rule_step(q, k, v.float(), g.float(), beta.float(),
                                            load_pool_slots(state, scale, pool_idx, quantizer), qk_scale)
-    store_pool_slots(h, state, scale, pool_idx, quantizer, n_stores)
+    store_pool_slots(h, state, scale, pool_idx, quantizer, n_stores, seed)
     return o.to(v.dtype)
 
 
@@ -54,9 +54,9 @@ if triton is not None:
         q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, scale_ptr, idx_ptr, nstore_ptr, static_ptr,
         s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_vb, s_vh, s_vv, s_gb, s_gh, s_gk, s_bb, s_bh, s_ob, s_oh,
         s_sp, s_sh, s_sk, s_cp, s_ch,
-        qk_scale,
+        qk_scale, seed,
         H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr,
-        BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, L2NORM: tl.constexpr,
+        BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr, L2NORM: tl.constexpr,
     ):
         pid = tl.program_id(0)
         b = pid // H
@@ -73,8 +73,11 @@ if triton is not None:
         state_base = state_ptr + slot * s_sp + h * s_sh
         scale_base = scale_ptr + slot * s_cp + h * s_ch
         renorm_now = False
-        if RENORM > 1:
-            renorm_now = (tl.load(nstore_ptr + slot) + 1) % RENORM == 0
+        position = 0  # this store's count: the stochastic rounding's counter (a device value, graph-safe)
+        if RENORM > 1 or SR:
+            position = tl.load(nstore_ptr + slot) + 1
+            if RENORM > 1:
+                renorm_now = position % RENORM == 0
 
         # pass 1: the norms of q and k (when asked) and k^T S of the decayed incoming state
         q_mul = qk_scale
@@ -116,7 +119,10 @@ if triton is not None:
             if FMT >= 2:
                 new_scale = stored_row_scale(st, old_scale, static_ptr + h * K + offs_k, mask_k, renorm_now, RENORM,
                                              QMAX)
-            store_state_rows(st, ptrs, scale_base + offs_k, mask_k, mask, new_scale, FMT)
+            rbits = 0
+            if SR:
+                rbits = state_random_bytes(seed, slot, position, 0, h, offs_k, 0, K, V, BLOCK_K, BLOCK_V)
+            store_state_rows(st, ptrs, scale_base + offs_k, mask_k, mask, new_scale, FMT, SR, rbits)
         o = tl.sum(readout, axis=0)
         tl.store(o_ptr + b * s_ob + h * s_oh + offs_v, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
                  mask=mask_v)
@@ -125,11 +131,12 @@ if triton is not None:
 def delta_decode_step(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer,
                       n_stores: torch.Tensor | None = None, qk_scale: float | None = None,
                       use_qk_l2norm: bool = False, block_k: int | None = None, num_warps: int | None = None,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+                      out: torch.Tensor | None = None, seed: int = 0) -> torch.Tensor:
     """Triton decode step. q, k ``[B, Hk, K]``, v ``[B, Hv, V]``, g (log-decay) and beta ``[B, Hv]``;
     ``state`` ``[P, Hv, K, V]`` with V contiguous; ``scale`` ``[P, Hv, K]`` float32 (scaled formats
     only); ``pool_idx`` ``[B]`` int32. The slots are updated in place (``n_stores`` is read, not
-    incremented: the caller counts). Returns ``o`` ``[B, Hv, V]``."""
+    incremented: the caller counts; stochastic rounding keys its bits by ``seed``, the slot and
+    ``n_stores + 1``). Returns ``o`` ``[B, Hv, V]``."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use delta_decode_step_reference")
     B, Hk, K = q.shape
@@ -139,11 +146,11 @@ def delta_decode_step(q, k, v, g, beta, state, scale, pool_idx, quantizer: State
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, g {tuple(g.shape)}, "
                          f"beta {tuple(beta.shape)}")
     return launch_decode(q, k, v, g.unsqueeze(-1).expand(B, H, K), beta, state, scale, pool_idx, quantizer, n_stores,
-                         qk_scale, use_qk_l2norm, block_k, num_warps, out)
+                         qk_scale, use_qk_l2norm, block_k, num_warps, out, seed)
 
 
 def launch_decode(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_scale, use_qk_l2norm, block_k,
-                  num_warps, out):
+                  num_warps, out, seed=0):
     """The decode kernel on checked arguments, g ``[B, Hv, K]`` a per-row log-decay (an expanded
     per-head one has stride 0 over K): the gated delta rule's and KDA's step share it."""
     B, Hk, K = q.shape
@@ -157,7 +164,7 @@ def launch_decode(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores,
         q, k, v, g, beta, o, *pool,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
         o.stride(0), o.stride(1), *pool_strides,
-        K ** -0.5 if qk_scale is None else qk_scale, H=H, GROUP=H // Hk, K=K, V=V,
+        K ** -0.5 if qk_scale is None else qk_scale, seed, H=H, GROUP=H // Hk, K=K, V=V,
         BLOCK_V=triton.next_power_of_2(V), L2NORM=use_qk_l2norm, num_warps=num_warps, **consts,
     )
     return o

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from ..common.state import State, StateQuantizer
-from ..common.state_io import CHUNK, check_state_args, sequence_bounds, state_io, store_states
+from ..common.state_io import CHUNK, check_state_args, sequence_bounds, state_io, store_position, store_states
 from .reference import chunk_gla
 
 try:
@@ -32,7 +32,7 @@ try:
     import triton.language as tl
 
     from ..common.triton_numerics import (absmax_row_scale, chunk_rows, mm, program_tile, roundtrip_state, start_state,
-                                          store_state_rows, tile_row)
+                                          state_random_bytes, store_state_rows, tile_row)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -42,16 +42,19 @@ SUB = 16  # rows per column block of the intra-chunk split
 def chunk_gla_reference(q, k, v, g, scale=None, initial_state: State | None = None,
                         output_final_state: bool = False, final_format: str = "fp32",
                         roundtrip: StateQuantizer | None = None, checkpoint_every: int = 0,
-                        cu_seqlens: torch.Tensor | None = None):
+                        cu_seqlens: torch.Tensor | None = None, rounding: str = "nearest", seed: int = 0,
+                        position: int | None = None):
     """What :func:`chunk_gla_triton` computes, in PyTorch; same arguments and returns."""
     if g.dim() == 3:  # scalar per-head decay
         g = g.unsqueeze(-1).expand_as(q)
     bounds = sequence_bounds(q, cu_seqlens)
-    rt = roundtrip.roundtrip if roundtrip is not None and not roundtrip.is_plain_fp32 else None
+    position = store_position(initial_state, position)
     h0 = initial_state.load() if initial_state is not None else None
     outs, finals, ckpts = [], [], []
     for n, (bos, eos) in enumerate(bounds):
         b = 0 if cu_seqlens is not None else n
+        slot = torch.tensor([n], device=q.device)
+        rt = roundtrip.chunk_roundtrip(seed, slot, position) if roundtrip is not None else None
         state = h0[n:n + 1] if h0 is not None else None
         pieces, seq_ckpts = [], []
         step = checkpoint_every or max(eos - bos, 1)
@@ -70,7 +73,7 @@ def chunk_gla_reference(q, k, v, g, scale=None, initial_state: State | None = No
         finals.append(state)
         ckpts.append(seq_ckpts)
     o = torch.cat(outs, 1) if cu_seqlens is not None else torch.cat(outs, 0)
-    final = store_states(torch.cat(finals), final_format) if output_final_state else None
+    final = store_states(torch.cat(finals), final_format, rounding, seed, position) if output_final_state else None
     ck = None
     if checkpoint_every:
         n_max = max(len(c) for c in ckpts)
@@ -78,7 +81,8 @@ def chunk_gla_reference(q, k, v, g, scale=None, initial_state: State | None = No
         for n, c in enumerate(ckpts):
             for i, s in enumerate(c):
                 full[n, i] = s[0]
-        ck = store_states(full, final_format)
+        ck = store_states(full, final_format, rounding, seed, position,
+                          [(i + 1) * checkpoint_every // CHUNK for i in range(n_max)])
     return o, final, ck
 
 
@@ -97,6 +101,7 @@ if triton is not None:
         h0_ptr, h0s_ptr, ht_ptr, hts_ptr, static_ptr,
         HAS_H0: tl.constexpr, IN_FMT: tl.constexpr, STORE_HT: tl.constexpr, OUT_FMT: tl.constexpr,
         QMAX_OUT: tl.constexpr, RT_FMT: tl.constexpr, RT_STATIC: tl.constexpr, QMAX_RT: tl.constexpr,
+        seed, position, RT_SR: tl.constexpr, OUT_SR: tl.constexpr,
     ):
         n, h, i_v, bos, eos, b, offs_k, offs_v, mk, mv, mkv = program_tile(cu_ptr, T, H, K, V, BK, BV, VARLEN)
         rows = tl.arange(0, BT)
@@ -162,16 +167,29 @@ if triton is not None:
                 if ((i_c + 1) % CKPT_EVERY == 0) & (t0 + BT <= eos):
                     c_idx = (i_c + 1) // CKPT_EVERY - 1
                     ck_off = ((n * n_ckpt + c_idx) * H + h).to(tl.int64) * K
+                    rbits = 0
+                    if OUT_SR:
+                        rbits = state_random_bytes(seed, n, position, (i_c + 1) // RT_EVERY, h, offs_k, i_v * BV, K, V,
+                                                   BK, BV)
                     store_state_rows(S, ck_ptr + ck_off * V + offs_k[:, None] * V + offs_v[None, :],
-                                     cks_ptr + ck_off + offs_k, mk, mkv, absmax_row_scale(S, QMAX_OUT), OUT_FMT)
+                                     cks_ptr + ck_off + offs_k, mk, mkv, absmax_row_scale(S, QMAX_OUT), OUT_FMT, OUT_SR,
+                                     rbits)
             if RT_FMT > 0:
                 if ((i_c + 1) % RT_EVERY == 0) & (t0 + BT < eos):
-                    S = roundtrip_state(S, static, RT_FMT, RT_STATIC, QMAX_RT)
+                    rbits = 0
+                    if RT_SR:
+                        rbits = state_random_bytes(seed, n, position, (i_c + 1) // RT_EVERY, h, offs_k, i_v * BV, K, V,
+                                                   BK, BV)
+                    S = roundtrip_state(S, static, RT_FMT, RT_STATIC, QMAX_RT, RT_SR, rbits)
         if STORE_DECAY:
             if i_v == 0:
                 tl.store(decay_ptr + scale_off, g_total, mask=mk)
         if STORE_HT:
-            store_state_rows(S, ht_ptr + state_off, hts_ptr + scale_off, mk, mkv, absmax_row_scale(S, QMAX_OUT), OUT_FMT)
+            rbits = 0
+            if OUT_SR:
+                rbits = state_random_bytes(seed, n, position, 0, h, offs_k, i_v * BV, K, V, BK, BV)
+            store_state_rows(S, ht_ptr + state_off, hts_ptr + scale_off, mk, mkv, absmax_row_scale(S, QMAX_OUT), OUT_FMT,
+                             OUT_SR, rbits)
 
 
     @triton.jit
@@ -204,7 +222,8 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
                      roundtrip: StateQuantizer | None = None, checkpoint_every: int = 0,
                      cu_seqlens: torch.Tensor | None = None, block_t: int = 16, block_v: int | None = None,
                      num_warps: int = 4, num_stages: int = 1, segments: int | None = None,
-                     out: torch.Tensor | None = None):
+                     out: torch.Tensor | None = None, rounding: str = "nearest", seed: int = 0,
+                     position: int | None = None):
     """Chunked GLA forward. q, k ``[B, T, H, K]``, v ``[B, T, H, V]``, g the log-decay, ``[B, T, H, K]``
     per channel or ``[B, T, H]`` per head. With ``cu_seqlens`` (int32 ``[N + 1]``), B is 1 and the
     N sequences lie back to back along T, as in fla.
@@ -218,6 +237,10 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
     ``segments``: split each sequence into this many pieces run in parallel (default: enough to
     fill the GPU when ``B * H`` programs cannot). Only for float32 states without checkpoints: a
     round trip through a storage format every 64 tokens is sequential by nature.
+    ``rounding`` (nearest or stochastic) rounds the final state and the checkpoints; a stochastic
+    ``roundtrip`` quantizer rounds the round trips so. Their random bits are keyed by ``seed``,
+    the sequence, ``position`` (default: the store after ``initial_state``'s) and the 64-token
+    chunk (:func:`~laquant.kernels.common.state.state_random_bytes`).
     Returns ``(o, final_state or None, checkpoints or None)``; checkpoint ``c`` of a sequence is
     its state after ``(c + 1) * checkpoint_every`` tokens (zeros past its end).
     """
@@ -240,6 +263,7 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
     o = torch.empty_like(v) if out is None else out
     check_state_args(initial_state, final_format, (N, H, K, V), "[N, H, K, V]")
     sequential_state = (roundtrip is not None and not roundtrip.is_plain_fp32) or checkpoint_every
+    rng = dict(rounding=rounding, seed=seed, position=store_position(initial_state, position))
     if segments is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
         # below one program per SM, split; the split costs a state-only pass over k, v, g
@@ -251,7 +275,7 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
         if sequential_state or cu_seqlens is not None:
             raise ValueError("segments > 1 needs float32 states without checkpoints and no cu_seqlens")
         return _segmented(q, k, v, g, scale, initial_state, output_final_state, final_format, segments, o,
-                          dict(block_t=block_t, block_v=block_v, num_warps=num_warps, num_stages=num_stages))
+                          dict(block_t=block_t, block_v=block_v, num_warps=num_warps, num_stages=num_stages), rng)
     final = State.empty((N, H, K, V), final_format, q.device) if output_final_state else None
     longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
     n_ckpt = longest // checkpoint_every if checkpoint_every else 0
@@ -262,11 +286,11 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
             ckpt.scale.fill_(1.0)
     _launch(q, k, v, g, o, scale, N, initial_state, final, ckpt if n_ckpt else None, checkpoint_every, roundtrip,
             cu_seqlens, store_o=True, decay=None, block_t=block_t, block_v=block_v, num_warps=num_warps,
-            num_stages=num_stages)
+            num_stages=num_stages, rng=rng)
     return o, final, ckpt
 
 
-def _segmented(q, k, v, g, scale, initial_state, output_final_state, final_format, segments, o, launch):
+def _segmented(q, k, v, g, scale, initial_state, output_final_state, final_format, segments, o, launch, rng):
     """Sequence-parallel prefill: each sequence cut into ``segments`` pieces. Pass 1 runs every
     piece from a zero state and keeps its final state and summed log-decay; a scan chains those
     into each piece's true initial state; pass 2 runs every piece from it, writing o."""
@@ -295,16 +319,17 @@ def _segmented(q, k, v, g, scale, initial_state, output_final_state, final_forma
                                                        HAS_H0=initial_state is not None)
     _launch(qf, kf, vf, gf, of, scale, n_pieces, State(starts_state, None, "fp32"), None, None, 0, None, cu,
             store_o=True, decay=None, **launch)
-    return o, (store_states(final, final_format) if output_final_state else None), None
+    return o, (store_states(final, final_format, rng["rounding"], rng["seed"], rng["position"])
+               if output_final_state else None), None
 
 
 def _launch(q, k, v, g, o, scale, N, initial_state, final, ckpt, checkpoint_every, roundtrip, cu_seqlens, store_o,
-            decay, block_t, block_v, num_warps, num_stages):
+            decay, block_t, block_v, num_warps, num_stages, rng=None):
     B, T, H, K = q.shape
     V = v.shape[-1]
     final_format = final.format if final is not None else (ckpt.format if ckpt is not None else "fp32")
     dummy = o
-    state_args, needs_rows = state_io(initial_state, final, final_format, roundtrip, H, K, dummy)
+    state_args, needs_rows = state_io(initial_state, final, final_format, roundtrip, H, K, dummy, **(rng or {}))
     BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
     if block_v is not None and not needs_rows:  # per-row scales need whole rows in one program
         BV = min(BV, block_v)

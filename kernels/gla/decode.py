@@ -23,16 +23,16 @@ try:
     import triton
     import triton.language as tl
 
-    from ..common.triton_numerics import load_state_rows, store_state_rows, stored_row_scale
+    from ..common.triton_numerics import load_state_rows, state_random_bytes, store_state_rows, stored_row_scale
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
 
 def gla_decode_step_reference(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer,
-                              n_stores: torch.Tensor | None = None, qk_scale: float | None = None):
+                              n_stores: torch.Tensor | None = None, qk_scale: float | None = None, seed: int = 0):
     """What the kernel computes, in PyTorch. Updates ``state``/``scale`` in place; returns ``o``."""
     o, h = recurrent_gla_step(q, k, v, g, load_pool_slots(state, scale, pool_idx, quantizer), qk_scale)
-    store_pool_slots(h, state, scale, pool_idx, quantizer, n_stores)
+    store_pool_slots(h, state, scale, pool_idx, quantizer, n_stores, seed)
     return o
 
 
@@ -43,9 +43,9 @@ if triton is not None:
         q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, state_ptr, scale_ptr, idx_ptr, nstore_ptr, static_ptr,
         s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_vb, s_vh, s_vv, s_gb, s_gh, s_gk, s_ob, s_oh,
         s_sp, s_sh, s_sk, s_cp, s_ch,
-        qk_scale,
+        qk_scale, seed,
         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-        FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr,
+        FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr,
     ):
         pid = tl.program_id(0)
         b = pid // H
@@ -56,8 +56,11 @@ if triton is not None:
         v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_v * s_vv, mask=mask_v, other=0.0).to(tl.float32)
         readout = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)  # reduced over K once, after the loop
         renorm_now = False
-        if RENORM > 1:
-            renorm_now = (tl.load(nstore_ptr + slot) + 1) % RENORM == 0
+        position = 0  # this store's count: the stochastic rounding's counter (a device value, graph-safe)
+        if RENORM > 1 or SR:
+            position = tl.load(nstore_ptr + slot) + 1
+            if RENORM > 1:
+                renorm_now = position % RENORM == 0
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < K
@@ -74,7 +77,10 @@ if triton is not None:
             if FMT >= 2:
                 new_scale = stored_row_scale(st, old_scale, static_ptr + h * K + offs_k, mask_k, renorm_now, RENORM,
                                              QMAX)
-            store_state_rows(st, ptrs, sc_ptrs, mask_k, mask, new_scale, FMT)
+            rbits = 0
+            if SR:
+                rbits = state_random_bytes(seed, slot, position, 0, h, offs_k, 0, K, V, BLOCK_K, BLOCK_V)
+            store_state_rows(st, ptrs, sc_ptrs, mask_k, mask, new_scale, FMT, SR, rbits)
         o = tl.sum(readout, axis=0)
         tl.store(o_ptr + b * s_ob + h * s_oh + offs_v, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
                  mask=mask_v)
@@ -83,10 +89,11 @@ if triton is not None:
 def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer,
                     n_stores: torch.Tensor | None = None, qk_scale: float | None = None,
                     block_k: int | None = None, num_warps: int | None = None,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, seed: int = 0) -> torch.Tensor:
     """Triton decode step. q, k, g ``[B, H, K]``, v ``[B, H, V]``; ``state`` ``[P, H, K, V]`` with
     V contiguous; ``scale`` ``[P, H, K]`` float32 (fp8 only); ``pool_idx`` ``[B]`` int32. The slots
-    are updated in place (``n_stores`` is read, not incremented: the caller counts). Returns ``o``."""
+    are updated in place (``n_stores`` is read, not incremented: the caller counts). A stochastic
+    ``quantizer`` draws its bits keyed by ``seed``, the slot and ``n_stores + 1``. Returns ``o``."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use gla_decode_step_reference")
     B, H, K = q.shape
@@ -99,6 +106,6 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
         q, k, v, g, o, *pool,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(),
         o.stride(0), o.stride(1), *pool_strides,
-        qk_scale, H=H, K=K, V=V, BLOCK_V=triton.next_power_of_2(V), num_warps=num_warps, **consts,
+        qk_scale, seed, H=H, K=K, V=V, BLOCK_V=triton.next_power_of_2(V), num_warps=num_warps, **consts,
     )
     return o

@@ -25,20 +25,23 @@ from .reference import chunk_kda
 def chunk_kda_reference(q, k, v, g, beta, scale=None, initial_state: State | None = None,
                         output_final_state: bool = False, final_format: str = "fp32",
                         roundtrip: StateQuantizer | None = None, cu_seqlens: torch.Tensor | None = None,
-                        use_qk_l2norm: bool = False):
+                        use_qk_l2norm: bool = False, rounding: str = "nearest", seed: int = 0,
+                        position: int | None = None):
     """What :func:`chunk_kda_triton` computes, in PyTorch; same arguments and returns."""
     return per_sequence_reference(chunk_kda, q, k, v, g, beta, scale, initial_state, output_final_state, final_format,
-                                  roundtrip, cu_seqlens, use_qk_l2norm)
+                                  roundtrip, cu_seqlens, use_qk_l2norm, rounding, seed, position)
 
 
 def chunk_kda_triton(q, k, v, g, beta, scale: float | None = None, initial_state: State | None = None,
                      output_final_state: bool = False, final_format: str = "fp32",
                      roundtrip: StateQuantizer | None = None, cu_seqlens: torch.Tensor | None = None,
                      use_qk_l2norm: bool = False, block_t: int = 16, block_v: int | None = None,
-                     num_warps: int = 4, num_stages: int = 1, out: torch.Tensor | None = None):
+                     num_warps: int = 4, num_stages: int = 1, out: torch.Tensor | None = None,
+                     rounding: str = "nearest", seed: int = 0, position: int | None = None):
     """Chunked KDA forward. q, k ``[B, T, Hk, K]``, v ``[B, T, Hv, V]`` (``Hv`` a multiple of
     ``Hk``), g (log-decay) ``[B, T, Hv, K]``, beta ``[B, T, Hv]``; ``cu_seqlens``, the state
-    arguments and the launch parameters as :func:`~laquant.kernels.delta.chunk.chunk_delta_triton`.
+    arguments, the launch parameters and the stochastic rounding's as
+    :func:`~laquant.kernels.delta.chunk.chunk_delta_triton`.
     Returns ``(o, final_state or None)``."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use chunk_kda_reference")
@@ -50,4 +53,4 @@ def chunk_kda_triton(q, k, v, g, beta, scale: float | None = None, initial_state
                          f"and beta [B, T, Hv]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"g {tuple(g.shape)}, beta {tuple(beta.shape)}")
     return launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, final_format, roundtrip, cu_seqlens,
-                        use_qk_l2norm, block_t, block_v, num_warps, num_stages, out)
+                        use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding, seed, position)

@@ -21,7 +21,7 @@ from .reference import recurrent_kda_step
 
 def kda_decode_step_reference(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer,
                               n_stores: torch.Tensor | None = None, qk_scale: float | None = None,
-                              use_qk_l2norm: bool = False):
+                              use_qk_l2norm: bool = False, seed: int = 0):
     """What the kernel computes, in PyTorch. Updates ``state``/``scale`` in place; returns ``o``
     ``[B, Hv, V]`` in ``v.dtype``."""
     r = v.shape[1] // q.shape[1]
@@ -30,18 +30,18 @@ def kda_decode_step_reference(q, k, v, g, beta, state, scale, pool_idx, quantize
         q, k = l2_normalize(q), l2_normalize(k)
     o, h = recurrent_kda_step(q, k, v.float(), g.float(), beta.float(),
                               load_pool_slots(state, scale, pool_idx, quantizer), qk_scale)
-    store_pool_slots(h, state, scale, pool_idx, quantizer, n_stores)
+    store_pool_slots(h, state, scale, pool_idx, quantizer, n_stores, seed)
     return o.to(v.dtype)
 
 
 def kda_decode_step(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer,
                     n_stores: torch.Tensor | None = None, qk_scale: float | None = None,
                     use_qk_l2norm: bool = False, block_k: int | None = None, num_warps: int | None = None,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, seed: int = 0) -> torch.Tensor:
     """Triton decode step. q, k ``[B, Hk, K]``, v ``[B, Hv, V]``, g (log-decay) ``[B, Hv, K]``, beta
     ``[B, Hv]``; ``state`` ``[P, Hv, K, V]`` with V contiguous; ``scale`` ``[P, Hv, K]`` float32
     (scaled formats only); ``pool_idx`` ``[B]`` int32. The slots are updated in place (``n_stores``
-    is read, not incremented: the caller counts). Returns ``o`` ``[B, Hv, V]``."""
+    is read, not incremented: the caller counts; stochastic rounding keys its bits by ``seed``). Returns ``o`` ``[B, Hv, V]``."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use kda_decode_step_reference")
     B, Hk, K = q.shape
@@ -51,4 +51,4 @@ def kda_decode_step(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQu
                          f"[B, Hv]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"g {tuple(g.shape)}, beta {tuple(beta.shape)}")
     return launch_decode(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_scale, use_qk_l2norm,
-                         block_k, num_warps, out)
+                         block_k, num_warps, out, seed)

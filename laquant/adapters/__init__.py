@@ -31,12 +31,18 @@ def install(model) -> Adapter:
     return adapter
 
 
-def new_cache(model):
+def new_cache(model, seed: int = 0):
     """A fresh cache for ``model`` (laquant's GLA or a transformers hybrid): what ``past_key_values``
-    takes for incremental decoding."""
+    takes for incremental decoding. ``seed`` keys a stochastically rounded state's random bits."""
+    from laquant.models.cache import check_seed, state_store
+
     if hasattr(model, "new_cache"):
-        return model.new_cache()
-    return get_adapter(model).new_cache()
+        return model.new_cache(seed)
+    cache = get_adapter(model).new_cache()
+    store = state_store(cache)
+    if store is not None:
+        store.seed = check_seed(seed)
+    return cache
 
 
 __all__ = ["Adapter", "MixerInfo", "get_adapter", "install", "new_cache"]

@@ -12,7 +12,7 @@ from laquant.api import load
 from laquant.cli.common import pick_device, versions, write_atomic
 from laquant.data import load_text, tokenize
 from laquant.errors import LaquantError
-from laquant.eval.plots import plot_loss_by_position
+from laquant.eval.plots import plot_drift, plot_loss_by_position
 from laquant.eval.ppl import default_stride, perplexity, strided_windows
 from laquant.loading import load_tokenizer, read_supported_config, resolve_model_dir
 
@@ -37,10 +37,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline", default=None, help="also evaluate this model (e.g. the unquantized one)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--plot", metavar="PNG", help="also plot loss by position in the window")
+    p.add_argument("--plot-drift", metavar="PNG",
+                   help="also plot the model's loss by position minus the baseline's (needs --baseline)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plot_drift and args.baseline is None:
+        raise LaquantError("--plot-drift compares against a baseline: give --baseline MODEL")
     if args.max_tokens is not None and args.max_tokens < 2:
         raise LaquantError(f"--max-tokens must be at least 2, got {args.max_tokens}")
     device = pick_device(args.device)
@@ -81,6 +85,11 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         series = {f"{label} {r.mode} ctx={r.context}": r.loss_by_position for label, _, r in results}
         plot_loss_by_position(series, Path(args.plot), f"loss by position, {args.data}")
+    if args.plot_drift:
+        base = {(r.mode, r.context): r.loss_by_position_all for label, _, r in results if label == "baseline"}
+        pairs = {f"{r.mode} ctx={r.context}": (r.loss_by_position_all, base[r.mode, r.context])
+                 for label, _, r in results if label == "model"}
+        plot_drift(pairs, Path(args.plot_drift), f"loss minus the baseline's by position, {args.data}")
     return 0
 
 

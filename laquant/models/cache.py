@@ -35,13 +35,15 @@ class StaticState(State):
 class GLAStateCache:
     """One recurrent state ``[B, H, K, V]`` per layer in the layer's storage format, plus the
     number of tokens seen. Unlike a KV cache it does not grow: a linear-attention layer's whole
-    memory of the past is its state."""
+    memory of the past is its state. ``seed`` keys the random bits of stochastically rounded
+    states (with the batch row, the store count and the element), so a run is reproducible."""
 
-    def __init__(self, num_layers: int):
+    def __init__(self, num_layers: int, seed: int = 0):
         self.states: list[State | None] = [None] * num_layers
         self.seen_tokens = 0
         self.conv: dict = {}  # short convs' last inputs, by (layer, projection)
         self.kv: dict = {}  # softmax-attention layers' keys and values (fla's ``attn`` layers), by layer
+        self.seed = check_seed(seed)
 
     def get(self, layer_idx: int) -> State | None:
         return self.states[layer_idx]
@@ -83,7 +85,7 @@ class GLAStateCache:
         n, batch, device = counts.pop(), self.states[0].data.shape[0], self.states[0].data.device
         slots = DecodeSlots(torch.arange(batch, dtype=torch.int32, device=device),
                             torch.full((batch,), n, dtype=torch.int32, device=device), len(self.states) - 1, n)
-        out = GLAStateCache(len(self.states))
+        out = GLAStateCache(len(self.states), self.seed)
         out.states = [StaticState(s.data.clone(), None if s.scale is None else s.scale.clone(), s.format, n, slots)
                       for s in self.states]
         out.seen_tokens = self.seen_tokens
@@ -92,6 +94,8 @@ class GLAStateCache:
     def load_from(self, other: GLAStateCache) -> None:
         """Copy ``other``'s states and counters into this static cache's tensors (no reallocation)."""
         slots = self.slots
+        if other.seed != self.seed:  # a captured decode step launches its kernels with this cache's seed
+            raise ValueError(f"the cache to load has seed {other.seed}; this static cache's is {self.seed}")
         for mine, theirs in zip(self.states, other.states):
             if theirs is None or theirs.data.shape != mine.data.shape or theirs.format != mine.format:
                 raise ValueError("the cache to load does not match the static cache's layout")
@@ -131,10 +135,11 @@ class HybridStates:
     transformers' own cache (whose KV layers serve the softmax-attention layers). Stored in
     laquant's formats, so they do not depend on how a transformers version lays out its cache."""
 
-    def __init__(self):
+    def __init__(self, seed: int = 0):
         self.states: dict[int, State] = {}
         self.conv: dict[int, torch.Tensor] = {}
         self.seen_tokens = 0
+        self.seed = check_seed(seed)  # as GLAStateCache.seed
 
     def get(self, layer_idx: int) -> State | None:
         return self.states.get(layer_idx)
@@ -144,6 +149,12 @@ class HybridStates:
 
     def state_bytes(self) -> int:
         return sum(s.nbytes() for s in self.states.values())
+
+
+def check_seed(seed: int) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ValueError(f"the state cache's seed must be an integer in [0, 2**63); got {seed!r}")
+    return seed
 
 
 def state_store(cache) -> GLAStateCache | HybridStates | None:

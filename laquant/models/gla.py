@@ -422,8 +422,8 @@ class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value):
         self.lm_head = value
 
-    def new_cache(self) -> GLAStateCache:
-        return GLAStateCache(self.config.num_hidden_layers)
+    def new_cache(self, seed: int = 0) -> GLAStateCache:
+        return GLAStateCache(self.config.num_hidden_layers, seed)
 
     # generate(): the recurrent-state cache is made here, not as transformers' DynamicCache
     @classmethod

@@ -27,15 +27,17 @@ class RecurrentMixer(nn.Module):
         self.state_quantizer = StateQuantizer("fp32")  # how the state is stored between calls and steps
         self.prefill_roundtrip = False  # also round it to that format after every chunk of a prefill
 
-    @property
-    def state_roundtrip(self):
+    def state_roundtrip(self, states, stored: State | None, batch: int, device):
         """The storage round trip applied inside a chunked prefill (None: the state stays float32
-        until the prefill stores its final state)."""
-        sq = self.state_quantizer
-        return None if sq.is_plain_fp32 or not self.prefill_roundtrip else sq.roundtrip
+        until the prefill stores its final state); stochastic rounding keys its bits as the
+        kernels do (the cache's seed, the batch row, the prefill's store count, the chunk)."""
+        if not self.prefill_roundtrip:
+            return None
+        return self.state_quantizer.chunk_roundtrip(_seed(states), torch.arange(batch, device=device),
+                                                    (stored.n_stores if stored is not None else 0) + 1)
 
     def store_state(self, states, stored: State | None, state: torch.Tensor, new_tokens: int) -> None:
-        states.update(self.layer_idx, self.state_quantizer.store_state(state, stored), new_tokens)
+        states.update(self.layer_idx, self.state_quantizer.store_state(state, stored, _seed(states)), new_tokens)
 
     def attend_gla(self, q, k, v, g, states, scale: float | None = None) -> torch.Tensor:
         """Gated linear attention over ``q, k [B, T, H, K]``, ``v [B, T, H, V]`` and the log-decay
@@ -55,7 +57,7 @@ class RecurrentMixer(nn.Module):
             o = o.unsqueeze(1)
         else:
             o, state = chunk_gla(q, k, v, g, scale=scale, initial_state=state, output_final_state=states is not None,
-                                 state_roundtrip=self.state_roundtrip)
+                                 state_roundtrip=self.state_roundtrip(states, stored, B, q.device))
         if states is not None:
             self.store_state(states, stored, state, T)
         return o
@@ -77,12 +79,13 @@ class RecurrentMixer(nn.Module):
             if T == 1 and stored is not None:
                 decode = kda_decode_step if per_channel else delta_decode_step
                 o = decode(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], stored.data, stored.row_scale,
-                           *self._pool_slots(stored, q.shape[0], q.device), use_qk_l2norm=use_qk_l2norm)
+                           *self._pool_slots(stored, q.shape[0], q.device), use_qk_l2norm=use_qk_l2norm,
+                           seed=_seed(states))
                 self._count_decode_step(states, stored)
                 return o.unsqueeze(1)
             chunk = chunk_kda_triton if per_channel else chunk_delta_triton
             o, final = chunk(q, k, v, g, beta, initial_state=stored, output_final_state=states is not None,
-                             roundtrip=self._prefill_roundtrip, use_qk_l2norm=use_qk_l2norm)
+                             roundtrip=self._prefill_roundtrip, use_qk_l2norm=use_qk_l2norm, seed=_seed(states))
             state = final.data if final is not None else None
         else:
             state = stored.load() if stored is not None else None
@@ -93,7 +96,8 @@ class RecurrentMixer(nn.Module):
             else:
                 chunk = chunk_kda if per_channel else chunk_gated_delta_rule
                 o, state = chunk(q, k, v, g, beta, initial_state=state, output_final_state=states is not None,
-                                 use_qk_l2norm=use_qk_l2norm, state_roundtrip=self.state_roundtrip)
+                                 use_qk_l2norm=use_qk_l2norm,
+                                 state_roundtrip=self.state_roundtrip(states, stored, q.shape[0], q.device))
         if states is not None:
             self.store_state(states, stored, state, T)
         return o
@@ -128,11 +132,17 @@ class RecurrentMixer(nn.Module):
         if T == 1 and stored is not None:
             g1 = g[:, 0] if g.dim() == 4 else g[:, 0].unsqueeze(-1).expand(B, H, K)
             o = gla_decode_step(q[:, 0], k[:, 0], v[:, 0], g1, stored.data, stored.row_scale,
-                                *self._pool_slots(stored, B, q.device), qk_scale=scale)
+                                *self._pool_slots(stored, B, q.device), qk_scale=scale, seed=_seed(states))
             self._count_decode_step(states, stored)
             return o.unsqueeze(1)
         o, final, _ = chunk_gla_triton(q, k, v, g, scale=scale, initial_state=stored,
-                                       output_final_state=states is not None, roundtrip=self._prefill_roundtrip)
+                                       output_final_state=states is not None, roundtrip=self._prefill_roundtrip,
+                                       seed=_seed(states))
         if states is not None:
             self.store_state(states, stored, final.data, T)
         return o
+
+
+def _seed(states) -> int:
+    """The stochastic rounding's seed: the state cache's (0 without a cache, or one that has none)."""
+    return getattr(states, "seed", 0)

@@ -1,0 +1,143 @@
+"""Long-context decode-mode accuracy of the 8-bit recurrent states (issue #16).
+
+For one model (default: the embedded gla-small), one bf16 reference (float32 state) and each
+state variant ``RECIPE:FORMAT:ROUNDING`` (default: the state-only recipe ``gla_fp8_state`` with
+fp8_row and int8_row, each rounded to nearest and stochastically), on WikiText-2 and the Gutenberg
+held-out text, at each context: decode-mode perplexity (token by token, one CUDA-graph replay per
+token on CUDA), the loss at every position of the window averaged over windows, and its drift
+(variant minus bf16). Writes under ``--out``:
+
+* ``results.json``: per data and context, each variant's ppl, nll, tokens, seconds, the change
+  against bf16, and the loss and drift by position in 64 log-spaced bins;
+* ``loss_by_position.npz``: the full per-position curves (``DATA/CONTEXT/VARIANT``);
+* ``summary.md``: the tables; ``plots/{loss,drift}_DATA_CONTEXT.png``.
+
+    python tools/long_context_eval.py --out eval/results/long_context              # 2K and 16K
+    python tools/long_context_eval.py --out /tmp/lc --contexts 2048 --max-windows 8  # a quick check
+    python tools/long_context_eval.py --out ... --long                              # adds 64K
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import laquant
+from laquant.data import load_text, tokenize
+from laquant.eval.plots import plot_drift, plot_loss_by_position
+from laquant.eval.ppl import default_stride, perplexity
+from laquant.loading import load_tokenizer, resolve_model_dir
+from laquant.recipe import load_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = {"wikitext2": "wikitext2", "gutenberg": str(REPO / "eval" / "data" / "gutenberg-heldout" / "gutenberg_heldout.txt")}
+DEFAULT_VARIANTS = [f"gla_fp8_state:{fmt}:{rounding}" for fmt in ("fp8_row", "int8_row")
+                    for rounding in ("nearest", "stochastic")]
+BINS = 64
+
+
+def binned(values: np.ndarray) -> dict:
+    """Mean of ``values[1:]`` in log-spaced position bins (positions 1..len-1)."""
+    n = len(values)
+    edges = np.unique(np.geomspace(1, n, BINS + 1).astype(int))
+    return {"start": edges[:-1].tolist(), "mean": [float(values[a:b].mean()) for a, b in zip(edges[:-1], edges[1:])]}
+
+
+def load_variant(model_dir: Path, variant: str, calib: torch.Tensor, device: str):
+    model, _ = laquant.load(model_dir, device=device, dtype=torch.bfloat16)
+    if variant == "bf16":
+        return model
+    recipe, fmt, rounding = variant.split(":")
+    laquant.calibrate(model, load_recipe(recipe, [f"state.format={fmt}", f"state.rounding={rounding}"]), calib,
+                      samples=16, seq_len=512, progress=False)
+    return model
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--model", default=None, help="model directory (default: the embedded gla-small)")
+    p.add_argument("--data", nargs="+", default=list(DATA), choices=list(DATA))
+    p.add_argument("--contexts", nargs="+", type=int, default=[2048, 16384])
+    p.add_argument("--long", action="store_true", help="also 65536-token windows")
+    p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS,
+                   help="RECIPE:STATE_FORMAT:ROUNDING (the bf16 reference always runs)")
+    p.add_argument("--max-windows", type=int, default=None, help="at most this many windows per context")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--device", default="cuda")
+    args = p.parse_args()
+    contexts = args.contexts + ([65536] if args.long and 65536 not in args.contexts else [])
+    model_dir = resolve_model_dir(args.model)
+    tokenizer = load_tokenizer(model_dir)
+    texts = {name: tokenize(load_text(DATA[name]), tokenizer) for name in args.data}
+    calib = tokenize(load_text("calibration"), tokenizer)  # the shipped calibration mix, never the eval text
+    (args.out / "plots").mkdir(parents=True, exist_ok=True)
+    variants = ["bf16", *args.variants]
+    results: dict = {"model": str(model_dir), "device": torch.cuda.get_device_name() if args.device == "cuda" else
+                     args.device, "variants": variants, "runs": {}}
+    curves: dict[str, np.ndarray] = {}
+    for variant in variants:
+        model = load_variant(model_dir, variant, calib, args.device)
+        for name, ids in texts.items():
+            for ctx in contexts:
+                stride = default_stride(ctx)
+                if len(ids) < ctx:
+                    print(f"skip {name} ctx={ctx}: only {len(ids)} tokens", flush=True)
+                    continue
+                use = ids if args.max_windows is None else ids[: ctx + (args.max_windows - 1) * stride]
+                t0 = time.perf_counter()
+                res = perplexity(model, use, context=ctx, mode="decode", batch_size=args.batch_size, progress=True)
+                curve = np.array(res.loss_by_position_all)
+                curves[f"{name}/{ctx}/{variant}"] = curve
+                run = results["runs"].setdefault(f"{name}/{ctx}", {"tokens": len(use), "stride": stride})
+                run[variant] = {"ppl": res.ppl, "nll": res.nll, "tokens_scored": res.tokens_scored,
+                                "seconds": time.perf_counter() - t0, "graphed": res.graphed,
+                                "finite": bool(np.isfinite(curve).all()), "loss_by_position": binned(curve)}
+                print(f"{variant:<36} {name:<10} ctx={ctx:<6} ppl {res.ppl:9.3f}  {res.seconds:7.1f}s "
+                      f"graphed={res.graphed}", flush=True)
+        del model
+        torch.cuda.empty_cache() if args.device == "cuda" else None
+    lines = [f"# Long-context decode-mode perplexity ({results['device']})", "",
+             f"Model `{Path(model_dir).name}`, bf16 compute; reference: bf16 with a float32 state. Drift: mean loss "
+             "of the variant minus bf16's over the last 10% of window positions (nats).", ""]
+    for key, run in results["runs"].items():
+        base = run.get("bf16")
+        lines += [f"## {key} ({run['tokens']} tokens, stride {run['stride']})", "",
+                  "| variant | ppl | vs bf16 | drift, last 10% (nats) | seconds |", "|---|---|---|---|---|"]
+        base_curve = curves.get(f"{key}/bf16")
+        pairs, series = {}, {}
+        for variant in variants:
+            if variant not in run:
+                continue
+            r = run[variant]
+            curve = curves[f"{key}/{variant}"]
+            series[variant] = curve.tolist()
+            delta = drift = float("nan")
+            if base is not None and variant != "bf16":
+                delta = 100.0 * (r["ppl"] / base["ppl"] - 1.0)
+                d = curve - base_curve
+                drift = float(d[-max(1, len(d) // 10):].mean())
+                r["ppl_change_pct"], r["drift_last10pct"] = delta, drift
+                r["drift_by_position"] = binned(np.concatenate([[0.0], d[1:]]))
+                pairs[variant] = (curve.tolist(), base_curve.tolist())
+            lines.append(f"| {variant} | {r['ppl']:.3f} | {'' if math.isnan(delta) else f'{delta:+.2f}%'} | "
+                         f"{'' if math.isnan(drift) else f'{drift:+.4f}'} | {r['seconds']:.1f} |")
+        lines.append("")
+        tag = key.replace("/", "_")
+        plot_loss_by_position(series, args.out / "plots" / f"loss_{tag}.png", f"decode-mode loss by position, {key}")
+        if pairs:
+            plot_drift(pairs, args.out / "plots" / f"drift_{tag}.png", f"loss minus bf16's by position, {key}")
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    np.savez_compressed(args.out / "loss_by_position.npz", **{k: v.astype(np.float32) for k, v in curves.items()})
+    (args.out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
