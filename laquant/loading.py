@@ -63,6 +63,15 @@ def read_supported_config(model_dir: Path) -> dict:
     return cfg
 
 
+def config_dtype(cfg: dict) -> torch.dtype:
+    """The dtype a config.json names (``dtype``, or the older ``torch_dtype``); float32 if none."""
+    name = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
+    dtype = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise LaquantError(f"config.json names dtype {name!r}, which is not a torch float dtype")
+    return dtype
+
+
 def load_tokenizer(spec: str | Path | None = None):
     from transformers import AutoTokenizer
 
@@ -116,7 +125,7 @@ def _skip_weight_init():
 
 
 def load_model(spec: str | Path | None = None, device: str | torch.device = "cpu",
-               dtype: torch.dtype = torch.float32):
+               dtype: torch.dtype | str = torch.float32):
     """Load a supported model and its tokenizer, in eval mode: GLA on laquant's implementation, the
     transformers hybrids with laquant's mixers in place of their linear-attention layers."""
     from transformers.utils import logging as hf_logging
@@ -125,6 +134,7 @@ def load_model(spec: str | Path | None = None, device: str | torch.device = "cpu
 
     model_dir = resolve_model_dir(spec)
     cfg = read_supported_config(model_dir)
+    dtype = config_dtype(cfg) if dtype == "auto" else dtype
     if not any(model_dir.glob("*.safetensors")):
         raise LaquantError(f"{model_dir} has no .safetensors weights (laquant never loads pickle checkpoints)")
     config = model_config(cfg, model_dir)

@@ -14,7 +14,7 @@ from laquant.adapters import get_adapter
 from laquant.api import Calibrated, calibrate, save
 from laquant.calibration.run import calibration_batches
 from laquant.calibration.stats import Stats
-from laquant.checkpoint import check_out_dir
+from laquant.checkpoint import check_out_dir, parse_size
 from laquant.cli.common import add_to_folder, pick_device
 from laquant.data import load_text, tokenize
 from laquant.decisions import Decisions
@@ -39,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stats", default=None, help="reuse statistics (stats.safetensors) instead of calibrating")
     p.add_argument("--out", default=None, help="output folder (default: ./laquant-<recipe>)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
+    p.add_argument("--max-shard-size", default=None, metavar="SIZE",
+                   help="split the weights into shards of at most SIZE (e.g. 5GB, 500MB) with a "
+                        "model.safetensors.index.json, as transformers' save_pretrained does (default: one file)")
     p.add_argument("--eval-data", default="wikitext2")
     p.add_argument("--eval-context", type=int, default=2048)
     p.add_argument("--eval-max-tokens", type=int, default=32768,
@@ -96,6 +99,8 @@ def check_inputs(args: argparse.Namespace) -> Job:
     recipe = load_recipe(args.recipe, args.set)
     out = Path(args.out or f"laquant-{recipe['name']}")
     check_out_dir(out, args.overwrite)
+    if args.max_shard_size is not None:
+        parse_size(args.max_shard_size)
     model_dir = resolve_model_dir(args.model)
     read_supported_config(model_dir)
     tokenizer = load_tokenizer(model_dir)
@@ -158,7 +163,8 @@ def report(job: Job, result: Calibrated, table: str, note: str) -> str:
 
 def save_and_plot(job: Job, result: Calibrated, rows: list[tuple[str, dict]], report_md: str) -> None:
     """The checkpoint, then eval.json and the statistics plots added to it."""
-    save(result, job.out, tokenizer=job.tokenizer, report=report_md, overwrite=job.args.overwrite)
+    save(result, job.out, tokenizer=job.tokenizer, report=report_md, overwrite=job.args.overwrite,
+         max_shard_size=job.args.max_shard_size)
     summary = {"recipe": job.recipe["name"], "model": str(job.model_dir), "out": str(job.out),
                "rows": [{"name": n, **{k: v for k, v in r.items() if not k.endswith("by_position")}} for n, r in rows]}
     threshold = job.recipe["projections"]["outlier_threshold"]
