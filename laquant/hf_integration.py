@@ -53,7 +53,7 @@ class LaquantConfig(_config_class):
 
 
 class LaquantForCausalLM(_model_class):
-    pass
+{body}
 '''
 
 
@@ -123,8 +123,13 @@ def family_classes(model_type: str):
     from laquant.families import get_family
 
     family = get_family(model_type)
-    cls = family.model_class()
-    return cls.config_class, cls
+    if family.native:
+        cls = family.model_class()
+        return cls.config_class, cls
+    from transformers import CONFIG_MAPPING, MODEL_FOR_CAUSAL_LM_MAPPING
+
+    config_class = CONFIG_MAPPING[model_type]
+    return config_class, MODEL_FOR_CAUSAL_LM_MAPPING[config_class]
 
 
 def weight_count(model) -> int:
@@ -189,7 +194,9 @@ def finish_checkpoint(folder: Path, model_type: str) -> None:
         auto_map["AutoConfig"] = f"{REMOTE_CODE_MODULE}.LaquantConfig"
     config["auto_map"] = {**config.get("auto_map", {}), **auto_map}
     config_path.write_text(json.dumps(config, indent=2) + "\n")
-    (folder / f"{REMOTE_CODE_MODULE}.py").write_text(_REMOTE_CODE.format(model_type=model_type))
+    # transformers registers the remote model for the remote config class, which must then be its config_class
+    body = "    config_class = LaquantConfig" if "AutoConfig" in auto_map else "    pass"
+    (folder / f"{REMOTE_CODE_MODULE}.py").write_text(_REMOTE_CODE.format(model_type=model_type, body=body))
     files = [f.name for f in weight_files(folder)] + [f"{REMOTE_CODE_MODULE}.py"]
     files += [name for name in (WEIGHTS_INDEX_NAME, *DIGESTED) if (folder / name).is_file()]
     write_manifest(folder, files)
