@@ -59,24 +59,34 @@ def text_task(text_file: Path, folder: Path, name: str = TEXT_TASK) -> Path:
     return folder
 
 
-def evaluate(model, tokenizer, tasks: list[str], *, include_paths: list[Path] = (), batch_size: int = 1,
-             limit: int | float | None = None, num_fewshot: int | None = None, max_length: int | None = None,
-             seed: int = 0) -> dict:
-    """lm-eval's results for an already loaded ``model``: ``{"results": {task: {metric: value}},
-    "n_samples": ..., "model_num_parameters": ..., "model_dtype": ...}``."""
+def task_manager(tasks: list[str], include_paths: list[Path] = ()):
+    """lm-eval's task index with ``include_paths``; its own tasks are indexed only if asked for
+    (indexing them all takes seconds). Every task must be known."""
     require_lm_eval()
-    import lm_eval
-    from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    task_manager = TaskManager(include_path=[str(p) for p in include_paths] or None)
-    unknown = [t for t in tasks if not task_manager.match_tasks([t])]
+    include = [str(p) for p in include_paths] or None
+    manager = TaskManager(include_path=include, include_defaults=False) if include else None
+    if manager is None or not all(manager.match_tasks([t]) for t in tasks):
+        manager = TaskManager(include_path=include)
+    unknown = [t for t in tasks if not manager.match_tasks([t])]
     if unknown:
         raise LaquantError(f"lm-eval has no task {', '.join(map(repr, unknown))}; "
                            "name an lm-eval task, or pass --text FILE for a local perplexity task")
+    return manager
+
+
+def evaluate(model, tokenizer, tasks: list[str], manager, *, batch_size: int = 1, limit: int | float | None = None,
+             num_fewshot: int | None = None, max_length: int | None = None, seed: int = 0) -> dict:
+    """lm-eval's results for an already loaded ``model`` (``manager`` from :func:`task_manager`):
+    ``{"results": {task: {metric: value}}, "n_samples": ..., "model_num_parameters": ...,
+    "model_dtype": ...}``."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+
     lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
               max_length=max_length)
-    out = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=task_manager, limit=limit,
+    out = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
                                   num_fewshot=num_fewshot, log_samples=False, random_seed=seed,
                                   numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
                                   bootstrap_iters=0)

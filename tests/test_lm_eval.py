@@ -40,6 +40,7 @@ def _log_likelihood(model_dir, dtype):
     return total
 
 
+@pytest.mark.slow
 def test_lm_eval_on_a_checkpoint_and_its_base(checkpoint, tiny_model_dir, tmp_path, capsys):
     text = tmp_path / "docs.txt"
     text.write_text("\n\n".join(DOCS) + "\n")
@@ -75,7 +76,8 @@ def test_both_models_compute_in_the_base_models_dtype_by_default(checkpoint, tin
 @pytest.mark.parametrize("argv,message", [
     ([], "name at least one task"),
     (["--text", "{missing}"], "text file not found"),
-    (["--tasks", "no_such_task_anywhere"], "lm-eval has no task 'no_such_task_anywhere'"),
+    pytest.param(["--tasks", "no_such_task_anywhere"], "lm-eval has no task 'no_such_task_anywhere'",
+                 marks=pytest.mark.slow),  # lm-eval indexes all its tasks to look: seconds
 ])
 def test_bad_input_is_one_line(checkpoint, tmp_path, capsys, argv, message):
     argv = [a.replace("{missing}", str(tmp_path / "nope.txt")) for a in argv]

@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from laquant.eval.harness import TEXT_TASK, dtype_for, evaluate, require_lm_eval, text_task
+    from laquant.eval.harness import TEXT_TASK, dtype_for, evaluate, require_lm_eval, task_manager, text_task
 
     require_lm_eval()
     if not args.tasks and not args.text:
@@ -58,10 +58,11 @@ def run(args: argparse.Namespace) -> int:
         if args.text:
             include.append(text_task(Path(args.text), Path(tmp) / "tasks"))
             tasks.append(TEXT_TASK)
+        manager = task_manager(tasks, include)  # unknown tasks fail here, before any model loads
         rows = {}
         for label, model_dir in model_dirs.items():
             model, tokenizer = load(model_dir, device=device, dtype=dtype, verify=verify)
-            rows[label] = evaluate(model, tokenizer, tasks, include_paths=include, batch_size=args.batch_size,
+            rows[label] = evaluate(model, tokenizer, tasks, manager, batch_size=args.batch_size,
                                    limit=limit, num_fewshot=args.num_fewshot, max_length=args.max_length,
                                    seed=args.seed)
             del model
@@ -91,7 +92,7 @@ def _print_table(model_dirs: dict, rows: dict, device: str, dtype: str) -> None:
     first = next(iter(rows.values()))
     for task, metrics in first["results"].items():
         for metric in metrics:
-            if metric.endswith("_stderr"):
+            if metric.endswith("_stderr") or metric == "sample_len":
                 continue
             values = " | ".join(f"{rows[label]['results'].get(task, {}).get(metric, float('nan')):>12.4f}"
                                 for label in rows)
