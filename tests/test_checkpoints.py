@@ -251,3 +251,20 @@ def test_without_laquant_a_checkpoint_never_loads_as_random_weights(gla, tiny_mo
     for folder in (gla_dir, hybrid):
         assert "Run `pip install laquant`" in lines[f"{folder} remote, laquant missing"]
         assert lines[f"{folder} remote"].endswith("same logits"), lines
+
+
+def test_calibrate_cli_writes_shards(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "q"
+    assert main(["calibrate", "--recipe", "gla_int8", "--model", str(tiny_model_dir), "--samples", "2", "--seq-len",
+                 "64", "--no-eval", "--max-shard-size", "0.3MB", "--out", str(out), "--quiet"]) == 0
+    assert len(_shards(out)) >= 3 and not (out / "model.safetensors").exists()
+    digests = json.loads((out / MANIFEST_NAME).read_text())["files"]
+    assert {"recipe.yaml", "stats.safetensors", "model.safetensors.index.json", *_shards(out)} <= digests.keys()
+    assert main(["inspect", str(out), "--plots", str(tmp_path / "plots")]) == 0
+    assert laquant.load(out)[0] is not None
+    capsys.readouterr()
+    assert main(["calibrate", "--recipe", "gla_int8", "--model", str(tiny_model_dir), "--max-shard-size", "lots",
+                 "--out", str(tmp_path / "bad"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "shard size 'lots' is not a size" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "bad").exists()
