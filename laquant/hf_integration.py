@@ -181,6 +181,7 @@ def finish_checkpoint(folder: Path, model_type: str) -> None:
     """Make ``folder`` (config.json and weights written) a laquant checkpoint that plain transformers
     refuses, that loads with ``trust_remote_code=True``, and whose files' digests are recorded."""
     from laquant.checkpoint import weight_files
+    from laquant.families import get_family
     from laquant.integrity import DIGESTED, write_manifest
 
     folder = Path(folder)
@@ -190,7 +191,7 @@ def finish_checkpoint(folder: Path, model_type: str) -> None:
         raise LaquantError(f"{folder}: not a laquant checkpoint (config.json has no laquant quantization_config)")
     config["transformers_weights"] = NO_LAQUANT_GUARD
     auto_map = {"AutoModelForCausalLM": f"{REMOTE_CODE_MODULE}.LaquantForCausalLM"}
-    if model_type == "gla":  # unknown to plain transformers: its config class comes from the module too
+    if get_family(model_type).native:  # unknown to plain transformers: its config class comes from the module too
         auto_map["AutoConfig"] = f"{REMOTE_CODE_MODULE}.LaquantConfig"
     config["auto_map"] = {**config.get("auto_map", {}), **auto_map}
     config_path.write_text(json.dumps(config, indent=2) + "\n")

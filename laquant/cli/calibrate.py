@@ -14,7 +14,7 @@ from laquant.adapters import get_adapter
 from laquant.api import Calibrated, calibrate, save
 from laquant.calibration.run import calibration_batches
 from laquant.calibration.stats import Stats
-from laquant.checkpoint import check_out_dir, parse_size
+from laquant.checkpoint import check_out_dir, parse_size, weight_files
 from laquant.cli.common import add_to_folder, pick_device
 from laquant.data import load_text, tokenize
 from laquant.decisions import Decisions
@@ -89,8 +89,10 @@ def run(args: argparse.Namespace) -> int:
     table = comparison_table(rows)
     note = eval_note(job)
     save_and_plot(job, result, rows, report(job, result, table, note))
-    print(f"\n{note}\n\n{table}\n\nwrote {job.out}/ (model.safetensors, config.json, recipe.yaml, stats.safetensors, "
-          f"report.md, plots/)")
+    shards = len(weight_files(job.out))
+    weights = "model.safetensors" if shards == 1 else f"{shards} weight shards + model.safetensors.index.json"
+    print(f"\n{note}\n\n{table}\n\nwrote {job.out}/ ({weights}, config.json, recipe.yaml, stats.safetensors, "
+          f"report.md, laquant.json, plots/)")
     return 0
 
 
