@@ -14,6 +14,8 @@ from laquant.families import get_family
 
 DEFAULT_MODEL_NAME = "gla-small"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# what a model (and a laquant checkpoint: recipe.yaml and the remote-code module its digests cover) needs
+HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "recipe.yaml", "laquant_remote.py"]
 
 
 def default_model_dir() -> Path:
@@ -37,7 +39,7 @@ def resolve_model_dir(spec: str | Path | None) -> Path:
         from huggingface_hub import snapshot_download
 
         try:
-            return Path(snapshot_download(str(spec), allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
+            return Path(snapshot_download(str(spec), allow_patterns=HUB_FILES))
         except Exception as exc:  # network, auth, missing repo: one clear line
             raise LaquantError(
                 f"model {spec!r} is not a local directory and could not be fetched from the Hugging Face Hub "

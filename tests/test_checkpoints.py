@@ -268,3 +268,25 @@ def test_calibrate_cli_writes_shards(tiny_model_dir, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "shard size 'lots' is not a size" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_checkpoint_from_the_hub_has_every_file_its_digests_cover(gla, tmp_path, monkeypatch):
+    """`laquant.load("org/name")` fetches what the digests cover (a local stand-in for the Hub that
+    copies only the files asked for: nothing is downloaded in tests)."""
+    import fnmatch
+
+    import huggingface_hub
+
+    _, ids, logits, _, sharded = gla
+
+    def snapshot(repo, allow_patterns, **kw):
+        out = tmp_path / "snapshot"
+        out.mkdir(exist_ok=True)
+        for f in sharded.iterdir():
+            if f.is_file() and any(fnmatch.fnmatch(f.name, p) for p in allow_patterns):
+                shutil.copy(f, out / f.name)
+        return str(out)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    model, _ = laquant.load("someorg/tiny-gla-int8")
+    assert torch.equal(_logits(model, ids), logits)
