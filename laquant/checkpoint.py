@@ -24,6 +24,25 @@ QUANT_METHOD = "laquant"
 FORMAT_VERSION = 1
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+# config.json fields that only steer loading (laquant.hf_integration.finish_checkpoint writes them):
+# where transformers expects the weights' file name, a sentence plain transformers refuses to load
+# by; and an auto_map to the remote-code module shipped beside the weights
+NO_LAQUANT_GUARD = ("this is a laquant checkpoint: `pip install laquant` and `import laquant` before from_pretrained "
+                    "(or pass trust_remote_code=True with laquant installed); without laquant its quantized "
+                    "layers would load as random weights")
+REMOTE_CODE_MODULE = "laquant_remote"
+
+
+def without_loader_fields(cfg: dict) -> dict:
+    """``cfg`` (a config.json dict) without the guard and laquant's auto_map entries: the model's own config."""
+    cfg = {k: v for k, v in cfg.items() if not (k == "transformers_weights" and v in (NO_LAQUANT_GUARD, None))}
+    auto_map = {k: v for k, v in (cfg.get("auto_map") or {}).items()
+                if not str(v).startswith(f"{REMOTE_CODE_MODULE}.")}
+    if auto_map:
+        cfg["auto_map"] = auto_map
+    else:
+        cfg.pop("auto_map", None)
+    return cfg
 
 
 def check_out_dir(out: Path, overwrite: bool) -> None:
@@ -189,6 +208,8 @@ def weight_files(model_dir: Path) -> list[Path]:
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
             raise LaquantError(f"{index} is not a valid safetensors index (no weight_map); "
                                "the checkpoint is corrupted") from None
+        if any(not isinstance(n, str) or Path(n).name != n for n in names):
+            raise LaquantError(f"{index} names weight files outside the checkpoint folder; the checkpoint is corrupted")
         files = [model_dir / n for n in names]
         for f in files:
             if not f.is_file():

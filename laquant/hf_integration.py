@@ -28,13 +28,10 @@ import torch
 from transformers.quantizers import HfQuantizer, register_quantization_config, register_quantizer
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
-from laquant.checkpoint import QUANT_METHOD, WEIGHTS_INDEX_NAME
+from laquant.checkpoint import (NO_LAQUANT_GUARD, QUANT_METHOD, REMOTE_CODE_MODULE, WEIGHTS_INDEX_NAME,
+                                without_loader_fields)
 from laquant.errors import LaquantError
 
-NO_LAQUANT_GUARD = ("this is a laquant checkpoint: `pip install laquant` and `import laquant` before from_pretrained "
-                    "(or pass trust_remote_code=True with laquant installed); without laquant its quantized "
-                    "layers would load as random weights")
-REMOTE_CODE_MODULE = "laquant_remote"
 _REMOTE_CODE = '''"""transformers remote code for a laquant checkpoint (model_type {model_type!r}).
 
 ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` imports this module, which needs
@@ -86,8 +83,17 @@ class LaquantHfQuantizer(HfQuantizer):
     def update_attn_implementation(self, config):
         # the first hook that sees the config before transformers resolves the weight files: laquant
         # is here, so the guard against loading without it goes
-        if getattr(config, "transformers_weights", None) == NO_LAQUANT_GUARD:
-            config.transformers_weights = None
+        # (and the remote-code auto_map, already used if it was to be): the loaded model's config is the
+        # base model's, so an export of it (compressed-tensors, a plain save) does not inherit them
+        fields = without_loader_fields({"transformers_weights": getattr(config, "transformers_weights", None),
+                                        "auto_map": getattr(config, "auto_map", None)})
+        if "transformers_weights" in config and "transformers_weights" not in fields:
+            delattr(config, "transformers_weights")
+        if getattr(config, "auto_map", None) is not None:
+            if fields.get("auto_map"):
+                config.auto_map = fields["auto_map"]
+            else:
+                delattr(config, "auto_map")
         return config
 
     def param_needs_quantization(self, model, param_name: str, **kwargs) -> bool:

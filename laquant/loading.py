@@ -86,8 +86,10 @@ def load_tokenizer(spec: str | Path | None = None):
 
 def model_config(cfg: dict, source: Path | str):
     """The config object of a supported ``config.json`` dict."""
+    from laquant.checkpoint import without_loader_fields
+
     family = get_family(cfg.get("model_type"), f"{source}: model_type")
-    cfg = {k: v for k, v in cfg.items() if k != "quantization_config"}
+    cfg = without_loader_fields({k: v for k, v in cfg.items() if k != "quantization_config"})
     if family.native:
         try:
             return family.config(cfg)

@@ -72,6 +72,8 @@ def test_save_pretrained_shards_and_reloads_bit_exact(gla, tmp_path):
     loaded = {"laquant.load": laquant.load(whole)[0],
               "from_pretrained": AutoModelForCausalLM.from_pretrained(whole, dtype=torch.float32).eval()}
     for how, m in loaded.items():
+        # the loaded model's config is the base model's: the loading guard stays in the checkpoint
+        assert not {"transformers_weights", "auto_map"} & m.config.to_dict().keys(), how
         out = tmp_path / how
         m.save_pretrained(out, max_shard_size=SHARD)
         assert len(_shards(out)) >= 3 and (out / "model.safetensors.index.json").is_file(), how
