@@ -56,30 +56,39 @@ def calibrate(model, recipe: dict | str, data: torch.Tensor | None = None, stats
 
 
 def _record_quantization(model, recipe: dict, decisions: dict) -> None:
-    """Keep the recipe and decisions on the model's config, so that transformers' ``save_pretrained``
-    writes a checkpoint that reloads as quantized (without them it would reload as an unquantized
-    model with missing weights)."""
-    from laquant.hf_integration import LaquantConfig
+    from laquant.hf_integration import mark_quantized
 
-    model.config.quantization_config = LaquantConfig(recipe=recipe, decisions=decisions)
+    mark_quantized(model, recipe, decisions)
 
 
 def save(result: Calibrated, out: str | Path, tokenizer=None, report: str | None = None,
-         overwrite: bool = False) -> Path:
+         overwrite: bool = False, max_shard_size: int | str | None = None) -> Path:
+    """Write the checkpoint folder; ``max_shard_size`` (``"5GB"``, bytes) splits the weights into
+    shards with a ``model.safetensors.index.json``, as transformers' ``save_pretrained`` does."""
     return save_quantized(result.model, Path(out), result.recipe, result.decisions, result.stats, tokenizer,
-                          report, overwrite)
+                          report, overwrite, max_shard_size=max_shard_size)
 
 
-def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
-    """A laquant checkpoint (or a plain model) as ``(model, tokenizer)``, in eval mode."""
-    from laquant.loading import empty_model, load_model, load_tokenizer, read_supported_config, resolve_model_dir
+def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | str = torch.float32,
+         verify: bool | None = None):
+    """A laquant checkpoint (or a plain model) as ``(model, tokenizer)``, in eval mode.
+
+    ``dtype="auto"``: the dtype config.json names (the base model's). ``verify``: check the files
+    against the digests in ``laquant.json`` (default: yes, unless ``LAQUANT_NO_VERIFY=1``); False
+    skips reading every file twice, for very large models."""
+    from laquant.integrity import verify_checkpoint
+    from laquant.loading import (config_dtype, empty_model, load_model, load_tokenizer, read_supported_config,
+                                 resolve_model_dir)
 
     model_dir = resolve_model_dir(path)
     qcfg = read_quantization_config(model_dir)
+    cfg = read_supported_config(model_dir)
+    dtype = config_dtype(cfg) if dtype == "auto" else dtype
     if qcfg is None:
         return load_model(model_dir, device=device, dtype=dtype)
-    model = empty_model(read_supported_config(model_dir), model_dir, dtype)
+    verify_checkpoint(model_dir, verify)
+    model = empty_model(cfg, model_dir, dtype)
     build_empty(model, get_adapter(model), qcfg["decisions"])
-    fill_model(model, model_dir / "model.safetensors", model_dir)
+    fill_model(model, model_dir)
     _record_quantization(model, qcfg["recipe"], qcfg["decisions"])
     return model.to(device).eval(), load_tokenizer(model_dir)

@@ -1,8 +1,11 @@
 """Quantized checkpoints: written to a temporary folder and moved into place; reloaded bit-exactly.
 
 ``OUT/`` holds ``model.safetensors`` (int8 weights, float32 scales, outlier indices, the rest in
-the checkpoint's storage dtype), ``config.json`` with a ``quantization_config``, ``recipe.yaml``,
-``stats.safetensors``, the tokenizer files and ``report.md``. No pickle anywhere.
+the checkpoint's storage dtype) or, with ``max_shard_size``, ``model-0000i-of-0000n.safetensors``
+shards and ``model.safetensors.index.json`` as transformers writes them; ``config.json`` with a
+``quantization_config``, ``recipe.yaml``, ``stats.safetensors``, the tokenizer files,
+``report.md``, and ``laquant.json``: the sha256 of every file written (and of the
+quantization_config), checked on load (:mod:`laquant.integrity`). No pickle anywhere.
 """
 
 from __future__ import annotations
@@ -19,6 +22,27 @@ from laquant.errors import LaquantError
 
 QUANT_METHOD = "laquant"
 FORMAT_VERSION = 1
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+# config.json fields that only steer loading (laquant.hf_integration.finish_checkpoint writes them):
+# where transformers expects the weights' file name, a sentence plain transformers refuses to load
+# by; and an auto_map to the remote-code module shipped beside the weights
+NO_LAQUANT_GUARD = ("this is a laquant checkpoint: `pip install laquant` and `import laquant` before from_pretrained "
+                    "(or pass trust_remote_code=True with laquant installed); without laquant its quantized "
+                    "layers would load as random weights")
+REMOTE_CODE_MODULE = "laquant_remote"
+
+
+def without_loader_fields(cfg: dict) -> dict:
+    """``cfg`` (a config.json dict) without the guard and laquant's auto_map entries: the model's own config."""
+    cfg = {k: v for k, v in cfg.items() if not (k == "transformers_weights" and v in (NO_LAQUANT_GUARD, None))}
+    auto_map = {k: v for k, v in (cfg.get("auto_map") or {}).items()
+                if not str(v).startswith(f"{REMOTE_CODE_MODULE}.")}
+    if auto_map:
+        cfg["auto_map"] = auto_map
+    else:
+        cfg.pop("auto_map", None)
+    return cfg
 
 
 def check_out_dir(out: Path, overwrite: bool) -> None:
@@ -85,19 +109,19 @@ class StagingDir:
 
 def save_quantized(model, out: Path, recipe: dict, decisions, stats=None, tokenizer=None,
                    report: str | None = None, overwrite: bool = False,
-                   storage_dtype: torch.dtype = torch.bfloat16) -> Path:
-    from safetensors.torch import save_file
-
+                   storage_dtype: torch.dtype = torch.bfloat16, max_shard_size: int | str | None = None) -> Path:
+    from laquant.hf_integration import finish_checkpoint
     from laquant.recipe import recipe_to_yaml
 
     out = Path(out)
     with StagingDir(out, overwrite) as tmp:
-        state = {k: storage_tensor(v, storage_dtype) for k, v in unique_state(model).items()}
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "quant_method": QUANT_METHOD})
+        stored = write_weights(model, tmp, storage_dtype, max_shard_size)
         config = model.config.to_dict()
         config.pop("quantization_config", None)
-        # the compute dtype the model was saved in: from_pretrained then rebuilds it bit for bit
-        config["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+        # the dtype of the checkpoint's float weights (the base model's: bf16 for a bf16 model),
+        # which transformers' dtype="auto" and lm-eval then compute in, as they do for the base model;
+        # laquant.load and from_pretrained without a dtype compute in float32
+        config["dtype"] = str(stored).removeprefix("torch.")
         config["quantization_config"] = {
             "quant_method": QUANT_METHOD, "format_version": FORMAT_VERSION,
             "recipe": recipe, "decisions": decisions if isinstance(decisions, dict) else decisions.to_dict(),
@@ -111,7 +135,92 @@ def save_quantized(model, out: Path, recipe: dict, decisions, stats=None, tokeni
             tokenizer.save_pretrained(tmp)
         if report is not None:
             (tmp / "report.md").write_text(report)
+        finish_checkpoint(tmp, config["model_type"])  # the no-laquant guard, remote code, digests: last
     return out
+
+
+def parse_size(size: int | str) -> int:
+    """``5GB`` / ``500MB`` / ``2GiB`` / bytes -> bytes (decimal units as transformers reads them)."""
+    if isinstance(size, int):
+        n = size
+    else:
+        units = {"TIB": 2**40, "GIB": 2**30, "MIB": 2**20, "KIB": 2**10, "TB": 10**12, "GB": 10**9, "MB": 10**6,
+                 "KB": 10**3, "B": 1}
+        text = str(size).strip().upper().replace(" ", "")
+        unit = next((u for u in units if text.endswith(u)), None)
+        try:
+            n = int(float(text[: -len(unit)] if unit else text) * (units[unit] if unit else 1))
+        except ValueError:
+            raise LaquantError(f"shard size {size!r} is not a size; use e.g. 5GB, 500MB or a number of bytes") from None
+    if n <= 0:
+        raise LaquantError(f"shard size {size!r} must be positive")
+    return n
+
+
+def write_weights(model, folder: Path, storage_dtype: torch.dtype, max_shard_size: int | str | None = None):
+    """The state dict (a tensor used under several names once, :func:`unique_state`) into
+    ``model.safetensors`` or, past ``max_shard_size``, into shards named and indexed as
+    transformers' ``save_pretrained`` does. One shard's tensors are held at a time.
+    Returns the storage dtype of the float parameters (``storage_dtype`` unless one would round)."""
+    from safetensors.torch import save_file
+
+    limit = parse_size(max_shard_size) if max_shard_size is not None else None
+    params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    metadata = {"format": "pt", "quant_method": QUANT_METHOD}
+    shards, shard, shard_bytes, total = [], {}, 0, 0
+    kept_dtype = storage_dtype
+    for name, tensor in unique_state(model).items():
+        t = storage_tensor(tensor, storage_dtype)
+        if name in params and t.is_floating_point() and t.dtype != storage_dtype:
+            kept_dtype = t.dtype
+        size = t.numel() * t.element_size()
+        if limit is not None and shard and shard_bytes + size > limit:
+            shards.append(_write_shard(save_file, shard, folder, len(shards), metadata))
+            shard, shard_bytes = {}, 0
+        shard[name], shard_bytes, total = t, shard_bytes + size, total + size
+    if limit is None or not shards:
+        save_file(shard, str(folder / WEIGHTS_NAME), metadata=metadata)
+        return kept_dtype
+    shards.append(_write_shard(save_file, shard, folder, len(shards), metadata))
+    weight_map = {}
+    for i, (tmp_name, names) in enumerate(shards):
+        final = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        (folder / tmp_name).rename(folder / final)
+        weight_map.update(dict.fromkeys(names, final))
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return kept_dtype
+
+
+def _write_shard(save_file, shard: dict, folder: Path, i: int, metadata: dict) -> tuple[str, list[str]]:
+    name = f".shard-{i}.safetensors"  # renamed once the number of shards is known
+    save_file(shard, str(folder / name), metadata=metadata)
+    return name, list(shard)
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    """The checkpoint's weight files: the shards its index names, or ``model.safetensors``."""
+    model_dir = Path(model_dir)
+    index = model_dir / WEIGHTS_INDEX_NAME
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+            raise LaquantError(f"{index} is not a valid safetensors index (no weight_map); "
+                               "the checkpoint is corrupted") from None
+        if any(not isinstance(n, str) or Path(n).name != n for n in names):
+            raise LaquantError(f"{index} names weight files outside the checkpoint folder; the checkpoint is corrupted")
+        files = [model_dir / n for n in names]
+        for f in files:
+            if not f.is_file():
+                raise LaquantError(f"weights shard {f.name} named in {index.name} is missing from {model_dir}; "
+                                   "copy the whole checkpoint folder")
+        return files
+    single = model_dir / WEIGHTS_NAME
+    if not single.is_file():
+        raise LaquantError(f"checkpoint weights not found: {single} (nor {WEIGHTS_INDEX_NAME})")
+    return [single]
 
 
 def read_quantization_config(model_dir: Path) -> dict | None:
@@ -155,36 +264,50 @@ def _targets(model) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def fill_model(model, path: Path, source: Path) -> None:
-    """Copy the checkpoint file ``path`` into ``model`` one tensor at a time (peak memory: the model
-    plus its largest tensor, not a second copy of it); every key and shape must match."""
+def fill_model(model, model_dir: Path) -> None:
+    """Copy the checkpoint's weights (one file, or its shards) into ``model`` one tensor at a time
+    (peak memory: the model plus its largest tensor, not a second copy of it); every key and
+    shape must match."""
     from safetensors import safe_open
 
-    if not path.is_file():
-        raise LaquantError(f"checkpoint weights not found: {path}")
+    model_dir = Path(model_dir)
     expected = _targets(model)
     aliases: dict[int, list[str]] = {}  # a tensor under several names is stored under one of them
     for name, target in expected.items():
         aliases.setdefault(id(target), []).append(name)
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            keys = set(f.keys())
-            missing = [names[0] for names in aliases.values() if not any(n in keys for n in names)]
-            unexpected = [k for k in keys if k not in expected]
-            if missing or unexpected:
-                what = f"missing {missing[:3]}" if missing else f"unexpected {sorted(unexpected)[:3]}"
-                raise LaquantError(f"{source} does not match its quantization_config ({what}); "
-                                   "the checkpoint is corrupted")
-            for names in aliases.values():
-                name = next(n for n in names if n in keys)
-                target = expected[name]
-                t = f.get_tensor(name)
-                if t.shape != target.shape:
-                    raise LaquantError(f"{source}: tensor {name} has shape {tuple(t.shape)}, "
-                                       f"expected {tuple(target.shape)}")
-                target.copy_(t)
-    except LaquantError:
-        raise
-    except Exception as exc:
-        raise LaquantError(f"{path} is corrupted or truncated ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
-                           "re-create the checkpoint") from None
+    located = {}
+    for path in weight_files(model_dir):
+        with _reading(path):
+            with safe_open(str(path), framework="pt") as f:
+                located.update(dict.fromkeys(f.keys(), path))
+    missing = [names[0] for names in aliases.values() if not any(n in located for n in names)]
+    unexpected = [k for k in located if k not in expected]
+    if missing or unexpected:
+        what = f"missing {missing[:3]}" if missing else f"unexpected {sorted(unexpected)[:3]}"
+        raise LaquantError(f"{model_dir} does not match its quantization_config ({what}); "
+                           "the checkpoint is corrupted")
+    for path in dict.fromkeys(located.values()):
+        with _reading(path):
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    t, target = f.get_tensor(name), expected[name]
+                    if t.shape != target.shape:
+                        raise LaquantError(f"{model_dir}: tensor {name} has shape {tuple(t.shape)}, "
+                                           f"expected {tuple(target.shape)}")
+                    target.copy_(t)
+
+
+class _reading:
+    """Errors while reading a safetensors file become one LaquantError naming it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is None or isinstance(exc, (LaquantError, KeyboardInterrupt)):
+            return False
+        raise LaquantError(f"{self.path} is corrupted or truncated ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else ''}); re-create the checkpoint") from None

@@ -14,6 +14,8 @@ from laquant.families import get_family
 
 DEFAULT_MODEL_NAME = "gla-small"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# what a model (and a laquant checkpoint: recipe.yaml and the remote-code module its digests cover) needs
+HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "recipe.yaml", "laquant_remote.py"]
 
 
 def default_model_dir() -> Path:
@@ -37,7 +39,7 @@ def resolve_model_dir(spec: str | Path | None) -> Path:
         from huggingface_hub import snapshot_download
 
         try:
-            return Path(snapshot_download(str(spec), allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
+            return Path(snapshot_download(str(spec), allow_patterns=HUB_FILES))
         except Exception as exc:  # network, auth, missing repo: one clear line
             raise LaquantError(
                 f"model {spec!r} is not a local directory and could not be fetched from the Hugging Face Hub "
@@ -63,6 +65,15 @@ def read_supported_config(model_dir: Path) -> dict:
     return cfg
 
 
+def config_dtype(cfg: dict) -> torch.dtype:
+    """The dtype a config.json names (``dtype``, or the older ``torch_dtype``); float32 if none."""
+    name = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
+    dtype = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise LaquantError(f"config.json names dtype {name!r}, which is not a torch float dtype")
+    return dtype
+
+
 def load_tokenizer(spec: str | Path | None = None):
     from transformers import AutoTokenizer
 
@@ -75,8 +86,10 @@ def load_tokenizer(spec: str | Path | None = None):
 
 def model_config(cfg: dict, source: Path | str):
     """The config object of a supported ``config.json`` dict."""
+    from laquant.checkpoint import without_loader_fields
+
     family = get_family(cfg.get("model_type"), f"{source}: model_type")
-    cfg = {k: v for k, v in cfg.items() if k != "quantization_config"}
+    cfg = without_loader_fields({k: v for k, v in cfg.items() if k != "quantization_config"})
     if family.native:
         try:
             return family.config(cfg)
@@ -117,7 +130,7 @@ def _skip_weight_init():
 
 
 def load_model(spec: str | Path | None = None, device: str | torch.device = "cpu",
-               dtype: torch.dtype = torch.float32):
+               dtype: torch.dtype | str = torch.float32):
     """Load a supported model and its tokenizer, in eval mode: GLA on laquant's implementation, the
     transformers hybrids with laquant's mixers in place of their linear-attention layers."""
     from transformers.utils import logging as hf_logging
@@ -126,6 +139,7 @@ def load_model(spec: str | Path | None = None, device: str | torch.device = "cpu
 
     model_dir = resolve_model_dir(spec)
     cfg = read_supported_config(model_dir)
+    dtype = config_dtype(cfg) if dtype == "auto" else dtype
     if not any(model_dir.glob("*.safetensors")):
         raise LaquantError(f"{model_dir} has no .safetensors weights (laquant never loads pickle checkpoints)")
     config = model_config(cfg, model_dir)

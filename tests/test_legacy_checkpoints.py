@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 import laquant
 from laquant.adapters import new_cache
+from laquant.integrity import verify_checkpoint
 from laquant.loading import default_model_dir
 
 from conftest import rel_err
@@ -36,6 +37,7 @@ def test_a_legacy_checkpoint_gives_the_logits_it_gave(legacy_dir):
     expected = load_file(legacy_dir / "expected.safetensors")
     with safe_open(legacy_dir / "expected.safetensors", "pt") as f:
         same_torch = f.metadata()["torch"] == torch.__version__
+    assert verify_checkpoint(legacy_dir) is False  # written before digests: no laquant.json, loads unchecked
     model, _ = laquant.load(legacy_dir)
     ids = expected["ids"]
     cache = new_cache(model)

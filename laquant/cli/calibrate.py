@@ -14,7 +14,7 @@ from laquant.adapters import get_adapter
 from laquant.api import Calibrated, calibrate, save
 from laquant.calibration.run import calibration_batches
 from laquant.calibration.stats import Stats
-from laquant.checkpoint import StagingDir, check_out_dir
+from laquant.checkpoint import StagingDir, check_out_dir, parse_size, weight_files
 from laquant.cli.common import add_to_folder, pick_device
 from laquant.cli.export import add_export_arguments, write_serving
 from laquant.compressed_tensors_export import check_exportable, write_compressed_tensors
@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "serving.md (transformers hybrids only; `laquant export` converts a laquant checkpoint later)")
     add_export_arguments(p, with_eval=False)
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
+    p.add_argument("--max-shard-size", default=None, metavar="SIZE",
+                   help="split the weights into shards of at most SIZE (e.g. 5GB, 500MB) with a "
+                        "model.safetensors.index.json, as transformers' save_pretrained does (default: one file)")
     p.add_argument("--eval-data", default="wikitext2")
     p.add_argument("--eval-context", type=int, default=2048)
     p.add_argument("--eval-max-tokens", type=int, default=32768,
@@ -93,8 +96,13 @@ def run(args: argparse.Namespace) -> int:
     table = comparison_table(rows)
     note = eval_note(job)
     save_and_plot(job, result, rows, report(job, result, table, note))
-    files = ("serving.md, recipe.yaml" if args.format == "compressed-tensors" else "recipe.yaml, stats.safetensors")
-    print(f"\n{note}\n\n{table}\n\nwrote {job.out}/ (model.safetensors, config.json, {files}, report.md, plots/)")
+    if args.format == "compressed-tensors":
+        files = "model.safetensors, config.json, serving.md, recipe.yaml"
+    else:
+        shards = len(weight_files(job.out))
+        weights = "model.safetensors" if shards == 1 else f"{shards} weight shards + model.safetensors.index.json"
+        files = f"{weights}, config.json, recipe.yaml, stats.safetensors, laquant.json"
+    print(f"\n{note}\n\n{table}\n\nwrote {job.out}/ ({files}, report.md, plots/)")
     return 0
 
 
@@ -103,6 +111,8 @@ def check_inputs(args: argparse.Namespace) -> Job:
     recipe = load_recipe(args.recipe, args.set)
     out = Path(args.out or f"laquant-{recipe['name']}")
     check_out_dir(out, args.overwrite)
+    if args.max_shard_size is not None:
+        parse_size(args.max_shard_size)
     model_dir = resolve_model_dir(args.model)
     cfg = read_supported_config(model_dir)
     if args.format == "compressed-tensors":
@@ -170,7 +180,8 @@ def save_and_plot(job: Job, result: Calibrated, rows: list[tuple[str, dict]], re
     if job.args.format == "compressed-tensors":
         rows = save_compressed_tensors(job, result, rows, report_md)
     else:
-        save(result, job.out, tokenizer=job.tokenizer, report=report_md, overwrite=job.args.overwrite)
+        save(result, job.out, tokenizer=job.tokenizer, report=report_md, overwrite=job.args.overwrite,
+             max_shard_size=job.args.max_shard_size)
     summary = {"recipe": job.recipe["name"], "model": str(job.model_dir), "out": str(job.out),
                "format": job.args.format,
                "rows": [{"name": n, **{k: v for k, v in r.items() if not k.endswith("by_position")}} for n, r in rows]}

@@ -40,6 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot-drift", metavar="PNG",
                    help="also plot the model's loss by position minus the baseline's (needs --baseline)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip checking a checkpoint's files against its sha256 digests (laquant.json)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     results = []
     for label, model_dir in model_dirs.items():
-        model, _ = load(model_dir, device=device, dtype=dtype)
+        model, _ = load(model_dir, device=device, dtype=dtype, verify=False if args.no_verify else None)
         for ctx in args.context:
             for mode in args.mode:
                 res = perplexity(model, ids, context=ctx, stride=args.stride, mode=mode,

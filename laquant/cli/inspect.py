@@ -11,12 +11,15 @@ from laquant.cli.common import add_to_folder
 from laquant.errors import LaquantError
 from laquant.eval.plots import write_stat_plots
 from laquant.eval.report import layer_summary
+from laquant.integrity import verify_checkpoint
 from laquant.loading import resolve_model_dir
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="a folder written by `laquant calibrate`")
     p.add_argument("--plots", default=None, help="folder for the PNG plots (default: PATH/plots)")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip checking the files against their sha256 digests (laquant.json)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
     if qcfg is None:
         raise LaquantError(f"{folder} is not a laquant checkpoint (no quantization_config in config.json); "
                            "run `laquant calibrate` first")
+    verify_checkpoint(folder, False if args.no_verify else None)
     stats = Stats.load(folder / "stats.safetensors")
     recipe = qcfg["recipe"]
     print(f"# {folder}: recipe {recipe['name']} — {recipe['description']}\n")

@@ -1,0 +1,86 @@
+"""`laquant eval lm-eval`: lm-evaluation-harness on a laquant checkpoint and its base model, on a
+local loglikelihood_rolling task (no download), checked against the log-likelihood computed here."""
+
+import json
+import math
+
+import pytest
+import torch
+
+import laquant
+from laquant.cli import main
+
+pytest.importorskip("lm_eval")
+pytest.importorskip("accelerate")
+
+DOCS = ["The river rose through the night, and by morning the lower fields were under water.",
+        "She counted the coins twice, then wrote the total in the margin of the ledger and closed it."]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_model_dir, tmp_path_factory):
+    torch.manual_seed(7)
+    model, tok = laquant.load_model(tiny_model_dir)
+    out = tmp_path_factory.mktemp("lm-eval") / "q"
+    laquant.save(laquant.calibrate(model, "gla_int8", torch.randint(0, 8192, (2, 96)), progress=False), out,
+                 tokenizer=tok)
+    return out
+
+
+@torch.no_grad()
+def _log_likelihood(model_dir, dtype):
+    """Each document scored whole after lm-eval's prefix token (BOS, else EOS), as loglikelihood_rolling does."""
+    model, tok = laquant.load(model_dir, dtype=dtype)
+    prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    total = 0.0
+    for doc in DOCS:
+        ids = tok(doc, add_special_tokens=False)["input_ids"]
+        logits = model(input_ids=torch.tensor([[prefix] + ids[:-1]])).logits[0]
+        total += torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(ids)[:, None]).sum().item()
+    return total
+
+
+@pytest.mark.slow
+def test_lm_eval_on_a_checkpoint_and_its_base(checkpoint, tiny_model_dir, tmp_path, capsys):
+    text = tmp_path / "docs.txt"
+    text.write_text("\n\n".join(DOCS) + "\n")
+    out = tmp_path / "results.json"
+    assert main(["eval", "lm-eval", str(checkpoint), "--baseline", str(tiny_model_dir), "--text", str(text),
+                 "--dtype", "float32", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "| laquant_text" in printed and "byte_perplexity" in printed
+    result = json.loads(out.read_text())
+    assert result["dtype"] == "float32" and result["versions"]["lm_eval"]
+    base_params = laquant.load_model(tiny_model_dir)[0].num_parameters()
+    n_bytes = sum(len(d.encode()) for d in DOCS)
+    n_words = sum(len(d.split()) for d in DOCS)
+    for label, model_dir in (("model", checkpoint), ("baseline", tiny_model_dir)):
+        row = result["models"][label]
+        assert row["model_num_parameters"] == base_params, label  # the int8 weights count
+        assert row["model_dtype"] == "torch.float32"
+        metrics = row["results"]["laquant_text"]
+        ll = _log_likelihood(model_dir, torch.float32)
+        assert math.isclose(metrics["byte_perplexity"], math.exp(-ll / n_bytes), rel_tol=1e-4), label
+        assert math.isclose(metrics["word_perplexity"], math.exp(-ll / n_words), rel_tol=1e-4), label
+        assert math.isclose(metrics["bits_per_byte"], -ll / n_bytes / math.log(2), rel_tol=1e-4), label
+    assert result["models"]["model"]["results"] != result["models"]["baseline"]["results"]
+
+
+def test_both_models_compute_in_the_base_models_dtype_by_default(checkpoint, tiny_model_dir):
+    from laquant.eval.harness import dtype_for
+
+    assert dtype_for("auto", checkpoint) == dtype_for("auto", tiny_model_dir) == torch.bfloat16
+    assert dtype_for("float32", checkpoint) == torch.float32
+
+
+@pytest.mark.parametrize("argv,message", [
+    ([], "name at least one task"),
+    (["--text", "{missing}"], "text file not found"),
+    pytest.param(["--tasks", "no_such_task_anywhere"], "lm-eval has no task 'no_such_task_anywhere'",
+                 marks=pytest.mark.slow),  # lm-eval indexes all its tasks to look: seconds
+])
+def test_bad_input_is_one_line(checkpoint, tmp_path, capsys, argv, message):
+    argv = [a.replace("{missing}", str(tmp_path / "nope.txt")) for a in argv]
+    assert main(["eval", "lm-eval", str(checkpoint), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
