@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from laquant.errors import LaquantError
-from laquant.kernels.common.formats import STATE_FORMATS
+from laquant.kernels.common.format_names import STATE_FORMATS
 from laquant.recipes import recipe_dir
 
 ANY_NUMBER_OR_NULL = "a number > 0, or null"

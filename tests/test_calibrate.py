@@ -330,7 +330,7 @@ def test_prefill_rounds_the_state_once_unless_asked_per_chunk(tiny_model_dir, ca
 
 
 def test_ctrl_c_during_calibrate_is_one_line_and_leaves_nothing(tmp_path, tiny_model_dir, capsys, monkeypatch):
-    import laquant.cli.calibrate as cli_calibrate
+    import laquant.cli.calibrate_steps as cli_calibrate
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
