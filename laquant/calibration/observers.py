@@ -82,7 +82,18 @@ class LogHistogram:
 # |x| levels the projections' over-level counts are kept at: 2^k and 1.5 * 2^k from 1/64 to 12288,
 # so a recipe's outlier threshold (6.0 by default, any such level exactly) is read off when planning
 # or reporting, and the statistics do not depend on the recipe they were collected for
-MAGNITUDE_LEVELS = torch.tensor(sorted(m * 2.0 ** k for k in range(-6, 14) for m in (1.0, 1.5)))
+_LEVEL_EXPONENTS = range(-6, 14)
+MAGNITUDE_LEVELS = torch.tensor(sorted(m * 2.0 ** k for k in _LEVEL_EXPONENTS for m in (1.0, 1.5)))
+
+
+def levels_below(a: torch.Tensor) -> torch.Tensor:
+    """How many of :data:`MAGNITUDE_LEVELS` lie below each finite ``|x|`` (``torch.bucketize`` against them,
+    exactly, from the float's exponent and mantissa: a few cheap passes instead of a search)."""
+    mantissa, exponent = torch.frexp(a)  # a = mantissa * 2^exponent, mantissa in [0.5, 1)
+    lo, hi = _LEVEL_EXPONENTS[0], _LEVEL_EXPONENTS[-1]
+    below = 2 * (exponent - (1 + lo)).clamp_(0, hi - lo + 1)  # 2^k and 1.5 * 2^k for every k <= exponent - 2
+    inside = ((mantissa > 0.5).int() + (mantissa > 0.75).int()) * ((exponent >= lo + 1) & (exponent <= hi + 1))
+    return (below + inside) * (a > 0)  # within [2^(e-1), 2^e): 2^(e-1) and 1.5 * 2^(e-1)
 
 
 class ProjectionObserver:
@@ -101,18 +112,19 @@ class ProjectionObserver:
 
     def __call__(self, module, args):
         x = args[0].detach().reshape(-1, args[0].shape[-1])
-        _check_finite(self.name, "input", x)
         a = x.abs().float()
+        amax = a.amax(0)
+        _check_finite(self.name, "input", amax)  # a NaN or Inf anywhere reaches the channel's max
         # every statistic is updated in place: nothing is allocated per call that outlives it
-        torch.maximum(self.absmax, a.amax(0).cpu(), out=self.absmax)
-        bins = torch.bucketize(a, MAGNITUDE_LEVELS.to(a.device), out_int32=True)  # how many levels lie below |x|
+        torch.maximum(self.absmax, amax.cpu(), out=self.absmax)
+        bins = levels_below(a)
         offsets = torch.arange(a.shape[1], dtype=torch.int32, device=a.device) * (len(MAGNITUDE_LEVELS) + 1)
         self.hist += torch.bincount((bins + offsets).flatten(), minlength=self.hist.numel()).cpu()
         self.tokens += a.shape[0]
         self.magnitudes.add(a)
 
     def result(self) -> dict[str, torch.Tensor]:
-        return {"act_absmax": self.absmax, "act_p999": self.magnitudes.quantile(0.999),
+        return {"act_absmax": self.absmax, "act_p999": torch.minimum(self.magnitudes.quantile(0.999), self.absmax),
                 "act_over_levels": self._over_levels(),
                 "weight_min": self.weight_min, "weight_max": self.weight_max}
 
@@ -135,8 +147,8 @@ class GateObserver:
         y = output.detach().reshape(-1, output.shape[-1]).float()
         if self.channels is not None:
             y = y[:, self.channels[0]:self.channels[0] + self.channels[1]]
-        _check_finite(self.name, "output", y)
         lo, hi = y.amin(0).cpu(), y.amax(0).cpu()
+        _check_finite(self.name, "output", hi - lo)  # a NaN or Inf anywhere reaches the channel's range
         if self.min is None:
             self.min, self.max, self.values = lo, hi, LogHistogram(y.shape[1], signed=True)
         else:
@@ -146,7 +158,8 @@ class GateObserver:
 
     def result(self) -> dict[str, torch.Tensor]:
         return {"logit_min": self.min, "logit_max": self.max,
-                "logit_p001": self.values.quantile(0.001), "logit_p999": self.values.quantile(0.999),
+                "logit_p001": self.values.quantile(0.001).clamp(self.min, self.max),
+                "logit_p999": self.values.quantile(0.999).clamp(self.min, self.max),
                 "log_decay_min": self.to_log_decay(self.min), "log_decay_max": self.to_log_decay(self.max)}
 
 
