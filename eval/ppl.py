@@ -13,6 +13,7 @@ arithmetic they compute the same number.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -22,6 +23,7 @@ from tqdm.auto import tqdm
 
 from laquant.adapters import new_cache
 from laquant.errors import LaquantError
+from laquant.eval.saturation import SaturationCounter
 
 MODES = ("prefill", "decode")
 DEFAULT_BATCH = {"prefill": 4, "decode": 64}
@@ -64,9 +66,34 @@ class PerplexityResult:
     ppl: float
     seconds: float
     loss_by_position: list[float] = field(default_factory=list)  # mean NLL at each window offset
+    # decode mode: the state and gate saturation counts by window offset (laquant.eval.saturation)
+    saturation: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# A decode step of a small model on the CPU is a few hundred tiny ops; below this many elements
+# per step (batch x hidden) an op's intra-op thread handoff costs more than its work, and on a
+# shared machine a descheduled helper thread stalls every op (gla-small, B = 31: 0.2 s per step
+# on 2 threads under load vs 0.02 s on one)
+SMALL_DECODE_ELEMENTS = 1 << 16
+
+
+@contextlib.contextmanager
+def decode_threads(model, batch: int):
+    """One intra-op thread for the decode steps of a small model on the CPU (see above)."""
+    device = next(model.parameters()).device
+    hidden = getattr(model.config, "hidden_size", None) or 0
+    before = torch.get_num_threads()
+    if device.type != "cpu" or batch * hidden >= SMALL_DECODE_ELEMENTS or before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _nll_rows(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -107,35 +134,50 @@ def perplexity(
     bar = tqdm(total=steps, desc=f"ppl {mode} ctx={context}", unit="tok" if mode == "decode" else "win",
                disable=not progress, leave=False)
     start = time.perf_counter()
+    counter = SaturationCounter(model, context) if mode == "decode" else None
     offsets = torch.arange(1, context)  # every window is `context` tokens long
-    for batch in batches:
-        inputs = torch.stack([ids[w.begin:w.end] for w in batch]).to(device)
-        # mask[b, p] is True where the token at offset p + 1 is scored (predicted from offset p)
-        mask = torch.stack([offsets >= (w.first_target - w.begin) for w in batch])
-        if mode == "prefill":
-            logits = model(input_ids=inputs).logits[:, :-1]
-            nll = _nll_rows(logits, inputs[:, 1:]).cpu()
-            bar.update(len(batch))
-        else:
-            cache = new_cache(model)
-            cols = []
-            for t in range(context - 1):
-                step_logits = model(input_ids=inputs[:, t:t + 1], past_key_values=cache, use_cache=True).logits[:, 0]
-                cols.append(_nll_rows(step_logits, inputs[:, t + 1]).cpu())
+    try:
+        for batch in batches:
+            inputs = torch.stack([ids[w.begin:w.end] for w in batch]).to(device)
+            # mask[b, p] is True where the token at offset p + 1 is scored (predicted from offset p)
+            mask = torch.stack([offsets >= (w.first_target - w.begin) for w in batch])
+            if mode == "prefill":
+                logits = model(input_ids=inputs).logits
+                # row by row: one window's log-softmax at a time, not a copy of the whole batch's logits
+                nll = torch.stack([_nll_rows(logits[i, :-1], inputs[i, 1:]) for i in range(len(batch))]).cpu()
+                del logits
+                bar.update(len(batch))
+            else:
+                cache = new_cache(model)
+                cols = []
+                counter.position = 0
+                with decode_threads(model, len(batch)):
+                    for t in range(context - 1):
+                        step_logits = model(input_ids=inputs[:, t:t + 1], past_key_values=cache,
+                                            use_cache=True).logits[:, 0]
+                        counter.after_step(cache)
+                        cols.append(_nll_rows(step_logits, inputs[:, t + 1]).cpu())
+                        bar.update(1)
                 bar.update(1)
-            bar.update(1)
-            nll = torch.stack(cols, dim=1)
-        if not torch.isfinite(nll[mask]).all():
-            raise LaquantError(f"non-finite loss in {mode} mode: the model produced NaN/Inf logits")
-        nll = nll.double() * mask
-        nll_sum[1:] += nll.sum(0)
-        count[1:] += mask.sum(0)
+                nll = torch.stack(cols, dim=1)
+            if not torch.isfinite(nll[mask]).all():
+                raise LaquantError(f"non-finite loss in {mode} mode: the model produced NaN/Inf logits")
+            nll = nll.double() * mask
+            nll_sum[1:] += nll.sum(0)
+            count[1:] += mask.sum(0)
+    finally:
+        if counter is not None:
+            counter.close()
     bar.close()
+    saturation = None
+    if counter is not None:
+        saturation = counter.result()
     seconds = time.perf_counter() - start
     total = int(count.sum().item())
     mean_nll = float(nll_sum.sum().item() / total)
     by_position = (nll_sum / count.clamp_min(1)).tolist()
-    return PerplexityResult(mode, context, stride, total, mean_nll, math.exp(mean_nll), seconds, by_position)
+    return PerplexityResult(mode, context, stride, total, mean_nll, math.exp(mean_nll), seconds, by_position,
+                            saturation)
 
 
 def perplexity_by_mode(model, ids: torch.Tensor, context: int, modes, batch_size: int | None = None,

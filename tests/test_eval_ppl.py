@@ -70,3 +70,44 @@ def test_the_embedded_model_is_named_gla_small_everywhere(tmp_path, monkeypatch)
     assert resolve_model_dir("gla-small") == resolve_model_dir(None) == default_model_dir()
     (tmp_path / "gla-small").mkdir()  # a local folder of that name wins
     assert resolve_model_dir("gla-small").resolve() == (tmp_path / "gla-small").resolve()
+
+
+@torch.no_grad()
+def test_decode_counts_state_and_gate_saturation_by_position(tiny_model_dir):
+    """fp32 state: nothing at a limit. int8 per-row state with fresh scales: every row's largest
+    element sits on 127 (one per row and step, exactly). Static scales far too small: most of the
+    state clips to the limit. Gates clamped to a range narrower than their logits: counted."""
+    from laquant.kernels.common.state import StateQuantizer
+
+    model, _ = load_model(tiny_model_dir)
+    ids = torch.randint(0, 8192, (200,), generator=torch.Generator().manual_seed(0))
+    plain = perplexity(model, ids, context=48, stride=24, mode="decode", batch_size=4, progress=False).saturation
+    assert plain["state_formats"] == ["fp32"] and plain["state_at_limit"] == 0 and plain["state_nonfinite"] == 0
+    assert plain["gate_elements"] == 0 and len(plain["state_at_limit_by_position"]) == 48
+    assert perplexity(model, ids, context=48, mode="prefill", progress=False).saturation is None
+
+    mixers = [layer.attn for layer in model.model.layers]
+    H, K, V = mixers[0].num_heads, mixers[0].head_k_dim, mixers[0].head_v_dim
+    for m in mixers:
+        m.state_quantizer = StateQuantizer("int8_row")
+    res = perplexity(model, ids, context=48, stride=24, mode="decode", batch_size=4, progress=False)
+    sat = res.saturation
+    windows = -(-len(res.loss_by_position) // 48)  # one batch of <= 4 windows here
+    steps_elements = sat["state_elements"] // (47 * len(mixers) * H * K * V)
+    assert sat["state_at_limit"] >= steps_elements * 47 * len(mixers) * H * K and windows == 1
+    assert 0 < sat["state_at_limit_fraction"] < 0.2 and sat["state_at_limit_by_position"][-1] == 0  # last: no step
+
+    for m in mixers:
+        m.state_quantizer = StateQuantizer("int8_row", renorm_interval=0, static_scale=torch.full((H, K, 1), 1e-6))
+    clipped = perplexity(model, ids, context=48, stride=24, mode="decode", batch_size=4, progress=False).saturation
+    assert clipped["state_at_limit_fraction"] > 0.5
+
+    from laquant import calibrate
+    from laquant.calibration.run import calibration_batches
+
+    model, _ = load_model(tiny_model_dir)
+    calibrate(model, "gla_gates_int8", data=calibration_batches(ids, 2, 64, 0), progress=False)
+    gate = model.model.layers[0].attn.gk_proj
+    gate.logit_max.copy_(gate.logit_min + 1e-3)  # a range no logit fits in
+    sat = perplexity(model, ids, context=48, stride=24, mode="decode", batch_size=4, progress=False).saturation
+    assert sat["gate_elements"] > 0 and sat["gate_clamped"] > 0.9 * sat["gate_elements"] / len(mixers)
