@@ -111,3 +111,26 @@ def test_decode_counts_state_and_gate_saturation_by_position(tiny_model_dir):
     gate.logit_max.copy_(gate.logit_min + 1e-3)  # a range no logit fits in
     sat = perplexity(model, ids, context=48, stride=24, mode="decode", batch_size=4, progress=False).saturation
     assert sat["gate_elements"] > 0 and sat["gate_clamped"] > 0.9 * sat["gate_elements"] / len(mixers)
+
+
+def test_long_decode_tool_reports_loss_nonfinite_and_saturation_by_position(tiny_model_dir, tmp_path):
+    """tools/long_decode.py (the long GPU decode's script) end to end on the CPU with a tiny N."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "long"
+    proc = subprocess.run([sys.executable, str(root / "tools" / "long_decode.py"), str(tiny_model_dir),
+                           "--recipe", "gla_int8_all", "--calib-samples", "1", "--calib-seq-len", "64",
+                           "--tokens", "40", "--batch", "2", "--bucket", "8", "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((out / "long_decode.json").read_text())
+    assert res["tokens"] == 40 and res["batch"] == 2 and res["nonfinite_logits"] == 0
+    assert len(res["loss_by_position"]) == 5 and all(math.isfinite(v) and v > 0 for v in res["loss_by_position"])
+    sat = res["saturation"]
+    assert sat["state_formats"] == ["int8_row"] and sat["state_nonfinite"] == 0
+    assert len(sat["state_at_limit_by_position"]) == 5 and sat["state_at_limit"] > 0
+    assert (out / "long_decode.png").stat().st_size > 1000
