@@ -335,6 +335,14 @@ def test_calibrate_and_inspect_cli(tmp_path, tiny_model_dir, capsys):
     (["--recipe", "gla_int8", "--out", "/proc/laquant-out"], "cannot be written: /proc does not take new folders"),
     (["--recipe", "gla_int8", "--model", "{llama}"], "model_type 'llama' is not supported"),
     (["--recipe", "gla_int8", "--stats", "{short}"], "not a laquant statistics file"),
+    (["--recipe", "gla_int8", "--stats", "/no/such/stats.safetensors"], "statistics file not found"),
+    (["--recipe", "gla_int8", "--out", "/dev/null"], "is a file, not a folder"),
+    (["--recipe", "gla_int8", "--out", "/proc/self/laquant-out"], "cannot be written"),
+    (["--recipe", "gla_int8", "--model", "{badjson}"], "is not valid JSON"),
+    (["--recipe", "gla_int8", "--model", "{notobject}"], "is not a JSON object"),
+    (["--recipe", "gla_int8", "--model", "{noweights}"], "could not load the tokenizer"),
+    (["--recipe", "gla_int8", "--offload", "--device", "cpu"], "drop --offload"),
+    (["--recipe", "gla_int8", "--samples", "0"], "--samples must be >= 1"),
 ])
 def test_calibrate_bad_input(tmp_path, tiny_model_dir, capsys, argv, message):
     (tmp_path / "empty.txt").write_text("\n")
@@ -343,8 +351,13 @@ def test_calibrate_bad_input(tmp_path, tiny_model_dir, capsys, argv, message):
     (tmp_path / "nonempty" / "x").write_text("x")
     (tmp_path / "llama").mkdir()
     (tmp_path / "llama" / "config.json").write_text('{"model_type": "llama"}')
+    for name, text in (("badjson", '{"model_type": "gla",'), ("notobject", "[1, 2]"),
+                       ("noweights", (tiny_model_dir / "config.json").read_text())):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(text)
     subs = {"{empty}": str(tmp_path / "empty.txt"), "{short}": str(tmp_path / "short.txt"),
-            "{nonempty}": str(tmp_path / "nonempty"), "{llama}": str(tmp_path / "llama")}
+            "{nonempty}": str(tmp_path / "nonempty"), "{llama}": str(tmp_path / "llama"),
+            **{f"{{{n}}}": str(tmp_path / n) for n in ("badjson", "notobject", "noweights")}}
     argv = [subs.get(a, a) for a in argv]
     argv = [a.replace("{short}", subs["{short}"]) for a in argv]
     if "--model" not in argv:
@@ -382,18 +395,34 @@ def test_prefill_rounds_the_state_once_unless_asked_per_chunk(tiny_model_dir, ca
     assert not torch.equal(finals[False], finals[True])
 
 
-def test_ctrl_c_during_calibrate_is_one_line_and_leaves_nothing(tmp_path, tiny_model_dir, capsys, monkeypatch):
+# every phase of `laquant calibrate`: tokenizing, loading, evaluating, calibrating, writing the
+# checkpoint, adding eval.json and the plots after it
+@pytest.mark.parametrize("phase", ["tokenize", "load_model", "perplexity_by_mode", "calibrate", "save",
+                                   "write_stat_plots"])
+def test_ctrl_c_during_calibrate_is_one_line_and_leaves_nothing(tmp_path, tiny_model_dir, capsys, monkeypatch, phase):
     import laquant.cli.calibrate_steps as cli_calibrate
 
+    real = getattr(cli_calibrate, phase)
+    calls = []
+
     def interrupted(*args, **kwargs):
+        calls.append(phase)
+        if phase == "save":  # half-way through writing: the staging folder exists
+            import laquant.checkpoint as checkpoint
+
+            with monkeypatch.context() as inner:
+                inner.setattr(checkpoint, "storage_tensor", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+                return real(*args, **kwargs)
         raise KeyboardInterrupt
 
-    for phase in ("calibrate", "save"):  # while calibrating, while writing
+    if True:
         with monkeypatch.context() as m:
             m.setattr(cli_calibrate, phase, interrupted)
             out = tmp_path / f"out-{phase}"
             assert main(["calibrate", "--recipe", "gla_int8", "--model", str(tiny_model_dir), "--out", str(out),
-                         "--samples", "2", "--seq-len", "64", "--no-eval", "--quiet"]) == 130
+                         "--samples", "2", "--seq-len", "64", "--eval-context", "64", "--eval-max-tokens", "130",
+                         "--eval-mode", "decode", "--quiet"]) == 130
+            assert calls == [phase]
             err = capsys.readouterr().err
             assert err.strip() == "laquant: interrupted" and "Traceback" not in err
             assert list(tmp_path.iterdir()) == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +64,10 @@ def run(args: argparse.Namespace, recipe: dict, out: Path, model_dir: Path) -> i
 
 def check_inputs(args: argparse.Namespace, recipe: dict, out: Path, model_dir: Path) -> Job:
     device = pick_device(args.device)
+    if args.offload and device == "cpu":
+        raise LaquantError("--offload keeps the model in CPU memory and moves one decoder layer at a time to "
+                           "--device; with --device cpu the model is in CPU memory already (layer by layer would "
+                           "only add every sample's hidden states): drop --offload, or pass --device cuda")
     read_supported_config(model_dir)
     tokenizer = load_tokenizer(model_dir)
     stats = Stats.load(args.stats) if args.stats else None
@@ -100,6 +105,8 @@ def perplexities(job: Job, model, label: str) -> dict:
                                         not args.quiet).items():
         row[mode] = res.ppl
         row[f"{mode}_loss_by_position"] = res.loss_by_position
+        if res.saturation is not None:  # decode: the totals (eval.json); by position: `laquant eval ppl --json`
+            row[f"{mode}_saturation"] = {k: v for k, v in res.saturation.items() if not k.endswith("by_position")}
         if not args.quiet:
             print(f"  {label} {mode}: ppl {res.ppl:.3f}", flush=True)
     model.to(job.home)
@@ -125,6 +132,14 @@ def report(job: Job, result: Calibrated, table: str, note: str) -> str:
 def save_and_plot(job: Job, result: Calibrated, rows: list[tuple[str, dict]], report_md: str) -> None:
     """The checkpoint, then eval.json and the statistics plots added to it."""
     save(result, job.out, tokenizer=job.tokenizer, report=report_md, overwrite=job.args.overwrite)
+    try:
+        _add_eval_and_plots(job, result, rows)
+    except BaseException:  # interrupted or failed after the move: a run either completes or leaves nothing
+        shutil.rmtree(job.out, ignore_errors=True)
+        raise
+
+
+def _add_eval_and_plots(job: Job, result: Calibrated, rows: list[tuple[str, dict]]) -> None:
     summary = {"recipe": job.recipe["name"], "model": str(job.model_dir), "out": str(job.out),
                "rows": [{"name": n, **{k: v for k, v in r.items() if not k.endswith("by_position")}} for n, r in rows]}
     threshold = job.recipe["projections"]["outlier_threshold"]
