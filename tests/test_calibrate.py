@@ -415,14 +415,13 @@ def test_ctrl_c_during_calibrate_is_one_line_and_leaves_nothing(tmp_path, tiny_m
                 return real(*args, **kwargs)
         raise KeyboardInterrupt
 
-    if True:
-        with monkeypatch.context() as m:
-            m.setattr(cli_calibrate, phase, interrupted)
-            out = tmp_path / f"out-{phase}"
-            assert main(["calibrate", "--recipe", "gla_int8", "--model", str(tiny_model_dir), "--out", str(out),
-                         "--samples", "2", "--seq-len", "64", "--eval-context", "64", "--eval-max-tokens", "130",
-                         "--eval-mode", "decode", "--quiet"]) == 130
-            assert calls == [phase]
-            err = capsys.readouterr().err
-            assert err.strip() == "laquant: interrupted" and "Traceback" not in err
-            assert list(tmp_path.iterdir()) == []
+    with monkeypatch.context() as m:
+        m.setattr(cli_calibrate, phase, interrupted)
+        out = tmp_path / f"out-{phase}"
+        assert main(["calibrate", "--recipe", "gla_int8", "--model", str(tiny_model_dir), "--out", str(out),
+                     "--samples", "2", "--seq-len", "64", "--eval-context", "64", "--eval-max-tokens", "130",
+                     "--eval-mode", "decode", "--quiet"]) == 130
+        assert calls == [phase]
+        err = capsys.readouterr().err
+        assert err.strip() == "laquant: interrupted" and "Traceback" not in err
+        assert list(tmp_path.iterdir()) == []
