@@ -64,10 +64,6 @@ def run(args: argparse.Namespace, recipe: dict, out: Path, model_dir: Path) -> i
 
 def check_inputs(args: argparse.Namespace, recipe: dict, out: Path, model_dir: Path) -> Job:
     device = pick_device(args.device)
-    if args.offload and device == "cpu":
-        raise LaquantError("--offload keeps the model in CPU memory and moves one decoder layer at a time to "
-                           "--device; with --device cpu the model is in CPU memory already (layer by layer would "
-                           "only add every sample's hidden states): drop --offload, or pass --device cuda")
     read_supported_config(model_dir)
     tokenizer = load_tokenizer(model_dir)
     stats = Stats.load(args.stats) if args.stats else None
