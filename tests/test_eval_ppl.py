@@ -92,9 +92,8 @@ def test_decode_counts_state_and_gate_saturation_by_position(tiny_model_dir):
         m.state_quantizer = StateQuantizer("int8_row")
     res = perplexity(model, ids, context=48, stride=24, mode="decode", batch_size=4, progress=False)
     sat = res.saturation
-    windows = -(-len(res.loss_by_position) // 48)  # one batch of <= 4 windows here
-    steps_elements = sat["state_elements"] // (47 * len(mixers) * H * K * V)
-    assert sat["state_at_limit"] >= steps_elements * 47 * len(mixers) * H * K and windows == 1
+    sequences = sat["state_elements"] // (47 * len(mixers) * H * K * V)  # windows decoded, over all batches
+    assert sat["state_at_limit"] >= sequences * 47 * len(mixers) * H * K  # >= one element per row and step
     assert 0 < sat["state_at_limit_fraction"] < 0.2 and sat["state_at_limit_by_position"][-1] == 0  # last: no step
 
     for m in mixers:
