@@ -20,6 +20,7 @@ scored or not, the curve to read the drift of a quantized state against its base
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -29,6 +30,7 @@ from tqdm.auto import tqdm
 
 from laquant.adapters import new_cache
 from laquant.errors import LaquantError
+from laquant.eval.saturation import SaturationCounter
 
 MODES = ("prefill", "decode")
 DEFAULT_BATCH = {"prefill": 4, "decode": 64}
@@ -73,9 +75,35 @@ class PerplexityResult:
     loss_by_position: list[float] = field(default_factory=list)  # mean NLL at each window offset
     loss_by_position_all: list[float] = field(default_factory=list)  # the same over every window's every token
     graphed: bool = False  # decode mode: one CUDA-graph replay per token
+    # decode mode on the eager loop: the state and gate saturation counts by window offset
+    # (laquant.eval.saturation); None on the graphed loop, which reads nothing back per step
+    saturation: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# A decode step of a small model on the CPU is a few hundred tiny ops; below this many elements
+# per step (batch x hidden) an op's intra-op thread handoff costs more than its work, and on a
+# shared machine a descheduled helper thread stalls every op (gla-small, B = 31: 0.2 s per step
+# on 2 threads under load vs 0.02 s on one)
+SMALL_DECODE_ELEMENTS = 1 << 16
+
+
+@contextlib.contextmanager
+def decode_threads(model, batch: int):
+    """One intra-op thread for the decode steps of a small model on the CPU (see above)."""
+    device = next(model.parameters()).device
+    hidden = getattr(model.config, "hidden_size", None) or 0
+    before = torch.get_num_threads()
+    if device.type != "cpu" or batch * hidden >= SMALL_DECODE_ELEMENTS or before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _nll_rows(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -118,40 +146,54 @@ def perplexity(
     bar = tqdm(total=steps, desc=f"ppl {mode} ctx={context}", unit="tok" if mode == "decode" else "win",
                disable=not progress, leave=False)
     start = time.perf_counter()
+    counter = SaturationCounter(model, context) if mode == "decode" and scorer is None else None
     offsets = torch.arange(1, context)  # every window is `context` tokens long
-    for batch in batches:
-        inputs = torch.stack([ids[w.begin:w.end] for w in batch]).to(device)
-        # mask[b, p] is True where the token at offset p + 1 is scored (predicted from offset p)
-        mask = torch.stack([offsets >= (w.first_target - w.begin) for w in batch])
-        if mode == "prefill":
-            logits = model(input_ids=inputs).logits[:, :-1]
-            nll = _nll_rows(logits, inputs[:, 1:]).cpu()
-            bar.update(len(batch))
-        elif scorer is not None:
-            nll = scorer.score(inputs, bar)
-        else:
-            cache = new_cache(model)
-            cols = []
-            for t in range(context - 1):
-                step_logits = model(input_ids=inputs[:, t:t + 1], past_key_values=cache, use_cache=True).logits[:, 0]
-                cols.append(_nll_rows(step_logits, inputs[:, t + 1]).cpu())
+    try:
+        for batch in batches:
+            inputs = torch.stack([ids[w.begin:w.end] for w in batch]).to(device)
+            # mask[b, p] is True where the token at offset p + 1 is scored (predicted from offset p)
+            mask = torch.stack([offsets >= (w.first_target - w.begin) for w in batch])
+            if mode == "prefill":
+                logits = model(input_ids=inputs).logits
+                # row by row: one window's log-softmax at a time, not a copy of the whole batch's logits
+                nll = torch.stack([_nll_rows(logits[i, :-1], inputs[i, 1:]) for i in range(len(batch))]).cpu()
+                del logits
+                bar.update(len(batch))
+            elif scorer is not None:
+                nll = scorer.score(inputs, bar)
+            else:
+                cache = new_cache(model)
+                cols = []
+                counter.position = 0
+                with decode_threads(model, len(batch)):
+                    for t in range(context - 1):
+                        step_logits = model(input_ids=inputs[:, t:t + 1], past_key_values=cache,
+                                            use_cache=True).logits[:, 0]
+                        counter.after_step(cache)
+                        cols.append(_nll_rows(step_logits, inputs[:, t + 1]).cpu())
+                        bar.update(1)
                 bar.update(1)
-            bar.update(1)
-            nll = torch.stack(cols, dim=1)
-        if not torch.isfinite(nll[mask]).all():
-            raise LaquantError(f"non-finite loss in {mode} mode: the model produced NaN/Inf logits")
-        all_sum[1:] += nll.double().sum(0)
-        nll = nll.double() * mask
-        nll_sum[1:] += nll.sum(0)
-        count[1:] += mask.sum(0)
+                nll = torch.stack(cols, dim=1)
+            if not torch.isfinite(nll[mask]).all():
+                raise LaquantError(f"non-finite loss in {mode} mode: the model produced NaN/Inf logits")
+            all_sum[1:] += nll.double().sum(0)
+            nll = nll.double() * mask
+            nll_sum[1:] += nll.sum(0)
+            count[1:] += mask.sum(0)
+    finally:
+        if counter is not None:
+            counter.close()
     bar.close()
+    saturation = None
+    if counter is not None:
+        saturation = counter.result()
     seconds = time.perf_counter() - start
     total = int(count.sum().item())
     mean_nll = float(nll_sum.sum().item() / total)
     by_position = (nll_sum / count.clamp_min(1)).tolist()
     by_position_all = [0.0] + (all_sum[1:] / len(windows)).tolist()
     return PerplexityResult(mode, context, stride, total, mean_nll, math.exp(mean_nll), seconds, by_position,
-                            by_position_all, scorer is not None)
+                            by_position_all, scorer is not None, saturation)
 
 
 class _GraphedScorer:

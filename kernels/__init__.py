@@ -14,12 +14,21 @@ of ``common/``.
 # From a checkout's root (``python -m ...``), this folder is also importable as a top-level
 # ``kernels``, the name of Hugging Face's package, which transformers probes by importing it. That
 # import must stay empty: transformers would take it for Hugging Face's package.
-if __name__ == "laquant.kernels":
-    from .delta.reference import chunk_gated_delta_rule, recurrent_gated_delta_rule, recurrent_gated_delta_rule_step
-    from .gemm.reference import int8_matmul_exact, int8_outlier_linear
-    from .gla.reference import chunk_gla, naive_gla, noncausal_linear_attention, recurrent_gla, recurrent_gla_step
-    from .kda.reference import chunk_kda, recurrent_kda
+if __name__ == "laquant.kernels":  # the references load on first use: laquant.kernels.common.format_names needs no torch
+    from importlib import import_module
 
-    __all__ = ["chunk_gated_delta_rule", "chunk_gla", "chunk_kda", "int8_matmul_exact", "int8_outlier_linear",
-               "naive_gla", "noncausal_linear_attention", "recurrent_gated_delta_rule", "recurrent_gated_delta_rule_step",
-               "recurrent_gla", "recurrent_gla_step", "recurrent_kda"]
+    _WHERE = {
+        ".delta.reference": ("chunk_gated_delta_rule", "recurrent_gated_delta_rule", "recurrent_gated_delta_rule_step"),
+        ".gemm.reference": ("int8_matmul_exact", "int8_outlier_linear"),
+        ".gla.reference": ("chunk_gla", "naive_gla", "noncausal_linear_attention", "recurrent_gla", "recurrent_gla_step"),
+        ".kda.reference": ("chunk_kda", "recurrent_kda"),
+    }
+    _MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
+    __all__ = sorted(_MODULE_OF)
+
+    def __getattr__(name: str):
+        if name not in _MODULE_OF:
+            raise AttributeError(f"module 'laquant.kernels' has no attribute {name!r}")
+        value = getattr(import_module(_MODULE_OF[name], __name__), name)
+        globals()[name] = value
+        return value

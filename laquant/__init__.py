@@ -3,16 +3,35 @@
 ``laquant.calibrate(model, recipe, data)`` quantizes a model in place, ``laquant.save`` writes a
 checkpoint folder, ``laquant.load`` reads one back, ``laquant.export_compressed_tensors`` writes
 the compressed-tensors W8A8 form serving engines load. Importing laquant registers model_type "gla"
-and the "laquant" quantization method with transformers.
+and the "laquant" quantization method with transformers: at once if transformers is already
+imported, otherwise as soon as it is (:mod:`laquant._registration`). The package imports torch
+and transformers only when something here needs them, so that ``laquant --help`` and argument
+errors answer at once.
 """
+
+from importlib import import_module
+
+from laquant import _registration
+from laquant.errors import LaquantError
 
 __version__ = "0.1.0"
 
-from laquant import hf_integration as _hf_integration  # noqa: E402,F401  (registers the quantizer)
-from laquant import models  # noqa: E402,F401  (registers model types with transformers)
-from laquant.api import Calibrated, calibrate, load, save  # noqa: E402
-from laquant.compressed_tensors_export import export_compressed_tensors  # noqa: E402
-from laquant.errors import LaquantError  # noqa: E402
-from laquant.loading import load_model  # noqa: E402
+_LAZY = {"Calibrated": "laquant.api", "calibrate": "laquant.api", "load": "laquant.api", "save": "laquant.api",
+         "load_model": "laquant.loading", "export_compressed_tensors": "laquant.compressed_tensors_export"}
 
 __all__ = ["Calibrated", "LaquantError", "calibrate", "export_compressed_tensors", "load", "load_model", "save"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'laquant' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted({*globals(), *_LAZY})
+
+
+_registration.register_with_transformers()

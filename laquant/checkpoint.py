@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from laquant.errors import LaquantError
+from laquant.paths import check_out_dir  # noqa: F401  (re-exported: checked before torch loads)
 
 QUANT_METHOD = "laquant"
 FORMAT_VERSION = 1
@@ -43,26 +44,6 @@ def without_loader_fields(cfg: dict) -> dict:
     else:
         cfg.pop("auto_map", None)
     return cfg
-
-
-def check_out_dir(out: Path, overwrite: bool) -> None:
-    """Before any work: ``out`` can be made here (a folder, new or empty or to be replaced, whose
-    nearest existing parent folder takes new entries)."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise LaquantError(f"output {out} is a file, not a folder; pass a folder path")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise LaquantError(f"output {out} exists and is not empty; pass --overwrite to replace it")
-    parent = out.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise LaquantError(f"output {out} cannot be made: {parent} is a file")
-    try:  # what the staging folder will do there
-        tempfile.TemporaryDirectory(dir=parent, prefix=f".{out.name}.probe-").cleanup()
-    except OSError as exc:
-        raise LaquantError(f"output {out} cannot be written: {parent} does not take new folders "
-                           f"({exc.strerror or type(exc).__name__}); choose another --out") from None
 
 
 def storage_tensor(t: torch.Tensor, storage_dtype: torch.dtype) -> torch.Tensor:

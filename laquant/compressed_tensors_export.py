@@ -40,13 +40,13 @@ import torch.nn as nn
 from laquant.checkpoint import storage_tensor
 from laquant.decisions import Decisions
 from laquant.errors import LaquantError
+from laquant.export_options import OUTLIER_POLICIES, check_exportable  # noqa: F401  (re-exported)
 from laquant.families import get_family
 from laquant.kernels.common.numerics import quantize_int8
 from laquant.quant.modules import QuantGate, QuantLinear
 
 QUANT_METHOD = "compressed-tensors"
 FORMAT = "int-quantized"
-OUTLIER_POLICIES = ("requantize", "bf16")
 # compressed-tensors' "W8A8" preset scheme (preset_name_to_scheme("W8A8", ["Linear"]).model_dump()):
 # int8 symmetric per-channel static weights, int8 symmetric per-token dynamic activations
 W8A8_SCHEME = {
@@ -97,16 +97,6 @@ def compressed_tensors_config(ignore: list[str]) -> dict:
             "global_compression_ratio": None, "ignore": list(ignore), "kv_cache_scheme": None,
             "quant_method": QUANT_METHOD, "quantization_status": "compressed", "sparsity_config": {},
             "transform_config": {}}
-
-
-def check_exportable(model_type: str | None, source) -> None:
-    """A transformers family (GLA is laquant's and fla's model: no transformers class, no vLLM model)."""
-    family = get_family(model_type, f"{source}: model_type")
-    if family.native:
-        raise LaquantError(
-            f"{source}: model_type {model_type!r} is flash-linear-attention's GLA, which neither transformers nor "
-            "vLLM has a model class for, so a compressed-tensors checkpoint of it could not be loaded anywhere; "
-            "use the laquant checkpoint itself (laquant.load, or AutoModelForCausalLM after `import laquant`)")
 
 
 def _reference_model(model):

@@ -2,60 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import re
-from importlib import resources
 from pathlib import Path
 
 import torch
 
 from laquant.errors import LaquantError
 from laquant.families import get_family
-
-DEFAULT_MODEL_NAME = "gla-small"
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-# what a model (and a laquant checkpoint: recipe.yaml and the remote-code module its digests cover) needs
-HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "recipe.yaml", "laquant_remote.py"]
-
-
-def default_model_dir() -> Path:
-    """The small trained GLA model shipped inside the package."""
-    return Path(str(resources.files("laquant") / "assets" / DEFAULT_MODEL_NAME))
-
-
-def resolve_model_dir(spec: str | Path | None) -> Path:
-    """``None`` or ``"gla-small"`` (no such local folder) -> the embedded model; an existing
-    directory -> itself; ``org/name`` -> the Hub cache."""
-    if spec is None:
-        return default_model_dir()
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        return path
-    if str(spec) == DEFAULT_MODEL_NAME:
-        return default_model_dir()
-    if path.exists():
-        raise LaquantError(f"model path {spec} is a file; pass the model's directory (with config.json)")
-    if _HUB_ID.match(str(spec)):
-        from huggingface_hub import snapshot_download
-
-        try:
-            return Path(snapshot_download(str(spec), allow_patterns=HUB_FILES))
-        except Exception as exc:  # network, auth, missing repo: one clear line
-            raise LaquantError(
-                f"model {spec!r} is not a local directory and could not be fetched from the Hugging Face Hub "
-                f"({type(exc).__name__}); download it first and pass the local directory"
-            ) from None
-    raise LaquantError(f"model directory not found: {spec}")
-
-
-def read_config(model_dir: Path) -> dict:
-    cfg_path = model_dir / "config.json"
-    if not cfg_path.is_file():
-        raise LaquantError(f"{model_dir} has no config.json: is it a model directory?")
-    try:
-        return json.loads(cfg_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise LaquantError(f"{cfg_path} is not valid JSON ({exc}); the checkpoint is corrupted") from None
+# where a model is, checked without torch, lives in laquant.paths (the CLI checks it before torch loads)
+from laquant.paths import DEFAULT_MODEL_NAME, HUB_FILES, default_model_dir, read_config, resolve_model_dir  # noqa: F401
 
 
 def read_supported_config(model_dir: Path) -> dict:

@@ -13,8 +13,7 @@ from pathlib import Path
 import yaml
 
 from laquant.errors import LaquantError
-from laquant.kernels.common.formats import FORMATS, STATE_FORMATS
-from laquant.kernels.common.numerics import ROUNDINGS
+from laquant.kernels.common.format_names import ROUNDINGS, SCALED_STATE_FORMATS, STATE_FORMATS
 from laquant.recipes import recipe_dir
 
 ANY_NUMBER_OR_NULL = "a number > 0, or null"
@@ -119,9 +118,9 @@ def validate_recipe(raw: dict, source: str = "recipe") -> dict:
             out[field] = value
         recipe[section] = out
     state = recipe["state"]
-    if state["rounding"] == "stochastic" and not FORMATS[state["format"]].is_scaled:
+    if state["rounding"] == "stochastic" and state["format"] not in SCALED_STATE_FORMATS:
         raise LaquantError(f"{source}: state.rounding = stochastic applies to the 8-bit state formats "
-                           f"({', '.join(f for f in STATE_FORMATS if FORMATS[f].is_scaled)}), not {state['format']!r}; "
+                           f"({', '.join(SCALED_STATE_FORMATS)}), not {state['format']!r}; "
                            "set state.rounding=nearest or an 8-bit state.format")
     keep = raw.get("keep", list(KEEPABLE))
     if not isinstance(keep, list) or any(k not in KEEPABLE for k in keep):

@@ -144,3 +144,45 @@ def test_eval_ppl_drift_plot(capsys, tmp_path, tiny_model_dir):
     assert code == 0 and drift.stat().st_size > 1000
     code, _, err = _run(capsys, "eval", "ppl", str(tiny_model_dir), "--plot-drift", str(drift), "--quiet")
     assert code == 2 and "--baseline" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["--help"], ["calibrate", "--help"], ["eval", "ppl", "--help"],
+    ["calibrate", "--recipe", "no_such_recipe"],
+    ["calibrate", "--recipe", "gla_int8", "--set", "state.format=fp9"],
+    ["calibrate", "--recipe", "gla_int8", "--set", "nodot"],
+    ["calibrate", "--recipe", "gla_int8", "--model", "/no/such/model"],
+    ["calibrate", "--recipe", "gla_int8", "--out", "{existing}"],
+    ["calibrate", "--recipe", "gla_int8", "--samples", "0"],
+    ["eval", "ppl", "/no/such/model"],
+    ["generate", "/no/such/model", "--prompt", "hi"],
+    ["inspect", "/no/such/model"],
+])
+def test_help_and_argument_errors_import_neither_torch_nor_transformers(tmp_path, argv):
+    """The console entry point checks arguments, recipes and paths before its heavy imports, so it
+    answers at once (the timing-free form of "well under a second": what got imported)."""
+    (tmp_path / "existing").mkdir()
+    (tmp_path / "existing" / "f").write_text("x")
+    argv = [a.replace("{existing}", str(tmp_path / "existing")) for a in argv]
+    code = ("import sys\nfrom laquant.cli import main\ntry:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n"
+            "    rc = e.code\nheavy = sorted(m for m in ('torch', 'transformers', 'numpy', 'safetensors') if m in sys.modules)\n"
+            "print('HEAVY', heavy, 'RC', rc, file=sys.stderr)\n")
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("HEAVY [] RC "), proc.stderr[-2000:]
+    if "--help" not in argv:
+        assert last != "HEAVY [] RC 0" and proc.stderr.count("laquant: error:") + proc.stderr.count("error:") >= 1
+        assert "Traceback" not in proc.stderr
+
+
+def test_importing_laquant_then_transformers_registers_gla():
+    """`import laquant` stays light, and still registers model_type "gla" and the "laquant"
+    quantization method once transformers is imported (before or after laquant)."""
+    check = ("from transformers import AutoConfig, AutoModelForCausalLM\n"
+             "from transformers.quantizers.auto import AUTO_QUANTIZER_MAPPING\n"
+             "assert type(AutoConfig.for_model('gla')).__name__ == 'GLAConfig'\n"
+             "assert 'laquant' in AUTO_QUANTIZER_MAPPING\n")
+    for first, then in (("import sys, laquant\nassert 'transformers' not in sys.modules and 'torch' not in sys.modules\n",
+                         check), ("import transformers, laquant\n", check)):
+        proc = subprocess.run([sys.executable, "-c", first + then], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]

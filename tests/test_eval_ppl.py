@@ -107,3 +107,65 @@ def test_graphed_decode_equals_the_eager_loop(tiny_model_dir):
     assert graphed.graphed and not eager.graphed
     assert graphed.nll == pytest.approx(eager.nll, abs=1e-6)
     assert graphed.loss_by_position_all == pytest.approx(eager.loss_by_position_all, abs=1e-5)
+
+
+def test_decode_counts_state_and_gate_saturation_by_position(tiny_model_dir):
+    """fp32 state: nothing at a limit. int8 per-row state with fresh scales: every row's largest
+    element sits on 127 (one per row and step, exactly). Static scales far too small: most of the
+    state clips to the limit. Gates clamped to a range narrower than their logits: counted."""
+    from laquant.kernels.common.state import StateQuantizer
+
+    model, _ = load_model(tiny_model_dir)
+    ids = torch.randint(0, 8192, (200,), generator=torch.Generator().manual_seed(0))
+    plain = perplexity(model, ids, context=48, stride=24, mode="decode", batch_size=4, progress=False).saturation
+    assert plain["state_formats"] == ["fp32"] and plain["state_at_limit"] == 0 and plain["state_nonfinite"] == 0
+    assert plain["gate_elements"] == 0 and len(plain["state_at_limit_by_position"]) == 48
+    assert perplexity(model, ids, context=48, mode="prefill", progress=False).saturation is None
+
+    mixers = [layer.attn for layer in model.model.layers]
+    H, K, V = mixers[0].num_heads, mixers[0].head_k_dim, mixers[0].head_v_dim
+    for m in mixers:
+        m.state_quantizer = StateQuantizer("int8_row")
+    res = perplexity(model, ids, context=48, stride=24, mode="decode", batch_size=4, progress=False)
+    sat = res.saturation
+    sequences = sat["state_elements"] // (47 * len(mixers) * H * K * V)  # windows decoded, over all batches
+    assert sat["state_at_limit"] >= sequences * 47 * len(mixers) * H * K  # >= one element per row and step
+    assert 0 < sat["state_at_limit_fraction"] < 0.2 and sat["state_at_limit_by_position"][-1] == 0  # last: no step
+
+    for m in mixers:
+        m.state_quantizer = StateQuantizer("int8_row", renorm_interval=0, static_scale=torch.full((H, K, 1), 1e-6))
+    clipped = perplexity(model, ids, context=48, stride=24, mode="decode", batch_size=4, progress=False).saturation
+    assert clipped["state_at_limit_fraction"] > 0.5
+
+    from laquant import calibrate
+    from laquant.calibration.run import calibration_batches
+
+    model, _ = load_model(tiny_model_dir)
+    calibrate(model, "gla_gates_int8", data=calibration_batches(ids, 2, 64, 0), progress=False)
+    gate = model.model.layers[0].attn.gk_proj
+    gate.logit_max.copy_(gate.logit_min + 1e-3)  # a range no logit fits in
+    sat = perplexity(model, ids, context=48, stride=24, mode="decode", batch_size=4, progress=False).saturation
+    assert sat["gate_elements"] > 0 and sat["gate_clamped"] > 0.9 * sat["gate_elements"] / len(mixers)
+
+
+def test_long_decode_tool_reports_loss_nonfinite_and_saturation_by_position(tiny_model_dir, tmp_path):
+    """tools/long_decode.py (the long GPU decode's script) end to end on the CPU with a tiny N."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "long"
+    proc = subprocess.run([sys.executable, str(root / "tools" / "long_decode.py"), str(tiny_model_dir),
+                           "--recipe", "gla_int8_all", "--calib-samples", "1", "--calib-seq-len", "64",
+                           "--tokens", "40", "--batch", "2", "--bucket", "8", "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((out / "long_decode.json").read_text())
+    assert res["tokens"] == 40 and res["batch"] == 2 and res["nonfinite_logits"] == 0
+    assert len(res["loss_by_position"]) == 5 and all(math.isfinite(v) and v > 0 for v in res["loss_by_position"])
+    sat = res["saturation"]
+    assert sat["state_formats"] == ["int8_row"] and sat["state_nonfinite"] == 0
+    assert len(sat["state_at_limit_by_position"]) == 5 and sat["state_at_limit"] > 0
+    assert (out / "long_decode.png").stat().st_size > 1000

@@ -1,6 +1,11 @@
-"""Peak GPU memory of calibration: the whole model on the GPU vs one decoder layer at a time.
+"""Peak memory of calibration. On a GPU: the whole model on the GPU vs one decoder layer at a time.
+With ``--cpu``: peak RSS of the calibration pass on the CPU against model size and token count,
+each row in a fresh process (the peak resident memory while ``collect_stats`` runs, and the
+resident memory before it: the interpreter, torch, the model and the tokenized text).
 
     python tools/calib_memory.py [MODEL] --samples 32 --seq-len 2048 --json out.json   (needs CUDA)
+    python tools/calib_memory.py --cpu gla-small 'config:{"hidden_size": 512}' --samples 16 64 128 \
+        --json eval/results/calib_memory_cpu.json --md eval/results/calib_memory_cpu.md
 
 MODEL: a model directory, or ``config:{json}`` for a randomly initialised GLA of that config (peak
 memory depends on the shapes, not on the weights; the shipped tokenizer reads the calibration text).
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -57,15 +63,110 @@ def measure(model_spec, samples: int, seq_len: int, batch_size: int) -> dict:
             "batch_size": batch_size, "device": torch.cuda.get_device_name(), "rows": rows}
 
 
+def _vm(field: str) -> float:
+    """``VmRSS`` / ``VmHWM`` of this process in MiB (Linux)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def measure_cpu_row(model_spec, samples: int, seq_len: int, batch_size: int) -> dict:
+    """One row, in this process: peak RSS while the calibration pass runs on the CPU."""
+    from laquant.adapters import get_adapter
+    from laquant.calibration.run import calibration_batches, collect_stats
+    from laquant.data import load_text, tokenize
+    from laquant.loading import load_model, load_tokenizer
+    from laquant.models import GLAConfig, GLAForCausalLM
+
+    if str(model_spec).startswith("config:"):
+        torch.manual_seed(0)
+        model = GLAForCausalLM(GLAConfig(**json.loads(model_spec[len("config:"):]))).eval()
+        tokenizer = load_tokenizer(None)
+    else:
+        model, tokenizer = load_model(model_spec, device="cpu")
+    batches = calibration_batches(tokenize(load_text("calibration"), tokenizer), samples, seq_len)
+    before = _vm("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:  # resets VmHWM to the current RSS
+        f.write("5")
+    t0 = time.time()
+    stats = collect_stats(model, get_adapter(model), batches, batch_size=batch_size, progress=False)
+    seconds = time.time() - t0
+    return {"model": str(model_spec), "parameters": sum(p.numel() for p in model.parameters()),
+            "samples": samples, "seq_len": seq_len, "tokens": samples * seq_len, "batch_size": batch_size,
+            "threads": torch.get_num_threads(), "rss_before_MiB": round(before, 1),
+            "peak_rss_MiB": round(_vm("VmHWM"), 1), "calibration_peak_over_before_MiB": round(_vm("VmHWM") - before, 1),
+            "stats_MiB": round(sum(t.numel() * t.element_size() for t in stats.tensors.values()) / 2**20, 2),
+            "seconds": round(seconds, 1)}
+
+
+def measure_cpu(models: list[str], samples: list[int], seq_len: int, batch_size: int, threads: int) -> dict:
+    """Each (model, samples) row in a fresh process, so one row's heap does not carry into the next."""
+    import platform
+    import subprocess
+    import sys
+
+    rows = []
+    for model_spec in models:
+        for n in samples:
+            proc = subprocess.run([sys.executable, __file__, "--cpu-row", model_spec, "--samples", str(n),
+                                   "--seq-len", str(seq_len), "--batch-size", str(batch_size),
+                                   "--threads", str(threads)], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(proc.stderr[-3000:])
+            rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            print(rows[-1], flush=True)
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[:3]
+    return {"device": "cpu", "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+            "load_average_at_end": load, "torch": torch.__version__, "rows": rows}
+
+
+def markdown_cpu(result: dict) -> str:
+    lines = ["# Calibration memory on the CPU (`python tools/calib_memory.py --cpu`)", "",
+             f"Peak resident memory while the calibration pass runs (`collect_stats`, each row in a fresh process, "
+             f"{result['rows'][0]['threads']} thread(s), batch {result['rows'][0]['batch_size']} x "
+             f"{result['rows'][0]['seq_len']} tokens in 256-token segments). *before*: the process before "
+             "calibrating (Python, torch, transformers, the model, the tokenized calibration text). "
+             f"Load average at the end: {', '.join(result['load_average_at_end'])} on {result['cpus']} CPUs "
+             "(a shared machine: the seconds are not a benchmark).", "",
+             "| model | parameters | samples x seq_len | tokens | RSS before | peak RSS | peak - before | statistics | seconds |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| `{r['model']}` | {r['parameters'] / 1e6:.1f}M | {r['samples']} x {r['seq_len']} | {r['tokens']:,} | "
+                     f"{r['rss_before_MiB']:.0f} MiB | {r['peak_rss_MiB']:.0f} MiB | "
+                     f"{r['calibration_peak_over_before_MiB']:.0f} MiB | {r['stats_MiB']:.1f} MiB | {r['seconds']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("model", nargs="?", default=None)
-    p.add_argument("--samples", type=int, default=32)
+    p.add_argument("model", nargs="*", default=None)
+    p.add_argument("--samples", type=int, nargs="+", default=[32])
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--json", default=None)
+    p.add_argument("--cpu", action="store_true", help="peak RSS on the CPU, models x samples, a process per row")
+    p.add_argument("--md", default=None, help="with --cpu: also write the table as markdown")
+    p.add_argument("--threads", type=int, default=1, help="with --cpu: torch threads")
+    p.add_argument("--cpu-row", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    result = measure(args.model, args.samples, args.seq_len, args.batch_size)
+    models = args.model or ["gla-small"]
+    if args.cpu_row:
+        torch.set_num_threads(args.threads)
+        print(json.dumps(measure_cpu_row(models[0], args.samples[0], args.seq_len, args.batch_size)))
+        return
+    if args.cpu:
+        result = measure_cpu(models, args.samples, args.seq_len, args.batch_size, args.threads)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+        if args.md:
+            with open(args.md, "w") as f:
+                f.write(markdown_cpu(result))
+        return
+    result = measure(models[0], args.samples[0], args.seq_len, args.batch_size)
     for mode, row in result["rows"].items():
         print(f"{mode:>24}: peak {row['peak_GiB']:.3f} GiB, {row['seconds']:.1f} s")
     if args.json:

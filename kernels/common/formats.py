@@ -12,8 +12,8 @@ wrappers:
 * ``int8_row``: int8 with one float32 scale per K row: the same bytes as ``fp8_row``, but a
   uniform grid of 255 steps over each row instead of 3 mantissa bits per element.
 
-Adding a format is one row here, plus its branch in the kernels' ``encode_state`` when it gets a
-kernel code.
+Adding a format is one row here and its name in :mod:`.format_names` (checked at import), plus
+its branch in the kernels' ``encode_state`` when it gets a kernel code.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from . import format_names
 from .numerics import FP8_DTYPE, FP8_E4M3_MAX, INT8_MAX, quantize_fp8, quantize_int8
 
 
@@ -74,6 +75,10 @@ _FORMATS = (
 )
 FORMATS: dict[str, StateFormat] = {f.name: f for f in _FORMATS}
 STATE_FORMATS = tuple(FORMATS)
+if (STATE_FORMATS != format_names.STATE_FORMATS
+        or tuple(f.name for f in _FORMATS if f.is_scaled) != format_names.SCALED_STATE_FORMATS):
+    raise ImportError(f"the state-format rows {STATE_FORMATS} and kernels/common/format_names.py "
+                      f"{format_names.STATE_FORMATS} differ: list a new format's name there too")
 KERNEL_FORMATS = tuple(f.name for f in _FORMATS if f.kernel_code is not None)
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from . import format_names
+
 INT8_MAX = 127.0
 FP8_E4M3_MAX = 448.0
 FP8_DTYPE = torch.float8_e4m3fn
@@ -29,7 +31,7 @@ def absmax_scale(x: torch.Tensor, dim: int | tuple[int, ...] | None, qmax: float
     return (amax / qmax).clamp_min(_TINY)
 
 
-ROUNDINGS = ("nearest", "stochastic")
+ROUNDINGS = format_names.ROUNDINGS
 RANDOM_BITS = 8  # random bits per element of a stochastic rounding: bias at most 2**-9 of a step
 
 

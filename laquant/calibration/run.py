@@ -37,13 +37,12 @@ def collect_stats(model, adapter, batches: torch.Tensor, segment: int = 256,
     moved to this device in turn, run on every batch, and moved back, as llm-compressor's
     sequential pipeline does: the device holds one layer and one batch's activations, not the
     model. The hidden states between layers wait on the model's device."""
-    gen = torch.Generator().manual_seed(seed)
     # lm_head and the softmax-attention projections are observed too, so the same statistics serve
     # recipes that keep them and those that quantize them
     observed = {**adapter.projections(), **adapter.attention_projections(),
                 **{n: adapter.module(n) for n in adapter.kept()["lm_head"]}}
-    proj = {n: ProjectionObserver(n, m, gen) for n, m in observed.items()}
-    gates = {n: GateObserver(n, lambda y, n=n: adapter.gate_log_decay(n, y), gen, adapter.gate_channels(n))
+    proj = {n: ProjectionObserver(n, m) for n, m in observed.items()}
+    gates = {n: GateObserver(n, lambda y, n=n: adapter.gate_log_decay(n, y), adapter.gate_channels(n))
              for n in adapter.gates()}
     mixers = adapter.mixers()
     states = {n: StateObserver(n) for n in mixers}

@@ -6,14 +6,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import torch
-import transformers
-
-import laquant
 from laquant.errors import LaquantError
 
 
 def pick_device(requested: str) -> str:
+    import torch
+
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested.startswith("cuda") and not torch.cuda.is_available():
@@ -22,6 +20,11 @@ def pick_device(requested: str) -> str:
 
 
 def versions() -> dict:
+    import torch
+    import transformers
+
+    import laquant
+
     out = {"laquant": laquant.__version__, "torch": torch.__version__, "transformers": transformers.__version__}
     if torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name()

@@ -6,15 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
-
-from laquant.api import load
 from laquant.cli.common import pick_device, versions, write_atomic
-from laquant.data import load_text, tokenize
 from laquant.errors import LaquantError
-from laquant.eval.plots import plot_drift, plot_loss_by_position
-from laquant.eval.ppl import default_stride, perplexity, strided_windows
-from laquant.loading import load_tokenizer, read_supported_config, resolve_model_dir
+from laquant.paths import check_model_dir
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
@@ -49,12 +43,20 @@ def run(args: argparse.Namespace) -> int:
         raise LaquantError("--plot-drift compares against a baseline: give --baseline MODEL")
     if args.max_tokens is not None and args.max_tokens < 2:
         raise LaquantError(f"--max-tokens must be at least 2, got {args.max_tokens}")
+    model_dirs = {"model": check_model_dir(args.model)}
+    if args.baseline is not None:
+        model_dirs = {"baseline": check_model_dir(args.baseline), **model_dirs}
+    import torch
+
+    from laquant.api import load
+    from laquant.data import load_text, tokenize
+    from laquant.eval.plots import plot_drift, plot_loss_by_position
+    from laquant.eval.ppl import default_stride, perplexity, strided_windows
+    from laquant.loading import load_tokenizer, read_supported_config
+
     device = pick_device(args.device)
     dtype_name = DTYPES[args.dtype] if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
     dtype = getattr(torch, dtype_name)
-    model_dirs = {"model": resolve_model_dir(args.model)}
-    if args.baseline is not None:
-        model_dirs = {"baseline": resolve_model_dir(args.baseline), **model_dirs}
     for d in model_dirs.values():
         read_supported_config(d)
     text = load_text(args.data)

@@ -7,17 +7,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
-
-from laquant.api import load
-from laquant.checkpoint import StagingDir, check_out_dir, read_quantization_config
-from laquant.compressed_tensors_export import (OUTLIER_POLICIES, Exported, check_exportable, serving_markdown,
-                                               write_compressed_tensors)
-from laquant.data import load_text, tokenize
 from laquant.errors import LaquantError
-from laquant.eval.ppl import default_stride, perplexity, strided_windows
-from laquant.eval.report import model_bytes
-from laquant.loading import load_model, read_config, resolve_model_dir
+from laquant.export_options import OUTLIER_POLICIES, check_exportable
+from laquant.paths import check_out_dir, read_config, resolve_model_dir
 
 FORMATS = ("compressed-tensors",)
 
@@ -52,6 +44,11 @@ def run(args: argparse.Namespace) -> int:
     if out.resolve() == source.resolve():
         raise LaquantError(f"--out {out} is the checkpoint itself; choose another folder")
     check_out_dir(out, args.overwrite)
+    from laquant.api import load
+    from laquant.checkpoint import StagingDir, read_quantization_config
+    from laquant.compressed_tensors_export import write_compressed_tensors
+    from laquant.loading import load_model
+
     qcfg = read_quantization_config(source)
     if qcfg is None:
         raise LaquantError(f"{source} is not a laquant checkpoint (its config.json has no quantization_config); "
@@ -75,22 +72,31 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def eval_tokens(args: argparse.Namespace, tokenizer) -> torch.Tensor:
+def eval_tokens(args: argparse.Namespace, tokenizer):
+    from laquant.data import load_text, tokenize
+    from laquant.eval.ppl import default_stride, strided_windows
+
     ids = tokenize(load_text(args.eval_data), tokenizer)[: args.eval_max_tokens]
     strided_windows(len(ids), args.eval_context, default_stride(args.eval_context))  # checks the sizes first
     return ids
 
 
-@torch.no_grad()
-def ppl_row(model, ids: torch.Tensor, args: argparse.Namespace) -> dict:
+def ppl_row(model, ids, args: argparse.Namespace) -> dict:
     """Prefill-mode perplexity (the mode transformers' own model runs) and model bytes."""
-    res = perplexity(model.eval(), ids, context=args.eval_context, mode="prefill", progress=not args.quiet)
+    import torch
+
+    from laquant.eval.ppl import perplexity
+    from laquant.eval.report import model_bytes
+
+    with torch.no_grad():
+        res = perplexity(model.eval(), ids, context=args.eval_context, mode="prefill", progress=not args.quiet)
     return {"prefill": res.ppl, "model_bytes": model_bytes(model)}
 
 
-def exported_row(folder: Path, ids: torch.Tensor, args: argparse.Namespace) -> dict:
+def exported_row(folder: Path, ids, args: argparse.Namespace) -> dict:
     """The exported folder loaded as a user without laquant would (transformers + compressed-tensors),
     float32 compute on the CPU like laquant's row."""
+    import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -107,10 +113,13 @@ def exported_row(folder: Path, ids: torch.Tensor, args: argparse.Namespace) -> d
     return row
 
 
-def write_serving(folder: Path, summary: Exported, source: str, recipe_name: str, rows: list, eval_ids,
+def write_serving(folder: Path, summary, source: str, recipe_name: str, rows: list, eval_ids,
                   args: argparse.Namespace) -> dict | None:
-    """``serving.md`` in the export folder; with ``eval_ids``, the exported form's perplexity below
-    the rows already measured (returned)."""
+    """``serving.md`` in the export folder (``summary``: the export's ``Exported``); with ``eval_ids``,
+    the exported form's perplexity below the rows already measured (returned)."""
+    from laquant.compressed_tensors_export import serving_markdown
+    from laquant.eval.ppl import default_stride
+
     table, note, exported = None, "", None
     if eval_ids is not None:
         exported = exported_row(folder, eval_ids, args)
@@ -133,7 +142,7 @@ def ppl_table(rows: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
-def report(summary: Exported, out: Path, quiet: bool) -> None:
+def report(summary, out: Path, quiet: bool) -> None:
     if quiet:
         return
     print(f"wrote {out}/ (model.safetensors, config.json, serving.md): {len(summary.int8)} projections W8A8 int8 "

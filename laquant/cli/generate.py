@@ -5,12 +5,9 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
-
-from laquant.api import load
 from laquant.cli.common import pick_device
 from laquant.errors import LaquantError
-from laquant.loading import DEFAULT_MODEL_NAME, read_supported_config, resolve_model_dir
+from laquant.paths import DEFAULT_MODEL_NAME, check_model_dir
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,8 +27,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from laquant.generate import DecodeSession
-
     if args.max_new_tokens < 1:
         raise LaquantError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.temperature is not None and not args.temperature > 0:
@@ -40,11 +35,18 @@ def run(args: argparse.Namespace) -> int:
         raise LaquantError("--top-k needs --temperature and must be >= 1")
     if not args.prompt:
         raise LaquantError("--prompt is empty; give the text to continue")
-    device = pick_device(args.device)
     spec = None if args.model == DEFAULT_MODEL_NAME else args.model
-    read_supported_config(resolve_model_dir(spec))  # a missing or unsupported model is named before loading
+    model_dir = check_model_dir(spec)  # a missing or unsupported model is named before loading
+    import torch
+
+    from laquant.api import load
+    from laquant.generate import DecodeSession
+    from laquant.loading import read_supported_config
+
+    device = pick_device(args.device)
+    read_supported_config(model_dir)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    model, tokenizer = load(resolve_model_dir(spec), device=device, dtype=dtype)
+    model, tokenizer = load(model_dir, device=device, dtype=dtype)
     ids = tokenizer(args.prompt, return_tensors="pt").input_ids.to(device)
     if ids.shape[1] == 0:
         raise LaquantError("the prompt tokenizes to no tokens")

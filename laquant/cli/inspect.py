@@ -5,14 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from laquant.calibration.stats import Stats
-from laquant.checkpoint import read_quantization_config
 from laquant.cli.common import add_to_folder
 from laquant.errors import LaquantError
-from laquant.eval.plots import write_stat_plots
-from laquant.eval.report import layer_summary
-from laquant.integrity import verify_checkpoint
-from laquant.loading import resolve_model_dir
+from laquant.paths import resolve_model_dir
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,6 +19,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     folder = resolve_model_dir(args.path)
+    from laquant.calibration.stats import Stats
+    from laquant.checkpoint import read_quantization_config
+    from laquant.eval.plots import write_stat_plots
+    from laquant.eval.report import layer_summary
+    from laquant.integrity import verify_checkpoint
+
     qcfg = read_quantization_config(folder)
     if qcfg is None:
         raise LaquantError(f"{folder} is not a laquant checkpoint (no quantization_config in config.json); "
