@@ -7,10 +7,9 @@ import json
 import tempfile
 from pathlib import Path
 
-from laquant.api import load
 from laquant.cli.common import pick_device, versions, write_atomic
 from laquant.errors import LaquantError
-from laquant.loading import read_supported_config, resolve_model_dir
+from laquant.paths import check_model_dir
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -38,15 +37,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from laquant.eval.harness import TEXT_TASK, dtype_for, evaluate, require_lm_eval, task_manager, text_task
-
-    require_lm_eval()
     if not args.tasks and not args.text:
         raise LaquantError("name at least one task: --tasks TASK [TASK ...] and/or --text FILE")
-    device = pick_device(args.device)
-    model_dirs = {"model": resolve_model_dir(args.model)}
+    model_dirs = {"model": check_model_dir(args.model)}
     if args.baseline is not None:
-        model_dirs = {"baseline": resolve_model_dir(args.baseline), **model_dirs}
+        model_dirs = {"baseline": check_model_dir(args.baseline), **model_dirs}
+    from laquant.api import load
+    from laquant.eval.harness import TEXT_TASK, dtype_for, evaluate, require_lm_eval, task_manager, text_task
+    from laquant.loading import read_supported_config
+
+    require_lm_eval()
+    device = pick_device(args.device)
     for d in model_dirs.values():
         read_supported_config(d)
     dtype = dtype_for(args.dtype, model_dirs["model"])

@@ -9,7 +9,7 @@ from laquant.errors import LaquantError
 from laquant.paths import resolve_model_dir
 
 # laquant.eval.speed.SUITES, named here so the parser needs no torch (tests/test_cli.py keeps them equal)
-SPEED_SUITES = ["decode", "prefill", "delta_decode", "delta_prefill", "gemm", "e2e"]
+SPEED_SUITES = ["decode", "prefill", "delta_decode", "delta_prefill", "kda_decode", "kda_prefill", "gemm", "e2e"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
