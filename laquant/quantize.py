@@ -39,7 +39,7 @@ def check_roles(adapter, recipe: dict) -> None:
                               "softmax-attention layers", "softmax_attention.format=keep"),
         "gates": (recipe["gates"]["format"] != "keep", adapter.gates, "gate projections", "gates.format=keep"),
         "state": (recipe["state"]["format"] != "fp32", adapter.mixers, "linear-attention layers (no recurrent state)",
-                  "state.format=fp32"),
+                  "state.format=fp32 --set state.rounding=nearest"),
         "projections": (recipe["projections"]["format"] != "keep", adapter.projections, "projections",
                         "projections.format=keep"),
     }

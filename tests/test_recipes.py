@@ -20,13 +20,17 @@ def test_gla_int8_is_what_the_design_says():
     assert r["projections"] == {"format": "int8", "weight_granularity": "per_channel", "act_granularity": "per_token",
                                 "outlier_threshold": 6.0, "outlier_top_k": None}
     assert r["gates"]["scaling"] == "per_channel" and r["gates"]["clamp"] is True
-    # the state is stored in fp8 between calls and decode steps; a prefill keeps it float32 inside
-    assert r["state"] == {"format": "fp8_row", "renorm_interval": 1, "prefill_roundtrip": False, "rounding": "nearest"}
+    # the state is stored in int8 (per-row scales, stochastically rounded) between calls and decode
+    # steps; a prefill keeps it float32 inside. The fp8 form it had before is gla_int8_fp8.
+    assert r["state"] == {"format": "int8_row", "renorm_interval": 1, "prefill_roundtrip": False,
+                          "rounding": "stochastic"}
+    assert load_recipe("gla_int8_fp8")["state"]["format"] == "fp8_row"
     assert r["keep"] == ["embeddings", "norms", "lm_head"]
 
 
 def test_overrides():
-    r = load_recipe("gla_int8", ["state.format=fp32", "projections.outlier_threshold=null", "gates.clamp=false"])
+    r = load_recipe("gla_int8", ["state.format=fp32", "state.rounding=nearest", "projections.outlier_threshold=null",
+                                 "gates.clamp=false"])
     assert r["state"]["format"] == "fp32" and r["projections"]["outlier_threshold"] is None
     assert r["gates"]["clamp"] is False
 
