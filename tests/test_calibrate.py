@@ -155,7 +155,8 @@ def test_gla_int8_rewrites_roles_and_stays_close(tiny_model_dir, calib_ids):
     res = laquant.calibrate(model, "gla_int8", calib_ids, samples=4, seq_len=128, progress=False)
     attn = model.model.layers[0].attn
     assert isinstance(attn.q_proj, QuantLinear) and isinstance(model.model.layers[1].mlp.down_proj, QuantLinear)
-    assert isinstance(attn.gk_proj, QuantGate) and attn.state_quantizer.format.name == "fp8_row"
+    assert isinstance(attn.gk_proj, QuantGate) and attn.state_quantizer.format.name == "int8_row"
+    assert attn.state_quantizer.rounding == "stochastic"
     assert isinstance(model.lm_head, torch.nn.Linear) and isinstance(model.model.embeddings, torch.nn.Embedding)
     assert set(res.decisions) == {"projections", "gates", "state"}
     assert rel_err(model(input_ids=ids).logits, ref) < 0.05
