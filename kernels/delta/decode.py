@@ -37,12 +37,19 @@ def delta_decode_step_reference(q, k, v, g, beta, state, scale, pool_idx, quanti
                                 use_qk_l2norm: bool = False, seed: int = 0):
     """What the kernel computes, in PyTorch. Updates ``state``/``scale`` in place; returns ``o``
     ``[B, Hv, V]`` in ``v.dtype``."""
+    return pool_step_reference(recurrent_gated_delta_rule_step, q, k, v, g, beta, state, scale, pool_idx, quantizer,
+                               n_stores, qk_scale, use_qk_l2norm, seed)
+
+
+def pool_step_reference(step, q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_scale, use_qk_l2norm,
+                        seed):
+    """One recurrent ``step`` (the gated delta rule's, KDA's) on the pool slots, as the decode kernel
+    runs it: grouped q/k heads repeated, optional l2norm, the state loaded from and stored in its format."""
     r = v.shape[1] // q.shape[1]
     q, k = (x.float().repeat_interleave(r, dim=1) for x in (q, k))
     if use_qk_l2norm:
         q, k = l2_normalize(q), l2_normalize(k)
-    o, h = recurrent_gated_delta_rule_step(q, k, v.float(), g.float(), beta.float(),
-                                           load_pool_slots(state, scale, pool_idx, quantizer), qk_scale)
+    o, h = step(q, k, v.float(), g.float(), beta.float(), load_pool_slots(state, scale, pool_idx, quantizer), qk_scale)
     store_pool_slots(h, state, scale, pool_idx, quantizer, n_stores, seed)
     return o.to(v.dtype)
 

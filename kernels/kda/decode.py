@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from ..common.state import StateQuantizer, load_pool_slots, store_pool_slots
-from ..delta.decode import launch_decode, triton
-from ..delta.reference import l2_normalize
+from ..common.state import StateQuantizer
+from ..delta.decode import launch_decode, pool_step_reference, triton
 from .reference import recurrent_kda_step
 
 
@@ -24,14 +23,8 @@ def kda_decode_step_reference(q, k, v, g, beta, state, scale, pool_idx, quantize
                               use_qk_l2norm: bool = False, seed: int = 0):
     """What the kernel computes, in PyTorch. Updates ``state``/``scale`` in place; returns ``o``
     ``[B, Hv, V]`` in ``v.dtype``."""
-    r = v.shape[1] // q.shape[1]
-    q, k = (x.float().repeat_interleave(r, dim=1) for x in (q, k))
-    if use_qk_l2norm:
-        q, k = l2_normalize(q), l2_normalize(k)
-    o, h = recurrent_kda_step(q, k, v.float(), g.float(), beta.float(),
-                              load_pool_slots(state, scale, pool_idx, quantizer), qk_scale)
-    store_pool_slots(h, state, scale, pool_idx, quantizer, n_stores, seed)
-    return o.to(v.dtype)
+    return pool_step_reference(recurrent_kda_step, q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores,
+                               qk_scale, use_qk_l2norm, seed)
 
 
 def kda_decode_step(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer,
