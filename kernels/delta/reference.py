@@ -20,13 +20,17 @@ from typing import Callable
 import torch
 
 
-def _prepare(q, k, v, g, beta, use_qk_l2norm: bool):
+def prepare_inputs(q, k, v, g, beta, use_qk_l2norm: bool, per_channel: bool = False):
+    """Shape-checked float inputs with q/k heads matched to the value heads (and l2-normalised);
+    g ``[B, T, Hv]`` per head, or with ``per_channel`` ``[B, T, Hv, K]`` (KDA's)."""
     if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:2] != q.shape[:2]:
         raise ValueError(f"q, k must be [B, T, Hk, K] and v [B, T, Hv, V]; got q {tuple(q.shape)}, "
                          f"k {tuple(k.shape)}, v {tuple(v.shape)}")
     hk, hv = q.shape[2], v.shape[2]
-    if hv % hk or g.shape != v.shape[:3] or beta.shape != v.shape[:3]:
-        raise ValueError(f"value heads ({hv}) must be a multiple of key heads ({hk}), and g, beta [B, T, Hv]; "
+    g_shape = (*v.shape[:3], q.shape[3]) if per_channel else v.shape[:3]
+    if hv % hk or g.shape != g_shape or beta.shape != v.shape[:3]:
+        want = "g [B, T, Hv, K] and beta [B, T, Hv]" if per_channel else "g, beta [B, T, Hv]"
+        raise ValueError(f"value heads ({hv}) must be a multiple of key heads ({hk}), and {want}; "
                          f"got g {tuple(g.shape)}, beta {tuple(beta.shape)}")
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     q, k, v, g, beta = (x.to(acc) for x in (q, k, v, g, beta))
@@ -57,7 +61,7 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, scale: float | None = None,
                                use_qk_l2norm: bool = False):
     """Token by token. Returns ``(o [B, T, Hv, V], final state or None)``."""
     out_dtype = v.dtype
-    q, k, v, g, beta = _prepare(q, k, v, g, beta, use_qk_l2norm)
+    q, k, v, g, beta = prepare_inputs(q, k, v, g, beta, use_qk_l2norm)
     B, T, H, K = q.shape
     state = (q.new_zeros(B, H, K, v.shape[-1]) if initial_state is None else initial_state.to(q.dtype))
     out = []
@@ -77,7 +81,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale: float | None = None, initial
     the last (64 tokens by default, as the GLA path). Same arguments and returns as
     :func:`recurrent_gated_delta_rule`."""
     out_dtype = v.dtype
-    q, k, v, g, beta = _prepare(q, k, v, g, beta, use_qk_l2norm)
+    q, k, v, g, beta = prepare_inputs(q, k, v, g, beta, use_qk_l2norm)
     B, T, H, K = q.shape
     V = v.shape[-1]
     C = chunk_size

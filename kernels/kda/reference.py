@@ -20,24 +20,7 @@ from typing import Callable
 
 import torch
 
-from ..delta.reference import l2_normalize
-
-
-def _prepare(q, k, v, g, beta, use_qk_l2norm: bool):
-    if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:2] != q.shape[:2]:
-        raise ValueError(f"q, k must be [B, T, Hk, K] and v [B, T, Hv, V]; got q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
-    hk, hv = q.shape[2], v.shape[2]
-    if hv % hk or g.shape != (*v.shape[:3], q.shape[3]) or beta.shape != v.shape[:3]:
-        raise ValueError(f"value heads ({hv}) must be a multiple of key heads ({hk}), g [B, T, Hv, K] and beta "
-                         f"[B, T, Hv]; got g {tuple(g.shape)}, beta {tuple(beta.shape)}")
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    q, k, v, g, beta = (x.to(acc) for x in (q, k, v, g, beta))
-    if hv != hk:
-        q, k = (x.repeat_interleave(hv // hk, dim=2) for x in (q, k))
-    if use_qk_l2norm:
-        q, k = l2_normalize(q), l2_normalize(k)
-    return q, k, v, g, beta
+from ..delta.reference import prepare_inputs
 
 
 def recurrent_kda_step(q, k, v, g, beta, state, scale: float | None = None):
@@ -54,7 +37,7 @@ def recurrent_kda(q, k, v, g, beta, scale: float | None = None, initial_state: t
                   output_final_state: bool = False, use_qk_l2norm: bool = False):
     """Token by token. Returns ``(o [B, T, Hv, V], final state or None)``."""
     out_dtype = v.dtype
-    q, k, v, g, beta = _prepare(q, k, v, g, beta, use_qk_l2norm)
+    q, k, v, g, beta = prepare_inputs(q, k, v, g, beta, use_qk_l2norm, per_channel=True)
     B, T, H, K = q.shape
     state = q.new_zeros(B, H, K, v.shape[-1]) if initial_state is None else initial_state.to(q.dtype)
     out = []
@@ -76,7 +59,7 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state: torch
     ``v_new = u - w S``. Between chunks the state is carried, passing through ``state_roundtrip``
     after every chunk but the last. Same arguments and returns as :func:`recurrent_kda`."""
     out_dtype = v.dtype
-    q, k, v, g, beta = _prepare(q, k, v, g, beta, use_qk_l2norm)
+    q, k, v, g, beta = prepare_inputs(q, k, v, g, beta, use_qk_l2norm, per_channel=True)
     B, T, H, K = q.shape
     V = v.shape[-1]
     C = chunk_size

@@ -402,14 +402,17 @@ class KimiDeltaAttentionMixer(HybridMixer):
     GATE = "forget_gate.f_b_proj"
     DECAY = ("forget_gate.A_log", "forget_gate.dt_bias")
 
-    @staticmethod
-    def layout_problem(src: nn.Module) -> str | None:
+    GATE_ATTRS = ("f_a_proj", "f_b_proj", "A_log", "dt_bias")  # what forget_gate must hold
+    OUT_GATE = "g_b_proj"  # the output gate's last projection (qkv_dim outputs)
+
+    @classmethod
+    def layout_problem(cls, src: nn.Module) -> str | None:
         gate = src.forget_gate
-        missing = [a for a in ("f_a_proj", "f_b_proj", "A_log", "dt_bias") if not hasattr(gate, a)]
+        missing = [a for a in cls.GATE_ATTRS if not hasattr(gate, a)]
         if missing:
             return f"forget_gate ({type(gate).__name__}) lacks {', '.join(missing)}"
-        want = {"q_proj": src.qkv_dim, "k_proj": src.qkv_dim, "v_proj": src.qkv_dim, "g_b_proj": src.qkv_dim,
-                "b_proj": src.num_heads, "forget_gate.f_b_proj": src.qkv_dim}
+        want = {"q_proj": src.qkv_dim, "k_proj": src.qkv_dim, "v_proj": src.qkv_dim, cls.OUT_GATE: src.qkv_dim,
+                "b_proj": src.num_heads, cls.GATE: src.qkv_dim}
         for name, n in want.items():
             if src.get_submodule(name).out_features != n:
                 return f"{name} has {src.get_submodule(name).out_features} outputs, expected {n}"
@@ -453,21 +456,8 @@ class BailingKDAMixer(KimiDeltaAttentionMixer):
     PROJECTIONS = ("q_proj", "k_proj", "v_proj", "b_proj", "g_proj", "o_proj")
     GATE = "forget_gate.f_proj"
 
-    @staticmethod
-    def layout_problem(src: nn.Module) -> str | None:
-        gate = src.forget_gate
-        missing = [a for a in ("f_proj", "A_log", "dt_bias", "safe_gate", "lower_bound") if not hasattr(gate, a)]
-        if missing:
-            return f"forget_gate ({type(gate).__name__}) lacks {', '.join(missing)}"
-        want = {"q_proj": src.qkv_dim, "k_proj": src.qkv_dim, "v_proj": src.qkv_dim, "g_proj": src.qkv_dim,
-                "b_proj": src.num_heads, "forget_gate.f_proj": src.qkv_dim}
-        for name, n in want.items():
-            if src.get_submodule(name).out_features != n:
-                return f"{name} has {src.get_submodule(name).out_features} outputs, expected {n}"
-        if gate.A_log.numel() != src.num_heads or gate.dt_bias.numel() != src.qkv_dim:
-            return (f"forget_gate.A_log has {gate.A_log.numel()} values and dt_bias {gate.dt_bias.numel()}, expected "
-                    f"{src.num_heads} (one per head) and {src.qkv_dim} (one per channel)")
-        return None
+    GATE_ATTRS = ("f_proj", "A_log", "dt_bias", "safe_gate", "lower_bound")
+    OUT_GATE = "g_proj"
 
     def log_decay(self, logits: torch.Tensor) -> torch.Tensor:
         gate = self.forget_gate
