@@ -133,6 +133,23 @@ def plot_drift(pairs: dict[str, tuple[list[float], list[float]]], path: Path, ti
     _finish_line_plot(fig, ax, path, "position in window", "NLL minus baseline (nats)", title)
 
 
+def plot_saturation_by_position(series: dict[str, dict], path: Path, title: str) -> None:
+    """For each label, a saturation result's (:mod:`laquant.eval.saturation`) fraction of the
+    stored state at its format's limit and of gate logits clamped, by position."""
+    plt = pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    for label, sat in series.items():
+        x = np.arange(len(sat["state_at_limit_fraction_by_position"])) * sat["bucket"]
+        top.plot(x[1:], sat["state_at_limit_fraction_by_position"][1:], label=label)
+        bottom.plot(x[1:], sat["gate_clamped_fraction_by_position"][1:], label=label)
+    top.set_ylabel("state at its limit (fraction)")
+    top.set_xscale("log")
+    top.grid(alpha=0.3)
+    top.legend(fontsize=7)
+    top.set_title(title)
+    _finish_line_plot(fig, bottom, path, "position in window", "gate logits clamped (fraction)", "")
+
+
 def plot_training_history(history: dict, path: Path, title: str) -> None:
     """Training loss per logged batch and validation loss, against tokens seen."""
     fig, ax = pyplot().subplots(figsize=(7, 4))

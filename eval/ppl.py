@@ -75,8 +75,8 @@ class PerplexityResult:
     loss_by_position: list[float] = field(default_factory=list)  # mean NLL at each window offset
     loss_by_position_all: list[float] = field(default_factory=list)  # the same over every window's every token
     graphed: bool = False  # decode mode: one CUDA-graph replay per token
-    # decode mode on the eager loop: the state and gate saturation counts by window offset
-    # (laquant.eval.saturation); None on the graphed loop, which reads nothing back per step
+    # decode mode: the state and gate saturation counts by window offset (laquant.eval.saturation),
+    # counted on the device inside the graphed step too
     saturation: dict | None = None
 
     def to_dict(self) -> dict:
@@ -146,7 +146,7 @@ def perplexity(
     bar = tqdm(total=steps, desc=f"ppl {mode} ctx={context}", unit="tok" if mode == "decode" else "win",
                disable=not progress, leave=False)
     start = time.perf_counter()
-    counter = SaturationCounter(model, context) if mode == "decode" and scorer is None else None
+    counter = SaturationCounter(model, context) if mode == "decode" else None
     offsets = torch.arange(1, context)  # every window is `context` tokens long
     try:
         for batch in batches:
@@ -160,11 +160,11 @@ def perplexity(
                 del logits
                 bar.update(len(batch))
             elif scorer is not None:
-                nll = scorer.score(inputs, bar)
+                nll = scorer.score(inputs, bar, counter)
             else:
                 cache = new_cache(model)
                 cols = []
-                counter.position = 0
+                counter.start_sequence()
                 with decode_threads(model, len(batch)):
                     for t in range(context - 1):
                         step_logits = model(input_ids=inputs[:, t:t + 1], past_key_values=cache,
@@ -204,8 +204,8 @@ class _GraphedScorer:
     ``pos + 1`` into a device buffer. A window is started by one eager step (the states' first
     store), then ``context - 2`` replays; the losses come back in one copy."""
 
-    def __init__(self, model, batch: int, context: int, first_cache):
-        self.model = model
+    def __init__(self, model, batch: int, context: int, first_cache, counter=None):
+        self.model, self.counter = model, counter
         device = next(model.parameters()).device
         self.inputs = torch.zeros(batch, context, dtype=torch.long, device=device)
         self.nll = torch.zeros(batch, context - 1, dtype=torch.float32, device=device)
@@ -215,7 +215,11 @@ class _GraphedScorer:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # compiles the kernels outside the capture
+            if counter is not None:
+                counter.active = False
             self._step()
+            if counter is not None:
+                counter.active = True
         torch.cuda.current_stream().wait_stream(stream)
         if any(a is not b for a, b in zip(states, self.cache.states)):
             raise LaquantError("this model's decode step does not update its states in place")
@@ -242,6 +246,8 @@ class _GraphedScorer:
         logits = self.model(input_ids=tok, past_key_values=self.cache, use_cache=True).logits[:, 0]
         target = self.inputs.index_select(1, self.pos + 1)[:, 0]
         self.nll.index_copy_(1, self.pos, _nll_rows(logits, target)[:, None])
+        if self.counter is not None:
+            self.counter.after_step(self.cache)
         self.pos += 1
 
     def run(self, inputs: torch.Tensor, first_cache, first_nll: torch.Tensor, bar) -> torch.Tensor:
@@ -263,15 +269,19 @@ class _Lazy:
         self.cls, self.model, self.batch, self.context = cls, model, batch, context
         self.scorer = None
 
-    def score(self, inputs: torch.Tensor, bar) -> torch.Tensor:
+    def score(self, inputs: torch.Tensor, bar, counter=None) -> torch.Tensor:
         n = len(inputs)
         if n < self.batch:  # the last batch: padded with copies of its last window, dropped after
             inputs = torch.cat([inputs, inputs[-1:].expand(self.batch - n, -1)])
         cache = new_cache(self.model)
+        if counter is not None:
+            counter.start_sequence(rows=n)
         logits = self.model(input_ids=inputs[:, :1], past_key_values=cache, use_cache=True).logits[:, 0]
+        if counter is not None:
+            counter.after_step(cache)
         first_nll = _nll_rows(logits, inputs[:, 1])
         if self.scorer is None:
-            self.scorer = self.cls(self.model, self.batch, self.context, cache)
+            self.scorer = self.cls(self.model, self.batch, self.context, cache, counter)
         return self.scorer.run(inputs, cache, first_nll, bar)[:n]
 
 

@@ -11,7 +11,9 @@ logits hit their format's limit, by position in the sequence.
   projections' activations are quantized per token with dynamic scales: their absmax lands on 127
   by construction and nothing clips, so they are not counted.
 
-Counts accumulate on the model's device (no host sync per step) in buckets of ``bucket`` positions.
+Counts accumulate on the model's device in buckets of ``bucket`` positions, the position itself a
+device tensor: a step's counting reads nothing back to the host, so it can be captured in the CUDA
+graph of a decode step (the graphed perplexity scorer does) and replayed.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from laquant.models.cache import state_store
 
 
 def _at_limit(data: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(elements at the format's limit, non-finite elements)`` of stored state codes ``data``."""
+    """``(elements at the format's limit, non-finite elements)`` per batch row of stored state
+    codes ``data [B, ...]``."""
     spec = get_format(fmt)
     values = data.float()
     finite = torch.isfinite(values)
@@ -32,7 +35,7 @@ def _at_limit(data: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]
         at = (values.abs() >= spec.qmax) & finite
     else:
         at = values.abs() >= torch.finfo(data.dtype).max  # overflowed to the largest value (or inf)
-    return at.sum(), (~finite).sum()
+    return at.flatten(1).sum(1), (~finite).flatten(1).sum(1)
 
 
 class SaturationCounter:
@@ -46,7 +49,10 @@ class SaturationCounter:
         z = lambda: torch.zeros(n, dtype=torch.int64, device=device)  # noqa: E731
         self.state_at_limit, self.state_nonfinite, self.state_elements = z(), z(), z()
         self.gate_clamped, self.gate_elements = z(), z()
-        self.position = 0
+        self._last = n - 1
+        self.position = torch.zeros(1, dtype=torch.int64, device=device)
+        self.active = True  # False while a step runs that must not count (a graph's warm-up)
+        self.rows = torch.full((1,), 2 ** 62, dtype=torch.int64, device=device)  # batch rows counted
         self.formats: set[str] = set()
         self._handles = []
         adapter = get_adapter(model)
@@ -59,24 +65,40 @@ class SaturationCounter:
         def hook(module, args, logits):
             if gate.channel_start is not None:
                 logits = logits[..., gate.channel_start:gate.channel_start + gate.logit_min.numel()]
+            if not self.active:
+                return
             out = (logits < gate.logit_min) | (logits > gate.logit_max)
-            b = min(self.position // self.bucket, len(self.gate_clamped) - 1)
-            self.gate_clamped[b] += out.sum()
-            self.gate_elements[b] += out.numel()
+            self._add(self.gate_clamped, self.gate_elements, out.flatten(1).sum(1), out[0].numel())
         return hook
+
+    def _add(self, counts: torch.Tensor, elements: torch.Tensor, per_row: torch.Tensor, row_numel: int,
+             nonfinite: torch.Tensor | None = None) -> None:
+        """Add the counted rows' ``per_row`` counts (and ``row_numel`` elements each) at the bucket of
+        the current position; device ops only."""
+        b = torch.clamp(self.position // self.bucket, max=self._last)
+        counted = torch.arange(per_row.shape[0], device=per_row.device) < self.rows
+        counts.index_add_(0, b, (per_row * counted).sum().view(1))
+        elements.index_add_(0, b, counted.sum().view(1) * row_numel)
+        if nonfinite is not None:
+            self.state_nonfinite.index_add_(0, b, (nonfinite * counted).sum().view(1))
+
+    def start_sequence(self, rows: int | None = None) -> None:
+        """The next step is position 0 of new sequences; only the first ``rows`` batch rows count
+        (a batch padded to a captured graph's size does not count its padding)."""
+        self.position.zero_()
+        self.rows.fill_(2 ** 62 if rows is None else rows)
 
     def after_step(self, cache) -> None:
         """Count the states stored by the step just run, at the current position."""
+        if not self.active:
+            return
         store = state_store(cache)
-        b = min(self.position // self.bucket, len(self.state_at_limit) - 1)
         states = store.states.values() if isinstance(store.states, dict) else store.states
         for s in states:
             if s is None:
                 continue
             at, nonfinite = _at_limit(s.data, s.format)
-            self.state_at_limit[b] += at
-            self.state_nonfinite[b] += nonfinite
-            self.state_elements[b] += s.data.numel()
+            self._add(self.state_at_limit, self.state_elements, at, s.data[0].numel(), nonfinite)
             self.formats.add(s.format)
         self.position += 1
 

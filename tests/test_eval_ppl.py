@@ -107,6 +107,10 @@ def test_graphed_decode_equals_the_eager_loop(tiny_model_dir):
     assert graphed.graphed and not eager.graphed
     assert graphed.nll == pytest.approx(eager.nll, abs=1e-6)
     assert graphed.loss_by_position_all == pytest.approx(eager.loss_by_position_all, abs=1e-5)
+    # the counters run inside the graph: the same counts as the eager loop's (the last batch of
+    # 10 windows is padded to 4 rows in the graph; its copies are not counted)
+    assert len(strided_windows(700, 128, 64)) % 4 != 0
+    assert graphed.saturation["state_elements"] > 0 and graphed.saturation == eager.saturation
 
 
 def test_decode_counts_state_and_gate_saturation_by_position(tiny_model_dir):
@@ -169,3 +173,26 @@ def test_long_decode_tool_reports_loss_nonfinite_and_saturation_by_position(tiny
     assert sat["state_formats"] == ["int8_row"] and sat["state_nonfinite"] == 0
     assert len(sat["state_at_limit_by_position"]) == 5 and sat["state_at_limit"] > 0
     assert (out / "long_decode.png").stat().st_size > 1000
+
+
+@torch.no_grad()
+def test_saturation_counts_only_the_rows_asked_for_at_a_device_position(tiny_model_dir):
+    """The counter's position and counted rows are device tensors (so a CUDA graph can replay it):
+    a batch padded to 4 rows with 2 real ones counts half the elements, at the right bucket."""
+    from laquant.adapters import new_cache
+    from laquant.eval.saturation import SaturationCounter
+
+    model, _ = load_model(tiny_model_dir)
+    cache = new_cache(model)
+    model(input_ids=torch.randint(0, 8192, (4, 1)), past_key_values=cache, use_cache=True)
+    counter = SaturationCounter(model, length=6, bucket=2)
+    counter.start_sequence()
+    counter.after_step(cache)
+    full = int(counter.state_elements[0])
+    counter.start_sequence(rows=2)
+    for _ in range(3):
+        counter.after_step(cache)
+    assert full > 0 and counter.state_elements.tolist() == [2 * full, full // 2, 0]  # positions 0, 1 | 2
+    counter.active = False
+    counter.after_step(cache)
+    assert int(counter.position) == 3 and int(counter.state_elements.sum()) == 5 * full // 2

@@ -1,16 +1,22 @@
 """Long-context decode-mode accuracy of the 8-bit recurrent states (issue #16).
 
 For one model (default: the embedded gla-small), one bf16 reference (float32 state) and each
-state variant ``RECIPE:FORMAT:ROUNDING`` (default: the state-only recipe ``gla_fp8_state`` with
-fp8_row and int8_row, each rounded to nearest and stochastically), on WikiText-2 and the Gutenberg
+variant ``RECIPE`` or ``RECIPE:FORMAT:ROUNDING`` (the recipe with its state format and rounding
+overridden; default: the state-only recipe ``gla_fp8_state`` with fp8_row and int8_row, each
+rounded to nearest and stochastically), on WikiText-2 and the Gutenberg
 held-out text, at each context: decode-mode perplexity (token by token, one CUDA-graph replay per
 token on CUDA), the loss at every position of the window averaged over windows, and its drift
 (variant minus bf16). Writes under ``--out``:
 
 * ``results.json``: per data and context, each variant's ppl, nll, tokens, seconds, the change
-  against bf16, and the loss and drift by position in 64 log-spaced bins;
+  against bf16, the loss and drift by position in 64 log-spaced bins, and the saturation counts
+  (state elements at their format's limit, non-finite state elements, gate logits clamped: totals
+  and by position; counted on the device inside the graphed step);
 * ``loss_by_position.npz``: the full per-position curves (``DATA/CONTEXT/VARIANT``);
-* ``summary.md``: the tables; ``plots/{loss,drift}_DATA_CONTEXT.png``.
+* ``summary.md``: the tables; ``plots/{loss,drift,saturation}_DATA_CONTEXT.png``.
+
+MODEL may be any model laquant takes (a transformers hybrid too: its variants are
+``hybrid_int8:FORMAT:ROUNDING``; the hybrids decode on the eager loop, a Python step per token).
 
     python tools/long_context_eval.py --out eval/results/long_context              # 2K and 16K
     python tools/long_context_eval.py --out /tmp/lc --contexts 2048 --max-windows 8  # a quick check
@@ -30,7 +36,7 @@ import torch
 
 import laquant
 from laquant.data import load_text, tokenize
-from laquant.eval.plots import plot_drift, plot_loss_by_position
+from laquant.eval.plots import plot_drift, plot_loss_by_position, plot_saturation_by_position
 from laquant.eval.ppl import default_stride, perplexity
 from laquant.loading import load_tokenizer, resolve_model_dir
 from laquant.recipe import load_recipe
@@ -53,9 +59,9 @@ def load_variant(model_dir: Path, variant: str, calib: torch.Tensor, device: str
     model, _ = laquant.load(model_dir, device=device, dtype=torch.bfloat16)
     if variant == "bf16":
         return model
-    recipe, fmt, rounding = variant.split(":")
-    laquant.calibrate(model, load_recipe(recipe, [f"state.format={fmt}", f"state.rounding={rounding}"]), calib,
-                      samples=16, seq_len=512, progress=False)
+    recipe, *state = variant.split(":")
+    overrides = [f"state.format={state[0]}", f"state.rounding={state[1]}"] if state else []
+    laquant.calibrate(model, load_recipe(recipe, overrides), calib, samples=16, seq_len=512, progress=False)
     return model
 
 
@@ -67,7 +73,7 @@ def main() -> None:
     p.add_argument("--contexts", nargs="+", type=int, default=[2048, 16384])
     p.add_argument("--long", action="store_true", help="also 65536-token windows")
     p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS,
-                   help="RECIPE:STATE_FORMAT:ROUNDING (the bf16 reference always runs)")
+                   help="RECIPE (as it is) or RECIPE:STATE_FORMAT:ROUNDING (the bf16 reference always runs)")
     p.add_argument("--max-windows", type=int, default=None, help="at most this many windows per context")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", default="cuda")
@@ -82,6 +88,7 @@ def main() -> None:
     results: dict = {"model": str(model_dir), "device": torch.cuda.get_device_name() if args.device == "cuda" else
                      args.device, "variants": variants, "runs": {}}
     curves: dict[str, np.ndarray] = {}
+    saturation: dict[str, dict] = {}
     for variant in variants:
         model = load_variant(model_dir, variant, calib, args.device)
         for name, ids in texts.items():
@@ -96,20 +103,32 @@ def main() -> None:
                 curve = np.array(res.loss_by_position_all)
                 curves[f"{name}/{ctx}/{variant}"] = curve
                 run = results["runs"].setdefault(f"{name}/{ctx}", {"tokens": len(use), "stride": stride})
+                sat = {k: v for k, v in res.saturation.items() if not k.endswith("by_position")}
+                for k in ("state_at_limit_fraction_by_position", "gate_clamped_fraction_by_position"):
+                    sat[k] = binned(np.array(res.saturation[k]))
+                sat["state_nonfinite_by_position"] = binned(np.array(res.saturation["state_nonfinite_by_position"],
+                                                                     dtype=np.float64))
+                saturation[f"{name}/{ctx}/{variant}"] = res.saturation
                 run[variant] = {"ppl": res.ppl, "nll": res.nll, "tokens_scored": res.tokens_scored,
                                 "seconds": time.perf_counter() - t0, "graphed": res.graphed,
-                                "finite": bool(np.isfinite(curve).all()), "loss_by_position": binned(curve)}
+                                "finite": bool(np.isfinite(curve).all()), "loss_by_position": binned(curve),
+                                "saturation": sat}
                 print(f"{variant:<36} {name:<10} ctx={ctx:<6} ppl {res.ppl:9.3f}  {res.seconds:7.1f}s "
                       f"graphed={res.graphed}", flush=True)
         del model
         torch.cuda.empty_cache() if args.device == "cuda" else None
     lines = [f"# Long-context decode-mode perplexity ({results['device']})", "",
              f"Model `{Path(model_dir).name}`, bf16 compute; reference: bf16 with a float32 state. Drift: mean loss "
-             "of the variant minus bf16's over the last 10% of window positions (nats).", ""]
+             "of the variant minus bf16's over the last 10% of window positions (nats). State at limit: the "
+             "fraction of stored state elements at their format's largest code (with per-row dynamic scales "
+             "each row's largest element sits there by construction: about 1/V is the floor, and only a "
+             "fraction growing along the window would say the scales clip); gate clamped: int8 gate logits "
+             "outside their calibrated range.", ""]
     for key, run in results["runs"].items():
         base = run.get("bf16")
         lines += [f"## {key} ({run['tokens']} tokens, stride {run['stride']})", "",
-                  "| variant | ppl | vs bf16 | drift, last 10% (nats) | seconds |", "|---|---|---|---|---|"]
+                  "| variant | ppl | vs bf16 | drift, last 10% (nats) | state at limit | non-finite state | "
+                  "gate clamped | seconds |", "|---|---|---|---|---|---|---|---|"]
         base_curve = curves.get(f"{key}/bf16")
         pairs, series = {}, {}
         for variant in variants:
@@ -126,13 +145,17 @@ def main() -> None:
                 r["ppl_change_pct"], r["drift_last10pct"] = delta, drift
                 r["drift_by_position"] = binned(np.concatenate([[0.0], d[1:]]))
                 pairs[variant] = (curve.tolist(), base_curve.tolist())
+            sat = r["saturation"]
             lines.append(f"| {variant} | {r['ppl']:.3f} | {'' if math.isnan(delta) else f'{delta:+.2f}%'} | "
-                         f"{'' if math.isnan(drift) else f'{drift:+.4f}'} | {r['seconds']:.1f} |")
+                         f"{'' if math.isnan(drift) else f'{drift:+.4f}'} | {100 * sat['state_at_limit_fraction']:.3f}% | "
+                         f"{sat['state_nonfinite']} | {100 * sat['gate_clamped_fraction']:.4f}% | {r['seconds']:.1f} |")
         lines.append("")
         tag = key.replace("/", "_")
         plot_loss_by_position(series, args.out / "plots" / f"loss_{tag}.png", f"decode-mode loss by position, {key}")
         if pairs:
             plot_drift(pairs, args.out / "plots" / f"drift_{tag}.png", f"loss minus bf16's by position, {key}")
+        plot_saturation_by_position({v: saturation[f"{key}/{v}"] for v in variants if v in run},
+                                    args.out / "plots" / f"saturation_{tag}.png", f"saturation by position, {key}")
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     np.savez_compressed(args.out / "loss_by_position.npz", **{k: v.astype(np.float32) for k, v in curves.items()})
     (args.out / "summary.md").write_text("\n".join(lines) + "\n")
