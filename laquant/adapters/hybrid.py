@@ -67,7 +67,9 @@ def _positions_from_state_store(module, args, kwargs):
     """Give each call with a cache the positions that continue the sequence. transformers' hybrids
     do not all derive them from the cache (bamba starts at 0 on every call; minimax asks a linear
     layer of its cache for the length), so laquant counts the tokens in its state store."""
-    cache = kwargs.get("past_key_values")
+    cache = kwargs.get("cache")  # transformers >= 5.24; past_key_values before
+    if cache is None:
+        cache = kwargs.get("past_key_values")
     if cache is None or kwargs.get("position_ids") is not None:
         return None
     ids = args[0] if args else kwargs.get("input_ids")

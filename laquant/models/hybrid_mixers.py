@@ -36,6 +36,12 @@ def mask_padding(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.
     return x
 
 
+def layer_states(cache, old_name_cache):
+    """The state store of the cache a decoder layer passes: transformers >= 5.24 names it ``cache``,
+    older versions ``cache_params`` (``past_key_values`` for minimax)."""
+    return state_store(cache if cache is not None else old_name_cache)
+
+
 def short_conv(x: torch.Tensor, states, layer_idx: int, conv: nn.Conv1d, activation: str | None) -> torch.Tensor:
     """Depthwise causal conv over ``x [B, T, C]``, continuing from the last ``W - 1`` inputs kept in
     the state store ``states`` (None: no cache) and keeping this call's last ones there."""
@@ -153,13 +159,13 @@ class GatedDeltaNetMixer(HybridMixer):
         q, k = q.unflatten(-1, (-1, self.head_k_dim)), k.unflatten(-1, (-1, self.head_k_dim))
         return self.attend_delta(q, k, v.unflatten(-1, (-1, self.head_v_dim)), g, beta, states)
 
-    def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs):
+    def forward(self, hidden_states: torch.Tensor, cache=None, attention_mask=None, cache_params=None, **kwargs):
         x = mask_padding(hidden_states, attention_mask)
         B, T, _ = x.shape
         q, k, v, z = self.split_qkvz(self.in_proj_qkvz(x))
         b, a = self.split_ba(self.in_proj_ba(x))
         qkv = torch.cat([q.flatten(-2), k.flatten(-2), v.flatten(-2)], -1)
-        o = self.conv_and_attend(qkv, self.log_decay(a), b.float().sigmoid(), state_store(cache_params))
+        o = self.conv_and_attend(qkv, self.log_decay(a), b.float().sigmoid(), layer_states(cache, cache_params))
         o = self.norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
         return self.out_proj(o.reshape(B, T, -1))
 
@@ -188,14 +194,14 @@ class LightningMixer(HybridMixer):
         """Per-head log-decay ``[H]`` (the same at every token)."""
         return -self.slope_rate.float().reshape(-1)
 
-    def forward(self, hidden_states: torch.Tensor, position_embeddings=None, attention_mask=None,
+    def forward(self, hidden_states: torch.Tensor, position_embeddings=None, attention_mask=None, cache=None,
                 past_key_values=None, **kwargs):
         B, T, _ = hidden_states.shape
         H, D = self.num_attention_heads, self.head_dim
         qkv = mask_padding(self.act_fn(self.qkv_proj(hidden_states)), attention_mask)
         q, k, v = qkv.reshape(B, T, H, 3 * D).split(D, dim=-1)
         g = self.log_decay().to(q.device).expand(B, T, H)
-        o = self.attend_gla(q, k, v, g, state_store(past_key_values), scale=1.0)
+        o = self.attend_gla(q, k, v, g, layer_states(cache, past_key_values), scale=1.0)
         o = self.norm(o.reshape(B, T, H * D))
         o = torch.sigmoid(self.output_gate(hidden_states)) * o
         return self.out_proj(o), None
@@ -244,12 +250,12 @@ class Mamba2Mixer(HybridMixer):
         """Per-head log-decay ``dt * A`` from the dt logits (``in_proj``'s last ``H`` outputs)."""
         return self.time_step(dt_logits) * -self.A_log.float().exp()
 
-    def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs):
+    def forward(self, hidden_states: torch.Tensor, cache=None, attention_mask=None, cache_params=None, **kwargs):
         dtype = hidden_states.dtype
         x = mask_padding(hidden_states, attention_mask)
         B, T, _ = x.shape
         H, P, N, G = self.num_heads, self.head_dim, self.ssm_state_size, self.n_groups
-        states = state_store(cache_params)
+        states = layer_states(cache, cache_params)
         z, xbc, dt_logits = self.split_in_proj(self.project(x))
         xbc = short_conv(xbc, states, self.layer_idx, self.conv1d, self.activation)
         xbc = mask_padding(xbc, attention_mask)
@@ -344,12 +350,12 @@ class SplitGatedDeltaNetMixer(GatedDeltaNetMixer):
         """The log-decay of the gate projection's outputs (the decay logits alone)."""
         return self.log_decay(logits)
 
-    def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs):
+    def forward(self, hidden_states: torch.Tensor, cache=None, attention_mask=None, cache_params=None, **kwargs):
         x = mask_padding(hidden_states, attention_mask)
         B, T, _ = x.shape
         z = self.in_proj_z(x)
         o = self.conv_and_attend(self.in_proj_qkv(x), self.log_decay(self.in_proj_a(x)),
-                                 self.in_proj_b(x).float().sigmoid(), state_store(cache_params))
+                                 self.in_proj_b(x).float().sigmoid(), layer_states(cache, cache_params))
         o = self.norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
         return self.out_proj(o.reshape(B, T, -1))
 
@@ -374,14 +380,14 @@ class OlmoGatedDeltaNetMixer(SplitGatedDeltaNetMixer):
         return _widths_problem(src, {"q_proj": src.key_dim, "k_proj": src.key_dim, "v_proj": src.value_dim,
                                      "g_proj": src.value_dim, "a_proj": src.num_v_heads, "b_proj": src.num_v_heads})
 
-    def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs):
+    def forward(self, hidden_states: torch.Tensor, cache=None, attention_mask=None, cache_params=None, **kwargs):
         x = mask_padding(hidden_states, attention_mask)
         B, T, _ = x.shape
         beta = self.b_proj(x).float().sigmoid()
         if self.allow_neg_eigval:
             beta = beta * 2.0
         qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1)
-        o = self.conv_and_attend(qkv, self.log_decay(self.a_proj(x)), beta, state_store(cache_params))
+        o = self.conv_and_attend(qkv, self.log_decay(self.a_proj(x)), beta, layer_states(cache, cache_params))
         o = self.o_norm(o.reshape(-1, self.head_v_dim), self.g_proj(x).reshape(-1, self.head_v_dim))
         return self.o_proj(o.reshape(B, T, -1))
 
@@ -433,10 +439,10 @@ class KimiDeltaAttentionMixer(HybridMixer):
         """The log-decay of the gate projection's outputs, per channel as they are laid out."""
         return self.log_decay(logits).flatten(-2)
 
-    def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs):
+    def forward(self, hidden_states: torch.Tensor, cache=None, attention_mask=None, cache_params=None, **kwargs):
         x = mask_padding(hidden_states, attention_mask)
         B, T, _ = x.shape
-        states = state_store(cache_params)
+        states = layer_states(cache, cache_params)
         qkv = short_conv(torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1), states, self.layer_idx,
                          self.conv1d, self.activation)
         q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in qkv.split(self.qkv_dim, -1))
@@ -467,10 +473,10 @@ class BailingKDAMixer(KimiDeltaAttentionMixer):
             return gate.lower_bound * torch.sigmoid(rate * x)
         return -rate * F.softplus(x)
 
-    def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs):
+    def forward(self, hidden_states: torch.Tensor, cache=None, attention_mask=None, cache_params=None, **kwargs):
         x = mask_padding(hidden_states, attention_mask)
         B, T, _ = x.shape
-        states = state_store(cache_params)
+        states = layer_states(cache, cache_params)
         qkv = short_conv(torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1), states, self.layer_idx,
                          self.conv1d, self.activation)
         q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in qkv.split(self.qkv_dim, -1))
