@@ -158,6 +158,8 @@ _FAMILIES = (
            shared_blocks=("shared_transformer",)),
     # fla's Gated DeltaNet (fla-format checkpoints, loaded without fla), on laquant's implementation
     Family("gated_deltanet", "delta", native_module="gated_deltanet"),
+    # fla's DeltaNet: the delta rule without a decay (the gated delta rule's kernels with g = 0)
+    Family("delta_net", "delta", native_module="delta_net"),
 )
 FAMILIES: dict[str, Family] = {f.model_type: f for f in _FAMILIES}
 
