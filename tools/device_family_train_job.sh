@@ -7,6 +7,8 @@
 # seeded runs can be repeated.
 W=$1
 set -x
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, \
+  torch.cuda.get_device_name())" > "$W/versions.txt" 2>&1
 declare -A ARCH=([kimilinear-small]=kimi_linear [nemotronh-small]=nemotron_h)
 # the batches keep both runs' activations under the card's memory together: laquant's differentiable
 # references save ~2.5 GB (KDA, per-channel decay) and ~1.7 GB (Mamba2) per 2048-token sequence
