@@ -504,7 +504,7 @@ def _same_bytes(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 @torch.no_grad()
-def test_a_vision_language_model_quantizes_its_language_model_alone(tmp_path):
+def test_a_vision_language_model_quantizes_its_language_model_alone(tmp_path, capsys):
     """``laquant calibrate`` on a saved Qwen3.5 VL model: text-only calibration, the language model
     quantized, the vision tower (its merger, the projector, within) stored byte for byte as it came."""
     from safetensors import safe_open
@@ -538,6 +538,11 @@ def test_a_vision_language_model_quantizes_its_language_model_alone(tmp_path):
         assert not any(type(x).__module__.startswith("laquant") for x in m.model.visual.modules())
         assert all(torch.equal(p.to(torch.bfloat16), vision[f"model.visual.{n}"])
                    for n, p in m.model.visual.named_parameters())
+    # the compressed-tensors export is not built for them: one line saying so, nothing written
+    capsys.readouterr()
+    assert main(["export", str(out), "--format", "compressed-tensors", "--out", str(tmp_path / "ct"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "vision-language model" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "ct").exists()
 
 
 def test_unresolvable_layer_types_are_named():
