@@ -57,6 +57,12 @@ class Family:
     # laquant's own implementation of an fla model type: laquant.models.<it> (CONFIG_CLASS, MODEL_CLASS,
     # check_supported) and laquant.adapters.<it> (ADAPTER)
     native_module: str = ""
+    # vision-language wrappers: the text decoder's path (it holds layers and embed_tokens), the
+    # modules kept as they are (the vision tower and its projector), and the Auto class that builds
+    # the whole model (its config's layer_types are in text_config)
+    text_model: str = "model"
+    vision: tuple[str, ...] = ()
+    auto_class: str = "AutoModelForCausalLM"
 
     @property
     def native(self) -> bool:
@@ -101,9 +107,9 @@ class Family:
         """The class whose ``from_pretrained`` / ``from_config`` builds the model."""
         if self.native:
             return self._native("models").MODEL_CLASS
-        from transformers import AutoModelForCausalLM
+        import transformers
 
-        return AutoModelForCausalLM
+        return getattr(transformers, self.auto_class)
 
 
 def _minimax_cache():
@@ -120,6 +126,13 @@ _FAMILIES = (
     # Qwen3.5: the text model's config type (AutoModelForCausalLM builds Qwen3_5ForCausalLM from it)
     Family("qwen3_5_text", "delta", "linear_attn", "Qwen3_5GatedDeltaNet", "SplitGatedDeltaNetMixer"),
     Family("qwen3_5_moe_text", "delta", "linear_attn", "Qwen3_5MoeGatedDeltaNet", "SplitGatedDeltaNetMixer"),
+    # the vision-language models (Qwen3_5[Moe]ForConditionalGeneration): the language model quantized as
+    # the text model's family; the vision tower (its patch merger, the projector, inside) kept as it is;
+    # calibrated on text alone
+    Family("qwen3_5", "delta", "linear_attn", "Qwen3_5GatedDeltaNet", "SplitGatedDeltaNetMixer",
+           text_model="model.language_model", vision=("model.visual",), auto_class="AutoModelForImageTextToText"),
+    Family("qwen3_5_moe", "delta", "linear_attn", "Qwen3_5MoeGatedDeltaNet", "SplitGatedDeltaNetMixer",
+           text_model="model.language_model", vision=("model.visual",), auto_class="AutoModelForImageTextToText"),
     Family("olmo_hybrid", "delta", "linear_attn", "OlmoHybridGatedDeltaNet", "OlmoGatedDeltaNetMixer"),
     Family("nemotron_h", "gla", "mixer", "NemotronHMamba2Mixer", "Mamba2Mixer", attention_attr="mixer",
            mlp_layer_types=("mlp", "moe")),
@@ -145,19 +158,13 @@ _FAMILIES = (
            shared_blocks=("shared_transformer",)),
     # fla's Gated DeltaNet (fla-format checkpoints, loaded without fla), on laquant's implementation
     Family("gated_deltanet", "delta", native_module="gated_deltanet"),
+    # fla's DeltaNet: the delta rule without a decay (the gated delta rule's kernels with g = 0)
+    Family("delta_net", "delta", native_module="delta_net"),
 )
 FAMILIES: dict[str, Family] = {f.model_type: f for f in _FAMILIES}
 
 
-# vision-language wrappers whose text model is supported: what to do instead (one line)
-_TEXT_OF_VL = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
-
-
 def get_family(model_type: str | None, what: str = "model_type") -> Family:
     if model_type not in FAMILIES:
-        hint = ""
-        if model_type in _TEXT_OF_VL:
-            hint = (f" (a vision-language checkpoint: the vision tower is not handled yet; save its language model "
-                    f"as a CausalLM with model_type {_TEXT_OF_VL[model_type]!r}, its text_config, and quantize that)")
-        raise LaquantError(f"{what} {model_type!r} is not supported{hint}; supported: {', '.join(FAMILIES)}")
+        raise LaquantError(f"{what} {model_type!r} is not supported; supported: {', '.join(FAMILIES)}")
     return FAMILIES[model_type]

@@ -142,17 +142,18 @@ class LaquantHfQuantizer(HfQuantizer):
 
 
 def family_classes(model_type: str):
-    """``(config class, causal-LM class)`` laquant loads ``model_type`` with (the remote-code module's bases)."""
+    """``(config class, model class)`` laquant loads ``model_type`` with (the remote-code module's bases):
+    the causal LM, or a vision-language family's whole model (its Auto class's)."""
     from laquant.families import get_family
 
     family = get_family(model_type)
     if family.native:
         cls = family.model_class()
         return cls.config_class, cls
-    from transformers import CONFIG_MAPPING, MODEL_FOR_CAUSAL_LM_MAPPING
+    from transformers import CONFIG_MAPPING
 
     config_class = CONFIG_MAPPING[model_type]
-    return config_class, MODEL_FOR_CAUSAL_LM_MAPPING[config_class]
+    return config_class, family.model_class()._model_mapping[config_class]
 
 
 def weight_count(model) -> int:
@@ -213,8 +214,9 @@ def finish_checkpoint(folder: Path, model_type: str) -> None:
     if config.get("quantization_config", {}).get("quant_method") != QUANT_METHOD:
         raise LaquantError(f"{folder}: not a laquant checkpoint (config.json has no laquant quantization_config)")
     config["transformers_weights"] = NO_LAQUANT_GUARD
-    auto_map = {"AutoModelForCausalLM": f"{REMOTE_CODE_MODULE}.LaquantForCausalLM"}
-    if get_family(model_type).native:  # unknown to plain transformers: its config class comes from the module too
+    family = get_family(model_type)
+    auto_map = {family.auto_class: f"{REMOTE_CODE_MODULE}.LaquantForCausalLM"}
+    if family.native:  # unknown to plain transformers: its config class comes from the module too
         auto_map["AutoConfig"] = f"{REMOTE_CODE_MODULE}.LaquantConfig"
     config["auto_map"] = {**config.get("auto_map", {}), **auto_map}
     config_path.write_text(json.dumps(config, indent=2) + "\n")

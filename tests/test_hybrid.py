@@ -1,5 +1,5 @@
-"""transformers hybrids (qwen3_next, minimax, bamba, qwen3_5, olmo_hybrid, nemotron_h, kimi_linear, bailing_hybrid,
-granitemoehybrid, falcon_h1, zamba2) on tiny random configs: plumbing only.
+"""transformers hybrids (qwen3_next, minimax, bamba, qwen3_5 text and vision-language, olmo_hybrid, nemotron_h,
+kimi_linear, bailing_hybrid, granitemoehybrid, falcon_h1, zamba2) on tiny random configs: plumbing only.
 
 The adapters' models must compute what transformers computes, carry their state through laquant's
 cache, quantize by role, save and reload bit for bit, and refuse layouts they do not know.
@@ -22,6 +22,7 @@ from laquant.adapters import get_adapter, install, new_cache
 from laquant.calibration.run import collect_stats
 from laquant.cli import main
 from laquant.errors import LaquantError
+from laquant.families import get_family
 from laquant.loading import load_tokenizer
 from laquant.models.cache import state_store
 from laquant.recipe import load_recipe
@@ -71,6 +72,27 @@ def qwen3_5_moe(**kw):
                moe_intermediate_size=32, shared_expert_intermediate_size=32,
                layer_types=["linear_attention"] * 3 + ["full_attention"], bos_token_id=0, eos_token_id=0)
     return Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**{**cfg, **kw}))
+
+
+# the vision tower of the vision-language wrappers: 2 blocks, its patch merger (the projector) into the text width
+VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=8, out_hidden_size=64,
+              num_position_embeddings=64)
+VL_TOKENS = dict(image_token_id=VOCAB - 2, video_token_id=VOCAB - 1, vision_start_token_id=VOCAB - 4,
+                 vision_end_token_id=VOCAB - 3)
+
+
+def qwen3_5_vl(**kw):
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    text = qwen3_5(**kw).config.to_dict()
+    return Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=VISION, **VL_TOKENS))
+
+
+def qwen3_5_moe_vl(**kw):
+    from transformers import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
+
+    text = qwen3_5_moe(**kw).config.to_dict()
+    return Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeConfig(text_config=text, vision_config=VISION, **VL_TOKENS))
 
 
 def olmo_hybrid(**kw):
@@ -161,7 +183,8 @@ def zamba2(**kw):
 
 
 FAMILIES = {"qwen3_next": qwen3_next, "minimax": minimax, "bamba": bamba, "qwen3_5": qwen3_5,
-            "qwen3_5_moe": qwen3_5_moe, "olmo_hybrid": olmo_hybrid, "nemotron_h": nemotron_h,
+            "qwen3_5_moe": qwen3_5_moe, "qwen3_5_vl": qwen3_5_vl, "qwen3_5_moe_vl": qwen3_5_moe_vl,
+            "olmo_hybrid": olmo_hybrid, "nemotron_h": nemotron_h,
             "kimi_linear": kimi_linear, "bailing_hybrid": bailing_hybrid,
             "granitemoehybrid": granitemoehybrid, "falcon_h1": falcon_h1, "zamba2": zamba2}
 
@@ -224,6 +247,15 @@ def test_falcon_h1_mixer_options(options):
 def test_roles(family):
     adapter = install(_model(family))
     kept = adapter.kept()
+    if family.endswith("_vl"):  # the language model's roles, under its path; the vision tower kept whole
+        assert kept["vision"] == ["model.visual"] and kept["embeddings"] == ["model.language_model.embed_tokens"]
+        roles = [*adapter.projections(), *adapter.attention_projections(), *adapter.gates(), *adapter.mixers(),
+                 *kept["norms"], *kept["decay"]]
+        assert all(n.startswith("model.language_model.layers.") or n == "model.language_model.norm" for n in roles)
+        assert adapter.mixer_name(0) == "model.language_model.layers.0.linear_attn"
+        assert list(adapter.gates()) == [f"model.language_model.layers.{i}.linear_attn.in_proj_a" for i in range(3)]
+        assert len(adapter.attention_projections()) == 4 and adapter.attention_layers() == [3]
+        return
     assert kept["decay"] and kept["norms"] and kept["embeddings"] == ["model.embed_tokens"]
     mla = family in ("kimi_linear", "bailing_hybrid")  # their softmax attention is MLA
     attention = (".q_proj", ".kv_a_proj_with_mqa", ".kv_b_proj", ".o_proj") if mla else (
@@ -353,8 +385,11 @@ def test_hybrid_int8_calibrate_export_reload(family_dir, tmp_path):
     laquant.save(result, out, tokenizer=tok)
     reloaded, _ = laquant.load(out)
     assert torch.equal(reloaded(input_ids=ids).logits, quant)
-    hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    assert torch.equal(hf(input_ids=ids).logits, quant)
+    auto = get_family(model.config.model_type).model_class()  # AutoModelForImageTextToText for a VL model
+    hf = auto.from_pretrained(out, dtype=torch.float32).eval()
+    assert type(hf) is type(model) and torch.equal(hf(input_ids=ids).logits, quant)
+    if family.endswith("_vl"):  # the vision tower as it came, byte for byte
+        assert _same_bytes(_vision_tensors(out), _vision_tensors(model_dir))
 
 
 @torch.no_grad()
@@ -449,14 +484,65 @@ def test_layer_by_layer_calibration_of_a_hybrid_equals_whole_model():
         assert torch.equal(value, layerwise.tensors[key]), key
 
 
-def test_a_vision_language_qwen3_5_is_refused_with_what_to_do():
+def test_an_unsupported_model_type_is_refused_naming_the_supported_ones():
     from laquant.families import get_family
 
-    with pytest.raises(LaquantError, match=r"model_type 'qwen3_5' is not supported \(a vision-language checkpoint.*"
-                                           r"'qwen3_5_text'.*; supported: gla, .*qwen3_5_text"):
-        get_family("qwen3_5")
-    with pytest.raises(LaquantError, match=r"'mystery' is not supported; supported: gla, qwen3_next"):
+    with pytest.raises(LaquantError, match=r"'mystery' is not supported; supported: gla, qwen3_next.*qwen3_5, "):
         get_family("mystery")
+
+
+def _vision_tensors(folder) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys() if k.startswith("model.visual.")}
+
+
+def _same_bytes(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k].view(torch.uint8),
+                                                                                  b[k].view(torch.uint8)) for k in a)
+
+
+@torch.no_grad()
+def test_a_vision_language_model_quantizes_its_language_model_alone(tmp_path, capsys):
+    """``laquant calibrate`` on a saved Qwen3.5 VL model: text-only calibration, the language model
+    quantized, the vision tower (its merger, the projector, within) stored byte for byte as it came."""
+    from safetensors import safe_open
+    from transformers import AutoModelForImageTextToText
+
+    from laquant.loading import default_model_dir
+
+    src = tmp_path / "vl"
+    _model("qwen3_5_vl").to(torch.bfloat16).save_pretrained(src)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_model_dir() / name, src / name)
+    out = tmp_path / "q"
+    assert main(["calibrate", "--recipe", "hybrid_int8", "--model", str(src), "--samples", "2", "--seq-len", "64",
+                 "--no-eval", "--out", str(out), "--quiet"]) == 0
+    vision = _vision_tensors(src)
+    assert len(vision) > 20 and all(t.dtype == torch.bfloat16 for t in vision.values())
+    assert _same_bytes(_vision_tensors(out), vision)
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+    assert "model.language_model.layers.0.linear_attn.in_proj_qkv.qweight" in keys
+    assert "model.language_model.layers.3.self_attn.q_proj.qweight" in keys
+    decisions = checkpoint_decisions(out)
+    assert decisions["projections"] and not any("visual" in n for part in decisions.values() for n in part)
+    assert json.loads((out / "config.json").read_text())["auto_map"]["AutoModelForImageTextToText"]
+    ids = torch.randint(0, VOCAB - 8, (1, 21))
+    model, _ = laquant.load(out)
+    hf = AutoModelForImageTextToText.from_pretrained(out, dtype=torch.float32).eval()
+    assert type(hf).__name__.endswith("ForConditionalGeneration")
+    assert torch.equal(hf(input_ids=ids).logits, model(input_ids=ids).logits)
+    for m in (model, hf):  # the vision tower: not quantized, the checkpoint's numbers
+        assert not any(type(x).__module__.startswith("laquant") for x in m.model.visual.modules())
+        assert all(torch.equal(p.to(torch.bfloat16), vision[f"model.visual.{n}"])
+                   for n, p in m.model.visual.named_parameters())
+    # the compressed-tensors export is not built for them: one line saying so, nothing written
+    capsys.readouterr()
+    assert main(["export", str(out), "--format", "compressed-tensors", "--out", str(tmp_path / "ct"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "vision-language model" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "ct").exists()
 
 
 def test_unresolvable_layer_types_are_named():

@@ -3,12 +3,16 @@
     python tools/train.py tokenizer --data-dir ../shared/data --out OUT/tokenizer
     python tools/train.py model --size small --data-dir ../shared/data --tokenizer OUT/tokenizer --out OUT/gla-small
     python tools/train.py model --arch qwen3_next --size small ... --out OUT/qwen3next-small
+    python tools/train.py model --arch kimi_linear --size small ... --out OUT/kimilinear-small
+    python tools/train.py model --arch nemotron_h --size small ... --out OUT/nemotronh-small
 
 GLA: fla's ``GLAForCausalLM`` when flash-linear-attention and a GPU are there (its Triton
 kernels train fast), else laquant's own implementation of the same architecture: both write the
-same checkpoint format. ``qwen3_next``: transformers' ``Qwen3NextForCausalLM`` (Gated DeltaNet
-layers with a gated softmax-attention layer every 4th; transformers runs fla's kernels for the
-delta rule when fla is installed). Only ``train/`` and the English files of ``calibration/`` are read:
+same checkpoint format. The hybrids are transformers' classes with laquant's mixers installed:
+``qwen3_next`` (Gated DeltaNet layers with a gated softmax-attention layer every 4th),
+``kimi_linear`` (Kimi Delta Attention, the delta rule with a per-channel decay, with an MLA
+softmax-attention layer every 4th) and ``nemotron_h`` (typed blocks: Mamba2, ReLU^2 MLP, GQA
+softmax attention). Only ``train/`` and the English files of ``calibration/`` are read:
 ``eval/`` text never reaches training.
 """
 
@@ -55,7 +59,31 @@ HYBRID_SIZES = {
                  num_key_value_heads=1, head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2,
                  linear_key_head_dim=32, linear_value_head_dim=32, num_experts=0),
 }
-ARCHS = ("gla", "qwen3_next")
+# kimi_linear: 3 KDA layers, then one MLA softmax-attention layer (no q low rank), dense SwiGLU MLPs
+KIMI_SIZES = {
+    "small": dict(hidden_size=256, num_hidden_layers=8, intermediate_size=704, num_attention_heads=4,
+                  num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=128, qk_rope_head_dim=32, qk_nope_head_dim=32,
+                  v_head_dim=64, linear_num_heads=4, linear_head_dim=64),  # ~11M parameters
+    "tiny": dict(hidden_size=64, num_hidden_layers=4, intermediate_size=128, num_attention_heads=2,
+                 num_key_value_heads=2, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
+                 v_head_dim=16, linear_num_heads=2, linear_head_dim=16),
+}
+# nemotron_h: typed blocks, Mamba2 (M), ReLU^2 MLP (-) and GQA softmax attention (*) in Nemotron-H's
+# order, M-M-M*-M-M-M*- (the pattern string below, one character a block)
+NEMOTRON_SIZES = {
+    "small": dict(hidden_size=256, pattern="M-M-M*-M-M-M*-", intermediate_size=768, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=64, mamba_num_heads=8, mamba_head_dim=64, n_groups=1,
+                  ssm_state_size=64, chunk_size=64),  # ~10M parameters
+    "tiny": dict(hidden_size=64, pattern="M-*M-", intermediate_size=128, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=32, mamba_num_heads=2, mamba_head_dim=32, n_groups=1,
+                 ssm_state_size=16, chunk_size=16),
+}
+ARCH_SIZES = {"gla": SIZES, "qwen3_next": HYBRID_SIZES, "kimi_linear": KIMI_SIZES, "nemotron_h": NEMOTRON_SIZES}
+ARCHS = tuple(ARCH_SIZES)
+# transformers' hybrids: the class trained, as training.json names it
+HYBRID_CLASSES = {"qwen3_next": "Qwen3NextForCausalLM", "kimi_linear": "KimiLinearForCausalLM",
+                  "nemotron_h": "NemotronHForCausalLM"}
+NEMOTRON_BLOCKS = {"M": "linear_attention", "-": "mlp", "*": "full_attention"}
 
 
 def read_documents(data_dir: Path) -> list[str]:
@@ -100,17 +128,13 @@ def tokenize_corpus(data_dir: Path, tokenizer_dir: Path) -> np.ndarray:
 
 def build_model(size: str, vocab_size: int, eos_id: int, impl: str, arch: str = "gla"):
     common = dict(vocab_size=vocab_size, bos_token_id=eos_id, eos_token_id=eos_id, tie_word_embeddings=False)
-    if arch == "qwen3_next":
-        from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
-
+    if arch != "gla":
+        # transformers' hybrids with laquant's mixers installed: the linear layers train on laquant's
+        # differentiable reference ops (the Triton kernels are forward-only; fla 0.6's chunked backward
+        # refuses Triton < 3.7.1 on Hopper, and transformers' own fallbacks loop over every chunk row)
         from laquant.adapters import install
 
-        n = HYBRID_SIZES[size]["num_hidden_layers"]
-        layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)]
-        model = Qwen3NextForCausalLM(Qwen3NextConfig(**HYBRID_SIZES[size], **common, layer_types=layer_types,
-                                                     max_position_embeddings=32768))
-        # the delta rule trains on laquant's reference ops: fla 0.6's chunked backward refuses
-        # Triton < 3.7.1 on Hopper, and transformers' own fallback loops over every chunk row
+        model = _hybrid(arch, dict(ARCH_SIZES[arch][size]), common)
         install(model)
         return model
     cfg = dict(SIZES[size], **common, max_position_embeddings=2048)
@@ -119,6 +143,26 @@ def build_model(size: str, vocab_size: int, eos_id: int, impl: str, arch: str = 
     else:
         from laquant.models import GLAConfig, GLAForCausalLM
     return GLAForCausalLM(GLAConfig(**cfg))
+
+
+def _every_fourth_attention(n: int) -> list[str]:
+    return ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)]
+
+
+def _hybrid(arch: str, cfg: dict, common: dict):
+    import transformers
+
+    if arch == "qwen3_next":
+        cfg["layer_types"] = _every_fourth_attention(cfg["num_hidden_layers"])
+    elif arch == "kimi_linear":
+        n = cfg["num_hidden_layers"]
+        cfg.update(layer_types=_every_fourth_attention(n), mlp_layer_types=["dense"] * n, pad_token_id=common["eos_token_id"])
+    elif arch == "nemotron_h":
+        cfg["layers_block_type"] = [NEMOTRON_BLOCKS[c] for c in cfg.pop("pattern")]
+        cfg["pad_token_id"] = common["eos_token_id"]
+    config_class = getattr(transformers, HYBRID_CLASSES[arch].replace("ForCausalLM", "Config"))
+    model_class = getattr(transformers, HYBRID_CLASSES[arch])
+    return model_class(config_class(**cfg, **common, max_position_embeddings=32768))
 
 
 def train_model(args: argparse.Namespace) -> None:
@@ -130,7 +174,7 @@ def train_model(args: argparse.Namespace) -> None:
             impl = "fla" if device == "cuda" else "laquant"
         except ImportError:
             impl = "laquant"
-    sizes = SIZES if args.arch == "gla" else HYBRID_SIZES
+    sizes = ARCH_SIZES[args.arch]
     if args.size not in sizes:
         raise SystemExit(f"--size {args.size} is not defined for --arch {args.arch}; choose from {', '.join(sizes)}")
     torch.manual_seed(args.seed)
@@ -143,7 +187,7 @@ def train_model(args: argparse.Namespace) -> None:
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     model = build_model(args.size, len(tok), tok.eos_token_id, impl, args.arch).to(device)
     n_params = sum(p.numel() for p in model.parameters())
-    shown = impl if args.arch == "gla" else "transformers + laquant mixers"
+    shown = impl if args.arch == "gla" else f"transformers {HYBRID_CLASSES[args.arch]} + laquant mixers"
     print(f"model: {args.arch} {args.size}, {n_params / 1e6:.1f}M parameters, impl={shown}, device={device}", flush=True)
 
     tokens_per_step = args.batch * args.seq_len
@@ -225,8 +269,8 @@ def train_model(args: argparse.Namespace) -> None:
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     summary = {
         "arch": args.arch, "size": args.size,
-        "impl": impl if args.arch == "gla" else "transformers Qwen3NextForCausalLM, delta rule on laquant's ops",
-        "parameters": n_params, "config": (SIZES if args.arch == "gla" else HYBRID_SIZES)[args.size],
+        "impl": impl if args.arch == "gla" else f"transformers {HYBRID_CLASSES[args.arch]}, linear layers on laquant's ops",
+        "parameters": n_params, "config": ARCH_SIZES[args.arch][args.size],
         "vocab_size": len(tok), "seq_len": args.seq_len, "batch": args.batch, "steps": steps,
         "epochs": steps * tokens_per_step / len(train_tokens), "lr": args.lr, "weight_decay": args.weight_decay,
         "schedule": "linear warmup 2%, cosine to 10% of peak", "optimizer": "AdamW(0.9, 0.95), grad clip 1.0",
@@ -252,12 +296,12 @@ def main(argv: list[str] | None = None) -> None:
     p_tok.add_argument("--data-dir", required=True)
     p_tok.add_argument("--out", required=True)
     p_tok.add_argument("--vocab-size", type=int, default=8192)
-    p_model = sub.add_parser("model", help="train a causal LM (GLA or a qwen3_next-style hybrid)")
+    p_model = sub.add_parser("model", help="train a causal LM (GLA or a hybrid: qwen3_next, kimi_linear, nemotron_h)")
     p_model.add_argument("--data-dir", required=True)
     p_model.add_argument("--tokenizer", required=True)
     p_model.add_argument("--out", required=True)
     p_model.add_argument("--arch", choices=ARCHS, default="gla")
-    p_model.add_argument("--size", choices=sorted(SIZES), default="small")
+    p_model.add_argument("--size", choices=sorted({s for sizes in ARCH_SIZES.values() for s in sizes}), default="small")
     p_model.add_argument("--impl", choices=["auto", "fla", "laquant"], default="auto")
     p_model.add_argument("--seq-len", type=int, default=2048)
     p_model.add_argument("--batch", type=int, default=32)

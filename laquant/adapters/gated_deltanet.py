@@ -17,24 +17,33 @@ from laquant.errors import LaquantError
 
 class GatedDeltaNetAdapter(GLAAdapter):
     model_type = "gated_deltanet"
+    DECAY = ("A_log", "dt_bias")  # the mixer's decay parameters (fla's DeltaNet has none)
+
+    @staticmethod
+    def mixer_class() -> type[nn.Module]:
+        from laquant.models.gated_deltanet import GatedDeltaNet
+
+        return GatedDeltaNet
 
     def __init__(self, model: nn.Module):
         from laquant.models.fla_attention import Attention
-        from laquant.models.gated_deltanet import GatedDeltaNet
 
         super(GLAAdapter, self).__init__(model)
+        mixer = self.mixer_class()
         if not hasattr(model, "model") or not hasattr(model.model, "layers"):
-            raise LaquantError("gated_deltanet adapter: expected a GatedDeltaNetForCausalLM with model.layers; "
+            raise LaquantError(f"{self.model_type} adapter: expected a {mixer.__name__}ForCausalLM with model.layers; "
                                f"got {type(model).__name__}")
         for i, layer in enumerate(model.model.layers):
-            if not isinstance(layer.attn, (GatedDeltaNet, Attention)):
-                raise LaquantError(f"gated_deltanet adapter: model.layers.{i}.attn is {type(layer.attn).__name__}, "
-                                   "expected laquant's GatedDeltaNet or Attention (load the model with laquant.load_model)")
+            if not isinstance(layer.attn, (mixer, Attention)):
+                raise LaquantError(f"{self.model_type} adapter: model.layers.{i}.attn is {type(layer.attn).__name__}, "
+                                   f"expected laquant's {mixer.__name__} or Attention (load the model with "
+                                   "laquant.load_model)")
         self._softmax = {i for i, layer in enumerate(model.model.layers) if isinstance(layer.attn, Attention)}
 
     @staticmethod
     def _mixer_projections(attn) -> tuple[str, ...]:
-        return ("q_proj", "k_proj", "v_proj", "b_proj", *(("g_proj",) if attn.use_gate else ()), "o_proj")
+        optional = [p for p in ("b_proj", "g_proj") if hasattr(attn, p)]  # fla's DeltaNet: use_beta, use_gate
+        return ("q_proj", "k_proj", "v_proj", *optional, "o_proj")
 
     def projections(self) -> dict[str, nn.Module]:
         out = {}
@@ -57,7 +66,7 @@ class GatedDeltaNetAdapter(GLAAdapter):
         norms = [n for n, m in self.model.named_modules() if isinstance(m, nn.Module) and "Norm" in type(m).__name__]
         layers = list(self._layers())
         conv = [f"model.layers.{i}.attn.{p}_conv1d" for i, layer in layers if layer.attn.use_short_conv for p in "qkv"]
-        decay = [f"model.layers.{i}.attn.{p}" for i, _ in layers for p in ("A_log", "dt_bias")]
+        decay = [f"model.layers.{i}.attn.{p}" for i, _ in layers for p in self.DECAY]
         return {"embeddings": ["model.embeddings"], "norms": norms, "lm_head": ["lm_head"], "conv": conv,
                 "decay": decay}
 

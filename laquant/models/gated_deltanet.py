@@ -149,11 +149,11 @@ class GatedDeltaNet(RecurrentMixer):
 
 
 class GatedDeltaNetBlock(nn.Module):
-    def __init__(self, config: GatedDeltaNetConfig, layer_idx: int):
+    def __init__(self, config: GatedDeltaNetConfig, layer_idx: int, mixer: type[nn.Module] = GatedDeltaNet):
         super().__init__()
         self.attn_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         spec = attention_spec(config, layer_idx)  # fla's hybrid: softmax attention at config.attn's layers
-        self.attn = GatedDeltaNet(config, layer_idx) if spec is None else Attention(config.hidden_size, spec, layer_idx)
+        self.attn = mixer(config, layer_idx) if spec is None else Attention(config.hidden_size, spec, layer_idx)
         self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.hidden_ratio, config.intermediate_size)
 
@@ -170,11 +170,15 @@ class GatedDeltaNetPreTrainedModel(GLAPreTrainedModel):
 
 
 class GatedDeltaNetModel(GatedDeltaNetPreTrainedModel):
+    mixer_class = GatedDeltaNet  # fla's DeltaNet (laquant.models.delta_net) shares the rest of the model
+    check_supported = staticmethod(check_supported)
+
     def __init__(self, config: GatedDeltaNetConfig):
-        check_supported(config)
+        self.check_supported(config)
         super().__init__(config)
         self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
-        self.layers = nn.ModuleList(GatedDeltaNetBlock(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(GatedDeltaNetBlock(config, i, self.mixer_class)
+                                    for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.post_init()
 
@@ -194,9 +198,11 @@ class GatedDeltaNetModel(GatedDeltaNetPreTrainedModel):
 class GatedDeltaNetForCausalLM(GatedDeltaNetPreTrainedModel, GLAForCausalLM):
     """fla's GatedDeltaNetForCausalLM; forward, cache and generation as laquant's GLA."""
 
+    decoder_class = GatedDeltaNetModel
+
     def __init__(self, config: GatedDeltaNetConfig):
         PreTrainedModel.__init__(self, config)
-        self.model = GatedDeltaNetModel(config)
+        self.model = self.decoder_class(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
