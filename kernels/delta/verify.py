@@ -131,10 +131,10 @@ if triton is not None:
                 if FMT >= 2:
                     tl.store(kept_scale_ptr + b * s_fb + t * s_ft + h * s_fh + offs_k, new_scale, mask=mask_k)
             if COMMIT:
-                last = t == steps - 1
-                tl.store(ptrs, codes, mask=mask & last)
+                last = mask_k & (offs_k * 0 + t == steps - 1)  # only the state after the last accepted token
+                tl.store(ptrs, codes, mask=last[:, None] & mask_v[None, :])
                 if FMT >= 2:
-                    tl.store(sc_ptrs, new_scale, mask=mask_k & last)
+                    tl.store(sc_ptrs, new_scale, mask=last)
             S = decode_state(codes, new_scale, FMT)
             old_scale = new_scale
 
