@@ -97,21 +97,23 @@ def _pow2(n: int) -> int:
     return 1 << (int(n) - 1).bit_length()
 
 
-def launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V, block_v, num_warps):
-    """The pool's pointers, strides and constexprs for a verify kernel (GLA's, the delta rule's): the
-    whole K in one block, V in blocks of ``block_v`` for the plain formats (a scaled format's row
-    scale needs the whole row), and the V grid."""
-    pool, pool_strides, consts, _ = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K, None, None)
-    block_k = _pow2(K)
+def launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V, block_v, num_warps, block_k=None):
+    """The pool's pointers, strides and constexprs for a verify kernel (GLA's, the delta rule's): K in
+    blocks of ``block_k`` (None: the whole K, as the delta rule needs; "decode": the decode kernel's
+    tuned block), V in blocks of ``block_v`` for the plain formats (a scaled format's row scale needs
+    the whole row), ``num_warps`` (default: about 32 state elements a thread), and the V grid."""
+    pool, pool_strides, consts, _ = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K,
+                                              None if block_k in (None, "decode") else block_k, None)
+    if block_k is None:
+        consts["BLOCK_K"] = _pow2(K)
     full_v = _pow2(V)
     if quantizer.format.is_scaled:
         block_v = full_v
     else:
-        block_v = min(full_v, _pow2(block_v) if block_v else max(16, 8192 // block_k))
-    consts["BLOCK_K"] = block_k
+        block_v = min(full_v, _pow2(block_v) if block_v else 64)
     consts["BLOCK_V"] = block_v
     if num_warps is None:
-        num_warps = 8 if block_k * block_v >= 8192 else 4
+        num_warps = min(16, max(2, consts["BLOCK_K"] * block_v // 1024))
     return pool, pool_strides, consts, num_warps, -(-V // block_v)
 
 
