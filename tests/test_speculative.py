@@ -189,3 +189,28 @@ def test_cli_generate_with_a_draft(tiny_model_dir, capsys):
     from laquant.serving.speculative import MAX_DRAFT_TOKENS
 
     assert CLI_MAX == MAX_DRAFT_TOKENS
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", [None, "gla_int8"])
+@torch.no_grad()
+def test_speculative_on_the_gpu(trained_model_dir, recipe):
+    """On the kernels: the shipped model drafting for its quantized form gives the target's greedy tokens,
+    graphed or eager (the GEMMs of a K-token verify and of a decode step may round apart: a near-tie
+    of two logits could still split them)."""
+    import laquant
+    from laquant.api import load
+
+    draft, _ = load(trained_model_dir, device="cuda", dtype=torch.bfloat16)
+    target, _ = load(trained_model_dir, device="cuda", dtype=torch.bfloat16)
+    if recipe:
+        laquant.calibrate(target, recipe, torch.randint(0, 8192, (4, 256), device="cuda"), progress=False)
+    gen = torch.Generator().manual_seed(3)
+    for B in (1, 3):
+        ids = torch.randint(1, 8192, (B, 16), generator=gen).cuda()
+        want = generate(target, ids, 64, graphed=False)
+        assert torch.equal(generate(target, ids, 64), want)
+        for k in (1, 4, 15):
+            stats = SpeculativeStats()
+            assert torch.equal(speculative_generate(target, draft, ids, 64, k, stats=stats), want), (B, k)
+            assert stats.accepted > 0

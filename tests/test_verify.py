@@ -36,8 +36,12 @@ class Family:
             ins = [r(B, T, hk, K), r(B, T, hk, K), r(B, T, H, V), g, torch.rand(B, T, H, generator=gen)]
         return [x.to(device) for x in ins]
 
-    def kw(self):
-        return {} if self.name == "gla" else {"use_qk_l2norm": True}
+    def kw(self, v=None):
+        if self.name == "gla":
+            return {}
+        if self.triton and v is not None:  # the launch the decode kernel gets below, so both sum k^T S alike
+            return {"use_qk_l2norm": True, "num_warps": 4, "block_v": 1 << (v.shape[-1] - 1).bit_length()}
+        return {"use_qk_l2norm": True}
 
     def decode(self, ins, t, rows, *pool):
         mod = {"gla": gla_decode, "delta": delta_decode, "kda": kda_decode}[self.name]
@@ -53,13 +57,13 @@ class Family:
         mod = gla_verify if self.name == "gla" else delta_verify
         fn = getattr(mod, f"{'gla' if self.name == 'gla' else 'delta'}_verify" + ("" if self.triton else "_reference"))
         state, scale, idx, quant, n_stores = pool
-        return fn(*ins, state, scale, idx, quant, n_stores, kept=kept, **self.kw())
+        return fn(*ins, state, scale, idx, quant, n_stores, kept=kept, **self.kw(ins[2]))
 
     def commit(self, ins, accepted, *pool):
         mod = gla_verify if self.name == "gla" else delta_verify
         fn = getattr(mod, f"{'gla' if self.name == 'gla' else 'delta'}_commit" + ("" if self.triton else "_reference"))
         state, scale, idx, quant, n_stores = pool
-        fn(*ins, state, scale, idx, quant, accepted, n_stores, **self.kw())
+        fn(*ins, state, scale, idx, quant, accepted, n_stores, **self.kw(ins[2]))
 
 
 def _pool(P, H, K, V, fmt, renorm, rounding, gen, device):

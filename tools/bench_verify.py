@@ -120,16 +120,17 @@ def _rollback_identical(family, ins, pool, idx, quant, n_stores, accepted, decod
     d1, s1 = pool()
     d2, s2 = pool()
     counts = n_stores.clone()
-    extra = {}
-    if cuda and family != "gla":
-        K = ins[0].shape[-1]
-        extra = dict(block_k=1 << (K - 1).bit_length(), num_warps=8 if K * min(1 << (K - 1).bit_length(), 64) >= 8192
-                     else 4)
+    extra, launch = {}, {}
+    if cuda and family != "gla":  # one launch for both kernels: the whole K and V in one tile
+        K, V = ins[0].shape[-1], ins[2].shape[-1]
+        bk, bv = 1 << (K - 1).bit_length(), 1 << (V - 1).bit_length()
+        warps = min(16, max(2, bk * bv // 1024))
+        extra, launch = dict(block_k=bk, num_warps=warps), dict(block_v=bv, num_warps=warps)
     for t in range(int(accepted[0])):
         decode(*[x[:, t] for x in ins], d1, s1, idx, quant, counts, **kw, **extra)
         counts += 1
-    verify(*ins, d2, s2, idx, quant, n_stores, **kw)
-    commit(*ins, d2, s2, idx, quant, accepted, n_stores, **kw)
+    verify(*ins, d2, s2, idx, quant, n_stores, **kw, **launch)
+    commit(*ins, d2, s2, idx, quant, accepted, n_stores, **kw, **launch)
     same = torch.equal(d1.view(torch.uint8), d2.view(torch.uint8))
     return bool(same and (s1 is None or torch.equal(s1, s2)))
 

@@ -12,6 +12,7 @@ take a count per sequence.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib import import_module
 
 import torch
 
@@ -87,16 +88,9 @@ def verify_mixer(mixer, states: GLAStateCache, stored: State | None, kind: str, 
     quant = mixer.state_quantizer
     B = inputs[0].shape[0]
     device = inputs[0].device
-    if use_triton(inputs[0], quant.format.name):
-        from laquant.kernels.delta.verify import delta_commit as commit_fn, delta_verify as verify_fn
-        if kind == "gla":
-            from laquant.kernels.gla.verify import gla_commit as commit_fn, gla_verify as verify_fn
-    else:
-        from laquant.kernels.delta.verify import (delta_commit_reference as commit_fn,
-                                                  delta_verify_reference as verify_fn)
-        if kind == "gla":
-            from laquant.kernels.gla.verify import (gla_commit_reference as commit_fn,
-                                                    gla_verify_reference as verify_fn)
+    module = import_module(f"laquant.kernels.{kind}.verify")  # the Triton kernels, or their references
+    suffix = "" if use_triton(inputs[0], quant.format.name) else "_reference"
+    verify_fn, commit_fn = (getattr(module, f"{kind}_{what}{suffix}") for what in ("verify", "commit"))
     pool_idx = torch.arange(B, dtype=torch.int32, device=device)
     n_stores = torch.full((B,), stored.n_stores, dtype=torch.int32, device=device)
     pool = (stored.data, stored.row_scale, pool_idx, quant)
