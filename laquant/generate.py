@@ -261,15 +261,15 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: 
     given); True insists on the graph; False is the eager reference loop. ``generator`` drives
     sampling in the eager loop only (the graph draws from the default CUDA generator).
     ``draft_model``: greedy speculative decoding, ``num_draft_tokens`` proposed a round
-    (:mod:`laquant.serving.speculative`; eager; the same tokens as without it)."""
+    (:mod:`laquant.serving.speculative`: the verify steps eager, the draft's steps graphed unless
+    ``graphed=False``; the same tokens as without it)."""
     if draft_model is not None:
         if do_sample:
             raise LaquantError("speculative decoding (draft_model) is greedy only: drop do_sample / temperature")
-        if graphed:
-            raise LaquantError("speculative decoding (draft_model) runs eagerly: pass graphed=None or False")
         from laquant.serving.speculative import speculative_generate
 
-        return speculative_generate(model, draft_model, input_ids, max_new_tokens, num_draft_tokens, eos_token_id)
+        return speculative_generate(model, draft_model, input_ids, max_new_tokens, num_draft_tokens, eos_token_id,
+                                    graphed=graphed)
     return DecodeSession(model, input_ids, max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                          eos_token_id=eos_token_id, graphed=graphed, generator=generator).run()
 

@@ -210,7 +210,8 @@ def test_speculative_on_the_gpu(trained_model_dir, recipe):
         ids = torch.randint(1, 8192, (B, 16), generator=gen).cuda()
         want = generate(target, ids, 64, graphed=False)
         assert torch.equal(generate(target, ids, 64), want)
-        for k in (1, 4, 15):
+        for k, graphed in ((1, None), (4, None), (4, False), (15, None)):
             stats = SpeculativeStats()
-            assert torch.equal(speculative_generate(target, draft, ids, 64, k, stats=stats), want), (B, k)
+            got = speculative_generate(target, draft, ids, 64, k, stats=stats, graphed=graphed)
+            assert torch.equal(got, want), (B, k, graphed)
             assert stats.accepted > 0

@@ -171,7 +171,6 @@ def _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, s
         q, k, v, g, o, *pool, *keep_ptrs, steps if steps is not None else pool_idx,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(), *o.stride()[:3], *pool_strides, *keep_strides,
         T, K ** -0.5 if qk_scale is None else qk_scale, seed, H=H, K=K, V=V, BLOCK_T=1 << (T - 1).bit_length(),
-        KEEP=kept is not None,
-        COMMIT=steps is not None, num_warps=num_warps, **consts,
+        KEEP=kept is not None, COMMIT=steps is not None, num_warps=num_warps, **consts,
     )
     return o

@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-eos", action="store_true", help="do not stop at the tokenizer's end-of-sequence token")
     p.add_argument("--draft", default=None,
                    help=f"greedy speculative decoding with this draft model (a folder, a Hugging Face id, or "
-                        f"{DEFAULT_MODEL_NAME}); it must share the model's tokenizer. Eager; the same tokens as without")
+                        f"{DEFAULT_MODEL_NAME}); it must share the model's tokenizer. The same tokens as without")
     p.add_argument("--draft-tokens", type=int, default=None,
                    help=f"tokens the draft proposes per round, 1..{MAX_DRAFT_TOKENS} (default: 4; with --draft)")
 
@@ -100,13 +100,15 @@ def _speculative(args, model, tokenizer, ids, eos, draft_dir, draft_tokens, devi
     check_draft(model, draft, draft_tokens)
     stats = SpeculativeStats()
     t0 = time.perf_counter()
-    out = speculative_generate(model, draft, ids, args.max_new_tokens, draft_tokens, eos, stats)
+    graphed = False if args.no_graph else None
+    out = speculative_generate(model, draft, ids, args.max_new_tokens, draft_tokens, eos, stats, graphed=graphed)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
+    how = "verify steps eager, draft steps CUDA-graphed" if stats.draft_graphed else "eager"
     new = out.shape[1] - ids.shape[1]
     print(tokenizer.decode(out[0].tolist(), skip_special_tokens=True))
     print(f"\n[{new} tokens in {elapsed:.3f} s, prefill included ({new / elapsed:.1f} tokens/s); speculative, "
           f"{draft_tokens} draft tokens a round: {stats.rounds} rounds, {stats.acceptance:.0%} of the proposals "
-          f"accepted ({stats.tokens_per_round:.2f} tokens a round; eager, {device})]")
+          f"accepted ({stats.tokens_per_round:.2f} tokens a round; {how}, {device})]")
     return 0

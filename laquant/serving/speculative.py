@@ -9,9 +9,12 @@ back too: it proposes on a copy of its cache, and its real cache catches up on t
 in its next verify step. The output is the target's greedy output token for token (its states are
 those of plain decoding for the same mixer inputs; only the batch of the GEMMs differs).
 
+On CUDA the draft's proposals replay its CUDA graph (:mod:`laquant.generate`'s decode step on a
+static copy of its cache); the verify steps and commits run eagerly.
+
 Rows of a batch advance together: a round accepts the fewest proposals any row agreed with (the
 target's next token for a row that agreed with more is its proposal, so every row stays greedy).
-Eager (no CUDA graph): a round syncs the host once, to count the accepted tokens.
+A round syncs the host once, to count the accepted tokens.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class SpeculativeStats:
     rounds: int = 0
     proposed: int = 0
     accepted: int = 0
+    draft_graphed: bool = False  # the draft's proposals replayed its CUDA graph
 
     @property
     def acceptance(self) -> float:
@@ -75,12 +79,32 @@ def _copy_cache(cache):
     return out
 
 
+def _propose_graphed(draft_model, draft_cache, proposals: list, k: int) -> bool:
+    """The draft's proposals 2..k by replaying its captured decode step (laquant.generate's, on a
+    static copy of its cache, which is the copy proposing needs); False where it cannot be captured."""
+    from laquant.generate import _graph_for, _NotInPlace, pick_tokens
+
+    try:
+        g = _graph_for(draft_model, draft_cache, proposals[0].shape[0], k, (False, 1.0, None, None), pick_tokens,
+                       None)
+    except _NotInPlace:
+        return False
+    g.load(draft_cache, proposals[0])
+    for _ in range(k - 1):
+        g.graph.replay()
+    proposals[1:] = list(g.history[:, 1:k].clone().unbind(1))
+    return True
+
+
 def speculative_generate(model, draft_model, input_ids: torch.Tensor, max_new_tokens: int, num_draft_tokens: int = 4,
-                         eos_token_id: int | None = None, stats: SpeculativeStats | None = None) -> torch.Tensor:
+                         eos_token_id: int | None = None, stats: SpeculativeStats | None = None,
+                         graphed: bool | None = None) -> torch.Tensor:
     """Greedy decoding of ``model`` with ``draft_model`` proposing ``num_draft_tokens`` a round:
     ``[B, T + n]``, equal to ``laquant.generate.generate(model, input_ids, max_new_tokens,
-    eos_token_id=...)``. ``stats`` (optional) counts rounds and proposed / accepted tokens."""
-    from laquant.generate import _check_args, _forward, _fresh_cache, trim_after_eos
+    eos_token_id=...)``. ``stats`` (optional) counts rounds and proposed / accepted tokens.
+    ``graphed``: None replays the draft's CUDA-graphed decode step for its proposals where
+    :mod:`laquant.generate` graphs it; False runs them eagerly."""
+    from laquant.generate import _check_args, _forward, _fresh_cache, is_graphable, trim_after_eos
     from laquant.models.verify import commit, verify
 
     _check_args(model, input_ids, max_new_tokens, False, 1.0, None)
@@ -96,6 +120,7 @@ def speculative_generate(model, draft_model, input_ids: torch.Tensor, max_new_to
         made = 1
         unseen = last[:, None]  # the tokens the draft has not run yet
         done = last == eos_token_id if eos_token_id is not None else None
+        graph = graphed is not False and is_graphable(draft_model) and not draft_cache.conv and not draft_cache.kv
         while made < max_new_tokens and not (done is not None and bool(done.all())):
             k = min(num_draft_tokens, max_new_tokens - made - 1)
             proposals = []
@@ -103,10 +128,13 @@ def speculative_generate(model, draft_model, input_ids: torch.Tensor, max_new_to
                 draft_logits = verify(draft_model, unseen, draft_cache)[:, -1]
                 commit(draft_cache, unseen.shape[1])
                 proposals.append(draft_logits.argmax(-1))
-                scratch = _copy_cache(draft_cache) if k > 1 else None
-                for _ in range(k - 1):
-                    draft_logits, scratch = _forward(draft_model, proposals[-1][:, None], scratch)
-                    proposals.append(draft_logits.argmax(-1))
+                if k > 1 and graph:
+                    graph = stats.draft_graphed = _propose_graphed(draft_model, draft_cache, proposals, k)
+                if k > 1 and not graph:
+                    scratch = _copy_cache(draft_cache)
+                    for _ in range(k - 1):
+                        draft_logits, scratch = _forward(draft_model, proposals[-1][:, None], scratch)
+                        proposals.append(draft_logits.argmax(-1))
             drafted = torch.stack(proposals, 1) if proposals else last.new_empty(last.shape[0], 0)
             preds = verify(model, torch.cat([last[:, None], drafted], 1), target_cache).argmax(-1)  # [B, k + 1]
             agree = (preds[:, :k] == drafted).int().cummin(1).values.sum(1)  # the leading proposals it agrees with
