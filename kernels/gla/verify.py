@@ -31,8 +31,7 @@ try:
     import triton
     import triton.language as tl
 
-    from ..common.triton_numerics import (decode_state, encode_state, load_state_rows, state_random_bytes,
-                                          stored_row_scale)
+    from ..common.triton_numerics import load_state_rows, store_verified_state
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -101,29 +100,12 @@ if triton is not None:
                 st = S * tl.exp(g)[:, None] + kk[:, None] * v[None, :]  # the decode kernel's expression, bit for bit
                 if not COMMIT:
                     out += tl.where(rows_t[:, None] == t, tl.sum(q[:, None] * st, axis=0)[None, :], 0.0)
-                new_scale = old_scale
-                if FMT >= 2:
-                    renorm_now = False
-                    if RENORM > 1:
-                        renorm_now = (position + t) % RENORM == 0
-                    new_scale = stored_row_scale(st, old_scale, static_ptr + h * K + offs_k, mask_k, renorm_now,
-                                                 RENORM, QMAX)
-                rbits = 0
-                if SR:
-                    rbits = state_random_bytes(seed, slot, position + t, 0, h, offs_k, 0, K, V, BLOCK_K, BLOCK_V)
-                codes = encode_state(st, new_scale, FMT, SR, rbits)
-                if KEEP:
-                    tl.store(kept_ptr + b * s_eb + t * s_et + h * s_eh + offs_k[:, None] * s_ek + offs_v[None, :],
-                             codes, mask=mask)
-                    if FMT >= 2:
-                        tl.store(kept_scale_ptr + b * s_fb + t * s_ft + h * s_fh + offs_k, new_scale, mask=mask_k)
-                if COMMIT:
-                    last = mask_k & (offs_k * 0 + t == steps - 1)  # only the state after the last accepted token
-                    tl.store(ptrs, codes, mask=last[:, None] & mask_v[None, :])
-                    if FMT >= 2:
-                        tl.store(sc_ptrs, new_scale, mask=last)
-                S = decode_state(codes, new_scale, FMT)
-                old_scale = new_scale
+                S, old_scale = store_verified_state(
+                    st, old_scale, t, steps, position, seed, slot, h, offs_k, mask_k, mask_v,
+                    static_ptr + h * K + offs_k, ptrs, sc_ptrs,
+                    kept_ptr + b * s_eb + t * s_et + h * s_eh + offs_k[:, None] * s_ek + offs_v[None, :],
+                    kept_scale_ptr + b * s_fb + t * s_ft + h * s_fh + offs_k,
+                    K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR, KEEP, COMMIT)
         if not COMMIT:
             tl.store(o_ptr + b * s_ob + rows_t[:, None] * s_ot + h * s_oh + offs_v[None, :],
                      out.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
