@@ -213,19 +213,32 @@ def store_pool_slots(h, state, scale, pool_idx, quantizer: StateQuantizer, n_sto
     """Store the new states ``h`` into the pool slots ``pool_idx`` in place, as a decode kernel does
     (stochastic rounding: bits keyed by ``seed``, the slot and its store count ``n_stores + 1``)."""
     idx = pool_idx.long()
-    old_scale = scale[idx].unsqueeze(-1) if scale is not None else None
-    key = None
-    if quantizer.stochastic:
-        if n_stores is None:
-            raise ValueError("stochastic rounding needs the per-slot store counts n_stores")
-        key = StoreKey(seed, idx, n_stores[idx].long() + 1)
-    if quantizer.format.is_scaled and quantizer.renorm_interval > 1:
-        # per slot: the scale only grows, except at a renormalisation (every N-th store of that slot)
-        renorm_now = ((n_stores[idx] + 1) % quantizer.renorm_interval == 0).view(-1, 1, 1, 1)
-        fresh = quantizer.fresh_scale(h)
-        data, new_scale = quantizer.quantize(h, torch.where(renorm_now, fresh, torch.maximum(fresh, old_scale)), key)
-    else:
-        data, new_scale = quantizer.store(h, key=key)
+    counts = n_stores[idx].long() + 1 if n_stores is not None else None
+    data, new_scale = store_slot_states(h, scale[idx] if scale is not None else None, quantizer, idx, counts, seed)
     state[idx] = data
     if scale is not None:
-        scale[idx] = new_scale.squeeze(-1).expand(len(idx), *scale.shape[1:])
+        scale[idx] = new_scale
+
+
+def store_slot_states(h, old_scale, quantizer: StateQuantizer, slots, counts=None, seed: int = 0):
+    """``(data, scale)`` of the float32 states ``h`` ``[N, H, K, V]`` of pool ``slots`` ``[N]`` stored
+    as their store number ``counts`` ``[N]`` (the random bits' counter; with ``renorm_interval > 1``
+    the scale only grows over ``old_scale`` ``[N, H, K]`` except at every N-th store). ``scale`` is
+    ``[N, H, K]`` (None for the plain formats): what a decode step writes into those slots."""
+    key = None
+    if quantizer.stochastic:
+        if counts is None:
+            raise ValueError("stochastic rounding needs the per-slot store counts n_stores")
+        key = StoreKey(seed, slots, counts)
+    if quantizer.format.is_scaled and quantizer.renorm_interval > 1:
+        if counts is None:
+            raise ValueError("renorm_interval > 1 needs the per-slot store counts n_stores")
+        renorm_now = (counts % quantizer.renorm_interval == 0).view(-1, 1, 1, 1)
+        fresh = quantizer.fresh_scale(h)
+        scale = torch.where(renorm_now, fresh, torch.maximum(fresh, old_scale.unsqueeze(-1)))
+        data, new_scale = quantizer.quantize(h, scale, key)
+    else:
+        data, new_scale = quantizer.store(h, key=key)
+    if new_scale is not None:
+        new_scale = new_scale.squeeze(-1).expand(*h.shape[:-1])
+    return data, new_scale

@@ -45,13 +45,21 @@ def pool_step_reference(step, q, k, v, g, beta, state, scale, pool_idx, quantize
                         seed):
     """One recurrent ``step`` (the gated delta rule's, KDA's) on the pool slots, as the decode kernel
     runs it: grouped q/k heads repeated, optional l2norm, the state loaded from and stored in its format."""
+    o, h = prepared_step(step, q, k, v, g, beta, load_pool_slots(state, scale, pool_idx, quantizer), qk_scale,
+                         use_qk_l2norm)
+    store_pool_slots(h, state, scale, pool_idx, quantizer, n_stores, seed)
+    return o
+
+
+def prepared_step(step, q, k, v, g, beta, h, qk_scale, use_qk_l2norm):
+    """One recurrent ``step`` from the float32 states ``h`` as the kernels run it: grouped q/k heads
+    repeated, optional l2norm. Returns ``(o in v.dtype, new h)``."""
     r = v.shape[1] // q.shape[1]
     q, k = (x.float().repeat_interleave(r, dim=1) for x in (q, k))
     if use_qk_l2norm:
         q, k = l2_normalize(q), l2_normalize(k)
-    o, h = step(q, k, v.float(), g.float(), beta.float(), load_pool_slots(state, scale, pool_idx, quantizer), qk_scale)
-    store_pool_slots(h, state, scale, pool_idx, quantizer, n_stores, seed)
-    return o.to(v.dtype)
+    o, h = step(q, k, v.float(), g.float(), beta.float(), h, qk_scale)
+    return o.to(v.dtype), h
 
 
 if triton is not None:

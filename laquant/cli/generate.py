@@ -9,6 +9,8 @@ from laquant.cli.common import pick_device
 from laquant.errors import LaquantError
 from laquant.paths import DEFAULT_MODEL_NAME, check_model_dir
 
+MAX_DRAFT_TOKENS = 15  # laquant.serving.speculative's (test_speculative checks), here without importing torch
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL_NAME,
@@ -24,6 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="cpu, cuda, or auto (default: auto)")
     p.add_argument("--no-graph", action="store_true", help="decode eagerly on CUDA too (no CUDA graph)")
     p.add_argument("--no-eos", action="store_true", help="do not stop at the tokenizer's end-of-sequence token")
+    p.add_argument("--draft", default=None,
+                   help=f"greedy speculative decoding with this draft model (a folder, a Hugging Face id, or "
+                        f"{DEFAULT_MODEL_NAME}); it must share the model's tokenizer. The same tokens as without")
+    p.add_argument("--draft-tokens", type=int, default=None,
+                   help=f"tokens the draft proposes per round, 1..{MAX_DRAFT_TOKENS} (default: 4; with --draft)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,8 +42,16 @@ def run(args: argparse.Namespace) -> int:
         raise LaquantError("--top-k needs --temperature and must be >= 1")
     if not args.prompt:
         raise LaquantError("--prompt is empty; give the text to continue")
+    if args.draft_tokens is not None and args.draft is None:
+        raise LaquantError("--draft-tokens needs --draft (the draft model)")
+    draft_tokens = 4 if args.draft_tokens is None else args.draft_tokens
+    if args.draft is not None and not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
+        raise LaquantError(f"--draft-tokens must be in 1..{MAX_DRAFT_TOKENS}, got {draft_tokens}")
+    if args.draft is not None and args.temperature is not None:
+        raise LaquantError("--draft (speculative decoding) is greedy only: drop --temperature")
     spec = None if args.model == DEFAULT_MODEL_NAME else args.model
     model_dir = check_model_dir(spec)  # a missing or unsupported model is named before loading
+    draft_dir = None if args.draft is None else check_model_dir(None if args.draft == DEFAULT_MODEL_NAME else args.draft)
     import torch
 
     from laquant.api import load
@@ -53,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
     eos = None if args.no_eos else tokenizer.eos_token_id
     torch.manual_seed(args.seed)
     graphed = False if args.no_graph else None
+    if draft_dir is not None:
+        return _speculative(args, model, tokenizer, ids, eos, draft_dir, draft_tokens, device, dtype)
     t0 = time.perf_counter()
     session = DecodeSession(model, ids, args.max_new_tokens, do_sample=args.temperature is not None,
                             temperature=args.temperature or 1.0, top_k=args.top_k, eos_token_id=eos, graphed=graphed)
@@ -68,4 +85,30 @@ def run(args: argparse.Namespace) -> int:
     setup = " (graph capture included: the first call per batch size)" if session.graphed else ""
     print(f"\n[{new} tokens; prefill {ids.shape[1]} tokens in {t1 - t0:.3f} s{setup}; "
           f"decode {rate:.1f} tokens/s ({how}, {device})]")
+    return 0
+
+
+def _speculative(args, model, tokenizer, ids, eos, draft_dir, draft_tokens, device, dtype) -> int:
+    import torch
+
+    from laquant.api import load
+    from laquant.loading import read_supported_config
+    from laquant.serving.speculative import SpeculativeStats, check_draft, speculative_generate
+
+    read_supported_config(draft_dir)
+    draft, _ = load(draft_dir, device=device, dtype=dtype)
+    check_draft(model, draft, draft_tokens)
+    stats = SpeculativeStats()
+    t0 = time.perf_counter()
+    graphed = False if args.no_graph else None
+    out = speculative_generate(model, draft, ids, args.max_new_tokens, draft_tokens, eos, stats, graphed=graphed)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    how = "verify steps eager, draft steps CUDA-graphed" if stats.draft_graphed else "eager"
+    new = out.shape[1] - ids.shape[1]
+    print(tokenizer.decode(out[0].tolist(), skip_special_tokens=True))
+    print(f"\n[{new} tokens in {elapsed:.3f} s, prefill included ({new / elapsed:.1f} tokens/s); speculative, "
+          f"{draft_tokens} draft tokens a round: {stats.rounds} rounds, {stats.acceptance:.0%} of the proposals "
+          f"accepted ({stats.tokens_per_round:.2f} tokens a round; {how}, {device})]")
     return 0

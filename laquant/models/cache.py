@@ -44,6 +44,7 @@ class GLAStateCache:
         self.conv: dict = {}  # short convs' last inputs, by (layer, projection)
         self.kv: dict = {}  # softmax-attention layers' keys and values (fla's ``attn`` layers), by layer
         self.seed = check_seed(seed)
+        self.pending = None  # a verify step awaiting its commit (laquant.models.verify)
 
     def get(self, layer_idx: int) -> State | None:
         return self.states[layer_idx]

@@ -44,6 +44,11 @@ class RecurrentMixer(nn.Module):
         ``g`` (``[B, T, H, K]`` per channel or ``[B, T, H]`` per head), continuing the state held in
         ``states`` (None: no cache) and storing the new one there."""
         stored = states.get(self.layer_idx) if states is not None else None
+        if getattr(states, "pending", None) is not None:  # speculative decoding's verify step
+            from laquant.models.verify import verify_mixer
+
+            g = g if g.dim() == 4 else g.unsqueeze(-1).expand(*q.shape)
+            return verify_mixer(self, states, stored, "gla", (q, k, v, g), qk_scale=scale)
         if use_triton(q, self.state_quantizer.format.name):
             return self._attend_triton(q, k, v, g, states, stored, scale)
         B, T, H, K = q.shape
@@ -68,6 +73,10 @@ class RecurrentMixer(nn.Module):
         ``beta`` ``[B, T, Hv]``, continuing the state held in ``states`` (None: no cache) and
         storing the new one there; Triton kernels on CUDA, the references elsewhere."""
         stored = states.get(self.layer_idx) if states is not None else None
+        if getattr(states, "pending", None) is not None:  # speculative decoding's verify step
+            from laquant.models.verify import verify_mixer
+
+            return verify_mixer(self, states, stored, "delta", (q, k, v, g, beta), use_qk_l2norm=use_qk_l2norm)
         T = q.shape[1]
         per_channel = g.dim() == 4
         if use_triton(q, self.state_quantizer.format.name):

@@ -1,0 +1,128 @@
+"""Several recurrent steps on a state pool at once, for speculative decoding's verify step: what the
+GLA and delta-rule verify kernels (``gla/verify.py``, ``delta/verify.py``) share.
+
+A verify step runs ``T`` tokens per sequence from its pool slot, storing the state after each
+token exactly as ``T`` decode steps would store it (same format, scale rule, store count
+``n_stores + 1 + t`` and so the same stochastic rounding bits) and loading it back for the next
+token, but leaves the pool as it was. Accepting ``n`` of the tokens (per sequence) then writes the
+state after the ``n``-th token into the slot, which leaves the pool bit-identical to ``n`` decode
+steps: from the kept states (:func:`commit_kept`, when the verify step kept them, ``[B, T, H, K, V]``
+in the state format) or by running the first ``n`` tokens again (the kernels' commit mode, no side
+buffer). ``n_stores`` is read, never incremented: the caller counts, as for the decode kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+
+from .state import StateQuantizer, load_pool_slots, store_slot_states
+from .state_io import pool_args
+
+MAX_VERIFY_TOKENS = 16
+
+
+class Kept(NamedTuple):
+    """The state after each verified token, as a decode step would have stored it: ``data``
+    ``[B, T, H, K, V]`` in the storage dtype, ``scale`` ``[B, T, H, K]`` float32 (None: plain formats)."""
+
+    data: torch.Tensor
+    scale: torch.Tensor | None
+
+    @classmethod
+    def empty_like_pool(cls, state: torch.Tensor, scale: torch.Tensor | None, batch: int, tokens: int) -> Kept:
+        return cls(state.new_empty(batch, tokens, *state.shape[1:]),
+                   None if scale is None else scale.new_empty(batch, tokens, *scale.shape[1:]))
+
+
+def check_tokens(T: int) -> None:
+    if not 1 <= T <= MAX_VERIFY_TOKENS:
+        raise ValueError(f"a verify step takes 1 to {MAX_VERIFY_TOKENS} tokens per sequence; got {T}")
+
+
+def accepted_counts(accepted, batch: int, tokens: int, device) -> torch.Tensor:
+    """``accepted`` (an int or ``[B]``) as an int32 ``[B]`` tensor, each in ``0..tokens``."""
+    n = torch.as_tensor(accepted, dtype=torch.int32, device=device).expand(batch).contiguous()
+    if n.numel() and (int(n.min()) < 0 or int(n.max()) > tokens):
+        raise ValueError(f"accepted counts must lie in 0..{tokens} (the verified tokens); got {n.tolist()}")
+    return n
+
+
+def pool_steps_reference(step: Callable, T: int, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None,
+                         seed: int = 0, kept: Kept | None = None, accepted: torch.Tensor | None = None) -> list:
+    """``step(t, h) -> (o_t, new h)`` for ``t < T`` from the pool slots ``pool_idx``, the state stored
+    (and loaded back) after every token as decode step ``t`` would store it. ``kept``: each stored
+    state written there. ``accepted`` ``[B]`` (commit): slot ``b`` gets its state after
+    ``accepted[b]`` tokens (none: unchanged). Returns the outputs ``o_t``."""
+    check_tokens(T)
+    idx = pool_idx.long()
+    data, sc = state[idx], scale[idx] if scale is not None else None
+    h = load_pool_slots(state, scale, pool_idx, quantizer)
+    base = n_stores[idx].long() if n_stores is not None else None
+    outs = []
+    for t in range(T):
+        o, h = step(t, h)
+        outs.append(o)
+        data, sc = store_slot_states(h, sc, quantizer, idx, base + 1 + t if base is not None else None, seed)
+        h = quantizer.load(data, sc.unsqueeze(-1) if sc is not None else None)
+        if kept is not None:
+            kept.data[:, t] = data
+            if sc is not None:
+                kept.scale[:, t] = sc
+        if accepted is not None:
+            rows = (accepted == t + 1).nonzero().flatten()
+            state[idx[rows]] = data[rows]
+            if scale is not None:
+                scale[idx[rows]] = sc[rows]
+    return outs
+
+
+def commit_kept(state, scale, pool_idx, kept: Kept, accepted) -> None:
+    """Write the kept state after ``accepted[b]`` tokens into slot ``pool_idx[b]`` (0: unchanged), in
+    place; no host sync, so a CUDA graph can capture it."""
+    B, T = kept.data.shape[:2]
+    n = torch.as_tensor(accepted, device=state.device).expand(B).long()
+    idx = pool_idx.long()
+    rows = torch.arange(B, device=state.device)
+    pick = (n - 1).clamp_min(0)
+    take = (n > 0).view(B, *([1] * (state.dim() - 1)))
+    bits = (lambda x: x.view(torch.uint8)) if state.element_size() == 1 else (lambda x: x)  # fp8: no torch.where
+    state[idx] = torch.where(take, bits(kept.data[rows, pick]), bits(state[idx])).view(state.dtype)
+    if scale is not None:
+        scale[idx] = torch.where(take[..., 0], kept.scale[rows, pick], scale[idx])
+
+
+def _pow2(n: int) -> int:
+    return 1 << (int(n) - 1).bit_length()
+
+
+def launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V, block_v, num_warps, block_k=None):
+    """The pool's pointers, strides and constexprs for a verify kernel (GLA's, the delta rule's): K in
+    blocks of ``block_k`` (None: the whole K, as the delta rule needs; "decode": the decode kernel's
+    tuned block), V in blocks of ``block_v`` for the plain formats (a scaled format's row scale needs
+    the whole row), ``num_warps`` (default: about 32 state elements a thread), and the V grid."""
+    pool, pool_strides, consts, _ = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K,
+                                              None if block_k in (None, "decode") else block_k, None)
+    if block_k is None:
+        consts["BLOCK_K"] = _pow2(K)
+    full_v = _pow2(V)
+    if quantizer.format.is_scaled:
+        block_v = full_v
+    else:
+        block_v = min(full_v, _pow2(block_v) if block_v else 64)
+    consts["BLOCK_V"] = block_v
+    if num_warps is None:
+        num_warps = min(16, max(2, consts["BLOCK_K"] * block_v // 1024))
+    return pool, pool_strides, consts, num_warps, -(-V // block_v)
+
+
+def kept_args(kept: Kept | None, dummy: torch.Tensor, B: int, T: int, state: torch.Tensor):
+    """The side buffer's pointers and strides (dummies without one)."""
+    if kept is None:
+        return (dummy, dummy), (0,) * 7
+    if tuple(kept.data.shape) != (B, T, *state.shape[1:]) or kept.data.dtype != state.dtype or \
+            kept.data.stride(-1) != 1:
+        raise ValueError(f"kept must be [B, T, H, K, V] = {(B, T, *state.shape[1:])} in {state.dtype}, V contiguous")
+    sc = kept.scale if kept.scale is not None else kept.data
+    return (kept.data, sc), (*kept.data.stride()[:4], *(sc.stride()[:3] if kept.scale is not None else (0, 0, 0)))

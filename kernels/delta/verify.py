@@ -1,0 +1,170 @@
+"""Triton kernel: the gated delta rule's multi-token verify step on a state pool, and its commit
+(KDA's per-channel decay on the same kernel, as for decode).
+
+The contract is GLA's (:mod:`laquant.kernels.gla.verify`): ``T`` tokens per sequence (q, k
+``[B, T, Hk, K]``, v ``[B, T, Hv, V]``, g ``[B, T, Hv]`` per head or ``[B, T, Hv, K]`` per channel,
+beta ``[B, T, Hv]``) run from the pool slot, each token's state stored and loaded back as a
+decode step would, the pool left as it was (``kept``: the state after each token); then
+:func:`delta_commit` (or :func:`~laquant.kernels.common.pool_steps.commit_kept`) accepts ``n[b]`` of
+them, leaving the pool bit-identical to ``n[b]`` decode steps. Spec: :func:`delta_verify_reference`.
+
+One program per (sequence, value head, V block) holds its ``[K, BLOCK_V]`` state tile in registers
+across the tokens (V columns are independent in the delta rule too: ``k^T S`` is per column). The
+delta rule's update reads ``k^T S``, a sum over K: this kernel sums the whole K at once, so its
+states are bit-identical to the decode kernel's when that one runs with ``block_k = K`` and the
+same ``num_warps`` (its tuned blocks sum in another order: the states then agree to float32
+rounding, which the format's rounding mostly absorbs).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..common.pool_steps import Kept, accepted_counts, check_tokens, kept_args, launch_args, pool_steps_reference
+from ..common.state import StateQuantizer
+from ..kda.reference import recurrent_kda_step
+from .decode import prepared_step
+from .reference import recurrent_gated_delta_rule_step
+
+try:
+    import triton
+    import triton.language as tl
+
+    from ..common.triton_numerics import load_state_rows, store_verified_state
+except ImportError:  # laquant's CPU path needs no Triton
+    triton = None
+
+
+def _step(q, k, v, g, beta, qk_scale, use_qk_l2norm):
+    rule = recurrent_kda_step if g.dim() == 4 else recurrent_gated_delta_rule_step
+    return lambda t, h: prepared_step(rule, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], h, qk_scale,
+                                      use_qk_l2norm)
+
+
+def delta_verify_reference(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None,
+                           qk_scale: float | None = None, use_qk_l2norm: bool = False, seed: int = 0,
+                           kept: Kept | None = None) -> torch.Tensor:
+    """What :func:`delta_verify` computes, in PyTorch: ``o`` ``[B, T, Hv, V]``; the pool untouched."""
+    step = _step(q, k, v, g, beta, qk_scale, use_qk_l2norm)
+    return torch.stack(pool_steps_reference(step, q.shape[1], state, scale, pool_idx, quantizer, n_stores, seed,
+                                            kept), 1)
+
+
+def delta_commit_reference(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer, accepted,
+                           n_stores=None, qk_scale: float | None = None, use_qk_l2norm: bool = False,
+                           seed: int = 0) -> None:
+    """What :func:`delta_commit` does, in PyTorch."""
+    n = accepted_counts(accepted, q.shape[0], q.shape[1], q.device)
+    pool_steps_reference(_step(q, k, v, g, beta, qk_scale, use_qk_l2norm), q.shape[1], state, scale, pool_idx,
+                         quantizer, n_stores, seed, accepted=n)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _delta_verify_kernel(
+        q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, scale_ptr, idx_ptr, nstore_ptr, static_ptr,
+        kept_ptr, kept_scale_ptr, steps_ptr,
+        s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk, s_vb, s_vt, s_vh, s_vv, s_gb, s_gt, s_gh, s_gk,
+        s_bb, s_bt, s_bh, s_ob, s_ot, s_oh, s_sp, s_sh, s_sk, s_cp, s_ch, s_eb, s_et, s_eh, s_ek, s_fb, s_ft, s_fh,
+        T, qk_scale, seed,
+        H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr,
+        L2NORM: tl.constexpr, KEEP: tl.constexpr, COMMIT: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        b = pid // H
+        h = pid % H
+        hk = h // GROUP
+        slot = tl.load(idx_ptr + b).to(tl.int64)
+        offs_k = tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+        mask_v = offs_v < V
+        mask = mask_k[:, None] & mask_v[None, :]
+        ptrs = state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :]
+        sc_ptrs = scale_ptr + slot * s_cp + h * s_ch + offs_k
+        S, old_scale = load_state_rows(ptrs, sc_ptrs, mask_k, mask, FMT, BLOCK_K)
+        position = 0  # the first token's store count, as the decode step's
+        if RENORM > 1 or SR:
+            position = tl.load(nstore_ptr + slot) + 1
+        steps = T
+        if COMMIT:
+            steps = tl.load(steps_ptr + b)
+        for t in range(0, steps):
+            # the decode kernel's expressions (kernels/delta/decode.py), its K blocks being one block here
+            kk = tl.load(k_ptr + b * s_kb + t * s_kt + hk * s_kh + offs_k * s_kk, mask=mask_k, other=0.0).to(tl.float32)
+            qq = tl.load(q_ptr + b * s_qb + t * s_qt + hk * s_qh + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32)
+            v = tl.load(v_ptr + b * s_vb + t * s_vt + h * s_vh + offs_v * s_vv, mask=mask_v, other=0.0).to(tl.float32)
+            beta = tl.load(beta_ptr + b * s_bb + t * s_bt + h * s_bh).to(tl.float32)
+            decay = tl.exp(tl.load(g_ptr + b * s_gb + t * s_gt + h * s_gh + offs_k * s_gk, mask=mask_k,
+                                   other=0.0).to(tl.float32))
+            q_mul = qk_scale
+            k_mul = 1.0
+            if L2NORM:  # as fla and transformers: x * rsqrt(sum(x^2) + 1e-6)
+                q_mul = qk_scale * tl.rsqrt(tl.sum(qq * qq, axis=0) + 1e-6)
+                k_mul = tl.rsqrt(tl.sum(kk * kk, axis=0) + 1e-6)
+            kS = (kk * decay)[:, None] * S
+            delta = beta * (v - k_mul * tl.sum(kS, axis=0))
+            kk = kk * k_mul
+            qq = qq * q_mul
+            st = S * decay[:, None] + kk[:, None] * delta[None, :]
+            if not COMMIT:
+                o = tl.sum(qq[:, None] * st, axis=0)
+                tl.store(o_ptr + b * s_ob + t * s_ot + h * s_oh + offs_v,
+                         o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_v)
+            S, old_scale = store_verified_state(
+                st, old_scale, t, steps, position, seed, slot, h, offs_k, mask_k, mask_v,
+                static_ptr + h * K + offs_k, ptrs, sc_ptrs,
+                kept_ptr + b * s_eb + t * s_et + h * s_eh + offs_k[:, None] * s_ek + offs_v[None, :],
+                kept_scale_ptr + b * s_fb + t * s_ft + h * s_fh + offs_k,
+                K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR, KEEP, COMMIT)
+
+
+def delta_verify(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None,
+                 qk_scale: float | None = None, use_qk_l2norm: bool = False, seed: int = 0, kept: Kept | None = None,
+                 out: torch.Tensor | None = None, block_v: int | None = None, num_warps: int | None = None):
+    """Triton verify step (shapes above, ``T`` in 1..16); the pool as the decode kernel takes it, left
+    unchanged. Returns ``o`` ``[B, T, Hv, V]``; ``kept`` receives the state after each token."""
+    return _launch(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_scale, use_qk_l2norm, seed,
+                   kept, None, out, block_v, num_warps)
+
+
+def delta_commit(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer, accepted, n_stores=None,
+                 qk_scale: float | None = None, use_qk_l2norm: bool = False, seed: int = 0,
+                 block_v: int | None = None, num_warps: int | None = None) -> None:
+    """Accept ``accepted[b]`` (an int or ``[B]``) of the verified tokens, computed again from the same inputs."""
+    n = accepted_counts(accepted, q.shape[0], q.shape[1], q.device)
+    _launch(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_scale, use_qk_l2norm, seed, None, n,
+            None, block_v, num_warps)
+
+
+def _launch(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_scale, use_qk_l2norm, seed, kept,
+            steps, out, block_v, num_warps):
+    if triton is None:
+        raise RuntimeError("Triton is not installed; use delta_verify_reference")
+    B, T, Hk, K = q.shape
+    H, V = v.shape[2], v.shape[3]
+    check_tokens(T)
+    per_channel = g.dim() == 4
+    g_shape = (B, T, H, K) if per_channel else (B, T, H)
+    if k.shape != q.shape or tuple(v.shape[:2]) != (B, T) or H % Hk or g.shape != g_shape or \
+            beta.shape != (B, T, H):
+        raise ValueError(f"expected q, k [B, T, Hk, K], v [B, T, Hv, V] with Hv a multiple of Hk, g [B, T, Hv] (or "
+                         f"[B, T, Hv, K]) and beta [B, T, Hv]; got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}, g {tuple(g.shape)}, beta {tuple(beta.shape)}")
+    if tuple(state.shape[1:]) != (H, K, V):
+        raise ValueError(f"state pool must be [P, Hv, K, V] = [P, {H}, {K}, {V}]; got {tuple(state.shape)}")
+    if not per_channel:
+        g = g.unsqueeze(-1).expand(B, T, H, K)  # stride 0 over K: one decay per head
+    pool, pool_strides, consts, num_warps, n_v = launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V,
+                                                             block_v, num_warps)
+    o = out if out is not None else (v.new_empty(B, T, H, V) if steps is None else v)
+    keep_ptrs, keep_strides = kept_args(kept, state, B, T, state)
+    _delta_verify_kernel[(B * H, n_v)](
+        q, k, v, g, beta, o, *pool, *keep_ptrs, steps if steps is not None else pool_idx,
+        *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), *o.stride()[:3], *pool_strides,
+        *keep_strides, T, K ** -0.5 if qk_scale is None else qk_scale, seed, H=H, GROUP=H // Hk, K=K, V=V,
+        L2NORM=use_qk_l2norm, KEEP=kept is not None, COMMIT=steps is not None, num_warps=num_warps, **consts,
+    )
+    return o

@@ -1,0 +1,158 @@
+"""Triton kernel: GLA's multi-token verify step on a state pool (speculative decoding), and its commit.
+
+``T`` tokens per sequence (q, k, g ``[B, T, H, K]``, v ``[B, T, H, V]``) run from the pool slot
+``state[pool_idx[b]]``: the state after each token is stored in the pool's format exactly as
+``T`` calls of :func:`~laquant.kernels.gla.decode.gla_decode_step` would store it (same scale rule,
+store count ``n_stores + 1 + t``, stochastic rounding bits) and loaded back for the next token,
+but the pool is left as it was; ``kept`` (optional, ``[B, T, H, K, V]`` in the format) receives
+each of those states. Accepting ``n[b]`` tokens then writes the state after the ``n[b]``-th into the
+slot: :func:`~laquant.kernels.common.pool_steps.commit_kept` from ``kept``, or
+:func:`gla_commit`, which runs the first ``n[b]`` tokens again (no side buffer). Either leaves the
+pool bit-identical to ``n[b]`` decode steps. Spec: :func:`gla_verify_reference` /
+:func:`gla_commit_reference`, loops of the decode step's reference.
+
+One program per (sequence, head, V block) walks the K rows in blocks of ``BLOCK_K`` (GLA updates
+each row on its own), each block held in registers across the ``T`` tokens: the state is read once
+and written once per kept token (never without ``kept``), the outputs of all tokens summed in
+registers over the blocks. The state bits do not depend on the blocking; the outputs sum in
+another order than the decode kernel's, so they match it to float32 rounding, not bit for bit.
+Scaled formats (per-row scales over the whole V row) take the whole V row per program.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..common.pool_steps import Kept, accepted_counts, check_tokens, kept_args, launch_args, pool_steps_reference
+from ..common.state import StateQuantizer
+from .reference import recurrent_gla_step
+
+try:
+    import triton
+    import triton.language as tl
+
+    from ..common.triton_numerics import load_state_rows, store_verified_state
+except ImportError:  # laquant's CPU path needs no Triton
+    triton = None
+
+
+def gla_verify_reference(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None,
+                         qk_scale: float | None = None, seed: int = 0, kept: Kept | None = None) -> torch.Tensor:
+    """What :func:`gla_verify` computes, in PyTorch: ``o`` ``[B, T, H, V]``; the pool untouched."""
+    step = lambda t, h: recurrent_gla_step(q[:, t], k[:, t], v[:, t], g[:, t], h, qk_scale)  # noqa: E731
+    return torch.stack(pool_steps_reference(step, q.shape[1], state, scale, pool_idx, quantizer, n_stores, seed,
+                                            kept), 1)
+
+
+def gla_commit_reference(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer, accepted, n_stores=None,
+                         qk_scale: float | None = None, seed: int = 0) -> None:
+    """What :func:`gla_commit` does, in PyTorch: slot ``pool_idx[b]`` gets the state after
+    ``accepted[b]`` of the tokens, as that many decode steps would leave it."""
+    n = accepted_counts(accepted, q.shape[0], q.shape[1], q.device)
+    step = lambda t, h: recurrent_gla_step(q[:, t], k[:, t], v[:, t], g[:, t], h, qk_scale)  # noqa: E731
+    pool_steps_reference(step, q.shape[1], state, scale, pool_idx, quantizer, n_stores, seed, accepted=n)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _gla_verify_kernel(
+        q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, state_ptr, scale_ptr, idx_ptr, nstore_ptr, static_ptr,
+        kept_ptr, kept_scale_ptr, steps_ptr,
+        s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk, s_vb, s_vt, s_vh, s_vv, s_gb, s_gt, s_gh, s_gk,
+        s_ob, s_ot, s_oh, s_sp, s_sh, s_sk, s_cp, s_ch, s_eb, s_et, s_eh, s_ek, s_fb, s_ft, s_fh,
+        T, qk_scale, seed,
+        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+        BLOCK_T: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr,
+        KEEP: tl.constexpr, COMMIT: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        b = pid // H
+        h = pid % H
+        slot = tl.load(idx_ptr + b).to(tl.int64)
+        offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+        mask_v = offs_v < V
+        rows_t = tl.arange(0, BLOCK_T)
+        position = 0  # the first token's store count, as the decode step's
+        if RENORM > 1 or SR:
+            position = tl.load(nstore_ptr + slot) + 1
+        steps = T
+        if COMMIT:
+            steps = tl.load(steps_ptr + b)
+        out = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)  # o of every token, summed over the K blocks
+        # K rows evolve independently in GLA: each block of rows runs all the tokens from registers
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < K
+            mask = mask_k[:, None] & mask_v[None, :]
+            ptrs = state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :]
+            sc_ptrs = scale_ptr + slot * s_cp + h * s_ch + offs_k
+            S, old_scale = load_state_rows(ptrs, sc_ptrs, mask_k, mask, FMT, BLOCK_K)
+            for t in range(0, steps):
+                q = tl.load(q_ptr + b * s_qb + t * s_qt + h * s_qh + offs_k * s_qk, mask=mask_k,
+                            other=0.0).to(tl.float32) * qk_scale
+                kk = tl.load(k_ptr + b * s_kb + t * s_kt + h * s_kh + offs_k * s_kk, mask=mask_k,
+                             other=0.0).to(tl.float32)
+                g = tl.load(g_ptr + b * s_gb + t * s_gt + h * s_gh + offs_k * s_gk, mask=mask_k,
+                            other=0.0).to(tl.float32)
+                v = tl.load(v_ptr + b * s_vb + t * s_vt + h * s_vh + offs_v * s_vv, mask=mask_v,
+                            other=0.0).to(tl.float32)
+                st = S * tl.exp(g)[:, None] + kk[:, None] * v[None, :]  # the decode kernel's expression, bit for bit
+                if not COMMIT:
+                    out += tl.where(rows_t[:, None] == t, tl.sum(q[:, None] * st, axis=0)[None, :], 0.0)
+                S, old_scale = store_verified_state(
+                    st, old_scale, t, steps, position, seed, slot, h, offs_k, mask_k, mask_v,
+                    static_ptr + h * K + offs_k, ptrs, sc_ptrs,
+                    kept_ptr + b * s_eb + t * s_et + h * s_eh + offs_k[:, None] * s_ek + offs_v[None, :],
+                    kept_scale_ptr + b * s_fb + t * s_ft + h * s_fh + offs_k,
+                    K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR, KEEP, COMMIT)
+        if not COMMIT:
+            tl.store(o_ptr + b * s_ob + rows_t[:, None] * s_ot + h * s_oh + offs_v[None, :],
+                     out.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
+                     mask=(rows_t < T)[:, None] & mask_v[None, :])
+
+
+def gla_verify(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None,
+               qk_scale: float | None = None, seed: int = 0, kept: Kept | None = None,
+               out: torch.Tensor | None = None, block_v: int | None = None, num_warps: int | None = None,
+               block_k: int | None = None):
+    """Triton verify step: q, k, g ``[B, T, H, K]``, v ``[B, T, H, V]``, ``T`` in 1..16; the pool as
+    :func:`~laquant.kernels.gla.decode.gla_decode_step` takes it (left unchanged). Returns ``o``
+    ``[B, T, H, V]``; ``kept`` (optional, :class:`Kept`) receives the state after each token."""
+    return _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, seed, kept, None, out,
+                   block_v, num_warps, block_k)
+
+
+def gla_commit(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer, accepted, n_stores=None,
+               qk_scale: float | None = None, seed: int = 0, block_v: int | None = None,
+               num_warps: int | None = None) -> None:
+    """Accept ``accepted[b]`` (an int or ``[B]``, each ``0..T``) of the verified tokens: the slot gets
+    the state after them, computed again from the same inputs (a read and a write of the state)."""
+    n = accepted_counts(accepted, q.shape[0], q.shape[1], q.device)
+    _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, seed, None, n, None, block_v,
+            num_warps)
+
+
+def _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, seed, kept, steps, out, block_v,
+            num_warps, block_k=None):
+    if triton is None:
+        raise RuntimeError("Triton is not installed; use gla_verify_reference")
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    check_tokens(T)
+    if k.shape != q.shape or g.shape != q.shape or tuple(v.shape[:3]) != (B, T, H):
+        raise ValueError(f"expected q, k, g [B, T, H, K] and v [B, T, H, V]; got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, g {tuple(g.shape)}, v {tuple(v.shape)}")
+    if tuple(state.shape[1:]) != (H, K, V):
+        raise ValueError(f"state pool must be [P, H, K, V] = [P, {H}, {K}, {V}]; got {tuple(state.shape)}")
+    pool, pool_strides, consts, num_warps, n_v = launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V,
+                                                             block_v, num_warps, block_k or "decode")
+    o = out if out is not None else (v.new_empty(B, T, H, V) if steps is None else v)
+    keep_ptrs, keep_strides = kept_args(kept, state, B, T, state)
+    _gla_verify_kernel[(B * H, n_v)](
+        q, k, v, g, o, *pool, *keep_ptrs, steps if steps is not None else pool_idx,
+        *q.stride(), *k.stride(), *v.stride(), *g.stride(), *o.stride()[:3], *pool_strides, *keep_strides,
+        T, K ** -0.5 if qk_scale is None else qk_scale, seed, H=H, K=K, V=V, BLOCK_T=1 << (T - 1).bit_length(),
+        KEEP=kept is not None, COMMIT=steps is not None, num_warps=num_warps, **consts,
+    )
+    return o

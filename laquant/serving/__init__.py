@@ -1,0 +1,1 @@
+"""``laquant.serving``: serving the quantized state (prefix state cache, speculative decoding)."""

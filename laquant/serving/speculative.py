@@ -1,0 +1,160 @@
+"""Greedy speculative decoding with a draft model, on the verify step with rollback.
+
+Each round the draft proposes ``k`` tokens greedily; the target runs its pending token and the
+``k`` proposals in one verify step (:func:`laquant.models.verify.verify`: the logits of all
+``k + 1``, the cache untouched), accepts the longest prefix of proposals that its own argmax agrees
+with plus its own next token, and commits its state to exactly those tokens
+(:func:`~laquant.models.verify.commit`: as many decode steps would leave it). The draft is rolled
+back too: it proposes on a copy of its cache, and its real cache catches up on the accepted tokens
+in its next verify step. The output is the target's greedy output token for token (its states are
+those of plain decoding for the same mixer inputs; only the batch of the GEMMs differs).
+
+On CUDA the draft's proposals replay its CUDA graph (:mod:`laquant.generate`'s decode step on a
+static copy of its cache); the verify steps and commits run eagerly.
+
+Rows of a batch advance together: a round accepts the fewest proposals any row agreed with (the
+target's next token for a row that agreed with more is its proposal, so every row stays greedy).
+A round syncs the host once, to count the accepted tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from laquant.errors import LaquantError
+from laquant.kernels.common.pool_steps import MAX_VERIFY_TOKENS
+
+MAX_DRAFT_TOKENS = MAX_VERIFY_TOKENS - 1  # the target verifies its pending token and the proposals
+
+
+@dataclass
+class SpeculativeStats:
+    rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    draft_graphed: bool = False  # the draft's proposals replayed its CUDA graph
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.proposed if self.proposed else float("nan")
+
+    @property
+    def tokens_per_round(self) -> float:
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else float("nan")
+
+
+def check_draft(model, draft_model, num_draft_tokens: int) -> None:
+    """A clear error for a draft that cannot serve ``model``, or a draft length out of range."""
+    from laquant.models.cache import GLAStateCache
+
+    if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or \
+            not 1 <= num_draft_tokens <= MAX_DRAFT_TOKENS:
+        raise LaquantError(f"num_draft_tokens (--draft-tokens) must be an integer in 1..{MAX_DRAFT_TOKENS} (the "
+                           f"target verifies it plus one token in one step of at most {MAX_VERIFY_TOKENS}); got "
+                           f"{num_draft_tokens!r}")
+    for role, m in (("target", model), ("draft", draft_model)):
+        if not isinstance(getattr(m, "new_cache", lambda: None)(), GLAStateCache):
+            raise LaquantError(f"speculative decoding runs on laquant's own GLA / Gated DeltaNet models; the {role} "
+                               f"is {type(m).__name__}")
+    vt, vd = model.config.vocab_size, draft_model.config.vocab_size
+    if vt != vd:
+        raise LaquantError(f"the draft's vocabulary ({vd} tokens) differs from the target's ({vt}): a draft must "
+                           "share the target's tokenizer")
+    dev_t, dev_d = next(model.parameters()).device, next(draft_model.parameters()).device
+    if dev_t != dev_d:
+        raise LaquantError(f"the draft is on {dev_d} and the target on {dev_t}: load both on one device")
+
+
+def _copy_cache(cache):
+    """A cache to propose on: the states copied (the decode kernels update them in place)."""
+    from laquant.kernels.common.state import State
+    from laquant.models.cache import GLAStateCache
+
+    out = GLAStateCache(len(cache.states), cache.seed)
+    out.states = [None if s is None else State(s.data.clone(), None if s.scale is None else s.scale.clone(), s.format,
+                                               s.n_stores) for s in cache.states]
+    out.seen_tokens, out.conv, out.kv = cache.seen_tokens, dict(cache.conv), dict(cache.kv)  # replaced, never mutated
+    return out
+
+
+def _propose_graphed(draft_model, draft_cache, proposals: list, k: int) -> bool:
+    """The draft's proposals 2..k by replaying its captured decode step (laquant.generate's, on a
+    static copy of its cache, which is the copy proposing needs); False where it cannot be captured."""
+    from laquant.generate import _graph_for, _NotInPlace, pick_tokens
+
+    try:
+        g = _graph_for(draft_model, draft_cache, proposals[0].shape[0], k, (False, 1.0, None, None), pick_tokens,
+                       None)
+    except _NotInPlace:
+        return False
+    g.load(draft_cache, proposals[0])
+    for _ in range(k - 1):
+        g.graph.replay()
+    proposals[1:] = list(g.history[:, 1:k].clone().unbind(1))
+    return True
+
+
+def speculative_generate(model, draft_model, input_ids: torch.Tensor, max_new_tokens: int, num_draft_tokens: int = 4,
+                         eos_token_id: int | None = None, stats: SpeculativeStats | None = None,
+                         graphed: bool | None = None) -> torch.Tensor:
+    """Greedy decoding of ``model`` with ``draft_model`` proposing ``num_draft_tokens`` a round:
+    ``[B, T + n]``, equal to ``laquant.generate.generate(model, input_ids, max_new_tokens,
+    eos_token_id=...)``. ``stats`` (optional) counts rounds and proposed / accepted tokens.
+    ``graphed``: None replays the draft's CUDA-graphed decode step for its proposals where
+    :mod:`laquant.generate` graphs it; False runs them eagerly."""
+    from laquant.generate import _check_args, _forward, _fresh_cache, is_graphable, trim_after_eos
+    from laquant.models.verify import commit, verify
+
+    _check_args(model, input_ids, max_new_tokens, False, 1.0, None)
+    check_draft(model, draft_model, num_draft_tokens)
+    stats = stats if stats is not None else SpeculativeStats()
+    device = next(model.parameters()).device
+    input_ids = input_ids.to(device)
+    with torch.no_grad():
+        logits, target_cache = _forward(model, input_ids, _fresh_cache(model))
+        _, draft_cache = _forward(draft_model, input_ids, _fresh_cache(draft_model))
+        last = logits.argmax(-1)  # the target's next token, not yet run through it
+        out = [last[:, None]]
+        made = 1
+        unseen = last[:, None]  # the tokens the draft has not run yet
+        done = last == eos_token_id if eos_token_id is not None else None
+        graph = graphed is not False and is_graphable(draft_model) and not draft_cache.conv and not draft_cache.kv
+        while made < max_new_tokens and not (done is not None and bool(done.all())):
+            k = min(num_draft_tokens, max_new_tokens - made - 1)
+            proposals = []
+            if k:
+                draft_logits = verify(draft_model, unseen, draft_cache)[:, -1]
+                commit(draft_cache, unseen.shape[1])
+                proposals.append(draft_logits.argmax(-1))
+                if k > 1 and graph:
+                    graph = stats.draft_graphed = _propose_graphed(draft_model, draft_cache, proposals, k)
+                if k > 1 and not graph:
+                    scratch = _copy_cache(draft_cache)
+                    for _ in range(k - 1):
+                        draft_logits, scratch = _forward(draft_model, proposals[-1][:, None], scratch)
+                        proposals.append(draft_logits.argmax(-1))
+            drafted = torch.stack(proposals, 1) if proposals else last.new_empty(last.shape[0], 0)
+            preds = verify(model, torch.cat([last[:, None], drafted], 1), target_cache).argmax(-1)  # [B, k + 1]
+            agree = (preds[:, :k] == drafted).int().cummin(1).values.sum(1)  # the leading proposals it agrees with
+            if done is not None:
+                agree = torch.where(done, k, agree)  # a finished row's tokens are EOS whatever it predicts
+            n = int(agree.min()) if k else 0
+            commit(target_cache, n + 1)
+            new = torch.cat([drafted[:, :n], preds[:, n:n + 1]], 1)
+            if done is not None:  # after a row's EOS it gets EOS, as plain decoding's output
+                after = torch.cat([done[:, None], new == eos_token_id], 1).int().cummax(1).values[:, :-1].bool()
+                new = torch.where(after, torch.full_like(new, eos_token_id), new)
+                done = done | (new == eos_token_id).any(1)
+            out.append(new)
+            made += n + 1
+            last = new[:, -1]  # what plain decoding runs next (EOS on a finished row)
+            unseen = new if k else torch.cat([unseen, new], 1)
+            stats.rounds += 1
+            stats.proposed += k
+            stats.accepted += n
+    return torch.cat([input_ids, trim_after_eos(torch.cat(out, 1), eos_token_id)], 1)
+
+
+__all__ = ["MAX_DRAFT_TOKENS", "SpeculativeStats", "check_draft", "speculative_generate"]

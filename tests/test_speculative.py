@@ -1,0 +1,217 @@
+"""The model-level verify step with commit (laquant.models.verify) and greedy speculative decoding
+(laquant.serving.speculative, ``generate(draft_model=...)``, ``laquant generate --draft``): the same
+tokens as plain greedy decoding of the target, and a cache left as plain decoding leaves it."""
+
+import pytest
+import torch
+
+from laquant.cli import main
+from laquant.errors import LaquantError
+from laquant.generate import generate
+from laquant.kernels.common.state import StateQuantizer
+from laquant.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM, GLAConfig, GLAForCausalLM
+from laquant.models.verify import commit, verify
+from laquant.serving.speculative import SpeculativeStats, speculative_generate
+
+VOCAB = 256
+
+
+def _gla(seed=1, state=None, **kw):
+    torch.manual_seed(seed)
+    cfg = dict(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=VOCAB, bos_token_id=0, eos_token_id=0)
+    return _with_state(GLAForCausalLM(GLAConfig(**{**cfg, **kw})).eval(), state)
+
+
+def _delta(seed=1, state=None):
+    torch.manual_seed(seed)
+    cfg = GatedDeltaNetConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, head_dim=16, expand_v=1.5,
+                              num_v_heads=4, vocab_size=VOCAB, attn={"layers": [1], "num_heads": 2})
+    return _with_state(GatedDeltaNetForCausalLM(cfg).eval(), state)
+
+
+def _with_state(model, state):
+    """The mixers' states stored as ``state`` ("int8_row" / "fp8_row": stochastically rounded, renormalised every 3 stores)."""
+    if state is not None:
+        for m in model.modules():
+            if hasattr(m, "state_quantizer"):
+                m.state_quantizer = StateQuantizer(state, renorm_interval=3, rounding="stochastic")
+    return model
+
+
+def _states(cache):
+    return [(s.data.clone(), None if s.scale is None else s.scale.clone(), s.n_stores) if s is not None else None
+            for s in cache.states]
+
+
+def _assert_same_cache(a, b, exact):
+    assert a.seen_tokens == b.seen_tokens
+    for sa, sb in zip(_states(a), _states(b)):
+        if sa is None:
+            assert sb is None
+            continue
+        assert sa[2] == sb[2]  # store counts
+        if exact:
+            assert torch.equal(sa[0].view(torch.uint8), sb[0].view(torch.uint8))
+            assert sa[1] is None or torch.equal(sa[1], sb[1])
+        else:
+            fa = sa[0].float() * (sa[1] if sa[1] is not None else 1)
+            fb = sb[0].float() * (sb[1] if sb[1] is not None else 1)
+            assert (fa - fb).norm() <= 1e-3 * fb.norm()
+    assert a.conv.keys() == b.conv.keys() and a.kv.keys() == b.kv.keys()
+    for key in a.conv:
+        assert torch.allclose(a.conv[key], b.conv[key], atol=1e-5)
+    for key in a.kv:
+        assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(a.kv[key], b.kv[key]))
+
+
+@pytest.mark.parametrize("make,dtype,state", [(_gla, torch.bfloat16, None), (_gla, torch.bfloat16, "int8_row"),
+                                              (_gla, torch.float32, "fp8_row"), (_delta, torch.float32, "int8_row"),
+                                              (_delta, torch.bfloat16, None)])
+@torch.no_grad()
+def test_verify_then_commit_equals_decode_steps(make, dtype, state):
+    model = make(state=state).to(dtype)
+    ids = torch.randint(1, VOCAB, (2, 7))
+    new = torch.randint(1, VOCAB, (2, 5))
+    for n in (0, 2, 5):
+        plain = model(input_ids=ids, use_cache=True).past_key_values
+        logits = []
+        for t in range(n):
+            logits.append(model(input_ids=new[:, t:t + 1], past_key_values=plain, use_cache=True).logits[:, -1])
+        spec = model(input_ids=ids, use_cache=True).past_key_values
+        before = _states(spec)
+        out = verify(model, new, spec)
+        assert out.shape == (2, 5, VOCAB) and torch.isfinite(out.float()).all()
+        for a, b in zip(before, _states(spec)):  # the states wait for the commit
+            assert (a is None) == (b is None) and (a is None or (torch.equal(a[0], b[0]) and a[2] == b[2]))
+        for t, want in enumerate(logits):
+            assert torch.allclose(out[:, t].float(), want.float(), atol=2e-2 if dtype == torch.bfloat16 else 1e-4)
+        commit(spec, n)
+        # the mixers' commits are bit-identical to decode steps for the same inputs (test_verify); whether their
+        # inputs are depends on the rest of the model being batch-invariant: on the CPU, GLA in bf16 is (the
+        # GEMMs are; fp32 GEMMs and the delta rule's gate transcendentals, vectorised by length, are not)
+        _assert_same_cache(spec, plain, exact=dtype == torch.bfloat16 and make is _gla)
+        # and decoding goes on alike
+        a = model(input_ids=new[:, :1], past_key_values=spec, use_cache=True).logits
+        b = model(input_ids=new[:, :1], past_key_values=plain, use_cache=True).logits
+        assert torch.allclose(a.float(), b.float(), atol=2e-2 if dtype == torch.bfloat16 else 1e-4)
+
+
+def test_verify_rejects_misuse():
+    model = _gla()
+    cache = model.new_cache()
+    with torch.no_grad():
+        with pytest.raises(LaquantError, match="prefilled"):
+            verify(model, torch.ones(1, 3, dtype=torch.long), cache)
+        model(input_ids=torch.ones(1, 3, dtype=torch.long), past_key_values=cache, use_cache=True)
+        with pytest.raises(LaquantError, match="1 to 16 tokens"):
+            verify(model, torch.ones(1, 17, dtype=torch.long), cache)
+        with pytest.raises(LaquantError, match="no verify step"):
+            commit(cache, 1)
+        verify(model, torch.ones(1, 3, dtype=torch.long), cache)
+        with pytest.raises(LaquantError, match="pending"):
+            verify(model, torch.ones(1, 3, dtype=torch.long), cache)
+        with pytest.raises(LaquantError, match="0..3"):
+            commit(cache, 4)
+
+
+@pytest.mark.parametrize("target,draft,k,B", [
+    (lambda: _gla(), lambda: _gla(seed=7), 3, 1),  # an unrelated draft: few proposals accepted
+    (lambda: _gla(state="int8_row"), lambda: _gla(), 4, 2),  # its own fp32-state form: most accepted
+    (lambda: _gla(state="fp8_row").to(torch.bfloat16), lambda: _gla().to(torch.bfloat16), 15, 1),
+    (lambda: _delta(state="int8_row"), lambda: _gla(), 2, 2),  # another family with a short conv and an attn layer
+])
+@torch.no_grad()
+def test_speculative_equals_greedy(target, draft, k, B):
+    target, draft = target(), draft()
+    ids = torch.randint(1, VOCAB, (B, 6))
+    want = generate(target, ids, 23)
+    stats = SpeculativeStats()
+    got = speculative_generate(target, draft, ids, 23, num_draft_tokens=k, stats=stats)
+    assert torch.equal(got, want)
+    assert stats.rounds < 23 and stats.proposed > 0
+    assert torch.equal(generate(target, ids, 23, draft_model=draft, num_draft_tokens=k), want)
+
+
+@torch.no_grad()
+def test_speculative_with_eos_and_a_perfect_draft():
+    target = _gla(state="int8_row")
+    ids = torch.randint(1, VOCAB, (2, 5))
+    free = generate(target, ids, 30)
+    eos = int(free[0, 5 + 4])
+    want = generate(target, ids, 30, eos_token_id=eos)
+    stats = SpeculativeStats()
+    got = speculative_generate(target, target, ids, 30, num_draft_tokens=5, eos_token_id=eos, stats=stats)
+    assert torch.equal(got, want)
+    assert stats.accepted == stats.proposed  # the target drafting for itself: every proposal accepted
+
+
+@torch.no_grad()
+def test_shipped_gla_small_drafts_for_its_quantized_form(trained_model_dir):
+    import laquant
+    from laquant.loading import load_model
+
+    draft, _ = load_model(trained_model_dir)
+    target, _ = load_model(trained_model_dir)
+    data = torch.randint(0, target.config.vocab_size, (2, 128), generator=torch.Generator().manual_seed(0))
+    laquant.calibrate(target, "gla_int8", data, progress=False)  # int8 weights, int8 stochastically rounded state
+    assert any(m.state_quantizer.stochastic for m in target.modules() if hasattr(m, "state_quantizer"))
+    ids = torch.randint(1, target.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(1))
+    want = generate(target, ids, 40)
+    stats = SpeculativeStats()
+    assert torch.equal(speculative_generate(target, draft, ids, 40, num_draft_tokens=4, stats=stats), want)
+    assert stats.acceptance > 0.5  # the unquantized model is a good draft for its quantized form
+
+
+def test_bad_draft_is_an_error():
+    target = _gla()
+    ids = torch.randint(1, VOCAB, (1, 4))
+    with pytest.raises(LaquantError, match="vocabulary"):
+        generate(target, ids, 5, draft_model=_gla(vocab_size=VOCAB * 2))
+    for k in (0, 16, 2.5):
+        with pytest.raises(LaquantError, match="num_draft_tokens"):
+            generate(target, ids, 5, draft_model=_gla(), num_draft_tokens=k)
+    with pytest.raises(LaquantError, match="greedy only"):
+        generate(target, ids, 5, draft_model=_gla(), do_sample=True)
+
+
+def test_cli_generate_with_a_draft(tiny_model_dir, capsys):
+    assert main(["generate", str(tiny_model_dir), "--prompt", "Hello", "--max-new-tokens", "6", "--device", "cpu",
+                 "--no-eos"]) == 0
+    plain = capsys.readouterr().out.split("\n[")[0]
+    assert main(["generate", str(tiny_model_dir), "--prompt", "Hello", "--max-new-tokens", "6", "--device", "cpu",
+                 "--no-eos", "--draft", str(tiny_model_dir), "--draft-tokens", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.split("\n[")[0] == plain and "speculative" in out
+    assert main(["generate", "--prompt", "x", "--draft-tokens", "3"]) == 2  # --draft-tokens without --draft
+    assert main(["generate", "--prompt", "x", "--draft", str(tiny_model_dir), "--draft-tokens", "16"]) == 2
+    assert "laquant: error:" in capsys.readouterr().err
+    from laquant.cli.generate import MAX_DRAFT_TOKENS as CLI_MAX
+    from laquant.serving.speculative import MAX_DRAFT_TOKENS
+
+    assert CLI_MAX == MAX_DRAFT_TOKENS
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", [None, "gla_int8"])
+@torch.no_grad()
+def test_speculative_on_the_gpu(trained_model_dir, recipe):
+    """On the kernels: the shipped model drafting for its quantized form gives the target's greedy tokens,
+    graphed or eager (the GEMMs of a K-token verify and of a decode step may round apart: a near-tie
+    of two logits could still split them)."""
+    import laquant
+    from laquant.api import load
+
+    draft, _ = load(trained_model_dir, device="cuda", dtype=torch.bfloat16)
+    target, _ = load(trained_model_dir, device="cuda", dtype=torch.bfloat16)
+    if recipe:
+        laquant.calibrate(target, recipe, torch.randint(0, 8192, (4, 256), device="cuda"), progress=False)
+    gen = torch.Generator().manual_seed(3)
+    for B in (1, 3):
+        ids = torch.randint(1, 8192, (B, 16), generator=gen).cuda()
+        want = generate(target, ids, 64, graphed=False)
+        assert torch.equal(generate(target, ids, 64), want)
+        for k, graphed in ((1, None), (4, None), (4, False), (15, None)):
+            stats = SpeculativeStats()
+            got = speculative_generate(target, draft, ids, 64, k, stats=stats, graphed=graphed)
+            assert torch.equal(got, want), (B, k, graphed)
+            assert stats.accepted > 0

@@ -1,0 +1,259 @@
+"""Benchmark of speculative decoding's verify step (issue #19) and of greedy speculative decoding.
+
+Kernels (GLA and the gated delta rule, per state format): a verify step of K = 2, 4, 8, 16 tokens at
+B = 1 and 64 against one decode step, K decode steps, and the chunked prefill kernel run on the same K
+tokens; its commit (accepting K/2, recomputed) and the variant keeping every state in a side
+buffer; and whether verify + commit left the pool bit-identical to the decode steps.
+Speculative decoding (B = 1): the shipped gla-small (or --model) quantized with --recipe as the
+target, drafted for by its unquantized self (or --draft): tokens/s against plain decoding (CUDA
+graphed and eager), the acceptance, and whether the tokens equal plain greedy decoding's.
+
+    python tools/bench_verify.py --out bench/verify            # on the GPU
+    python tools/bench_verify.py --out /tmp/v --tiny           # CPU smoke test: the references, no timings
+
+Writes ``verify.json`` and ``verify.md`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+def _timer(cuda: bool):
+    """``ms(fn)``: the median time of ``fn`` (None without CUDA: the function runs once)."""
+    if not cuda:
+        return lambda fn: (fn(), None)[1]
+    from triton.testing import do_bench
+
+    return lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def _inputs(family, B, T, H, K, device):
+    r = lambda *s: torch.randn(*s, device=device)  # noqa: E731
+    if family == "gla":
+        return [r(B, T, H, K).bfloat16(), r(B, T, H, K).bfloat16(), r(B, T, H, K).bfloat16(),
+                (F.logsigmoid(r(B, T, H, K)) / 16).bfloat16()]
+    hk = max(1, H // 2)
+    return [r(B, T, hk, K).bfloat16(), r(B, T, hk, K).bfloat16(), r(B, T, H, K).bfloat16(),
+            -F.softplus(r(B, T, H)) / 4, torch.rand(B, T, H, device=device)]
+
+
+def kernel_rows(args, cuda: bool) -> list[dict]:
+    from laquant.kernels.common.pool_steps import Kept, commit_kept
+    from laquant.kernels.common.state import State, StateQuantizer
+    from laquant.kernels.delta import decode as delta_decode
+    from laquant.kernels.delta import verify as delta_verify
+    from laquant.kernels.gla import decode as gla_decode
+    from laquant.kernels.gla import verify as gla_verify
+
+    device = "cuda" if cuda else "cpu"
+    ms = _timer(cuda)
+    H, K = args.heads, args.dim
+    rows = []
+    for family in args.families:
+        kw = {} if family == "gla" else {"use_qk_l2norm": True}
+        if family == "gla":
+            decode = gla_decode.gla_decode_step if cuda else gla_decode.gla_decode_step_reference
+            verify = gla_verify.gla_verify if cuda else gla_verify.gla_verify_reference
+            commit = gla_verify.gla_commit if cuda else gla_verify.gla_commit_reference
+        else:
+            decode = delta_decode.delta_decode_step if cuda else delta_decode.delta_decode_step_reference
+            verify = delta_verify.delta_verify if cuda else delta_verify.delta_verify_reference
+            commit = delta_verify.delta_commit if cuda else delta_verify.delta_commit_reference
+        for fmt in args.formats:
+            fmt_name, _, rounding = fmt.partition(":")
+            quant = StateQuantizer(fmt_name, renorm_interval=1, rounding=rounding or "nearest")
+            for B in args.batch:
+                full = torch.randn(B, H, K, K, device=device) * 0.1
+                data, scale = quant.store(full, key=None) if not quant.stochastic else StateQuantizer(fmt_name).store(
+                    full)
+                scale = scale.squeeze(-1).expand(B, H, K).contiguous() if scale is not None else None
+                idx = torch.arange(B, dtype=torch.int32, device=device)
+                n_stores = torch.zeros(B, dtype=torch.int32, device=device)
+                for T in args.tokens:
+                    ins = _inputs(family, B, T, H, K, device)
+                    step_ins = [x[:, 0] for x in ins]
+                    pool = lambda: (data.clone(), None if scale is None else scale.clone())  # noqa: E731
+                    d, s = pool()
+                    row = dict(family=family, format=fmt, B=B, K_tokens=T, H=H, dim=K)
+                    row["decode_1"] = ms(lambda: decode(*step_ins, d, s, idx, quant, n_stores, **kw))
+                    row["decode_K"] = ms(lambda: [decode(*[x[:, t] for x in ins], d, s, idx, quant, n_stores, **kw)
+                                                  for t in range(T)])
+                    row["verify"] = ms(lambda: verify(*ins, d, s, idx, quant, n_stores, **kw))
+                    kept = Kept.empty_like_pool(d, s, B, T)
+                    row["verify_keep"] = ms(lambda: verify(*ins, d, s, idx, quant, n_stores, kept=kept, **kw))
+                    half = torch.full((B,), max(1, T // 2), dtype=torch.int32, device=device)
+                    row["commit"] = ms(lambda: commit(*ins, d, s, idx, quant, half, n_stores, **kw))
+                    row["commit_kept"] = ms(lambda: commit_kept(d, s, idx, kept, half))
+                    if cuda:
+                        row["prefill_chunk"] = ms(lambda: _chunk(family, ins, State(d, s, fmt_name), quant, kw))
+                    row["bit_identical"] = _rollback_identical(family, ins, pool, idx, quant, n_stores, half, decode,
+                                                               verify, commit, kw, cuda)
+                    if row["decode_1"]:
+                        row["verify_over_decode"] = row["verify"] / row["decode_1"]
+                        row["verify_commit_over_decode"] = (row["verify"] + row["commit"]) / row["decode_1"]
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    return rows
+
+
+def _chunk(family, ins, initial, quant, kw):
+    fmt = initial.format
+    if family == "gla":
+        from laquant.kernels.gla.chunk import chunk_gla_triton
+
+        return chunk_gla_triton(*ins, initial_state=initial, output_final_state=True, final_format=fmt)
+    from laquant.kernels.delta.chunk import chunk_delta_triton
+
+    return chunk_delta_triton(*ins, initial_state=initial, output_final_state=True, final_format=fmt, **kw)
+
+
+def _rollback_identical(family, ins, pool, idx, quant, n_stores, accepted, decode, verify, commit, kw, cuda) -> bool:
+    """verify + commit of ``accepted`` tokens leaves the pool as that many decode steps (the delta
+    rule's decode kernel with the verify kernel's summation: block_k = K)."""
+    d1, s1 = pool()
+    d2, s2 = pool()
+    counts = n_stores.clone()
+    extra, launch = {}, {}
+    if cuda and family != "gla":  # one launch for both kernels: the whole K and V in one tile
+        K, V = ins[0].shape[-1], ins[2].shape[-1]
+        bk, bv = 1 << (K - 1).bit_length(), 1 << (V - 1).bit_length()
+        warps = min(16, max(2, bk * bv // 1024))
+        extra, launch = dict(block_k=bk, num_warps=warps), dict(block_v=bv, num_warps=warps)
+    for t in range(int(accepted[0])):
+        decode(*[x[:, t] for x in ins], d1, s1, idx, quant, counts, **kw, **extra)
+        counts += 1
+    verify(*ins, d2, s2, idx, quant, n_stores, **kw, **launch)
+    commit(*ins, d2, s2, idx, quant, accepted, n_stores, **kw, **launch)
+    same = torch.equal(d1.view(torch.uint8), d2.view(torch.uint8))
+    return bool(same and (s1 is None or torch.equal(s1, s2)))
+
+
+def speculative_rows(args, cuda: bool) -> list[dict]:
+    import laquant
+    from laquant.api import load
+    from laquant.generate import generate
+    from laquant.paths import DEFAULT_MODEL_NAME, resolve_model_dir
+    from laquant.serving.speculative import SpeculativeStats, speculative_generate
+
+    device = "cuda" if cuda else "cpu"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    model_dir = resolve_model_dir(None if args.model == DEFAULT_MODEL_NAME else args.model)
+    target, tok = load(model_dir, device=device, dtype=dtype)
+    draft, _ = load(resolve_model_dir(None if args.draft in (None, DEFAULT_MODEL_NAME) else args.draft), device=device,
+                    dtype=dtype)
+    if args.recipe:
+        text = (Path(laquant.__file__).parent / "assets/data/calibration/wiki.utf8").read_text()[:200_000]
+        data = tok(text, return_tensors="pt").input_ids[0].to(device)
+        laquant.calibrate(target, args.recipe, data, samples=16, seq_len=512, progress=False)
+    prompt = (Path(laquant.__file__).parent / "assets/data/wikitext-2-raw/wiki.test.raw").read_text()[:2000]
+    ids = tok(prompt, return_tensors="pt").input_ids[:, :args.prompt_tokens].to(device)
+    n = args.new_tokens
+
+    def rate(fn):
+        fn()  # warm up (graph capture, autotuning)
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        if cuda:
+            torch.cuda.synchronize()
+        return out, (out.shape[1] - ids.shape[1]) / (time.perf_counter() - t0)
+
+    with torch.no_grad():
+        plain, plain_rate = rate(lambda: generate(target, ids, n))
+        _, eager_rate = rate(lambda: generate(target, ids, n, graphed=False))
+        _, draft_rate = rate(lambda: generate(draft, ids, n))
+        rows = []
+        for k in args.draft_tokens:
+            stats = SpeculativeStats()
+            out, spec_rate = rate(lambda: speculative_generate(target, draft, ids, n, k))
+            speculative_generate(target, draft, ids, n, k, stats=stats)
+            _, spec_eager_rate = rate(lambda: speculative_generate(target, draft, ids, n, k, graphed=False))
+            row = dict(model=str(model_dir.name), recipe=args.recipe, draft=args.draft or DEFAULT_MODEL_NAME,
+                       draft_tokens=k, new_tokens=n, equal_to_greedy=bool(torch.equal(out, plain)),
+                       draft_graphed=stats.draft_graphed,
+                       acceptance=stats.acceptance, tokens_per_round=stats.tokens_per_round,
+                       tokens_per_s=spec_rate, all_eager_tokens_per_s=spec_eager_rate,
+                       plain_graphed_tokens_per_s=plain_rate,
+                       plain_eager_tokens_per_s=eager_rate, draft_alone_tokens_per_s=draft_rate,
+                       speedup_vs_graphed=spec_rate / plain_rate, speedup_vs_eager=spec_rate / eager_rate)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def markdown(kernels: list[dict], spec: list[dict], device: str) -> str:
+    us = lambda x: "-" if x is None else f"{x * 1e3:.1f}"  # noqa: E731
+    lines = [f"# Verify step and speculative decoding ({device})", "",
+             "Times in us (median, triton do_bench). verify/decode: the verify step over one decode step (target: "
+             "<= 1.5 at K = 4-8, B = 64); +commit: with the commit of K/2 tokens recomputed.", "",
+             "| family | format | B | K | decode | K decodes | verify | verify+kept | commit | commit kept | prefill "
+             "chunk | verify/decode | +commit | rollback bit-identical |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in kernels:
+        ratio = lambda key: f"{r[key]:.2f}" if key in r else "-"  # noqa: E731
+        lines.append(f"| {r['family']} | {r['format']} | {r['B']} | {r['K_tokens']} | {us(r['decode_1'])} | "
+                     f"{us(r['decode_K'])} | {us(r['verify'])} | {us(r['verify_keep'])} | {us(r['commit'])} | "
+                     f"{us(r['commit_kept'])} | {us(r.get('prefill_chunk'))} | {ratio('verify_over_decode')} | "
+                     f"{ratio('verify_commit_over_decode')} | {r['bit_identical']} |")
+    if spec:
+        lines += ["", "## Speculative decoding, B = 1 (target >= 1.5x plain)", "",
+                  "tokens/s: verify steps eager, the draft's steps CUDA-graphed where possible (draft graphed); "
+                  "all eager: the draft eager too.", "",
+                  "| target | recipe | draft | k | acceptance | tokens/round | tokens/s | all eager | draft graphed | "
+                  "plain graphed | plain eager | draft alone | vs graphed | vs eager | = greedy |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in spec:
+            lines.append(f"| {r['model']} | {r['recipe']} | {r['draft']} | {r['draft_tokens']} | {r['acceptance']:.0%} | "
+                         f"{r['tokens_per_round']:.2f} | {r['tokens_per_s']:.1f} | {r['all_eager_tokens_per_s']:.1f} | "
+                         f"{r['draft_graphed']} | {r['plain_graphed_tokens_per_s']:.1f} | "
+                         f"{r['plain_eager_tokens_per_s']:.1f} | {r['draft_alone_tokens_per_s']:.1f} | "
+                         f"{r['speedup_vs_graphed']:.2f}x | {r['speedup_vs_eager']:.2f}x | {r['equal_to_greedy']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="folder for verify.json and verify.md")
+    p.add_argument("--tiny", action="store_true", help="tiny sizes (a CPU smoke test)")
+    p.add_argument("--families", nargs="+", default=["gla", "delta"], choices=["gla", "delta"])
+    p.add_argument("--formats", nargs="+", default=["fp8_row", "int8_row:stochastic", "bf16", "fp32"],
+                   help="state formats (FORMAT or FORMAT:stochastic)")
+    p.add_argument("--batch", nargs="+", type=int, default=[1, 64])
+    p.add_argument("--tokens", nargs="+", type=int, default=[2, 4, 8, 16])
+    p.add_argument("--heads", type=int, default=64)
+    p.add_argument("--dim", type=int, default=128, help="K = V per head")
+    p.add_argument("--model", default="gla-small", help="the speculative target (quantized with --recipe)")
+    p.add_argument("--recipe", default="gla_int8", help="the target's recipe ('' : unquantized)")
+    p.add_argument("--draft", default=None, help="the draft (default: --model, unquantized)")
+    p.add_argument("--draft-tokens", nargs="+", type=int, default=[2, 4, 8])
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--no-speculative", action="store_true", help="kernels only")
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.heads, args.dim, args.batch, args.tokens = 2, 16, [1, 3], [2, 4]
+        args.new_tokens, args.prompt_tokens, args.draft_tokens = 12, 16, [3]
+        args.formats = [f for f in args.formats if not f.startswith("bf16")]
+    args.draft = args.draft or args.model
+    cuda = torch.cuda.is_available()
+    device = torch.cuda.get_device_name() if cuda else "cpu (references, no timings)"
+    kernels = kernel_rows(args, cuda)
+    spec = [] if args.no_speculative else speculative_rows(args, cuda)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "verify.json").write_text(json.dumps({"device": device, "kernels": kernels, "speculative": spec}, indent=1))
+    (out / "verify.md").write_text(markdown(kernels, spec, device))
+    print((out / "verify.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
