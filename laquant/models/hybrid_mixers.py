@@ -50,6 +50,8 @@ def short_conv(x: torch.Tensor, states, layer_idx: int, conv: nn.Conv1d, activat
         out = ACT2FN[activation](out)
     if states is not None:
         states.conv[layer_idx] = inp[:, inp.shape[1] - (W - 1):]
+        if getattr(states, "checkpoints", None) is not None:
+            states.checkpoints.keep_conv(layer_idx, inp, W)
     return out.to(x.dtype)
 
 

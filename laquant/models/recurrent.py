@@ -49,6 +49,15 @@ class RecurrentMixer(nn.Module):
         B, T, H, K = q.shape
         if g.dim() == 3:
             g = g.unsqueeze(-1).expand(B, T, H, K)
+        every = _checkpoint_every(states, T)
+        if every:  # the reference of the chunk kernel's checkpoints: the prefill in pieces of ``every`` tokens
+            from laquant.kernels.gla.chunk import chunk_gla_reference
+
+            o, final, ckpt = chunk_gla_reference(q, k, v, g, scale, stored, True, roundtrip=self._prefill_roundtrip,
+                                                 checkpoint_every=every, seed=_seed(states))
+            self._keep_checkpoints(states, stored, ckpt)
+            self.store_state(states, stored, final.data, T)
+            return o
         state = stored.load() if stored is not None else None
         if T == 1 and states is not None:
             if state is None:
@@ -120,6 +129,10 @@ class RecurrentMixer(nn.Module):
             return
         states.update(self.layer_idx, State(stored.data, stored.scale, stored.format, stored.n_stores + 1), 1)
 
+    def _keep_checkpoints(self, states, stored: State | None, ckpt: State) -> None:
+        position = (stored.n_stores if stored is not None else 0) + 1  # the prefill's stores' (store_position)
+        states.checkpoints.keep_states(self.layer_idx, ckpt.data, self.state_quantizer, _seed(states), position)
+
     @property
     def _prefill_roundtrip(self) -> StateQuantizer | None:
         return None if self.state_quantizer.is_plain_fp32 or not self.prefill_roundtrip else self.state_quantizer
@@ -135,12 +148,21 @@ class RecurrentMixer(nn.Module):
                                 *self._pool_slots(stored, B, q.device), qk_scale=scale, seed=_seed(states))
             self._count_decode_step(states, stored)
             return o.unsqueeze(1)
-        o, final, _ = chunk_gla_triton(q, k, v, g, scale=scale, initial_state=stored,
-                                       output_final_state=states is not None, roundtrip=self._prefill_roundtrip,
-                                       seed=_seed(states))
+        every = _checkpoint_every(states, T)
+        o, final, ckpt = chunk_gla_triton(q, k, v, g, scale=scale, initial_state=stored,
+                                          output_final_state=states is not None, roundtrip=self._prefill_roundtrip,
+                                          checkpoint_every=every, seed=_seed(states))
+        if every:
+            self._keep_checkpoints(states, stored, ckpt)
         if states is not None:
             self.store_state(states, stored, final.data, T)
         return o
+
+
+def _checkpoint_every(states, T: int) -> int:
+    """Tokens between the state snapshots a prefill of ``T`` tokens is asked for (0: none)."""
+    request = getattr(states, "checkpoints", None)
+    return request.every if request is not None and T >= request.every else 0
 
 
 def _seed(states) -> int:
