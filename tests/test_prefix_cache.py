@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from conftest import INTERPRETED, require_triton_kernels
 
 from laquant.errors import LaquantError
 from laquant.kernels.common.state import StateQuantizer
@@ -240,6 +241,33 @@ def test_bad_input_errors():
         PrefixStateCache(gdn, BLOCK)
     with pytest.raises(LaquantError, match="GLAForCausalLM"):
         PrefixStateCache(torch.nn.Linear(2, 2), BLOCK)
+
+
+@pytest.mark.parametrize("fmt,rounding", [("fp32", None), ("int8_row", "stochastic")])
+def test_chunk_kernel_checkpoints_wired_to_the_cache(fmt, rounding, monkeypatch):
+    """The mixers' Triton path (the chunk kernel's ``checkpoint_every``, here under Triton's CPU
+    interpreter) makes the snapshots the reference path makes: fp32 within float32 rounding, int8
+    with the same codes (one codec keyed alike; a code could differ only where the two float32 states
+    straddle a rounding boundary, which these sizes do not hit)."""
+    if not INTERPRETED:
+        pytest.skip("CPU tensors through the kernels need Triton's interpreter (on CUDA: the gpu test below)")
+    require_triton_kernels()
+    import laquant.models.recurrent as recurrent
+
+    model = _model()
+    ids = _ids(2 * BLOCK + 9)
+    snaps = {}
+    for kernel in (False, True):
+        monkeypatch.setattr(recurrent, "use_triton", lambda x, fmt=None, kernel=kernel: kernel)
+        pc = PrefixStateCache(model, BLOCK, state_format=fmt, rounding=rounding)
+        logits, _, _ = pc.prefill(ids, logits_to_keep=9)
+        snaps[kernel] = (logits, [pc.entries[h] for h in pc.block_hashes(ids)])
+    torch.testing.assert_close(snaps[True][0], snaps[False][0], atol=1e-5, rtol=1e-5)
+    for a, b in zip(snaps[True][1], snaps[False][1]):
+        for layer in a.states:
+            torch.testing.assert_close(a.states[layer].load(), b.states[layer].load(), atol=1e-6, rtol=1e-5)
+            if fmt != "fp32":
+                assert torch.equal(a.states[layer].data, b.states[layer].data)
 
 
 @pytest.mark.gpu

@@ -23,14 +23,15 @@ def resume_loss(model, windows: torch.Tensor, prefix: int, state_format: str | N
                 seed: int = 0, progress: bool = False) -> dict:
     """Mean next-token loss over tokens ``prefix + 1 ..`` of each window: recomputed (the whole window
     in one prefill) and resumed from the snapshot after ``prefix`` tokens (``state_format``, None: the
-    model's own). Also the largest logit difference seen."""
+    model's own). Also the mean per-token ``|loss change|`` (relative to the loss: changes of opposite
+    sign do not cancel there) and the largest logit difference seen."""
     from tqdm.auto import tqdm
 
     device = next(model.parameters()).device
     keep = windows.shape[1] - prefix
     pool = PrefixStateCache(model, prefix, budget_bytes=1 << 40, state_format=state_format, rounding=rounding,
                             seed=seed)
-    full_nll = resumed_nll = 0.0
+    full_nll = resumed_nll = abs_diff = 0.0
     count, max_diff = 0, 0.0
     for w in tqdm(windows, desc=f"resume {state_format or 'model'}", unit="win", disable=not progress, leave=False):
         labels = w[prefix + 1:].to(device)
@@ -43,11 +44,15 @@ def resume_loss(model, windows: torch.Tensor, prefix: int, state_format: str | N
         if cached != prefix:
             raise RuntimeError(f"the snapshot after {prefix} tokens was not found (restored {cached})")
         resumed = logits[0, :-1].float()
-        full_nll += F.cross_entropy(full, labels, reduction="sum").item()
-        resumed_nll += F.cross_entropy(resumed, labels, reduction="sum").item()
+        nll_full = F.cross_entropy(full, labels, reduction="none")
+        nll_resumed = F.cross_entropy(resumed, labels, reduction="none")
+        full_nll += nll_full.sum().item()
+        resumed_nll += nll_resumed.sum().item()
+        abs_diff += (nll_resumed - nll_full).abs().sum().item()
         count += labels.numel()
         max_diff = max(max_diff, (resumed - full).abs().max().item())
     loss_full, loss_resumed = full_nll / count, resumed_nll / count
     return dict(state_format=state_format or "model", prefix=prefix, tokens=count, windows=len(windows),
                 loss_recomputed=loss_full, loss_resumed=loss_resumed,
-                rel_loss_change=(loss_resumed - loss_full) / loss_full, max_logit_diff=max_diff)
+                rel_loss_change=(loss_resumed - loss_full) / loss_full,
+                rel_token_loss_abs_change=abs_diff / count / loss_full, max_logit_diff=max_diff)

@@ -44,11 +44,12 @@ def markdown(result: dict) -> str:
             a0 = r["accuracy"][0]
             lines += [f"Resuming from a snapshot after {a0['prefix']} tokens vs recomputing the prefix ("
                       f"{a0['windows']} windows, {a0['tokens']} scored tokens of {result['text']}):", "",
-                      "| snapshot format | loss recomputed | loss resumed | change | max logit diff |",
-                      "|---|---|---|---|---|"]
+                      "| snapshot format | loss recomputed | loss resumed | change | mean per-token abs change "
+                      "| max logit diff |", "|---|---|---|---|---|---|"]
             for a in r["accuracy"]:
                 lines.append(f"| {a['state_format']} | {a['loss_recomputed']:.5f} | {a['loss_resumed']:.5f} | "
-                             f"{100 * a['rel_loss_change']:+.4f}% | {a['max_logit_diff']:.3g} |")
+                             f"{100 * a['rel_loss_change']:+.4f}% | {100 * a['rel_token_loss_abs_change']:.4f}% | "
+                             f"{a['max_logit_diff']:.3g} |")
             lines.append("")
     return "\n".join(lines)
 
