@@ -311,3 +311,39 @@ def test_serve_cli_argument_errors_import_no_torch(argv):
     assert last.startswith("HEAVY False RC "), proc.stderr[-2000:]
     if "--help" not in argv:
         assert last == "HEAVY False RC 2" and "error:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_eval_serve_end_to_end(tmp_path):
+    """``laquant eval serve`` on a tiny random GLA: both replays, the follow-up TTFT, the memory table."""
+    import json
+
+    from laquant.cli import main
+
+    cfg = '{"hidden_size": 64, "num_hidden_layers": 2, "num_heads": 2, "vocab_size": 97}'
+    out = tmp_path / "serve"
+    assert main(["eval", "serve", f"config:{cfg}", "--system", "140", "--conversations", "2", "--turns", "2",
+                 "--user", "8", "--reply", "3", "--block-size", "64", "--reps", "1", "--device", "cpu",
+                 "--formats", "fp32", "int8_row", "--quiet", "--out", str(out)]) == 0
+    res = json.loads((out / "serve.json").read_text())["results"][0]
+    assert (out / "serve.md").exists() and (out / "serve.png").stat().st_size > 0
+    assert [r["cached_tokens"] for r in res["requests"]["no_cache"]] == [0] * 4
+    # conversation 0's first request caches the system prompt's 2 blocks; every later request hits them
+    assert [r["cached_tokens"] for r in res["requests"]["prefix_cache"]] == [0, 128, 128, 128]
+    assert res["follow_up"]["cached_tokens"] == 128 and res["pool"]["request_hit_rate"] == 0.75
+    mem = {m["format"]: m for m in res["memory"]}
+    assert mem["int8_row"]["vs_fp32"] == pytest.approx(4 * 32 / (32 + 4), rel=1e-3)  # V = 32: 4 scale bytes per row
+    assert "accuracy" not in res  # a random model has no accuracy to measure
+
+
+def test_resume_from_8bit_snapshot_keeps_the_loss_of_shipped_gla_small():
+    """The issue's target (< 0.1% next-token loss change from resuming at an 8-bit snapshot), on the
+    trained gla-small and real text, at a CPU size."""
+    from laquant.api import load
+    from laquant.data import load_text, tokenize
+    from laquant.serving.accuracy import resume_loss, text_windows
+
+    model, tok = load(None)
+    windows = text_windows(tokenize(load_text("wikitext2")[:20000], tok), 1, 384)
+    res = resume_loss(model, windows, 256, "int8_row")
+    assert res["tokens"] == 127 and res["max_logit_diff"] > 0
+    assert abs(res["rel_loss_change"]) < 1e-3 and res["rel_token_loss_abs_change"] < 1e-3
