@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
 
     from laquant.data import load_text, tokenize
     from laquant.serving.accuracy import resume_loss, text_windows
-    from laquant.serving.plot import markdown, plot
+    from laquant.eval.serve import markdown, plot
     from laquant.serving.replay import Workload, serve_eval
 
     device = pick_device(args.device)

@@ -1,5 +1,5 @@
-"""``laquant eval serve``'s report: a markdown summary and a PNG (TTFT per request with and without
-the prefix cache, snapshots per budget by state format)."""
+"""``laquant eval serve``'s report (the measurements are laquant.serving's): a markdown summary and a
+PNG (TTFT per request with and without the prefix cache, snapshots per budget by state format)."""
 
 from __future__ import annotations
 
