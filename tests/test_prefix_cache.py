@@ -294,6 +294,39 @@ def test_kernel_checkpoints_are_the_reference_snapshots(fmt, monkeypatch):
                 assert (sa.data.int() - sb.data.int()).abs().max() <= 1
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("state", [None, "int8_row"])
+def test_gpu_hit_and_graphed_decode_match_recomputation(state):
+    """On the kernels in bf16: a hit's logits against the full prefill's, and the graphed greedy decode
+    after a hit against the eager decode after the same hit (the restored state decodes in place)."""
+    from conftest import rel_err
+
+    from laquant.serving.replay import full_prefill, greedy_decode
+
+    model = _model().cuda().to(torch.bfloat16)
+    if state is not None:
+        for layer in model.model.layers:
+            layer.attn.state_quantizer = StateQuantizer(state, rounding="stochastic")
+    ids = _ids(4 * BLOCK + 17)
+    pc = PrefixStateCache(model, BLOCK, state_format="fp32" if state is None else None)
+    pc.prefill(ids[:3 * BLOCK + 1])
+    logits, cache, cached = pc.prefill(ids)
+    assert cached == 3 * BLOCK
+    ref_logits, _ = full_prefill(model, ids)
+    assert rel_err(logits[:, -1].float(), ref_logits[:, -1].float()) < 2e-2
+    again, cache_b, _ = pc.prefill(ids)
+    assert torch.equal(again, logits)  # the snapshot was copied out, not decoded in place
+    first = logits[:, -1].argmax(-1)
+    graphed = greedy_decode(model, cache, first, 8)
+    eager = []
+    tok = first
+    with torch.no_grad():
+        for _ in range(8):
+            tok = model(tok[:, None], past_key_values=cache_b, use_cache=True).logits[:, -1].argmax(-1)
+            eager.append(tok)
+    assert torch.equal(graphed, torch.stack(eager, 1))
+
+
 SERVE_ERRORS = [
     ["eval", "serve", "--block-size", "100"],
     ["eval", "serve", "--system", "0"],
