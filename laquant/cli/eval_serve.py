@@ -87,7 +87,7 @@ def _parse_model(spec: str | None):
     return "load", check_model_dir(spec)
 
 
-def _variants(kind, what, recipe, device, dtype, verify_progress):
+def _variants(kind, what, recipe, device, dtype, progress):
     """``[(label, make)]``: the model, and its form quantized here by ``recipe``."""
     import torch
 
@@ -110,7 +110,7 @@ def _variants(kind, what, recipe, device, dtype, verify_progress):
             calib = torch.randint(0, model.config.vocab_size, (4, 512))
         else:
             calib = tokenize(load_text("calibration"), tok)[: 16 * 512].view(16, 512)
-        return calibrate(model, recipe, data=calib.to(device), progress=verify_progress).model, tok
+        return calibrate(model, recipe, data=calib.to(device), progress=progress).model, tok
 
     label = "random GLA" if kind == "config" else Path(what).name
     out = [(label, make)]
