@@ -332,11 +332,18 @@ SERVE_ERRORS = [
     ["eval", "serve", "--system", "0"],
     ["eval", "serve", "--formats", "fp9"],
     ["eval", "serve", "--budget-mb", "-1"],
+    ["eval", "serve", "--accuracy-prefix", "1024", "--accuracy-len", "1024"],
+    ["eval", "serve", "--no-replay", "--no-accuracy"],
+    ["eval", "serve", "/no/such/model"],
+    ["eval", "serve", "config:[1]"],
+    ["eval", "serve", "--recipe", "no_such_recipe"],
 ]
 
 
-@pytest.mark.parametrize("argv", SERVE_ERRORS + [["eval", "serve", "--help"]])
-def test_serve_cli_argument_errors_import_no_torch(argv):
+@pytest.mark.parametrize("argv", SERVE_ERRORS + [["eval", "serve", "--help"], ["eval", "serve", "{gdn}"]])
+def test_serve_cli_argument_errors_import_no_torch(argv, tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "gated_deltanet"}')  # a model the cache does not cover
+    argv = [a.replace("{gdn}", str(tmp_path)) for a in argv]
     code = ("import sys\nfrom laquant.cli import main\ntry:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n"
             "    rc = e.code\nprint('HEAVY', 'torch' in sys.modules, 'RC', rc, file=sys.stderr)\n")
     proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)

@@ -74,7 +74,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 def _parse_model(spec: str | None):
     """``("config", fields)`` for ``config:{json}``, else ``("load", folder)`` (checked here)."""
-    from laquant.paths import check_model_dir
+    from laquant.paths import check_model_dir, read_config
 
     if spec is not None and spec.startswith("config:"):
         try:
@@ -84,7 +84,12 @@ def _parse_model(spec: str | None):
         if not isinstance(fields, dict):
             raise LaquantError(f"model {spec!r}: expected a JSON object of GLAConfig fields after 'config:'")
         return "config", fields
-    return "load", check_model_dir(spec)
+    model_dir = check_model_dir(spec)
+    model_type = read_config(model_dir).get("model_type")
+    if model_type != "gla":  # laquant.serving.check_model says the same of a loaded model
+        raise LaquantError(f"{model_dir} is a {model_type!r} model; the prefix state cache covers laquant's GLA "
+                           "(model_type 'gla') only: the delta-rule chunk kernels write no state checkpoints yet")
+    return "load", model_dir
 
 
 def _variants(kind, what, recipe, device, dtype, progress):
