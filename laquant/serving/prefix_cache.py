@@ -22,8 +22,9 @@ Numerics (what is exact and what is not):
 * A snapshot is the prefill's running float32 state at the block's end, stored once in the
   snapshot format with fresh scales (stochastic rounding keyed by the cache's seed, the batch row,
   the prefill's store count and the 64-token chunk, as the chunk kernel keys its checkpoints). On
-  the same device the CUDA kernel's checkpoints and the CPU reference's are the same bytes up to
-  the float32 arithmetic of the two (tested on the GPU).
+  the same device the CUDA kernel's checkpoints (at B = 1 the start states of its sequence-parallel
+  pieces) and the reference's are the same codes up to the float32 arithmetic of the two (tested
+  under Triton's interpreter and on the GPU).
 * fp32 snapshots: resuming equals the uninterrupted prefill up to float32 summation order (the
   suffix's matmuls are batched differently); never bit-exact by construction, within ~1e-5.
 * bf16 / 8-bit snapshots: the resumed run starts from the state rounded once (relative error per
@@ -31,8 +32,9 @@ Numerics (what is exact and what is not):
   int8 to nearest, one step for stochastic). That error decays with the gates through the suffix;
   the logits differ by it and nothing else.
 * A restored state counts as store 0 of its sequence, so the resumed prefill's final store is store
-  1, keyed and scaled as the uninterrupted prefill's final store (with stochastic rounding both use
-  the same random bits). A snapshot is rounded by the bits of the prefill that made it: one made by
+  1, keyed as the uninterrupted prefill's final store (with stochastic rounding both draw the same
+  random bits) and, with ``renorm_interval`` 1 (every shipped recipe), scaled alike; with a larger
+  interval its scale is also at least the snapshot's (the quantizer's grow-only rule). A snapshot is rounded by the bits of the prefill that made it: one made by
   a prefill that itself resumed at token ``P0`` uses the chunk numbering from ``P0``, so snapshots of
   one prefix made by different request histories may differ by their (unbiased) rounding.
 
