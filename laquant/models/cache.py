@@ -41,6 +41,8 @@ class CheckpointRequest:
         T = inputs.shape[1] - (width - 1)
         ends = range(self.every, T + 1, self.every)
         self.conv[key] = torch.stack([inputs[:, e:e + width - 1] for e in ends], 1) if ends else None
+
+
 @dataclass
 class DecodeSlots:
     """What the decode kernels read besides the states, kept as persistent device tensors by a

@@ -130,8 +130,10 @@ class RecurrentMixer(nn.Module):
         states.update(self.layer_idx, State(stored.data, stored.scale, stored.format, stored.n_stores + 1), 1)
 
     def _keep_checkpoints(self, states, stored: State | None, ckpt: State) -> None:
-        position = (stored.n_stores if stored is not None else 0) + 1  # the prefill's stores' (store_position)
-        states.checkpoints.keep_states(self.layer_idx, ckpt.data, self.state_quantizer, _seed(states), position)
+        from laquant.kernels.common.state_io import store_position
+
+        states.checkpoints.keep_states(self.layer_idx, ckpt.data, self.state_quantizer, _seed(states),
+                                       store_position(stored, None))
 
     @property
     def _prefill_roundtrip(self) -> StateQuantizer | None:
