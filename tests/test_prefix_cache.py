@@ -224,6 +224,8 @@ def test_bad_input_errors():
         PrefixStateCache(model, BLOCK, state_format="fp9")
     with pytest.raises(LaquantError, match="rounding"):
         PrefixStateCache(model, BLOCK, rounding="up")
+    with pytest.raises(LaquantError, match="seed"):
+        PrefixStateCache(model, BLOCK, seed=-1)
     pc = PrefixStateCache(model, BLOCK)
     with pytest.raises(LaquantError, match="one sequence at a time"):
         pc.prefill(torch.zeros(2, 70, dtype=torch.long))

@@ -119,8 +119,12 @@ class PrefixStateCache:
             raise LaquantError(f"unknown rounding {rounding!r}; allowed: {', '.join(ROUNDINGS)}")
         from laquant.models.cache import check_seed
 
+        try:
+            seed = check_seed(seed)
+        except ValueError as exc:
+            raise LaquantError(str(exc)) from None
         self.model, self.block_size, self.budget_bytes = model, block_size, budget_bytes
-        self.state_format, self.rounding, self.seed = state_format, rounding, check_seed(seed)
+        self.state_format, self.rounding, self.seed = state_format, rounding, seed
         self.needs_chain = bool(model.config.attn)  # softmax layers: a block's snapshot holds only its own KV
         self._root = hashlib.sha256(f"laquant-prefix/{block_size}/{state_format}/{rounding}/{seed}".encode()).digest()
         self.entries: OrderedDict[bytes, Snapshot] = OrderedDict()
