@@ -101,7 +101,9 @@ def _variants(kind, what, recipe, device, dtype, progress):
             from laquant.models import GLAConfig, GLAForCausalLM
 
             torch.manual_seed(0)
-            return GLAForCausalLM(GLAConfig(**what)).to(device=device, dtype=dtype).eval(), None
+            with torch.device(device):  # a 1.3B model initialised on the GPU, not by the CPU
+                model = GLAForCausalLM(GLAConfig(**what))
+            return model.to(dtype).eval(), None
         from laquant.api import load
 
         return load(what, device=device, dtype=dtype)
