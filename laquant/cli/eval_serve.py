@@ -101,8 +101,11 @@ def _variants(kind, what, recipe, device, dtype, progress):
             from laquant.models import GLAConfig, GLAForCausalLM
 
             torch.manual_seed(0)
-            with torch.device(device):  # a 1.3B model initialised on the GPU, not by the CPU
-                model = GLAForCausalLM(GLAConfig(**what))
+            try:
+                with torch.device(device):  # a 1.3B model initialised on the GPU, not by the CPU
+                    model = GLAForCausalLM(GLAConfig(**what))
+            except (TypeError, ValueError) as exc:
+                raise LaquantError(f"config:{json.dumps(what)} is not a GLA config laquant builds: {exc}") from None
             return model.to(dtype).eval(), None
         from laquant.api import load
 
