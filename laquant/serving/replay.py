@@ -128,31 +128,35 @@ def follow_up_ttft(model, system: int, user: int, block_size: int, reps: int = 5
                    seed: int = 0) -> dict:
     """TTFT of a follow-up request (a shared ``system``-token prefix, then ``user`` new tokens):
     a full prefill against a prefill resumed from the cached prefix (median of ``reps`` requests,
-    each with fresh user tokens, after one untimed request of each kind)."""
+    each with fresh user tokens, after one untimed request of each kind); also a cold request (a
+    new prefix) through the cache, which writes its snapshots: what caching costs a miss."""
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
     shared = torch.randint(0, vocab, (system,), generator=gen)
     pool = PrefixStateCache(model, block_size, budget_bytes=1 << 40, state_format=state_format, seed=seed)
     pool.prefill(torch.cat([shared, torch.randint(0, vocab, (user,), generator=gen)]))  # caches the prefix
-    times = {"full": [], "cached": []}
+    times = {"full": [], "cached": [], "cold": []}
     cached_tokens = 0
     for i in range(reps + 1):
         prompt = torch.cat([shared, torch.randint(0, vocab, (user,), generator=gen)])
-        for kind in ("full", "cached"):
+        fresh = torch.randint(0, vocab, (system + user,), generator=gen)
+        for kind in ("full", "cached", "cold"):
             _sync(device)
             t0 = time.perf_counter()
             if kind == "full":
                 logits, _ = full_prefill(model, prompt, seed)
-            else:
+            elif kind == "cached":
                 logits, _, cached_tokens = pool.prefill(prompt)
+            else:
+                logits, _, _ = pool.prefill(fresh)
             int(logits[:, -1].argmax(-1))
             if i:  # the first of each kind is a warm-up
                 times[kind].append(time.perf_counter() - t0)
     full, cached = statistics.median(times["full"]), statistics.median(times["cached"])
     return dict(system=system, user=user, block_size=block_size, reps=reps, cached_tokens=cached_tokens,
                 state_format=state_format or "model", full_prefill_ttft_s=full, cached_ttft_s=cached,
-                speedup=full / cached)
+                speedup=full / cached, cold_with_snapshots_ttft_s=statistics.median(times["cold"]))
 
 
 def snapshot_memory(model, formats, block_size: int, budget_bytes: int) -> list[dict]:
