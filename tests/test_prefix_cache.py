@@ -16,15 +16,23 @@ from laquant.serving import PrefixStateCache
 
 BLOCK = 64
 VOCAB = 97
+HYBRID = {"attn": {"layers": [1], "num_heads": 2}}  # fla's hybrid form: the snapshot holds the block's KV
 CONFIGS = {
     "gla": {},
-    # fla's hybrid GLA (a softmax layer: the snapshot holds its block's KV) with short convs
-    "hybrid_conv": {"use_short_conv": True, "attn": {"layers": [1], "num_heads": 2}},
+    "hybrid_conv": {"use_short_conv": True, **HYBRID},
+    # laquant's Gated DeltaNet (short convs by default): checkpoints from a prefill run in pieces
+    "gated_deltanet": {"kind": "gated_deltanet", **HYBRID},
 }
 
 
-def _model(**fields) -> GLAForCausalLM:
+def _model(kind: str = "gla", **fields) -> GLAForCausalLM:
     torch.manual_seed(0)
+    if kind == "gated_deltanet":
+        from laquant.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM
+
+        cfg = GatedDeltaNetConfig(hidden_size=64, num_hidden_layers=3, num_heads=2, head_dim=32, vocab_size=VOCAB,
+                                  **fields)
+        return GatedDeltaNetForCausalLM(cfg).eval()
     cfg = GLAConfig(hidden_size=64, num_hidden_layers=3, num_heads=2, vocab_size=VOCAB, **fields)
     return GLAForCausalLM(cfg).eval()
 
@@ -103,12 +111,13 @@ def test_8bit_snapshot_is_the_state_rounded_once(fmt, rounding):
             assert err.max() > 0 and bool((err <= bound).all())
 
 
-@pytest.mark.parametrize("fmt,rounding", [("int8_row", "stochastic"), ("fp8_row", "nearest")])
-def test_8bit_hit_equals_recomputation_from_the_rounded_state(fmt, rounding):
+@pytest.mark.parametrize("fmt,rounding,name", [("int8_row", "stochastic", "gla"), ("fp8_row", "nearest", "gla"),
+                                               ("int8_row", "nearest", "gated_deltanet")])
+def test_8bit_hit_equals_recomputation_from_the_rounded_state(fmt, rounding, name):
     """Resuming from an 8-bit snapshot is the uninterrupted run with the state at P replaced by its
     rounding, nothing else: the same logits as a prefill from the dequantized snapshot (fp32 tolerance),
     and different (by the rounding) from the fp32 resume."""
-    model = _model()
+    model = _model(**CONFIGS[name])
     ids = _ids(2 * BLOCK + 30)
     keep = 30
     pc = PrefixStateCache(model, BLOCK, state_format=fmt, rounding=rounding)
@@ -121,6 +130,9 @@ def test_8bit_hit_equals_recomputation_from_the_rounded_state(fmt, rounding):
 
     for layer, st in snap.states.items():
         manual.states[layer] = State(st.load(), None, "fp32", 0)
+    manual.conv = dict(snap.conv)
+    manual.kv = {layer: tuple(torch.cat([pc.entries[h].kv[layer][i] for h in pc.block_hashes(ids)[:2]], 1)
+                              for i in (0, 1)) for layer in snap.kv}
     manual.seen_tokens = 2 * BLOCK
     with torch.no_grad():
         want = model(ids[None, 2 * BLOCK:], past_key_values=manual, use_cache=True).logits
@@ -235,18 +247,18 @@ def test_bad_input_errors():
         pc.prefill(torch.zeros(70))
     with pytest.raises(LaquantError, match="vocabulary"):
         pc.prefill(torch.full((70,), VOCAB, dtype=torch.long))
-    from laquant.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM
-
-    gdn = GatedDeltaNetForCausalLM(GatedDeltaNetConfig(hidden_size=64, num_hidden_layers=1, num_heads=2, head_dim=32,
-                                                       vocab_size=VOCAB))
-    with pytest.raises(LaquantError, match="GLAForCausalLM.*GatedDeltaNetForCausalLM"):
-        PrefixStateCache(gdn, BLOCK)
-    with pytest.raises(LaquantError, match="GLAForCausalLM"):
+    with pytest.raises(LaquantError, match="GLAForCausalLM.*not Linear"):
         PrefixStateCache(torch.nn.Linear(2, 2), BLOCK)
+    gdn = _model("gated_deltanet")
+    for layer in gdn.model.layers:
+        layer.attn.state_quantizer, layer.attn.prefill_roundtrip = StateQuantizer("int8_row"), True
+    with pytest.raises(LaquantError, match="prefill_roundtrip"):
+        PrefixStateCache(gdn, BLOCK)
 
 
-@pytest.mark.parametrize("fmt,rounding", [("fp32", None), ("int8_row", "stochastic")])
-def test_chunk_kernel_checkpoints_wired_to_the_cache(fmt, rounding, monkeypatch):
+@pytest.mark.parametrize("fmt,rounding,name", [("fp32", None, "gla"), ("int8_row", "stochastic", "gla"),
+                                               ("int8_row", "stochastic", "gated_deltanet")])
+def test_chunk_kernel_checkpoints_wired_to_the_cache(fmt, rounding, name, monkeypatch):
     """The mixers' Triton path (the chunk kernel's ``checkpoint_every``, here under Triton's CPU
     interpreter) makes the snapshots the reference path makes: fp32 within float32 rounding, int8
     with the same codes (one codec keyed alike; a code could differ only where the two float32 states
@@ -256,7 +268,7 @@ def test_chunk_kernel_checkpoints_wired_to_the_cache(fmt, rounding, monkeypatch)
     require_triton_kernels()
     import laquant.models.recurrent as recurrent
 
-    model = _model()
+    model = _model(**CONFIGS[name])
     ids = _ids(2 * BLOCK + 9)
     snaps = {}
     for kernel in (False, True):
@@ -273,12 +285,13 @@ def test_chunk_kernel_checkpoints_wired_to_the_cache(fmt, rounding, monkeypatch)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gla", "gated_deltanet"])
 @pytest.mark.parametrize("fmt", ["fp32", "int8_row"])
-def test_kernel_checkpoints_are_the_reference_snapshots(fmt, monkeypatch):
-    """On CUDA the snapshots come from the chunk kernel's checkpoints; with LAQUANT_KERNELS=reference
-    from chunk_gla_reference: the same states (fp32: float tolerance; int8: at most one code apart,
+def test_kernel_checkpoints_are_the_reference_snapshots(fmt, name, monkeypatch):
+    """On CUDA the snapshots come from the chunk kernels (GLA's checkpoints, the delta rule's pieces);
+    with LAQUANT_KERNELS=reference from the references: the same states (fp32: float tolerance; int8: at most one code apart,
     where the two float32 states straddle a rounding boundary)."""
-    model = _model().cuda()
+    model = _model(**CONFIGS[name]).cuda()
     ids = _ids(3 * BLOCK + 9).cuda()
     snaps = {}
     for choice in ("auto", "reference"):
@@ -344,7 +357,7 @@ SERVE_ERRORS = [
 
 @pytest.mark.parametrize("argv", SERVE_ERRORS + [["eval", "serve", "--help"], ["eval", "serve", "{gdn}"]])
 def test_serve_cli_argument_errors_import_no_torch(argv, tmp_path):
-    (tmp_path / "config.json").write_text('{"model_type": "gated_deltanet"}')  # a model the cache does not cover
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3_next"}')  # a model the cache does not cover
     argv = [a.replace("{gdn}", str(tmp_path)) for a in argv]
     code = ("import sys\nfrom laquant.cli import main\ntry:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n"
             "    rc = e.code\nprint('HEAVY', 'torch' in sys.modules, 'RC', rc, file=sys.stderr)\n")

@@ -13,12 +13,14 @@ from laquant.errors import LaquantError
 from laquant.kernels.common.format_names import STATE_FORMATS
 
 CHUNK = 64  # laquant.kernels.common.state_io.CHUNK, named here so the parser needs no torch
+COVERED = ("gla", "gated_deltanet")  # the model types laquant.serving.check_model accepts
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
-                   help="a model folder, a laquant checkpoint, an HF id (default: the embedded gla-small), or "
-                        "'config:{json}' for a random laquant GLA of that GLAConfig (speed only: no accuracy)")
+                   help="a GLA or Gated DeltaNet model folder or laquant checkpoint, an HF id (default: the embedded "
+                        "gla-small), or 'config:{json}' for a random laquant GLA of that GLAConfig (speed only: no "
+                        "accuracy)")
     p.add_argument("--recipe", default=None,
                    help="also evaluate the model quantized here with this recipe (e.g. gla_int8), calibrated on "
                         "the shipped calibration text (random tokens for a config: model)")
@@ -86,9 +88,9 @@ def _parse_model(spec: str | None):
         return "config", fields
     model_dir = check_model_dir(spec)
     model_type = read_config(model_dir).get("model_type")
-    if model_type != "gla":  # laquant.serving.check_model says the same of a loaded model
-        raise LaquantError(f"{model_dir} is a {model_type!r} model; the prefix state cache covers laquant's GLA "
-                           "(model_type 'gla') only: the delta-rule chunk kernels write no state checkpoints yet")
+    if model_type not in COVERED:  # laquant.serving.check_model says the same of a loaded model
+        raise LaquantError(f"{model_dir} is a {model_type!r} model; the prefix state cache covers laquant's own "
+                           f"models ({', '.join(COVERED)}), not transformers' hybrids")
     return "load", model_dir
 
 

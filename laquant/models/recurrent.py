@@ -79,6 +79,9 @@ class RecurrentMixer(nn.Module):
         stored = states.get(self.layer_idx) if states is not None else None
         T = q.shape[1]
         per_channel = g.dim() == 4
+        every = _checkpoint_every(states, T)
+        if every:
+            return self._attend_delta_pieces(q, k, v, g, beta, states, stored, every, use_qk_l2norm)
         if use_triton(q, self.state_quantizer.format.name):
             from laquant.kernels.delta.chunk import chunk_delta_triton
             from laquant.kernels.delta.decode import delta_decode_step
@@ -110,6 +113,40 @@ class RecurrentMixer(nn.Module):
         if states is not None:
             self.store_state(states, stored, state, T)
         return o
+
+    def _attend_delta_pieces(self, q, k, v, g, beta, states, stored, every: int, use_qk_l2norm: bool):
+        """:meth:`attend_delta` with state checkpoints: the delta-rule chunk kernels write none, so the
+        prefill runs in pieces of ``every`` tokens (a multiple of their 64-token chunks), the state carried
+        between them in float32 as inside one call; the state after each full piece is a checkpoint."""
+        if self._prefill_roundtrip is not None:
+            raise ValueError("state checkpoints of a delta-rule prefill that rounds its state every 64 tokens "
+                             "(prefill_roundtrip) are not implemented: the pieces would key their rounding apart")
+        T, per_channel = q.shape[1], g.dim() == 4
+        kernels = use_triton(q, self.state_quantizer.format.name)
+        if kernels:
+            from laquant.kernels.delta.chunk import chunk_delta_triton
+            from laquant.kernels.kda.chunk import chunk_kda_triton
+
+            chunk = chunk_kda_triton if per_channel else chunk_delta_triton
+        else:
+            chunk = chunk_kda if per_channel else chunk_gated_delta_rule
+        state, outs, ckpts = stored, [], []
+        for a in range(0, T, every):
+            piece = [x[:, a:a + every] for x in (q, k, v, g, beta)]
+            if kernels:
+                start = state if state is None or isinstance(state, State) else State(state, None, "fp32")
+                o, final = chunk(*piece, initial_state=start, output_final_state=True, use_qk_l2norm=use_qk_l2norm,
+                                 seed=_seed(states))
+                state = final.data
+            else:
+                start = state.load() if isinstance(state, State) else state
+                o, state = chunk(*piece, initial_state=start, output_final_state=True, use_qk_l2norm=use_qk_l2norm)
+            outs.append(o)
+            if piece[0].shape[1] == every:
+                ckpts.append(state)
+        self._keep_checkpoints(states, stored, State(torch.stack(ckpts, 1), None, "fp32"))
+        self.store_state(states, stored, state, T)
+        return torch.cat(outs, 1)
 
     # The Triton path keeps the stored state as the kernels' state pool: a decode step updates it
     # in place, a prefill starts from it as stored.

@@ -7,7 +7,7 @@ block (every mixer's recurrent state in a state format, the short convs' last in
 softmax layers of fla's hybrid GLA the keys and values of that block's tokens). A prefill asks the
 model for its states every ``block_size`` tokens (:class:`~laquant.models.cache.CheckpointRequest`:
 the chunk kernel's ``checkpoint_every`` on CUDA, :func:`~laquant.kernels.gla.chunk.chunk_gla_reference`
-elsewhere) and this pool keeps them:
+elsewhere; the delta rule in pieces) and this pool keeps them:
 
 * **keys**: block ``j`` is keyed by a chained hash ``h_j = sha256(h_{j-1} || tokens of block j)``
   (vLLM's prefix caching), so a block matches only after the same whole prefix;
@@ -34,14 +34,18 @@ Numerics (what is exact and what is not):
 * A restored state counts as store 0 of its sequence, so the resumed prefill's final store is store
   1, keyed as the uninterrupted prefill's final store (with stochastic rounding both draw the same
   random bits) and, with ``renorm_interval`` 1 (every shipped recipe), scaled alike; with a larger
-  interval its scale is also at least the snapshot's (the quantizer's grow-only rule). A snapshot is rounded by the bits of the prefill that made it: one made by
-  a prefill that itself resumed at token ``P0`` uses the chunk numbering from ``P0``, so snapshots of
-  one prefix made by different request histories may differ by their (unbiased) rounding.
+  interval its scale is also at least the snapshot's (the quantizer's grow-only rule).
+* A snapshot is rounded by the bits of the prefill that made it: one made by a prefill that itself
+  resumed at token ``P0`` uses the chunk numbering from ``P0``, so snapshots of one prefix made by
+  different request histories may differ by their (unbiased) rounding.
 
-Covered: laquant's ``GLAForCausalLM`` (bf16 or quantized by a recipe; fla's ``attn`` softmax
-layers and ``use_short_conv`` included), one sequence per prefill. Not covered (a LaquantError says
-so): Gated DeltaNet / KDA (their chunk kernels write no checkpoints yet) and transformers' hybrids
-(their KV caches are transformers' own objects).
+Covered: laquant's own models, bf16 or quantized by a recipe, with fla's ``attn`` softmax layers
+and short convs: ``GLAForCausalLM`` (snapshots from the chunk kernel's checkpoints) and
+``GatedDeltaNetForCausalLM`` (the delta-rule chunk kernels write no checkpoints: the prefill runs in
+pieces of ``block_size`` tokens, the state carried between them in float32, so the snapshots and the
+numerics above are the same; not with a recipe's ``prefill_roundtrip``). One sequence per prefill.
+Not covered (a LaquantError says so): transformers' hybrids (qwen3_next and the rest), whose softmax
+layers keep their KV in transformers' cache objects, laid out differently across its versions.
 """
 
 from __future__ import annotations
@@ -84,19 +88,23 @@ class Hit:
 
 
 def check_model(model) -> None:
-    """A LaquantError unless ``model`` is one the prefix cache covers (laquant's GLA)."""
+    """A LaquantError unless ``model`` is one the prefix cache covers (laquant's GLA and Gated DeltaNet)."""
     from laquant.models.fla_attention import Attention
-    from laquant.models.gated_deltanet import GatedDeltaNetForCausalLM
+    from laquant.models.gated_deltanet import GatedDeltaNet
     from laquant.models.gla import GatedLinearAttention, GLAForCausalLM
 
     name = type(model).__name__
-    if isinstance(model, GatedDeltaNetForCausalLM) or not isinstance(model, GLAForCausalLM):
-        raise LaquantError(f"the prefix state cache covers laquant's GLAForCausalLM (bf16 or quantized), not {name}: "
-                           "the delta-rule chunk kernels write no state checkpoints yet, and transformers' hybrids "
-                           "keep their KV in transformers' cache objects")
+    if not isinstance(model, GLAForCausalLM):  # GatedDeltaNetForCausalLM is one
+        raise LaquantError(f"the prefix state cache covers laquant's own models (GLAForCausalLM, "
+                           f"GatedDeltaNetForCausalLM; bf16 or quantized), not {name}: transformers' hybrids keep "
+                           "their softmax layers' KV in transformers' cache objects")
     for layer in model.model.layers:
-        if not isinstance(layer.attn, (GatedLinearAttention, Attention)):
-            raise LaquantError(f"the prefix state cache does not know the mixer {type(layer.attn).__name__} of {name}")
+        mixer = layer.attn
+        if not isinstance(mixer, (GatedLinearAttention, GatedDeltaNet, Attention)):
+            raise LaquantError(f"the prefix state cache does not know the mixer {type(mixer).__name__} of {name}")
+        if isinstance(mixer, GatedDeltaNet) and mixer.prefill_roundtrip and not mixer.state_quantizer.is_plain_fp32:
+            raise LaquantError(f"{name}'s recipe rounds the delta-rule state inside the prefill (prefill_roundtrip); "
+                               "its prefix-cache snapshots are not implemented: use a recipe without it")
 
 
 class PrefixStateCache:
