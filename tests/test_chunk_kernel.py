@@ -119,6 +119,18 @@ def test_sequence_parallel_segments(scalar, segments, T):
     _check(out, ref, 5e-5)  # the scan multiplies decays summed in another order
 
 
+@pytest.mark.parametrize("T", [300, 256])
+@pytest.mark.parametrize("fmt,rounding", [("fp32", "nearest"), ("int8_row", "stochastic")])
+def test_segments_with_checkpoints(T, fmt, rounding):
+    """With checkpoints the pieces are checkpoint_every tokens long and their chained start states are
+    the checkpoints (a prefix cache's snapshots at B = 1 on a GPU take this path)."""
+    q, k, v, g = _inputs(2, T, 2, 16, 32, torch.float32, seed=8)
+    kw = dict(output_final_state=True, final_format=fmt, checkpoint_every=64, rounding=rounding, seed=3)
+    out, ref = _run((q, k, v, g), kw, segments=2)
+    assert out[2].data.shape == (2, T // 64, 2, 16, 32)
+    _check(out, ref, _tol(torch.float32, fmt if fmt != "fp32" else None))
+
+
 def test_segments_refuse_sequential_state_formats():
     q, k, v, g = _inputs(1, 300, 1, 16, 16, torch.float32)
     with pytest.raises(ValueError, match="segments"):

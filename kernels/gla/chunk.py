@@ -235,8 +235,12 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
     ``block_t`` (16, 32 or 64 tokens per step of the kernel), ``block_v``, ``num_warps`` and
     ``num_stages`` are launch parameters; they do not change the result beyond rounding.
     ``segments``: split each sequence into this many pieces run in parallel (default: enough to
-    fill the GPU when ``B * H`` programs cannot). Only for float32 states without checkpoints: a
-    round trip through a storage format every 64 tokens is sequential by nature.
+    fill the GPU when ``B * H`` programs cannot). Not with round trips through a storage format
+    (sequential by nature). With ``checkpoint_every`` the pieces are ``checkpoint_every`` tokens long
+    (any ``segments > 1``; by default where ``B * H`` programs cannot fill the GPU), and the
+    checkpoints are their chained start states, stored by the reference's
+    :func:`~laquant.kernels.common.state_io.store_states` (the same codes as the kernel's own stores
+    up to the float32 order of the scan).
     ``rounding`` (nearest or stochastic) rounds the final state and the checkpoints; a stochastic
     ``roundtrip`` quantizer rounds the round trips so. Their random bits are keyed by ``seed``,
     the sequence, ``position`` (default: the store after ``initial_state``'s) and the 64-token
@@ -262,20 +266,23 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
     q, k, v, g = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, g))
     o = torch.empty_like(v) if out is None else out
     check_state_args(initial_state, final_format, (N, H, K, V), "[N, H, K, V]")
-    sequential_state = (roundtrip is not None and not roundtrip.is_plain_fp32) or checkpoint_every
+    sequential_state = roundtrip is not None and not roundtrip.is_plain_fp32
     rng = dict(rounding=rounding, seed=seed, position=store_position(initial_state, position))
     if segments is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
         # below one program per SM, split; the split costs a state-only pass over k, v, g
         if cu_seqlens is not None or sequential_state or N * H >= sms:
             segments = 1
+        elif checkpoint_every:  # the pieces' start states are the checkpoints
+            segments = triton.cdiv(T, checkpoint_every)
         else:
             segments = min(triton.cdiv(2 * sms, N * H), triton.cdiv(T, 4 * CHUNK))
     if segments > 1:
         if sequential_state or cu_seqlens is not None:
-            raise ValueError("segments > 1 needs float32 states without checkpoints and no cu_seqlens")
+            raise ValueError("segments > 1 needs float32 states (no round trips) and no cu_seqlens")
         return _segmented(q, k, v, g, scale, initial_state, output_final_state, final_format, segments, o,
-                          dict(block_t=block_t, block_v=block_v, num_warps=num_warps, num_stages=num_stages), rng)
+                          dict(block_t=block_t, block_v=block_v, num_warps=num_warps, num_stages=num_stages), rng,
+                          checkpoint_every)
     final = State.empty((N, H, K, V), final_format, q.device) if output_final_state else None
     longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
     n_ckpt = longest // checkpoint_every if checkpoint_every else 0
@@ -290,13 +297,15 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
     return o, final, ckpt
 
 
-def _segmented(q, k, v, g, scale, initial_state, output_final_state, final_format, segments, o, launch, rng):
-    """Sequence-parallel prefill: each sequence cut into ``segments`` pieces. Pass 1 runs every
-    piece from a zero state and keeps its final state and summed log-decay; a scan chains those
-    into each piece's true initial state; pass 2 runs every piece from it, writing o."""
+def _segmented(q, k, v, g, scale, initial_state, output_final_state, final_format, segments, o, launch, rng,
+               checkpoint_every: int = 0):
+    """Sequence-parallel prefill: each sequence cut into ``segments`` pieces (of ``checkpoint_every``
+    tokens when given). Pass 1 runs every piece from a zero state and keeps its final state and
+    summed log-decay; a scan chains those into each piece's true initial state; pass 2 runs every
+    piece from it, writing o. The checkpoints are the pieces' initial states (and the final one)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    length = CHUNK * triton.cdiv(triton.cdiv(T, segments), CHUNK)
+    length = checkpoint_every or CHUNK * triton.cdiv(triton.cdiv(T, segments), CHUNK)
     segments = triton.cdiv(T, length)
     # the piece boundaries made on the device: a copy from host memory would wait for the GPU
     piece = (torch.arange(segments, dtype=torch.int32, device=q.device) * length).clamp_max(T)
@@ -319,8 +328,14 @@ def _segmented(q, k, v, g, scale, initial_state, output_final_state, final_forma
                                                        HAS_H0=initial_state is not None)
     _launch(qf, kf, vf, gf, of, scale, n_pieces, State(starts_state, None, "fp32"), None, None, 0, None, cu,
             store_o=True, decay=None, **launch)
+    ckpt = None
+    if checkpoint_every:  # checkpoint c: the state after (c + 1) * checkpoint_every tokens
+        n_ckpt = T // checkpoint_every
+        after = torch.cat([starts_state.view(B, segments, H, K, V)[:, 1:], final[:, None]], 1)[:, :n_ckpt]
+        ckpt = store_states(after.contiguous(), final_format, rng["rounding"], rng["seed"], rng["position"],
+                            [(c + 1) * checkpoint_every // CHUNK for c in range(n_ckpt)])
     return o, (store_states(final, final_format, rng["rounding"], rng["seed"], rng["position"])
-               if output_final_state else None), None
+               if output_final_state else None), ckpt
 
 
 def _launch(q, k, v, g, o, scale, N, initial_state, final, ckpt, checkpoint_every, roundtrip, cu_seqlens, store_o,

@@ -1,4 +1,5 @@
-"""The ``laquant`` command line: calibrate, export, inspect, generate, eval ppl, eval speed, eval lm-eval.
+"""The ``laquant`` command line: calibrate, export, inspect, generate, eval ppl, eval speed, eval serve,
+eval lm-eval.
 
 One module per command, each with ``add_arguments(parser)`` and ``run(args) -> exit code``; this
 module names the commands, builds the parser and turns a ``LaquantError`` into one line and exit 2.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from laquant.cli import calibrate, eval_lm_eval, eval_ppl, eval_speed, export, generate, inspect
+from laquant.cli import calibrate, eval_lm_eval, eval_ppl, eval_serve, eval_speed, export, generate, inspect
 from laquant.cli.eval_speed import SPEED_SUITES
 from laquant.errors import LaquantError
 
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
              description="Prefill the prompt, then decode token by token (one CUDA graph replay per step on a "
                          "GPU; eager on the CPU); prints the text and the decode rate.")
 
-    p_eval = sub.add_parser("eval", help="evaluate a model: perplexity, speed, lm-eval tasks")
+    p_eval = sub.add_parser("eval", help="evaluate a model: perplexity, speed, serving, lm-eval tasks")
     eval_sub = p_eval.add_subparsers(dest="eval_command", required=True, metavar="WHAT")
     _command(eval_sub, eval_ppl, "ppl", help="perplexity in prefill and/or decode mode", description=(
         "Perplexity with strided windows. prefill: each window through the chunked path; "
@@ -46,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
              help="kernel and end-to-end speed against fla, SDPA, cuBLAS, bitsandbytes",
              description="Benchmarks on the CUDA device, each against its peer in the same run "
                          "(see laquant/eval/speed.py); writes OUT/speed.json, speed.md, speed.png.")
+    _command(eval_sub, eval_serve, "serve",
+             help="a multi-turn chat workload with and without the prefix state cache",
+             description="Replay a shared system prompt and growing conversations (synthetic tokens) with and "
+                         "without the prefix state cache (laquant.serving): time to first token, tokens/s, hit rate, "
+                         "snapshot memory per state format, and the loss change of resuming from a snapshot; writes "
+                         "OUT/serve.json, serve.md, serve.png.")
     _command(eval_sub, eval_lm_eval, "lm-eval", help="lm-evaluation-harness tasks on a laquant checkpoint",
              description="Load the model with laquant (and --baseline in the same dtype), then run "
                          "lm_eval.simple_evaluate with HFLM(pretrained=<that model>); --text FILE adds a local "

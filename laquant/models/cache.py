@@ -2,11 +2,45 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from laquant.kernels.common.state import State
+from laquant.kernels.common.state_io import CHUNK, store_states
+
+
+@dataclass
+class CheckpointRequest:
+    """Asks a prefill for the state after every ``every`` tokens of the call (a multiple of 64): the
+    mixers put each layer's snapshots in ``states`` (:class:`State` ``[B, C, H, K, V]`` in ``format``,
+    None: the layer's own state format) and the short convs theirs in ``conv`` (``[B, C, W - 1, C]``).
+    A snapshot is the prefill's running float32 state at that token, stored once with fresh scales
+    (:func:`~laquant.kernels.common.state_io.store_states`, keyed as the chunk kernels key their
+    checkpoints), so it is what the kernels' ``checkpoint_every`` writes. Read by laquant.serving."""
+
+    every: int
+    format: str | None = None
+    rounding: str | None = None  # None: the layer's rounding where the format is 8-bit, else nearest
+    states: dict = field(default_factory=dict)
+    conv: dict = field(default_factory=dict)
+
+    def keep_states(self, layer_idx: int, ckpt: torch.Tensor, quantizer, seed: int, position: int) -> None:
+        """Store the float32 checkpoints ``ckpt`` ``[B, C, H, K, V]`` of one layer's prefill (its
+        stores keyed by ``position``, the chunk kernel's: the store after the initial state's)."""
+        fmt = self.format or quantizer.format.name
+        rounding = self.rounding or quantizer.rounding
+        if rounding == "stochastic" and fmt in ("fp32", "bf16"):
+            rounding = "nearest"
+        subs = [(c + 1) * self.every // CHUNK for c in range(ckpt.shape[1])]
+        self.states[layer_idx] = store_states(ckpt.float(), fmt, rounding, seed, position, subs)
+
+    def keep_conv(self, key, inputs: torch.Tensor, width: int) -> None:
+        """A short conv's last ``width - 1`` inputs after every ``every`` tokens of ``inputs``
+        ``[B, W - 1 + T, C]`` (the carried inputs, then the call's)."""
+        T = inputs.shape[1] - (width - 1)
+        ends = range(self.every, T + 1, self.every)
+        self.conv[key] = torch.stack([inputs[:, e:e + width - 1] for e in ends], 1) if ends else None
 
 
 @dataclass
@@ -45,6 +79,7 @@ class GLAStateCache:
         self.kv: dict = {}  # softmax-attention layers' keys and values (fla's ``attn`` layers), by layer
         self.seed = check_seed(seed)
         self.pending = None  # a verify step awaiting its commit (laquant.models.verify)
+        self.checkpoints: CheckpointRequest | None = None  # snapshots the next prefill also writes
 
     def get(self, layer_idx: int) -> State | None:
         return self.states[layer_idx]

@@ -58,6 +58,8 @@ def short_conv(x: torch.Tensor, states, layer_idx: int, conv: nn.Conv1d, activat
         states.conv[layer_idx] = inp[:, inp.shape[1] - (W - 1):]
         if getattr(states, "pending", None) is not None:  # a verify step: the commit picks the window
             states.pending.conv[layer_idx] = inp
+        if getattr(states, "checkpoints", None) is not None:
+            states.checkpoints.keep_conv(layer_idx, inp, W)
     return out.to(x.dtype)
 
 

@@ -54,6 +54,15 @@ class RecurrentMixer(nn.Module):
         B, T, H, K = q.shape
         if g.dim() == 3:
             g = g.unsqueeze(-1).expand(B, T, H, K)
+        every = _checkpoint_every(states, T)
+        if every:  # the reference of the chunk kernel's checkpoints: the prefill in pieces of ``every`` tokens
+            from laquant.kernels.gla.chunk import chunk_gla_reference
+
+            o, final, ckpt = chunk_gla_reference(q, k, v, g, scale, stored, True, roundtrip=self._prefill_roundtrip,
+                                                 checkpoint_every=every, seed=_seed(states))
+            self._keep_checkpoints(states, stored, ckpt)
+            self.store_state(states, stored, final.data, T)
+            return o
         state = stored.load() if stored is not None else None
         if T == 1 and states is not None:
             if state is None:
@@ -79,6 +88,9 @@ class RecurrentMixer(nn.Module):
             return verify_mixer(self, states, stored, "delta", (q, k, v, g, beta), use_qk_l2norm=use_qk_l2norm)
         T = q.shape[1]
         per_channel = g.dim() == 4
+        every = _checkpoint_every(states, T)
+        if every:
+            return self._attend_delta_pieces(q, k, v, g, beta, states, stored, every, use_qk_l2norm)
         if use_triton(q, self.state_quantizer.format.name):
             from laquant.kernels.delta.chunk import chunk_delta_triton
             from laquant.kernels.delta.decode import delta_decode_step
@@ -111,6 +123,40 @@ class RecurrentMixer(nn.Module):
             self.store_state(states, stored, state, T)
         return o
 
+    def _attend_delta_pieces(self, q, k, v, g, beta, states, stored, every: int, use_qk_l2norm: bool):
+        """:meth:`attend_delta` with state checkpoints: the delta-rule chunk kernels write none, so the
+        prefill runs in pieces of ``every`` tokens (a multiple of their 64-token chunks), the state carried
+        between them in float32 as inside one call; the state after each full piece is a checkpoint."""
+        if self._prefill_roundtrip is not None:
+            raise ValueError("state checkpoints of a delta-rule prefill that rounds its state every 64 tokens "
+                             "(prefill_roundtrip) are not implemented: the pieces would key their rounding apart")
+        T, per_channel = q.shape[1], g.dim() == 4
+        kernels = use_triton(q, self.state_quantizer.format.name)
+        if kernels:
+            from laquant.kernels.delta.chunk import chunk_delta_triton
+            from laquant.kernels.kda.chunk import chunk_kda_triton
+
+            chunk = chunk_kda_triton if per_channel else chunk_delta_triton
+        else:
+            chunk = chunk_kda if per_channel else chunk_gated_delta_rule
+        state, outs, ckpts = stored, [], []
+        for a in range(0, T, every):
+            piece = [x[:, a:a + every] for x in (q, k, v, g, beta)]
+            if kernels:
+                start = state if state is None or isinstance(state, State) else State(state, None, "fp32")
+                o, final = chunk(*piece, initial_state=start, output_final_state=True, use_qk_l2norm=use_qk_l2norm,
+                                 seed=_seed(states))
+                state = final.data
+            else:
+                start = state.load() if isinstance(state, State) else state
+                o, state = chunk(*piece, initial_state=start, output_final_state=True, use_qk_l2norm=use_qk_l2norm)
+            outs.append(o)
+            if piece[0].shape[1] == every:
+                ckpts.append(state)
+        self._keep_checkpoints(states, stored, State(torch.stack(ckpts, 1), None, "fp32"))
+        self.store_state(states, stored, state, T)
+        return torch.cat(outs, 1)
+
     # The Triton path keeps the stored state as the kernels' state pool: a decode step updates it
     # in place, a prefill starts from it as stored.
 
@@ -129,6 +175,12 @@ class RecurrentMixer(nn.Module):
             return
         states.update(self.layer_idx, State(stored.data, stored.scale, stored.format, stored.n_stores + 1), 1)
 
+    def _keep_checkpoints(self, states, stored: State | None, ckpt: State) -> None:
+        from laquant.kernels.common.state_io import store_position
+
+        states.checkpoints.keep_states(self.layer_idx, ckpt.data, self.state_quantizer, _seed(states),
+                                       store_position(stored, None))
+
     @property
     def _prefill_roundtrip(self) -> StateQuantizer | None:
         return None if self.state_quantizer.is_plain_fp32 or not self.prefill_roundtrip else self.state_quantizer
@@ -144,12 +196,21 @@ class RecurrentMixer(nn.Module):
                                 *self._pool_slots(stored, B, q.device), qk_scale=scale, seed=_seed(states))
             self._count_decode_step(states, stored)
             return o.unsqueeze(1)
-        o, final, _ = chunk_gla_triton(q, k, v, g, scale=scale, initial_state=stored,
-                                       output_final_state=states is not None, roundtrip=self._prefill_roundtrip,
-                                       seed=_seed(states))
+        every = _checkpoint_every(states, T)
+        o, final, ckpt = chunk_gla_triton(q, k, v, g, scale=scale, initial_state=stored,
+                                          output_final_state=states is not None, roundtrip=self._prefill_roundtrip,
+                                          checkpoint_every=every, seed=_seed(states))
+        if every:
+            self._keep_checkpoints(states, stored, ckpt)
         if states is not None:
             self.store_state(states, stored, final.data, T)
         return o
+
+
+def _checkpoint_every(states, T: int) -> int:
+    """Tokens between the state snapshots a prefill of ``T`` tokens is asked for (0: none)."""
+    request = getattr(states, "checkpoints", None)
+    return request.every if request is not None and T >= request.every else 0
 
 
 def _seed(states) -> int:

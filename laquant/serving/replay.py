@@ -1,0 +1,195 @@
+"""A multi-turn chat workload replayed with and without the prefix state cache (``laquant eval serve``).
+
+The workload (synthetic token ids): a shared system prompt of ``system`` tokens; ``conversations``
+chats, each a user message of ``user`` tokens per turn and a greedy reply of ``reply`` tokens, for
+``turns`` turns; turn ``r`` of a chat sends its whole history. Requests go turn by turn across the
+chats (as a server sees them), one at a time. Time to first token (TTFT) is prefill + the first
+token's choice; the rest of the reply is the decode, through the ``decode`` callable
+(:func:`greedy_decode` by default: a hook for speculative decoding to take its place).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+from laquant.serving.prefix_cache import PrefixStateCache
+
+# decode(model, cache, first [1], steps) -> the ``steps`` tokens after ``first``, LongTensor [1, steps]
+Decode = Callable[[torch.nn.Module, object, torch.Tensor, int], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Workload:
+    system: int = 4096
+    conversations: int = 4
+    turns: int = 3
+    user: int = 64
+    reply: int = 32
+    seed: int = 0
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def greedy_decode(model, cache, first: torch.Tensor, steps: int) -> torch.Tensor:
+    """``steps`` greedy tokens after ``first`` ``[1]`` from ``cache``: one CUDA graph replay per
+    step where laquant's generate can graph the model (laquant's GLA on CUDA, a recurrent-only
+    cache), else the eager loop."""
+    from laquant.errors import LaquantError
+    from laquant.generate import _graph_for, is_graphable  # the captured decode step generate() uses
+
+    if steps <= 0:
+        return first.new_zeros(1, 0)
+    if is_graphable(model) and not cache.conv and not cache.kv:
+        try:
+            graph = _graph_for(model, cache, 1, steps + 1, (False, 1.0, None, None), lambda x: x.argmax(-1), None)
+        except (LaquantError, ValueError):  # a state format without a decode kernel: eager
+            graph = None
+        if graph is not None:
+            graph.load(cache, first)
+            for _ in range(steps):
+                graph.graph.replay()
+            return graph.history[:, 1:steps + 1].clone()
+    out, tok = [], first
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model(input_ids=tok[:, None], past_key_values=cache, use_cache=True).logits[:, -1]
+            tok = logits.argmax(-1)
+            out.append(tok)
+    return torch.stack(out, 1)
+
+
+def full_prefill(model, tokens: torch.Tensor, seed: int = 0):
+    """``(logits [1, 1, vocab], cache)`` of a prefill from nothing (the no-cache baseline)."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        out = model(input_ids=tokens.to(device)[None], past_key_values=model.new_cache(seed), use_cache=True,
+                    logits_to_keep=1)
+    return out.logits, out.past_key_values
+
+
+def replay(model, workload: Workload, prefix_cache: PrefixStateCache | None = None,
+           decode: Decode = greedy_decode, progress: bool = False, label: str = "") -> list[dict]:
+    """Serve ``workload`` request by request; one record per request (TTFT, decode time, tokens)."""
+    from tqdm.auto import tqdm
+
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(workload.seed)
+    vocab = model.config.vocab_size
+    rand = lambda n: torch.randint(0, vocab, (n,), generator=gen)  # noqa: E731
+    system = rand(workload.system)
+    history = [torch.cat([system, rand(workload.user)]) for _ in range(workload.conversations)]
+    records = []
+    total = workload.turns * workload.conversations
+    with tqdm(total=total, desc=f"replay {label}".strip(), unit="req", disable=not progress, leave=False) as bar:
+        for turn in range(workload.turns):
+            for conv in range(workload.conversations):
+                prompt = history[conv]
+                _sync(device)
+                t0 = time.perf_counter()
+                if prefix_cache is not None:
+                    logits, cache, cached = prefix_cache.prefill(prompt)
+                else:
+                    (logits, cache), cached = full_prefill(model, prompt), 0
+                first = logits[:, -1].argmax(-1)
+                first_id = int(first)  # the token is on the host: the time to first token ends here
+                t1 = time.perf_counter()
+                rest = decode(model, cache, first, workload.reply - 1)
+                _sync(device)
+                t2 = time.perf_counter()
+                reply = torch.cat([torch.tensor([first_id]), rest[0].cpu()])
+                history[conv] = torch.cat([prompt, reply, rand(workload.user)])
+                records.append(dict(turn=turn, conversation=conv, prompt_tokens=len(prompt), cached_tokens=cached,
+                                    ttft_s=t1 - t0, decode_s=t2 - t1, new_tokens=len(reply)))
+                bar.update()
+    return records
+
+
+def summarize(records: list[dict]) -> dict:
+    ttft = [r["ttft_s"] for r in records]
+    decode_s = sum(r["decode_s"] for r in records)
+    decoded = sum(r["new_tokens"] - 1 for r in records)
+    wall = sum(r["ttft_s"] + r["decode_s"] for r in records)
+    return dict(requests=len(records), ttft_mean_s=statistics.fmean(ttft), ttft_median_s=statistics.median(ttft),
+                decode_tokens_per_s=decoded / decode_s if decode_s else None,
+                tokens_per_s=sum(r["new_tokens"] for r in records) / wall,
+                prompt_tokens=sum(r["prompt_tokens"] for r in records),
+                cached_tokens=sum(r["cached_tokens"] for r in records))
+
+
+def follow_up_ttft(model, system: int, user: int, block_size: int, reps: int = 5, state_format: str | None = None,
+                   seed: int = 0) -> dict:
+    """TTFT of a follow-up request (a shared ``system``-token prefix, then ``user`` new tokens):
+    a full prefill against a prefill resumed from the cached prefix (median of ``reps`` requests,
+    each with fresh user tokens, after one untimed request of each kind); also a cold request (a
+    new prefix) through the cache, which writes its snapshots: what caching costs a miss."""
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    shared = torch.randint(0, vocab, (system,), generator=gen)
+    pool = PrefixStateCache(model, block_size, budget_bytes=1 << 40, state_format=state_format, seed=seed)
+    pool.prefill(torch.cat([shared, torch.randint(0, vocab, (user,), generator=gen)]))  # caches the prefix
+    times = {"full": [], "cached": [], "cold": []}
+    cached_tokens = 0
+    for i in range(reps + 1):
+        prompt = torch.cat([shared, torch.randint(0, vocab, (user,), generator=gen)])
+        fresh = torch.randint(0, vocab, (system + user,), generator=gen)
+        for kind in ("full", "cached", "cold"):
+            _sync(device)
+            t0 = time.perf_counter()
+            if kind == "full":
+                logits, _ = full_prefill(model, prompt, seed)
+            elif kind == "cached":
+                logits, _, cached_tokens = pool.prefill(prompt)
+            else:
+                logits, _, _ = pool.prefill(fresh)
+            int(logits[:, -1].argmax(-1))
+            if i:  # the first of each kind is a warm-up
+                times[kind].append(time.perf_counter() - t0)
+    full, cached = statistics.median(times["full"]), statistics.median(times["cached"])
+    return dict(system=system, user=user, block_size=block_size, reps=reps, cached_tokens=cached_tokens,
+                state_format=state_format or "model", full_prefill_ttft_s=full, cached_ttft_s=cached,
+                speedup=full / cached, cold_with_snapshots_ttft_s=statistics.median(times["cold"]))
+
+
+def snapshot_memory(model, formats, block_size: int, budget_bytes: int) -> list[dict]:
+    """Bytes of one snapshot per state format, and how many fit in ``budget_bytes``."""
+    rows = []
+    probe = torch.randint(0, model.config.vocab_size, (block_size + 1,), generator=torch.Generator().manual_seed(0))
+    for fmt in formats:
+        pool = PrefixStateCache(model, block_size, state_format=fmt)
+        pool.prefill(probe)
+        size = pool.snapshot_bytes()
+        rows.append(dict(format=fmt, snapshot_bytes=size, snapshots_in_budget=budget_bytes // size))
+    fp32 = next((r["snapshots_in_budget"] for r in rows if r["format"] == "fp32"), None)
+    for r in rows:
+        r["vs_fp32"] = r["snapshots_in_budget"] / fp32 if fp32 else None
+    return rows
+
+
+def serve_eval(model, workload: Workload, block_size: int, budget_bytes: int, formats, reps: int = 5,
+               decode: Decode = greedy_decode, progress: bool = True) -> dict:
+    """The replay with and without the cache (snapshots in the model's state format), the follow-up
+    TTFT and the snapshot memory per format."""
+    warm = Workload(system=block_size + 3, conversations=1, turns=2, user=8, reply=3, seed=workload.seed + 1)
+    replay(model, warm, None, decode)  # compiles / autotunes the kernels outside the timing
+    replay(model, warm, PrefixStateCache(model, block_size, seed=workload.seed), decode)
+    base = replay(model, workload, None, decode, progress, "no cache")
+    pool = PrefixStateCache(model, block_size, budget_bytes=budget_bytes, seed=workload.seed)
+    cached = replay(model, workload, pool, decode, progress, "prefix cache")
+    hits = [i for i, r in enumerate(cached) if r["cached_tokens"]]
+    hit_ttft = (statistics.fmean(base[i]["ttft_s"] for i in hits) / statistics.fmean(cached[i]["ttft_s"] for i in hits)
+                if hits else None)
+    return dict(workload=asdict(workload), block_size=block_size, budget_bytes=budget_bytes,
+                no_cache=summarize(base), prefix_cache=summarize(cached), pool=pool.summary(),
+                ttft_speedup_on_hits=hit_ttft,
+                follow_up=follow_up_ttft(model, workload.system, workload.user, block_size, reps, seed=workload.seed),
+                memory=snapshot_memory(model, formats, block_size, budget_bytes),
+                requests=dict(no_cache=base, prefix_cache=cached))
