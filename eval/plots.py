@@ -140,8 +140,8 @@ def plot_saturation_by_position(series: dict[str, dict], path: Path, title: str)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     for label, sat in series.items():
         x = np.arange(len(sat["state_at_limit_fraction_by_position"])) * sat["bucket"]
-        top.plot(x[1:], sat["state_at_limit_fraction_by_position"][1:], label=label)
-        bottom.plot(x[1:], sat["gate_clamped_fraction_by_position"][1:], label=label)
+        top.plot(x[1:-1], sat["state_at_limit_fraction_by_position"][1:-1], label=label)  # the last: no step
+        bottom.plot(x[1:-1], sat["gate_clamped_fraction_by_position"][1:-1], label=label)
     top.set_ylabel("state at its limit (fraction)")
     top.set_xscale("log")
     top.grid(alpha=0.3)

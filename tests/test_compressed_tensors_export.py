@@ -211,7 +211,7 @@ def test_export_cli_and_its_errors(tmp_path, capsys):
     assert main(["export", str(ckpt), "--format", "compressed-tensors", "--out", str(out), "--eval-max-tokens", "300",
                  "--eval-context", "64", "--baseline", str(model_dir), "--quiet"]) == 0
     serving = (out / "serving.md").read_text()
-    assert "--mamba-ssm-cache-dtype bfloat16" in serving and "`fp8_row`" in serving
+    assert "--mamba-ssm-cache-dtype bfloat16" in serving and "`int8_row`" in serving
     rows = [line for line in serving.splitlines() if line.startswith("| ") and "ppl" not in line and "%" in line]
     assert [r.split(" | ")[0] for r in rows] == ["| laquant (hybrid_int8)", "| compressed-tensors export"]
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "serving.md",

@@ -29,7 +29,7 @@ DEFAULT_RECIPES = ["gla_int8", "gla_w8a8", "gla_w8a8_naive", "gla_gates_int8", "
                    "gla_fp8_state", "gla_fp8_state_naive", "gla_bf16_state"]
 # hybrids: the whole recipe, then each part alone (the gla_* part recipes speak in roles, so they
 # apply to any family: projections of the linear layers and MLPs, gates, state), then naive forms
-HYBRID_RECIPES = ["hybrid_int8", "gla_w8a8", "hybrid_attention_w8a8", "gla_w8a8_naive", "gla_gates_int8",
+HYBRID_RECIPES = ["hybrid_int8", "hybrid_int8_fp8", "gla_w8a8", "hybrid_attention_w8a8", "gla_w8a8_naive", "gla_gates_int8",
                   "gla_gates_naive", "gla_fp8_state", "gla_fp8_state_naive", "gla_bf16_state"]
 
 

@@ -89,18 +89,19 @@ class HybridAdapter(Adapter):
         self.mixer_attr, self.mixer_class = family.mixer_attr, family.mixer_class
         self.attention_attr = family.attention_attr
         allowed = LAYER_TYPES + family.mlp_layer_types + family.parallel_layer_types
-        inner = getattr(model, "model", None)
+        self.prefix = family.text_model  # where the text decoder sits: model, or a VL model's model.language_model
+        inner = _resolve(model, self.prefix)
         if inner is None or not isinstance(getattr(inner, "layers", None), nn.ModuleList):
-            raise LaquantError(f"{self.model_type} adapter: expected a causal LM with model.layers (a ModuleList); "
+            raise LaquantError(f"{self.model_type} adapter: expected a model with {self.prefix}.layers (a ModuleList); "
                                f"got {type(model).__name__}")
         self.layers = list(inner.layers)
-        types = getattr(model.config, "layer_types", None)
+        types = getattr(model.config.get_text_config(), "layer_types", None)
         if types is None or len(types) != len(self.layers):
             raise LaquantError(f"{self.model_type} adapter: cannot resolve the layer types: config.layer_types is "
                                f"{types!r}, expected one of {allowed} for each of the {len(self.layers)} layers")
         for i, t in enumerate(types):
             if t not in allowed:
-                raise LaquantError(f"{self.model_type} adapter: cannot resolve the type of model.layers.{i}: "
+                raise LaquantError(f"{self.model_type} adapter: cannot resolve the type of {self.prefix}.layers.{i}: "
                                    f"config.layer_types[{i}] = {t!r}; expected one of {allowed}")
         self.layer_types = list(types)
         for i in self.linear_layers():
@@ -114,7 +115,7 @@ class HybridAdapter(Adapter):
                        if not isinstance(getattr(attn, p, None), nn.Module)
                        and not (p in optional and hasattr(attn, p) and getattr(attn, p) is None)]
             if attn is None or missing:
-                raise LaquantError(f"{self.model_type} adapter: model.layers.{i}.{self.attention_path(i)} "
+                raise LaquantError(f"{self.model_type} adapter: {self.prefix}.layers.{i}.{self.attention_path(i)} "
                                    f"({type(attn).__name__}) is not the expected softmax attention: missing "
                                    f"{', '.join(missing)}; expected {', '.join(family.attention_projections)}")
 
@@ -138,7 +139,7 @@ class HybridAdapter(Adapter):
         return paths.attention if (paths := self._paths(i)) else self.attention_attr
 
     def mixer_name(self, i: int) -> str:
-        return f"model.layers.{i}.{self.mixer_path(i)}"
+        return f"{self.prefix}.layers.{i}.{self.mixer_path(i)}"
 
     def check_layout(self, name: str, mixer: nn.Module) -> None:
         """Raise naming ``name`` and the expected layout when transformers' mixer differs from it."""
@@ -183,7 +184,7 @@ class HybridAdapter(Adapter):
                 block = _resolve(layer, path)
                 if block is None:
                     continue
-                name, tensors = f"model.layers.{i}.{path}", {id(t) for t in block.state_dict(keep_vars=True).values()}
+                name, tensors = f"{self.prefix}.layers.{i}.{path}", {id(t) for t in block.state_dict(keep_vars=True).values()}
                 for first, shared, ids in groups:
                     if block is shared or ids == tensors:
                         _assign(layer, path, shared)
@@ -224,7 +225,7 @@ class HybridAdapter(Adapter):
         for attr in self._mlp_attrs(i):
             block = _resolve(self.layers[i], attr)
             if block is not None:
-                named = {f"model.layers.{i}.{attr}" + (f".{n}" if n else ""): m for n, m in block.named_modules()}
+                named = {f"{self.prefix}.layers.{i}.{attr}" + (f".{n}" if n else ""): m for n, m in block.named_modules()}
                 out.update({n: m for n, m in named.items() if isinstance(m, nn.Linear) and n not in routers})
         return out
 
@@ -242,7 +243,7 @@ class HybridAdapter(Adapter):
         for i in self.attention_layers():
             path = self.attention_path(i)
             attn = _resolve(self.layers[i], path)
-            out.update({f"model.layers.{i}.{path}.{p}": getattr(attn, p)
+            out.update({f"{self.prefix}.layers.{i}.{path}.{p}": getattr(attn, p)
                         for p in self.family.attention_projections if getattr(attn, p) is not None})
         return _first_of_each(out)
 
@@ -273,18 +274,22 @@ class HybridAdapter(Adapter):
             block = _resolve(self.layers[i], attr)
             for sub in ("gate", "router", "shared_expert_gate"):
                 if block is not None and hasattr(block, "experts") and getattr(block, sub, None) is not None:
-                    out.append(f"model.layers.{i}.{attr}.{sub}")
+                    out.append(f"{self.prefix}.layers.{i}.{attr}.{sub}")
         return out
 
     def kept(self) -> dict[str, list[str]]:
-        named = dict(self.model.named_modules())
+        vision = self.family.vision
+        named = {n: m for n, m in self.model.named_modules() if not any(n == v or n.startswith(f"{v}.") for v in vision)}
         norms = [n for n, m in named.items() if "norm" in type(m).__name__.lower() and n]
         experts = [n for n in named if n.endswith(".experts")]
         conv = [f"{self.mixer_name(i)}.conv1d" for i in self.linear_layers() if hasattr(self.mixer(i), "conv1d")]
         decay = [f"{self.mixer_name(i)}.{p}" for i in self.linear_layers() for p in self.mixer_class.DECAY]
-        return {"embeddings": ["model.embed_tokens"], "norms": norms, "lm_head": ["lm_head"],
-                "routers": [r for i in range(len(self.layers)) for r in self._routers(i)], "experts": experts,
-                "conv": conv, "decay": decay}
+        out = {"embeddings": [f"{self.prefix}.embed_tokens"], "norms": norms, "lm_head": ["lm_head"],
+               "routers": [r for i in range(len(self.layers)) for r in self._routers(i)], "experts": experts,
+               "conv": conv, "decay": decay}
+        if vision:
+            out["vision"] = list(vision)  # never quantized, nor observed: calibration is text alone
+        return out
 
     def new_cache(self):
         if self.family.cache is not None:
@@ -295,7 +300,7 @@ class HybridAdapter(Adapter):
 
     # layer-by-layer calibration runs the whole model with layers onloaded by hooks (see run.py)
     def decoder_layers(self) -> list[tuple[str, nn.Module]]:
-        return [(f"model.layers.{i}", layer) for i, layer in enumerate(self.layers)]
+        return [(f"{self.prefix}.layers.{i}", layer) for i, layer in enumerate(self.layers)]
 
 
 __all__ = ["HybridAdapter"]
