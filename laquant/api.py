@@ -25,6 +25,9 @@ class Calibrated:
     recipe: dict
     decisions: Decisions
     stats: Stats
+    # laquant.calibrate_streamed: the model is on the meta device; this reads, quantizes and writes its
+    # layers when save() asks (laquant.streaming.WeightStream)
+    stream: object = None
 
 
 def calibrate(model, recipe: dict | str, data: torch.Tensor | None = None, stats: Stats | None = None,
@@ -62,11 +65,16 @@ def _record_quantization(model, recipe: dict, decisions: dict) -> None:
 
 
 def save(result: Calibrated, out: str | Path, tokenizer=None, report: str | None = None,
-         overwrite: bool = False, max_shard_size: int | str | None = None) -> Path:
+         overwrite: bool = False, max_shard_size: int | str | None = None, progress: bool = False) -> Path:
     """Write the checkpoint folder; ``max_shard_size`` (``"5GB"``, bytes) splits the weights into
-    shards with a ``model.safetensors.index.json``, as transformers' ``save_pretrained`` does."""
+    shards with a ``model.safetensors.index.json``, as transformers' ``save_pretrained`` does. A
+    streamed result (:func:`laquant.calibrate_streamed`) is quantized layer by layer here, once;
+    ``progress``: its bar."""
+    entries = None
+    if result.stream is not None:
+        entries = result.stream.quantized_entries(result, get_adapter(result.model), progress)
     return save_quantized(result.model, Path(out), result.recipe, result.decisions, result.stats, tokenizer,
-                          report, overwrite, max_shard_size=max_shard_size)
+                          report, overwrite, max_shard_size=max_shard_size, entries=entries)
 
 
 def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | str = torch.float32,

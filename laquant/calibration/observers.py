@@ -107,10 +107,17 @@ class ProjectionObserver:
         self.hist = torch.zeros(n * (len(MAGNITUDE_LEVELS) + 1), dtype=torch.int64)  # [channel, level bin], flat
         self.tokens = 0
         self.magnitudes = LogHistogram(n, signed=False)
+        self.weight_min = self.weight_max = None
+        if not module.weight.is_meta:  # a model streamed from its files (laquant.streaming): read at the first call
+            self._read_weight(module)
+
+    def _read_weight(self, module) -> None:
         w = module.weight.detach().float()
         self.weight_min, self.weight_max = w.amin(1).cpu(), w.amax(1).cpu()
 
     def __call__(self, module, args):
+        if self.weight_min is None:
+            self._read_weight(module)
         x = args[0].detach().reshape(-1, args[0].shape[-1])
         a = x.abs().float()
         amax = a.amax(0)

@@ -29,7 +29,7 @@ def calibration_batches(ids: torch.Tensor, samples: int, seq_len: int, seed: int
 @torch.no_grad()
 def collect_stats(model, adapter, batches: torch.Tensor, segment: int = 256,
                   batch_size: int = 8, seed: int = 0, progress: bool = True,
-                  layerwise_device: str | torch.device | None = None) -> Stats:
+                  layerwise_device: str | torch.device | None = None, stream=None) -> Stats:
     """Run ``batches [N, L]`` through ``model`` in segments of ``segment`` tokens, carrying the
     recurrent state in a cache, so the state can be read at every segment boundary.
 
@@ -72,9 +72,9 @@ def collect_stats(model, adapter, batches: torch.Tensor, segment: int = 256,
     try:
         if layerwise_device is None:
             run_whole(next(model.parameters()).device)
-        elif type(adapter).run_layer is not Adapter.run_layer:
+        elif stream is not None or type(adapter).run_layer is not Adapter.run_layer:
             _run_layerwise(model, adapter, batches, torch.device(layerwise_device), segment, batch_size,
-                           observe_states, progress)
+                           observe_states, progress, stream)
         else:
             with _onloaded(model, adapter, torch.device(layerwise_device)):
                 run_whole(torch.device(layerwise_device))
@@ -130,9 +130,9 @@ def _onloaded(model, adapter, device):
         model.to(home)
 
 
-def _run_layerwise(model, adapter, batches, device, segment, batch_size, observe_states, progress):
+def _run_layerwise(model, adapter, batches, device, segment, batch_size, observe_states, progress, stream=None):
     """One decoder layer on ``device`` at a time; every batch through it before the next layer."""
-    home = next(model.parameters()).device
+    home = torch.device("cpu") if stream is not None else next(model.parameters()).device
     n, length = batches.shape
     layers = adapter.decoder_layers()
     with tqdm(total=len(layers) + 2, desc="calibrating layer by layer", unit="layer", disable=not progress,
@@ -141,7 +141,9 @@ def _run_layerwise(model, adapter, batches, device, segment, batch_size, observe
         hidden = [adapter.embed(batches[i:i + batch_size].to(device)).to(home) for i in range(0, n, batch_size)]
         embeddings.to(home)
         bar.update(1)
-        for layer_idx, (_, layer) in enumerate(layers):
+        for layer_idx, (layer_name, layer) in enumerate(layers):
+            if stream is not None:
+                stream.fetch(layer_name, layer)
             layer.to(device)
             for j, h in enumerate(hidden):
                 cache = adapter.new_cache()
@@ -154,6 +156,8 @@ def _run_layerwise(model, adapter, batches, device, segment, batch_size, observe
                     outs.append(out.to(home))
                 hidden[j] = torch.cat(outs, 1)
             layer.to(home)
+            if stream is not None:
+                stream.drop(layer_name, layer)
             bar.update(1)
         head = adapter.head_modules()
         for m in head:
