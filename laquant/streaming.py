@@ -51,6 +51,21 @@ def parameters_on_meta():
         nn.Module.register_parameter = register
 
 
+def _return_freed_memory() -> None:
+    """Make glibc give large freed blocks back to the system: its default raises the size above which
+    it maps blocks of their own to the largest block freed so far (up to 32 MiB), so the layers'
+    tensors, allocated and freed in turn, would stay in the heap and the resident memory would grow
+    with every layer. A fixed threshold turns that off (elsewhere than glibc: nothing to do)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD: blocks of 1 MiB or more are mapped on their own
+    except (OSError, AttributeError):
+        pass
+
+
 def _tensors(module: nn.Module, prefix: str, skip: tuple[str, ...] = ()):
     """``(full name, owner module, attribute, tensor, is_parameter)`` of every parameter and persistent
     buffer under ``module`` (tied ones under each name), outside the subtrees named in ``skip``."""
@@ -65,11 +80,8 @@ def _tensors(module: nn.Module, prefix: str, skip: tuple[str, ...] = ()):
                 yield f"{sub_name}.{attr}" if sub_name else attr, sub, attr, t, False
 
 
-def _place(owner: nn.Module, attr: str, t: torch.Tensor, is_param: bool, requires_grad: bool = False) -> None:
-    if is_param:
-        owner._parameters[attr] = nn.Parameter(t, requires_grad=requires_grad)
-    else:
-        owner._buffers[attr] = t
+def _place(owner: nn.Module, attr: str, t: torch.Tensor, is_param: bool) -> None:
+    (owner._parameters if is_param else owner._buffers)[attr] = t
 
 
 def _stored_bytes(entries) -> int:
@@ -114,15 +126,21 @@ class WeightStream:
         for name, owner, attr, meta, is_param in todo:
             if id(meta) not in read:
                 raise LaquantError(f"{self.model_dir} has no weight {name}; the model folder is incomplete")
-            _place(owner, attr, read[id(meta)], is_param, meta.requires_grad)
+            if is_param and not isinstance(read[id(meta)], nn.Parameter):  # one Parameter for all its names
+                read[id(meta)] = nn.Parameter(read[id(meta)], requires_grad=meta.requires_grad)
+            _place(owner, attr, read[id(meta)], is_param)
         self.bytes.setdefault(prefix, _stored_bytes(
             (n, t, p) for n, _, _, t, p in _tensors(module, prefix, skip)))
 
     @staticmethod
     def drop(prefix: str, module: nn.Module) -> None:
         """Free ``module``'s weights: back to the meta device."""
+        metas: dict[int, torch.Tensor] = {}  # tied tensors stay tied
         for _, owner, attr, t, is_param in list(_tensors(module, prefix)):
-            _place(owner, attr, t.to("meta"), is_param, t.requires_grad)
+            if id(t) not in metas:
+                meta = t.to("meta")
+                metas[id(t)] = nn.Parameter(meta, requires_grad=t.requires_grad) if is_param else meta
+            _place(owner, attr, metas[id(t)], is_param)
 
     def quantized_entries(self, result, adapter, progress: bool = True):
         """``(name, tensor, is_parameter)`` of the quantized model in its state-dict order, each tensor
@@ -195,6 +213,7 @@ def calibrate_streamed(model_dir: str | Path, recipe: dict | str, data: torch.Te
         raise LaquantError(f"{cfg['model_type']} models are not streamed from their files layer by layer (only "
                            "laquant's own: gla, gated_deltanet); load the model and use laquant.calibrate")
     recipe = for_family(load_recipe(recipe) if isinstance(recipe, str) else recipe, cfg["model_type"])
+    _return_freed_memory()
     with parameters_on_meta():
         model = empty_model(cfg, model_dir, dtype).eval()
     model.config._name_or_path = str(model_dir)  # as from_pretrained records it (config.json keeps it)

@@ -14,6 +14,7 @@ import torch
 
 from laquant.adapters import get_adapter
 from laquant.api import Calibrated, calibrate, save
+from laquant.api import load as laquant_load
 from laquant.calibration.run import calibration_batches
 from laquant.calibration.stats import Stats
 from laquant.checkpoint import StagingDir, weight_files
@@ -28,6 +29,7 @@ from laquant.eval.ppl import default_stride, perplexity_by_mode, strided_windows
 from laquant.eval.report import comparison_table, model_bytes, report_markdown, state_bytes_per_sequence
 from laquant.loading import load_model, load_tokenizer, read_supported_config
 from laquant.recipe import recipe_to_yaml
+from laquant.streaming import calibrate_streamed, streams
 
 
 @dataclass
@@ -52,6 +54,8 @@ class Job:
 
 def run(args: argparse.Namespace, recipe: dict, out: Path, model_dir: Path) -> int:
     job = check_inputs(args, recipe, out, model_dir)
+    if args.offload and streams(read_supported_config(model_dir)["model_type"]):
+        return run_streamed(job)
     model, mixers = load(job)
     base = measure(job, model, "bf16", mixers, None)
     result = calibrate(model, job.recipe, data=job.batches, stats=job.stats, seed=args.seed,
@@ -61,6 +65,47 @@ def run(args: argparse.Namespace, recipe: dict, out: Path, model_dir: Path) -> i
     table = comparison_table(rows)
     note = eval_note(job)
     save_and_plot(job, result, rows, report(job, result, table, note))
+    print_summary(job, note, table)
+    return 0
+
+
+def run_streamed(job: Job) -> int:
+    """``--offload`` on laquant's own families: calibrated and written layer by layer from the model's
+    files (:mod:`laquant.streaming`), never whole in memory, except to evaluate: the bf16 model is
+    loaded for its perplexity and freed, the checkpoint is written, then loaded for the quantized
+    model's; report.md and eval.json are added after."""
+    args = job.args
+    base = {}
+    if job.eval_ids is not None:
+        model, _ = load_model(job.model_dir, device="cpu")
+        base = perplexities(job, model, "bf16")
+        del model
+    result = calibrate_streamed(job.model_dir, job.recipe, data=job.batches, stats=job.stats, seed=args.seed,
+                                progress=not args.quiet, device=job.device)
+    mixers = {n: vars(i) for n, i in get_adapter(result.model).mixers().items()}
+    save(result, job.out, tokenizer=job.tokenizer, overwrite=args.overwrite, max_shard_size=args.max_shard_size,
+         progress=not args.quiet)
+    try:
+        base.update(model_bytes=sum(result.stream.bytes.values()), state_bytes=state_bytes_per_sequence(mixers, None))
+        quant = {}
+        if job.eval_ids is not None:
+            model, _ = laquant_load(job.out, verify=False)
+            quant = perplexities(job, model, job.recipe["name"])
+            del model
+        quant.update(model_bytes=result.stream.quantized_bytes,
+                     state_bytes=state_bytes_per_sequence(mixers, result.decisions))
+        rows = [("bf16", base), (job.recipe["name"], quant)]
+        table, note = comparison_table(rows), eval_note(job)
+        _add_eval_and_plots(job, result, rows, {"report.md": report(job, result, table, note)})
+    except BaseException:  # a run either completes or leaves nothing
+        shutil.rmtree(job.out, ignore_errors=True)
+        raise
+    print_summary(job, note, table)
+    return 0
+
+
+def print_summary(job: Job, note: str, table: str) -> None:
+    args = job.args
     if args.format == "compressed-tensors":
         files = "model.safetensors, config.json, serving.md, recipe.yaml"
     else:
@@ -68,7 +113,6 @@ def run(args: argparse.Namespace, recipe: dict, out: Path, model_dir: Path) -> i
         weights = "model.safetensors" if shards == 1 else f"{shards} weight shards + model.safetensors.index.json"
         files = f"{weights}, config.json, recipe.yaml, stats.safetensors, laquant.json"
     print(f"\n{note}\n\n{table}\n\nwrote {job.out}/ ({files}, report.md, plots/)")
-    return 0
 
 
 def check_inputs(args: argparse.Namespace, recipe: dict, out: Path, model_dir: Path) -> Job:
@@ -148,12 +192,12 @@ def save_and_plot(job: Job, result: Calibrated, rows: list[tuple[str, dict]], re
         raise
 
 
-def _add_eval_and_plots(job: Job, result: Calibrated, rows: list[tuple[str, dict]]) -> None:
+def _add_eval_and_plots(job: Job, result: Calibrated, rows: list[tuple[str, dict]], files: dict | None = None) -> None:
     summary = {"recipe": job.recipe["name"], "model": str(job.model_dir), "out": str(job.out),
                "format": job.args.format,
                "rows": [{"name": n, **{k: v for k, v in r.items() if not k.endswith("by_position")}} for n, r in rows]}
     threshold = job.recipe["projections"]["outlier_threshold"]
-    add_to_folder(job.out, {"eval.json": json.dumps(summary, indent=2) + "\n"},
+    add_to_folder(job.out, {**(files or {}), "eval.json": json.dumps(summary, indent=2) + "\n"},
                   lambda tmp: write_stat_plots(result.stats, tmp / "plots", threshold))
 
 
