@@ -32,13 +32,14 @@ class Calibrated:
 
 def calibrate(model, recipe: dict | str, data: torch.Tensor | None = None, stats: Stats | None = None,
               samples: int = 128, seq_len: int = 2048, seed: int = 0, progress: bool = True,
-              layerwise_device: str | torch.device | None = None) -> Calibrated:
+              layerwise_device: str | torch.device | None = None, on_units=None) -> Calibrated:
     """Quantize ``model`` in place with ``recipe`` (a name, path or validated dict).
 
     ``data``: a 1-D token tensor (random windows are drawn from it) or ``[N, L]`` batches. Pass
     ``stats`` instead to reuse statistics from an earlier run. ``layerwise_device``: calibrate one
     decoder layer at a time on that device while the model stays where it is (see
-    :func:`~laquant.calibration.run.collect_stats`).
+    :func:`~laquant.calibration.run.collect_stats`). ``on_units(n)``: called with the calibration
+    tokens done, for a progress display.
     """
     recipe = load_recipe(recipe) if isinstance(recipe, str) else recipe
     recipe = for_family(recipe, model.config.model_type)
@@ -48,7 +49,7 @@ def calibrate(model, recipe: dict | str, data: torch.Tensor | None = None, stats
             raise LaquantError("calibrate needs calibration data (token ids) or saved stats")
         batches = data if data.dim() == 2 else calibration_batches(data, samples, seq_len, seed)
         stats = collect_stats(model, adapter, batches, seed=seed, progress=progress,
-                              layerwise_device=layerwise_device)
+                              layerwise_device=layerwise_device, on_units=on_units)
     elif stats.meta.get("model_type") != model.config.model_type:
         raise LaquantError(f"the statistics were collected on a {stats.meta.get('model_type')!r} model, "
                            f"not {model.config.model_type!r}")

@@ -196,7 +196,7 @@ class WeightStream:
 
 def calibrate_streamed(model_dir: str | Path, recipe: dict | str, data: torch.Tensor | None = None, stats=None,
                        samples: int = 128, seq_len: int = 2048, seed: int = 0, progress: bool = True,
-                       device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+                       device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, on_units=None):
     """:func:`laquant.calibrate` of the model in ``model_dir`` without loading it whole (see the
     module's doc). Returns a :class:`~laquant.api.Calibrated` whose model is on the meta device and
     whose ``stream`` writes the quantized weights when :func:`laquant.save` asks for them (once)."""
@@ -226,7 +226,7 @@ def calibrate_streamed(model_dir: str | Path, recipe: dict | str, data: torch.Te
             raise LaquantError("calibrate needs calibration data (token ids) or saved stats")
         batches = data if data.dim() == 2 else calibration_batches(data, samples, seq_len, seed)
         stats = collect_stats(model, adapter, batches, seed=seed, progress=progress, layerwise_device=device,
-                              stream=stream)
+                              stream=stream, on_units=on_units)
     elif stats.meta.get("model_type") != model.config.model_type:
         raise LaquantError(f"the statistics were collected on a {stats.meta.get('model_type')!r} model, "
                            f"not {model.config.model_type!r}")

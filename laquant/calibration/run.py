@@ -29,14 +29,20 @@ def calibration_batches(ids: torch.Tensor, samples: int, seq_len: int, seed: int
 @torch.no_grad()
 def collect_stats(model, adapter, batches: torch.Tensor, segment: int = 256,
                   batch_size: int = 8, seed: int = 0, progress: bool = True,
-                  layerwise_device: str | torch.device | None = None, stream=None) -> Stats:
+                  layerwise_device: str | torch.device | None = None, stream=None, on_units=None) -> Stats:
     """Run ``batches [N, L]`` through ``model`` in segments of ``segment`` tokens, carrying the
     recurrent state in a cache, so the state can be read at every segment boundary.
 
     ``layerwise_device``: the model stays where it is (e.g. on the CPU) and each decoder layer is
     moved to this device in turn, run on every batch, and moved back, as llm-compressor's
     sequential pipeline does: the device holds one layer and one batch's activations, not the
-    model. The hidden states between layers wait on the model's device."""
+    model. The hidden states between layers wait on the model's device.
+
+    ``stream`` (with ``layerwise_device``): the model's decoder layers are on the meta device and
+    ``stream.fetch(name, layer)`` reads each one's weights into CPU memory before it runs,
+    ``stream.drop(name, layer)`` frees them after (:mod:`laquant.streaming`). ``on_units(n)``: called
+    with the tokens done (a layer's share of them, layer by layer), for the job's progress."""
+    tick = on_units or (lambda n: None)
     # lm_head and the softmax-attention projections are observed too, so the same statistics serve
     # recipes that keep them and those that quantize them
     observed = {**adapter.projections(), **adapter.attention_projections(),
@@ -68,13 +74,14 @@ def collect_stats(model, adapter, batches: torch.Tensor, segment: int = 256,
                     _check_finite(logits, "the model's logits")
                     observe_states(cache, end)
                     bar.update(1)
+                    tick(batch.shape[0] * (end - start))
 
     try:
         if layerwise_device is None:
             run_whole(next(model.parameters()).device)
         elif stream is not None or type(adapter).run_layer is not Adapter.run_layer:
             _run_layerwise(model, adapter, batches, torch.device(layerwise_device), segment, batch_size,
-                           observe_states, progress, stream)
+                           observe_states, progress, stream, tick)
         else:
             with _onloaded(model, adapter, torch.device(layerwise_device)):
                 run_whole(torch.device(layerwise_device))
@@ -130,7 +137,8 @@ def _onloaded(model, adapter, device):
         model.to(home)
 
 
-def _run_layerwise(model, adapter, batches, device, segment, batch_size, observe_states, progress, stream=None):
+def _run_layerwise(model, adapter, batches, device, segment, batch_size, observe_states, progress, stream=None,
+                   tick=lambda n: None):
     """One decoder layer on ``device`` at a time; every batch through it before the next layer."""
     home = torch.device("cpu") if stream is not None else next(model.parameters()).device
     n, length = batches.shape
@@ -155,6 +163,7 @@ def _run_layerwise(model, adapter, batches, device, segment, batch_size, observe
                     observe_states(cache, end, layer_idx)
                     outs.append(out.to(home))
                 hidden[j] = torch.cat(outs, 1)
+                tick(h.shape[0] * length / len(layers))
             layer.to(home)
             if stream is not None:
                 stream.drop(layer_name, layer)

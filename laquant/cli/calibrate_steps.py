@@ -5,6 +5,7 @@ and plot."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 from dataclasses import dataclass
@@ -25,9 +26,10 @@ from laquant.data import load_text, tokenize
 from laquant.decisions import Decisions
 from laquant.errors import LaquantError
 from laquant.eval.plots import write_stat_plots
-from laquant.eval.ppl import default_stride, perplexity_by_mode, strided_windows
+from laquant.eval.ppl import default_stride, perplexity, probe, strided_windows, work_units
 from laquant.eval.report import comparison_table, model_bytes, report_markdown, state_bytes_per_sequence
 from laquant.loading import load_model, load_tokenizer, read_supported_config
+from laquant.progress import JobProgress, Phase
 from laquant.recipe import recipe_to_yaml
 from laquant.streaming import calibrate_streamed, streams
 
@@ -45,6 +47,7 @@ class Job:
     stats: Stats | None  # reused with --stats
     batches: torch.Tensor | None  # calibration windows; None with --stats
     eval_ids: torch.Tensor | None  # None with --no-eval
+    progress: JobProgress | None = None  # the job-level line (set by run)
 
     @property
     def home(self) -> str:
@@ -54,22 +57,62 @@ class Job:
 
 def run(args: argparse.Namespace, recipe: dict, out: Path, model_dir: Path) -> int:
     job = check_inputs(args, recipe, out, model_dir)
-    if args.offload and streams(read_supported_config(model_dir)["model_type"]):
-        return run_streamed(job)
+    phases = job_phases(job)
+    job.progress = JobProgress(phases, PROXIES, enabled=not args.quiet and bool(phases))
+    try:
+        if args.offload and streams(read_supported_config(model_dir)["model_type"]):
+            note, table = run_streamed(job)
+        else:
+            note, table = run_in_memory(job)
+    finally:
+        took = job.progress.close()
+    print_summary(job, note, table)
+    if not args.quiet:
+        print(f"(job: {took})")
+    return 0
+
+
+# until a kind of work is measured, the kind whose rate stands in for it (laquant.progress)
+PROXIES = {"calibrate": "prefill", "prefill_q": "prefill", "decode_q": "decode"}
+
+
+def job_phases(job: Job) -> list[Phase]:
+    """The job's phases and their work: tokens through the model, or decode steps."""
+    args, phases = job.args, []
+
+    def evaluations(label: str, suffix: str) -> None:
+        for mode in args.eval_mode if job.eval_ids is not None else ():
+            phases.append(Phase(f"{label} {mode}", mode + suffix,
+                                work_units(len(job.eval_ids), args.eval_context, mode, args.batch_size)))
+
+    evaluations("bf16", "")
+    if job.batches is not None:
+        phases.append(Phase("calibration", "calibrate", job.batches.numel()))
+    evaluations(job.recipe["name"], "_q")
+    return phases
+
+
+def run_in_memory(job: Job) -> tuple[str, str]:
+    args = job.args
     model, mixers = load(job)
     base = measure(job, model, "bf16", mixers, None)
-    result = calibrate(model, job.recipe, data=job.batches, stats=job.stats, seed=args.seed,
-                       progress=not args.quiet, layerwise_device=job.device if args.offload else None)
+    with calibration_phase(job):
+        result = calibrate(model, job.recipe, data=job.batches, stats=job.stats, seed=args.seed,
+                           progress=not args.quiet, layerwise_device=job.device if args.offload else None,
+                           on_units=job.progress.advance)
     quant = measure(job, model, job.recipe["name"], mixers, result.decisions)
     rows = [("bf16", base), (job.recipe["name"], quant)]
     table = comparison_table(rows)
     note = eval_note(job)
     save_and_plot(job, result, rows, report(job, result, table, note))
-    print_summary(job, note, table)
-    return 0
+    return note, table
 
 
-def run_streamed(job: Job) -> int:
+def calibration_phase(job: Job):
+    return job.progress.phase("calibration") if job.batches is not None else contextlib.nullcontext()
+
+
+def run_streamed(job: Job) -> tuple[str, str]:
     """``--offload`` on laquant's own families: calibrated and written layer by layer from the model's
     files (:mod:`laquant.streaming`), never whole in memory, except to evaluate: the bf16 model is
     loaded for its perplexity and freed, the checkpoint is written, then loaded for the quantized
@@ -80,8 +123,9 @@ def run_streamed(job: Job) -> int:
         model, _ = load_model(job.model_dir, device="cpu")
         base = perplexities(job, model, "bf16")
         del model
-    result = calibrate_streamed(job.model_dir, job.recipe, data=job.batches, stats=job.stats, seed=args.seed,
-                                progress=not args.quiet, device=job.device)
+    with calibration_phase(job):
+        result = calibrate_streamed(job.model_dir, job.recipe, data=job.batches, stats=job.stats, seed=args.seed,
+                                    progress=not args.quiet, device=job.device, on_units=job.progress.advance)
     mixers = {n: vars(i) for n, i in get_adapter(result.model).mixers().items()}
     save(result, job.out, tokenizer=job.tokenizer, overwrite=args.overwrite, max_shard_size=args.max_shard_size,
          progress=not args.quiet)
@@ -100,8 +144,7 @@ def run_streamed(job: Job) -> int:
     except BaseException:  # a run either completes or leaves nothing
         shutil.rmtree(job.out, ignore_errors=True)
         raise
-    print_summary(job, note, table)
-    return 0
+    return note, table
 
 
 def print_summary(job: Job, note: str, table: str) -> None:
@@ -147,11 +190,17 @@ def measure(job: Job, model, label: str, mixers: dict, decisions: Decisions | No
 
 
 def perplexities(job: Job, model, label: str) -> dict:
+    """Perplexity per --eval-mode; the first model evaluated (bf16) is probed first, so the job's
+    estimate rests on measured rates from the start."""
     args = job.args
     model.to(job.device)
     row = {}
-    for mode, res in perplexity_by_mode(model, job.eval_ids, args.eval_context, args.eval_mode, args.batch_size,
-                                        not args.quiet).items():
+    for mode in args.eval_mode if label == "bf16" and not args.quiet else ():
+        job.progress.probe(mode, *probe(model, job.eval_ids, args.eval_context, mode, args.batch_size))
+    for mode in args.eval_mode:
+        with job.progress.phase(f"{label} {mode}"):
+            res = perplexity(model, job.eval_ids, context=args.eval_context, mode=mode, batch_size=args.batch_size,
+                             progress=not args.quiet, on_units=job.progress.advance)
         row[mode] = res.ppl
         row[f"{mode}_loss_by_position"] = res.loss_by_position
         if res.saturation is not None:  # decode: the totals (eval.json); by position: `laquant eval ppl --json`
