@@ -52,9 +52,20 @@ def collect_stats(model, adapter, batches: torch.Tensor, segment: int = 256,
              for n in adapter.gates()}
     mixers = adapter.mixers()
     states = {n: StateObserver(n) for n in mixers}
-    handles = [adapter.module(n).register_forward_pre_hook(o) for n, o in proj.items()]
-    handles += [adapter.module(n).register_forward_hook(o) for n, o in gates.items()]
+    handles = {n: adapter.module(n).register_forward_pre_hook(o) for n, o in proj.items()}
+    handles.update({n: adapter.module(n).register_forward_hook(o) for n, o in gates.items()})
+    done: dict[str, dict] = {}  # results of the observers of layers already calibrated (layer by layer)
     n, length = batches.shape
+
+    def finish_layer(layer_name: str) -> None:
+        """The layer's observers give their results now and are freed (their histograms are sized by
+        the layer's channels: kept for every layer, they would add up to a good part of the model)."""
+        for group in (proj, gates, states):
+            for name in [k for k in group if k.startswith(layer_name + ".") and k not in done]:
+                if name in handles:
+                    handles.pop(name).remove()
+                done[name] = group[name].result()
+                group[name] = None
 
     def observe_states(cache, end: int, layer_idx: int | None = None) -> None:
         for name, info in mixers.items():
@@ -81,18 +92,19 @@ def collect_stats(model, adapter, batches: torch.Tensor, segment: int = 256,
             run_whole(next(model.parameters()).device)
         elif stream is not None or type(adapter).run_layer is not Adapter.run_layer:
             _run_layerwise(model, adapter, batches, torch.device(layerwise_device), segment, batch_size,
-                           observe_states, progress, stream, tick)
+                           observe_states, progress, stream, tick, finish_layer)
         else:
             with _onloaded(model, adapter, torch.device(layerwise_device)):
                 run_whole(torch.device(layerwise_device))
     finally:
-        for h in handles:
+        for h in handles.values():
             h.remove()
 
     tensors = {}
     for group in (proj, gates, states):
         for name, obs in group.items():
-            tensors.update({f"{name}/{k}": v.float().contiguous().cpu() for k, v in obs.result().items()})
+            result = done[name] if name in done else obs.result()
+            tensors.update({f"{name}/{k}": v.float().contiguous().cpu() for k, v in result.items()})
     meta = {
         "model_type": model.config.model_type, "samples": n, "seq_len": length, "segment": segment,
         "magnitude_levels": MAGNITUDE_LEVELS.tolist(), "seed": seed,
@@ -138,7 +150,7 @@ def _onloaded(model, adapter, device):
 
 
 def _run_layerwise(model, adapter, batches, device, segment, batch_size, observe_states, progress, stream=None,
-                   tick=lambda n: None):
+                   tick=lambda n: None, finish_layer=lambda name: None):
     """One decoder layer on ``device`` at a time; every batch through it before the next layer."""
     home = torch.device("cpu") if stream is not None else next(model.parameters()).device
     n, length = batches.shape
@@ -165,6 +177,7 @@ def _run_layerwise(model, adapter, batches, device, segment, batch_size, observe
                 hidden[j] = torch.cat(outs, 1)
                 tick(h.shape[0] * length / len(layers))
             layer.to(home)
+            finish_layer(layer_name)
             if stream is not None:
                 stream.drop(layer_name, layer)
             bar.update(1)
