@@ -137,6 +137,9 @@ class JobProgress:
         where = "starting"
         if self.current is not None:
             where = f"phase {phases.index(self.current) + 1}/{len(phases)} {self.current.name}"
+        elif any(p.done for p in phases):
+            last = max(i for i, p in enumerate(phases) if p.done)
+            where = f"after phase {last + 1}/{len(phases)} {phases[last].name}"
         eta = "ETA ?" if seconds is None else f"ETA {'' if exact else '~'}{clock(seconds)}"
         return f"job: {where} | {clock(self.now() - self.start)} elapsed | {eta}"
 

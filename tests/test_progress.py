@@ -81,5 +81,6 @@ def test_progress_line_on_a_fake_clock():
         t[0] = 65.0
         prog.advance(50)
         assert prog.line() == "job: phase 2/2 bf16 decode | 1:05 elapsed | ETA 1:02"  # 50 x 1.24 s
+    assert prog.line() == "job: after phase 2/2 bf16 decode | 1:05 elapsed | ETA 0:00"
     assert prog.close() == "1:05"
     assert clock(3725) == "1:02:05" and clock(None) == "?"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from laquant.adapters import get_adapter
 from laquant.api import Calibrated, calibrate, save
@@ -190,13 +191,15 @@ def measure(job: Job, model, label: str, mixers: dict, decisions: Decisions | No
 
 
 def perplexities(job: Job, model, label: str) -> dict:
-    """Perplexity per --eval-mode; the first model evaluated (bf16) is probed first, so the job's
-    estimate rests on measured rates from the start."""
+    """Perplexity per --eval-mode. Each model is probed first (a prefill window, a few decode steps),
+    so the job's estimate rests on measured rates: the bf16 model's from the start, the quantized
+    model's from its evaluation on."""
     args = job.args
     model.to(job.device)
     row = {}
-    for mode in args.eval_mode if label == "bf16" and not args.quiet else ():
-        job.progress.probe(mode, *probe(model, job.eval_ids, args.eval_context, mode, args.batch_size))
+    kind = "" if label == "bf16" else "_q"
+    for mode in args.eval_mode if not args.quiet else ():
+        job.progress.probe(mode + kind, *probe(model, job.eval_ids, args.eval_context, mode, args.batch_size))
     for mode in args.eval_mode:
         with job.progress.phase(f"{label} {mode}"):
             res = perplexity(model, job.eval_ids, context=args.eval_context, mode=mode, batch_size=args.batch_size,
@@ -206,7 +209,7 @@ def perplexities(job: Job, model, label: str) -> dict:
         if res.saturation is not None:  # decode: the totals (eval.json); by position: `laquant eval ppl --json`
             row[f"{mode}_saturation"] = {k: v for k, v in res.saturation.items() if not k.endswith("by_position")}
         if not args.quiet:
-            print(f"  {label} {mode}: ppl {res.ppl:.3f}", flush=True)
+            tqdm.write(f"  {label} {mode}: ppl {res.ppl:.3f}")  # above the progress lines
     model.to(job.home)
     return row
 
