@@ -71,6 +71,19 @@ def test_streamed_api_with_tied_embeddings(tmp_path):
         laquant.calibrate_streamed(model_dir, "gla_int8", progress=False)
 
 
+@pytest.mark.gpu
+def test_streamed_on_cuda_equals_layer_by_layer_in_memory(tiny_model_dir, tmp_path):
+    """On the GPU: layers streamed from the files to the device write what the model held in CPU
+    memory and onloaded layer by layer writes."""
+    batches = torch.randint(0, 8192, (3, 128))
+    model, _ = laquant.load_model(tiny_model_dir)
+    laquant.save(laquant.calibrate(model, "gla_int8", data=batches, progress=False, layerwise_device="cuda"),
+                 tmp_path / "in-memory")
+    laquant.save(laquant.calibrate_streamed(tiny_model_dir, "gla_int8", data=batches, progress=False, device="cuda"),
+                 tmp_path / "streamed")
+    assert _files(tmp_path / "in-memory") == _files(tmp_path / "streamed")
+
+
 def test_hybrids_are_not_streamed():
     from laquant.streaming import streams
 
