@@ -101,6 +101,7 @@ class WeightStream:
             with _reading(path), safe_open(str(path), framework="pt") as f:
                 self.where.update(dict.fromkeys(f.keys(), path))
         self.bytes: dict[str, int] = {}  # unit ("" for the resident parts) -> its bytes as stored, base model
+        self.quantized_bytes: int | None = None  # the quantized model's, once written
 
     def fetch(self, prefix: str, module: nn.Module, skip: tuple[str, ...] = ()) -> None:
         """Read ``module``'s weights (named ``prefix.*`` in the files) into CPU memory, each in the
@@ -129,8 +130,8 @@ class WeightStream:
             if is_param and not isinstance(read[id(meta)], nn.Parameter):  # one Parameter for all its names
                 read[id(meta)] = nn.Parameter(read[id(meta)], requires_grad=meta.requires_grad)
             _place(owner, attr, read[id(meta)], is_param)
-        self.bytes.setdefault(prefix, _stored_bytes(
-            (n, t, p) for n, _, _, t, p in _tensors(module, prefix, skip)))
+        if prefix not in self.bytes:
+            self.bytes[prefix] = _stored_bytes((n, t, p) for n, _, _, t, p in _tensors(module, prefix, skip))
 
     @staticmethod
     def drop(prefix: str, module: nn.Module) -> None:
@@ -148,6 +149,9 @@ class WeightStream:
         by ``result.decisions`` and freed in turn. Sets ``self.quantized_bytes``."""
         from laquant.quantize import apply
 
+        if self.quantized_bytes is not None:
+            raise LaquantError("a streamed calibration result is quantized and written once, by one laquant.save; "
+                               "load that checkpoint (laquant.load) to use or save it again")
         model, layers = result.model, adapter.decoder_layers()
         names = {id(layer): name for name, layer in layers}
         inside = tuple(f"{name}." for name, _ in layers)

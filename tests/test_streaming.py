@@ -67,6 +67,9 @@ def test_streamed_api_with_tied_embeddings(tmp_path):
     assert all(p.is_meta for p in result.model.model.layers.parameters())  # no layer stays in memory
     laquant.save(result, tmp_path / "streamed")
     assert _files(tmp_path / "whole") == _files(tmp_path / "streamed")
+    with pytest.raises(LaquantError, match="written once"):
+        laquant.save(result, tmp_path / "again")
+    assert not (tmp_path / "again").exists()
     with pytest.raises(LaquantError, match="calibration data"):
         laquant.calibrate_streamed(model_dir, "gla_int8", progress=False)
 

@@ -150,11 +150,10 @@ def markdown_cpu(result: dict) -> str:
 def _peak_row(run) -> dict:
     """Peak RSS of ``run()`` in this process over the RSS before it (after torch, transformers and
     laquant's CLI are imported)."""
-    import transformers  # noqa: F401
+    import importlib
 
-    import laquant.api  # noqa: F401
-    import laquant.cli.calibrate_steps  # noqa: F401
-
+    for module in ("transformers", "laquant.api", "laquant.cli.calibrate_steps"):
+        importlib.import_module(module)
     before = _vm("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:  # resets VmHWM to the current RSS
         f.write("5")

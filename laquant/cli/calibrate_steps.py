@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import json
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from tqdm.auto import tqdm
 from laquant.adapters import get_adapter
 from laquant.api import Calibrated, calibrate, save
 from laquant.api import load as laquant_load
-from laquant.calibration.run import calibration_batches
+from laquant.calibration.run import calibration_batches, collect_stats
 from laquant.calibration.stats import Stats
 from laquant.checkpoint import StagingDir, weight_files
 from laquant.cli.common import add_to_folder, pick_device
@@ -96,6 +97,7 @@ def job_phases(job: Job) -> list[Phase]:
 def run_in_memory(job: Job) -> tuple[str, str]:
     args = job.args
     model, mixers = load(job)
+    probe_calibration(job, model)
     base = measure(job, model, "bf16", mixers, None)
     with calibration_phase(job):
         result = calibrate(model, job.recipe, data=job.batches, stats=job.stats, seed=args.seed,
@@ -107,6 +109,17 @@ def run_in_memory(job: Job) -> tuple[str, str]:
     note = eval_note(job)
     save_and_plot(job, result, rows, report(job, result, table, note))
     return note, table
+
+
+def probe_calibration(job: Job, model, tokens: int = 256) -> None:
+    """Times calibration (observers attached) on one ``tokens``-token window, for the job's
+    estimate; the statistics are thrown away. Not with --offload (the model is not on the device)."""
+    if job.batches is None or job.args.quiet or job.args.offload:
+        return
+    sample = job.batches[:1, :tokens]
+    t0 = time.perf_counter()
+    collect_stats(model, get_adapter(model), sample, segment=tokens, progress=False)
+    job.progress.probe("calibrate", time.perf_counter() - t0, sample.numel())
 
 
 def calibration_phase(job: Job):
