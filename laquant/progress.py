@@ -3,8 +3,8 @@ job still takes, estimated from measured work, not guessed.
 
 Each phase counts work units of a kind: tokens through the model (prefill evaluation, calibration)
 or decode steps (one token for every window of a batch). The time per unit of each kind is
-measured: before the first phase by probes of the bf16 model (a prefill window, a few decode steps,
-a calibration window; the quantized model's before its evaluation), then by the phases themselves
+measured: before the first phase by probes (a prefill window and a few decode steps of the bf16
+model and of a throw-away quantized copy, a calibration window), then by the phases themselves
 as they run. A kind not measured yet (the quantized model's, until it exists) borrows the rate of
 the kind it stands in for, and the estimate says so with ``~`` until every remaining phase runs at
 a measured rate. Export is not counted (a few seconds).

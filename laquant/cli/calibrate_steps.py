@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import shutil
 import time
@@ -97,7 +98,7 @@ def job_phases(job: Job) -> list[Phase]:
 def run_in_memory(job: Job) -> tuple[str, str]:
     args = job.args
     model, mixers = load(job)
-    probe_calibration(job, model)
+    probe_job(job, model)
     base = measure(job, model, "bf16", mixers, None)
     with calibration_phase(job):
         result = calibrate(model, job.recipe, data=job.batches, stats=job.stats, seed=args.seed,
@@ -111,15 +112,27 @@ def run_in_memory(job: Job) -> tuple[str, str]:
     return note, table
 
 
-def probe_calibration(job: Job, model, tokens: int = 256) -> None:
-    """Times calibration (observers attached) on one ``tokens``-token window, for the job's
-    estimate; the statistics are thrown away. Not with --offload (the model is not on the device)."""
-    if job.batches is None or job.args.quiet or job.args.offload:
+# up to this size, a throw-away copy of the model is quantized before the job, to time the quantized
+# model's evaluation from the start
+PROBE_COPY_BYTES = 2**30
+
+
+def probe_job(job: Job, model, tokens: int = 256) -> None:
+    """Times calibration (observers attached) on one ``tokens``-token window, and the evaluation of
+    a copy of the model quantized with those statistics (wrong numbers, the same work), for the
+    job's estimate; all of it thrown away. Not with --offload (the model is not on the device)."""
+    args = job.args
+    if job.batches is None or args.quiet or args.offload:
         return
     sample = job.batches[:1, :tokens]
     t0 = time.perf_counter()
-    collect_stats(model, get_adapter(model), sample, segment=tokens, progress=False)
+    stats = collect_stats(model, get_adapter(model), sample, segment=tokens, progress=False)
     job.progress.probe("calibrate", time.perf_counter() - t0, sample.numel())
+    if job.eval_ids is None or sum(p.nbytes for p in model.parameters()) > PROBE_COPY_BYTES:
+        return
+    stand_in = calibrate(copy.deepcopy(model), job.recipe, stats=stats, progress=False).model
+    for mode in args.eval_mode:
+        job.progress.probe(mode + "_q", *probe(stand_in, job.eval_ids, args.eval_context, mode, args.batch_size))
 
 
 def calibration_phase(job: Job):
