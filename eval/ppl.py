@@ -122,14 +122,18 @@ def perplexity(
     mode: str = "prefill",
     batch_size: int | None = None,
     progress: bool = True,
+    on_units=None,
 ) -> PerplexityResult:
     """Perplexity of ``model`` on the 1-D token tensor ``ids``.
 
     ``model(input_ids, past_key_values=cache, use_cache=True)`` must return ``.logits``, and
     ``laquant.adapters.new_cache(model)`` a fresh cache (decode mode). ``batch_size`` windows run
     together; by default 4 in prefill (activations grow with the window) and 64 in decode (one
-    token per step: per-step overhead dominates, and a recurrent state is small).
+    token per step: per-step overhead dominates, and a recurrent state is small). ``on_units(n)``:
+    called as work is done, with tokens (prefill) or decode steps (decode), for the job's progress
+    (:mod:`laquant.progress`; :func:`work_units` counts them ahead).
     """
+    tick = on_units or (lambda n: None)
     batch_size = batch_size or DEFAULT_BATCH[mode]
     if mode not in MODES:
         raise LaquantError(f"unknown --mode {mode!r}; choose from {', '.join(MODES)}")
@@ -159,8 +163,10 @@ def perplexity(
                 nll = torch.stack([_nll_rows(logits[i, :-1], inputs[i, 1:]) for i in range(len(batch))]).cpu()
                 del logits
                 bar.update(len(batch))
+                tick(len(batch) * context)
             elif scorer is not None:
                 nll = scorer.score(inputs, bar, counter)
+                tick(context - 1)
             else:
                 cache = new_cache(model)
                 cols = []
@@ -172,6 +178,7 @@ def perplexity(
                         counter.after_step(cache)
                         cols.append(_nll_rows(step_logits, inputs[:, t + 1]).cpu())
                         bar.update(1)
+                        tick(1)
                 bar.update(1)
                 nll = torch.stack(cols, dim=1)
             if not torch.isfinite(nll[mask]).all():
@@ -283,6 +290,39 @@ class _Lazy:
         if self.scorer is None:
             self.scorer = self.cls(self.model, self.batch, self.context, cache, counter)
         return self.scorer.run(inputs, cache, first_nll, bar)[:n]
+
+
+def work_units(n_tokens: int, context: int, mode: str, batch_size: int | None = None) -> int:
+    """What :func:`perplexity` reports to ``on_units`` in all: tokens through the model (prefill) or
+    decode steps, each one token for every window of a batch (decode)."""
+    windows = len(strided_windows(n_tokens, context, default_stride(context)))
+    if mode == "prefill":
+        return windows * context
+    return -(-windows // (batch_size or DEFAULT_BATCH[mode])) * (context - 1)
+
+
+@torch.no_grad()
+def probe(model, ids: torch.Tensor, context: int, mode: str, batch_size: int | None = None,
+          steps: int = 3) -> tuple[float, int]:
+    """``(seconds, units)`` of a little of :func:`perplexity`'s work, for a job's estimate before its
+    evaluation runs: one window in prefill (``context`` tokens); in decode, ``steps`` eager steps of
+    a full batch after one untimed step."""
+    device = next(model.parameters()).device
+    window = ids[:context].to(device)
+    if mode == "prefill":
+        t0 = time.perf_counter()
+        model(input_ids=window[None])
+        return time.perf_counter() - t0, len(window)
+    batch = min(batch_size or DEFAULT_BATCH[mode], max(len(strided_windows(len(ids), context,
+                                                                            default_stride(context))), 1))
+    tokens = window[:steps + 1].expand(batch, -1)
+    cache = new_cache(model)
+    with decode_threads(model, batch):
+        model(input_ids=tokens[:, :1], past_key_values=cache, use_cache=True)
+        t0 = time.perf_counter()
+        for t in range(1, tokens.shape[1]):
+            model(input_ids=tokens[:, t:t + 1], past_key_values=cache, use_cache=True)
+    return time.perf_counter() - t0, tokens.shape[1] - 1
 
 
 def perplexity_by_mode(model, ids: torch.Tensor, context: int, modes, batch_size: int | None = None,

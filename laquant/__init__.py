@@ -1,7 +1,8 @@
 """laquant: post-training quantization for linear-attention and hybrid language models.
 
 ``laquant.calibrate(model, recipe, data)`` quantizes a model in place, ``laquant.save`` writes a
-checkpoint folder, ``laquant.load`` reads one back, ``laquant.export_compressed_tensors`` writes
+checkpoint folder (``laquant.calibrate_streamed`` does both for a model read from its files layer by
+layer, never whole in memory), ``laquant.load`` reads one back, ``laquant.export_compressed_tensors`` writes
 the compressed-tensors W8A8 form serving engines load. Importing laquant registers model_type "gla"
 and the "laquant" quantization method with transformers: at once if transformers is already
 imported, otherwise as soon as it is (:mod:`laquant._registration`). The package imports torch
@@ -17,9 +18,10 @@ from laquant.errors import LaquantError
 __version__ = "0.1.0"
 
 _LAZY = {"Calibrated": "laquant.api", "calibrate": "laquant.api", "load": "laquant.api", "save": "laquant.api",
+         "calibrate_streamed": "laquant.streaming",
          "load_model": "laquant.loading", "export_compressed_tensors": "laquant.compressed_tensors_export"}
 
-__all__ = ["Calibrated", "LaquantError", "calibrate", "export_compressed_tensors", "load", "load_model", "save"]
+__all__ = ["Calibrated", "LaquantError", "calibrate", "calibrate_streamed", "export_compressed_tensors", "load", "load_model", "save"]
 
 
 def __getattr__(name: str):

@@ -25,17 +25,21 @@ class Calibrated:
     recipe: dict
     decisions: Decisions
     stats: Stats
+    # laquant.calibrate_streamed: the model is on the meta device; this reads, quantizes and writes its
+    # layers when save() asks (laquant.streaming.WeightStream)
+    stream: object = None
 
 
 def calibrate(model, recipe: dict | str, data: torch.Tensor | None = None, stats: Stats | None = None,
               samples: int = 128, seq_len: int = 2048, seed: int = 0, progress: bool = True,
-              layerwise_device: str | torch.device | None = None) -> Calibrated:
+              layerwise_device: str | torch.device | None = None, on_units=None) -> Calibrated:
     """Quantize ``model`` in place with ``recipe`` (a name, path or validated dict).
 
     ``data``: a 1-D token tensor (random windows are drawn from it) or ``[N, L]`` batches. Pass
     ``stats`` instead to reuse statistics from an earlier run. ``layerwise_device``: calibrate one
     decoder layer at a time on that device while the model stays where it is (see
-    :func:`~laquant.calibration.run.collect_stats`).
+    :func:`~laquant.calibration.run.collect_stats`). ``on_units(n)``: called with the calibration
+    tokens done, for a progress display.
     """
     recipe = load_recipe(recipe) if isinstance(recipe, str) else recipe
     recipe = for_family(recipe, model.config.model_type)
@@ -45,7 +49,7 @@ def calibrate(model, recipe: dict | str, data: torch.Tensor | None = None, stats
             raise LaquantError("calibrate needs calibration data (token ids) or saved stats")
         batches = data if data.dim() == 2 else calibration_batches(data, samples, seq_len, seed)
         stats = collect_stats(model, adapter, batches, seed=seed, progress=progress,
-                              layerwise_device=layerwise_device)
+                              layerwise_device=layerwise_device, on_units=on_units)
     elif stats.meta.get("model_type") != model.config.model_type:
         raise LaquantError(f"the statistics were collected on a {stats.meta.get('model_type')!r} model, "
                            f"not {model.config.model_type!r}")
@@ -62,11 +66,16 @@ def _record_quantization(model, recipe: dict, decisions: dict) -> None:
 
 
 def save(result: Calibrated, out: str | Path, tokenizer=None, report: str | None = None,
-         overwrite: bool = False, max_shard_size: int | str | None = None) -> Path:
+         overwrite: bool = False, max_shard_size: int | str | None = None, progress: bool = False) -> Path:
     """Write the checkpoint folder; ``max_shard_size`` (``"5GB"``, bytes) splits the weights into
-    shards with a ``model.safetensors.index.json``, as transformers' ``save_pretrained`` does."""
+    shards with a ``model.safetensors.index.json``, as transformers' ``save_pretrained`` does. A
+    streamed result (:func:`laquant.calibrate_streamed`) is quantized layer by layer here, once;
+    ``progress``: its bar."""
+    entries = None
+    if result.stream is not None:
+        entries = result.stream.quantized_entries(result, get_adapter(result.model), progress)
     return save_quantized(result.model, Path(out), result.recipe, result.decisions, result.stats, tokenizer,
-                          report, overwrite, max_shard_size=max_shard_size)
+                          report, overwrite, max_shard_size=max_shard_size, entries=entries)
 
 
 def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | str = torch.float32,

@@ -90,13 +90,19 @@ class StagingDir:
 
 def save_quantized(model, out: Path, recipe: dict, decisions, stats=None, tokenizer=None,
                    report: str | None = None, overwrite: bool = False,
-                   storage_dtype: torch.dtype = torch.bfloat16, max_shard_size: int | str | None = None) -> Path:
+                   storage_dtype: torch.dtype = torch.bfloat16, max_shard_size: int | str | None = None,
+                   entries=None) -> Path:
+    """``entries``: the weights as :func:`write_tensors` takes them, when ``model`` does not hold
+    them (a model streamed layer by layer, :mod:`laquant.streaming`); default: ``model``'s state."""
     from laquant.hf_integration import finish_checkpoint
     from laquant.recipe import recipe_to_yaml
 
     out = Path(out)
     with StagingDir(out, overwrite) as tmp:
-        stored = write_weights(model, tmp, storage_dtype, max_shard_size)
+        if entries is None:
+            stored = write_weights(model, tmp, storage_dtype, max_shard_size)
+        else:
+            stored = write_tensors(entries, tmp, storage_dtype, max_shard_size)
         config = model.config.to_dict()
         config.pop("quantization_config", None)
         # the dtype of the checkpoint's float weights (the base model's: bf16 for a bf16 model),
@@ -143,16 +149,25 @@ def write_weights(model, folder: Path, storage_dtype: torch.dtype, max_shard_siz
     ``model.safetensors`` or, past ``max_shard_size``, into shards named and indexed as
     transformers' ``save_pretrained`` does. One shard's tensors are held at a time.
     Returns the storage dtype of the float parameters (``storage_dtype`` unless one would round)."""
+    params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    entries = ((name, t, name in params) for name, t in unique_state(model).items())
+    return write_tensors(entries, folder, storage_dtype, max_shard_size)
+
+
+def write_tensors(entries, folder: Path, storage_dtype: torch.dtype, max_shard_size: int | str | None = None):
+    """:func:`write_weights` of ``(name, tensor, is_parameter)`` in state-dict order, each stored once,
+    consumed one at a time (one shard's tensors are held)."""
     from safetensors.torch import save_file
 
     limit = parse_size(max_shard_size) if max_shard_size is not None else None
-    params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
-    metadata = {"format": "pt", "quant_method": QUANT_METHOD}
+    # one key: safetensors writes the metadata in hash order, so a second key made the bytes of each
+    # save differ (config.json's quantization_config says what quantized the weights)
+    metadata = {"format": "pt"}
     shards, shard, shard_bytes, total = [], {}, 0, 0
     kept_dtype = storage_dtype
-    for name, tensor in unique_state(model).items():
+    for name, tensor, is_param in entries:
         t = storage_tensor(tensor, storage_dtype)
-        if name in params and t.is_floating_point() and t.dtype != storage_dtype:
+        if is_param and t.is_floating_point() and t.dtype != storage_dtype:
             kept_dtype = t.dtype
         size = t.numel() * t.element_size()
         if limit is not None and shard and shard_bytes + size > limit:

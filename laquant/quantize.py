@@ -186,19 +186,22 @@ def handler_for(decision):
     return handler
 
 
-def _rewrite(adapter, decisions: Decisions | dict, build) -> None:
+def _rewrite(adapter, decisions: Decisions | dict, build, only=None) -> None:
     if not isinstance(decisions, Decisions):
         decisions = Decisions.from_dict(decisions)
     for name, decision in decisions.every_module():
+        if only is not None and not only(name):
+            continue
         new = build(handler_for(decision), adapter.module(name), name, decision)
         if new is not None:
             adapter.replace(name, new)
 
 
 @torch.no_grad()
-def apply(model, adapter, decisions: Decisions | dict, stats: Stats) -> None:
-    """Quantize ``model`` in place by ``decisions``, from its real weights and ``stats``."""
-    _rewrite(adapter, decisions, lambda h, module, name, d: h.from_stats(module, name, d, stats, adapter))
+def apply(model, adapter, decisions: Decisions | dict, stats: Stats, only=None) -> None:
+    """Quantize ``model`` in place by ``decisions``, from its real weights and ``stats``; ``only(name)``:
+    just the modules it accepts (a model streamed layer by layer, :mod:`laquant.streaming`)."""
+    _rewrite(adapter, decisions, lambda h, module, name, d: h.from_stats(module, name, d, stats, adapter), only)
 
 
 @torch.no_grad()

@@ -401,11 +401,15 @@ def test_prefill_rounds_the_state_once_unless_asked_per_chunk(tiny_model_dir, ca
 
 # every phase of `laquant calibrate`: tokenizing, loading, evaluating, calibrating, writing the
 # checkpoint, adding eval.json and the plots after it
-@pytest.mark.parametrize("phase", ["tokenize", "load_model", "perplexity_by_mode", "calibrate", "save",
-                                   "write_stat_plots"])
+# (with --offload: the streamed path, whose checkpoint is written before the quantized model is evaluated)
+@pytest.mark.parametrize("phase", ["tokenize", "load_model", "perplexity", "calibrate", "save", "write_stat_plots",
+                                   "offload:load_model", "offload:calibrate_streamed", "offload:save",
+                                   "offload:laquant_load", "offload:write_stat_plots"])
 def test_ctrl_c_during_calibrate_is_one_line_and_leaves_nothing(tmp_path, tiny_model_dir, capsys, monkeypatch, phase):
     import laquant.cli.calibrate_steps as cli_calibrate
 
+    offload = phase.startswith("offload:")
+    phase = phase.removeprefix("offload:")
     real = getattr(cli_calibrate, phase)
     calls = []
 
@@ -424,7 +428,7 @@ def test_ctrl_c_during_calibrate_is_one_line_and_leaves_nothing(tmp_path, tiny_m
         out = tmp_path / f"out-{phase}"
         assert main(["calibrate", "--recipe", "gla_int8", "--model", str(tiny_model_dir), "--out", str(out),
                      "--samples", "2", "--seq-len", "64", "--eval-context", "64", "--eval-max-tokens", "130",
-                     "--eval-mode", "decode", "--quiet"]) == 130
+                     "--eval-mode", "decode", "--quiet", *(["--offload"] if offload else [])]) == 130
         assert calls == [phase]
         err = capsys.readouterr().err
         assert err.strip() == "laquant: interrupted" and "Traceback" not in err

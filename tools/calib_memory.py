@@ -6,6 +6,13 @@ resident memory before it: the interpreter, torch, the model and the tokenized t
     python tools/calib_memory.py [MODEL] --samples 32 --seq-len 2048 --json out.json   (needs CUDA)
     python tools/calib_memory.py --cpu gla-small 'config:{"hidden_size": 512}' --samples 16 64 128 \
         --json eval/results/calib_memory_cpu.json --md eval/results/calib_memory_cpu.md
+    python tools/calib_memory.py --stream 'config:{"hidden_size": 1024, "num_hidden_layers": 6}' \
+        --samples 2 --seq-len 256 --json stream.json
+
+``--stream``: a random GLA of that config saved in bf16, then `laquant calibrate --no-eval` on the
+CPU with the whole model in memory and with ``--offload`` (streamed from the files layer by layer),
+and ``laquant.load`` of the result, each in a fresh process: the peak RSS over the process's RSS
+after its imports, against the model's float32 size, one layer's and the resident parts'.
 
 MODEL: a model directory, or ``config:{json}`` for a randomly initialised GLA of that config (peak
 memory depends on the shapes, not on the weights; the shipped tokenizer reads the calibration text).
@@ -140,6 +147,77 @@ def markdown_cpu(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _peak_row(run) -> dict:
+    """Peak RSS of ``run()`` in this process over the RSS before it (after torch, transformers and
+    laquant's CLI are imported)."""
+    import importlib
+
+    for module in ("transformers", "laquant.api", "laquant.cli.calibrate_steps"):
+        importlib.import_module(module)
+    before = _vm("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:  # resets VmHWM to the current RSS
+        f.write("5")
+    t0 = time.time()
+    run()
+    return {"rss_before_MiB": round(before, 1), "peak_over_before_MiB": round(_vm("VmHWM") - before, 1),
+            "seconds": round(time.time() - t0, 1)}
+
+
+def make_stream_model(spec: str, folder) -> dict:
+    """A random GLA (bf16 files, the shipped tokenizer) and its float32 sizes in MiB."""
+    import shutil
+    from pathlib import Path
+
+    from laquant.loading import default_model_dir
+    from laquant.models import GLAConfig, GLAForCausalLM
+
+    torch.manual_seed(0)
+    model = GLAForCausalLM(GLAConfig(**json.loads(spec[len("config:"):])))
+    model.to(torch.bfloat16).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_model_dir() / name, Path(folder) / name)
+    mib = lambda ps: sum(p.numel() for p in ps) * 4 / 2**20  # noqa: E731  (float32, as laquant computes)
+    layer = mib(model.model.layers[0].parameters())
+    return {"parameters": sum(p.numel() for p in model.parameters()), "model_fp32_MiB": round(mib(model.parameters()), 1),
+            "layer_fp32_MiB": round(layer, 1),
+            "resident_fp32_MiB": round(mib(model.parameters()) - layer * len(model.model.layers), 1)}
+
+
+def measure_stream(spec: str, samples: int, seq_len: int, shard: str, threads: int) -> dict:
+    """Whole model vs streamed (``--offload``) calibrate + save, and load, each in a fresh process."""
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from laquant.data import load_text
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        sizes = make_stream_model(spec, tmp / "model")
+        (tmp / "calib.txt").write_text(load_text("calibration")[:100_000])  # a small text: the tokenizer stays small
+        rows = {}
+        for mode in ("whole model", "--offload (streamed)", "laquant.load"):
+            if mode == "laquant.load":
+                row_args = ["--load-row", str(tmp / "out-whole model")]
+            else:
+                row_args = ["--cli-row", "calibrate", "--recipe", "gla_int8", "--model", str(tmp / "model"),
+                            "--data", str(tmp / "calib.txt"), "--samples", str(samples), "--seq-len", str(seq_len),
+                            "--no-eval", "--quiet", "--max-shard-size", shard, "--out", str(tmp / f"out-{mode}"),
+                            *(["--offload"] if "offload" in mode else [])]
+            proc = subprocess.run([sys.executable, __file__, "--threads", str(threads), *row_args],
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(proc.stderr[-3000:])
+            rows[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+        same = all((tmp / "out-whole model" / f.name).read_bytes() == f.read_bytes()  # eval.json names --out
+                   for f in (tmp / "out---offload (streamed)").iterdir() if f.is_file() and f.name != "eval.json")
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[:3]
+    return {"model": spec, **sizes, "samples": samples, "seq_len": seq_len, "max_shard_size": shard,
+            "threads": threads, "load_average_at_end": load, "cpus": os.cpu_count(), "same_files": same, "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", nargs="*", default=None)
@@ -150,8 +228,32 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cpu", action="store_true", help="peak RSS on the CPU, models x samples, a process per row")
     p.add_argument("--md", default=None, help="with --cpu: also write the table as markdown")
     p.add_argument("--threads", type=int, default=1, help="with --cpu: torch threads")
+    p.add_argument("--stream", action="store_true", help="whole model vs --offload streamed calibrate + save, "
+                   "and load, on a config:{...} GLA (see the doc)")
+    p.add_argument("--max-shard-size", default="20MB", help="with --stream")
     p.add_argument("--cpu-row", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--cli-row", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.add_argument("--load-row", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.cli_row or args.load_row:
+        torch.set_num_threads(args.threads)
+        if args.cli_row:
+            from laquant.cli import main as cli
+
+            row = _peak_row(lambda: cli(args.cli_row))
+        else:
+            import laquant
+
+            row = _peak_row(lambda: laquant.load(args.load_row))
+        print(json.dumps(row))
+        return
+    if args.stream:
+        result = measure_stream(args.model[0], args.samples[0], args.seq_len, args.max_shard_size, args.threads)
+        print(json.dumps(result, indent=2))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+        return
     models = args.model or ["gla-small"]
     if args.cpu_row:
         torch.set_num_threads(args.threads)

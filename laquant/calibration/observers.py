@@ -101,16 +101,28 @@ class ProjectionObserver:
     of :data:`MAGNITUDE_LEVELS`."""
 
     def __init__(self, name: str, module: torch.nn.Linear):
-        self.name = name
-        n = module.in_features
-        self.absmax = torch.zeros(n)
-        self.hist = torch.zeros(n * (len(MAGNITUDE_LEVELS) + 1), dtype=torch.int64)  # [channel, level bin], flat
+        self.name, self.channels = name, module.in_features
+        self.absmax = self.hist = self.magnitudes = None  # allocated at the first call (layer by layer: when its layer runs)
         self.tokens = 0
-        self.magnitudes = LogHistogram(n, signed=False)
+        self.weight_min = self.weight_max = None
+        if not module.weight.is_meta:  # a model streamed from its files (laquant.streaming): read at the first call
+            self._read_weight(module)
+
+    def _read_weight(self, module) -> None:
         w = module.weight.detach().float()
         self.weight_min, self.weight_max = w.amin(1).cpu(), w.amax(1).cpu()
 
+    def _allocate(self) -> None:
+        n = self.channels
+        self.absmax = torch.zeros(n)
+        self.hist = torch.zeros(n * (len(MAGNITUDE_LEVELS) + 1), dtype=torch.int64)  # [channel, level bin], flat
+        self.magnitudes = LogHistogram(n, signed=False)
+
     def __call__(self, module, args):
+        if self.weight_min is None:
+            self._read_weight(module)
+        if self.absmax is None:
+            self._allocate()
         x = args[0].detach().reshape(-1, args[0].shape[-1])
         a = x.abs().float()
         amax = a.amax(0)
@@ -124,6 +136,8 @@ class ProjectionObserver:
         self.magnitudes.add(a)
 
     def result(self) -> dict[str, torch.Tensor]:
+        if self.absmax is None:  # never called: no tokens seen
+            self._allocate()
         return {"act_absmax": self.absmax, "act_p999": torch.minimum(self.magnitudes.quantile(0.999), self.absmax),
                 "act_over_levels": self._over_levels(),
                 "weight_min": self.weight_min, "weight_max": self.weight_max}

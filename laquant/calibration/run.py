@@ -29,14 +29,20 @@ def calibration_batches(ids: torch.Tensor, samples: int, seq_len: int, seed: int
 @torch.no_grad()
 def collect_stats(model, adapter, batches: torch.Tensor, segment: int = 256,
                   batch_size: int = 8, seed: int = 0, progress: bool = True,
-                  layerwise_device: str | torch.device | None = None) -> Stats:
+                  layerwise_device: str | torch.device | None = None, stream=None, on_units=None) -> Stats:
     """Run ``batches [N, L]`` through ``model`` in segments of ``segment`` tokens, carrying the
     recurrent state in a cache, so the state can be read at every segment boundary.
 
     ``layerwise_device``: the model stays where it is (e.g. on the CPU) and each decoder layer is
     moved to this device in turn, run on every batch, and moved back, as llm-compressor's
     sequential pipeline does: the device holds one layer and one batch's activations, not the
-    model. The hidden states between layers wait on the model's device."""
+    model. The hidden states between layers wait on the model's device.
+
+    ``stream`` (with ``layerwise_device``): the model's decoder layers are on the meta device and
+    ``stream.fetch(name, layer)`` reads each one's weights into CPU memory before it runs,
+    ``stream.drop(name, layer)`` frees them after (:mod:`laquant.streaming`). ``on_units(n)``: called
+    with the tokens done (a layer's share of them, layer by layer), for the job's progress."""
+    tick = on_units or (lambda n: None)
     # lm_head and the softmax-attention projections are observed too, so the same statistics serve
     # recipes that keep them and those that quantize them
     observed = {**adapter.projections(), **adapter.attention_projections(),
@@ -46,9 +52,20 @@ def collect_stats(model, adapter, batches: torch.Tensor, segment: int = 256,
              for n in adapter.gates()}
     mixers = adapter.mixers()
     states = {n: StateObserver(n) for n in mixers}
-    handles = [adapter.module(n).register_forward_pre_hook(o) for n, o in proj.items()]
-    handles += [adapter.module(n).register_forward_hook(o) for n, o in gates.items()]
+    handles = {n: adapter.module(n).register_forward_pre_hook(o) for n, o in proj.items()}
+    handles.update({n: adapter.module(n).register_forward_hook(o) for n, o in gates.items()})
+    done: dict[str, dict] = {}  # results of the observers of layers already calibrated (layer by layer)
     n, length = batches.shape
+
+    def finish_layer(layer_name: str) -> None:
+        """The layer's observers give their results now and are freed (their histograms are sized by
+        the layer's channels: kept for every layer, they would add up to a good part of the model)."""
+        for group in (proj, gates, states):
+            for name in [k for k in group if k.startswith(layer_name + ".") and k not in done]:
+                if name in handles:
+                    handles.pop(name).remove()
+                done[name] = group[name].result()
+                group[name] = None
 
     def observe_states(cache, end: int, layer_idx: int | None = None) -> None:
         for name, info in mixers.items():
@@ -68,24 +85,26 @@ def collect_stats(model, adapter, batches: torch.Tensor, segment: int = 256,
                     _check_finite(logits, "the model's logits")
                     observe_states(cache, end)
                     bar.update(1)
+                    tick(batch.shape[0] * (end - start))
 
     try:
         if layerwise_device is None:
             run_whole(next(model.parameters()).device)
-        elif type(adapter).run_layer is not Adapter.run_layer:
+        elif stream is not None or type(adapter).run_layer is not Adapter.run_layer:
             _run_layerwise(model, adapter, batches, torch.device(layerwise_device), segment, batch_size,
-                           observe_states, progress)
+                           observe_states, progress, stream, tick, finish_layer)
         else:
             with _onloaded(model, adapter, torch.device(layerwise_device)):
                 run_whole(torch.device(layerwise_device))
     finally:
-        for h in handles:
+        for h in handles.values():
             h.remove()
 
     tensors = {}
     for group in (proj, gates, states):
         for name, obs in group.items():
-            tensors.update({f"{name}/{k}": v.float().contiguous().cpu() for k, v in obs.result().items()})
+            result = done[name] if name in done else obs.result()
+            tensors.update({f"{name}/{k}": v.float().contiguous().cpu() for k, v in result.items()})
     meta = {
         "model_type": model.config.model_type, "samples": n, "seq_len": length, "segment": segment,
         "magnitude_levels": MAGNITUDE_LEVELS.tolist(), "seed": seed,
@@ -130,9 +149,10 @@ def _onloaded(model, adapter, device):
         model.to(home)
 
 
-def _run_layerwise(model, adapter, batches, device, segment, batch_size, observe_states, progress):
+def _run_layerwise(model, adapter, batches, device, segment, batch_size, observe_states, progress, stream=None,
+                   tick=lambda n: None, finish_layer=lambda name: None):
     """One decoder layer on ``device`` at a time; every batch through it before the next layer."""
-    home = next(model.parameters()).device
+    home = torch.device("cpu") if stream is not None else next(model.parameters()).device
     n, length = batches.shape
     layers = adapter.decoder_layers()
     with tqdm(total=len(layers) + 2, desc="calibrating layer by layer", unit="layer", disable=not progress,
@@ -141,7 +161,9 @@ def _run_layerwise(model, adapter, batches, device, segment, batch_size, observe
         hidden = [adapter.embed(batches[i:i + batch_size].to(device)).to(home) for i in range(0, n, batch_size)]
         embeddings.to(home)
         bar.update(1)
-        for layer_idx, (_, layer) in enumerate(layers):
+        for layer_idx, (layer_name, layer) in enumerate(layers):
+            if stream is not None:
+                stream.fetch(layer_name, layer)
             layer.to(device)
             for j, h in enumerate(hidden):
                 cache = adapter.new_cache()
@@ -153,7 +175,11 @@ def _run_layerwise(model, adapter, batches, device, segment, batch_size, observe
                     observe_states(cache, end, layer_idx)
                     outs.append(out.to(home))
                 hidden[j] = torch.cat(outs, 1)
+                tick(h.shape[0] * length / len(layers))
             layer.to(home)
+            finish_layer(layer_name)
+            if stream is not None:
+                stream.drop(layer_name, layer)
             bar.update(1)
         head = adapter.head_modules()
         for m in head:

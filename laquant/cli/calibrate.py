@@ -45,9 +45,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="windows run together (default: 4 in prefill, 64 in decode mode)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--offload", action="store_true",
-                   help="keep the model in CPU memory and calibrate one decoder layer at a time on --device "
-                        "(for models larger than the device; the perplexity comparison still moves the "
-                        "whole model there: add --no-eval if it does not fit)")
+                   help="calibrate one decoder layer at a time on --device. GLA / Gated DeltaNet: the layers "
+                        "are read from the model's files when needed and quantized and written one at a time, "
+                        "so neither memory holds the model (for models larger than memory); transformers "
+                        "hybrids: the model waits in CPU memory. The perplexity comparison loads the whole "
+                        "model: add --no-eval if it does not fit")
     p.add_argument("--quiet", action="store_true")
 
 

@@ -5,16 +5,21 @@ and plot."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import json
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from laquant.adapters import get_adapter
 from laquant.api import Calibrated, calibrate, save
-from laquant.calibration.run import calibration_batches
+from laquant.api import load as laquant_load
+from laquant.calibration.run import calibration_batches, collect_stats
 from laquant.calibration.stats import Stats
 from laquant.checkpoint import StagingDir, weight_files
 from laquant.cli.common import add_to_folder, pick_device
@@ -24,10 +29,12 @@ from laquant.data import load_text, tokenize
 from laquant.decisions import Decisions
 from laquant.errors import LaquantError
 from laquant.eval.plots import write_stat_plots
-from laquant.eval.ppl import default_stride, perplexity_by_mode, strided_windows
+from laquant.eval.ppl import default_stride, perplexity, probe, strided_windows, work_units
 from laquant.eval.report import comparison_table, model_bytes, report_markdown, state_bytes_per_sequence
 from laquant.loading import load_model, load_tokenizer, read_supported_config
+from laquant.progress import JobProgress, Phase
 from laquant.recipe import recipe_to_yaml
+from laquant.streaming import calibrate_streamed, streams
 
 
 @dataclass
@@ -43,6 +50,7 @@ class Job:
     stats: Stats | None  # reused with --stats
     batches: torch.Tensor | None  # calibration windows; None with --stats
     eval_ids: torch.Tensor | None  # None with --no-eval
+    progress: JobProgress | None = None  # the job-level line (set by run)
 
     @property
     def home(self) -> str:
@@ -52,15 +60,122 @@ class Job:
 
 def run(args: argparse.Namespace, recipe: dict, out: Path, model_dir: Path) -> int:
     job = check_inputs(args, recipe, out, model_dir)
+    phases = job_phases(job)
+    job.progress = JobProgress(phases, PROXIES, enabled=not args.quiet and bool(phases))
+    try:
+        if args.offload and streams(read_supported_config(model_dir)["model_type"]):
+            note, table = run_streamed(job)
+        else:
+            note, table = run_in_memory(job)
+    finally:
+        took = job.progress.close()
+    print_summary(job, note, table)
+    if not args.quiet:
+        print(f"(job: {took})")
+    return 0
+
+
+# until a kind of work is measured, the kind whose rate stands in for it (laquant.progress)
+PROXIES = {"calibrate": "prefill", "prefill_q": "prefill", "decode_q": "decode"}
+
+
+def job_phases(job: Job) -> list[Phase]:
+    """The job's phases and their work: tokens through the model, or decode steps."""
+    args, phases = job.args, []
+
+    def evaluations(label: str, suffix: str) -> None:
+        for mode in args.eval_mode if job.eval_ids is not None else ():
+            phases.append(Phase(f"{label} {mode}", mode + suffix,
+                                work_units(len(job.eval_ids), args.eval_context, mode, args.batch_size)))
+
+    evaluations("bf16", "")
+    if job.batches is not None:
+        phases.append(Phase("calibration", "calibrate", job.batches.numel()))
+    evaluations(job.recipe["name"], "_q")
+    return phases
+
+
+def run_in_memory(job: Job) -> tuple[str, str]:
+    args = job.args
     model, mixers = load(job)
+    probe_job(job, model)
     base = measure(job, model, "bf16", mixers, None)
-    result = calibrate(model, job.recipe, data=job.batches, stats=job.stats, seed=args.seed,
-                       progress=not args.quiet, layerwise_device=job.device if args.offload else None)
+    with calibration_phase(job):
+        result = calibrate(model, job.recipe, data=job.batches, stats=job.stats, seed=args.seed,
+                           progress=not args.quiet, layerwise_device=job.device if args.offload else None,
+                           on_units=job.progress.advance)
     quant = measure(job, model, job.recipe["name"], mixers, result.decisions)
     rows = [("bf16", base), (job.recipe["name"], quant)]
     table = comparison_table(rows)
     note = eval_note(job)
     save_and_plot(job, result, rows, report(job, result, table, note))
+    return note, table
+
+
+# up to this size, a throw-away copy of the model is quantized before the job, to time the quantized
+# model's evaluation from the start
+PROBE_COPY_BYTES = 2**30
+
+
+def probe_job(job: Job, model, tokens: int = 256) -> None:
+    """Times calibration (observers attached) on one ``tokens``-token window, and the evaluation of
+    a copy of the model quantized with those statistics (wrong numbers, the same work), for the
+    job's estimate; all of it thrown away. Not with --offload (the model is not on the device)."""
+    args = job.args
+    if job.batches is None or args.quiet or args.offload:
+        return
+    sample = job.batches[:1, :tokens]
+    t0 = time.perf_counter()
+    stats = collect_stats(model, get_adapter(model), sample, segment=tokens, progress=False)
+    job.progress.probe("calibrate", time.perf_counter() - t0, sample.numel())
+    if job.eval_ids is None or sum(p.nbytes for p in model.parameters()) > PROBE_COPY_BYTES:
+        return
+    stand_in = calibrate(copy.deepcopy(model), job.recipe, stats=stats, progress=False).model
+    for mode in args.eval_mode:
+        job.progress.probe(mode + "_q", *probe(stand_in, job.eval_ids, args.eval_context, mode, args.batch_size))
+
+
+def calibration_phase(job: Job):
+    return job.progress.phase("calibration") if job.batches is not None else contextlib.nullcontext()
+
+
+def run_streamed(job: Job) -> tuple[str, str]:
+    """``--offload`` on laquant's own families: calibrated and written layer by layer from the model's
+    files (:mod:`laquant.streaming`), never whole in memory, except to evaluate: the bf16 model is
+    loaded for its perplexity and freed, the checkpoint is written, then loaded for the quantized
+    model's; report.md and eval.json are added after."""
+    args = job.args
+    base = {}
+    if job.eval_ids is not None:
+        model, _ = load_model(job.model_dir, device="cpu")
+        base = perplexities(job, model, "bf16")
+        del model
+    with calibration_phase(job):
+        result = calibrate_streamed(job.model_dir, job.recipe, data=job.batches, stats=job.stats, seed=args.seed,
+                                    progress=not args.quiet, device=job.device, on_units=job.progress.advance)
+    mixers = {n: vars(i) for n, i in get_adapter(result.model).mixers().items()}
+    save(result, job.out, tokenizer=job.tokenizer, overwrite=args.overwrite, max_shard_size=args.max_shard_size,
+         progress=not args.quiet)
+    try:
+        base.update(model_bytes=sum(result.stream.bytes.values()), state_bytes=state_bytes_per_sequence(mixers, None))
+        quant = {}
+        if job.eval_ids is not None:
+            model, _ = laquant_load(job.out, verify=False)
+            quant = perplexities(job, model, job.recipe["name"])
+            del model
+        quant.update(model_bytes=result.stream.quantized_bytes,
+                     state_bytes=state_bytes_per_sequence(mixers, result.decisions))
+        rows = [("bf16", base), (job.recipe["name"], quant)]
+        table, note = comparison_table(rows), eval_note(job)
+        _add_eval_and_plots(job, result, rows, {"report.md": report(job, result, table, note)})
+    except BaseException:  # a run either completes or leaves nothing
+        shutil.rmtree(job.out, ignore_errors=True)
+        raise
+    return note, table
+
+
+def print_summary(job: Job, note: str, table: str) -> None:
+    args = job.args
     if args.format == "compressed-tensors":
         files = "model.safetensors, config.json, serving.md, recipe.yaml"
     else:
@@ -68,7 +183,6 @@ def run(args: argparse.Namespace, recipe: dict, out: Path, model_dir: Path) -> i
         weights = "model.safetensors" if shards == 1 else f"{shards} weight shards + model.safetensors.index.json"
         files = f"{weights}, config.json, recipe.yaml, stats.safetensors, laquant.json"
     print(f"\n{note}\n\n{table}\n\nwrote {job.out}/ ({files}, report.md, plots/)")
-    return 0
 
 
 def check_inputs(args: argparse.Namespace, recipe: dict, out: Path, model_dir: Path) -> Job:
@@ -103,17 +217,25 @@ def measure(job: Job, model, label: str, mixers: dict, decisions: Decisions | No
 
 
 def perplexities(job: Job, model, label: str) -> dict:
+    """Perplexity per --eval-mode. Each model is probed first (a prefill window, a few decode steps),
+    so the job's estimate rests on measured rates: the bf16 model's from the start, the quantized
+    model's from its evaluation on."""
     args = job.args
     model.to(job.device)
     row = {}
-    for mode, res in perplexity_by_mode(model, job.eval_ids, args.eval_context, args.eval_mode, args.batch_size,
-                                        not args.quiet).items():
+    kind = "" if label == "bf16" else "_q"
+    for mode in args.eval_mode if not args.quiet else ():
+        job.progress.probe(mode + kind, *probe(model, job.eval_ids, args.eval_context, mode, args.batch_size))
+    for mode in args.eval_mode:
+        with job.progress.phase(f"{label} {mode}"):
+            res = perplexity(model, job.eval_ids, context=args.eval_context, mode=mode, batch_size=args.batch_size,
+                             progress=not args.quiet, on_units=job.progress.advance)
         row[mode] = res.ppl
         row[f"{mode}_loss_by_position"] = res.loss_by_position
         if res.saturation is not None:  # decode: the totals (eval.json); by position: `laquant eval ppl --json`
             row[f"{mode}_saturation"] = {k: v for k, v in res.saturation.items() if not k.endswith("by_position")}
         if not args.quiet:
-            print(f"  {label} {mode}: ppl {res.ppl:.3f}", flush=True)
+            tqdm.write(f"  {label} {mode}: ppl {res.ppl:.3f}")  # above the progress lines
     model.to(job.home)
     return row
 
@@ -148,12 +270,12 @@ def save_and_plot(job: Job, result: Calibrated, rows: list[tuple[str, dict]], re
         raise
 
 
-def _add_eval_and_plots(job: Job, result: Calibrated, rows: list[tuple[str, dict]]) -> None:
+def _add_eval_and_plots(job: Job, result: Calibrated, rows: list[tuple[str, dict]], files: dict | None = None) -> None:
     summary = {"recipe": job.recipe["name"], "model": str(job.model_dir), "out": str(job.out),
                "format": job.args.format,
                "rows": [{"name": n, **{k: v for k, v in r.items() if not k.endswith("by_position")}} for n, r in rows]}
     threshold = job.recipe["projections"]["outlier_threshold"]
-    add_to_folder(job.out, {"eval.json": json.dumps(summary, indent=2) + "\n"},
+    add_to_folder(job.out, {**(files or {}), "eval.json": json.dumps(summary, indent=2) + "\n"},
                   lambda tmp: write_stat_plots(result.stats, tmp / "plots", threshold))
 
 
