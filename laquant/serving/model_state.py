@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from laquant.adapters import new_cache
 from laquant.errors import LaquantError
 
 
@@ -40,10 +41,6 @@ class NativeLayout:
             if not isinstance(mixer, Attention):
                 self.mixers[i] = mixer
         self.has_attention = bool(model.config.attn)
-        self.vocab_size = model.config.vocab_size
-
-    def new_cache(self, seed: int):
-        return self.model.new_cache(seed)
 
     def kv(self, cache) -> dict:
         return cache.kv
@@ -69,10 +66,9 @@ class HybridLayout:
         self.model, self.name = model, type(model).__name__
         self.mixers = {m.layer_idx: m for m in (adapter.mixer(i) for i in adapter.linear_layers())}
         self.has_attention = bool(adapter.attention_layers())
-        self.vocab_size = model.config.get_text_config().vocab_size
         self.kv_layers = (DynamicLayer, LinearAttentionAndFullAttentionLayer)  # exact types: growing, every token
         known = (*self.kv_layers, LinearAttentionLayer, DummyLayer)
-        cache = self.new_cache(0)
+        cache = new_cache(model)
         if not hasattr(cache, "layers") or not hasattr(cache, "update"):
             raise LaquantError(f"the prefix state cache reads transformers' per-layer cache objects (cache.layers); "
                                f"{self.name}'s cache {type(cache).__name__} has none (another transformers version)")
@@ -82,18 +78,13 @@ class HybridLayout:
                                    f"{type(layer).__name__}, which does not keep every token's keys and values "
                                    f"(covered: {', '.join(t.__name__ for t in known)})")
 
-    def new_cache(self, seed: int):
-        from laquant.adapters import new_cache
-
-        return new_cache(self.model, seed)
-
     def kv(self, cache) -> dict:
         out = {}
         for i, layer in enumerate(cache.layers):
             keys = getattr(layer, "keys", None)
             if keys is None or keys.numel() == 0:
                 continue
-            if type(layer) not in self.kv_layers:  # a lazily made layer (MiniMaxCache) of another kind
+            if type(layer) not in self.kv_layers:  # a layer made after the check at construction
                 raise LaquantError(f"the prefix state cache cannot snapshot {self.name}'s cache layer {i} "
                                    f"({type(layer).__name__}): not a plain growing KV layer")
             out[i] = (keys, layer.values)
@@ -101,6 +92,11 @@ class HybridLayout:
 
     def put_kv(self, cache, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         cache.update(k, v, layer)
+
+
+def vocab_size(model) -> int:
+    """The vocabulary of ``model`` (a vision-language model's is its text config's)."""
+    return model.config.get_text_config().vocab_size
 
 
 def model_layout(model):

@@ -4,7 +4,7 @@ so that a request sharing a prefix with an earlier one prefills only what is new
 A softmax model caches keys and values per token; a linear-attention layer's whole memory of the
 past is its state, so a prefix is cached as a **snapshot** of every layer's state at the end of a
 block (every mixer's recurrent state in a state format, the short convs' last inputs, and for the
-softmax layers of fla's hybrid GLA the keys and values of that block's tokens). A prefill asks the
+softmax layers of a hybrid (fla's or transformers') the keys and values of that block's tokens). A prefill asks the
 model for its states every ``block_size`` tokens (:class:`~laquant.models.cache.CheckpointRequest`:
 the chunk kernel's ``checkpoint_every`` on CUDA, :func:`~laquant.kernels.gla.chunk.chunk_gla_reference`
 elsewhere; the delta rule in pieces) and this pool keeps them:
@@ -43,9 +43,14 @@ Covered: laquant's own models, bf16 or quantized by a recipe, with fla's ``attn`
 and short convs: ``GLAForCausalLM`` (snapshots from the chunk kernel's checkpoints) and
 ``GatedDeltaNetForCausalLM`` (the delta-rule chunk kernels write no checkpoints: the prefill runs in
 pieces of ``block_size`` tokens, the state carried between them in float32, so the snapshots and the
-numerics above are the same; not with a recipe's ``prefill_roundtrip``). One sequence per prefill.
-Not covered (a LaquantError says so): transformers' hybrids (qwen3_next and the rest), whose softmax
-layers keep their KV in transformers' cache objects, laid out differently across its versions.
+numerics above are the same; not with a recipe's ``prefill_roundtrip``). And transformers' hybrids
+with laquant's mixers installed (qwen3_next, qwen3_5 and its MoE and vision-language forms,
+olmo_hybrid, kimi_linear, bailing_hybrid, and the Mamba2 ones: bamba, nemotron_h, granitemoehybrid,
+falcon_h1, zamba2): their mixers write the same checkpoints into the ``HybridStates`` store on
+transformers' cache, and a snapshot adds the softmax layers' keys and values of the block, read from
+and restored into transformers' per-layer KV objects (:mod:`laquant.serving.model_state`), copied
+exactly; the positions continue from the store's token count. Not minimax (its own cache class masks
+a resumed multi-token prefill wrongly: ``Family.prefix_cache``). One sequence per prefill.
 """
 
 from __future__ import annotations
@@ -56,18 +61,21 @@ from dataclasses import dataclass, field
 
 import torch
 
+from laquant.adapters import new_cache
 from laquant.errors import LaquantError
 from laquant.kernels.common.format_names import ROUNDINGS, STATE_FORMATS
 from laquant.kernels.common.state import State, quantize_state
 from laquant.kernels.common.state_io import CHUNK
 from laquant.models.cache import CheckpointRequest, state_store
+from laquant.serving.model_state import vocab_size
 
 
 @dataclass
 class Snapshot:
     """The model's state after ``tokens`` tokens: each recurrent layer's :class:`State` ``[1, H, K, V]``,
     each short conv's last inputs ``[1, W - 1, C]`` and each softmax layer's keys and values of this
-    block's tokens only (``[1, block, H, D]``: restoring block ``j`` takes blocks ``0..j``'s)."""
+    block's tokens only (laquant's ``[1, block, H, D]``, transformers' ``[1, H, block, D]``: restoring
+    block ``j`` takes blocks ``0..j``'s)."""
 
     tokens: int
     states: dict = field(default_factory=dict)
@@ -89,8 +97,8 @@ class Hit:
 
 
 def check_model(model):
-    """A LaquantError unless ``model`` is one the prefix cache covers; else its layout
-    (:mod:`laquant.serving.model_state`)."""
+    """A LaquantError unless ``model`` is one the prefix cache covers (see the module's "Covered");
+    else its layout (:mod:`laquant.serving.model_state`)."""
     from laquant.serving.model_state import model_layout
 
     layout = model_layout(model)
@@ -206,7 +214,7 @@ class PrefixStateCache:
         """A fresh cache (the model's, seeded with this pool's seed) holding the state after
         ``hit.tokens`` tokens: copies (the decode kernels update a state in place), each layer's state
         in its own format, counted as store 0."""
-        cache = self.layout.new_cache(self.seed)
+        cache = new_cache(self.model, self.seed)
         if not hit.tokens:
             return cache
         store = state_store(cache)
@@ -230,7 +238,7 @@ class PrefixStateCache:
         ``logits_to_keep`` positions run, cache, tokens restored)``; the cache continues the sequence
         (``model(next_ids, past_key_values=cache)``)."""
         tokens = _one_sequence(input_ids)
-        vocab = self.layout.vocab_size
+        vocab = vocab_size(self.model)
         if int(tokens.min()) < 0 or int(tokens.max()) >= vocab:
             raise LaquantError(f"input_ids holds token ids outside the model's vocabulary [0, {vocab})")
         hit = self.lookup(tokens)
