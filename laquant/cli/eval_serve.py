@@ -19,8 +19,8 @@ COVERED = tuple(t for t, f in FAMILIES.items() if f.prefix_cache)  # those laqua
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
-                   help="a model folder or laquant checkpoint (GLA, Gated DeltaNet, or a transformers hybrid but "
-                        "minimax), an HF id (default: the embedded gla-small), or 'config:{json}' for a random laquant "
+                   help="a model folder or laquant checkpoint (GLA, Gated DeltaNet, DeltaNet, or a transformers "
+                        "hybrid but minimax), an HF id (default: the embedded gla-small), or 'config:{json}' for a random laquant "
                         "GLA of that GLAConfig (speed only: no accuracy)")
     p.add_argument("--recipe", default=None,
                    help="also evaluate the model quantized here with this recipe (e.g. gla_int8), calibrated on "
@@ -90,8 +90,9 @@ def _parse_model(spec: str | None):
     model_dir = check_model_dir(spec)
     model_type = read_config(model_dir).get("model_type")
     if model_type not in COVERED:  # laquant.serving.check_model says the same of a loaded model
+        why = " (its own cache class masks a resumed prefill wrongly)" if model_type in FAMILIES else ""
         raise LaquantError(f"{model_dir} is a {model_type!r} model; the prefix state cache covers "
-                           f"{', '.join(COVERED)}")
+                           f"{', '.join(COVERED)}{why}")
     return "load", model_dir
 
 

@@ -1,6 +1,6 @@
 """Where a model keeps what a prefix-cache snapshot holds, for the two kinds of model laquant runs.
 
-* laquant's own models (``GLAForCausalLM``, ``GatedDeltaNetForCausalLM``): one
+* laquant's own models (``GLAForCausalLM``, ``GatedDeltaNetForCausalLM``, ``DeltaNetForCausalLM``): one
   :class:`~laquant.models.cache.GLAStateCache` holds the mixers' states, the short convs' last
   inputs and fla's ``attn`` layers' keys and values ``[B, T, H, D]``.
 * transformers' hybrids (every family of :mod:`laquant.families` with laquant's mixers installed):
@@ -22,20 +22,19 @@ from laquant.errors import LaquantError
 
 
 class NativeLayout:
-    """laquant's GLA / Gated DeltaNet: everything in one :class:`GLAStateCache`."""
+    """laquant's GLA / Gated DeltaNet / DeltaNet: everything in one :class:`GLAStateCache`."""
 
     seq_dim = 1  # fla's attn layers keep [B, T, H, D]
 
     def __init__(self, model):
         from laquant.models.fla_attention import Attention
-        from laquant.models.gated_deltanet import GatedDeltaNet
-        from laquant.models.gla import GatedLinearAttention
+        from laquant.models.recurrent import RecurrentMixer
 
         self.model, self.name = model, type(model).__name__
         self.mixers = {}
         for i, layer in enumerate(model.model.layers):
             mixer = layer.attn
-            if not isinstance(mixer, (GatedLinearAttention, GatedDeltaNet, Attention)):
+            if not isinstance(mixer, (RecurrentMixer, Attention)):  # a recurrent mixer writes the checkpoints
                 raise LaquantError(f"the prefix state cache does not know the mixer {type(mixer).__name__} of "
                                    f"{self.name}")
             if not isinstance(mixer, Attention):
@@ -105,7 +104,7 @@ def model_layout(model):
     from laquant.models.gla import GLAForCausalLM
 
     name = type(model).__name__
-    if isinstance(model, GLAForCausalLM):  # GatedDeltaNetForCausalLM (and DeltaNet) are ones
+    if isinstance(model, GLAForCausalLM):  # GatedDeltaNetForCausalLM and DeltaNetForCausalLM are ones
         return NativeLayout(model)
     family = FAMILIES.get(getattr(getattr(model, "config", None), "model_type", None))
     if family is None or family.native:

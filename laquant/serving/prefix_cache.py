@@ -3,9 +3,9 @@ so that a request sharing a prefix with an earlier one prefills only what is new
 
 A softmax model caches keys and values per token; a linear-attention layer's whole memory of the
 past is its state, so a prefix is cached as a **snapshot** of every layer's state at the end of a
-block (every mixer's recurrent state in a state format, the short convs' last inputs, and for the
-softmax layers of a hybrid (fla's or transformers') the keys and values of that block's tokens). A prefill asks the
-model for its states every ``block_size`` tokens (:class:`~laquant.models.cache.CheckpointRequest`:
+block (every mixer's recurrent state in a state format, the short convs' last inputs, and for a
+hybrid's softmax layers, fla's or transformers', the keys and values of that block's tokens). A
+prefill asks the model for its states every ``block_size`` tokens (:class:`~laquant.models.cache.CheckpointRequest`:
 the chunk kernel's ``checkpoint_every`` on CUDA, :func:`~laquant.kernels.gla.chunk.chunk_gla_reference`
 elsewhere; the delta rule in pieces) and this pool keeps them:
 
@@ -41,8 +41,8 @@ Numerics (what is exact and what is not):
 
 Covered: laquant's own models, bf16 or quantized by a recipe, with fla's ``attn`` softmax layers
 and short convs: ``GLAForCausalLM`` (snapshots from the chunk kernel's checkpoints) and
-``GatedDeltaNetForCausalLM`` (the delta-rule chunk kernels write no checkpoints: the prefill runs in
-pieces of ``block_size`` tokens, the state carried between them in float32, so the snapshots and the
+``GatedDeltaNetForCausalLM`` / ``DeltaNetForCausalLM`` (the delta-rule chunk kernels write no
+checkpoints: the prefill runs in pieces of ``block_size`` tokens, the state carried between them in float32, so the snapshots and the
 numerics above are the same; not with a recipe's ``prefill_roundtrip``). And transformers' hybrids
 with laquant's mixers installed (qwen3_next, qwen3_5 and its MoE and vision-language forms,
 olmo_hybrid, kimi_linear, bailing_hybrid, and the Mamba2 ones: bamba, nemotron_h, granitemoehybrid,
@@ -112,10 +112,11 @@ def check_model(model):
 
 def _is_delta(mixer) -> bool:
     """A delta-rule mixer (its snapshots come from a prefill in pieces, which cannot round inside)."""
+    from laquant.models.delta_net import DeltaNet
     from laquant.models.gated_deltanet import GatedDeltaNet
     from laquant.models.hybrid_mixers import GatedDeltaNetMixer, KimiDeltaAttentionMixer
 
-    return isinstance(mixer, (GatedDeltaNet, GatedDeltaNetMixer, KimiDeltaAttentionMixer))
+    return isinstance(mixer, (GatedDeltaNet, DeltaNet, GatedDeltaNetMixer, KimiDeltaAttentionMixer))
 
 
 class PrefixStateCache:
