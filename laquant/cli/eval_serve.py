@@ -20,8 +20,8 @@ COVERED = tuple(t for t, f in FAMILIES.items() if f.prefix_cache)  # those laqua
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="a model folder or laquant checkpoint (GLA, Gated DeltaNet, DeltaNet, or a transformers "
-                        "hybrid but minimax), an HF id (default: the embedded gla-small), or 'config:{json}' for a random laquant "
-                        "GLA of that GLAConfig (speed only: no accuracy)")
+                        "hybrid but minimax), an HF id (default: the embedded gla-small), or 'config:{json}' for a "
+                        "random laquant GLA of that GLAConfig (speed only: no accuracy)")
     p.add_argument("--recipe", default=None,
                    help="also evaluate the model quantized here with this recipe (e.g. gla_int8), calibrated on "
                         "the shipped calibration text (random tokens for a config: model)")

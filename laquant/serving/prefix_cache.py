@@ -42,15 +42,16 @@ Numerics (what is exact and what is not):
 Covered: laquant's own models, bf16 or quantized by a recipe, with fla's ``attn`` softmax layers
 and short convs: ``GLAForCausalLM`` (snapshots from the chunk kernel's checkpoints) and
 ``GatedDeltaNetForCausalLM`` / ``DeltaNetForCausalLM`` (the delta-rule chunk kernels write no
-checkpoints: the prefill runs in pieces of ``block_size`` tokens, the state carried between them in float32, so the snapshots and the
-numerics above are the same; not with a recipe's ``prefill_roundtrip``). And transformers' hybrids
-with laquant's mixers installed (qwen3_next, qwen3_5 and its MoE and vision-language forms,
-olmo_hybrid, kimi_linear, bailing_hybrid, and the Mamba2 ones: bamba, nemotron_h, granitemoehybrid,
-falcon_h1, zamba2): their mixers write the same checkpoints into the ``HybridStates`` store on
-transformers' cache, and a snapshot adds the softmax layers' keys and values of the block, read from
-and restored into transformers' per-layer KV objects (:mod:`laquant.serving.model_state`), copied
-exactly; the positions continue from the store's token count. Not minimax (its own cache class masks
-a resumed multi-token prefill wrongly: ``Family.prefix_cache``). One sequence per prefill.
+checkpoints: the prefill runs in pieces of ``block_size`` tokens, the state carried between them
+in float32, so the snapshots and the numerics above are the same; not with a recipe's
+``prefill_roundtrip``). And transformers' hybrids with laquant's mixers installed (qwen3_next,
+qwen3_5 and its MoE and vision-language forms, olmo_hybrid, kimi_linear, bailing_hybrid, and the
+Mamba2 ones: bamba, nemotron_h, granitemoehybrid, falcon_h1, zamba2): their mixers write the same
+checkpoints into the ``HybridStates`` store on transformers' cache, and a snapshot adds the softmax
+layers' keys and values of the block, read from and restored into transformers' per-layer KV
+objects (:mod:`laquant.serving.model_state`), copied exactly; the positions continue from the
+store's token count. Not minimax (its own cache class masks a resumed multi-token prefill wrongly:
+``Family.prefix_cache``). One sequence per prefill.
 """
 
 from __future__ import annotations
@@ -229,7 +230,8 @@ class PrefixStateCache:
         dim = self.layout.seq_dim
         for layer in snap.kv:
             blocks = [self.entries[h].kv[layer] for h in hit.chain]
-            self.layout.put_kv(cache, layer, torch.cat([k for k, _ in blocks], dim), torch.cat([v for _, v in blocks], dim))
+            k, v = (torch.cat([kv[i] for kv in blocks], dim) for i in (0, 1))
+            self.layout.put_kv(cache, layer, k, v)
         store.seen_tokens = hit.tokens
         return cache
 
