@@ -214,3 +214,67 @@ def test_eval_serve_on_a_hybrid_folder(tmp_path):
     assert res["follow_up"]["cached_tokens"] == 128 and res["state_format"] == ["fp32"]
     assert [a["state_format"] for a in res["accuracy"]] == ["model", "int8_row"]
     assert all(a["tokens"] == 31 and abs(a["rel_loss_change"]) < 0.05 for a in res["accuracy"])
+
+
+@pytest.mark.parametrize("family,state", [("nemotron_h", None), ("qwen3_next", "int8_row")])
+def test_kernel_checkpoints_of_the_hybrid_mixers(family, state, monkeypatch):
+    """The hybrids' Triton path (here under Triton's CPU interpreter): Mamba2 through GLA's chunk kernel
+    checkpoints, the delta rule in pieces on its chunk kernel; the snapshots are the reference path's
+    (fp32 within float32 rounding; int8 stochastic: the same codes) and the hit's logits too."""
+    from conftest import INTERPRETED, require_triton_kernels
+
+    from laquant.kernels.common.state import StateQuantizer
+
+    if not INTERPRETED:
+        pytest.skip("CPU tensors through the kernels need Triton's interpreter (on CUDA: the gpu test below)")
+    require_triton_kernels()
+    import laquant.models.recurrent as recurrent
+
+    model = _installed(family)
+    adapter = get_adapter(model)
+    if state is not None:
+        for i in adapter.linear_layers():
+            adapter.mixer(i).state_quantizer = StateQuantizer(state, rounding="stochastic")
+    ids = _ids(2 * BLOCK + 9)
+    runs = {}
+    for kernel in (False, True):
+        monkeypatch.setattr(recurrent, "use_triton", lambda x, fmt=None, kernel=kernel: kernel)
+        pc = PrefixStateCache(model, BLOCK, state_format="fp32" if state is None else None)
+        pc.prefill(ids[:2 * BLOCK + 1])
+        logits, _, cached = pc.prefill(ids, logits_to_keep=9)
+        assert cached == 2 * BLOCK
+        runs[kernel] = (logits, [pc.entries[h] for h in pc.block_hashes(ids)])
+    torch.testing.assert_close(runs[True][0], runs[False][0], atol=1e-5, rtol=1e-5)
+    for a, b in zip(runs[True][1], runs[False][1]):
+        for layer in a.states:
+            torch.testing.assert_close(a.states[layer].load(), b.states[layer].load(), atol=1e-6, rtol=1e-5)
+            if state is not None:
+                assert torch.equal(a.states[layer].data, b.states[layer].data)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state", [None, "int8_row"])
+@pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h", "kimi_linear"])
+def test_gpu_hit_matches_recomputation(family, state):
+    """On CUDA the hybrids' mixers run the Triton kernels (GLA's checkpoints for Mamba2, the delta rule
+    in pieces): a hit's logits against the full prefill's (fp32 state: float tolerance; the model's own
+    int8 stochastic state: within its rounding) and the decode step after it."""
+    from conftest import rel_err
+
+    from laquant.kernels.common.state import StateQuantizer
+
+    model = _installed(family).cuda()
+    adapter = get_adapter(model)
+    if state is not None:
+        for i in adapter.linear_layers():
+            adapter.mixer(i).state_quantizer = StateQuantizer(state, rounding="stochastic")
+    ids = _ids(3 * BLOCK + 17).cuda()
+    pc = PrefixStateCache(model, BLOCK, state_format="fp32" if state is None else None)
+    pc.prefill(ids[:3 * BLOCK + 1])
+    logits, cache, cached = pc.prefill(ids, logits_to_keep=17)
+    assert cached == 3 * BLOCK
+    ref_cache = new_cache(model)
+    ref = _run(model, ids, ref_cache)[:, -17:]
+    assert rel_err(logits, ref) < (1e-3 if state is None else 2e-2)
+    tok = torch.tensor([5], device="cuda")
+    assert rel_err(_run(model, tok, cache), _run(model, tok, ref_cache)) < (1e-3 if state is None else 2e-2)
