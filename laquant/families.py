@@ -70,6 +70,14 @@ class Family:
         transformers' with laquant's mixer put in."""
         return bool(self.native_module)
 
+    @property
+    def prefix_cache(self) -> bool:
+        """laquant.serving's prefix state cache covers the family: every one but those with their own
+        cache class (minimax's MiniMaxCache sizes the causal mask of a multi-token call from layer 0, a
+        linear layer holding no keys, so a prefill continuing a cache attends wrongly in transformers
+        5.24: its one-token decode steps are right, a resumed prefill would not be)."""
+        return self.cache is None
+
     def _native(self, package: str):
         import importlib
 

@@ -22,6 +22,7 @@ CONFIGS = {
     "hybrid_conv": {"use_short_conv": True, **HYBRID},
     # laquant's Gated DeltaNet (short convs by default): checkpoints from a prefill run in pieces
     "gated_deltanet": {"kind": "gated_deltanet", **HYBRID},
+    "delta_net": {"kind": "delta_net", **HYBRID},  # fla's DeltaNet: the delta rule without a decay
 }
 
 
@@ -33,6 +34,11 @@ def _model(kind: str = "gla", **fields) -> GLAForCausalLM:
         cfg = GatedDeltaNetConfig(hidden_size=64, num_hidden_layers=3, num_heads=2, head_dim=32, vocab_size=VOCAB,
                                   **fields)
         return GatedDeltaNetForCausalLM(cfg).eval()
+    if kind == "delta_net":
+        from laquant.models import DeltaNetConfig, DeltaNetForCausalLM
+
+        return DeltaNetForCausalLM(DeltaNetConfig(hidden_size=64, num_hidden_layers=3, num_heads=2, vocab_size=VOCAB,
+                                                  **fields)).eval()
     cfg = GLAConfig(hidden_size=64, num_hidden_layers=3, num_heads=2, vocab_size=VOCAB, **fields)
     return GLAForCausalLM(cfg).eval()
 
@@ -357,7 +363,7 @@ SERVE_ERRORS = [
 
 @pytest.mark.parametrize("argv", SERVE_ERRORS + [["eval", "serve", "--help"], ["eval", "serve", "{gdn}"]])
 def test_serve_cli_argument_errors_import_no_torch(argv, tmp_path):
-    (tmp_path / "config.json").write_text('{"model_type": "qwen3_next"}')  # a model the cache does not cover
+    (tmp_path / "config.json").write_text('{"model_type": "minimax"}')  # a model the cache does not cover
     argv = [a.replace("{gdn}", str(tmp_path)) for a in argv]
     code = ("import sys\nfrom laquant.cli import main\ntry:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n"
             "    rc = e.code\nprint('HEAVY', 'torch' in sys.modules, 'RC', rc, file=sys.stderr)\n")

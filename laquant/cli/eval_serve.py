@@ -10,17 +10,18 @@ from pathlib import Path
 
 from laquant.cli.common import pick_device, versions, write_atomic
 from laquant.errors import LaquantError
+from laquant.families import FAMILIES
 from laquant.kernels.common.format_names import STATE_FORMATS
 
 CHUNK = 64  # laquant.kernels.common.state_io.CHUNK, named here so the parser needs no torch
-COVERED = ("gla", "gated_deltanet")  # the model types laquant.serving.check_model accepts
+COVERED = tuple(t for t, f in FAMILIES.items() if f.prefix_cache)  # those laquant.serving.check_model accepts
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
-                   help="a GLA or Gated DeltaNet model folder or laquant checkpoint, an HF id (default: the embedded "
-                        "gla-small), or 'config:{json}' for a random laquant GLA of that GLAConfig (speed only: no "
-                        "accuracy)")
+                   help="a model folder or laquant checkpoint (GLA, Gated DeltaNet, DeltaNet, or a transformers "
+                        "hybrid but minimax), an HF id (default: the embedded gla-small), or 'config:{json}' for a "
+                        "random laquant GLA of that GLAConfig (speed only: no accuracy)")
     p.add_argument("--recipe", default=None,
                    help="also evaluate the model quantized here with this recipe (e.g. gla_int8), calibrated on "
                         "the shipped calibration text (random tokens for a config: model)")
@@ -89,8 +90,9 @@ def _parse_model(spec: str | None):
     model_dir = check_model_dir(spec)
     model_type = read_config(model_dir).get("model_type")
     if model_type not in COVERED:  # laquant.serving.check_model says the same of a loaded model
-        raise LaquantError(f"{model_dir} is a {model_type!r} model; the prefix state cache covers laquant's own "
-                           f"models ({', '.join(COVERED)}), not transformers' hybrids")
+        why = " (its own cache class masks a resumed prefill wrongly)" if model_type in FAMILIES else ""
+        raise LaquantError(f"{model_dir} is a {model_type!r} model; the prefix state cache covers "
+                           f"{', '.join(COVERED)}{why}")
     return "load", model_dir
 
 
@@ -157,9 +159,8 @@ def run(args: argparse.Namespace) -> int:
         model, tok = make()
         from laquant.serving import check_model
 
-        check_model(model)
-        entry = {"model": label, "state_format": sorted({m.attn.state_quantizer.format.name for m in model.model.layers
-                                                         if hasattr(m.attn, "state_quantizer")})}
+        mixers = check_model(model).mixers.values()
+        entry = {"model": label, "state_format": sorted({m.state_quantizer.format.name for m in mixers})}
         if not args.no_replay:
             entry.update(serve_eval(model, workload, args.block_size, budget, args.formats, args.reps,
                                     progress=not args.quiet))

@@ -176,6 +176,7 @@ class HybridStates:
         self.conv: dict[int, torch.Tensor] = {}
         self.seen_tokens = 0
         self.seed = check_seed(seed)  # as GLAStateCache.seed
+        self.checkpoints: CheckpointRequest | None = None  # as GLAStateCache.checkpoints (laquant.serving)
 
     def get(self, layer_idx: int) -> State | None:
         return self.states.get(layer_idx)

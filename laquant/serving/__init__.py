@@ -1,4 +1,5 @@
-"""Serving the quantized state: the prefix state cache (:mod:`.prefix_cache`), the replay of a
+"""Serving the quantized state: the prefix state cache (:mod:`.prefix_cache`; where each kind of
+model keeps a snapshot's parts: :mod:`.model_state`), the replay of a
 multi-turn chat workload that ``laquant eval serve`` times (:mod:`.replay`), the loss change of
 resuming from a snapshot (:mod:`.accuracy`; its report is :mod:`laquant.eval.serve`), and greedy
 speculative decoding with a draft model (:mod:`.speculative`)."""

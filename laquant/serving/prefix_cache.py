@@ -3,9 +3,9 @@ so that a request sharing a prefix with an earlier one prefills only what is new
 
 A softmax model caches keys and values per token; a linear-attention layer's whole memory of the
 past is its state, so a prefix is cached as a **snapshot** of every layer's state at the end of a
-block (every mixer's recurrent state in a state format, the short convs' last inputs, and for the
-softmax layers of fla's hybrid GLA the keys and values of that block's tokens). A prefill asks the
-model for its states every ``block_size`` tokens (:class:`~laquant.models.cache.CheckpointRequest`:
+block (every mixer's recurrent state in a state format, the short convs' last inputs, and for a
+hybrid's softmax layers, fla's or transformers', the keys and values of that block's tokens). A
+prefill asks the model for its states every ``block_size`` tokens (:class:`~laquant.models.cache.CheckpointRequest`:
 the chunk kernel's ``checkpoint_every`` on CUDA, :func:`~laquant.kernels.gla.chunk.chunk_gla_reference`
 elsewhere; the delta rule in pieces) and this pool keeps them:
 
@@ -41,11 +41,17 @@ Numerics (what is exact and what is not):
 
 Covered: laquant's own models, bf16 or quantized by a recipe, with fla's ``attn`` softmax layers
 and short convs: ``GLAForCausalLM`` (snapshots from the chunk kernel's checkpoints) and
-``GatedDeltaNetForCausalLM`` (the delta-rule chunk kernels write no checkpoints: the prefill runs in
-pieces of ``block_size`` tokens, the state carried between them in float32, so the snapshots and the
-numerics above are the same; not with a recipe's ``prefill_roundtrip``). One sequence per prefill.
-Not covered (a LaquantError says so): transformers' hybrids (qwen3_next and the rest), whose softmax
-layers keep their KV in transformers' cache objects, laid out differently across its versions.
+``GatedDeltaNetForCausalLM`` / ``DeltaNetForCausalLM`` (the delta-rule chunk kernels write no
+checkpoints: the prefill runs in pieces of ``block_size`` tokens, the state carried between them
+in float32, so the snapshots and the numerics above are the same; not with a recipe's
+``prefill_roundtrip``). And transformers' hybrids with laquant's mixers installed (qwen3_next,
+qwen3_5 and its MoE and vision-language forms, olmo_hybrid, kimi_linear, bailing_hybrid, and the
+Mamba2 ones: bamba, nemotron_h, granitemoehybrid, falcon_h1, zamba2): their mixers write the same
+checkpoints into the ``HybridStates`` store on transformers' cache, and a snapshot adds the softmax
+layers' keys and values of the block, read from and restored into transformers' per-layer KV
+objects (:mod:`laquant.serving.model_state`), copied exactly; the positions continue from the
+store's token count. Not minimax (its own cache class masks a resumed multi-token prefill wrongly:
+``Family.prefix_cache``). One sequence per prefill.
 """
 
 from __future__ import annotations
@@ -56,17 +62,21 @@ from dataclasses import dataclass, field
 
 import torch
 
+from laquant.adapters import new_cache
 from laquant.errors import LaquantError
 from laquant.kernels.common.format_names import ROUNDINGS, STATE_FORMATS
 from laquant.kernels.common.state import State, quantize_state
 from laquant.kernels.common.state_io import CHUNK
+from laquant.models.cache import CheckpointRequest, state_store
+from laquant.serving.model_state import vocab_size
 
 
 @dataclass
 class Snapshot:
     """The model's state after ``tokens`` tokens: each recurrent layer's :class:`State` ``[1, H, K, V]``,
     each short conv's last inputs ``[1, W - 1, C]`` and each softmax layer's keys and values of this
-    block's tokens only (``[1, block, H, D]``: restoring block ``j`` takes blocks ``0..j``'s)."""
+    block's tokens only (laquant's ``[1, block, H, D]``, transformers' ``[1, H, block, D]``: restoring
+    block ``j`` takes blocks ``0..j``'s)."""
 
     tokens: int
     states: dict = field(default_factory=dict)
@@ -87,24 +97,27 @@ class Hit:
     chain: list[bytes]
 
 
-def check_model(model) -> None:
-    """A LaquantError unless ``model`` is one the prefix cache covers (laquant's GLA and Gated DeltaNet)."""
-    from laquant.models.fla_attention import Attention
-    from laquant.models.gated_deltanet import GatedDeltaNet
-    from laquant.models.gla import GatedLinearAttention, GLAForCausalLM
+def check_model(model):
+    """A LaquantError unless ``model`` is one the prefix cache covers (see the module's "Covered");
+    else its layout (:mod:`laquant.serving.model_state`)."""
+    from laquant.serving.model_state import model_layout
 
-    name = type(model).__name__
-    if not isinstance(model, GLAForCausalLM):  # GatedDeltaNetForCausalLM is one
-        raise LaquantError(f"the prefix state cache covers laquant's own models (GLAForCausalLM, "
-                           f"GatedDeltaNetForCausalLM; bf16 or quantized), not {name}: transformers' hybrids keep "
-                           "their softmax layers' KV in transformers' cache objects")
-    for layer in model.model.layers:
-        mixer = layer.attn
-        if not isinstance(mixer, (GatedLinearAttention, GatedDeltaNet, Attention)):
-            raise LaquantError(f"the prefix state cache does not know the mixer {type(mixer).__name__} of {name}")
-        if isinstance(mixer, GatedDeltaNet) and mixer.prefill_roundtrip and not mixer.state_quantizer.is_plain_fp32:
-            raise LaquantError(f"{name}'s recipe rounds the delta-rule state inside the prefill (prefill_roundtrip); "
-                               "its prefix-cache snapshots are not implemented: use a recipe without it")
+    layout = model_layout(model)
+    for mixer in layout.mixers.values():
+        if mixer.prefill_roundtrip and not mixer.state_quantizer.is_plain_fp32 and _is_delta(mixer):
+            raise LaquantError(f"{layout.name}'s recipe rounds the delta-rule state inside the prefill "
+                               "(prefill_roundtrip); its prefix-cache snapshots are not implemented: use a recipe "
+                               "without it")
+    return layout
+
+
+def _is_delta(mixer) -> bool:
+    """A delta-rule mixer (its snapshots come from a prefill in pieces, which cannot round inside)."""
+    from laquant.models.delta_net import DeltaNet
+    from laquant.models.gated_deltanet import GatedDeltaNet
+    from laquant.models.hybrid_mixers import GatedDeltaNetMixer, KimiDeltaAttentionMixer
+
+    return isinstance(mixer, (GatedDeltaNet, DeltaNet, GatedDeltaNetMixer, KimiDeltaAttentionMixer))
 
 
 class PrefixStateCache:
@@ -115,7 +128,7 @@ class PrefixStateCache:
 
     def __init__(self, model, block_size: int = 256, budget_bytes: int = 1 << 30, state_format: str | None = None,
                  rounding: str | None = None, seed: int = 0):
-        check_model(model)
+        self.layout = check_model(model)
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < CHUNK or block_size % CHUNK:
             raise LaquantError(f"block_size must be a positive multiple of {CHUNK} tokens (the chunk kernels' "
                                f"checkpoint grid); got {block_size!r}")
@@ -133,7 +146,7 @@ class PrefixStateCache:
             raise LaquantError(str(exc)) from None
         self.model, self.block_size, self.budget_bytes = model, block_size, budget_bytes
         self.state_format, self.rounding, self.seed = state_format, rounding, seed
-        self.needs_chain = bool(model.config.attn)  # softmax layers: a block's snapshot holds only its own KV
+        self.needs_chain = self.layout.has_attention  # softmax layers: a block's snapshot holds only its own KV
         self._root = hashlib.sha256(f"laquant-prefix/{block_size}/{state_format}/{rounding}/{seed}".encode()).digest()
         self.entries: OrderedDict[bytes, Snapshot] = OrderedDict()
         self.used_bytes = 0
@@ -203,20 +216,23 @@ class PrefixStateCache:
         """A fresh cache (the model's, seeded with this pool's seed) holding the state after
         ``hit.tokens`` tokens: copies (the decode kernels update a state in place), each layer's state
         in its own format, counted as store 0."""
-        cache = self.model.new_cache(self.seed)
+        cache = new_cache(self.model, self.seed)
         if not hit.tokens:
             return cache
+        store = state_store(cache)
         snap = self.entries[hit.chain[-1]]
         for layer, stored in snap.states.items():
-            fmt = self.model.model.layers[layer].attn.state_quantizer.format.name
+            fmt = self.layout.mixers[layer].state_quantizer.format.name
             data, scale = ((stored.data.clone(), None if stored.scale is None else stored.scale.clone())
                            if stored.format == fmt else quantize_state(stored.load(), fmt))
-            cache.states[layer] = State(data, scale, fmt, 0)
-        cache.conv = {key: t.clone() for key, t in snap.conv.items()}
+            store.states[layer] = State(data, scale, fmt, 0)
+        store.conv = {key: t.clone() for key, t in snap.conv.items()}
+        dim = self.layout.seq_dim
         for layer in snap.kv:
             blocks = [self.entries[h].kv[layer] for h in hit.chain]
-            cache.kv[layer] = (torch.cat([k for k, _ in blocks], 1), torch.cat([v for _, v in blocks], 1))
-        cache.seen_tokens = hit.tokens
+            k, v = (torch.cat([kv[i] for kv in blocks], dim) for i in (0, 1))
+            self.layout.put_kv(cache, layer, k, v)
+        store.seen_tokens = hit.tokens
         return cache
 
     def prefill(self, input_ids: torch.Tensor, logits_to_keep: int = 1):
@@ -224,20 +240,19 @@ class PrefixStateCache:
         snapshots of its new full blocks. Returns ``(logits [1, n, vocab] of the last
         ``logits_to_keep`` positions run, cache, tokens restored)``; the cache continues the sequence
         (``model(next_ids, past_key_values=cache)``)."""
-        from laquant.models.cache import CheckpointRequest
-
         tokens = _one_sequence(input_ids)
-        vocab = self.model.config.vocab_size
+        vocab = vocab_size(self.model)
         if int(tokens.min()) < 0 or int(tokens.max()) >= vocab:
             raise LaquantError(f"input_ids holds token ids outside the model's vocabulary [0, {vocab})")
         hit = self.lookup(tokens)
         cache = self.restore(hit)
-        cache.checkpoints = CheckpointRequest(self.block_size, self.state_format, self.rounding)
+        store = state_store(cache)
+        store.checkpoints = CheckpointRequest(self.block_size, self.state_format, self.rounding)
         device = next(self.model.parameters()).device
         suffix = tokens[hit.tokens:].to(device)[None]
         with torch.no_grad():
             out = self.model(input_ids=suffix, past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep)
-        request, cache.checkpoints = cache.checkpoints, None
+        request, store.checkpoints = store.checkpoints, None
         hashes = self.block_hashes(tokens)
         first = hit.tokens // self.block_size
         for c, key in enumerate(hashes[first:]):
@@ -252,8 +267,9 @@ class PrefixStateCache:
             snap.states[layer] = State(st.data[0:1, c].clone(), None if st.scale is None else st.scale[0:1, c].clone(),
                                        st.format, 0)
         snap.conv = {key: t[0:1, c].clone() for key, t in request.conv.items() if t is not None}
-        for layer, (k, v) in cache.kv.items():
-            snap.kv[layer] = (k[0:1, end - self.block_size:end].clone(), v[0:1, end - self.block_size:end].clone())
+        dim = self.layout.seq_dim
+        for layer, (k, v) in self.layout.kv(cache).items():
+            snap.kv[layer] = tuple(t[0:1].narrow(dim, end - self.block_size, self.block_size).clone() for t in (k, v))
         return snap
 
     def snapshot_bytes(self) -> int | None:

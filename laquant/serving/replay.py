@@ -17,6 +17,8 @@ from typing import Callable
 
 import torch
 
+from laquant.adapters import new_cache
+from laquant.serving.model_state import vocab_size
 from laquant.serving.prefix_cache import PrefixStateCache
 
 # decode(model, cache, first [1], steps) -> the ``steps`` tokens after ``first``, LongTensor [1, steps]
@@ -70,7 +72,7 @@ def full_prefill(model, tokens: torch.Tensor, seed: int = 0):
     """``(logits [1, 1, vocab], cache)`` of a prefill from nothing (the no-cache baseline)."""
     device = next(model.parameters()).device
     with torch.no_grad():
-        out = model(input_ids=tokens.to(device)[None], past_key_values=model.new_cache(seed), use_cache=True,
+        out = model(input_ids=tokens.to(device)[None], past_key_values=new_cache(model, seed), use_cache=True,
                     logits_to_keep=1)
     return out.logits, out.past_key_values
 
@@ -82,7 +84,7 @@ def replay(model, workload: Workload, prefix_cache: PrefixStateCache | None = No
 
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(workload.seed)
-    vocab = model.config.vocab_size
+    vocab = vocab_size(model)
     rand = lambda n: torch.randint(0, vocab, (n,), generator=gen)  # noqa: E731
     system = rand(workload.system)
     history = [torch.cat([system, rand(workload.user)]) for _ in range(workload.conversations)]
@@ -132,7 +134,7 @@ def follow_up_ttft(model, system: int, user: int, block_size: int, reps: int = 5
     new prefix) through the cache, which writes its snapshots: what caching costs a miss."""
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
-    vocab = model.config.vocab_size
+    vocab = vocab_size(model)
     shared = torch.randint(0, vocab, (system,), generator=gen)
     pool = PrefixStateCache(model, block_size, budget_bytes=1 << 40, state_format=state_format, seed=seed)
     pool.prefill(torch.cat([shared, torch.randint(0, vocab, (user,), generator=gen)]))  # caches the prefix
@@ -162,7 +164,7 @@ def follow_up_ttft(model, system: int, user: int, block_size: int, reps: int = 5
 def snapshot_memory(model, formats, block_size: int, budget_bytes: int) -> list[dict]:
     """Bytes of one snapshot per state format, and how many fit in ``budget_bytes``."""
     rows = []
-    probe = torch.randint(0, model.config.vocab_size, (block_size + 1,), generator=torch.Generator().manual_seed(0))
+    probe = torch.randint(0, vocab_size(model), (block_size + 1,), generator=torch.Generator().manual_seed(0))
     for fmt in formats:
         pool = PrefixStateCache(model, block_size, state_format=fmt)
         pool.prefill(probe)
