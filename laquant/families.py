@@ -70,14 +70,6 @@ class Family:
         transformers' with laquant's mixer put in."""
         return bool(self.native_module)
 
-    @property
-    def prefix_cache(self) -> bool:
-        """laquant.serving's prefix state cache covers the family: every one but those with their own
-        cache class (minimax's MiniMaxCache sizes the causal mask of a multi-token call from layer 0, a
-        linear layer holding no keys, so a prefill continuing a cache attends wrongly in transformers
-        5.24: its one-token decode steps are right, a resumed prefill would not be)."""
-        return self.cache is None
-
     def _native(self, package: str):
         import importlib
 
@@ -123,7 +115,24 @@ class Family:
 def _minimax_cache():
     from transformers.models.minimax.modeling_minimax import MiniMaxCache
 
-    return MiniMaxCache()  # MiniMaxModel accepts no other cache class
+    class LaquantMiniMaxCache(MiniMaxCache):  # MiniMaxModel accepts no other cache class
+        """MiniMaxCache with the causal mask sized by a layer that holds keys. transformers (5.24) asks
+        layer 0 for the cached length and the queries' offset; in MiniMax that is a linear layer, whose slot
+        holds no keys, so a multi-token call that continues a cache (calibration's segments, a resumed
+        prefill) masked out every cached key (tests/test_hybrid.py)."""
+
+        def _keyed(self, layer_idx: int) -> int:
+            if layer_idx < len(self.layers) and self.layers[layer_idx].get_seq_length() == 0:
+                return next((i for i, layer in enumerate(self.layers) if layer.get_seq_length() > 0), layer_idx)
+            return layer_idx
+
+        def get_seq_length(self, layer_idx=0):  # the queries' offset too
+            return super().get_seq_length(self._keyed(layer_idx))
+
+        def get_mask_sizes(self, query, layer_idx=0):
+            return super().get_mask_sizes(query, self._keyed(layer_idx))
+
+    return LaquantMiniMaxCache()
 
 
 _FAMILIES = (

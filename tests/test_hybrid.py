@@ -744,3 +744,20 @@ def test_training_on_cuda_takes_the_differentiable_path():
     mixer = next(m for m in model.modules() if type(m).__name__ == "GatedDeltaNetMixer")
     grad = mixer.in_proj_qkvz.weight.grad
     assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("family", ["minimax", "qwen3_next"])
+@torch.no_grad()
+def test_a_multi_token_continuation_through_the_cache_equals_one_prefill(family):
+    """Calibration runs its windows in segments through the cache: a segment after the first must
+    attend to every cached key. (transformers 5.24's MiniMaxCache sized the causal mask from layer 0, a
+    linear layer holding no keys: the continuation saw only itself, 0.02 off.)"""
+    model = _model(family)
+    install(model)
+    ids = torch.randint(0, VOCAB, (2, 45))
+    full = model(input_ids=ids).logits
+    cache = new_cache(model)
+    parts = [model(input_ids=ids[:, :16], past_key_values=cache, use_cache=True).logits,
+             model(input_ids=ids[:, 16:33], past_key_values=cache, use_cache=True).logits,
+             model(input_ids=ids[:, 33:], past_key_values=cache, use_cache=True).logits]
+    assert rel_err(torch.cat(parts, 1), full) < 1e-5

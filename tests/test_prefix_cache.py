@@ -363,7 +363,7 @@ SERVE_ERRORS = [
 
 @pytest.mark.parametrize("argv", SERVE_ERRORS + [["eval", "serve", "--help"], ["eval", "serve", "{gdn}"]])
 def test_serve_cli_argument_errors_import_no_torch(argv, tmp_path):
-    (tmp_path / "config.json").write_text('{"model_type": "minimax"}')  # a model the cache does not cover
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')  # a model the cache does not cover
     argv = [a.replace("{gdn}", str(tmp_path)) for a in argv]
     code = ("import sys\nfrom laquant.cli import main\ntry:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n"
             "    rc = e.code\nprint('HEAVY', 'torch' in sys.modules, 'RC', rc, file=sys.stderr)\n")

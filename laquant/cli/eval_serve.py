@@ -14,7 +14,7 @@ from laquant.families import FAMILIES
 from laquant.kernels.common.format_names import STATE_FORMATS
 
 CHUNK = 64  # laquant.kernels.common.state_io.CHUNK, named here so the parser needs no torch
-COVERED = tuple(t for t, f in FAMILIES.items() if f.prefix_cache)  # those laquant.serving.check_model accepts
+COVERED = tuple(FAMILIES)  # those laquant.serving.check_model accepts
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -90,9 +90,8 @@ def _parse_model(spec: str | None):
     model_dir = check_model_dir(spec)
     model_type = read_config(model_dir).get("model_type")
     if model_type not in COVERED:  # laquant.serving.check_model says the same of a loaded model
-        why = " (its own cache class masks a resumed prefill wrongly)" if model_type in FAMILIES else ""
         raise LaquantError(f"{model_dir} is a {model_type!r} model; the prefix state cache covers "
-                           f"{', '.join(COVERED)}{why}")
+                           f"{', '.join(COVERED)}")
     return "load", model_dir
 
 

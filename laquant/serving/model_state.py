@@ -54,11 +54,6 @@ class HybridLayout:
     seq_dim = -2  # transformers' KV layers keep [B, H, T, D]
 
     def __init__(self, model, adapter):
-        if not adapter.family.prefix_cache:  # see Family.prefix_cache
-            raise LaquantError(f"the prefix state cache does not cover {adapter.model_type}: its own cache class "
-                               f"({type(adapter.new_cache()).__name__}) sizes the causal mask of a multi-token call "
-                               "from layer 0, a linear layer holding no keys, so a prefill resumed from a snapshot "
-                               "would attend wrongly (transformers' layout; its one-token decode steps are right)")
         from transformers.cache_utils import (DummyLayer, DynamicLayer, LinearAttentionAndFullAttentionLayer,
                                               LinearAttentionLayer)
 
@@ -108,7 +103,7 @@ def model_layout(model):
         return NativeLayout(model)
     family = FAMILIES.get(getattr(getattr(model, "config", None), "model_type", None))
     if family is None or family.native:
-        hybrids = [t for t, f in FAMILIES.items() if not f.native and f.prefix_cache]
+        hybrids = [t for t, f in FAMILIES.items() if not f.native]
         raise LaquantError(f"the prefix state cache covers laquant's own models (GLAForCausalLM, "
                            f"GatedDeltaNetForCausalLM) and transformers' hybrids with laquant's mixers installed "
                            f"({', '.join(hybrids)}), not {name}")

@@ -50,8 +50,8 @@ Mamba2 ones: bamba, nemotron_h, granitemoehybrid, falcon_h1, zamba2): their mixe
 checkpoints into the ``HybridStates`` store on transformers' cache, and a snapshot adds the softmax
 layers' keys and values of the block, read from and restored into transformers' per-layer KV
 objects (:mod:`laquant.serving.model_state`), copied exactly; the positions continue from the
-store's token count. Not minimax (its own cache class masks a resumed multi-token prefill wrongly:
-``Family.prefix_cache``). One sequence per prefill.
+store's token count (minimax too: laquant's cache for it sizes the causal mask of a resumed
+multi-token prefill by a layer that holds keys, see ``laquant.families``). One sequence per prefill.
 """
 
 from __future__ import annotations
