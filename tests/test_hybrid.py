@@ -746,7 +746,7 @@ def test_training_on_cuda_takes_the_differentiable_path():
     assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("family", ["minimax", "qwen3_next"])
+@pytest.mark.parametrize("family", FAMILIES)
 @torch.no_grad()
 def test_a_multi_token_continuation_through_the_cache_equals_one_prefill(family):
     """Calibration runs its windows in segments through the cache: a segment after the first must
