@@ -103,7 +103,8 @@ def get_format(fmt: StateFormat | str) -> StateFormat:
 
 def kernel_code(fmt: StateFormat | str) -> int:
     """The Triton kernels' code of a format; a clear error for a format they do not store."""
-    code = get_format(fmt).kernel_code
-    if code is None:
-        raise ValueError(f"laquant's Triton kernels store states as {', '.join(KERNEL_FORMATS)}, not {fmt!r}")
-    return code
+    spec = get_format(fmt)
+    if spec.kernel_code is None:
+        raise ValueError(f"laquant's Triton kernels store states as {', '.join(KERNEL_FORMATS)}, not {spec.name!r} "
+                         "(its reference path runs on any device; LAQUANT_KERNELS=reference selects it)")
+    return spec.kernel_code
