@@ -197,3 +197,29 @@ def test_gla_decodes_with_an_int4_state_on_cpu(tiny_model_dir):
     assert state.n_stores == 4 and all(torch.isfinite(o).all() for o in out)
     static = cache.static_copy()
     assert static.states[0].data.shape == state.data.shape and torch.equal(static.states[0].load(), state.load())
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_int4_state_on_cuda_takes_the_reference_path(tiny_model_dir):
+    """On CUDA an int4_row state runs on the references (no kernel stores it): the stores equal the
+    CPU's bit for bit, a model decodes eagerly with packed uint8 states, and a CUDA-graphed decode
+    (which needs in-place kernel stores) falls back to the eager loop, or refuses when insisted on."""
+    from laquant.generate import generate
+    from laquant.kernels.common.state import StateQuantizer
+    from laquant.loading import load_model
+
+    x = torch.randn(3, 2, 8, 33)
+    quant = StateQuantizer("int4_row", rounding="stochastic")
+    cpu = quant.store_state(x, None, seed=9)
+    gpu = quant.store_state(x.cuda(), None, seed=9)
+    assert torch.equal(gpu.data.cpu(), cpu.data) and torch.equal(gpu.scale.cpu(), cpu.scale)
+
+    model, _ = load_model(tiny_model_dir, device="cuda")
+    for layer in model.model.layers:
+        layer.attn.state_quantizer = StateQuantizer("int4_row", rounding="stochastic")
+    ids = torch.randint(0, 8192, (2, 70), device="cuda")
+    eager = generate(model, ids, 8, graphed=False)
+    assert torch.equal(generate(model, ids, 8), eager)  # graphed=None: the eager loop
+    with pytest.raises(LaquantError, match="in place"):
+        generate(model, ids, 8, graphed=True)
