@@ -22,7 +22,7 @@ import torch
 import laquant
 from laquant.data import load_text, tokenize
 from laquant.eval.ppl import default_stride, perplexity
-from laquant.kernels.common.numerics import INT4_MAX, _quantize_int, dequantize
+from laquant.kernels.common.numerics import INT4_MAX, dequantize, quantize_int
 from laquant.kernels.common.state import StateQuantizer
 from laquant.loading import load_tokenizer, resolve_model_dir
 
@@ -43,7 +43,7 @@ class GroupInt4(StateQuantizer):
         random = key.random_bytes(state.shape).reshape(grouped.shape) if self.stochastic else None
         if self.grid == "e2m1":
             return _e2m1(grouped, random).reshape(state.shape), None
-        q, scale = _quantize_int(grouped, INT4_MAX, -1, None, self.rounding, random)
+        q, scale = quantize_int(grouped, INT4_MAX, -1, None, self.rounding, random)
         return dequantize(q, scale).reshape(state.shape), None
 
 

@@ -3,8 +3,8 @@
 Symmetric absmax quantization: ``scale = absmax / qmax`` over the reduced dimension(s),
 ``q = clamp(round(x / scale), -qmax, qmax)`` (int8, int4) or ``q = fp8(x / scale)`` (e4m3, round to
 nearest even by the cast), ``x ~= q * scale``. int4 codes (``[-7, 7]``) are stored two per byte
-(:func:`pack_int4`): ``uint8`` data is packed int4 wherever it is dequantized. Scales are float32; an all-zero slice gets scale
-``tiny`` so dequantization returns exact zeros and nothing divides by zero.
+(:func:`pack_int4`): ``uint8`` data is packed int4 wherever it is dequantized. Scales are float32;
+an all-zero slice gets scale ``tiny`` so dequantization returns exact zeros and nothing divides by zero.
 
 ``rounding="stochastic"`` rounds ``x / scale`` to one of its two neighbouring codes instead, up with
 probability equal to its distance from the lower one (so the expected code is ``x / scale``: small
@@ -40,19 +40,21 @@ RANDOM_BITS = 8  # random bits per element of a stochastic rounding: bias at mos
 def quantize_int8(x: torch.Tensor, dim: int | tuple[int, ...] | None = -1, scale: torch.Tensor | None = None,
                   rounding: str = "nearest", random: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 with absmax scales over ``dim`` (or the given ``scale``). Returns ``(q, scale)``."""
-    return _quantize_int(x, INT8_MAX, dim, scale, rounding, random)
+    return quantize_int(x, INT8_MAX, dim, scale, rounding, random)
 
 
 def quantize_int4(x: torch.Tensor, dim: int | tuple[int, ...] | None = -1, scale: torch.Tensor | None = None,
                   rounding: str = "nearest", random: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """int4 codes in ``[-7, 7]`` with absmax scales over ``dim`` (or the given ``scale``), packed two
     per byte along the last dimension (:func:`pack_int4`). Returns ``(packed, scale)``."""
-    q, scale = _quantize_int(x, INT4_MAX, dim, scale, rounding, random)
+    q, scale = quantize_int(x, INT4_MAX, dim, scale, rounding, random)
     return pack_int4(q), scale
 
 
-def _quantize_int(x, qmax: float, dim, scale, rounding: str, random) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8-held codes in ``[-qmax, qmax]`` and their scale."""
+def quantize_int(x: torch.Tensor, qmax: float, dim: int | tuple[int, ...] | None = -1,
+                 scale: torch.Tensor | None = None, rounding: str = "nearest",
+                 random: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Integer codes in ``[-qmax, qmax]`` (held in int8, unpacked) and their scale: int8's and int4's rule."""
     scale = absmax_scale(x, dim, qmax) if scale is None else scale
     y = (x.float() / scale).clamp_(-qmax, qmax)
     if _stochastic(rounding, random, y):
