@@ -199,6 +199,29 @@ def test_gla_decodes_with_an_int4_state_on_cpu(tiny_model_dir):
     assert static.states[0].data.shape == state.data.shape and torch.equal(static.states[0].load(), state.load())
 
 
+
+def test_group_probe_with_whole_rows_is_int4_row():
+    """tools/int4_group_probe.py's fake-quantized store with one group per row is int4_row's round
+    trip bit for bit (its numbers for smaller groups rest on this); smaller groups err less."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("int4_group_probe",
+                                                  Path(__file__).parents[1] / "tools" / "int4_group_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    x = torch.randn(3, 2, 8, 64) * torch.rand(3, 2, 8, 64) ** 4  # heavy-tailed rows
+    key = StoreKey(7, torch.arange(3), 5)
+    quant = StateQuantizer("int4_row", rounding="stochastic")
+    row = quant.load(*quant.store(x, key=key))
+    assert torch.equal(probe.GroupInt4(64, "stochastic").store(x, key=key)[0], row)
+    group16 = probe.GroupInt4(16, "stochastic").store(x, key=key)[0]
+    assert (group16 - x).norm() < (row - x).norm()
+    e2m1 = probe.GroupInt4(64, "nearest", "e2m1").store(x)[0]
+    assert torch.allclose(e2m1.abs().amax(-1), x.abs().amax(-1), rtol=1e-6, atol=0)  # each row's absmax kept
+    assert ((e2m1 - x).abs() > 0).any()
+
+
 @pytest.mark.gpu
 @torch.no_grad()
 def test_int4_state_on_cuda_takes_the_reference_path(tiny_model_dir):
