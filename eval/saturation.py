@@ -2,7 +2,8 @@
 logits hit their format's limit, by position in the sequence.
 
 * state: after every step, the elements of every layer's stored state at the largest code of its
-  format (int8: |code| = 127; fp8 e4m3: |value| = 448), or, for the plain formats (fp32, bf16),
+  format (int8: |code| = 127; int4: |code| = 7, on the unpacked codes; fp8 e4m3: |value| = 448),
+  or, for the plain formats (fp32, bf16),
   overflowed past the dtype's largest finite value; and the non-finite elements. With dynamic
   scales (``renorm_interval >= 1``) each row's largest element lands on the limit by construction
   (nothing clips), so the telling number is the *fraction* of elements at the limit growing along
@@ -22,14 +23,15 @@ import torch
 
 from laquant.adapters import get_adapter
 from laquant.kernels.common.formats import get_format
+from laquant.kernels.common.numerics import codes
 from laquant.models.cache import state_store
 
 
 def _at_limit(data: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``(elements at the format's limit, non-finite elements)`` per batch row of stored state
-    codes ``data [B, ...]``."""
+    codes ``data [B, ...]`` (packed int4: of its unpacked codes)."""
     spec = get_format(fmt)
-    values = data.float()
+    values = codes(data).float()
     finite = torch.isfinite(values)
     if spec.is_scaled:
         at = (values.abs() >= spec.qmax) & finite
@@ -98,7 +100,7 @@ class SaturationCounter:
             if s is None:
                 continue
             at, nonfinite = _at_limit(s.data, s.format)
-            self._add(self.state_at_limit, self.state_elements, at, s.data[0].numel(), nonfinite)
+            self._add(self.state_at_limit, self.state_elements, at, codes(s.data[:1]).numel(), nonfinite)
             self.formats.add(s.format)
         self.position += 1
 

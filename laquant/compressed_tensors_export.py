@@ -86,7 +86,7 @@ class Exported:
 
 def engine_state_dtype(state_formats) -> str:
     """The ``--mamba-ssm-cache-dtype`` closest to laquant's state formats (float32 if any layer
-    kept float32, bfloat16 for bf16 and the 8-bit formats vLLM does not have)."""
+    kept float32, bfloat16 for bf16 and the 8- and 4-bit formats vLLM does not have)."""
     dtypes = {ENGINE_STATE_DTYPE.get(f, "bfloat16") for f in state_formats} or {"float32"}
     return "float32" if "float32" in dtypes else "bfloat16"
 
@@ -325,7 +325,8 @@ def serving_markdown(summary: Exported, source: str, recipe_name: str, perplexit
     lines.append(f"- **Recurrent state format**: laquant stored the state as {formats}. The state is no tensor in "
                  "the checkpoint but an engine setting; vLLM keeps it in float32, float16 or bfloat16 "
                  f"(`--mamba-ssm-cache-dtype`, no 8-bit option): pass `{state}`"
-                 + (" (finer than laquant's 8-bit formats, at twice their memory)." if state == "bfloat16" else "."))
+                 + (" (finer than laquant's 8- and 4-bit formats, at two or four times their memory)."
+                    if state == "bfloat16" else "."))
     lines.append("- Never quantized by laquant, written as they were and listed in `ignore` where they are linear "
                  "layers: embeddings, norms, lm_head, MoE routers and expert weights, short convs, decay parameters.")
     lines.append(f"- `ignore` lists {len(summary.ignore)} modules by name.")

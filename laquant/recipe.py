@@ -40,7 +40,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         # true: a prefill rounds the state to its format after every 64-token chunk (as if stored
         # between chunks); false: kept in float32 inside one prefill call, stored in the format at its end
         "prefill_roundtrip": ((True, False), False),
-        # how a store rounds to an 8-bit format: to nearest, or stochastically (unbiased: small
+        # how a store rounds to a scaled (8- or 4-bit) format: to nearest, or stochastically (unbiased: small
         # decays and updates survive in expectation; random bits from Philox keyed by the cache's seed)
         "rounding": (ROUNDINGS, "nearest"),
     },
@@ -119,9 +119,9 @@ def validate_recipe(raw: dict, source: str = "recipe") -> dict:
         recipe[section] = out
     state = recipe["state"]
     if state["rounding"] == "stochastic" and state["format"] not in SCALED_STATE_FORMATS:
-        raise LaquantError(f"{source}: state.rounding = stochastic applies to the 8-bit state formats "
+        raise LaquantError(f"{source}: state.rounding = stochastic applies to the scaled state formats "
                            f"({', '.join(SCALED_STATE_FORMATS)}), not {state['format']!r}; "
-                           "set state.rounding=nearest or an 8-bit state.format")
+                           "set state.rounding=nearest or a scaled state.format")
     keep = raw.get("keep", list(KEEPABLE))
     if not isinstance(keep, list) or any(k not in KEEPABLE for k in keep):
         raise LaquantError(f"{source}: keep must be a list of roles from: {', '.join(KEEPABLE)}; got {keep!r}")

@@ -39,7 +39,7 @@ def test_overrides():
     (["state.format=fp4"], "state.format = 'fp4' is not allowed; allowed: fp32, bf16, fp8_row"),
     (["state.renorm=2"], "unknown key state.renorm; allowed: format, renorm_interval, prefill_roundtrip, rounding"),
     (["state.rounding=up"], "state.rounding = 'up' is not allowed; allowed: nearest, stochastic"),
-    (["state.format=bf16", "state.rounding=stochastic"], "stochastic applies to the 8-bit state formats"),
+    (["state.format=bf16", "state.rounding=stochastic"], "stochastic applies to the scaled state formats"),
     (["projections.outlier_threshold=-3"], "a number > 0, or null"),
     (["projections.outlier_top_k=2.5"], "an integer > 0, or null"),
     (["gates.clamp=yes please"], "gates.clamp"),

@@ -151,8 +151,8 @@ def test_store_keys_separate_slots_positions_and_substores():
     assert torch.equal(a, state_random_bytes(1, torch.tensor([0, 1]), torch.tensor([3, 3]), 0, shape))
 
 
-def test_stochastic_needs_a_key_and_an_8bit_format():
-    with pytest.raises(ValueError, match="8-bit"):
+def test_stochastic_needs_a_key_and_a_scaled_format():
+    with pytest.raises(ValueError, match="scaled state formats"):
         StateQuantizer("bf16", rounding="stochastic")
     with pytest.raises(ValueError, match="rounding"):
         StateQuantizer("fp8_row", rounding="up")

@@ -1,7 +1,7 @@
 """Which implementation runs: the Triton kernels on CUDA, the PyTorch references elsewhere.
 
 ``LAQUANT_KERNELS=reference`` forces the references on CUDA too (to compare the two paths on one
-device); a state format the kernels do not store (fp8_head, fp8_tensor) also takes the reference,
+device); a state format the kernels do not store (fp8_head, fp8_tensor, int4_row) also takes the reference,
 and so does anything autograd must differentiate (the kernels are forward-only; training a model
 with laquant's mixers, as ``tools/train.py`` does for the hybrid, runs the differentiable references).
 """

@@ -1,9 +1,10 @@
 """The one quantize/dequantize implementation: modules, references and kernels all call these.
 
 Symmetric absmax quantization: ``scale = absmax / qmax`` over the reduced dimension(s),
-``q = clamp(round(x / scale), -qmax, qmax)`` (int8) or ``q = fp8(x / scale)`` (e4m3, round to
-nearest even by the cast), ``x ~= q * scale``. Scales are float32; an all-zero slice gets scale
-``tiny`` so dequantization returns exact zeros and nothing divides by zero.
+``q = clamp(round(x / scale), -qmax, qmax)`` (int8, int4) or ``q = fp8(x / scale)`` (e4m3, round to
+nearest even by the cast), ``x ~= q * scale``. int4 codes (``[-7, 7]``) are stored two per byte
+(:func:`pack_int4`): ``uint8`` data is packed int4 wherever it is dequantized. Scales are float32;
+an all-zero slice gets scale ``tiny`` so dequantization returns exact zeros and nothing divides by zero.
 
 ``rounding="stochastic"`` rounds ``x / scale`` to one of its two neighbouring codes instead, up with
 probability equal to its distance from the lower one (so the expected code is ``x / scale``: small
@@ -19,6 +20,7 @@ import torch
 from . import format_names
 
 INT8_MAX = 127.0
+INT4_MAX = 7.0
 FP8_E4M3_MAX = 448.0
 FP8_DTYPE = torch.float8_e4m3fn
 _TINY = torch.finfo(torch.float32).tiny
@@ -38,11 +40,56 @@ RANDOM_BITS = 8  # random bits per element of a stochastic rounding: bias at mos
 def quantize_int8(x: torch.Tensor, dim: int | tuple[int, ...] | None = -1, scale: torch.Tensor | None = None,
                   rounding: str = "nearest", random: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 with absmax scales over ``dim`` (or the given ``scale``). Returns ``(q, scale)``."""
-    scale = absmax_scale(x, dim, INT8_MAX) if scale is None else scale
-    y = (x.float() / scale).clamp_(-INT8_MAX, INT8_MAX)
+    return quantize_int(x, INT8_MAX, dim, scale, rounding, random)
+
+
+def quantize_int4(x: torch.Tensor, dim: int | tuple[int, ...] | None = -1, scale: torch.Tensor | None = None,
+                  rounding: str = "nearest", random: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """int4 codes in ``[-7, 7]`` with absmax scales over ``dim`` (or the given ``scale``), packed two
+    per byte along the last dimension (:func:`pack_int4`). Returns ``(packed, scale)``."""
+    q, scale = quantize_int(x, INT4_MAX, dim, scale, rounding, random)
+    return pack_int4(q), scale
+
+
+def quantize_int(x: torch.Tensor, qmax: float, dim: int | tuple[int, ...] | None = -1,
+                 scale: torch.Tensor | None = None, rounding: str = "nearest",
+                 random: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Integer codes in ``[-qmax, qmax]`` (held in int8, unpacked) and their scale: int8's and int4's rule."""
+    scale = absmax_scale(x, dim, qmax) if scale is None else scale
+    y = (x.float() / scale).clamp_(-qmax, qmax)
     if _stochastic(rounding, random, y):
         y = round_stochastic_int(y, random)
     return y.round_().to(torch.int8), scale
+
+
+INT4_PAD = 0x8  # the nibble after an odd row's last code: -8, never a code, so packed data knows its width
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """int8 codes in ``[-7, 7]`` ``[..., V]`` as ``uint8`` ``[..., ceil(V / 2)]``: code ``2j`` in the
+    low nibble of byte ``j``, code ``2j + 1`` in its high nibble, each in 4-bit two's complement. An
+    odd ``V``'s last byte holds :data:`INT4_PAD` in its high nibble, so :func:`unpack_int4` finds
+    ``V`` from the data alone (every caller that loads a state passes ``(data, scale)`` only)."""
+    if q.shape[-1] % 2:
+        q = torch.cat([q, q.new_full((*q.shape[:-1], 1), INT4_PAD - 16)], -1)
+    nib = q.to(torch.uint8) & 0xF
+    return nib[..., 0::2] | (nib[..., 1::2] << 4)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """The int8 codes ``[..., V]`` of :func:`pack_int4`'s ``packed`` ``[..., ceil(V / 2)]``."""
+    low = (packed & 0xF).to(torch.int8)
+    high = (packed >> 4).to(torch.int8)
+    q = torch.stack([low, high], -1).flatten(-2)
+    q = q - ((q >= 8).to(torch.int8) << 4)  # 4-bit two's complement
+    if packed.numel() and int(packed.reshape(-1, packed.shape[-1])[0, -1]) >> 4 == INT4_PAD:
+        q = q[..., :-1]  # an odd row's pad
+    return q
+
+
+def codes(data: torch.Tensor) -> torch.Tensor:
+    """A stored tensor's codes or values, one per element: packed int4 unpacked, others as they are."""
+    return unpack_int4(data) if data.dtype == torch.uint8 else data
 
 
 def quantize_fp8(x: torch.Tensor, dim: int | tuple[int, ...] | None = -1, scale: torch.Tensor | None = None,
@@ -120,8 +167,8 @@ def _mulhi(prod: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """``q * scale`` in ``dtype`` (int8 or fp8 ``q``)."""
-    return (q.float() * scale).to(dtype)
+    """``q * scale`` in ``dtype`` (int8, fp8 or packed int4 ``q``)."""
+    return (codes(q).float() * scale).to(dtype)
 
 
 def fake_quantize_int8(x: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor | None = None,

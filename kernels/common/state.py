@@ -66,8 +66,8 @@ class StoreKey:
 
 @dataclass
 class State:
-    """States ``data`` ``[N, H, K, V]`` (checkpoints: ``[N, C, H, K, V]``) in ``format``'s storage
-    dtype, their float32 ``scale`` (None for the plain formats), and how many stores made them
+    """States ``data`` ``[N, H, K, V]`` (checkpoints: ``[N, C, H, K, V]``; packed int4:
+    ``[..., K, ceil(V / 2)]``, :meth:`StateFormat.storage_shape`) in ``format``'s storage dtype, their float32 ``scale`` (None for the plain formats), and how many stores made them
     (the renormalisation schedule of :class:`StateQuantizer`)."""
 
     data: torch.Tensor
@@ -93,7 +93,7 @@ class State:
         """Uninitialised storage for states of ``shape`` ``[..., K, V]`` (per-row scales only)."""
         spec = get_format(fmt)
         scale = torch.empty(*shape[:-1], 1, dtype=torch.float32, device=device) if spec.is_scaled else None
-        return cls(torch.empty(shape, dtype=spec.storage_dtype, device=device), scale, fmt)
+        return cls(torch.empty(spec.storage_shape(shape), dtype=spec.storage_dtype, device=device), scale, fmt)
 
 
 def quantize_state(state: torch.Tensor, fmt: StateFormat | str) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -129,8 +129,8 @@ class StateQuantizer:
         if rounding not in ROUNDINGS:
             raise ValueError(f"unknown rounding {rounding!r}; allowed: {', '.join(ROUNDINGS)}")
         if rounding == "stochastic" and not self.format.is_scaled:
-            raise ValueError(f"stochastic rounding applies to the 8-bit state formats, not {self.format.name!r}; "
-                             "use rounding nearest or an fp8/int8 format")
+            raise ValueError(f"stochastic rounding applies to the scaled state formats, not {self.format.name!r}; "
+                             "use rounding nearest or an fp8/int8/int4 format")
         self.renorm_interval = renorm_interval
         self.static_scale = static_scale
         self.rounding = rounding

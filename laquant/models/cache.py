@@ -21,7 +21,7 @@ class CheckpointRequest:
 
     every: int
     format: str | None = None
-    rounding: str | None = None  # None: the layer's rounding where the format is 8-bit, else nearest
+    rounding: str | None = None  # None: the layer's rounding where the format is scaled, else nearest
     states: dict = field(default_factory=dict)
     conv: dict = field(default_factory=dict)
 

@@ -123,7 +123,7 @@ def _is_delta(mixer) -> bool:
 class PrefixStateCache:
     """Snapshots of ``model``'s state every ``block_size`` tokens (a multiple of 64), at most
     ``budget_bytes`` of them (LRU). ``state_format`` / ``rounding``: how snapshots are stored (None:
-    each layer's own state format, and its rounding for the 8-bit formats). ``seed`` is the seed of
+    each layer's own state format, and its rounding for the scaled formats). ``seed`` is the seed of
     every cache this makes (stochastic rounding's random bits)."""
 
     def __init__(self, model, block_size: int = 256, budget_bytes: int = 1 << 30, state_format: str | None = None,
