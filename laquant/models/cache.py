@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from laquant.kernels.common.format_names import SCALED_STATE_FORMATS
 from laquant.kernels.common.state import State
 from laquant.kernels.common.state_io import CHUNK, store_states
 
@@ -30,7 +31,7 @@ class CheckpointRequest:
         stores keyed by ``position``, the chunk kernel's: the store after the initial state's)."""
         fmt = self.format or quantizer.format.name
         rounding = self.rounding or quantizer.rounding
-        if rounding == "stochastic" and fmt in ("fp32", "bf16"):
+        if rounding == "stochastic" and fmt not in SCALED_STATE_FORMATS:  # stochastic applies to scaled formats
             rounding = "nearest"
         subs = [(c + 1) * self.every // CHUNK for c in range(ckpt.shape[1])]
         self.states[layer_idx] = store_states(ckpt.float(), fmt, rounding, seed, position, subs)
