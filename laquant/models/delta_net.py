@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from transformers import PretrainedConfig
 
-from laquant.models.fla_attention import attention_specs
+from laquant.models.fla_attention import refuse_unsupported
 from laquant.models.gated_deltanet import (GatedDeltaNetForCausalLM, GatedDeltaNetModel, GatedDeltaNetPreTrainedModel,
                                            GatedOutputNorm)
 from laquant.models.gla import HeadRMSNorm
@@ -70,12 +70,7 @@ def check_supported(config: DeltaNetConfig) -> None:
         if width % config.num_heads:
             bad.append(f"{name}={getattr(config, name)!r} (hidden_size * {name} = {width} does not split into "
                        f"{config.num_heads} heads)")
-    try:
-        attention_specs(config.attn, config.num_hidden_layers)
-    except ValueError as exc:
-        bad.append(f"attn: {exc}")
-    if bad:
-        raise ValueError("this delta_net config uses options laquant does not implement: " + ", ".join(bad))
+    refuse_unsupported("delta_net", config, bad)
 
 
 class DeltaNet(RecurrentMixer):

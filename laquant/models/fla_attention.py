@@ -23,6 +23,17 @@ INPUTS = ("q_proj", "k_proj", "v_proj")
 _DEFAULTS = {"num_kv_heads": None, "qkv_bias": False, "window_size": None, "rope_theta": 10000.0}
 
 
+def refuse_unsupported(model_type: str, config, bad: list[str]) -> None:
+    """One ValueError naming every option in ``bad`` and a malformed ``config.attn`` (fla's native
+    delta-rule models' config checks), or nothing."""
+    try:
+        attention_specs(config.attn, config.num_hidden_layers)
+    except ValueError as exc:
+        bad = [*bad, f"attn: {exc}"]
+    if bad:
+        raise ValueError(f"this {model_type} config uses options laquant does not implement: " + ", ".join(bad))
+
+
 def attention_specs(attn, num_hidden_layers: int) -> list[dict]:
     """``config.attn`` as a list of specs with fla's defaults filled in (ValueError naming what is wrong)."""
     if attn is None:

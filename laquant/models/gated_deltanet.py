@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from transformers import PretrainedConfig, PreTrainedModel
 
-from laquant.models.fla_attention import Attention, attention_spec, attention_specs
+from laquant.models.fla_attention import Attention, attention_spec, refuse_unsupported
 from laquant.models.gla import GatedMLP, GLAForCausalLM, GLAPreTrainedModel, HeadRMSNorm, RMSNorm
 from laquant.models.recurrent import RecurrentMixer
 
@@ -68,12 +68,7 @@ def check_supported(config: GatedDeltaNetConfig) -> None:
         bad.append(f"hidden_act={config.hidden_act!r} (supported: 'swish')")
     if config.output_gate_activation not in OUTPUT_GATES:
         bad.append(f"output_gate_activation={config.output_gate_activation!r} (supported: {', '.join(OUTPUT_GATES)})")
-    try:
-        attention_specs(config.attn, config.num_hidden_layers)
-    except ValueError as exc:
-        bad.append(f"attn: {exc}")
-    if bad:
-        raise ValueError("this gated_deltanet config uses options laquant does not implement: " + ", ".join(bad))
+    refuse_unsupported("gated_deltanet", config, bad)
 
 
 class GatedOutputNorm(HeadRMSNorm):
