@@ -64,6 +64,14 @@ if triton is not None:
         return scale
 
     @triton.jit
+    def decayed_update(S, decay, k, u):
+        """``S * decay[:, None] + k[:, None] * u[None, :]``, the recurrent state's step, with one
+        explicit FMA per element: left to itself, ptxas contracts one product or the other into an
+        FMA depending on the kernel around it, and the decode and verify kernels must store the
+        same bits."""
+        return tl.fma(tl.broadcast_to(k[:, None], S.shape), tl.broadcast_to(u[None, :], S.shape), S * decay[:, None])
+
+    @triton.jit
     def int8_codes(y):
         return tl.minimum(tl.maximum(round_half_even(y), -127.0), 127.0).to(tl.int8)
 

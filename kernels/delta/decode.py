@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.pdl import pdl_launch
 from ..common.state import StateQuantizer, load_pool_slots, store_pool_slots
 from ..common.state_io import pool_args
 from .reference import l2_normalize, recurrent_gated_delta_rule_step
@@ -27,7 +28,9 @@ try:
     import triton
     import triton.language as tl
 
-    from ..common.triton_numerics import load_state_rows, state_random_bytes, store_state_rows, stored_row_scale
+    from ..common.pdl import pdl_prologue
+    from ..common.triton_numerics import (decayed_update, load_state_rows, state_random_bytes, store_state_rows,
+                                          stored_row_scale)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -72,7 +75,9 @@ if triton is not None:
         qk_scale, seed,
         H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr,
         BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr, L2NORM: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl_prologue(PDL)
         pid = tl.program_id(0)
         b = pid // H
         h = pid % H
@@ -128,7 +133,7 @@ if triton is not None:
             decay = tl.exp(tl.load(g_base + offs_k * s_gk, mask=mask_k, other=0.0).to(tl.float32))
             ptrs = state_base + offs_k[:, None] * s_sk + offs_v[None, :]
             st, old_scale = load_state_rows(ptrs, scale_base + offs_k, mask_k, mask, FMT, BLOCK_K)
-            st = st * decay[:, None] + kk[:, None] * delta[None, :]
+            st = decayed_update(st, decay, kk, delta)
             readout += qq[:, None] * st
             new_scale = old_scale
             if FMT >= 2:
@@ -181,5 +186,6 @@ def launch_decode(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores,
         o.stride(0), o.stride(1), *pool_strides,
         K ** -0.5 if qk_scale is None else qk_scale, seed, H=H, GROUP=H // Hk, K=K, V=V,
         BLOCK_V=triton.next_power_of_2(V), L2NORM=use_qk_l2norm, num_warps=num_warps, **consts,
+        **pdl_launch(v.device),
     )
     return o

@@ -30,7 +30,7 @@ try:
     import triton
     import triton.language as tl
 
-    from ..common.triton_numerics import load_state_rows, store_verified_state
+    from ..common.triton_numerics import decayed_update, load_state_rows, store_verified_state
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -108,7 +108,7 @@ if triton is not None:
             delta = beta * (v - k_mul * tl.sum(kS, axis=0))
             kk = kk * k_mul
             qq = qq * q_mul
-            st = S * decay[:, None] + kk[:, None] * delta[None, :]
+            st = decayed_update(S, decay, kk, delta)
             if not COMMIT:
                 o = tl.sum(qq[:, None] * st, axis=0)
                 tl.store(o_ptr + b * s_ob + t * s_ot + h * s_oh + offs_v,

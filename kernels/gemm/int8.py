@@ -51,12 +51,14 @@ from dataclasses import dataclass
 
 import torch
 
+from ..common.pdl import pdl_launch
 from .configs import choose_config, choose_gemm, tiled_config  # noqa: F401  (re-exported)
 
 try:
     import triton
     import triton.language as tl
 
+    from ..common.pdl import pdl_prologue, prefetch_l2
     from ..common.triton_numerics import quantize_int8, store_token_codes
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
@@ -183,7 +185,8 @@ if triton is not None:
                             part_ptr, cnt_ptr, M, N, K, KX, NO, SPLIT_K, s_am, s_ym,
                             A8: tl.constexpr, FUSEQ: tl.constexpr, GATHER: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                             BK: tl.constexpr, BNO: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr,
-                            HAS_OUT: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr):
+                            HAS_OUT: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr,
+                            PDL: tl.constexpr):
         """Small-M GEMM over the ``[N, K]`` int8 weight: few rows, so the weight stream is cut along N
         (small BN) and along K (``SPLIT_K`` programs per output tile, fp32 partials).
 
@@ -199,7 +202,9 @@ if triton is not None:
         Split 0 adds the outlier product and the bias to its partial. ``FIXUP``: each split stores
         its partial, counts itself on the tile's counter, and the last to arrive sums the partials in
         split order (deterministic) and writes y, then zeroes the counter (one launch); otherwise
-        :func:`_splitk_reduce_kernel` sums them."""
+        :func:`_splitk_reduce_kernel` sums them.
+        ``PDL``: the program's weight slice is prefetched into L2 while the previous kernel finishes
+        (:mod:`..common.pdl`), then it waits for that kernel."""
         pid_m = tl.program_id(0)  # the row blocks of one weight tile run side by side: it streams once
         pid_n = tl.program_id(1)
         pid_k = tl.program_id(2)
@@ -211,6 +216,12 @@ if triton is not None:
         k_per = tl.cdiv(tl.cdiv(K, BK), SPLIT_K) * BK
         k_lo = pid_k * k_per
         k_hi = tl.minimum(K, k_lo + k_per)
+        if PDL:
+            if pid_m == 0:  # one prefetch per weight slice, 128-byte lines of each of its rows
+                line_rows = w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64) * K
+                for k0 in range(k_lo, k_hi, 128):
+                    prefetch_l2(line_rows + k0)
+            pdl_prologue(PDL)
         a_rows = a_ptr + offs_m[:, None].to(tl.int64) * s_am
         w_cols = w_ptr + offs_n[None, :].to(tl.int64) * K
         if SWAP_AB:
@@ -474,6 +485,7 @@ def _launch_splitk(a8: bool, a, s_am, xs, xo, packed, y, cfg, fuse_q=False):
         part, cnt, M, N, KQ, packed.in_features, NO, split, s_am, y.stride(0),
         A8=a8, FUSEQ=fuse_q, GATHER=NO > 0, BM=BM, BN=BN, BK=BK, BNO=_bno(NO, y.dtype), SPLIT=split > 1, FIXUP=fixup,
         HAS_OUT=NO > 0, HAS_BIAS=packed.bias is not None, EVEN_K=KQ % BK == 0,
-        SWAP_AB=bool(cfg.get("SWAP_AB")) and a8 and not fuse_q, num_warps=cfg["num_warps"], num_stages=stages)
+        SWAP_AB=bool(cfg.get("SWAP_AB")) and a8 and not fuse_q, num_warps=cfg["num_warps"], num_stages=stages,
+        **pdl_launch(y.device))
     if split > 1 and not fixup:
         _splitk_reduce_kernel[(triton.cdiv(M * N, 1024),)](part, y, M * N, split, BLOCK=1024, num_warps=4)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.pdl import pdl_launch
 from ..common.state import StateQuantizer, load_pool_slots, store_pool_slots
 from ..common.state_io import pool_args
 from .reference import recurrent_gla_step
@@ -23,7 +24,9 @@ try:
     import triton
     import triton.language as tl
 
-    from ..common.triton_numerics import load_state_rows, state_random_bytes, store_state_rows, stored_row_scale
+    from ..common.pdl import pdl_prologue
+    from ..common.triton_numerics import (decayed_update, load_state_rows, state_random_bytes, store_state_rows,
+                                          stored_row_scale)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -45,8 +48,9 @@ if triton is not None:
         s_sp, s_sh, s_sk, s_cp, s_ch,
         qk_scale, seed,
         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-        FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr,
+        FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr, PDL: tl.constexpr,
     ):
+        pdl_prologue(PDL)
         pid = tl.program_id(0)
         b = pid // H
         h = pid % H
@@ -71,7 +75,7 @@ if triton is not None:
             sc_ptrs = scale_ptr + slot * s_cp + h * s_ch + offs_k
             mask = mask_k[:, None] & mask_v[None, :]
             st, old_scale = load_state_rows(ptrs, sc_ptrs, mask_k, mask, FMT, BLOCK_K)
-            st = st * tl.exp(g)[:, None] + kk[:, None] * v[None, :]
+            st = decayed_update(st, tl.exp(g), kk, v)
             readout += q[:, None] * st
             new_scale = old_scale
             if FMT >= 2:
@@ -107,5 +111,6 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
         *q.stride(), *k.stride(), *v.stride(), *g.stride(),
         o.stride(0), o.stride(1), *pool_strides,
         qk_scale, seed, H=H, K=K, V=V, BLOCK_V=triton.next_power_of_2(V), num_warps=num_warps, **consts,
+        **pdl_launch(v.device),
     )
     return o

@@ -21,11 +21,13 @@ import torch
 import torch.nn.functional as F
 
 from ..common.numerics import fake_quantize_int8
+from ..common.pdl import pdl_launch
 
 try:
     import triton
     import triton.language as tl
 
+    from ..common.pdl import pdl_prologue
     from ..common.triton_numerics import quantize_int8 as tl_quantize_int8
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
@@ -68,7 +70,8 @@ if triton is not None:
     @triton.jit
     def _gate_log_decay_kernel(x_ptr, lo_ptr, hi_ptr, s_ptr, y_ptr, M, C, s_xm, normalizer, clamp_min,
                                BLOCK_C: tl.constexpr, ROWS: tl.constexpr, QUANT: tl.constexpr, BOUNDS: tl.constexpr,
-                               PER_CHANNEL: tl.constexpr, CLAMP_MIN: tl.constexpr):
+                               PER_CHANNEL: tl.constexpr, CLAMP_MIN: tl.constexpr, PDL: tl.constexpr = False):
+        pdl_prologue(PDL)
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         mc = cols < C
@@ -94,7 +97,8 @@ def gate_log_decay_triton(logits: torch.Tensor, normalizer: float, clamp_min: fl
         rows = max(1, 2048 // block_c)
         ptrs, clamp, consts = _tail_args(y, clamp_min, logit_min, logit_max, logit_scale)
         _gate_log_decay_kernel[(triton.cdiv(M, rows), triton.cdiv(C, block_c))](
-            x, *ptrs, y, M, C, x.stride(0), float(normalizer), clamp, BLOCK_C=block_c, ROWS=rows, num_warps=4, **consts)
+            x, *ptrs, y, M, C, x.stride(0), float(normalizer), clamp, BLOCK_C=block_c, ROWS=rows, num_warps=4, **consts,
+            **pdl_launch(x.device))
     return y
 
 
@@ -122,7 +126,8 @@ if triton is not None:
                               M, K, R, C, s_xm, KQ1, KQ2, normalizer, clamp_min,
                               ROWS: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr, BLOCK_C: tl.constexpr,
                               HAS_BIAS: tl.constexpr, QUANT: tl.constexpr, BOUNDS: tl.constexpr,
-                              PER_CHANNEL: tl.constexpr, CLAMP_MIN: tl.constexpr):
+                              PER_CHANNEL: tl.constexpr, CLAMP_MIN: tl.constexpr, PDL: tl.constexpr = False):
+        pdl_prologue(PDL)
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         mr = rows < M
@@ -185,5 +190,5 @@ def low_rank_gate_log_decay_triton(x: torch.Tensor, first, second, normalizer: f
             second.bias if second.bias is not None else y, *ptrs, y,
             M, K, R, C, x2.stride(0), first.qweight.shape[1], second.qweight.shape[1], float(normalizer), clamp,
             ROWS=rows, BR=max(16, triton.next_power_of_2(R)), BLOCK_C=block_c, HAS_BIAS=second.bias is not None,
-            **consts, **cfg)
+            **consts, **cfg, **pdl_launch(x.device))
     return y

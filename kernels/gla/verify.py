@@ -31,7 +31,7 @@ try:
     import triton
     import triton.language as tl
 
-    from ..common.triton_numerics import load_state_rows, store_verified_state
+    from ..common.triton_numerics import decayed_update, load_state_rows, store_verified_state
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -97,7 +97,7 @@ if triton is not None:
                             other=0.0).to(tl.float32)
                 v = tl.load(v_ptr + b * s_vb + t * s_vt + h * s_vh + offs_v * s_vv, mask=mask_v,
                             other=0.0).to(tl.float32)
-                st = S * tl.exp(g)[:, None] + kk[:, None] * v[None, :]  # the decode kernel's expression, bit for bit
+                st = decayed_update(S, tl.exp(g), kk, v)  # as the decode kernel, bit for bit
                 if not COMMIT:
                     out += tl.where(rows_t[:, None] == t, tl.sum(q[:, None] * st, axis=0)[None, :], 0.0)
                 S, old_scale = store_verified_state(

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import torch
 
+from ..common.pdl import pdl_launch
+
 try:
     import triton
     import triton.language as tl
 
+    from ..common.pdl import pdl_prologue
     from ..common.triton_numerics import store_token_codes
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
@@ -76,7 +79,8 @@ if triton is not None:
                          src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, RPP,
                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                          QUANT: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr,
-                         ROUND_SUM: tl.constexpr = False):
+                         ROUND_SUM: tl.constexpr = False, PDL: tl.constexpr = False):
+        pdl_prologue(PDL)
         if QUANT:  # one token (RPP rows of y) per program
             local = tl.arange(0, ROWS)
             rows = tl.program_id(0) * RPP + local
@@ -110,7 +114,9 @@ if triton is not None:
     def _swiglu_kernel(a_ptr, b_ptr, y_ptr, M, N, sa0, sa1, ain, sb0, sb1, bin, sy,
                        src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO,
                        BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-                       QUANT: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr):
+                       QUANT: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr,
+                       PDL: tl.constexpr = False):
+        pdl_prologue(PDL)
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = (rows < M)[:, None] & (cols < N)[None, :]
@@ -167,7 +173,7 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
             *(row_layout(g) if g is not None else dummy), *row_layout(y), N, *ptrs, heads,
             BLOCK_N=block_n, ROWS=rows, HAS_RES=residual is not None, GATED=g is not None, ROUND_SUM=round_sum,
             num_warps=warps if packed is None else max(4, min(8, rows * block_n // 512)),
-            **(q or _NO_CODES)["consts"])
+            **(q or _NO_CODES)["consts"], **pdl_launch(x.device))
     return y, (ro if residual is not None else None), codes
 
 
@@ -211,5 +217,5 @@ def swiglu_triton(gate: torch.Tensor, up: torch.Tensor, packed=None):
         ptrs = q.get("ptrs", (gate, gate, gate, gate, gate, 0, 0))
         _swiglu_kernel[(triton.cdiv(M, rows), triton.cdiv(N, block_n))](
             gate, up, y, M, N, *row_layout(gate), *row_layout(up), N, *ptrs, BLOCK_N=block_n, ROWS=rows,
-            num_warps=4 if block_n <= 2048 else 8, **(q or _NO_CODES)["consts"])
+            num_warps=4 if block_n <= 2048 else 8, **(q or _NO_CODES)["consts"], **pdl_launch(gate.device))
     return y if packed is None else (y, codes)

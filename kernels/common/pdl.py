@@ -1,0 +1,77 @@
+"""Programmatic dependent launch (PDL, Hopper and newer) for the kernels of the decode step.
+
+A decode step is a chain of a few hundred small kernels, each of which spends microseconds on
+being scheduled and ramping up while the GPU drains the kernel before it. Launched with PDL, a
+kernel's programs may start while the previous kernel in the stream is still running; they then
+wait (``gdc_wait``) until that kernel has finished and its writes are visible, before they read
+anything it may have written or write anything it may still read. What a program does before the
+wait must not depend on the previous kernel: the int8 GEMMs prefetch their weight slice into L2
+there (weights are never written), so the weight stream overlaps the norm or the decode kernel
+before them.
+
+Every kernel launched with PDL here calls ``gdc_wait`` before ``gdc_launch_dependents``, so at
+most one kernel runs ahead and, when it starts, every kernel before its predecessor has finished.
+Kernels launched without it (PyTorch's, cuBLAS) serialize as usual.
+
+``LAQUANT_PDL=0`` turns it off (the benchmarks time both); it is off on the CPU, under the Triton
+interpreter, before sm_90, and with a Triton that has no ``gdc_wait`` / ``launch_pdl``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # laquant's CPU path needs no Triton
+    triton = None
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_has_pdl() -> bool:
+    if triton is None or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        from triton.language.extra import cuda as tl_cuda
+    except ImportError:
+        return False
+    return hasattr(tl_cuda, "gdc_wait") and "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+@functools.lru_cache(maxsize=None)
+def _device_has_pdl(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Whether kernels on ``device`` launch with PDL (read at each launch: the env switch is live)."""
+    if device.type != "cuda" or os.environ.get("LAQUANT_PDL", "1") == "0" or not _triton_has_pdl():
+        return False
+    return _device_has_pdl(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def pdl_launch(device: torch.device) -> dict:
+    """Keyword arguments for a kernel launch: its ``PDL`` constexpr and, when on, ``launch_pdl``."""
+    return {"PDL": True, "launch_pdl": True} if pdl_enabled(device) else {"PDL": False}
+
+
+if triton is not None:
+
+    @triton.jit
+    def pdl_prologue(PDL: tl.constexpr):
+        """Wait for the previous kernel, then let the next one start (a no-op without ``PDL``)."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+
+    @triton.jit
+    def prefetch_l2(ptrs):
+        """Ask for the 128-byte lines at ``ptrs`` (valid addresses) to be brought into L2; no data
+        comes back. For data no earlier kernel writes (weights), before ``gdc_wait``."""
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [ptrs],
+                                  dtype=tl.int32, is_pure=False, pack=1)
