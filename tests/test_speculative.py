@@ -196,8 +196,10 @@ def test_cli_generate_with_a_draft(tiny_model_dir, capsys):
 @torch.no_grad()
 def test_speculative_on_the_gpu(trained_model_dir, recipe):
     """On the kernels: the shipped model drafting for its quantized form gives the target's greedy tokens,
-    graphed or eager (the GEMMs of a K-token verify and of a decode step may round apart: a near-tie
-    of two logits could still split them)."""
+    graphed or eager, up to near-ties: the GEMMs of a K-token verify and of a decode step take other
+    tiles (another M) and round apart, so where the target's two best logits are within that rounding
+    the runs may part (on an H100, gla_int8 with random prompts did at B = 3); the first token where
+    they part must be such a tie."""
     import laquant
     from laquant.api import load
 
@@ -213,5 +215,20 @@ def test_speculative_on_the_gpu(trained_model_dir, recipe):
         for k, graphed in ((1, None), (4, None), (4, False), (15, None)):
             stats = SpeculativeStats()
             got = speculative_generate(target, draft, ids, 64, k, stats=stats, graphed=graphed)
-            assert torch.equal(got, want), (B, k, graphed)
+            _assert_same_up_to_near_ties(target, got, want, ids.shape[1], (B, k, graphed))
             assert stats.accepted > 0
+
+
+def _assert_same_up_to_near_ties(model, got, want, prompt_len, what, rel_gap=1e-2):
+    """``got == want`` row by row, or the first token where a row parts is one whose two candidates'
+    logits (the target's, on ``want``'s prefix) differ by at most ``rel_gap`` of the largest logit."""
+    assert got.shape == want.shape, what
+    for b in range(got.shape[0]):
+        parted = (got[b] != want[b]).nonzero().flatten()
+        if not len(parted):
+            continue
+        p = int(parted[0])
+        assert p >= prompt_len, what
+        logits = model(want[b:b + 1, :p]).logits[0, -1].float()
+        gap = (logits[want[b, p]] - logits[got[b, p]]).abs()
+        assert gap <= rel_gap * logits.abs().max(), (what, b, p, float(gap))

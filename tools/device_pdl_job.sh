@@ -13,6 +13,18 @@ from laquant.kernels.common.pdl import pdl_enabled
 print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
       "transformers", transformers.__version__, "pdl", pdl_enabled(torch.device("cuda")))
 EOF
+if [ -n "${QUICK:-}" ]; then  # the second call of the session: the fixes' GPU tests, then e2e PDL off / on
+  timeout 400 python3 -m pytest -q -rfs --tb=short tests/test_verify.py tests/test_speculative.py \
+    -k "(test_triton_verify and (delta or kda)) or test_speculative_on_the_gpu" > "$W/gpu_tests_quick.log" 2>&1
+  echo "tests quick rc $? $(date +%T)" >> "$W/status.log"
+  for pdl in 0 1; do
+    LAQUANT_PDL=$pdl timeout 400 laquant eval speed --suite e2e --recipe gla_int8_all --batch 1 64 --prompt 4096 \
+      --gen 32 --model "$CFG" --out "$W/e2e_quick_pdl$pdl" > "$W/e2e_quick_pdl$pdl.log" 2>&1
+    echo "e2e quick pdl=$pdl rc $? $(date +%T)" >> "$W/status.log"
+  done
+  touch "$W/job.done"
+  exit 0
+fi
 timeout 600 python3 -m pytest -q -rfs --tb=short tests/test_verify.py tests/test_gpu_model.py tests/test_fused_layer_ops.py \
   tests/test_gemm_decode.py > "$W/gpu_tests_a.log" 2>&1
 echo "tests a rc $? $(date +%T)" >> "$W/status.log"

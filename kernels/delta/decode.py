@@ -8,7 +8,8 @@ which is :func:`laquant.kernels.recurrent_gated_delta_rule_step` plus the pool a
 Unlike GLA the update reads the state first (``k^T S``), so one program per (sequence, value head)
 makes two passes over the K rows in blocks of ``BLOCK_K``: the first accumulates ``k^T S``, the
 second (whose loads hit in cache) updates, reads out and stores each row. The whole V row stays in
-one program, so per-row scales are exact. q and k may have fewer heads than v (grouped heads:
+one program, so per-row scales are exact. It compiles without mul+add contraction
+(``enable_fp_fusion=False``, as the verify kernel), so that the two store the same state bits. q and k may have fewer heads than v (grouped heads:
 value head ``h`` reads key head ``h // (Hv // Hk)``) and are l2-normalised in the kernel on request.
 The kernel takes a log-decay per K row (KDA's, :mod:`laquant.kernels.kda.decode`); the per-head
 one here is that with stride 0. Memory-bound: per sequence and head it reads and writes ``K*V``
@@ -186,6 +187,6 @@ def launch_decode(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores,
         o.stride(0), o.stride(1), *pool_strides,
         K ** -0.5 if qk_scale is None else qk_scale, seed, H=H, GROUP=H // Hk, K=K, V=V,
         BLOCK_V=triton.next_power_of_2(V), L2NORM=use_qk_l2norm, num_warps=num_warps, **consts,
-        **pdl_launch(v.device),
+        enable_fp_fusion=False, **pdl_launch(v.device),
     )
     return o

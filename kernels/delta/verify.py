@@ -166,5 +166,6 @@ def _launch(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_sc
         *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), *o.stride()[:3], *pool_strides,
         *keep_strides, T, K ** -0.5 if qk_scale is None else qk_scale, seed, H=H, GROUP=H // Hk, K=K, V=V,
         L2NORM=use_qk_l2norm, KEEP=kept is not None, COMMIT=steps is not None, num_warps=num_warps, **consts,
+        enable_fp_fusion=False,
     )
     return o

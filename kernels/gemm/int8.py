@@ -58,7 +58,7 @@ try:
     import triton
     import triton.language as tl
 
-    from ..common.pdl import pdl_prologue, prefetch_l2
+    from ..common.pdl import pdl_prologue
     from ..common.triton_numerics import quantize_int8, store_token_codes
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
@@ -202,9 +202,7 @@ if triton is not None:
         Split 0 adds the outlier product and the bias to its partial. ``FIXUP``: each split stores
         its partial, counts itself on the tile's counter, and the last to arrive sums the partials in
         split order (deterministic) and writes y, then zeroes the counter (one launch); otherwise
-        :func:`_splitk_reduce_kernel` sums them.
-        ``PDL``: the program's weight slice is prefetched into L2 while the previous kernel finishes
-        (:mod:`..common.pdl`), then it waits for that kernel."""
+        :func:`_splitk_reduce_kernel` sums them. ``PDL``: see :mod:`..common.pdl`."""
         pid_m = tl.program_id(0)  # the row blocks of one weight tile run side by side: it streams once
         pid_n = tl.program_id(1)
         pid_k = tl.program_id(2)
@@ -216,12 +214,7 @@ if triton is not None:
         k_per = tl.cdiv(tl.cdiv(K, BK), SPLIT_K) * BK
         k_lo = pid_k * k_per
         k_hi = tl.minimum(K, k_lo + k_per)
-        if PDL:
-            if pid_m == 0:  # one prefetch per weight slice, 128-byte lines of each of its rows
-                line_rows = w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64) * K
-                for k0 in range(k_lo, k_hi, 128):
-                    prefetch_l2(line_rows + k0)
-            pdl_prologue(PDL)
+        pdl_prologue(PDL)
         a_rows = a_ptr + offs_m[:, None].to(tl.int64) * s_am
         w_cols = w_ptr + offs_n[None, :].to(tl.int64) * K
         if SWAP_AB:
