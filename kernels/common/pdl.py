@@ -11,8 +11,12 @@ Every kernel launched with PDL here calls ``gdc_wait`` before ``gdc_launch_depen
 most one kernel runs ahead and, when it starts, every kernel before its predecessor has finished.
 Kernels launched without it (PyTorch's, cuBLAS) serialize as usual.
 
-``LAQUANT_PDL=0`` turns it off (the benchmarks time both); it is off on the CPU, under the Triton
-interpreter, before sm_90, and with a Triton that has no ``gdc_wait`` / ``launch_pdl``.
+Measured on an H100 (``eval/results/speed_h100_e2e_pdl.md``, 24-layer 1.4B GLA, gla_int8_all, CUDA
+graph per step): decode at B = 1 +8% tokens/s, at B = 64 -3%. So launches of at most
+:data:`PDL_MAX_ROWS` tokens use it (the B = 1 graph), larger ones do not (between 1 and 64 the
+threshold is not measured). ``LAQUANT_PDL=0`` turns it off, ``LAQUANT_PDL=all`` on for every
+size (for benchmarks). It is off on the CPU, under the Triton interpreter, before sm_90, and with
+a Triton that has no ``gdc_wait`` / ``launch_pdl``.
 """
 
 from __future__ import annotations
@@ -46,16 +50,21 @@ def _device_has_pdl(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-def pdl_enabled(device: torch.device) -> bool:
-    """Whether kernels on ``device`` launch with PDL (read at each launch: the env switch is live)."""
-    if device.type != "cuda" or os.environ.get("LAQUANT_PDL", "1") == "0" or not _triton_has_pdl():
+PDL_MAX_ROWS = 16
+
+
+def pdl_enabled(device: torch.device, rows: int) -> bool:
+    """Whether a launch over ``rows`` tokens (or sequences) on ``device`` uses PDL (the env switch
+    is read at each launch)."""
+    mode = os.environ.get("LAQUANT_PDL", "1")
+    if device.type != "cuda" or mode == "0" or (rows > PDL_MAX_ROWS and mode != "all") or not _triton_has_pdl():
         return False
     return _device_has_pdl(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def pdl_launch(device: torch.device) -> dict:
+def pdl_launch(device: torch.device, rows: int) -> dict:
     """Keyword arguments for a kernel launch: its ``PDL`` constexpr and, when on, ``launch_pdl``."""
-    return {"PDL": True, "launch_pdl": True} if pdl_enabled(device) else {"PDL": False}
+    return {"PDL": True, "launch_pdl": True} if pdl_enabled(device, rows) else {"PDL": False}
 
 
 if triton is not None:

@@ -187,6 +187,6 @@ def launch_decode(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores,
         o.stride(0), o.stride(1), *pool_strides,
         K ** -0.5 if qk_scale is None else qk_scale, seed, H=H, GROUP=H // Hk, K=K, V=V,
         BLOCK_V=triton.next_power_of_2(V), L2NORM=use_qk_l2norm, num_warps=num_warps, **consts,
-        enable_fp_fusion=False, **pdl_launch(v.device),
+        enable_fp_fusion=False, **pdl_launch(v.device, B),
     )
     return o

@@ -37,6 +37,7 @@ except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
 SUB = 16  # rows per column block of the intra-chunk split
+MAX_STATE_TILE = 32768  # elements of a program's [BK, BV] state tile, for the formats without row scales
 
 
 def chunk_gla_reference(q, k, v, g, scale=None, initial_state: State | None = None,
@@ -346,8 +347,10 @@ def _launch(q, k, v, g, o, scale, N, initial_state, final, ckpt, checkpoint_ever
     dummy = o
     state_args, needs_rows = state_io(initial_state, final, final_format, roundtrip, H, K, dummy, **(rng or {}))
     BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
-    if block_v is not None and not needs_rows:  # per-row scales need whole rows in one program
-        BV = min(BV, block_v)
+    if not needs_rows:  # per-row scales need whole rows in one program
+        # a [BK, BV] state tile past 32K elements does not fit shared memory (K = 256, V = 512 asked
+        # for 296 KiB on an H100); V splits across programs
+        BV = min(BV, block_v or BV, max(16, MAX_STATE_TILE // BK))
     _chunk_gla_fwd_kernel[(N * H, triton.cdiv(V, BV))](
         q, k, v, g, o,
         ckpt.data if ckpt is not None else dummy, ckpt.scale if ckpt is not None and ckpt.scale is not None else dummy,

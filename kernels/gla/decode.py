@@ -111,6 +111,6 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
         *q.stride(), *k.stride(), *v.stride(), *g.stride(),
         o.stride(0), o.stride(1), *pool_strides,
         qk_scale, seed, H=H, K=K, V=V, BLOCK_V=triton.next_power_of_2(V), num_warps=num_warps, **consts,
-        **pdl_launch(v.device),
+        **pdl_launch(v.device, B),
     )
     return o

@@ -98,7 +98,7 @@ def gate_log_decay_triton(logits: torch.Tensor, normalizer: float, clamp_min: fl
         ptrs, clamp, consts = _tail_args(y, clamp_min, logit_min, logit_max, logit_scale)
         _gate_log_decay_kernel[(triton.cdiv(M, rows), triton.cdiv(C, block_c))](
             x, *ptrs, y, M, C, x.stride(0), float(normalizer), clamp, BLOCK_C=block_c, ROWS=rows, num_warps=4, **consts,
-            **pdl_launch(x.device))
+            **pdl_launch(x.device, M))
     return y
 
 
@@ -190,5 +190,5 @@ def low_rank_gate_log_decay_triton(x: torch.Tensor, first, second, normalizer: f
             second.bias if second.bias is not None else y, *ptrs, y,
             M, K, R, C, x2.stride(0), first.qweight.shape[1], second.qweight.shape[1], float(normalizer), clamp,
             ROWS=rows, BR=max(16, triton.next_power_of_2(R)), BLOCK_C=block_c, HAS_BIAS=second.bias is not None,
-            **consts, **cfg, **pdl_launch(x.device))
+            **consts, **cfg, **pdl_launch(x.device, M))
     return y

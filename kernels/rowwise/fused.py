@@ -173,7 +173,7 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
             *(row_layout(g) if g is not None else dummy), *row_layout(y), N, *ptrs, heads,
             BLOCK_N=block_n, ROWS=rows, HAS_RES=residual is not None, GATED=g is not None, ROUND_SUM=round_sum,
             num_warps=warps if packed is None else max(4, min(8, rows * block_n // 512)),
-            **(q or _NO_CODES)["consts"], **pdl_launch(x.device))
+            **(q or _NO_CODES)["consts"], **pdl_launch(x.device, M // heads))
     return y, (ro if residual is not None else None), codes
 
 
@@ -217,5 +217,5 @@ def swiglu_triton(gate: torch.Tensor, up: torch.Tensor, packed=None):
         ptrs = q.get("ptrs", (gate, gate, gate, gate, gate, 0, 0))
         _swiglu_kernel[(triton.cdiv(M, rows), triton.cdiv(N, block_n))](
             gate, up, y, M, N, *row_layout(gate), *row_layout(up), N, *ptrs, BLOCK_N=block_n, ROWS=rows,
-            num_warps=4 if block_n <= 2048 else 8, **(q or _NO_CODES)["consts"], **pdl_launch(gate.device))
+            num_warps=4 if block_n <= 2048 else 8, **(q or _NO_CODES)["consts"], **pdl_launch(gate.device, M))
     return y if packed is None else (y, codes)

@@ -54,14 +54,17 @@ class HybridLayout:
     seq_dim = -2  # transformers' KV layers keep [B, H, T, D]
 
     def __init__(self, model, adapter):
-        from transformers.cache_utils import (DummyLayer, DynamicLayer, LinearAttentionAndFullAttentionLayer,
-                                              LinearAttentionLayer)
+        from transformers import cache_utils
+
+        def layer_types(*names):  # the ones this transformers has (DummyLayer is new in 5.2x)
+            return tuple(getattr(cache_utils, n) for n in names if hasattr(cache_utils, n))
 
         self.model, self.name = model, type(model).__name__
         self.mixers = {m.layer_idx: m for m in (adapter.mixer(i) for i in adapter.linear_layers())}
         self.has_attention = bool(adapter.attention_layers())
-        self.kv_layers = (DynamicLayer, LinearAttentionAndFullAttentionLayer)  # exact types: growing, every token
-        known = (*self.kv_layers, LinearAttentionLayer, DummyLayer)
+        # exact types: growing, every token
+        self.kv_layers = layer_types("DynamicLayer", "LinearAttentionAndFullAttentionLayer")
+        known = (*self.kv_layers, *layer_types("LinearAttentionLayer", "DummyLayer"))
         cache = new_cache(model)
         if not hasattr(cache, "layers") or not hasattr(cache, "update"):
             raise LaquantError(f"the prefix state cache reads transformers' per-layer cache objects (cache.layers); "
