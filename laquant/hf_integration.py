@@ -88,7 +88,14 @@ class LaquantHfQuantizer(HfQuantizer):
         # dtype="auto"): the checkpoint's float weights are exact in either
         return torch.float32 if dtype is None else dtype
 
-    def update_attn_implementation(self, config):
+    def update_attn_implementation(self, config):  # transformers >= 5.2x: see _drop_loader_fields
+        return self._drop_loader_fields(config)
+
+    def update_tp_plan(self, config):  # transformers 5.17's first hook with the config
+        return self._drop_loader_fields(config)
+
+    @staticmethod
+    def _drop_loader_fields(config):
         # the first hook that sees the config before transformers resolves the weight files: laquant
         # is here, so the guard against loading without it goes
         # (and the remote-code auto_map, already used if it was to be): the loaded model's config is the
