@@ -8,9 +8,10 @@ which is :func:`laquant.kernels.recurrent_gated_delta_rule_step` plus the pool a
 Unlike GLA the update reads the state first (``k^T S``), so one program per (sequence, value head)
 makes two passes over the K rows in blocks of ``BLOCK_K``: the first accumulates ``k^T S``, the
 second (whose loads hit in cache) updates, reads out and stores each row. The whole V row stays in
-one program, so per-row scales are exact. It compiles without mul+add contraction
-(``enable_fp_fusion=False``, as the verify kernel), so that the two store the same state bits. q and k may have fewer heads than v (grouped heads:
+one program, so per-row scales are exact. q and k may have fewer heads than v (grouped heads:
 value head ``h`` reads key head ``h // (Hv // Hk)``) and are l2-normalised in the kernel on request.
+It compiles without mul+add contraction (``enable_fp_fusion=False``, as the verify kernel), so that
+at the same blocks the two store the same state bits.
 The kernel takes a log-decay per K row (KDA's, :mod:`laquant.kernels.kda.decode`); the per-head
 one here is that with stride 0. Memory-bound: per sequence and head it reads and writes ``K*V``
 state elements plus ``K`` scales.
