@@ -22,8 +22,11 @@ def _inputs(B=2, T=75, Hk=2, Hv=4, K=16, V=24, dtype=torch.float64, seed=0):
 
 
 def _transformers(fn, q, k, v, g, beta, h0, **kw):
-    # transformers resolves its hub kernel lazily; the undecorated function is the PyTorch reference
+    # transformers resolves its hub kernel lazily; the undecorated function is the PyTorch reference.
+    # Qwen3-Next repeats the key heads over the value heads before calling it (5.17's takes no groups)
     fn = getattr(fn, "__wrapped__", fn)
+    r = v.shape[2] // q.shape[2]
+    q, k = q.repeat_interleave(r, dim=2), k.repeat_interleave(r, dim=2)
     return fn(q, k, v, g=g, beta=beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True, **kw)
 
 
