@@ -21,11 +21,22 @@ def markdown(result: dict) -> str:
                       f"{r['block_size']} tokens, budget {r['budget_bytes'] / 2**20:.0f} MiB.", "",
                       "| | TTFT mean ms | TTFT median ms | decode tok/s | tok/s (TTFT + decode) |",
                       "|---|---|---|---|---|"]
-            for key, name in (("no_cache", "no cache"), ("prefix_cache", "prefix cache")):
+            for key, name in (("no_cache", "no cache"), ("prefix_cache", "prefix cache"),
+                              ("speculative", "prefix cache + speculative decoding")):
+                if key not in r:
+                    continue
                 s = r[key]
                 dec = "-" if s["decode_tokens_per_s"] is None else f"{s['decode_tokens_per_s']:.1f}"
                 lines.append(f"| {name} | {_ms(s['ttft_mean_s'])} | {_ms(s['ttft_median_s'])} | {dec} | "
                              f"{s['tokens_per_s']:.1f} |")
+            if "speculation" in r:
+                sp = r["speculation"]
+                acc = "-" if sp["acceptance"] is None else f"{sp['acceptance']:.0%}"
+                per = "-" if sp["tokens_per_round"] is None else f"{sp['tokens_per_round']:.2f}"
+                same = ("yes" if sp["replies_equal_greedy"] else
+                        f"no: requests {sp['requests_parted']} parted (a near-tie of two logits)")
+                lines += ["", f"Speculative decoding: {sp['num_draft_tokens']} draft tokens a round, acceptance {acc}, "
+                          f"{per} tokens a round, draft graphed: {sp['draft_graphed']}; replies equal greedy: {same}."]
             speed = r["ttft_speedup_on_hits"]
             lines += ["", f"Hit rate: {pool['request_hit_rate']:.0%} of requests, {pool['token_hit_rate']:.0%} of prompt "
                       f"tokens restored; {pool['entries']} snapshots held ({pool['used_bytes'] / 2**20:.1f} MiB), "

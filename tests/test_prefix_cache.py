@@ -358,6 +358,9 @@ SERVE_ERRORS = [
     ["eval", "serve", "/no/such/model"],
     ["eval", "serve", "config:[1]"],
     ["eval", "serve", "--recipe", "no_such_recipe"],
+    ["eval", "serve", "--draft-tokens", "0"],
+    ["eval", "serve", "--draft", "config:{}"],
+    ["eval", "serve", "--draft", "gla-small", "--no-replay"],
 ]
 
 
@@ -394,6 +397,50 @@ def test_eval_serve_end_to_end(tmp_path):
     mem = {m["format"]: m for m in res["memory"]}
     assert mem["int8_row"]["vs_fp32"] == pytest.approx(4 * 32 / (32 + 4), rel=1e-3)  # V = 32: 4 scale bytes per row
     assert "accuracy" not in res  # a random model has no accuracy to measure
+
+
+def test_eval_serve_with_speculation(tmp_path):
+    """``--draft``: the cached replay again with speculative decoding. The model drafting for itself
+    is accepted every time and its replies are the greedy ones, request by request."""
+    import json
+
+    import shutil
+
+    from laquant.cli import main
+    from laquant.loading import default_model_dir
+
+    torch.manual_seed(0)
+    folder = tmp_path / "tiny"
+    GLAForCausalLM(GLAConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=97)).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # laquant.load reads a folder's tokenizer
+        shutil.copy(default_model_dir() / name, folder / name)
+    out = tmp_path / "serve"
+    assert main(["eval", "serve", str(folder), "--draft", str(folder), "--draft-tokens", "3", "--system", "70",
+                 "--conversations", "2", "--turns", "2", "--user", "8", "--reply", "6", "--block-size", "64",
+                 "--reps", "1", "--device", "cpu", "--formats", "fp32", "--no-accuracy", "--quiet",
+                 "--out", str(out)]) == 0
+    res = json.loads((out / "serve.json").read_text())["results"][0]
+    spec = res["speculation"]
+    assert spec["replies_equal_greedy"] and spec["acceptance"] == 1.0 and spec["rounds"] > 0
+    assert [r["reply"] for r in res["requests"]["speculative"]] == [r["reply"] for r in res["requests"]["prefix_cache"]]
+    assert res["speculative"]["decode_tokens_per_s"] > 0 and "speculative decoding" in (out / "serve.md").read_text()
+
+
+def test_speculative_replay_with_another_draft_gives_the_greedy_replies():
+    """A draft that is another model: acceptance below 1, replies still the greedy ones (CPU: exact)."""
+    from laquant.serving.replay import SpeculativeDecode, Workload, replay
+
+    cfg = dict(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=97)
+    torch.manual_seed(0)
+    model = GLAForCausalLM(GLAConfig(**cfg)).eval()
+    draft = GLAForCausalLM(GLAConfig(**cfg)).eval()
+    work = Workload(system=70, conversations=2, turns=2, user=8, reply=9)
+    pool = lambda: PrefixStateCache(model, 64)  # noqa: E731
+    greedy = replay(model, work, pool())
+    spec = SpeculativeDecode(draft, 4)
+    got = replay(model, work, pool(), spec)
+    assert [r["reply"] for r in got] == [r["reply"] for r in greedy]
+    assert 0 <= spec.stats.acceptance < 1 and spec.stats.rounds >= 4
 
 
 def test_resume_from_8bit_snapshot_keeps_the_loss_of_shipped_gla_small():

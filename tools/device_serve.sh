@@ -8,6 +8,7 @@ mkdir -p "$W"
 python3 -m pytest -q -rs tests/test_prefix_cache.py tests/test_prefix_cache_hybrid.py tests/test_chunk_kernel.py 2>&1 | tee "$W/prefix_cache_tests.log"
 python3 -m laquant.cli eval serve --recipe gla_int8 --system 4096 --user 64 --reply 32 --conversations 4 --turns 3 \
   --block-size 256 --reps 10 --device cuda --accuracy-prefix 1024 --accuracy-len 2048 --accuracy-windows 32 \
+  --draft gla-small --draft-tokens 4 \
   --quiet --out "$W/serve_gla_small" || echo "eval serve failed: gla-small"
 python3 -m laquant.cli eval serve \
   'config:{"hidden_size": 2048, "num_hidden_layers": 24, "num_heads": 4, "vocab_size": 32000}' \

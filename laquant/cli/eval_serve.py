@@ -1,6 +1,7 @@
 """``laquant eval serve``: a multi-turn chat workload with and without the prefix state cache
-(laquant.serving): time to first token, tokens/s, hit rate, snapshot memory per state format, and
-the next-token loss change of resuming from a snapshot against recomputing the prefix."""
+(laquant.serving), and with greedy speculative decoding (``--draft``): time to first token,
+tokens/s, hit rate, acceptance, snapshot memory per state format, and the next-token loss change of
+resuming from a snapshot against recomputing the prefix."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from laquant.families import FAMILIES
 from laquant.kernels.common.format_names import STATE_FORMATS
 
 CHUNK = 64  # laquant.kernels.common.state_io.CHUNK, named here so the parser needs no torch
+MAX_DRAFT_TOKENS = 15  # laquant.serving.speculative.MAX_DRAFT_TOKENS, likewise
 COVERED = tuple(FAMILIES)  # those laquant.serving.check_model accepts
 
 
@@ -25,6 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", default=None,
                    help="also evaluate the model quantized here with this recipe (e.g. gla_int8), calibrated on "
                         "the shipped calibration text (random tokens for a config: model)")
+    p.add_argument("--draft", default=None,
+                   help="also replay with greedy speculative decoding, this model drafting (a folder, an HF id or "
+                        "gla-small; laquant's own GLA / Gated DeltaNet models, the target's tokenizer)")
+    p.add_argument("--draft-tokens", type=int, default=4,
+                   help=f"tokens the draft proposes a round, 1..{MAX_DRAFT_TOKENS} (default: 4)")
     p.add_argument("--system", type=int, default=4096, help="shared system-prompt tokens (default: 4096)")
     p.add_argument("--conversations", type=int, default=4, help="conversations replayed (default: 4)")
     p.add_argument("--turns", type=int, default=3, help="turns per conversation (default: 3)")
@@ -71,11 +78,17 @@ def check_args(args: argparse.Namespace) -> None:
     bad = [f for f in args.formats if f not in STATE_FORMATS]
     if bad:
         raise LaquantError(f"unknown state format(s) {', '.join(bad)}; allowed: {', '.join(STATE_FORMATS)}")
+    if not 1 <= args.draft_tokens <= MAX_DRAFT_TOKENS:
+        raise LaquantError(f"--draft-tokens must be in 1..{MAX_DRAFT_TOKENS}, got {args.draft_tokens}")
+    if args.draft is not None and args.draft.startswith("config:"):
+        raise LaquantError("--draft takes a trained model (a folder, an HF id or gla-small), not a random config:")
+    if args.draft is not None and args.no_replay:
+        raise LaquantError("--draft times the replay with speculation: it cannot go with --no-replay")
     if args.no_replay and args.no_accuracy:
         raise LaquantError("--no-replay and --no-accuracy together leave nothing to measure")
 
 
-def _parse_model(spec: str | None):
+def _parse_model(spec: str | None, speculative: bool = False):
     """``("config", fields)`` for ``config:{json}``, else ``("load", folder)`` (checked here)."""
     from laquant.paths import check_model_dir, read_config
 
@@ -92,6 +105,9 @@ def _parse_model(spec: str | None):
     if model_type not in COVERED:  # laquant.serving.check_model says the same of a loaded model
         raise LaquantError(f"{model_dir} is a {model_type!r} model; the prefix state cache covers "
                            f"{', '.join(COVERED)}")
+    if speculative and not FAMILIES[model_type].native:
+        raise LaquantError(f"--draft: speculative decoding runs on laquant's own models "
+                           f"({', '.join(t for t, f in FAMILIES.items() if f.native)}), not on {model_type!r}")
     return "load", model_dir
 
 
@@ -134,7 +150,8 @@ def _variants(kind, what, recipe, device, dtype, progress):
 
 def run(args: argparse.Namespace) -> int:
     check_args(args)
-    kind, what = _parse_model(args.model)
+    kind, what = _parse_model(args.model, args.draft is not None)
+    draft_dir = _parse_model(args.draft, True)[1] if args.draft is not None else None
     if args.recipe is not None:
         from laquant.recipe import load_recipe
 
@@ -144,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     from laquant.data import load_text, tokenize
     from laquant.serving.accuracy import resume_loss, text_windows
     from laquant.eval.serve import markdown, plot
-    from laquant.serving.replay import Workload, serve_eval
+    from laquant.serving.replay import SpeculativeDecode, Workload, serve_eval
 
     device = pick_device(args.device)
     dtype = getattr(torch, args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda")
@@ -153,6 +170,12 @@ def run(args: argparse.Namespace) -> int:
     budget = int(args.budget_mb * 2**20)
     accuracy = not args.no_accuracy and kind != "config"
     text = load_text(args.text) if accuracy else None
+    speculative = None
+    if draft_dir is not None:
+        from laquant.api import load
+
+        speculative = SpeculativeDecode(load(draft_dir, device=device, dtype=dtype)[0], args.draft_tokens,
+                                        args.block_size)
     results = []
     for label, make in _variants(kind, what, args.recipe, device, dtype, not args.quiet):
         model, tok = make()
@@ -161,8 +184,12 @@ def run(args: argparse.Namespace) -> int:
         mixers = check_model(model).mixers.values()
         entry = {"model": label, "state_format": sorted({m.state_quantizer.format.name for m in mixers})}
         if not args.no_replay:
+            if speculative is not None:
+                from laquant.serving.speculative import check_draft
+
+                check_draft(model, speculative.draft, args.draft_tokens)
             entry.update(serve_eval(model, workload, args.block_size, budget, args.formats, args.reps,
-                                    progress=not args.quiet))
+                                    progress=not args.quiet, speculative=speculative))
         if accuracy:
             windows = text_windows(tokenize(text, tok), args.accuracy_windows, args.accuracy_len)
             entry["accuracy"] = [resume_loss(model, windows, args.accuracy_prefix, fmt, seed=args.seed,

@@ -5,7 +5,8 @@ chats, each a user message of ``user`` tokens per turn and a greedy reply of ``r
 ``turns`` turns; turn ``r`` of a chat sends its whole history. Requests go turn by turn across the
 chats (as a server sees them), one at a time. Time to first token (TTFT) is prefill + the first
 token's choice; the rest of the reply is the decode, through the ``decode`` callable
-(:func:`greedy_decode` by default: a hook for speculative decoding to take its place).
+(:func:`greedy_decode` by default, or :class:`SpeculativeDecode`: a draft model proposes, the
+model verifies; its replies are the greedy ones).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from laquant.adapters import new_cache
 from laquant.serving.model_state import vocab_size
 from laquant.serving.prefix_cache import PrefixStateCache
 
-# decode(model, cache, first [1], steps) -> the ``steps`` tokens after ``first``, LongTensor [1, steps]
-Decode = Callable[[torch.nn.Module, object, torch.Tensor, int], torch.Tensor]
+# decode(model, cache, first [1], steps, prompt [T]) -> the ``steps`` tokens after ``first``, LongTensor [1, steps]
+Decode = Callable[[torch.nn.Module, object, torch.Tensor, int, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,10 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def greedy_decode(model, cache, first: torch.Tensor, steps: int) -> torch.Tensor:
+def greedy_decode(model, cache, first: torch.Tensor, steps: int, prompt: torch.Tensor | None = None) -> torch.Tensor:
     """``steps`` greedy tokens after ``first`` ``[1]`` from ``cache``: one CUDA graph replay per
     step where laquant's generate can graph the model (laquant's GLA on CUDA, a recurrent-only
-    cache), else the eager loop."""
+    cache), else the eager loop. (``prompt``: unused, the draft's in :class:`SpeculativeDecode`.)"""
     from laquant.errors import LaquantError
     from laquant.generate import _graph_for, is_graphable  # the captured decode step generate() uses
 
@@ -66,6 +67,39 @@ def greedy_decode(model, cache, first: torch.Tensor, steps: int) -> torch.Tensor
             tok = logits.argmax(-1)
             out.append(tok)
     return torch.stack(out, 1)
+
+
+class SpeculativeDecode:
+    """The replay's decode by greedy speculative decoding (:mod:`laquant.serving.speculative`):
+    ``draft`` prefills the request's prompt (through its own prefix cache with ``block_size``, as a
+    server would keep one; that time counts as the decode's), then proposes ``num_draft_tokens`` a
+    round, which the model verifies from its cache. ``stats`` sums the rounds."""
+
+    def __init__(self, draft, num_draft_tokens: int = 4, block_size: int | None = None):
+        self.draft, self.num_draft_tokens, self.block_size = draft, num_draft_tokens, block_size
+        self.reset()
+
+    def reset(self) -> None:
+        """Zero the counts and empty the draft's prefix cache (before a timed replay)."""
+        from laquant.serving.speculative import SpeculativeStats
+
+        self.stats = SpeculativeStats()
+        self.prefix_cache = PrefixStateCache(self.draft, self.block_size) if self.block_size else None
+
+    def __call__(self, model, cache, first: torch.Tensor, steps: int, prompt: torch.Tensor) -> torch.Tensor:
+        from laquant.generate import _forward, _fresh_cache
+        from laquant.serving.speculative import speculative_continue
+
+        if steps <= 0:
+            return first.new_zeros(1, 0)
+        with torch.no_grad():
+            if self.prefix_cache is not None:
+                _, draft_cache, _ = self.prefix_cache.prefill(prompt)
+            else:
+                _, draft_cache = _forward(self.draft, prompt.to(first.device)[None], _fresh_cache(self.draft))
+        new = speculative_continue(model, self.draft, cache, draft_cache, first, steps + 1, self.num_draft_tokens,
+                                   stats=self.stats)
+        return new[:, 1:]
 
 
 def full_prefill(model, tokens: torch.Tensor, seed: int = 0):
@@ -103,13 +137,13 @@ def replay(model, workload: Workload, prefix_cache: PrefixStateCache | None = No
                 first = logits[:, -1].argmax(-1)
                 first_id = int(first)  # the token is on the host: the time to first token ends here
                 t1 = time.perf_counter()
-                rest = decode(model, cache, first, workload.reply - 1)
+                rest = decode(model, cache, first, workload.reply - 1, prompt)
                 _sync(device)
                 t2 = time.perf_counter()
                 reply = torch.cat([torch.tensor([first_id]), rest[0].cpu()])
                 history[conv] = torch.cat([prompt, reply, rand(workload.user)])
                 records.append(dict(turn=turn, conversation=conv, prompt_tokens=len(prompt), cached_tokens=cached,
-                                    ttft_s=t1 - t0, decode_s=t2 - t1, new_tokens=len(reply)))
+                                    ttft_s=t1 - t0, decode_s=t2 - t1, new_tokens=len(reply), reply=reply.tolist()))
                 bar.update()
     return records
 
@@ -177,15 +211,31 @@ def snapshot_memory(model, formats, block_size: int, budget_bytes: int) -> list[
 
 
 def serve_eval(model, workload: Workload, block_size: int, budget_bytes: int, formats, reps: int = 5,
-               decode: Decode = greedy_decode, progress: bool = True) -> dict:
+               decode: Decode = greedy_decode, progress: bool = True,
+               speculative: SpeculativeDecode | None = None) -> dict:
     """The replay with and without the cache (snapshots in the model's state format), the follow-up
-    TTFT and the snapshot memory per format."""
+    TTFT and the snapshot memory per format; with ``speculative``, the cached replay again with it
+    as the decode, and whether its replies were the greedy ones (on CUDA a near-tie of two logits
+    may part them: the GEMMs of a verify and of a decode step round apart)."""
     warm = Workload(system=block_size + 3, conversations=1, turns=2, user=8, reply=3, seed=workload.seed + 1)
-    replay(model, warm, None, decode)  # compiles / autotunes the kernels outside the timing
-    replay(model, warm, PrefixStateCache(model, block_size, seed=workload.seed), decode)
+    for dec in (decode, speculative) if speculative is not None else (decode,):
+        replay(model, warm, None, dec)  # compiles / autotunes the kernels outside the timing
+        replay(model, warm, PrefixStateCache(model, block_size, seed=workload.seed), dec)
     base = replay(model, workload, None, decode, progress, "no cache")
     pool = PrefixStateCache(model, block_size, budget_bytes=budget_bytes, seed=workload.seed)
     cached = replay(model, workload, pool, decode, progress, "prefix cache")
+    extra = {}
+    if speculative is not None:
+        speculative.reset()
+        spec = replay(model, workload, PrefixStateCache(model, block_size, budget_bytes=budget_bytes,
+                                                        seed=workload.seed), speculative, progress, "speculative")
+        parted = [i for i, (a, b) in enumerate(zip(cached, spec)) if a["reply"] != b["reply"]]
+        st = speculative.stats
+        extra = dict(speculative=summarize(spec), speculation=dict(
+            num_draft_tokens=speculative.num_draft_tokens, rounds=st.rounds, proposed=st.proposed,
+            accepted=st.accepted, acceptance=st.acceptance if st.proposed else None,
+            tokens_per_round=st.tokens_per_round if st.rounds else None, draft_graphed=st.draft_graphed,
+            replies_equal_greedy=not parted, requests_parted=parted))
     hits = [i for i, r in enumerate(cached) if r["cached_tokens"]]
     hit_ttft = (statistics.fmean(base[i]["ttft_s"] for i in hits) / statistics.fmean(cached[i]["ttft_s"] for i in hits)
                 if hits else None)
@@ -194,4 +244,5 @@ def serve_eval(model, workload: Workload, block_size: int, budget_bytes: int, fo
                 ttft_speedup_on_hits=hit_ttft,
                 follow_up=follow_up_ttft(model, workload.system, workload.user, block_size, reps, seed=workload.seed),
                 memory=snapshot_memory(model, formats, block_size, budget_bytes),
-                requests=dict(no_cache=base, prefix_cache=cached))
+                requests=dict(no_cache=base, prefix_cache=cached, **({"speculative": spec} if extra else {})),
+                **extra)

@@ -104,18 +104,32 @@ def speculative_generate(model, draft_model, input_ids: torch.Tensor, max_new_to
     eos_token_id=...)``. ``stats`` (optional) counts rounds and proposed / accepted tokens.
     ``graphed``: None replays the draft's CUDA-graphed decode step for its proposals where
     :mod:`laquant.generate` graphs it; False runs them eagerly."""
-    from laquant.generate import _check_args, _forward, _fresh_cache, is_graphable, trim_after_eos
-    from laquant.models.verify import commit, verify
+    from laquant.generate import _check_args, _forward, _fresh_cache
 
     _check_args(model, input_ids, max_new_tokens, False, 1.0, None)
     check_draft(model, draft_model, num_draft_tokens)
-    stats = stats if stats is not None else SpeculativeStats()
     device = next(model.parameters()).device
     input_ids = input_ids.to(device)
     with torch.no_grad():
         logits, target_cache = _forward(model, input_ids, _fresh_cache(model))
         _, draft_cache = _forward(draft_model, input_ids, _fresh_cache(draft_model))
-        last = logits.argmax(-1)  # the target's next token, not yet run through it
+    new = speculative_continue(model, draft_model, target_cache, draft_cache, logits.argmax(-1), max_new_tokens,
+                               num_draft_tokens, eos_token_id, stats, graphed)
+    return torch.cat([input_ids, new], 1)
+
+
+def speculative_continue(model, draft_model, target_cache, draft_cache, last: torch.Tensor, max_new_tokens: int,
+                         num_draft_tokens: int = 4, eos_token_id: int | None = None,
+                         stats: SpeculativeStats | None = None, graphed: bool | None = None) -> torch.Tensor:
+    """The decoding part of :func:`speculative_generate`, from two caches that have run the same
+    prompt (a served request's, e.g. resumed from a prefix cache) and ``last`` ``[B]``, the target's
+    next token (run through neither): ``[B, n <= max_new_tokens]`` new tokens, ``last`` first."""
+    from laquant.generate import _forward, is_graphable, trim_after_eos
+    from laquant.models.verify import commit, verify
+
+    check_draft(model, draft_model, num_draft_tokens)
+    stats = stats if stats is not None else SpeculativeStats()
+    with torch.no_grad():
         out = [last[:, None]]
         made = 1
         unseen = last[:, None]  # the tokens the draft has not run yet
@@ -154,7 +168,7 @@ def speculative_generate(model, draft_model, input_ids: torch.Tensor, max_new_to
             stats.rounds += 1
             stats.proposed += k
             stats.accepted += n
-    return torch.cat([input_ids, trim_after_eos(torch.cat(out, 1), eos_token_id)], 1)
+    return trim_after_eos(torch.cat(out, 1), eos_token_id)
 
 
-__all__ = ["MAX_DRAFT_TOKENS", "SpeculativeStats", "check_draft", "speculative_generate"]
+__all__ = ["MAX_DRAFT_TOKENS", "SpeculativeStats", "check_draft", "speculative_continue", "speculative_generate"]
