@@ -87,6 +87,17 @@ def test_launch_parameters_do_not_change_the_result(block_t, block_v):
     _check(out, ref, 1e-5)
 
 
+def test_large_heads_split_v():
+    """K = 256, V = 512 (a 2048-wide GLA with 4 heads): the state tile is capped (MAX_STATE_TILE) and V
+    split across programs, which on an H100 is what fits shared memory; the same numbers."""
+    from laquant.kernels.gla.chunk import MAX_STATE_TILE
+
+    assert 256 * 512 > MAX_STATE_TILE
+    q, k, v, g = _inputs(1, 70, 1, 256, 512, torch.float32, seed=7)
+    out, ref = _run((q, k, v, g), dict(output_final_state=True))
+    _check(out, ref, 1e-5)
+
+
 @pytest.mark.parametrize("block_t", [16, 64])
 @pytest.mark.parametrize("fmt,renorm", [("bf16", 1), ("fp8_row", 1), ("int8_row", 1), ("int8_row", 0), ("fp8_row", 0)])
 def test_state_roundtrip_every_64_tokens(fmt, renorm, block_t):
