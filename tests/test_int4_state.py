@@ -220,6 +220,10 @@ def test_group_probe_with_whole_rows_is_int4_row():
     e2m1 = probe.GroupInt4(64, "nearest", "e2m1").store(x)[0]
     assert torch.allclose(e2m1.abs().amax(-1), x.abs().amax(-1), rtol=1e-6, atol=0)  # each row's absmax kept
     assert ((e2m1 - x).abs() > 0).any()
+    h = probe.hadamard(64, "cpu")
+    assert torch.allclose(h @ h.T, torch.eye(64), atol=1e-6)  # orthonormal: the rotation loses nothing
+    rotated = probe.GroupInt4(64, "stochastic", rotate=True).store(x, key=key)[0]
+    assert (rotated - x).norm() < (row - x).norm()  # heavy-tailed rows spread out: a smaller step
 
 
 @pytest.mark.gpu

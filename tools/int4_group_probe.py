@@ -6,7 +6,11 @@ fake-quantized to int4 codes in [-7, 7] with one scale per GROUP consecutive ele
 (GROUP = V is ``int4_row``; the same Philox bits, so GROUP = V reproduces its numbers). The state
 is kept as float32 after the round trip: this measures accuracy only, no format is added.
 ``--grid e2m1`` rounds to fp4 e2m1's values {0, 0.5, 1, 1.5, 2, 3, 4, 6} (times the scale,
-absmax / 6) instead: finer near zero, coarser near the absmax.
+absmax / 6) instead: finer near zero, coarser near the absmax. ``--rotate`` quantizes each row
+in a Hadamard basis along V (``S H``, ``H`` orthonormal, back by ``H^T``): the state kept rotated, as
+QuaRot keeps a KV cache. The recurrence is linear in S, so a model could keep ``S H`` for good, with
+``v`` rotated on the way in and ``o`` rotated back; the rotation spreads a row's large elements over
+all of it, so its absmax scale fits the rest better.
 
     python tools/int4_group_probe.py --groups 64 32 16 --device cpu --max-windows 31
 """
@@ -33,18 +37,33 @@ E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 class GroupInt4(StateQuantizer):
     """int4_row's rounding with a scale per ``group`` elements of a row; stores the float32 round trip."""
 
-    def __init__(self, group: int, rounding: str, grid: str = "int4"):
+    def __init__(self, group: int, rounding: str, grid: str = "int4", rotate: bool = False):
         super().__init__("int4_row", rounding=rounding)
-        self.group, self.grid = group, grid
+        self.group, self.grid, self.rotate = group, grid, rotate
 
     def store(self, state, prev_scale=None, n_stores: int = 0, key=None):
         *lead, V = state.shape
-        grouped = state.float().reshape(*lead, V // self.group, self.group)
+        x = state.float()
+        if self.rotate:
+            x = x @ hadamard(V, x.device)
+        grouped = x.reshape(*lead, V // self.group, self.group)
         random = key.random_bytes(state.shape).reshape(grouped.shape) if self.stochastic else None
         if self.grid == "e2m1":
-            return _e2m1(grouped, random).reshape(state.shape), None
-        q, scale = quantize_int(grouped, INT4_MAX, -1, None, self.rounding, random)
-        return dequantize(q, scale).reshape(state.shape), None
+            out = _e2m1(grouped, random).reshape(state.shape)
+        else:
+            q, scale = quantize_int(grouped, INT4_MAX, -1, None, self.rounding, random)
+            out = dequantize(q, scale).reshape(state.shape)
+        return (out @ hadamard(V, x.device).T if self.rotate else out), None
+
+
+def hadamard(n: int, device) -> torch.Tensor:
+    """The orthonormal Sylvester-Hadamard matrix of order ``n`` (a power of two)."""
+    if n & (n - 1):
+        raise SystemExit(f"--rotate needs V a power of two, got {n}")
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return (h / n ** 0.5).to(device)
 
 
 def _e2m1(x, random):
@@ -64,6 +83,7 @@ def main() -> None:
     p.add_argument("--groups", nargs="+", type=int, default=[32, 16])
     p.add_argument("--rounding", default="stochastic")
     p.add_argument("--grid", default="int4", choices=["int4", "e2m1"])
+    p.add_argument("--rotate", action="store_true", help="quantize each row in a Hadamard basis along V")
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--max-windows", type=int, default=31)
     p.add_argument("--device", default="cpu")
@@ -79,10 +99,11 @@ def main() -> None:
             if hasattr(m, "state_quantizer"):
                 if m.head_v_dim % group:
                     raise SystemExit(f"group {group} does not divide V = {m.head_v_dim}")
-                m.state_quantizer = GroupInt4(group, args.rounding, args.grid)
+                m.state_quantizer = GroupInt4(group, args.rounding, args.grid, args.rotate)
         t0 = time.perf_counter()
         res = perplexity(model, ids, context=args.context, mode="decode", batch_size=64, progress=True)
-        row = {"group": group, "grid": args.grid, "rounding": args.rounding, "ppl": res.ppl, "tokens": len(ids),
+        row = {"group": group, "grid": args.grid, "rotate": args.rotate, "rounding": args.rounding, "ppl": res.ppl,
+               "tokens": len(ids),
                "seconds": time.perf_counter() - t0}
         results.append(row)
         print(json.dumps(row), flush=True)
