@@ -84,6 +84,8 @@ def main() -> None:
     p.add_argument("--rounding", default="stochastic")
     p.add_argument("--grid", default="int4", choices=["int4", "e2m1"])
     p.add_argument("--rotate", action="store_true", help="quantize each row in a Hadamard basis along V")
+    p.add_argument("--layers", nargs="+", type=int, default=None,
+                   help="only these layers' states in 4 bits (the others float32): per-layer sensitivity")
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--max-windows", type=int, default=31)
     p.add_argument("--device", default="cpu")
@@ -95,15 +97,16 @@ def main() -> None:
     model, _ = laquant.load(model_dir, device=args.device, dtype=torch.bfloat16)
     results = []
     for group in args.groups:
-        for m in model.modules():
-            if hasattr(m, "state_quantizer"):
+        mixers = [m for m in model.modules() if hasattr(m, "state_quantizer")]
+        for i, m in enumerate(mixers):
+            if args.layers is None or i in args.layers:
                 if m.head_v_dim % group:
                     raise SystemExit(f"group {group} does not divide V = {m.head_v_dim}")
                 m.state_quantizer = GroupInt4(group, args.rounding, args.grid, args.rotate)
         t0 = time.perf_counter()
         res = perplexity(model, ids, context=args.context, mode="decode", batch_size=64, progress=True)
-        row = {"group": group, "grid": args.grid, "rotate": args.rotate, "rounding": args.rounding, "ppl": res.ppl,
-               "tokens": len(ids),
+        row = {"group": group, "grid": args.grid, "rotate": args.rotate, "rounding": args.rounding,
+               "layers": args.layers, "ppl": res.ppl, "tokens": len(ids),
                "seconds": time.perf_counter() - t0}
         results.append(row)
         print(json.dumps(row), flush=True)
