@@ -18,6 +18,7 @@ all of it, so its absmax scale fits the rest better.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 
@@ -44,8 +45,9 @@ class GroupInt4(StateQuantizer):
     def store(self, state, prev_scale=None, n_stores: int = 0, key=None):
         *lead, V = state.shape
         x = state.float()
+        h = hadamard(V, str(x.device)) if self.rotate else None
         if self.rotate:
-            x = x @ hadamard(V, x.device)
+            x = x @ h
         grouped = x.reshape(*lead, V // self.group, self.group)
         random = key.random_bytes(state.shape).reshape(grouped.shape) if self.stochastic else None
         if self.grid == "e2m1":
@@ -53,10 +55,11 @@ class GroupInt4(StateQuantizer):
         else:
             q, scale = quantize_int(grouped, INT4_MAX, -1, None, self.rounding, random)
             out = dequantize(q, scale).reshape(state.shape)
-        return (out @ hadamard(V, x.device).T if self.rotate else out), None
+        return (out @ h.T if self.rotate else out), None
 
 
-def hadamard(n: int, device) -> torch.Tensor:
+@functools.lru_cache(maxsize=None)
+def hadamard(n: int, device: str) -> torch.Tensor:
     """The orthonormal Sylvester-Hadamard matrix of order ``n`` (a power of two)."""
     if n & (n - 1):
         raise SystemExit(f"--rotate needs V a power of two, got {n}")

@@ -113,8 +113,8 @@ def speculative_generate(model, draft_model, input_ids: torch.Tensor, max_new_to
     with torch.no_grad():
         logits, target_cache = _forward(model, input_ids, _fresh_cache(model))
         _, draft_cache = _forward(draft_model, input_ids, _fresh_cache(draft_model))
-    new = speculative_continue(model, draft_model, target_cache, draft_cache, logits.argmax(-1), max_new_tokens,
-                               num_draft_tokens, eos_token_id, stats, graphed)
+    new = _speculate(model, draft_model, target_cache, draft_cache, logits.argmax(-1), max_new_tokens,
+                     num_draft_tokens, eos_token_id, stats, graphed)
     return torch.cat([input_ids, new], 1)
 
 
@@ -124,10 +124,17 @@ def speculative_continue(model, draft_model, target_cache, draft_cache, last: to
     """The decoding part of :func:`speculative_generate`, from two caches that have run the same
     prompt (a served request's, e.g. resumed from a prefix cache) and ``last`` ``[B]``, the target's
     next token (run through neither): ``[B, n <= max_new_tokens]`` new tokens, ``last`` first."""
+    check_draft(model, draft_model, num_draft_tokens)
+    return _speculate(model, draft_model, target_cache, draft_cache, last, max_new_tokens, num_draft_tokens,
+                      eos_token_id, stats, graphed)
+
+
+def _speculate(model, draft_model, target_cache, draft_cache, last, max_new_tokens, num_draft_tokens, eos_token_id,
+               stats, graphed):
+    """:func:`speculative_continue` on checked arguments."""
     from laquant.generate import _forward, is_graphable, trim_after_eos
     from laquant.models.verify import commit, verify
 
-    check_draft(model, draft_model, num_draft_tokens)
     stats = stats if stats is not None else SpeculativeStats()
     with torch.no_grad():
         out = [last[:, None]]
