@@ -42,6 +42,18 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
+def assert_lru_evicts_the_least_recent(pc, size: int, a, b, c) -> None:
+    """A prefix cache with room for two snapshots of ``size`` bytes, fed the one-block prompts a and b,
+    a hit on a, then c: b, the least recently used, goes."""
+    pc.prefill(a)
+    pc.prefill(b)
+    assert len(pc) == 2 and pc.used_bytes == 2 * size
+    assert pc.lookup(a).tokens == pc.block_size  # a is now the most recent: b goes first
+    pc.prefill(c)
+    assert len(pc) == 2 and pc.stats["evicted"] == 1 and pc.used_bytes == 2 * size <= pc.budget_bytes
+    assert pc.lookup(a).tokens == pc.lookup(c).tokens == pc.block_size and pc.lookup(b).tokens == 0
+
+
 def checkpoint_decisions(folder) -> dict:
     """The quantization decisions a laquant checkpoint folder records in its config.json."""
     import json

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from conftest import INTERPRETED, require_triton_kernels
+from conftest import INTERPRETED, assert_lru_evicts_the_least_recent, require_triton_kernels
 
 from laquant.errors import LaquantError
 from laquant.kernels.common.state import StateQuantizer
@@ -179,13 +179,7 @@ def _snapshot_cache(budget_snaps: float, **kw):
 def test_lru_eviction_under_the_byte_budget():
     pc, size = _snapshot_cache(2.5)
     a, b, c = _ids(BLOCK + 1, 1), _ids(BLOCK + 1, 2), _ids(BLOCK + 1, 3)
-    pc.prefill(a)
-    pc.prefill(b)
-    assert len(pc) == 2 and pc.used_bytes == 2 * size
-    assert pc.lookup(a).tokens == BLOCK  # a is now the most recent: b goes first
-    pc.prefill(c)
-    assert len(pc) == 2 and pc.used_bytes <= pc.budget_bytes and pc.stats["evicted"] == 1
-    assert pc.lookup(a).tokens == BLOCK and pc.lookup(c).tokens == BLOCK and pc.lookup(b).tokens == 0
+    assert_lru_evicts_the_least_recent(pc, size, a, b, c)
     tiny = PrefixStateCache(pc.model, BLOCK, budget_bytes=size - 1, state_format="int8_row")
     tiny.prefill(a)
     assert len(tiny) == 0 and tiny.stats["too_large"] == 1

@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+from conftest import assert_lru_evicts_the_least_recent
 from test_hybrid import FAMILIES, VOCAB, _model
 
 import laquant
@@ -153,13 +154,7 @@ def test_budget_counts_the_kv_bytes():
     assert size == states + conv + kv
     pc = PrefixStateCache(model, BLOCK, budget_bytes=int(2.5 * size), state_format="int8_row")
     a, b, c = _ids(BLOCK + 1, 1), _ids(BLOCK + 1, 2), _ids(BLOCK + 1, 3)
-    pc.prefill(a)
-    pc.prefill(b)
-    assert len(pc) == 2 and pc.used_bytes == 2 * size
-    assert pc.lookup(a).tokens == BLOCK  # a is now the most recent: b goes first
-    pc.prefill(c)
-    assert len(pc) == 2 and pc.stats["evicted"] == 1 and pc.used_bytes == 2 * size <= pc.budget_bytes
-    assert pc.lookup(a).tokens == BLOCK and pc.lookup(b).tokens == 0
+    assert_lru_evicts_the_least_recent(pc, size, a, b, c)
     tiny = PrefixStateCache(model, BLOCK, budget_bytes=states + conv, state_format="int8_row")  # no room for the KV
     tiny.prefill(a)
     assert len(tiny) == 0 and tiny.stats["too_large"] == 1
