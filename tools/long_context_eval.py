@@ -13,6 +13,7 @@ token on CUDA), the loss at every position of the window averaged over windows, 
   (state elements at their format's limit, non-finite state elements, gate logits clamped: totals
   and by position; counted on the device inside the graphed step);
 * ``loss_by_position.npz``: the full per-position curves (``DATA/CONTEXT/VARIANT``);
+* ``saturation.json``: the saturation counts by position, unbinned;
 * ``summary.md``: the tables; ``plots/{loss,drift,saturation}_DATA_CONTEXT.png``.
 
 MODEL may be any model laquant takes (a transformers hybrid too: its variants are
@@ -21,6 +22,13 @@ MODEL may be any model laquant takes (a transformers hybrid too: its variants ar
     python tools/long_context_eval.py --out eval/results/long_context              # 2K and 16K
     python tools/long_context_eval.py --out /tmp/lc --contexts 2048 --max-windows 8  # a quick check
     python tools/long_context_eval.py --out ... --long                              # adds 64K
+
+A slow model (the hybrids' eager loop) can be split across processes, one part per variant or text,
+the reference in one of them, then merged into one summary:
+
+    python tools/long_context_eval.py --out P1 --data wikitext2 --variants   # the bf16 reference alone
+    python tools/long_context_eval.py --out P2 --data wikitext2 --variants hybrid_int8 --no-reference
+    python tools/long_context_eval.py --out ALL --merge P1 P2
 """
 
 from __future__ import annotations
@@ -55,8 +63,8 @@ def binned(values: np.ndarray) -> dict:
     return {"start": edges[:-1].tolist(), "mean": [float(values[a:b].mean()) for a, b in zip(edges[:-1], edges[1:])]}
 
 
-def load_variant(model_dir: Path, variant: str, calib: torch.Tensor, device: str):
-    model, _ = laquant.load(model_dir, device=device, dtype=torch.bfloat16)
+def load_variant(model_dir: Path, variant: str, calib: torch.Tensor, device: str, dtype: torch.dtype):
+    model, _ = laquant.load(model_dir, device=device, dtype=dtype)
     if variant == "bf16":
         return model
     recipe, *state = variant.split(":")
@@ -65,32 +73,21 @@ def load_variant(model_dir: Path, variant: str, calib: torch.Tensor, device: str
     return model
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--model", default=None, help="model directory (default: the embedded gla-small)")
-    p.add_argument("--data", nargs="+", default=list(DATA), choices=list(DATA))
-    p.add_argument("--contexts", nargs="+", type=int, default=[2048, 16384])
-    p.add_argument("--long", action="store_true", help="also 65536-token windows")
-    p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS,
-                   help="RECIPE (as it is) or RECIPE:STATE_FORMAT:ROUNDING (the bf16 reference always runs)")
-    p.add_argument("--max-windows", type=int, default=None, help="at most this many windows per context")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--device", default="cuda")
-    args = p.parse_args()
-    contexts = args.contexts + ([65536] if args.long and 65536 not in args.contexts else [])
+def run_variants(args, contexts: list[int]) -> tuple[dict, dict, dict]:
+    """Decode every variant on every text and context: (results, curves, raw saturation)."""
     model_dir = resolve_model_dir(args.model)
     tokenizer = load_tokenizer(model_dir)
     texts = {name: tokenize(load_text(DATA[name]), tokenizer) for name in args.data}
     calib = tokenize(load_text("calibration"), tokenizer)  # the shipped calibration mix, never the eval text
-    (args.out / "plots").mkdir(parents=True, exist_ok=True)
-    variants = ["bf16", *args.variants]
-    results: dict = {"model": str(model_dir), "device": torch.cuda.get_device_name() if args.device == "cuda" else
-                     args.device, "variants": variants, "runs": {}}
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if args.device == "cuda" else torch.float32)
+    variants = ([] if args.no_reference else ["bf16"]) + args.variants
+    device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+    results: dict = {"model": str(model_dir), "device": device, "dtype": str(dtype).removeprefix("torch."),
+                     "torch": torch.__version__, "variants": variants, "runs": {}}
     curves: dict[str, np.ndarray] = {}
     saturation: dict[str, dict] = {}
     for variant in variants:
-        model = load_variant(model_dir, variant, calib, args.device)
+        model = load_variant(model_dir, variant, calib, args.device, dtype)
         for name, ids in texts.items():
             for ctx in contexts:
                 stride = default_stride(ctx)
@@ -117,8 +114,43 @@ def main() -> None:
                       f"graphed={res.graphed}", flush=True)
         del model
         torch.cuda.empty_cache() if args.device == "cuda" else None
+    return results, curves, saturation
+
+
+def save_raw(out: Path, results: dict, curves: dict, saturation: dict) -> None:
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    np.savez_compressed(out / "loss_by_position.npz", **{k: v.astype(np.float32) for k, v in curves.items()})
+    (out / "saturation.json").write_text(json.dumps(saturation) + "\n")
+
+
+def merge_raw(folders: list[Path]) -> tuple[dict, dict, dict]:
+    """One run's (results, curves, saturation) from the raw files of runs split across processes
+    (each ran some variants on some texts, one of them the bf16 reference)."""
+    results: dict = {}
+    curves: dict[str, np.ndarray] = {}
+    saturation: dict[str, dict] = {}
+    for folder in folders:
+        part = json.loads((folder / "results.json").read_text())
+        if not results:
+            results = {**part, "variants": [], "runs": {}}
+        elif (part["model"], part["device"], part.get("dtype")) != (results["model"], results["device"],
+                                                                     results.get("dtype")):
+            raise SystemExit(f"{folder}: another model, device or dtype than {folders[0]}; merge one run's parts")
+        results["variants"] += [v for v in part["variants"] if v not in results["variants"]]
+        for key, run in part["runs"].items():
+            results["runs"].setdefault(key, {}).update(run)
+        with np.load(folder / "loss_by_position.npz") as npz:
+            curves.update({k: npz[k].astype(np.float64) for k in npz.files})
+        saturation.update(json.loads((folder / "saturation.json").read_text()))
+    results["variants"].sort(key=lambda v: v != "bf16")  # the reference first
+    return results, curves, saturation
+
+
+def write_summary(out: Path, results: dict, curves: dict, saturation: dict) -> list[str]:
+    variants = results["variants"]
     lines = [f"# Long-context decode-mode perplexity ({results['device']})", "",
-             f"Model `{Path(model_dir).name}`, bf16 compute; reference: bf16 with a float32 state. Drift: mean loss "
+             f"Model `{Path(results['model']).name}`, {results.get('dtype', 'bfloat16')} compute; reference: bf16 "
+             "(the unquantized model) with a float32 state. Drift: mean loss "
              "of the variant minus bf16's over the last 10% of window positions (nats). State at limit: the "
              "fraction of stored state elements at their format's largest code (with per-row dynamic scales "
              "each row's largest element sits there by construction: about 1/V is the floor, and only a "
@@ -151,15 +183,43 @@ def main() -> None:
                          f"{sat['state_nonfinite']} | {100 * sat['gate_clamped_fraction']:.4f}% | {r['seconds']:.1f} |")
         lines.append("")
         tag = key.replace("/", "_")
-        plot_loss_by_position(series, args.out / "plots" / f"loss_{tag}.png", f"decode-mode loss by position, {key}")
+        plot_loss_by_position(series, out / "plots" / f"loss_{tag}.png", f"decode-mode loss by position, {key}")
         if pairs:
-            plot_drift(pairs, args.out / "plots" / f"drift_{tag}.png", f"loss minus bf16's by position, {key}")
+            plot_drift(pairs, out / "plots" / f"drift_{tag}.png", f"loss minus bf16's by position, {key}")
         plot_saturation_by_position({v: saturation[f"{key}/{v}"] for v in variants if v in run},
-                                    args.out / "plots" / f"saturation_{tag}.png", f"saturation by position, {key}")
-    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    np.savez_compressed(args.out / "loss_by_position.npz", **{k: v.astype(np.float32) for k, v in curves.items()})
-    (args.out / "summary.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+                                    out / "plots" / f"saturation_{tag}.png", f"saturation by position, {key}")
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--model", default=None, help="model directory (default: the embedded gla-small)")
+    p.add_argument("--data", nargs="+", default=list(DATA), choices=list(DATA))
+    p.add_argument("--contexts", nargs="+", type=int, default=[2048, 16384])
+    p.add_argument("--long", action="store_true", help="also 65536-token windows")
+    p.add_argument("--variants", nargs="*", default=DEFAULT_VARIANTS,
+                   help="RECIPE (as it is) or RECIPE:STATE_FORMAT:ROUNDING (the bf16 reference runs first)")
+    p.add_argument("--no-reference", action="store_true",
+                   help="skip the bf16 reference (a part of a run split across processes: see --merge)")
+    p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="DIR",
+                   help="write --out's summary and plots from the raw files of these parts (no decoding)")
+    p.add_argument("--max-windows", type=int, default=None, help="at most this many windows per context")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                   help="compute dtype (default: bfloat16 on CUDA, float32 on CPU)")
+    args = p.parse_args()
+    (args.out / "plots").mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        results, curves, saturation = merge_raw(args.merge)
+    else:
+        contexts = args.contexts + ([65536] if args.long and 65536 not in args.contexts else [])
+        results, curves, saturation = run_variants(args, contexts)
+    save_raw(args.out, results, curves, saturation)
+    print("\n".join(write_summary(args.out, results, curves, saturation)))
 
 
 if __name__ == "__main__":
