@@ -175,6 +175,49 @@ def test_long_decode_tool_reports_loss_nonfinite_and_saturation_by_position(tiny
     assert (out / "long_decode.png").stat().st_size > 1000
 
 
+def test_long_context_eval_split_across_processes_merges_to_the_one_process_run(tiny_model_dir, tmp_path,
+                                                                              monkeypatch):
+    """tools/long_context_eval.py: the reference and a variant run as two parts (--no-reference on
+    the second) and merged give the numbers of one process running both, and the change against bf16."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "long_context_eval", Path(__file__).resolve().parents[1] / "tools" / "long_context_eval.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    common = ["long_context_eval.py", "--model", str(tiny_model_dir), "--device", "cpu", "--data", "wikitext2",
+              "--contexts", "48", "--max-windows", "3"]
+
+    def run(*args):
+        monkeypatch.setattr(sys, "argv", [*common, *args])
+        tool.main()
+
+    run("--out", str(tmp_path / "one"), "--variants", "gla_int8")
+    run("--out", str(tmp_path / "ref"), "--variants")
+    run("--out", str(tmp_path / "part"), "--variants", "gla_int8", "--no-reference")
+    run("--out", str(tmp_path / "merged"), "--merge", str(tmp_path / "ref"), str(tmp_path / "part"))
+    one = json.loads((tmp_path / "one" / "results.json").read_text())
+    merged = json.loads((tmp_path / "merged" / "results.json").read_text())
+    assert merged["variants"] == one["variants"] == ["bf16", "gla_int8"]
+    a, b = one["runs"]["wikitext2/48"], merged["runs"]["wikitext2/48"]
+    for v in ("bf16", "gla_int8"):
+        assert a[v]["ppl"] == b[v]["ppl"] and math.isfinite(a[v]["ppl"])
+    assert a["gla_int8"]["ppl_change_pct"] == b["gla_int8"]["ppl_change_pct"] != 0
+    # the parts keep their loss curves in float32 (loss_by_position.npz): the drift agrees to that
+    assert b["gla_int8"]["drift_by_position"]["mean"] == pytest.approx(a["gla_int8"]["drift_by_position"]["mean"],
+                                                                       rel=1e-3, abs=1e-6)
+    assert b["gla_int8"]["drift_last10pct"] == pytest.approx(a["gla_int8"]["drift_last10pct"], rel=1e-3, abs=1e-6)
+    assert "| gla_int8 |" in (tmp_path / "merged" / "summary.md").read_text()
+    assert (tmp_path / "merged" / "plots" / "drift_wikitext2_48.png").stat().st_size > 1000
+    part = json.loads((tmp_path / "part" / "results.json").read_text())
+    assert part["variants"] == ["gla_int8"] and "bf16" not in part["runs"]["wikitext2/48"]
+    with pytest.raises(FileNotFoundError):
+        run("--out", str(tmp_path / "x"), "--merge", str(tmp_path / "ref"), str(tmp_path / "nothing"))
+
+
 @torch.no_grad()
 def test_saturation_counts_only_the_rows_asked_for_at_a_device_position(tiny_model_dir):
     """The counter's position and counted rows are device tensors (so a CUDA graph can replay it):
