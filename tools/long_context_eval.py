@@ -149,8 +149,8 @@ def merge_raw(folders: list[Path]) -> tuple[dict, dict, dict]:
 def write_summary(out: Path, results: dict, curves: dict, saturation: dict) -> list[str]:
     variants = results["variants"]
     lines = [f"# Long-context decode-mode perplexity ({results['device']})", "",
-             f"Model `{Path(results['model']).name}`, {results.get('dtype', 'bfloat16')} compute; reference: bf16 "
-             "(the unquantized model) with a float32 state. Drift: mean loss "
+             f"Model `{Path(results['model']).name}`, {results.get('dtype', 'bfloat16')} compute; reference (`bf16`): "
+             "the unquantized model, its state in float32. Drift: mean loss "
              "of the variant minus bf16's over the last 10% of window positions (nats). State at limit: the "
              "fraction of stored state elements at their format's largest code (with per-row dynamic scales "
              "each row's largest element sits there by construction: about 1/V is the floor, and only a "
