@@ -9,6 +9,7 @@ import torch
 from conftest import INTERPRETED, assert_lru_evicts_the_least_recent, require_triton_kernels
 
 from laquant.errors import LaquantError
+from laquant.kernels.common.formats import STATE_FORMATS
 from laquant.kernels.common.state import StateQuantizer
 from laquant.kernels.common.state_io import store_states
 from laquant.models import GLAConfig, GLAForCausalLM
@@ -146,6 +147,26 @@ def test_8bit_hit_equals_recomputation_from_the_rounded_state(fmt, rounding, nam
     ref, _ = _recompute(model, ids, keep)
     diff = (logits - ref).abs().max().item()
     assert 0 < diff < 0.05 * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("fmt", STATE_FORMATS)
+def test_every_state_format_snapshots_and_resumes(fmt):
+    """Each state format the pool accepts (`laquant eval serve --formats`) takes snapshots (fp8_tensor's
+    one scale too), resumes from them close to recomputation, and sizes them as its codes and scales:
+    the per-row formats pay one float32 per row, fp8_head one per head, fp8_tensor one per snapshot."""
+    model = _model()
+    ids = _ids(2 * BLOCK + 9)
+    pc = PrefixStateCache(model, BLOCK, state_format=fmt)
+    pc.prefill(ids[:2 * BLOCK + 1])
+    logits, _, cached = pc.prefill(ids, logits_to_keep=9)
+    assert cached == 2 * BLOCK
+    ref, _ = _recompute(model, ids, 9)
+    assert torch.isfinite(logits).all()
+    assert (logits - ref).abs().max() < 0.1 * ref.abs().max()
+    layers, H, K, V = 3, 2, 16, 32  # the tiny GLA: expand_k 0.5, expand_v 1 over hidden 64
+    per_row = {"fp32": 4 * V, "bf16": 2 * V, "fp8_row": V + 4, "int8_row": V + 4, "int4_row": -(-V // 2) + 4}
+    want = {"fp8_head": layers * H * (K * V + 4), "fp8_tensor": layers * (H * K * V + 4)}.get(fmt)
+    assert pc.snapshot_bytes() == (want or layers * H * K * per_row[fmt])
 
 
 def test_quantized_state_model_restores_its_own_format():

@@ -264,8 +264,7 @@ class PrefixStateCache:
         end = (block + 1) * self.block_size
         snap = Snapshot(end)
         for layer, st in request.states.items():
-            snap.states[layer] = State(st.data[0:1, c].clone(), None if st.scale is None else st.scale[0:1, c].clone(),
-                                       st.format, 0)
+            snap.states[layer] = State(st.data[0:1, c].clone(), _checkpoint_scale(st.scale, c), st.format, 0)
         snap.conv = {key: t[0:1, c].clone() for key, t in request.conv.items() if t is not None}
         dim = self.layout.seq_dim
         for layer, (k, v) in self.layout.kv(cache).items():
@@ -283,6 +282,14 @@ class PrefixStateCache:
                  token_hit_rate=s["hit_tokens"] / s["prompt_tokens"] if s["prompt_tokens"] else 0.0,
                  request_hit_rate=s["hit_requests"] / s["lookups"] if s["lookups"] else 0.0)
         return s
+
+
+def _checkpoint_scale(scale: torch.Tensor | None, c: int) -> torch.Tensor | None:
+    """Checkpoint ``c``'s scales out of a prefill's ``[B, C, ...]`` ones; a per-tensor format
+    (``fp8_tensor``) stored all checkpoints with its one scale, which each snapshot keeps."""
+    if scale is None:
+        return None
+    return scale.clone() if scale.dim() == 0 else scale[0:1, c].clone()
 
 
 def _one_sequence(input_ids) -> torch.Tensor:
