@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue #16 on the lent GPU: retrain the qwen3next-small hybrid, then gla-large's job
 # (device_gla_large_job.sh: train, decode-mode accuracy at 2K / 16K / 64K on the graphed loop), then
-# the hybrid's 2K / 16K runs. One GPU process at a time where timing matters: fla's training step
+# the hybrid's 2K / 16K runs and its 64K runs. One GPU process at a time where timing matters: fla's training step
 # beside another training ran at ~50 s a step, and a training process beside a graphed decode slows
 # every replay many times (on 2026-11-26 the hybrid trained in 203 s, gla-large in 196 s, each alone).
 # The hybrid decodes on the eager loop (a Python step per token, ~9 ms), one process per text side by
@@ -34,5 +34,12 @@ log "hybrid 2K/16K done"
 $LC --model "$H" --contexts 2048 --max-windows 24 --variants hybrid_int8:fp8_row:nearest \
   hybrid_int8:int8_row:nearest hybrid_int8:fp8_row:stochastic --out "$W/lc_hybrid_formats" > "$W/lc_hybrid_formats.log" 2>&1
 log "hybrid formats 2K rc $?"
+# 64K of each hybrid recipe with an 8-bit state: finite, saturation counted (~10 min each, side by side)
+for v in hybrid_int8 hybrid_int8_fp8; do
+  $LC --model "$H" --data wikitext2 --contexts 65536 --max-windows 1 --variants "$v" --no-reference \
+    --out "$W/lc_hybrid_64k_$v" > "$W/lc_hybrid_64k_$v.log" 2>&1 &
+done
+wait
+log "hybrid 64K done"
 if [ -n "${AFTER:-}" ]; then bash "tools/$AFTER" "$W/after" > "$W/after.log" 2>&1; log "after ($AFTER) rc $?"; fi
 touch "$W/job.done"
