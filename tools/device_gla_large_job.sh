@@ -5,8 +5,8 @@
 # gla_int8 at 64K. Run by `bash tools/device_kernels.sh WAIT device_gla_large_job.sh` (carry .whl .devdata).
 set -u
 W=$1
-mkdir -p /tmp/laq-models
 M=/tmp/laq-models
+mkdir -p "$M"
 LC="python3 tools/long_context_eval.py"
 log() { echo "$* $(date +%T)" >> "$W/status.log"; }
 log start

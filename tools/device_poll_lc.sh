@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Poll device_long_context_job.sh (started by device_kernels.sh): wait up to $1 s for job.done, print
-# the status and each log's last lines (progress bars dropped), pack the work folder into $OUT.
+# Poll a job that tools/device_kernels.sh started (JOB=name without .sh; default
+# device_long_context_job): wait up to $1 s for its job.done, print status.log and each log's last
+# lines (progress bars dropped), pack its work folder into $OUT. The machine goes back ~30 s after a
+# call ends: call this again at once, or the job is lost.
+#   bash tools/device_kernels.sh 1 device_gla_large_job.sh; JOB=device_gla_large_job bash tools/device_poll_lc.sh 480
 W=/tmp/laqk-${JOB:-device_long_context_job}
 T=${1:-500}
 t=0
