@@ -1,8 +1,9 @@
 """Checkpoints written by an earlier laquant (tests/fixtures/legacy_v1, see its make.py) load with
 today's code and give the logits that code computed, in prefill and in token-by-token decode (where
-the stored state format acts): to the bit under the torch version that wrote them (CI's), within the
-rounding of another version's CPU kernels elsewhere (one flipped int8 activation code moves a logit
-by up to ~1/127 of its scale)."""
+the stored state format acts): prefill to the bit under the torch version that wrote them (CI's),
+decode up to one flipped 8-bit state code (another CPU's summation order), and within the rounding of
+another version's CPU kernels elsewhere (one flipped int8 activation code moves a logit by up to
+~1/127 of its scale)."""
 
 import shutil
 from pathlib import Path
@@ -43,10 +44,14 @@ def test_a_legacy_checkpoint_gives_the_logits_it_gave(legacy_dir):
     cache = new_cache(model)
     decode = torch.cat([model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits
                         for t in range(ids.shape[1])], 1)
-    for got, want in ((model(input_ids=ids).logits, expected["prefill"]), (decode, expected["decode"])):
-        # same torch: equal up to the summation order of the CPU's thread count (7e-8 seen between
-        # 1 and 2 threads), far below what a wrongly loaded tensor gives (> 1e-3)
-        assert rel_err(got, want) < (1e-6 if same_torch else 2e-2)
+    # same torch, prefill: equal up to the summation order of the CPU's thread count (7e-8 seen between
+    # 1 and 2 threads), far below what a wrongly loaded tensor gives (> 1e-3)
+    assert rel_err(model(input_ids=ids).logits, expected["prefill"]) < (1e-6 if same_torch else 2e-2)
+    # decode stores the state in 8 bits at every token: an element within an ulp of a rounding boundary
+    # can land on the other code on another CPU (its kernels sum in another order: seen on an Intel Xeon
+    # for gla_fp8_state_naive, 1e-7 until token 9, then 1.8e-3), and the flipped code stays in the
+    # state. A mis-scaled state is far outside (its static scale x1.25: 7e-2).
+    assert rel_err(decode, expected["decode"]) < (1e-2 if same_torch else 2e-2)
 
 
 def test_inspect_reads_a_legacy_checkpoint(legacy_dir, capsys):
