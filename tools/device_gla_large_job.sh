@@ -2,7 +2,7 @@
 # Issue #16, gla-large alone on the lent GPU: train it with nothing else on the GPU (fla's training
 # step beside another GPU process ran at ~50 s a step), then its decode-mode accuracy on the graphed
 # loop: every 8-bit state format, nearest and stochastic, and the recipes at 2K; the defaults at 16K;
-# gla_int8 at 64K. Run by `bash tools/device_kernels.sh WAIT device_gla_large_job.sh` (carry .whl .devdata).
+# gla_int8 at 64K; the weights are deleted at the end. Run by `bash tools/device_kernels.sh WAIT device_gla_large_job.sh` (carry .whl .devdata).
 set -u
 W=$1
 M=/tmp/laq-models
@@ -25,4 +25,5 @@ log "gla-large 16K rc $?"
 $LC --model "$M/gla-large" --out "$W/lc_gla-large_64k" --contexts 65536 --max-windows 1 --data wikitext2 \
   --variants gla_int8 > "$W/lc_gla-large_64k.log" 2>&1
 log "gla-large 64K rc $?"
+rm -rf "$M/gla-large"  # 98 MB: too large to travel back
 [ -n "${NESTED:-}" ] || touch "$W/job.done"  # device_long_context_job.sh runs this job inside its own

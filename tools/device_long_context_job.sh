@@ -5,14 +5,11 @@
 # beside another training ran at ~50 s a step, and a training process beside a graphed decode slows
 # every replay many times (on 2026-11-26 the hybrid trained in 203 s, gla-large in 196 s, each alone).
 # The hybrid decodes on the eager loop (a Python step per token, ~9 ms), one process per text side by
-# side; its weights (about 20 MB) come back in the archive, for its 64K runs on a CPU machine;
-# gla-large's (98 MB) cannot, and are deleted.
+# side; its weights (about 20 MB) come back in the archive.
 # Then $AFTER (a tools/ script, given the folder $W/after) if set. Each step appends to status.log.
 # Run by `bash tools/device_kernels.sh WAIT device_long_context_job.sh` (carry .whl .devdata).
 set -u
 W=$1
-M=/tmp/laq-models
-mkdir -p "$M"
 LC="python3 tools/long_context_eval.py"
 log() { echo "$* $(date +%T)" >> "$W/status.log"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$W/versions.txt"
@@ -24,7 +21,6 @@ python3 tools/train.py model --arch qwen3_next --size small --lr 3e-3 --batch 16
   --data-dir .devdata --tokenizer laquant/assets/gla-small --out "$H" > "$W/train_hybrid.log" 2>&1
 log "hybrid trained rc $?"
 NESTED=1 bash tools/device_gla_large_job.sh "$W"
-rm -rf "$M"
 for data in wikitext2 gutenberg; do
   $LC --model "$H" --data "$data" --contexts 2048 16384 --max-windows 24 --variants hybrid_int8 \
     --out "$W/lc_hybrid_$data" > "$W/lc_hybrid_$data.log" 2>&1 &

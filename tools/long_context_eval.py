@@ -118,6 +118,7 @@ def run_variants(args, contexts: list[int]) -> tuple[dict, dict, dict]:
 
 
 def save_raw(out: Path, results: dict, curves: dict, saturation: dict) -> None:
+    # results.json before the summary and plots too: a failed plot must not lose hours of decoding
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     np.savez_compressed(out / "loss_by_position.npz", **{k: v.astype(np.float32) for k, v in curves.items()})
     (out / "saturation.json").write_text(json.dumps(saturation) + "\n")
