@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issues #14 / #16 / #19 on the GPU: the conversion-free int8 codec (kernels/common/triton_numerics.py).
+# The same machine times the tree before the change (BASE: this tree with the previous
+# triton_numerics.py, carried in .scratch/base) and after it: the decode kernels with every 8-bit
+# state format (tools/bench_stochastic_rounding.py) and the e2e decode of the 1.37B GLA; then the GPU
+# tests of every kernel that stores, reads or writes int8 codes, and the verify bench after the change.
+# Run by `bash tools/device_kernels.sh WAIT device_codec_job.sh` with carry [".scratch"].
+set -u
+W=$1
+CFG='config:{"hidden_size": 2048, "num_hidden_layers": 24, "num_heads": 16, "vocab_size": 32000}'
+log() { echo "$* $(date +%T)" >> "$W/status.log"; }
+python3 -c "import torch, triton, transformers; print(torch.cuda.get_device_name(), 'torch', torch.__version__, \
+'triton', triton.__version__, 'transformers', transformers.__version__)" > "$W/versions.txt" 2>&1
+HERE=$(pwd)
+rm -rf /tmp/base && cp -r "$HERE" /tmp/base && cp .scratch/base/triton_numerics.py /tmp/base/kernels/common/
+run_tree() {  # $1: tree, $2: label
+  (cd "$1" && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > /dev/null 2>&1 \
+    && timeout 300 python3 tools/bench_stochastic_rounding.py --out "$W/sr_$2" > "$W/sr_$2.log" 2>&1)
+  log "sr $2 rc $?"
+  (cd "$1" && timeout 600 laquant eval speed --suite e2e --recipe gla_int8_all --batch 1 64 --prompt 4096 --gen 32 \
+    --model "$CFG" --out "$W/e2e_$2" > "$W/e2e_$2.log" 2>&1)
+  log "e2e $2 rc $?"
+}
+run_tree "$HERE" new
+run_tree /tmp/base base
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > /dev/null 2>&1
+timeout 900 python3 -m pytest -q -rfs --tb=short tests/test_stochastic_rounding.py tests/test_decode_kernel.py \
+  tests/test_delta_kernels.py tests/test_kda_kernels.py tests/test_verify.py tests/test_chunk_kernel.py \
+  tests/test_int8_gemm_kernel.py tests/test_gemm_decode.py tests/test_fused_layer_ops.py tests/test_gpu_model.py \
+  > "$W/gpu_tests.log" 2>&1
+log "gpu tests rc $?"
+timeout 600 python3 tools/bench_verify.py --batch 64 --tokens 4 8 --formats fp8_row int8_row:stochastic int8_row \
+  --no-speculative --out "$W/verify_new" > "$W/verify_new.log" 2>&1
+log "verify new rc $?"
+touch "$W/job.done"
