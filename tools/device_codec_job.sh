@@ -11,8 +11,9 @@ CFG='config:{"hidden_size": 2048, "num_hidden_layers": 24, "num_heads": 16, "voc
 log() { echo "$* $(date +%T)" >> "$W/status.log"; }
 python3 -c "import torch, triton, transformers; print(torch.cuda.get_device_name(), 'torch', torch.__version__, \
 'triton', triton.__version__, 'transformers', transformers.__version__)" > "$W/versions.txt" 2>&1
-HERE=$(pwd)
-rm -rf /tmp/base && cp -r "$HERE" /tmp/base && cp .scratch/base/triton_numerics.py /tmp/base/kernels/common/
+# both trees are copies: a later call re-syncs the working tree under a running job
+rm -rf /tmp/new /tmp/base && cp -r . /tmp/new && cp -r . /tmp/base && cp .scratch/base/triton_numerics.py /tmp/base/kernels/common/
+cd /tmp/new
 run_tree() {  # $1: tree, $2: label
   (cd "$1" && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > /dev/null 2>&1 \
     && timeout 300 python3 tools/bench_stochastic_rounding.py --out "$W/sr_$2" > "$W/sr_$2.log" 2>&1)
@@ -21,7 +22,7 @@ run_tree() {  # $1: tree, $2: label
     --model "$CFG" --out "$W/e2e_$2" > "$W/e2e_$2.log" 2>&1)
   log "e2e $2 rc $?"
 }
-run_tree "$HERE" new
+run_tree /tmp/new new
 run_tree /tmp/base base
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > /dev/null 2>&1
 timeout 900 python3 -m pytest -q -rfs --tb=short tests/test_stochastic_rounding.py tests/test_decode_kernel.py \
