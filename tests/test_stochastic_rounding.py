@@ -14,7 +14,8 @@ triton = require_triton_kernels()
 import triton.language as tl  # noqa: E402
 
 from laquant.kernels.common.triton_numerics import round_stochastic_fp8 as round_stochastic_fp8_tl  # noqa: E402
-from laquant.kernels.common.triton_numerics import int8_codes, int8_codes_stochastic, int8_values  # noqa: E402
+from laquant.kernels.common.triton_numerics import int8_codes  # noqa: E402
+from laquant.kernels.common.triton_numerics import round_stochastic_int as round_stochastic_int_tl  # noqa: E402
 from laquant.kernels.common.triton_numerics import state_random_bytes as state_random_bytes_tl  # noqa: E402
 
 
@@ -46,16 +47,14 @@ def _round_kernel(y_ptr, r_ptr, out_ptr, N: tl.constexpr, FP8: tl.constexpr):
     if FP8:
         out = round_stochastic_fp8_tl(y, r)
     else:
-        out = int8_codes_stochastic(y, r).to(tl.float32)
+        out = round_stochastic_int_tl(y, r)
     tl.store(out_ptr + offs, out)
 
 
 @triton.jit
-def _int8_codec_kernel(y_ptr, codes_ptr, values_ptr, N: tl.constexpr):
+def _int8_codes_kernel(y_ptr, codes_ptr, N: tl.constexpr):
     offs = tl.arange(0, N)
-    codes = int8_codes(tl.load(y_ptr + offs))
-    tl.store(codes_ptr + offs, codes)
-    tl.store(values_ptr + offs, int8_values(codes))
+    tl.store(codes_ptr + offs, int8_codes(tl.load(y_ptr + offs)))
 
 
 def test_philox_equals_triton_randint4x():
@@ -97,8 +96,7 @@ def test_kernel_rounding_equals_reference():
     for fp8, values in ((True, y), (False, y), (False, boundary), (False, grid), (False, y * 1e3)):
         yy = values.clamp(-448, 448) if fp8 else values.clamp(-127, 127)
         out = torch.empty_like(yy, device=DEVICE)
-        # the int8 kernel function clamps on its own: give it the unclamped values
-        _round_kernel[(1,)](values.to(DEVICE) if not fp8 else yy.to(DEVICE), r.to(DEVICE), out, N=256, FP8=fp8)
+        _round_kernel[(1,)](yy.to(DEVICE), r.to(DEVICE), out, N=256, FP8=fp8)
         ref = round_stochastic_fp8(yy, r) if fp8 else round_stochastic_int(yy, r)
         assert torch.equal(out.cpu(), ref)
         if fp8:
@@ -108,18 +106,16 @@ def test_kernel_rounding_equals_reference():
             assert ((ref.to(FP8_DTYPE).float() - lo).abs() <= _fp8_step(yy)).all()
 
 
-def test_kernel_int8_codec_equals_torch():
-    """int8 codes rounded half to even and clamped (``torch.round``), and back to float, exactly:
-    ties, both signs, the clamp, tiny and huge values."""
+def test_kernel_int8_codes_equal_torch():
+    """int8 codes rounded half to even and clamped (``torch.round``) exactly: ties, both signs, the
+    clamp, tiny and huge values."""
     gen = torch.Generator().manual_seed(5)
     ties = torch.arange(-130, 131).float() + 0.5
     y = torch.cat([ties, torch.randn(752, generator=gen) * torch.logspace(-3, 3, 752),
                    torch.tensor([0.0, -0.0, 127.0, -127.0, 127.49, -127.5, 1e-30, -1e-38, 3e38, -3e38, 0.49999997])])
     codes = torch.empty(y.numel(), dtype=torch.int8, device=DEVICE)
-    values = torch.empty(y.numel(), device=DEVICE)
-    _int8_codec_kernel[(1,)](y.to(DEVICE), codes, values, N=y.numel())
+    _int8_codes_kernel[(1,)](y.to(DEVICE), codes, N=y.numel())
     assert torch.equal(codes.cpu(), y.round().clamp(-127, 127).to(torch.int8))
-    assert torch.equal(values.cpu(), codes.cpu().float())
 
 
 def _fp8_step(y: torch.Tensor) -> torch.Tensor:

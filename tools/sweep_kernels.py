@@ -1,16 +1,17 @@
 """Launch-parameter sweep for the decode and prefill kernels (GLA and the gated delta rule) (H100 numbers set the defaults).
 
-    python tools/sweep_kernels.py decode
+    python tools/sweep_kernels.py decode [B H K V]
     python tools/sweep_kernels.py prefill T BLOCK_T BLOCK_V WARPS   (one config per process:
         a config that faults must not take the others down with it)
     python tools/sweep_kernels.py delta_decode
     python tools/sweep_kernels.py delta_prefill T BLOCK_T BLOCK_V WARPS
 """
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
-from triton.testing import do_bench
+from triton.testing import do_bench, do_bench_cudagraph
 
 from laquant.kernels.delta.chunk import chunk_delta_reference, chunk_delta_triton
 from laquant.kernels.delta.decode import delta_decode_step
@@ -19,20 +20,39 @@ from laquant.kernels.gla.decode import gla_decode_step
 from laquant.kernels.common.state import StateQuantizer
 
 
-def decode():
-    B, H, K = 64, 64, 128
-    q, k, v = (torch.randn(B, H, K, device="cuda").bfloat16() for _ in range(3))
+def _decode_formats(names):
+    """``FORMAT`` or ``FORMAT:stochastic`` -> (label, quantizer)."""
+    out = []
+    for name in names:
+        fmt, _, rounding = name.partition(":")
+        out.append((name, StateQuantizer(fmt, rounding=rounding or "nearest")))
+    return out
+
+
+# SWEEP_FORMATS="int8_row int8_row:stochastic" narrows a sweep
+DECODE_FORMATS = tuple(os.environ.get("SWEEP_FORMATS", "fp8_row fp8_row:stochastic int8_row int8_row:stochastic bf16 fp32")
+                       .split())
+
+
+def decode(B=64, H=64, K=128, V=128):
+    """GLA decode step per state format (``:stochastic`` with the store counts), CUDA-graph median;
+    the defaults are the bench shape, ``decode 64 16 64 128`` the e2e model's (1.37B GLA)."""
+    q, k = (torch.randn(B, H, K, device="cuda").bfloat16() for _ in range(2))
+    v = torch.randn(B, H, V, device="cuda").bfloat16()
     g = (F.logsigmoid(torch.randn(B, H, K, device="cuda")) / 16).bfloat16()
     idx = torch.arange(B, device="cuda", dtype=torch.int32)
-    for fmt in ("fp8_row", "bf16", "fp32"):
-        quant = StateQuantizer(fmt)
-        data, scale = quant.store(torch.randn(B, H, K, K, device="cuda"))
+    n_stores = torch.zeros(B, device="cuda", dtype=torch.int32)
+    for name, quant in _decode_formats(DECODE_FORMATS):
+        data, scale = quant.store(torch.randn(B, H, K, V, device="cuda"))
         scale = scale.squeeze(-1).contiguous() if scale is not None else None
-        for bk in (16, 32, 64, 128):
-            for w in (1, 2, 4):
-                ms = do_bench(lambda: gla_decode_step(q, k, v, g, data, scale, idx, quant, block_k=bk, num_warps=w),
-                              return_mode="median")
-                print(f"decode {fmt} block_k={bk} warps={w}: {ms * 1e3:.1f} us", flush=True)
+        for bk in (8, 16, 32, 64):
+            for w in (1, 2, 4, 8):
+                if bk > K or bk * V // (32 * w) < 4:
+                    continue
+                run = lambda: gla_decode_step(q, k, v, g, data, scale, idx, quant, n_stores,  # noqa: E731
+                                              block_k=bk, num_warps=w, seed=1)
+                us = do_bench_cudagraph(run, rep=100) * 1e3
+                print(f"decode B={B} H={H} K={K} V={V} {name} block_k={bk} warps={w}: {us:.1f} us", flush=True)
 
 
 def prefill(T, bt, bv, w):
@@ -54,16 +74,16 @@ def delta_decode():
     v = torch.randn(B, H, K, device="cuda").bfloat16()
     g, beta = -F.softplus(torch.randn(B, H, device="cuda")), torch.rand(B, H, device="cuda")
     idx = torch.arange(B, device="cuda", dtype=torch.int32)
-    for fmt in ("fp8_row", "bf16", "fp32"):
-        quant = StateQuantizer(fmt)
+    n_stores = torch.zeros(B, device="cuda", dtype=torch.int32)
+    for name, quant in _decode_formats(DECODE_FORMATS):
         data, scale = quant.store(torch.randn(B, H, K, K, device="cuda") * 0.1)
         scale = scale.squeeze(-1).contiguous() if scale is not None else None
         for bk in (8, 16, 32, 64):
             for w in (1, 2, 4, 8):
-                run = lambda: delta_decode_step(q, k, v, g, beta, data, scale, idx, quant,  # noqa: E731
-                                                use_qk_l2norm=True, block_k=bk, num_warps=w)
-                print(f"delta_decode {fmt} block_k={bk} warps={w}: {do_bench(run, return_mode='median') * 1e3:.1f} us",
-                      flush=True)
+                run = lambda: delta_decode_step(q, k, v, g, beta, data, scale, idx, quant, n_stores,  # noqa: E731
+                                                use_qk_l2norm=True, block_k=bk, num_warps=w, seed=1)
+                us = do_bench_cudagraph(run, rep=100) * 1e3
+                print(f"delta_decode {name} block_k={bk} warps={w}: {us:.1f} us", flush=True)
 
 
 def delta_prefill(T, bt, bv, w):

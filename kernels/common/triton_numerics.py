@@ -4,22 +4,14 @@ Every Triton kernel quantizes through these, so the rounding rules live in one p
 symmetric absmax scales (``absmax / qmax``, at least float32's tiny), ``x / scale`` as an exactly
 rounded division (``div_rn``, as PyTorch divides; states use a per-row reciprocal, see
 :func:`encode_state`), int8 rounded half to even (as ``torch.round``)
-and clamped to +-127, fp8 e4m3 clamped to +-448 then cast (round to nearest even).
-
-int8 codes go to and from float32 without a conversion instruction: Hopper converts between
-integers and floats (and rounds floats to integers) at 16 results per clock and SM, an eighth of
-its float32 rate, which made the int8 state kernels conversion-bound. Adding ``1.5 * 2**23`` to a
-float ``|y| < 2**22`` rounds it half to even into the low mantissa bits (their low byte is then
-the two's-complement code), and the bits ``0x4B400000 + c`` are the float ``1.5 * 2**23 + c``:
-the same numbers, bit for bit, from float32 adds and integer ops (:func:`int8_codes`,
-:func:`int8_values`, :func:`int8_codes_stochastic`). Format codes
+and clamped to +-127, fp8 e4m3 clamped to +-448 then cast (round to nearest even). Format codes
 (``FMT``) are the registry's ``kernel_code`` (:mod:`.formats`): 0 fp32, 1 bf16, 2 fp8 e4m3 and 3 int8,
 the scaled ones with one float32 scale per K row.
 
 Stochastic rounding (``SR``): :func:`state_random_bytes` draws one random byte per state element
 from ``tl.philox`` with the counters of :func:`laquant.kernels.common.state.state_random_bytes`
 (one Philox call per 16 elements of a row), and :func:`round_stochastic_fp8` /
-:func:`int8_codes_stochastic` round with it exactly as their twins in :mod:`.numerics` do.
+:func:`round_stochastic_int` round with it exactly as their twins in :mod:`.numerics` do.
 """
 
 from __future__ import annotations
@@ -76,15 +68,12 @@ if triton is not None:
 
     @triton.jit
     def int8_codes(y):
-        """``y`` rounded half to even and clamped to +-127, as int8 (``torch.round`` then clamp): the
-        clamped value plus ``1.5 * 2**23`` is rounded to an integer by the add, the code its low byte."""
-        return (tl.minimum(tl.maximum(y, -127.0), 127.0) + 12582912.0).to(tl.int32, bitcast=True).to(tl.int8)
-
-    @triton.jit
-    def int8_values(codes):
-        """int8 codes as float32 (exactly ``codes.float()``): the bits ``0x4B400000 + c`` are
-        ``1.5 * 2**23 + c``."""
-        return (codes.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+        """``y`` rounded half to even and clamped to +-127, as int8 (``torch.round``, then clamp).
+        Adding ``1.5 * 2**23`` to the clamped value rounds it to an integer (half to even) in the
+        mantissa's low bits: one add instead of a floor, a tie test and a float-to-int conversion
+        (the int8 state's nearest-rounding decode kernels ran 1.4-1.5x faster, eval/results/int8_codes_h200.md)."""
+        bits = (tl.minimum(tl.maximum(y, -127.0), 127.0) + 12582912.0).to(tl.int32, bitcast=True)
+        return (bits - 0x4B400000).to(tl.int8)  # in range before the narrowing: a tl.dot operand saturates it
 
     @triton.jit
     def fp8_codes(y):
@@ -143,17 +132,13 @@ if triton is not None:
         return out.to(tl.int32)
 
     @triton.jit
-    def int8_codes_stochastic(y, r):
-        """int8 codes of ``y`` clamped to +-127 and rounded down or up in magnitude with the random
-        byte ``r``: up when ``256 * frac >= 255.5 - r``, bit for bit ``numerics.round_stochastic_int``.
-        In units of 1/256 (``a = 256 |y|``, exact) that rule is ``(round_half_up(a) + r) >> 8``: with
-        ``m = floor(a) mod 256 + r`` it rounds up when ``m >= 256``, or ``m == 255`` and ``frac(a) >= 1/2``.
-        ``round_half_up(a)`` is the magic add's half-to-even ``n`` plus one where ``a - n`` is a half."""
-        a = tl.abs(tl.minimum(tl.maximum(y, -127.0), 127.0) * 256.0)
-        t = a + 12582912.0
-        up = ((a - (t - 12582912.0)) == 0.5).to(tl.int32)
-        mag = (t.to(tl.int32, bitcast=True) - 0x4B400000 + up + r) >> 8
-        return tl.where(y < 0, -mag, mag).to(tl.int8)
+    def round_stochastic_int(y, r):
+        """``y`` rounded down or up in magnitude to an integer with the random byte ``r`` (up when
+        ``256 * frac >= 255.5 - r``): exact in float32, as ``numerics.round_stochastic_int``."""
+        units = tl.abs(y)
+        low = tl.floor(units)
+        mag = low + ((units - low) * 256.0 >= 255.5 - r.to(tl.float32)).to(tl.float32)
+        return tl.where(y < 0, -mag, mag)
 
     @triton.jit
     def round_stochastic_fp8(y, r):
@@ -183,7 +168,7 @@ if triton is not None:
         else:
             y = st * tl.math.div_rn(1.0, scale)[:, None]
             if SR:
-                out = int8_codes_stochastic(y, rbits)
+                out = round_stochastic_int(tl.minimum(tl.maximum(y, -127.0), 127.0), rbits).to(tl.int8)
             else:
                 out = int8_codes(y)
         return out
@@ -191,10 +176,7 @@ if triton is not None:
     @triton.jit
     def decode_state(data, scale, FMT: tl.constexpr):
         """The float32 tile a stored tile stands for."""
-        if FMT == 3:
-            st = int8_values(data)
-        else:
-            st = data.to(tl.float32)
+        st = data.to(tl.float32)
         if FMT >= 2:
             st = st * scale[:, None]
         return st
