@@ -43,7 +43,7 @@ def decode(B=64, H=64, K=128, V=128):
     idx = torch.arange(B, device="cuda", dtype=torch.int32)
     n_stores = torch.zeros(B, device="cuda", dtype=torch.int32)
     for name, quant in _decode_formats(DECODE_FORMATS):
-        data, scale = quant.store(torch.randn(B, H, K, V, device="cuda"))
+        data, scale = StateQuantizer(quant.format.name).store(torch.randn(B, H, K, V, device="cuda"))
         scale = scale.squeeze(-1).contiguous() if scale is not None else None
         for bk in (8, 16, 32, 64):
             for w in (1, 2, 4, 8):
@@ -76,7 +76,7 @@ def delta_decode():
     idx = torch.arange(B, device="cuda", dtype=torch.int32)
     n_stores = torch.zeros(B, device="cuda", dtype=torch.int32)
     for name, quant in _decode_formats(DECODE_FORMATS):
-        data, scale = quant.store(torch.randn(B, H, K, K, device="cuda") * 0.1)
+        data, scale = StateQuantizer(quant.format.name).store(torch.randn(B, H, K, K, device="cuda") * 0.1)
         scale = scale.squeeze(-1).contiguous() if scale is not None else None
         for bk in (8, 16, 32, 64):
             for w in (1, 2, 4, 8):

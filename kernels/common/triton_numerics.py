@@ -72,8 +72,7 @@ if triton is not None:
         Adding ``1.5 * 2**23`` to the clamped value rounds it to an integer (half to even) in the
         mantissa's low bits: one add instead of a floor, a tie test and a float-to-int conversion
         (the int8 state's nearest-rounding decode kernels ran 1.4-1.5x faster, eval/results/int8_codes_h200.md)."""
-        bits = (tl.minimum(tl.maximum(y, -127.0), 127.0) + 12582912.0).to(tl.int32, bitcast=True)
-        return (bits - 0x4B400000).to(tl.int8)  # in range before the narrowing: a tl.dot operand saturates it
+        return ((tl.minimum(tl.maximum(y, -127.0), 127.0) + 12582912.0) - 12582912.0).to(tl.int8)
 
     @triton.jit
     def fp8_codes(y):
