@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Issues #14 / #16 / #19 on the GPU: the conversion-free int8 codec (kernels/common/triton_numerics.py).
-# The same machine times the tree before the change (BASE: this tree with the previous
-# triton_numerics.py, carried in .scratch/base) and after it: the decode kernels with every 8-bit
-# state format (tools/bench_stochastic_rounding.py) and the e2e decode of the 1.37B GLA; then the GPU
-# tests of every kernel that stores, reads or writes int8 codes.
-# Run by `bash tools/device_kernels.sh WAIT device_codec_job.sh` with carry [".scratch"].
+# A change to kernels/common/triton_numerics.py (the kernels' rounding) timed against the file before
+# it on one GPU (issues #14 / #16 / #19; eval/results/int8_codes_h200.md): the decode kernels with
+# every 8-bit state format (tools/bench_stochastic_rounding.py), an int8 decode sweep at the e2e
+# model's shape and the e2e decode of the 1.37B GLA, each on the base tree (this tree with
+# $BASE_NUMERICS as triton_numerics.py) and this tree; then the GPU tests of every kernel that stores,
+# reads or writes int8 codes. The base file travels in an ignored folder:
+#   mkdir -p .scratch/base && git show 09ebc75:kernels/common/triton_numerics.py > .scratch/base/triton_numerics.py
+#   run: bash tools/device_kernels.sh 560 device_codec_job.sh   (carry [".scratch/base"])
 set -u
 W=$1
 CFG='config:{"hidden_size": 2048, "num_hidden_layers": 24, "num_heads": 16, "vocab_size": 32000}'
@@ -12,7 +14,7 @@ log() { echo "$* $(date +%T)" >> "$W/status.log"; }
 python3 -c "import torch, triton, transformers; print(torch.cuda.get_device_name(), 'torch', torch.__version__, \
 'triton', triton.__version__, 'transformers', transformers.__version__)" > "$W/versions.txt" 2>&1
 # both trees are copies: a later call re-syncs the working tree under a running job
-rm -rf /tmp/new /tmp/base && cp -r . /tmp/new && cp -r . /tmp/base && cp .scratch/base/triton_numerics.py /tmp/base/kernels/common/
+rm -rf /tmp/new /tmp/base && cp -r . /tmp/new && cp -r . /tmp/base && cp "${BASE_NUMERICS:-.scratch/base/triton_numerics.py}" /tmp/base/kernels/common/triton_numerics.py
 cd /tmp/new
 run_tree() {  # $1: tree, $2: label
   (cd "$1" && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > /dev/null 2>&1 \

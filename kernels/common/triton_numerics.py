@@ -3,7 +3,7 @@
 Every Triton kernel quantizes through these, so the rounding rules live in one place per language:
 symmetric absmax scales (``absmax / qmax``, at least float32's tiny), ``x / scale`` as an exactly
 rounded division (``div_rn``, as PyTorch divides; states use a per-row reciprocal, see
-:func:`encode_state`), int8 rounded half to even (as ``torch.round``)
+:func:`encode_state`), int8 rounded half to even (as ``torch.round``, :func:`int8_codes`)
 and clamped to +-127, fp8 e4m3 clamped to +-448 then cast (round to nearest even). Format codes
 (``FMT``) are the registry's ``kernel_code`` (:mod:`.formats`): 0 fp32, 1 bf16, 2 fp8 e4m3 and 3 int8,
 the scaled ones with one float32 scale per K row.
@@ -69,9 +69,11 @@ if triton is not None:
     @triton.jit
     def int8_codes(y):
         """``y`` rounded half to even and clamped to +-127, as int8 (``torch.round``, then clamp).
-        Adding ``1.5 * 2**23`` to the clamped value rounds it to an integer (half to even) in the
-        mantissa's low bits: one add instead of a floor, a tie test and a float-to-int conversion
-        (the int8 state's nearest-rounding decode kernels ran 1.4-1.5x faster, eval/results/int8_codes_h200.md)."""
+        Adding ``1.5 * 2**23`` to the clamped value rounds it to an integer, half to even, and
+        subtracting it again is exact: two adds instead of a floor and a tie test (the int8 state's
+        nearest-rounding decode kernels ran 1.3-1.4x faster, eval/results/int8_codes_h200.md). The
+        integer-valued float is then converted: narrowing the add's bit pattern instead broke the
+        codes a GEMM feeds straight to ``tl.dot`` on the GPU."""
         return ((tl.minimum(tl.maximum(y, -127.0), 127.0) + 12582912.0) - 12582912.0).to(tl.int8)
 
     @triton.jit
