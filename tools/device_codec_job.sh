@@ -30,7 +30,6 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > /dev/
 SWEEP_FORMATS="int8_row int8_row:stochastic" timeout 300 python3 tools/sweep_kernels.py decode 64 16 64 128 \
   > "$W/sweep_e2e_shape.log" 2>&1
 log "sweep rc $?"
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > /dev/null 2>&1
 timeout 900 python3 -m pytest -q -rfs --tb=short tests/test_stochastic_rounding.py tests/test_int8_gemm_kernel.py \
   tests/test_gemm_decode.py tests/test_fused_layer_ops.py tests/test_gpu_model.py tests/test_decode_kernel.py \
   tests/test_delta_kernels.py tests/test_kda_kernels.py tests/test_verify.py tests/test_chunk_kernel.py > "$W/gpu_tests.log" 2>&1
