@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Issue #16's 64K-token decode of every recipe on gla-large and on the qwen3next-small hybrid: finite
+# everywhere, saturation counted. Each model is retrained with the seeded command of its earlier
+# results (reference_models.md; long_context_qwen3next-small_cpu.md), alone on the GPU, then decoded:
+# gla-large on the graphed loop (one process), the hybrid on the eager loop (~9 ms a token), one
+# process per recipe and one for the bf16 reference side by side, merged at the end. The weights stay
+# on the lent machine. Run by `bash tools/device_kernels.sh WAIT device_64k_job.sh` (carry .whl .devdata),
+# polled with `JOB=device_64k_job bash tools/device_poll_lc.sh WAIT`.
+set -u
+W=$1
+M=/tmp/laq-models
+mkdir -p "$M"
+LC="python3 tools/long_context_eval.py"
+log() { echo "$* $(date +%T)" >> "$W/status.log"; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$W/versions.txt"
+python3 -c "import torch, triton, transformers, fla; print('torch', torch.__version__, 'triton', triton.__version__, \
+'transformers', transformers.__version__, 'fla', fla.__version__)" >> "$W/versions.txt" 2>&1
+log start
+python3 tools/train.py model --size large --lr 1.5e-3 --steps 970 --data-dir .devdata \
+  --tokenizer laquant/assets/gla-small --out "$M/gla-large" > "$W/train_large.log" 2>&1
+log "gla-large trained rc $?"
+mkdir -p "$W/gla-large"
+cp "$M"/gla-large/*.json "$M"/gla-large/*.png "$W/gla-large/" 2>/dev/null
+$LC --model "$M/gla-large" --out "$W/lc_gla-large_64k" --contexts 65536 --max-windows 1 --data wikitext2 \
+  --variants gla_int8 gla_int8_all gla_int8_fp8 gla_fp8_state gla_bf16_state > "$W/lc_gla-large_64k.log" 2>&1
+log "gla-large 64K rc $?"
+rm -rf "$M/gla-large"
+H="$M/qwen3next-small"
+python3 tools/train.py model --arch qwen3_next --size small --lr 3e-3 --batch 16 --steps 522 \
+  --data-dir .devdata --tokenizer laquant/assets/gla-small --out "$H" > "$W/train_hybrid.log" 2>&1
+log "hybrid trained rc $?"
+mkdir -p "$W/qwen3next-small"
+cp "$H"/*.json "$H"/*.png "$W/qwen3next-small/" 2>/dev/null
+sha256sum "$H"/model.safetensors > "$W/qwen3next-small/sha256.txt"
+parts=()
+for v in hybrid_int8 hybrid_int8_fp8 hybrid_attention_w8a8; do
+  $LC --model "$H" --data wikitext2 --contexts 65536 --max-windows 1 --variants "$v" --no-reference \
+    --out "$W/lc_hybrid_64k_$v" > "$W/lc_hybrid_64k_$v.log" 2>&1 &
+  parts+=("$W/lc_hybrid_64k_$v")
+done
+$LC --model "$H" --data wikitext2 --contexts 65536 --max-windows 1 --variants \
+  --out "$W/lc_hybrid_64k_bf16" > "$W/lc_hybrid_64k_bf16.log" 2>&1 &
+wait
+log "hybrid 64K done"
+$LC --out "$W/lc_hybrid_64k" --merge "$W/lc_hybrid_64k_bf16" "${parts[@]}" > "$W/lc_hybrid_64k_merge.log" 2>&1
+log "hybrid 64K merged rc $?"
+touch "$W/job.done"
