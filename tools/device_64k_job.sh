@@ -4,7 +4,8 @@
 # results (reference_models.md; long_context_qwen3next-small_cpu.md), alone on the GPU, then decoded:
 # gla-large on the graphed loop (one process), the hybrid on the eager loop (~9 ms a token), one
 # process per recipe and one for the bf16 reference side by side, merged at the end. The weights stay
-# on the lent machine. Run by `bash tools/device_kernels.sh WAIT device_64k_job.sh` (carry .whl .devdata),
+# on the lent machine. Run by `bash tools/device_kernels.sh WAIT device_64k_job.sh` (carry .whl .devdata;
+# DATA_DIR=DIR reads the training text from DIR, for a tree too large to carry with it),
 # polled with `JOB=device_64k_job bash tools/device_poll_lc.sh WAIT`.
 set -u
 W=$1
@@ -16,7 +17,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$W/versi
 python3 -c "import torch, triton, transformers, fla; print('torch', torch.__version__, 'triton', triton.__version__, \
 'transformers', transformers.__version__, 'fla', fla.__version__)" >> "$W/versions.txt" 2>&1
 log start
-python3 tools/train.py model --size large --lr 1.5e-3 --steps 970 --data-dir .devdata \
+python3 tools/train.py model --size large --lr 1.5e-3 --steps 970 --data-dir "${DATA_DIR:-.devdata}" \
   --tokenizer laquant/assets/gla-small --out "$M/gla-large" > "$W/train_large.log" 2>&1
 log "gla-large trained rc $?"
 mkdir -p "$W/gla-large"
@@ -27,7 +28,7 @@ log "gla-large 64K rc $?"
 rm -rf "$M/gla-large"
 H="$M/qwen3next-small"
 python3 tools/train.py model --arch qwen3_next --size small --lr 3e-3 --batch 16 --steps 522 \
-  --data-dir .devdata --tokenizer laquant/assets/gla-small --out "$H" > "$W/train_hybrid.log" 2>&1
+  --data-dir "${DATA_DIR:-.devdata}" --tokenizer laquant/assets/gla-small --out "$H" > "$W/train_hybrid.log" 2>&1
 log "hybrid trained rc $?"
 mkdir -p "$W/qwen3next-small"
 cp "$H"/*.json "$H"/*.png "$W/qwen3next-small/" 2>/dev/null
