@@ -18,6 +18,7 @@ from laquant.kernels import (chunk_gated_delta_rule, chunk_gla, chunk_kda, recur
                              recurrent_gla_step, recurrent_kda)
 from laquant.kernels.common.dispatch import use_triton
 from laquant.kernels.common.state import State, StateQuantizer
+from laquant.kernels.common.store import store_state_triton
 
 
 class RecurrentMixer(nn.Module):
@@ -37,7 +38,11 @@ class RecurrentMixer(nn.Module):
                                                     (stored.n_stores if stored is not None else 0) + 1)
 
     def store_state(self, states, stored: State | None, state: torch.Tensor, new_tokens: int) -> None:
-        states.update(self.layer_idx, self.state_quantizer.store_state(state, stored, _seed(states)), new_tokens)
+        if use_triton(state, self.state_quantizer.format.name):  # one kernel, not ~165 PyTorch ops and 2 syncs
+            new = store_state_triton(self.state_quantizer, state, stored, _seed(states))
+        else:
+            new = self.state_quantizer.store_state(state, stored, _seed(states))
+        states.update(self.layer_idx, new, new_tokens)
 
     def attend_gla(self, q, k, v, g, states, scale: float | None = None) -> torch.Tensor:
         """Gated linear attention over ``q, k [B, T, H, K]``, ``v [B, T, H, V]`` and the log-decay

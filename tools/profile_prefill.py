@@ -1,0 +1,81 @@
+"""Where a short prefill's time goes (issue #19's follow-up TTFT, issue #14's prefill): for a random
+GLA, bf16 and quantized, the wall time of a T-token prefill against the GPU time of its kernels
+(host-bound when the wall is much longer), the kernel count, the top kernels, and the host ops that
+wait for the GPU (``aten::item``, synchronisations) with their counts.
+
+    python tools/profile_prefill.py OUT.json [T ...]          # VARIANTS="gla_int8" for the quantized one only
+"""
+import json
+import os
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from laquant.api import calibrate
+from laquant.models import GLAConfig, GLAForCausalLM
+
+SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
+            "cudaMemcpyAsync", "aten::nonzero", "aten::unique")
+
+
+def wall_ms(fn, reps: int = 10) -> float:
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2] * 1e3
+
+
+def prof(fn) -> dict:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        fn()
+        torch.cuda.synchronize()
+    events = p.events()
+    cuda = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_kernel, by_cpu = {}, {}
+    for e in cuda:
+        n, t = by_kernel.get(e.name, (0, 0.0))
+        by_kernel[e.name] = (n + 1, t + e.device_time)
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CPU:
+            n, t = by_cpu.get(e.name, (0, 0.0))
+            by_cpu[e.name] = (n + 1, t + e.self_cpu_time_total)
+    top = lambda d: sorted(((k[:70], n, round(t / 1e3, 3)) for k, (n, t) in d.items()), key=lambda r: -r[2])[:15]  # noqa
+    return {"kernels": len(cuda), "gpu_ms": sum(e.device_time for e in cuda) / 1e3, "top_kernels": top(by_kernel),
+            "top_cpu_self_ms": top(by_cpu), "syncs": {k: by_cpu[k][0] for k in SYNC_OPS if k in by_cpu}}
+
+
+@torch.no_grad()
+def main(out_path: str, lengths=(64, 256, 4096)) -> None:
+    cfg = GLAConfig(hidden_size=2048, num_hidden_layers=24, num_heads=4, vocab_size=32000)
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    for variant in os.environ.get("VARIANTS", "bf16 gla_int8").split():
+        torch.manual_seed(0)
+        model = GLAForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+        if variant != "bf16":
+            model = calibrate(model, variant, data=torch.randint(0, 32000, (4, 512), device="cuda"),
+                              progress=False).model
+        rows = {}
+        for T in lengths:
+            ids = torch.randint(0, 32000, (1, T), device="cuda")
+            fn = lambda: model(ids, use_cache=True, logits_to_keep=1)  # noqa: E731
+            for _ in range(3):
+                fn()
+            rows[T] = {"wall_ms": wall_ms(fn), **prof(fn)}
+            r = rows[T]
+            print(variant, T, "wall", round(r["wall_ms"], 2), "gpu", round(r["gpu_ms"], 2), "kernels", r["kernels"],
+                  "syncs", r["syncs"], flush=True)
+        result[variant] = rows
+        del model
+        torch.cuda.empty_cache()
+    with open(out_path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], *[tuple(int(a) for a in sys.argv[2:])] if len(sys.argv) > 2 else ())
