@@ -6,7 +6,9 @@
 # process per recipe and one for the bf16 reference side by side, merged at the end. The weights stay
 # on the lent machine. Run by `bash tools/device_kernels.sh WAIT device_64k_job.sh` (carry .whl .devdata;
 # DATA_DIR=DIR reads the training text from DIR, for a tree too large to carry with it),
-# polled with `JOB=device_64k_job bash tools/device_poll_lc.sh WAIT`.
+# polled with `JOB=device_64k_job bash tools/device_poll_lc.sh WAIT`. On a cold H200 (2026-11-27) gla-large
+# trained in 607 s (fla autotuning) and its six 64K decodes took 10 minutes; the hybrid's part (train, then
+# four eager 64K decodes side by side) needs about 15 more: run it alone (HYBRID_ONLY=1) early in a session.
 set -u
 W=$1
 M=/tmp/laq-models
@@ -17,6 +19,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$W/versi
 python3 -c "import torch, triton, transformers, fla; print('torch', torch.__version__, 'triton', triton.__version__, \
 'transformers', transformers.__version__, 'fla', fla.__version__)" >> "$W/versions.txt" 2>&1
 log start
+if [ -z "${HYBRID_ONLY:-}" ]; then  # HYBRID_ONLY=1: the hybrid's part alone (gla-large's ran on 2026-11-27)
 python3 tools/train.py model --size large --lr 1.5e-3 --steps 970 --data-dir "${DATA_DIR:-.devdata}" \
   --tokenizer laquant/assets/gla-small --out "$M/gla-large" > "$W/train_large.log" 2>&1
 log "gla-large trained rc $?"
@@ -26,6 +29,7 @@ $LC --model "$M/gla-large" --out "$W/lc_gla-large_64k" --contexts 65536 --max-wi
   --variants gla_int8 gla_int8_all gla_int8_fp8 gla_fp8_state gla_bf16_state > "$W/lc_gla-large_64k.log" 2>&1
 log "gla-large 64K rc $?"
 rm -rf "$M/gla-large"
+fi
 H="$M/qwen3next-small"
 python3 tools/train.py model --arch qwen3_next --size small --lr 3e-3 --batch 16 --steps 522 \
   --data-dir "${DATA_DIR:-.devdata}" --tokenizer laquant/assets/gla-small --out "$H" > "$W/train_hybrid.log" 2>&1
