@@ -98,6 +98,32 @@ def test_large_heads_split_v():
     _check(out, ref, 1e-5)
 
 
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_row_formats_past_the_state_tile(monkeypatch, rounding):
+    """Whole rows of a head too large for one program (K = 256, V = 512 at the real limit; here the limit
+    is lowered): the kernel writes float32 states split over V and they are stored afterwards, keyed as
+    the kernel's own stores; a checkpoint past its sequence's end stays zero with scale 1."""
+    import laquant.kernels.gla.chunk as chunk
+
+    q, k, v, g = _inputs(1, 300, 2, 16, 32, torch.float32, seed=3)
+    cu = torch.tensor([0, 37, 37, 200, 300], dtype=torch.int32, device=DEVICE)
+    args = dict(output_final_state=True, final_format="int8_row", cu_seqlens=cu, checkpoint_every=64,
+                rounding=rounding, seed=5)
+    whole = chunk_gla_triton(q, k, v, g, **args)
+    monkeypatch.setattr(chunk, "MAX_STATE_TILE", 256)
+    split = chunk_gla_triton(q, k, v, g, **args)
+    assert rel_err(split[0], whole[0]) < 1e-6
+    for a, b in ((split[1], whole[1]), (split[2], whole[2])):
+        assert a.data.shape == b.data.shape and a.scale.shape == b.scale.shape
+        assert rel_err(a.scale, b.scale) < 1e-5
+        diff = (a.data.float() - b.data.float()).abs()
+        assert (diff > 0).float().mean() < 0.005 and diff.max() <= 1  # x / scale against x * (1 / scale)
+    assert torch.equal(split[2].scale[1], torch.ones_like(split[2].scale[1]))  # an empty sequence: no checkpoint
+    assert not torch.equal(split[2].data[2], torch.zeros_like(split[2].data[2]))
+    with pytest.raises(ValueError, match="prefill_roundtrip false"):
+        chunk_gla_triton(q, k, v, g, output_final_state=True, roundtrip=StateQuantizer("int8_row"), cu_seqlens=cu)
+
+
 @pytest.mark.parametrize("block_t", [16, 64])
 @pytest.mark.parametrize("fmt,renorm", [("bf16", 1), ("fp8_row", 1), ("int8_row", 1), ("int8_row", 0), ("fp8_row", 0)])
 def test_state_roundtrip_every_64_tokens(fmt, renorm, block_t):

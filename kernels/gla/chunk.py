@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.formats import get_format
 from ..common.state import State, StateQuantizer
 from ..common.state_io import CHUNK, check_state_args, sequence_bounds, state_io, store_position, store_states
 from .reference import chunk_gla
@@ -37,7 +38,7 @@ except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
 SUB = 16  # rows per column block of the intra-chunk split
-MAX_STATE_TILE = 32768  # elements of a program's [BK, BV] state tile, for the formats without row scales
+MAX_STATE_TILE = 32768  # elements of a program's [BK, BV] state tile: V splits past it (rows in a row format: _store_after)
 
 
 def chunk_gla_reference(q, k, v, g, scale=None, initial_state: State | None = None,
@@ -284,6 +285,11 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
         return _segmented(q, k, v, g, scale, initial_state, output_final_state, final_format, segments, o,
                           dict(block_t=block_t, block_v=block_v, num_warps=num_warps, num_stages=num_stages), rng,
                           checkpoint_every)
+    if (get_format(final_format).is_scaled and (output_final_state or checkpoint_every)
+            and _state_tile(K, V) > MAX_STATE_TILE):
+        return _store_after(q, k, v, g, scale, initial_state, output_final_state, final_format, roundtrip,
+                            checkpoint_every, cu_seqlens, o, rng,
+                            dict(block_t=block_t, block_v=block_v, num_warps=num_warps, num_stages=num_stages))
     final = State.empty((N, H, K, V), final_format, q.device) if output_final_state else None
     longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
     n_ckpt = longest // checkpoint_every if checkpoint_every else 0
@@ -295,6 +301,33 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
     _launch(q, k, v, g, o, scale, N, initial_state, final, ckpt if n_ckpt else None, checkpoint_every, roundtrip,
             cu_seqlens, store_o=True, decay=None, block_t=block_t, block_v=block_v, num_warps=num_warps,
             num_stages=num_stages, rng=rng)
+    return o, final, ckpt
+
+
+def _state_tile(K: int, V: int) -> int:
+    return triton.next_power_of_2(K) * triton.next_power_of_2(V)
+
+
+def _store_after(q, k, v, g, scale, initial_state, output_final_state, final_format, roundtrip, checkpoint_every,
+                 cu_seqlens, o, rng, launch):
+    """A head whose whole ``[K, V]`` rows (one scale each) do not fit one program: the kernel writes the
+    final state and checkpoints in float32 with V split across programs, then they are stored in
+    ``final_format`` (:func:`~laquant.kernels.common.state_io.store_states`: one Triton kernel on the GPU),
+    keyed as the kernel's own stores; a checkpoint past its sequence's end stays zero with scale 1."""
+    _, final, ckpt = chunk_gla_triton(q, k, v, g, scale, initial_state, output_final_state, "fp32", roundtrip,
+                                      checkpoint_every, cu_seqlens, segments=1, out=o, seed=rng["seed"],
+                                      position=rng["position"], **launch)
+    store = lambda x, subs=None: store_states(x, final_format, rng["rounding"], rng["seed"], rng["position"], subs)  # noqa: E731
+    if final is not None:
+        final = store(final.data)
+    if ckpt is not None:
+        n_ckpt = ckpt.data.shape[1]
+        ckpt = store(ckpt.data, [(c + 1) * checkpoint_every // CHUNK for c in range(n_ckpt)])
+        if cu_seqlens is not None and n_ckpt:
+            lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+            ends = torch.arange(1, n_ckpt + 1, device=lens.device) * checkpoint_every
+            past = (ends[None, :] > lens[:, None])[:, :, None, None, None]
+            ckpt.scale.masked_fill_(past, 1.0)
     return o, final, ckpt
 
 
@@ -351,6 +384,12 @@ def _launch(q, k, v, g, o, scale, N, initial_state, final, ckpt, checkpoint_ever
         # a [BK, BV] state tile past 32K elements does not fit shared memory (K = 256, V = 512 asked
         # for 296 KiB on an H100); V splits across programs
         BV = min(BV, block_v or BV, max(16, MAX_STATE_TILE // BK))
+    elif BK * BV > MAX_STATE_TILE:  # a final state or checkpoints in a row format took _store_after
+        rt = roundtrip.format.name if roundtrip is not None else final_format
+        raise ValueError(f"a round trip through {rt} with fresh per-row scales inside the prefill "
+                         f"(prefill_roundtrip) needs a head's whole [K, V] = [{K}, {V}] state in one program, more "
+                         f"than its {MAX_STATE_TILE} elements fit: use static scales (renorm_interval 0), or "
+                         "prefill_roundtrip false")
     _chunk_gla_fwd_kernel[(N * H, triton.cdiv(V, BV))](
         q, k, v, g, o,
         ckpt.data if ckpt is not None else dummy, ckpt.scale if ckpt is not None and ckpt.scale is not None else dummy,
