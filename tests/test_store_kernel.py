@@ -10,7 +10,7 @@ from laquant.kernels.common.state import State, StateQuantizer
 from laquant.kernels.common.state_io import store_states
 
 require_triton_kernels()
-from laquant.kernels.common.store import store_state_triton, store_states_triton  # noqa: E402
+from laquant.kernels.common.store import store_rows_triton, store_state_triton, store_states_triton  # noqa: E402
 
 
 def _states(shape, seed):
@@ -79,7 +79,7 @@ def test_renorm_and_static_scales_match_reference(fmt, position):
 def test_checkpoints_match_reference(rounding):
     ckpt = _states((2, 3, 2, 16, 40), 5)
     subs = [4, 8, 12]
-    new = State(*store_states_triton(ckpt, StateQuantizer("int8_row", rounding=rounding), 2, 9, subs=subs), "int8_row")
+    new = store_states_triton(ckpt, "int8_row", rounding, 9, 2, subs)
     ref = store_states(ckpt.cpu(), "int8_row", rounding, 9, 2, subs)
     _assert_codes_match(State(new.data.cpu(), new.scale.cpu(), "int8_row"), ref, "int8_row")
 
@@ -87,10 +87,10 @@ def test_checkpoints_match_reference(rounding):
 def test_bad_arguments_are_named():
     state = _states((1, 1, 4, 16), 0)
     with pytest.raises(ValueError, match="per-row 8-bit formats"):
-        store_states_triton(state, StateQuantizer("bf16"), 1)
+        store_rows_triton(state, StateQuantizer("bf16"), 1)
     with pytest.raises(ValueError, match="expected states"):
-        store_states_triton(state[0], StateQuantizer("int8_row"), 1)
+        store_rows_triton(state[0], StateQuantizer("int8_row"), 1)
     with pytest.raises(ValueError, match=r"\(c \+ 1\) \* step"):
-        store_states_triton(state[:, None].expand(1, 2, 1, 4, 16), StateQuantizer("int8_row"), 1, subs=[1, 3])
+        store_rows_triton(state[:, None].expand(1, 2, 1, 4, 16), StateQuantizer("int8_row"), 1, subs=[1, 3])
     plain = store_state_triton(StateQuantizer("bf16"), state)  # plain formats: the reference's cast
     assert plain.data.dtype == torch.bfloat16 and plain.n_stores == 1

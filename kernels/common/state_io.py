@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .dispatch import use_triton
 from .formats import get_format, kernel_code
 from .state import State, StateQuantizer, StoreKey, quantize_state
-from .store import can_store, store_states_triton
 
 CHUNK = 64  # state round trips and checkpoints fall on multiples of this many tokens
 
@@ -25,13 +23,11 @@ def store_states(state: torch.Tensor, fmt: str, rounding: str = "nearest", seed:
                  checkpoint_subs: list[int] | None = None) -> State:
     """float32 states ``[N, H, K, V]`` stored in ``fmt`` with fresh scales (what a prefill returns),
     or checkpoints ``[N, C, H, K, V]`` (``checkpoint_subs``: the sub-store of each ``c``); stochastic
-    rounding keys the bits of sequence ``n`` by ``(seed, n, position, sub)``. On the GPU the per-row
-    8-bit formats are stored by one kernel (:func:`~.store.store_states_triton`)."""
-    quant = StateQuantizer(fmt, rounding=rounding)
-    if use_triton(state, fmt) and can_store(quant) and (checkpoint_subs is None or checkpoint_subs):
-        return State(*store_states_triton(state, quant, position, seed, subs=checkpoint_subs), fmt)
+    rounding keys the bits of sequence ``n`` by ``(seed, n, position, sub)``. Its Triton twin is
+    :func:`~.store.store_states_triton`."""
     if rounding == "nearest":
         return State(*quantize_state(state, fmt), fmt)
+    quant = StateQuantizer(fmt, rounding=rounding)
     slots = torch.arange(state.shape[0], device=state.device)
     if checkpoint_subs is None:
         return State(*quant.store(state, key=StoreKey(seed, slots, position)), fmt)

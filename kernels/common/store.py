@@ -1,8 +1,9 @@
 """Float32 states stored in a per-row 8-bit format by one Triton kernel: the store a prefill ends with
 (its final state, and its checkpoints for the prefix cache).
 
-The reference is :meth:`StateQuantizer.store_state <laquant.kernels.common.state.StateQuantizer.store_state>`
-(and :func:`~laquant.kernels.common.state_io.store_states` for checkpoints): fresh per-row scales, or
+The references are :meth:`StateQuantizer.store_state <laquant.kernels.common.state.StateQuantizer.store_state>`
+(:func:`store_state_triton`) and :func:`~laquant.kernels.common.state_io.store_states`
+(:func:`store_states_triton`, also checkpoints): fresh per-row scales, or
 scales that only grow over the previous ones between renormalisations, or the calibrated static ones;
 stochastic rounding keyed by the seed, the batch row, the store count and the sub-store. Run as
 PyTorch ops on the GPU, a stochastic store was ~165 kernel launches and two host synchronisations per
@@ -21,6 +22,7 @@ import torch
 
 from .formats import kernel_code
 from .state import State, StateQuantizer
+from .state_io import store_states
 
 try:
     import triton
@@ -34,7 +36,7 @@ TILE = 8192  # elements of a program's [BLOCK_K, V] tile: whole rows (one scale 
 
 
 def can_store(quantizer: StateQuantizer) -> bool:
-    """Whether :func:`store_states_triton` stores this quantizer's format (the kernels' per-row 8-bit
+    """Whether :func:`store_rows_triton` stores this quantizer's format (the kernels' per-row 8-bit
     formats; the plain ones are a cast, the others take the reference)."""
     return triton is not None and quantizer.format.is_scaled and kernel_code(quantizer.format) is not None
 
@@ -67,16 +69,16 @@ if triton is not None:
         store_state_rows(st, data_ptr + tile, scale_ptr + rows, mask_k, mask, scale, FMT, SR, rbits)
 
 
-def store_states_triton(state: torch.Tensor, quantizer: StateQuantizer, position: int, seed: int = 0,
-                        prev_scale: torch.Tensor | None = None, subs: list[int] | None = None
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+def store_rows_triton(state: torch.Tensor, quantizer: StateQuantizer, position: int, seed: int = 0,
+                      prev_scale: torch.Tensor | None = None, subs: list[int] | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(data, scale)`` of float32 ``state`` ``[N, H, K, V]`` stored by ``quantizer`` as store
     ``position`` of each sequence (batch row ``n`` is slot ``n``), or of checkpoints ``[N, C, H, K, V]``
     with the sub-stores ``subs`` (``(c + 1) * step``, as a prefill's). ``prev_scale`` ``[N, H, K]``:
     the scales the previous store left (with ``renorm_interval > 1`` they only grow, except at every
     ``renorm_interval``-th store). ``scale`` is ``[..., K, 1]``, as :meth:`StateQuantizer.store`'s."""
     if not can_store(quantizer):
-        raise ValueError(f"store_states_triton stores the kernels' per-row 8-bit formats, not {quantizer.format.name!r}")
+        raise ValueError(f"store_rows_triton stores the kernels' per-row 8-bit formats, not {quantizer.format.name!r}")
     checkpoints = subs is not None
     if state.dim() != (5 if checkpoints else 4):
         raise ValueError(f"expected states [N, H, K, V] (checkpoints: [N, C, H, K, V] with subs); got {tuple(state.shape)}")
@@ -114,5 +116,16 @@ def store_state_triton(quantizer: StateQuantizer, state: torch.Tensor, prev: Sta
         return quantizer.store_state(state, prev, seed)
     n_stores = prev.n_stores + 1 if prev is not None else 1
     prev_scale = prev.row_scale if prev is not None else None
-    data, scale = store_states_triton(state, quantizer, n_stores, seed, prev_scale)
+    data, scale = store_rows_triton(state, quantizer, n_stores, seed, prev_scale)
     return State(data, scale, quantizer.format.name, n_stores)
+
+
+def store_states_triton(state: torch.Tensor, fmt: str, rounding: str = "nearest", seed: int = 0, position: int = 1,
+                        checkpoint_subs: list[int] | None = None) -> State:
+    """:func:`~laquant.kernels.common.state_io.store_states` (a prefill's final states ``[N, H, K, V]``
+    or checkpoints ``[N, C, H, K, V]``, fresh scales) on the GPU; the plain and non-kernel formats, and
+    no checkpoints at all, take the reference."""
+    quant = StateQuantizer(fmt, rounding=rounding)
+    if not can_store(quant) or (checkpoint_subs is not None and not checkpoint_subs):
+        return store_states(state, fmt, rounding, seed, position, checkpoint_subs)
+    return State(*store_rows_triton(state, quant, position, seed, subs=checkpoint_subs), fmt)

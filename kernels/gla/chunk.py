@@ -26,6 +26,7 @@ import torch
 from ..common.formats import get_format
 from ..common.state import State, StateQuantizer
 from ..common.state_io import CHUNK, check_state_args, sequence_bounds, state_io, store_position, store_states
+from ..common.store import store_states_triton
 from .reference import chunk_gla
 
 try:
@@ -240,8 +241,8 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
     fill the GPU when ``B * H`` programs cannot). Not with round trips through a storage format
     (sequential by nature). With ``checkpoint_every`` the pieces are ``checkpoint_every`` tokens long
     (any ``segments > 1``; by default where ``B * H`` programs cannot fill the GPU), and the
-    checkpoints are their chained start states, stored by the reference's
-    :func:`~laquant.kernels.common.state_io.store_states` (the same codes as the kernel's own stores
+    checkpoints are their chained start states, stored by
+    :func:`~laquant.kernels.common.store.store_states_triton` (the same codes as the kernel's own stores
     up to the float32 order of the scan).
     ``rounding`` (nearest or stochastic) rounds the final state and the checkpoints; a stochastic
     ``roundtrip`` quantizer rounds the round trips so. Their random bits are keyed by ``seed``,
@@ -312,12 +313,13 @@ def _store_after(q, k, v, g, scale, initial_state, output_final_state, final_for
                  cu_seqlens, o, rng, launch):
     """A head whose whole ``[K, V]`` rows (one scale each) do not fit one program: the kernel writes the
     final state and checkpoints in float32 with V split across programs, then they are stored in
-    ``final_format`` (:func:`~laquant.kernels.common.state_io.store_states`: one Triton kernel on the GPU),
+    ``final_format`` by one more kernel (:func:`~laquant.kernels.common.store.store_states_triton`),
     keyed as the kernel's own stores; a checkpoint past its sequence's end stays zero with scale 1."""
     _, final, ckpt = chunk_gla_triton(q, k, v, g, scale, initial_state, output_final_state, "fp32", roundtrip,
                                       checkpoint_every, cu_seqlens, segments=1, out=o, seed=rng["seed"],
                                       position=rng["position"], **launch)
-    store = lambda x, subs=None: store_states(x, final_format, rng["rounding"], rng["seed"], rng["position"], subs)  # noqa: E731
+    store = lambda x, subs=None: store_states_triton(x, final_format, rng["rounding"], rng["seed"], rng["position"],  # noqa: E731
+                                                     subs)
     if final is not None:
         final = store(final.data)
     if ckpt is not None:
@@ -366,9 +368,9 @@ def _segmented(q, k, v, g, scale, initial_state, output_final_state, final_forma
     if checkpoint_every:  # checkpoint c: the state after (c + 1) * checkpoint_every tokens
         n_ckpt = T // checkpoint_every
         after = torch.cat([starts_state.view(B, segments, H, K, V)[:, 1:], final[:, None]], 1)[:, :n_ckpt]
-        ckpt = store_states(after.contiguous(), final_format, rng["rounding"], rng["seed"], rng["position"],
-                            [(c + 1) * checkpoint_every // CHUNK for c in range(n_ckpt)])
-    return o, (store_states(final, final_format, rng["rounding"], rng["seed"], rng["position"])
+        ckpt = store_states_triton(after.contiguous(), final_format, rng["rounding"], rng["seed"], rng["position"],
+                                   [(c + 1) * checkpoint_every // CHUNK for c in range(n_ckpt)])
+    return o, (store_states_triton(final, final_format, rng["rounding"], rng["seed"], rng["position"])
                if output_final_state else None), ckpt
 
 

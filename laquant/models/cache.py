@@ -6,9 +6,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from laquant.kernels.common.dispatch import use_triton
 from laquant.kernels.common.format_names import SCALED_STATE_FORMATS
 from laquant.kernels.common.state import State
 from laquant.kernels.common.state_io import CHUNK, store_states
+from laquant.kernels.common.store import store_states_triton
 
 
 @dataclass
@@ -34,7 +36,8 @@ class CheckpointRequest:
         if rounding == "stochastic" and fmt not in SCALED_STATE_FORMATS:  # stochastic applies to scaled formats
             rounding = "nearest"
         subs = [(c + 1) * self.every // CHUNK for c in range(ckpt.shape[1])]
-        self.states[layer_idx] = store_states(ckpt.float(), fmt, rounding, seed, position, subs)
+        store = store_states_triton if use_triton(ckpt, fmt) else store_states
+        self.states[layer_idx] = store(ckpt.float(), fmt, rounding, seed, position, subs)
 
     def keep_conv(self, key, inputs: torch.Tensor, width: int) -> None:
         """A short conv's last ``width - 1`` inputs after every ``every`` tokens of ``inputs``
