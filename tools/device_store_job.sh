@@ -4,7 +4,8 @@
 # store kernel, the chunk kernels, the model on the GPU, the prefix cache, speculative decoding), then the
 # prefill profile of the 1.3B-shaped GLA (tools/profile_prefill.py: wall against GPU time, kernels, host
 # syncs; before: eval/results/serve_1b_h200/profile_prefill_h200.json), the 1.3B follow-up TTFT
-# (eval serve) and the e2e suite's prefill of the 1.37B GLA. Results under $1, one status line a step.
+# (eval serve), the e2e suite's prefill of the 1.37B GLA, and the int8 GEMM at prefill sizes against cuBLAS
+# (tools/bench_prefill_gemm.py: larger Triton tiles, torch._int_mm). Results under $1, one status line a step.
 #   run: bash tools/device_kernels.sh 560 device_store_job.sh
 set -u
 W=$1
@@ -25,4 +26,6 @@ timeout 600 laquant eval speed --suite e2e --recipe gla_int8_all --batch 1 64 --
   --model 'config:{"hidden_size": 2048, "num_hidden_layers": 24, "num_heads": 16, "vocab_size": 32000}' \
   --out "$W/e2e" > "$W/e2e.log" 2>&1
 log "e2e rc $?"
+timeout 400 python3 tools/bench_prefill_gemm.py "$W/prefill_gemm.json" > "$W/prefill_gemm.log" 2>&1
+log "prefill gemm rc $?"
 touch "$W/job.done"
