@@ -44,8 +44,8 @@ def can_store(quantizer: StateQuantizer) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _store_states_kernel(h_ptr, data_ptr, scale_ptr, old_ptr, static_ptr, C, seed, position, sub0, sub_step,
-                             renorm_now, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    def _store_states_kernel(h_ptr, data_ptr, scale_ptr, old_ptr, static_ptr, C, seed, position, sub_step, renorm_now,
+                             H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                              BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, FMT: tl.constexpr,
                              RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr):
         pid = tl.program_id(0)  # (n * C + c) * H + h over states [N, C, H, K, V]
@@ -65,7 +65,7 @@ if triton is not None:
         scale = stored_row_scale(st, old, static_ptr + h * K + offs_k, mask_k, renorm_now != 0, RENORM, QMAX)
         rbits = 0
         if SR:
-            rbits = state_random_bytes(seed, n, position, sub0 + c * sub_step, h, offs_k, 0, K, V, BLOCK_K, BLOCK_V)
+            rbits = state_random_bytes(seed, n, position, (c + 1) * sub_step, h, offs_k, 0, K, V, BLOCK_K, BLOCK_V)
         store_state_rows(st, data_ptr + tile, scale_ptr + rows, mask_k, mask, scale, FMT, SR, rbits)
 
 
@@ -99,10 +99,10 @@ def store_rows_triton(state: torch.Tensor, quantizer: StateQuantizer, position: 
     renorm_now = prev_scale is None or renorm <= 1 or position % renorm == 0
     BLOCK_V = triton.next_power_of_2(V)
     BLOCK_K = min(triton.next_power_of_2(K), max(1, TILE // BLOCK_V))
-    sub0 = subs[0] if checkpoints and C else 0
+    sub_step = subs[0] if checkpoints and C else 0  # a final state: sub-store 0
     if state.numel():
         _store_states_kernel[(state.numel() // (K * V), triton.cdiv(K, BLOCK_K))](
-            state, data, scale, old, static, C, seed, position, sub0, sub0, int(renorm_now),
+            state, data, scale, old, static, C, seed, position, sub_step, int(renorm_now),
             H=H, K=K, V=V, BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V, FMT=kernel_code(fmt), RENORM=renorm, QMAX=fmt.qmax,
             SR=quantizer.stochastic, num_warps=4)
     return data, scale
