@@ -4,9 +4,13 @@ GLA, bf16 and quantized, the wall time of a T-token prefill against the GPU time
 wait for the GPU (``aten::item``, synchronisations) with their counts.
 
     python tools/profile_prefill.py OUT.json [T ...]          # VARIANTS="gla_int8" for the quantized one only
+    CPROFILE=1 python tools/profile_prefill.py ...             # adds each call's top Python functions (cProfile)
 """
+import cProfile
+import io
 import json
 import os
+import pstats
 import sys
 import time
 
@@ -50,6 +54,20 @@ def prof(fn) -> dict:
             "top_cpu_self_ms": top(by_cpu), "syncs": {k: by_cpu[k][0] for k in SYNC_OPS if k in by_cpu}}
 
 
+def host_profile(fn, reps: int = 5) -> list:
+    """The Python functions where a call's host time goes (cProfile, cumulative over ``reps`` calls):
+    what makes a prefill host-bound when the profiler's ops do not add up to its wall time."""
+    p = cProfile.Profile()
+    p.enable()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    p.disable()
+    out = io.StringIO()
+    pstats.Stats(p, stream=out).sort_stats("tottime").print_stats(25)
+    return out.getvalue().splitlines()
+
+
 @torch.no_grad()
 def main(out_path: str, lengths=(64, 256, 4096)) -> None:
     cfg = GLAConfig(hidden_size=2048, num_hidden_layers=24, num_heads=4, vocab_size=32000)
@@ -67,6 +85,8 @@ def main(out_path: str, lengths=(64, 256, 4096)) -> None:
             for _ in range(3):
                 fn()
             rows[T] = {"wall_ms": wall_ms(fn), **prof(fn)}
+            if os.environ.get("CPROFILE"):
+                rows[T]["host_tottime"] = host_profile(fn)
             r = rows[T]
             print(variant, T, "wall", round(r["wall_ms"], 2), "gpu", round(r["gpu_ms"], 2), "kernels", r["kernels"],
                   "syncs", r["syncs"], flush=True)
