@@ -7,8 +7,10 @@
 # on the lent machine. Run by `bash tools/device_kernels.sh WAIT device_64k_job.sh` (carry .whl .devdata;
 # DATA_DIR=DIR reads the training text from DIR, for a tree too large to carry with it),
 # polled with `JOB=device_64k_job bash tools/device_poll_lc.sh WAIT`. On a cold H200 (2026-11-27) gla-large
-# trained in 607 s (fla autotuning) and its six 64K decodes took 10 minutes; the hybrid's part (train, then
-# four eager 64K decodes side by side) needs about 15 more: run it alone (HYBRID_ONLY=1) early in a session.
+# trained in 607 s (fla autotuning) and its six 64K decodes took 10 minutes. The hybrid's part (HYBRID_ONLY=1)
+# trained in 247 s on a warm H200, but its four eager 64K decodes side by side ran at 10-16 tokens/s each
+# (2026-11-27, stopped at 3,000 tokens): 70-110 minutes, more than a session's device time. It needs a
+# faster (graphed) hybrid decode loop first.
 set -u
 W=$1
 M=/tmp/laq-models
