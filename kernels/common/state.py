@@ -156,6 +156,8 @@ class StateQuantizer:
             return quantize_state(state, self.format)
         if self.renorm_interval == 0:
             scale = self.static_scale.to(state.device)
+            if scale.dim():  # one scale per stored row, as a fresh one: the kernels address [..., K] per state
+                scale = scale.expand(*state.shape[:state.dim() - scale.dim()], *scale.shape).contiguous()
         else:
             scale = self.fresh_scale(state)
             if prev_scale is not None and n_stores % self.renorm_interval != 0:
