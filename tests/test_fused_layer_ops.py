@@ -137,6 +137,27 @@ def test_fused_group_equals_members(monkeypatch):
         assert rel_err(a.float().cpu(), b.float().cpu()) < TOL
 
 
+def test_group_is_kept_until_a_member_changes(monkeypatch):
+    from laquant.quant import fused
+
+    monkeypatch.setattr(fused, "use_triton", lambda x: True)
+    owner, names, _ = _group()
+    x = _randn(3, 96)
+    packed = fused.packed_group(owner, names, x)
+    assert packed is not None and fused.packed_group(owner, names, x) is packed  # no re-check, no re-pack
+    handle = owner.p1.register_forward_hook(lambda m, i, o: o * 2)  # a hook: the members run one by one
+    assert fused.packed_group(owner, names, x) is None
+    assert torch.equal(fused.project(owner, names, x)[1], owner.p1(x))
+    handle.remove()
+    assert fused.packed_group(owner, names, x) is packed
+    owner.p2.weight_scale.mul_(2)  # an in-place change: packed again, from the new scales
+    repacked = fused.packed_group(owner, names, x)
+    assert repacked is not packed
+    assert rel_err(fused.project(owner, names, x)[2].float().cpu(), owner.p2(x).float().cpu()) < TOL
+    owner.p0.act_granularity = "none"  # the members no longer quantize alike: one by one
+    assert fused.packed_group(owner, names, x) is None
+
+
 def test_members_with_different_outliers_run_alone(monkeypatch):
     from laquant.quant import fused
 

@@ -13,6 +13,7 @@ Imports neither torch nor Triton: the dispatch is testable anywhere.
 
 from __future__ import annotations
 
+import functools
 import math
 
 M_BUCKETS = (1, 16, 32, 64, 128, 256)
@@ -78,6 +79,7 @@ def m_bucket(M: int) -> int | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)  # read-only entries of TABLE; every GEMM launch asks
 def _entry(bucket: int, N: int, K: int) -> dict | None:
     shapes = {key.split("@")[1] for key in TABLE if key.startswith(f"{bucket}@")}
     if not shapes:

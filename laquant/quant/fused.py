@@ -29,9 +29,18 @@ from laquant.quant.modules import GPU_MODES, QuantLinear
 _BUFFERS = ("qweight", "weight_scale", "keep_idx", "outlier_idx", "outlier_weight", "bias")
 
 
-def _key(members) -> tuple:
-    return tuple((b.data_ptr(), b._version) if b is not None else None
-                 for m in members for b in (getattr(m, name) for name in _BUFFERS))
+def _members(owner: nn.Module, names: tuple[str, ...]) -> list[nn.Module]:
+    mods = owner._modules  # not nn.Module.__getattr__: this runs for every projection of every forward
+    return [mods[n] if n in mods else getattr(owner, n) for n in names]
+
+
+def _key(members) -> tuple | None:
+    """What a packed weight was built from: the members' activation modes and each buffer's storage
+    and version (a reload or an in-place change moves one); None where a member is not a QuantLinear."""
+    if not all(isinstance(m, QuantLinear) for m in members):
+        return None
+    return tuple(m.act_granularity for m in members) + tuple(
+        (b.data_ptr(), b._version) if b is not None else None for m in members for b in map(m._buffers.get, _BUFFERS))
 
 
 def _runs_packed(members, x: torch.Tensor) -> bool:
@@ -76,17 +85,28 @@ def _fuse(members):
 
 def packed_group(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor):
     """The one packed weight the members run as on the GPU for input ``x`` (fused when several), or
-    None where they run module by module."""
-    members = [getattr(owner, n) for n in names]
-    if not _runs_packed(members, x):
+    None where they run module by module. The checks and the packing run again only when a member's
+    buffers changed (:func:`_key`) or x is on another device; hooks are checked at every call."""
+    if not use_triton(x):
         return None
-    if len(members) == 1:
-        return members[0].packed()
+    members = _members(owner, names)
+    if any(m._forward_hooks or m._forward_pre_hooks for m in members):
+        return None
+    key = _key(members)
+    if key is None:
+        return None
     cache = owner.__dict__.setdefault("_fused_projections", {})
-    key, packed = cache.get(names, (None, None))
-    if key != _key(members):
+    entry = cache.get(names)
+    if entry is not None and entry[0] == key and entry[1] == x.device:
+        return entry[2]
+    if not _runs_packed(members, x):
+        packed = None
+    elif len(members) == 1:
+        packed = members[0].packed()
+    else:
         packed = _fuse(members) if _same_columns(members) else None
-        cache[names] = (_key(members), packed)
+        key = _key(members)  # fusing made the members' weights row slices of the packed one
+    cache[names] = (key, x.device, packed)
     return packed
 
 
@@ -100,7 +120,7 @@ def w8a8_inputs(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor):
     always runs W8A8: its numerics do not depend on the batch's token count. (A module called on
     its own takes ``linear_triton``'s ``auto``, whose table counts the quantization pass.)"""
     packed = packed_group(owner, names, x)
-    return packed if packed is not None and getattr(owner, names[0]).act_granularity == "per_token" else None
+    return packed if packed is not None and _members(owner, names[:1])[0].act_granularity == "per_token" else None
 
 
 def project(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor, codes=None) -> list[torch.Tensor]:
@@ -108,7 +128,7 @@ def project(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor, codes=Non
     outputs are then column slices of one tensor). ``codes``: x's W8A8 codes ``(xq, xs, xo)``
     for the packed weight :func:`w8a8_inputs` returned, written by the kernel that made x."""
     packed = packed_group(owner, names, x)
-    members = [getattr(owner, n) for n in names]
+    members = _members(owner, names)
     if packed is None:
         if codes is not None:
             raise ValueError("activation codes were given for projections that do not run as one packed GEMM")
