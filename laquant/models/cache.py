@@ -84,6 +84,9 @@ class GLAStateCache:
         self.seed = check_seed(seed)
         self.pending = None  # a verify step awaiting its commit (laquant.models.verify)
         self.checkpoints: CheckpointRequest | None = None  # snapshots the next prefill also writes
+        # [B, T] of the next call, 0 past a sequence's real tokens: their keys and log-decays become
+        # zero, so the state passes them unchanged (a padded prefill replayed as a CUDA graph)
+        self.token_mask: torch.Tensor | None = None
 
     def get(self, layer_idx: int) -> State | None:
         return self.states[layer_idx]

@@ -124,10 +124,11 @@ class PrefixStateCache:
     """Snapshots of ``model``'s state every ``block_size`` tokens (a multiple of 64), at most
     ``budget_bytes`` of them (LRU). ``state_format`` / ``rounding``: how snapshots are stored (None:
     each layer's own state format, and its rounding for the scaled formats). ``seed`` is the seed of
-    every cache this makes (stochastic rounding's random bits)."""
+    every cache this makes (stochastic rounding's random bits). ``graphed``: replay short resumed
+    prefills as CUDA graphs (:mod:`laquant.serving.graphed_prefill`; GLA on CUDA)."""
 
     def __init__(self, model, block_size: int = 256, budget_bytes: int = 1 << 30, state_format: str | None = None,
-                 rounding: str | None = None, seed: int = 0):
+                 rounding: str | None = None, seed: int = 0, graphed: bool = False):
         self.layout = check_model(model)
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < CHUNK or block_size % CHUNK:
             raise LaquantError(f"block_size must be a positive multiple of {CHUNK} tokens (the chunk kernels' "
@@ -145,6 +146,13 @@ class PrefixStateCache:
         except ValueError as exc:
             raise LaquantError(str(exc)) from None
         self.model, self.block_size, self.budget_bytes = model, block_size, budget_bytes
+        # graphed: a hit that adds fewer tokens than a block replays its prefill as a CUDA graph
+        # where laquant.serving.graphed_prefill covers the model (else it runs eagerly)
+        self.graphed_prefill = None
+        if graphed:
+            from laquant.serving.graphed_prefill import GraphedPrefill
+
+            self.graphed_prefill = GraphedPrefill(model, block_size - 1)
         self.state_format, self.rounding, self.seed = state_format, rounding, seed
         self.needs_chain = self.layout.has_attention  # softmax layers: a block's snapshot holds only its own KV
         self._root = hashlib.sha256(f"laquant-prefix/{block_size}/{state_format}/{rounding}/{seed}".encode()).digest()
@@ -246,10 +254,14 @@ class PrefixStateCache:
             raise LaquantError(f"input_ids holds token ids outside the model's vocabulary [0, {vocab})")
         hit = self.lookup(tokens)
         cache = self.restore(hit)
-        store = state_store(cache)
-        store.checkpoints = CheckpointRequest(self.block_size, self.state_format, self.rounding)
         device = next(self.model.parameters()).device
         suffix = tokens[hit.tokens:].to(device)[None]
+        graphs = self.graphed_prefill
+        if graphs is not None and hit.tokens and logits_to_keep == 1 and graphs.covers(cache, suffix.shape[1]):
+            logits, cache = graphs(cache, suffix)  # fewer new tokens than a block: no snapshot is due
+            return logits, cache, hit.tokens
+        store = state_store(cache)
+        store.checkpoints = CheckpointRequest(self.block_size, self.state_format, self.rounding)
         with torch.no_grad():
             out = self.model(input_ids=suffix, past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep)
         request, store.checkpoints = store.checkpoints, None

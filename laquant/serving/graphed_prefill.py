@@ -1,0 +1,134 @@
+"""A resumed prefill replayed as a CUDA graph: the follow-up request's time to first token.
+
+A follow-up request resumes from a cached snapshot and runs only its new tokens: tens to a few
+hundred. On a 24-layer model that eager prefill costs tens of milliseconds of Python and kernel
+launches for a few milliseconds of GPU work (``eval/results/serving_h100.md``), so the prefix cache
+saved little time. This module captures that prefill once per token-count bucket (64, 128, 256, ...)
+on static tensors and replays it:
+
+* the request's tokens are padded to the bucket; the padding is made a no-op for the state by the
+  cache's ``token_mask`` (zero keys and zero log-decays: the GLA mixer multiplies them by it), and the
+  outputs of the padded positions are never read (causal: they cannot change the real ones);
+* the snapshot is copied into the graph's static input states; a resumed prefill's final store is
+  always its store 1 (a restored snapshot counts as store 0), so the store count and the cache's seed
+  that the kernels take as launch arguments are the same at every replay;
+* the next-token logits are those of the last real position (a gather by a static index, then
+  ``lm_head`` on that one row); the final states are copied out of the graph's memory into a fresh
+  cache that continues the sequence.
+
+What it covers: laquant's GLA on CUDA, recurrent layers only (no short convs, no softmax ``attn``
+layers), no round trip of the state inside the prefill (``prefill_roundtrip``), requests that resume
+from a snapshot and add fewer tokens than a block (so no new snapshot is due). Anything else runs
+eagerly, as before. Numerics: the eager resumed prefill's, up to float32 summation order (the
+padding only lengthens the GEMMs' M and the chunk kernel's masked last chunk holds zeros instead of
+masked-out loads).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from laquant.kernels.common.state import State
+from laquant.models.cache import GLAStateCache
+
+MIN_BUCKET = 64
+
+
+def bucket_for(tokens: int) -> int:
+    """The token-count bucket a request of ``tokens`` new tokens is padded to (a power of two >= 64)."""
+    return max(MIN_BUCKET, 1 << max(0, tokens - 1).bit_length())
+
+
+def graphable(model, cache: GLAStateCache) -> bool:
+    """Whether a resumed prefill of ``model`` from ``cache`` (restored from a snapshot) can be replayed."""
+    from laquant.models import GLAForCausalLM
+
+    if not isinstance(model, GLAForCausalLM) or not isinstance(cache, GLAStateCache):
+        return False
+    if cache.conv or cache.kv or any(s is None for s in cache.states) or {s.n_stores for s in cache.states} != {0}:
+        return False
+    return not any(getattr(layer.attn, "prefill_roundtrip", False)
+                   and not layer.attn.state_quantizer.is_plain_fp32 for layer in model.model.layers)
+
+
+class _Capture:
+    """One bucket's static tensors and its captured prefill (``graph`` None: each replay re-runs
+    the prefill eagerly on the same tensors, which is how the CPU tests exercise everything but
+    the capture itself)."""
+
+    def __init__(self, model, layout: GLAStateCache, bucket: int, use_graph: bool):
+        self.model, self.bucket = model, bucket
+        device = layout.states[0].data.device
+        self.ids = torch.zeros(1, bucket, dtype=torch.long, device=device)
+        self.mask = torch.zeros(1, bucket, dtype=torch.float32, device=device)
+        self.last = torch.zeros(1, dtype=torch.long, device=device)
+        self.seed = layout.seed
+        self.inputs = [State(s.data.clone(), None if s.scale is None else s.scale.clone(), s.format, 0)
+                       for s in layout.states]
+        self.graph = None
+        if use_graph:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):  # compiles / autotunes the kernels outside the capture
+                for _ in range(2):
+                    self._run()
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits, self.outputs = self._run()
+
+    def _run(self):
+        cache = GLAStateCache(len(self.inputs), self.seed)
+        cache.states = list(self.inputs)  # read in place; the mixers put their new states beside them
+        cache.token_mask = self.mask
+        hidden = self.model.model(self.ids, cache)
+        logits = self.model.lm_head(hidden.index_select(1, self.last))
+        return logits, cache.states
+
+    def replay(self, restored: GLAStateCache, suffix: torch.Tensor):
+        """``(logits [1, 1, vocab], cache)`` of ``suffix`` (``[1, T]``, T <= bucket) after ``restored``."""
+        T = suffix.shape[1]
+        for mine, theirs in zip(self.inputs, restored.states):
+            mine.data.copy_(theirs.data)
+            if mine.scale is not None:
+                mine.scale.copy_(theirs.scale)
+        self.ids.zero_()
+        self.ids[:, :T].copy_(suffix)
+        self.mask.zero_()
+        self.mask[:, :T] = 1.0
+        self.last.fill_(T - 1)
+        if self.graph is not None:
+            self.graph.replay()
+            logits, outputs = self.logits, self.outputs
+        else:
+            logits, outputs = self._run()
+        out = GLAStateCache(len(outputs), self.seed)
+        out.states = [State(s.data.clone(), None if s.scale is None else s.scale.clone(), s.format, s.n_stores)
+                      for s in outputs]
+        out.seen_tokens = restored.seen_tokens + T
+        return logits.clone(), out
+
+
+class GraphedPrefill:
+    """Resumed prefills of ``model`` replayed per token-count bucket (captured on first use, for
+    each state layout and seed); ``use_graph`` False re-runs them eagerly on the same static
+    tensors (CPU, tests)."""
+
+    def __init__(self, model, max_tokens: int, use_graph: bool = True):
+        self.model, self.max_tokens, self.use_graph = model, max_tokens, use_graph
+        self.captures: dict = {}
+
+    def covers(self, cache: GLAStateCache, tokens: int) -> bool:
+        """Whether a resumed prefill of ``tokens`` new tokens from ``cache`` replays here (one new
+        token takes the decode kernel, whose stores are keyed differently: it stays eager)."""
+        return (1 < tokens <= self.max_tokens and graphable(self.model, cache)
+                and (cache.states[0].data.is_cuda or not self.use_graph))
+
+    def __call__(self, restored: GLAStateCache, suffix: torch.Tensor):
+        bucket = bucket_for(suffix.shape[1])
+        layout = tuple((tuple(s.data.shape), s.data.dtype, s.format, s.scale is None) for s in restored.states)
+        key = (bucket, layout, restored.seed)
+        capture = self.captures.get(key)
+        if capture is None:
+            capture = self.captures[key] = _Capture(self.model, restored, bucket, self.use_graph)
+        return capture.replay(restored, suffix)

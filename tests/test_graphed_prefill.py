@@ -1,0 +1,116 @@
+"""A resumed prefill replayed per token-count bucket (laquant.serving.graphed_prefill): the padded,
+masked prefill on static tensors against the eager resumed prefill (CPU: re-run eagerly on the
+same static tensors; GPU: captured as a CUDA graph), and what stays eager."""
+
+import pytest
+import torch
+from conftest import rel_err
+
+from laquant.kernels.common.state import StateQuantizer
+from laquant.models import GLAConfig, GLAForCausalLM
+from laquant.serving import PrefixStateCache
+from laquant.serving.graphed_prefill import bucket_for
+
+BLOCK = 128
+VOCAB = 97
+
+
+def _model(state=None, **fields):
+    torch.manual_seed(0)
+    model = GLAForCausalLM(GLAConfig(hidden_size=64, num_hidden_layers=3, num_heads=2, vocab_size=VOCAB,
+                                     **fields)).eval()
+    if state is not None:
+        for layer in model.model.layers:
+            layer.attn.state_quantizer = StateQuantizer(state, rounding="stochastic")
+    return model
+
+
+def _ids(n, seed=1):
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def _pools(model, use_graph: bool):
+    eager = PrefixStateCache(model, BLOCK, seed=3)
+    graphed = PrefixStateCache(model, BLOCK, seed=3, graphed=True)
+    graphed.graphed_prefill.use_graph = use_graph
+    return eager, graphed
+
+
+def _step(model, cache, tok):
+    with torch.no_grad():
+        return model(torch.tensor([[tok]], device=cache.states[0].data.device), past_key_values=cache,
+                     use_cache=True).logits[:, -1]
+
+
+def test_buckets():
+    assert [bucket_for(t) for t in (1, 2, 64, 65, 128, 129, 255)] == [64, 64, 64, 128, 128, 256, 256]
+
+
+@pytest.mark.parametrize("state", [None, "int8_row"])
+def test_padded_replay_equals_the_eager_resumed_prefill(state):
+    """Suffixes of several lengths in two buckets, the bucket's static tensors reused (a shorter
+    suffix after a longer one): the logits, the final states and the next decode step."""
+    model = _model(state)
+    prefix = _ids(2 * BLOCK)
+    eager, graphed = _pools(model, use_graph=False)
+    for pool in (eager, graphed):
+        pool.prefill(torch.cat([prefix, _ids(3, seed=9)]))  # caches the two blocks
+    for n, seed in ((100, 2), (37, 3), (64, 4), (2, 5), (127, 6)):
+        ids = torch.cat([prefix, _ids(n, seed)])
+        ref_logits, ref_cache, hit = eager.prefill(ids)
+        logits, cache, hit_g = graphed.prefill(ids)
+        assert hit == hit_g == 2 * BLOCK and cache.seen_tokens == ref_cache.seen_tokens == len(ids)
+        assert logits.shape == ref_logits.shape == (1, 1, VOCAB)
+        assert rel_err(logits, ref_logits) < 1e-5
+        for a, b in zip(cache.states, ref_cache.states):
+            assert a.format == b.format and a.n_stores == b.n_stores == 1
+            if state is None:
+                torch.testing.assert_close(a.data, b.data, atol=1e-5, rtol=1e-5)
+            else:  # the same stochastic store of float32 states equal up to summation order
+                torch.testing.assert_close(a.scale, b.scale, atol=0, rtol=1e-5)
+                assert (a.data.int() - b.data.int()).abs().max() <= 1
+                assert (a.data != b.data).float().mean() < 1e-3
+        assert rel_err(_step(model, cache, 5), _step(model, ref_cache, 5)) < 1e-4
+    assert sorted(k[0] for k in graphed.graphed_prefill.captures) == [64, 128]  # one capture per bucket
+
+
+def test_what_stays_eager():
+    model = _model()
+    prefix = _ids(BLOCK)
+    _, graphed = _pools(model, use_graph=False)
+    graphed.prefill(torch.cat([prefix, _ids(3)]))  # a miss: eager, and it writes the snapshot
+    graphed.prefill(torch.cat([prefix, _ids(BLOCK + 5, seed=2)]))  # a whole new block: eager, snapshot due
+    graphed.prefill(torch.cat([prefix, _ids(1, seed=4)]))  # one new token: the decode kernel, eager
+    assert not graphed.graphed_prefill.captures and len(graphed) == 2
+    conv = _model(use_short_conv=True)  # short convs: not covered
+    _, pool = _pools(conv, use_graph=False)
+    pool.prefill(torch.cat([prefix, _ids(3)]))
+    logits, _, hit = pool.prefill(torch.cat([prefix, _ids(9, seed=5)]))
+    assert hit == BLOCK and not pool.graphed_prefill.captures and torch.isfinite(logits).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state", [None, "int8_row"])
+def test_gpu_graph_replays_the_eager_resumed_prefill(state):
+    """On CUDA, captured: the replayed follow-up against the eager one (bf16 on the kernels), again
+    for a second request in the same bucket, and the greedy decode that continues it."""
+    from laquant.serving.replay import greedy_decode
+
+    model = _model(state).cuda().to(torch.bfloat16)
+    prefix = _ids(2 * BLOCK)
+    eager, graphed = _pools(model, use_graph=True)
+    for pool in (eager, graphed):
+        pool.prefill(torch.cat([prefix, _ids(3, seed=9)]))
+    for n, seed in ((100, 2), (70, 3), (100, 4)):
+        ids = torch.cat([prefix, _ids(n, seed)])
+        ref_logits, ref_cache, _ = eager.prefill(ids)
+        logits, cache, _ = graphed.prefill(ids)
+        assert rel_err(logits.float(), ref_logits.float()) < 1e-2
+        for a, b in zip(cache.states, ref_cache.states):
+            if state is None:
+                torch.testing.assert_close(a.data, b.data, atol=2e-2, rtol=2e-2)
+            else:
+                assert (a.data.int() - b.data.int()).abs().max() <= 1
+        first = logits[:, -1].argmax(-1)
+        assert torch.equal(greedy_decode(model, cache, first, 6), greedy_decode(model, ref_cache, first, 6))
+    assert [k[0] for k in graphed.graphed_prefill.captures] == [128]
