@@ -45,7 +45,10 @@ def markdown(result: dict) -> str:
             f = r["follow_up"]
             lines += [f"Follow-up request ({f['system']}-token shared prefix + {f['user']} new tokens, median of "
                       f"{f['reps']}): full prefill {_ms(f['full_prefill_ttft_s'])} ms, resumed from {f['cached_tokens']} "
-                      f"cached tokens {_ms(f['cached_ttft_s'])} ms: **{f['speedup']:.2f}x** lower TTFT. A miss "
+                      f"cached tokens {_ms(f['cached_ttft_s'])} ms: **{f['speedup']:.2f}x** lower TTFT"
+                      + ("" if f.get("graphed_cached_ttft_s") is None else
+                         f"; its prefill replayed as a CUDA graph {_ms(f['graphed_cached_ttft_s'])} ms: "
+                         f"**{f['graphed_speedup']:.2f}x**") + ". A miss "
                       f"through the cache (a new prefix, its snapshots written): {_ms(f['cold_with_snapshots_ttft_s'])} ms.",
                       "",
                       "| snapshot format | bytes per snapshot | snapshots in budget | vs fp32 |", "|---|---|---|---|"]

@@ -9,7 +9,7 @@ from conftest import rel_err
 from laquant.kernels.common.state import StateQuantizer
 from laquant.models import GLAConfig, GLAForCausalLM
 from laquant.serving import PrefixStateCache
-from laquant.serving.graphed_prefill import bucket_for
+from laquant.serving.graphed_prefill import bucket_for, model_graphable
 
 BLOCK = 128
 VOCAB = 97
@@ -87,6 +87,11 @@ def test_what_stays_eager():
     pool.prefill(torch.cat([prefix, _ids(3)]))
     logits, _, hit = pool.prefill(torch.cat([prefix, _ids(9, seed=5)]))
     assert hit == BLOCK and not pool.graphed_prefill.captures and torch.isfinite(logits).all()
+    assert model_graphable(model) and not model_graphable(conv)
+    assert not model_graphable(_model(attn={"layers": [1], "num_heads": 2}))  # softmax layers: KV grows
+    model.model.layers[1].attn.prefill_roundtrip = True  # rounds inside the prefill: the padding would too
+    model.model.layers[1].attn.state_quantizer = StateQuantizer("int8_row")
+    assert not model_graphable(model)
 
 
 @pytest.mark.gpu

@@ -39,16 +39,26 @@ def bucket_for(tokens: int) -> int:
     return max(MIN_BUCKET, 1 << max(0, tokens - 1).bit_length())
 
 
+def model_graphable(model) -> bool:
+    """Whether ``model``'s resumed prefills can be replayed: laquant's GLA with recurrent layers only
+    (no short convs, no softmax ``attn`` layers) and no state round trip inside the prefill."""
+    from laquant.models import GLAForCausalLM
+    from laquant.models.gla import GatedLinearAttention
+
+    if not isinstance(model, GLAForCausalLM) or model.config.use_short_conv:
+        return False
+    mixers = [layer.attn for layer in model.model.layers]
+    return all(isinstance(m, GatedLinearAttention) and not (m.prefill_roundtrip and not m.state_quantizer.is_plain_fp32)
+               for m in mixers)
+
+
 def graphable(model, cache: GLAStateCache) -> bool:
     """Whether a resumed prefill of ``model`` from ``cache`` (restored from a snapshot) can be replayed."""
-    from laquant.models import GLAForCausalLM
-
-    if not isinstance(model, GLAForCausalLM) or not isinstance(cache, GLAStateCache):
+    if not isinstance(cache, GLAStateCache) or cache.conv or cache.kv:
         return False
-    if cache.conv or cache.kv or any(s is None for s in cache.states) or {s.n_stores for s in cache.states} != {0}:
+    if any(s is None for s in cache.states) or {s.n_stores for s in cache.states} != {0}:
         return False
-    return not any(getattr(layer.attn, "prefill_roundtrip", False)
-                   and not layer.attn.state_quantizer.is_plain_fp32 for layer in model.model.layers)
+    return model_graphable(model)
 
 
 class _Capture:

@@ -164,35 +164,53 @@ def follow_up_ttft(model, system: int, user: int, block_size: int, reps: int = 5
                    seed: int = 0) -> dict:
     """TTFT of a follow-up request (a shared ``system``-token prefix, then ``user`` new tokens):
     a full prefill against a prefill resumed from the cached prefix (median of ``reps`` requests,
-    each with fresh user tokens, after one untimed request of each kind); also a cold request (a
-    new prefix) through the cache, which writes its snapshots: what caching costs a miss."""
+    each with fresh user tokens, after one untimed request of each kind), and where the model
+    allows it that resumed prefill replayed as a CUDA graph (``graphed_*``, else None); also a cold
+    request (a new prefix) through the cache, which writes its snapshots: what caching costs a miss."""
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     vocab = vocab_size(model)
     shared = torch.randint(0, vocab, (system,), generator=gen)
-    pool = PrefixStateCache(model, block_size, budget_bytes=1 << 40, state_format=state_format, seed=seed)
-    pool.prefill(torch.cat([shared, torch.randint(0, vocab, (user,), generator=gen)]))  # caches the prefix
-    times = {"full": [], "cached": [], "cold": []}
+    first = torch.cat([shared, torch.randint(0, vocab, (user,), generator=gen)])
+    pools = {"cached": PrefixStateCache(model, block_size, budget_bytes=1 << 40, state_format=state_format, seed=seed)}
+    if _graphs_prefill(model, user, block_size):  # the same request's prefill replayed as a CUDA graph
+        pools["graphed"] = PrefixStateCache(model, block_size, budget_bytes=1 << 40, state_format=state_format,
+                                            seed=seed, graphed=True)
+    for pool in pools.values():
+        pool.prefill(first)  # caches the prefix
+    kinds = ("full", *pools, "cold")
+    times = {kind: [] for kind in kinds}
     cached_tokens = 0
     for i in range(reps + 1):
         prompt = torch.cat([shared, torch.randint(0, vocab, (user,), generator=gen)])
         fresh = torch.randint(0, vocab, (system + user,), generator=gen)
-        for kind in ("full", "cached", "cold"):
+        for kind in kinds:
             _sync(device)
             t0 = time.perf_counter()
             if kind == "full":
                 logits, _ = full_prefill(model, prompt, seed)
-            elif kind == "cached":
-                logits, _, cached_tokens = pool.prefill(prompt)
+            elif kind == "cold":
+                logits, _, _ = pools["cached"].prefill(fresh)
             else:
-                logits, _, _ = pool.prefill(fresh)
+                logits, _, cached_tokens = pools[kind].prefill(prompt)
             int(logits[:, -1].argmax(-1))
-            if i:  # the first of each kind is a warm-up
+            if i:  # the first of each kind is a warm-up (and the graph's capture)
                 times[kind].append(time.perf_counter() - t0)
     full, cached = statistics.median(times["full"]), statistics.median(times["cached"])
+    graphed = statistics.median(times["graphed"]) if "graphed" in pools else None
     return dict(system=system, user=user, block_size=block_size, reps=reps, cached_tokens=cached_tokens,
                 state_format=state_format or "model", full_prefill_ttft_s=full, cached_ttft_s=cached,
-                speedup=full / cached, cold_with_snapshots_ttft_s=statistics.median(times["cold"]))
+                speedup=full / cached, graphed_cached_ttft_s=graphed,
+                graphed_speedup=full / graphed if graphed else None,
+                cold_with_snapshots_ttft_s=statistics.median(times["cold"]))
+
+
+def _graphs_prefill(model, user: int, block_size: int) -> bool:
+    """Whether a follow-up of ``user`` tokens can replay its prefill as a CUDA graph (a CUDA GLA
+    without short convs or softmax layers; fewer new tokens than a block)."""
+    from laquant.serving.graphed_prefill import model_graphable
+
+    return 1 < user < block_size and next(model.parameters()).is_cuda and model_graphable(model)
 
 
 def snapshot_memory(model, formats, block_size: int, budget_bytes: int) -> list[dict]:
