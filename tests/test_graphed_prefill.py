@@ -4,7 +4,7 @@ same static tensors; GPU: captured as a CUDA graph), and what stays eager."""
 
 import pytest
 import torch
-from conftest import rel_err
+from conftest import INTERPRETED, rel_err, require_triton_kernels
 
 from laquant.kernels.common.state import StateQuantizer
 from laquant.models import GLAConfig, GLAForCausalLM
@@ -92,6 +92,28 @@ def test_what_stays_eager():
     model.model.layers[1].attn.prefill_roundtrip = True  # rounds inside the prefill: the padding would too
     model.model.layers[1].attn.state_quantizer = StateQuantizer("int8_row")
     assert not model_graphable(model)
+
+
+def test_padded_replay_on_the_kernels(monkeypatch):
+    """The mixers' Triton path (the chunk kernel reading the masked keys and log-decays, the store
+    kernel), under Triton's CPU interpreter: the padded replay against the eager resumed prefill."""
+    if not INTERPRETED:
+        pytest.skip("CPU tensors through the kernels need Triton's interpreter (on CUDA: the gpu test below)")
+    require_triton_kernels()
+    import laquant.models.recurrent as recurrent
+
+    monkeypatch.setattr(recurrent, "use_triton", lambda x, fmt=None: True)
+    model = _model("int8_row")
+    prefix = _ids(BLOCK)
+    eager, graphed = _pools(model, use_graph=False)
+    for pool in (eager, graphed):
+        pool.prefill(torch.cat([prefix, _ids(3, seed=9)]))
+    ids = torch.cat([prefix, _ids(45, seed=2)])
+    ref_logits, ref_cache, _ = eager.prefill(ids)
+    logits, cache, _ = graphed.prefill(ids)
+    assert graphed.graphed_prefill.captures and rel_err(logits, ref_logits) < 1e-5
+    for a, b in zip(cache.states, ref_cache.states):
+        assert (a.data.int() - b.data.int()).abs().max() <= 1 and (a.data != b.data).float().mean() < 1e-3
 
 
 @pytest.mark.gpu
