@@ -87,6 +87,7 @@ class _Capture:
             with torch.cuda.graph(self.graph):
                 self.logits, self.outputs = self._run()
 
+    @torch.no_grad()  # as the eager prefill: with gradients on, the model would take its reference ops
     def _run(self):
         cache = GLAStateCache(len(self.inputs), self.seed)
         cache.states = list(self.inputs)  # read in place; the mixers put their new states beside them
