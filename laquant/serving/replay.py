@@ -173,7 +173,8 @@ def follow_up_ttft(model, system: int, user: int, block_size: int, reps: int = 5
     shared = torch.randint(0, vocab, (system,), generator=gen)
     first = torch.cat([shared, torch.randint(0, vocab, (user,), generator=gen)])
     pools = {"cached": PrefixStateCache(model, block_size, budget_bytes=1 << 40, state_format=state_format, seed=seed)}
-    if _graphs_prefill(model, user, block_size):  # the same request's prefill replayed as a CUDA graph
+    suffix = system + user - (system + user - 1) // block_size * block_size  # what a hit leaves to run
+    if _graphs_prefill(model, suffix, block_size):  # the same request's prefill replayed as a CUDA graph
         pools["graphed"] = PrefixStateCache(model, block_size, budget_bytes=1 << 40, state_format=state_format,
                                             seed=seed, graphed=True)
     for pool in pools.values():
@@ -205,12 +206,12 @@ def follow_up_ttft(model, system: int, user: int, block_size: int, reps: int = 5
                 cold_with_snapshots_ttft_s=statistics.median(times["cold"]))
 
 
-def _graphs_prefill(model, user: int, block_size: int) -> bool:
-    """Whether a follow-up of ``user`` tokens can replay its prefill as a CUDA graph (a CUDA GLA
-    without short convs or softmax layers; fewer new tokens than a block)."""
+def _graphs_prefill(model, suffix: int, block_size: int) -> bool:
+    """Whether a hit that leaves ``suffix`` tokens to run can replay its prefill as a CUDA graph (a
+    CUDA GLA without short convs or softmax layers; fewer new tokens than a block)."""
     from laquant.serving.graphed_prefill import model_graphable
 
-    return 1 < user < block_size and next(model.parameters()).is_cuda and model_graphable(model)
+    return 1 < suffix < block_size and next(model.parameters()).is_cuda and model_graphable(model)
 
 
 def snapshot_memory(model, formats, block_size: int, budget_bytes: int) -> list[dict]:
