@@ -24,9 +24,7 @@ import torch
 import torch.nn as nn
 
 from laquant.kernels.common.dispatch import use_triton
-from laquant.quant.modules import GPU_MODES, QuantLinear
-
-_BUFFERS = ("qweight", "weight_scale", "keep_idx", "outlier_idx", "outlier_weight", "bias")
+from laquant.quant.modules import GPU_MODES, QuantLinear, buffers_key
 
 
 def _members(owner: nn.Module, names: tuple[str, ...]) -> list[nn.Module]:
@@ -39,8 +37,7 @@ def _key(members) -> tuple | None:
     and version (a reload or an in-place change moves one); None where a member is not a QuantLinear."""
     if not all(isinstance(m, QuantLinear) for m in members):
         return None
-    return tuple(m.act_granularity for m in members) + tuple(
-        (b.data_ptr(), b._version) if b is not None else None for m in members for b in map(m._buffers.get, _BUFFERS))
+    return tuple([m.act_granularity for m in members] + [buffers_key(m) for m in members])
 
 
 def _runs_packed(members, x: torch.Tensor) -> bool:

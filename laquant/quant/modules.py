@@ -21,6 +21,15 @@ ACT_GRANULARITIES = ("per_token", "per_tensor", "none")  # none: weight-only
 # W8A8, or weight-only where the committed sweep found it faster at that many tokens ("auto");
 # weight-only always for "none". Per-tensor activations run the reference.
 GPU_MODES = {"per_token": "auto", "none": "w8a16"}
+# the buffers a packed GPU weight is built from: their storages and versions say when to rebuild it
+PACKED_FROM = ("qweight", "weight_scale", "keep_idx", "outlier_idx", "outlier_weight", "bias")
+
+
+def buffers_key(module: nn.Module) -> tuple:
+    """``(data_ptr, version)`` of each of ``module``'s :data:`PACKED_FROM` buffers (None where unset):
+    a reload or an in-place change moves one. Read from ``_buffers`` directly, not through
+    ``nn.Module.__getattr__``: this runs at every quantized linear's call."""
+    return tuple([(b.data_ptr(), b._version) if b is not None else None for b in map(module._buffers.get, PACKED_FROM)])
 
 
 class QuantLinear(nn.Module):
@@ -84,9 +93,8 @@ class QuantLinear(nn.Module):
         """The weight as the Triton GEMM reads it, rebuilt when a buffer changed (e.g. a reload)."""
         from laquant.kernels.gemm.int8 import PackedOutlierWeight
 
-        bufs = (self.qweight, self.weight_scale, self.keep_idx, self.outlier_idx, self.outlier_weight, self.bias)
-        key = tuple((b.data_ptr(), b._version) if b is not None else None for b in bufs)
-        if getattr(self, "_packed_key", None) != key:
+        key = buffers_key(self)
+        if self.__dict__.get("_packed_key") != key:
             self._packed = PackedOutlierWeight.pack(self.qweight, self.weight_scale, self.keep_idx, self.outlier_idx,
                                                     self.outlier_weight, self.bias, self.in_features)
             self._packed_key = key
