@@ -22,6 +22,7 @@ def markdown(result: dict) -> str:
                       "| | TTFT mean ms | TTFT median ms | decode tok/s | tok/s (TTFT + decode) |",
                       "|---|---|---|---|---|"]
             for key, name in (("no_cache", "no cache"), ("prefix_cache", "prefix cache"),
+                              ("prefix_cache_graphed", "prefix cache, short hits' prefill as a CUDA graph"),
                               ("speculative", "prefix cache + speculative decoding")):
                 if key not in r:
                     continue

@@ -232,14 +232,16 @@ def snapshot_memory(model, formats, block_size: int, budget_bytes: int) -> list[
 def serve_eval(model, workload: Workload, block_size: int, budget_bytes: int, formats, reps: int = 5,
                decode: Decode = greedy_decode, progress: bool = True,
                speculative: SpeculativeDecode | None = None) -> dict:
-    """The replay with and without the cache (snapshots in the model's state format), the follow-up
-    TTFT and the snapshot memory per format; with ``speculative``, the cached replay again with it
+    """The replay with and without the cache (snapshots in the model's state format; for a GLA on
+    CUDA also with short hits' prefills replayed as CUDA graphs), the follow-up TTFT and the snapshot
+    memory per format; with ``speculative``, the cached replay again with it
     as the decode, and whether its replies were the greedy ones (on CUDA a near-tie of two logits
     may part them: the GEMMs of a verify and of a decode step round apart)."""
     # the same request shapes with other tokens, untimed: Triton compiles a kernel per argument
     # specialisation (lengths divisible by 16 or not, ...), seconds per first sight that the timed
     # requests must not pay (a 3 s request once made the mean TTFT on hits worse than no cache)
     warm = Workload(**{**asdict(workload), "seed": workload.seed + 1})
+    graphed = _graphs_prefill(model, 2, block_size)
     for dec in (decode, speculative) if speculative is not None else (decode,):
         replay(model, warm, None, dec)
         replay(model, warm, PrefixStateCache(model, block_size, seed=workload.seed), dec)
@@ -247,13 +249,18 @@ def serve_eval(model, workload: Workload, block_size: int, budget_bytes: int, fo
     pool = PrefixStateCache(model, block_size, budget_bytes=budget_bytes, seed=workload.seed)
     cached = replay(model, workload, pool, decode, progress, "prefix cache")
     extra = {}
+    if graphed:  # hits adding fewer tokens than a block replay their prefill (captured in the warm-up)
+        graphs = PrefixStateCache(model, block_size, budget_bytes=budget_bytes, seed=workload.seed, graphed=True)
+        replay(model, warm, graphs, decode)
+        graphs.clear()
+        extra["prefix_cache_graphed"] = summarize(replay(model, workload, graphs, decode, progress, "graphed prefill"))
     if speculative is not None:
         speculative.reset()
         spec = replay(model, workload, PrefixStateCache(model, block_size, budget_bytes=budget_bytes,
                                                         seed=workload.seed), speculative, progress, "speculative")
         parted = [i for i, (a, b) in enumerate(zip(cached, spec)) if a["reply"] != b["reply"]]
         st = speculative.stats
-        extra = dict(speculative=summarize(spec), speculation=dict(
+        extra.update(speculative=summarize(spec), speculation=dict(
             num_draft_tokens=speculative.num_draft_tokens, rounds=st.rounds, proposed=st.proposed,
             accepted=st.accepted, acceptance=st.acceptance if st.proposed else None,
             tokens_per_round=st.tokens_per_round if st.rounds else None, draft_graphed=st.draft_graphed,
@@ -266,5 +273,6 @@ def serve_eval(model, workload: Workload, block_size: int, budget_bytes: int, fo
                 ttft_speedup_on_hits=hit_ttft,
                 follow_up=follow_up_ttft(model, workload.system, workload.user, block_size, reps, seed=workload.seed),
                 memory=snapshot_memory(model, formats, block_size, budget_bytes),
-                requests=dict(no_cache=base, prefix_cache=cached, **({"speculative": spec} if extra else {})),
+                requests=dict(no_cache=base, prefix_cache=cached,
+                              **({"speculative": spec} if speculative is not None else {})),
                 **extra)
