@@ -1,0 +1,107 @@
+"""Where an eager decode step of a transformers hybrid goes (issue #16's 64K hybrid runs decoded at
+10-16 tokens/s on an H200; issue #14's hybrid target): for a random qwen3_next of the shipped
+small hybrid's config (``eval/results/long_context_qwen3next-small_cpu/qwen3next-small_config.json``)
+or of a given JSON config, bf16 and ``hybrid_int8``, on CUDA:
+
+- ms per eager step at B = 1 after a 512-token prompt: the plain loop, and the loop of
+  ``laquant eval ppl --mode decode`` (saturation hooks and counters, the loss copied to the host);
+- kernels and GPU ms per step (torch.profiler) against the step's wall time;
+- the Python functions that take the host time (cProfile, by own time).
+
+    python tools/profile_hybrid_decode.py OUT.json [CONFIG_JSON]     # DEVICE=cpu: a smoke run
+"""
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+from laquant.adapters import install, new_cache
+from laquant.api import calibrate
+from laquant.eval.saturation import SaturationCounter
+
+DEVICE = os.environ.get("DEVICE", "cuda")
+SMALL = "eval/results/long_context_qwen3next-small_cpu/qwen3next-small_config.json"
+DROP = ("architectures", "transformers_version", "dtype", "rope_parameters")
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def steps(model, cache, ids, counter=None) -> None:
+    for t in range(ids.shape[1]):
+        logits = model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits[:, 0]
+        if counter is not None:
+            counter.after_step(cache)
+            torch.nn.functional.cross_entropy(logits.float(), ids[:, t]).cpu()
+
+
+def ms_per_step(model, prompt, ids, counter=None) -> float:
+    cache = new_cache(model)
+    model(input_ids=prompt, past_key_values=cache, use_cache=True)
+    if counter is not None:
+        counter.start_sequence()
+    steps(model, cache, ids[:, :5], counter)  # warm-up
+    sync()
+    t0 = time.perf_counter()
+    steps(model, cache, ids[:, 5:], counter)
+    sync()
+    return (time.perf_counter() - t0) / (ids.shape[1] - 5) * 1e3
+
+
+@torch.no_grad()
+def main(out_path: str, config_path: str = SMALL) -> None:
+    cfg = {k: v for k, v in json.load(open(config_path)).items() if k not in DROP}
+    result = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE, "torch": torch.__version__,
+              "config": config_path}
+    for variant in ("bf16", "hybrid_int8"):
+        torch.manual_seed(0)
+        dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+        model = Qwen3NextForCausalLM(Qwen3NextConfig(**cfg)).to(DEVICE, dtype).eval()
+        install(model)
+        vocab = model.config.vocab_size
+        if variant != "bf16":
+            model = calibrate(model, variant, data=torch.randint(0, vocab, (4, 512), device=DEVICE),
+                              progress=False).model
+        prompt = torch.randint(0, vocab, (1, 512), device=DEVICE)
+        ids = torch.randint(0, vocab, (1, 45), device=DEVICE)
+        row = {"plain_ms_per_step": ms_per_step(model, prompt, ids)}
+        counter = SaturationCounter(model, 64)
+        row["eval_loop_ms_per_step"] = ms_per_step(model, prompt, ids, counter)
+        counter.close()
+        cache = new_cache(model)
+        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        steps(model, cache, ids[:, :3])
+        with profile(activities=[ProfilerActivity.CUDA if DEVICE == "cuda" else ProfilerActivity.CPU]) as prof:
+            steps(model, cache, ids[:, 3:13])
+            sync()
+        cuda = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        row["kernels_per_step"] = len(cuda) / 10
+        row["gpu_ms_per_step"] = sum(e.device_time for e in cuda) / 1e3 / 10
+        p = cProfile.Profile()
+        p.enable()
+        steps(model, cache, ids[:, 13:33])
+        sync()
+        p.disable()
+        text = io.StringIO()
+        pstats.Stats(p, stream=text).sort_stats("tottime").print_stats(25)
+        row["host_tottime_20_steps"] = text.getvalue().splitlines()
+        result[variant] = row
+        print(variant, {k: v for k, v in row.items() if not k.startswith("host")}, flush=True)
+        del model
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    with open(out_path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
