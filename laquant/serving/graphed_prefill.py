@@ -19,9 +19,9 @@ on static tensors and replays it:
 What it covers: laquant's GLA on CUDA, recurrent layers only (no short convs, no softmax ``attn``
 layers), no round trip of the state inside the prefill (``prefill_roundtrip``), requests that resume
 from a snapshot and add fewer tokens than a block (so no new snapshot is due). Anything else runs
-eagerly, as before. Numerics: the eager resumed prefill's, up to float32 summation order (the
-padding only lengthens the GEMMs' M and the chunk kernel's masked last chunk holds zeros instead of
-masked-out loads).
+eagerly, as before. Numerics: the eager resumed prefill's up to rounding: the padding lengthens the
+GEMMs' M (a bf16 GEMM may then take other tiles; the int8 ones are exact) and the chunk kernel's last
+chunk holds zeros where the eager call masks its loads out.
 """
 
 from __future__ import annotations
