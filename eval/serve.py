@@ -49,7 +49,10 @@ def markdown(result: dict) -> str:
                       f"cached tokens {_ms(f['cached_ttft_s'])} ms: **{f['speedup']:.2f}x** lower TTFT"
                       + ("" if f.get("graphed_cached_ttft_s") is None else
                          f"; its prefill replayed as a CUDA graph {_ms(f['graphed_cached_ttft_s'])} ms: "
-                         f"**{f['graphed_speedup']:.2f}x**") + ". A miss "
+                         f"**{f['graphed_speedup']:.2f}x**")
+                      + ("" if not f.get("graphed_failure") else
+                         f"; its prefill could not be captured as a CUDA graph ({f['graphed_failure']})")
+                      + ". A miss "
                       f"through the cache (a new prefix, its snapshots written): {_ms(f['cold_with_snapshots_ttft_s'])} ms.",
                       "",
                       "| snapshot format | bytes per snapshot | snapshots in budget | vs fp32 |", "|---|---|---|---|"]

@@ -95,6 +95,29 @@ def test_what_stays_eager():
     assert not model_graphable(model)
 
 
+def test_a_failed_capture_falls_back_to_eager(monkeypatch):
+    from laquant.serving import graphed_prefill
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(graphed_prefill._Capture, "__init__", refuse)
+    model = _model("int8_row")
+    prefix = _ids(BLOCK)
+    eager, graphed = _pools(model, use_graph=False)
+    for pool in (eager, graphed):
+        pool.prefill(torch.cat([prefix, _ids(3, seed=9)]))
+    ids = torch.cat([prefix, _ids(40, seed=2)])
+    with pytest.warns(UserWarning, match="could not be captured"):
+        logits, cache, hit = graphed.prefill(ids)
+    ref_logits, ref_cache, _ = eager.prefill(ids)
+    assert hit == BLOCK and torch.equal(logits, ref_logits)  # the same eager prefill
+    assert all(torch.equal(a.data, b.data) for a, b in zip(cache.states, ref_cache.states))
+    assert "not permitted" in graphed.graphed_prefill.failure and not graphed.graphed_prefill.captures
+    restored = graphed.restore(graphed.lookup(ids))
+    assert restored.states[0].n_stores == 0 and not graphed.graphed_prefill.covers(restored, 40)  # no second try
+
+
 def test_padded_replay_on_the_kernels(monkeypatch):
     """The mixers' Triton path (the chunk kernel reading the masked keys and log-decays, the store
     kernel), under Triton's CPU interpreter: the padded replay against the eager resumed prefill."""

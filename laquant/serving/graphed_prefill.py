@@ -26,6 +26,8 @@ chunk holds zeros where the eager call masks its loads out.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from laquant.kernels.common.state import State
@@ -128,18 +130,28 @@ class GraphedPrefill:
     def __init__(self, model, max_tokens: int, use_graph: bool = True):
         self.model, self.max_tokens, self.use_graph = model, max_tokens, use_graph
         self.captures: dict = {}
+        self.failure: str | None = None  # why a capture failed; then every prefill runs eagerly
 
     def covers(self, cache: GLAStateCache, tokens: int) -> bool:
         """Whether a resumed prefill of ``tokens`` new tokens from ``cache`` replays here (one new
         token takes the decode kernel, whose stores are keyed differently: it stays eager)."""
-        return (1 < tokens <= self.max_tokens and graphable(self.model, cache)
+        return (self.failure is None and 1 < tokens <= self.max_tokens and graphable(self.model, cache)
                 and (cache.states[0].data.is_cuda or not self.use_graph))
 
     def __call__(self, restored: GLAStateCache, suffix: torch.Tensor):
+        """``(logits, cache)`` of ``suffix`` after ``restored``, or None where the bucket's prefill
+        could not be captured (the reason in :attr:`failure`, warned once): the caller runs it eagerly."""
         bucket = bucket_for(suffix.shape[1])
         layout = tuple((tuple(s.data.shape), s.data.dtype, s.format, s.scale is None) for s in restored.states)
         key = (bucket, layout, restored.seed)
         capture = self.captures.get(key)
         if capture is None:
-            capture = self.captures[key] = _Capture(self.model, restored, bucket, self.use_graph)
+            try:
+                capture = _Capture(self.model, restored, bucket, self.use_graph)
+            except RuntimeError as exc:  # an op the capture refuses: slower, never wrong, so run eagerly
+                self.failure = f"{type(exc).__name__}: {exc}"
+                warnings.warn(f"laquant: a resumed prefill could not be captured as a CUDA graph ({self.failure}); "
+                              "prefills of this prefix cache run eagerly", stacklevel=3)
+                return None
+            self.captures[key] = capture
         return capture.replay(restored, suffix)

@@ -258,8 +258,9 @@ class PrefixStateCache:
         suffix = tokens[hit.tokens:].to(device)[None]
         graphs = self.graphed_prefill
         if graphs is not None and hit.tokens and logits_to_keep == 1 and graphs.covers(cache, suffix.shape[1]):
-            logits, cache = graphs(cache, suffix)  # fewer new tokens than a block: no snapshot is due
-            return logits, cache, hit.tokens
+            replayed = graphs(cache, suffix)  # fewer new tokens than a block: no snapshot is due
+            if replayed is not None:
+                return (*replayed, hit.tokens)
         store = state_store(cache)
         store.checkpoints = CheckpointRequest(self.block_size, self.state_format, self.rounding)
         with torch.no_grad():

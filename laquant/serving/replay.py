@@ -198,11 +198,12 @@ def follow_up_ttft(model, system: int, user: int, block_size: int, reps: int = 5
             if i:  # the first of each kind is a warm-up (and the graph's capture)
                 times[kind].append(time.perf_counter() - t0)
     full, cached = statistics.median(times["full"]), statistics.median(times["cached"])
-    graphed = statistics.median(times["graphed"]) if "graphed" in pools else None
+    failure = pools["graphed"].graphed_prefill.failure if "graphed" in pools else None
+    graphed = statistics.median(times["graphed"]) if "graphed" in pools and failure is None else None
     return dict(system=system, user=user, block_size=block_size, reps=reps, cached_tokens=cached_tokens,
                 state_format=state_format or "model", full_prefill_ttft_s=full, cached_ttft_s=cached,
                 speedup=full / cached, graphed_cached_ttft_s=graphed,
-                graphed_speedup=full / graphed if graphed else None,
+                graphed_speedup=full / graphed if graphed else None, graphed_failure=failure,
                 cold_with_snapshots_ttft_s=statistics.median(times["cold"]))
 
 
@@ -253,7 +254,9 @@ def serve_eval(model, workload: Workload, block_size: int, budget_bytes: int, fo
         graphs = PrefixStateCache(model, block_size, budget_bytes=budget_bytes, seed=workload.seed, graphed=True)
         replay(model, warm, graphs, decode)
         graphs.clear()
-        extra["prefix_cache_graphed"] = summarize(replay(model, workload, graphs, decode, progress, "graphed prefill"))
+        if graphs.graphed_prefill.failure is None:  # else it ran eagerly: nothing to report as graphed
+            extra["prefix_cache_graphed"] = summarize(replay(model, workload, graphs, decode, progress,
+                                                             "graphed prefill"))
     if speculative is not None:
         speculative.reset()
         spec = replay(model, workload, PrefixStateCache(model, block_size, budget_bytes=budget_bytes,
