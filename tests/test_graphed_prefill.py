@@ -46,11 +46,12 @@ def test_buckets():
     assert [bucket_for(t) for t in (1, 2, 64, 65, 128, 129, 255)] == [64, 64, 64, 128, 128, 256, 256]
 
 
-@pytest.mark.parametrize("state", [None, "int8_row"])
-def test_padded_replay_equals_the_eager_resumed_prefill(state):
+@pytest.mark.parametrize("state,conv", [(None, False), ("int8_row", False), ("int8_row", True)])
+def test_padded_replay_equals_the_eager_resumed_prefill(state, conv):
     """Suffixes of several lengths in two buckets, the bucket's static tensors reused (a shorter
-    suffix after a longer one): the logits, the final states and the next decode step."""
-    model = _model(state)
+    suffix after a longer one): the logits, the final states (and short convs' kept inputs) and the
+    next decode step."""
+    model = _model(state, use_short_conv=conv)
     prefix = _ids(2 * BLOCK)
     eager, graphed = _pools(model, use_graph=False)
     for pool in (eager, graphed):
@@ -71,6 +72,9 @@ def test_padded_replay_equals_the_eager_resumed_prefill(state):
                 torch.testing.assert_close(a.scale, b.scale, atol=0, rtol=1e-5)
                 assert (a.data.int() - b.data.int()).abs().max() <= 1
                 assert (a.data != b.data).float().mean() < 1e-3
+        assert cache.conv.keys() == ref_cache.conv.keys() and bool(cache.conv) == conv
+        for key, t in cache.conv.items():
+            torch.testing.assert_close(t, ref_cache.conv[key], atol=1e-6, rtol=1e-5)
         assert rel_err(_step(model, cache, 5), _step(model, ref_cache, 5)) < 1e-4
     assert sorted(k[0] for k in graphed.graphed_prefill.captures) == [64, 128]  # one capture per bucket
 
@@ -83,13 +87,12 @@ def test_what_stays_eager():
     graphed.prefill(torch.cat([prefix, _ids(BLOCK + 5, seed=2)]))  # a whole new block: eager, snapshot due
     graphed.prefill(torch.cat([prefix, _ids(1, seed=4)]))  # one new token: the decode kernel, eager
     assert not graphed.graphed_prefill.captures and len(graphed) == 2
-    conv = _model(use_short_conv=True)  # short convs: not covered
-    _, pool = _pools(conv, use_graph=False)
+    hybrid = _model(attn={"layers": [1], "num_heads": 2})  # softmax layers: their keys and values grow
+    _, pool = _pools(hybrid, use_graph=False)
     pool.prefill(torch.cat([prefix, _ids(3)]))
     logits, _, hit = pool.prefill(torch.cat([prefix, _ids(9, seed=5)]))
     assert hit == BLOCK and not pool.graphed_prefill.captures and torch.isfinite(logits).all()
-    assert model_graphable(model) and not model_graphable(conv)
-    assert not model_graphable(_model(attn={"layers": [1], "num_heads": 2}))  # softmax layers: KV grows
+    assert model_graphable(model) and model_graphable(_model(use_short_conv=True)) and not model_graphable(hybrid)
     model.model.layers[1].attn.prefill_roundtrip = True  # rounds inside the prefill: the padding would too
     model.model.layers[1].attn.state_quantizer = StateQuantizer("int8_row")
     assert not model_graphable(model)

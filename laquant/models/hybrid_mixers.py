@@ -55,7 +55,12 @@ def short_conv(x: torch.Tensor, states, layer_idx: int, conv: nn.Conv1d, activat
     if activation is not None:
         out = ACT2FN[activation](out)
     if states is not None:
-        states.conv[layer_idx] = inp[:, inp.shape[1] - (W - 1):]
+        mask = getattr(states, "token_mask", None)
+        if mask is None:
+            states.conv[layer_idx] = inp[:, inp.shape[1] - (W - 1):]
+        else:  # padded past the real tokens: keep the W - 1 inputs that end at the last real one
+            idx = mask.sum(-1).long()[:, None] + torch.arange(W - 1, device=x.device)
+            states.conv[layer_idx] = inp.gather(1, idx[..., None].expand(B, W - 1, C))
         if getattr(states, "pending", None) is not None:  # a verify step: the commit picks the window
             states.pending.conv[layer_idx] = inp
         if getattr(states, "checkpoints", None) is not None:

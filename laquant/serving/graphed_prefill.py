@@ -16,8 +16,9 @@ on static tensors and replays it:
   ``lm_head`` on that one row); the final states are copied out of the graph's memory into a fresh
   cache that continues the sequence.
 
-What it covers: laquant's GLA on CUDA, recurrent layers only (no short convs, no softmax ``attn``
-layers), no round trip of the state inside the prefill (``prefill_roundtrip``), requests that resume
+What it covers: laquant's GLA on CUDA, with or without short convs (the kept inputs are those that
+end at the last real token), recurrent layers only (no softmax ``attn`` layers, whose keys and values
+grow), no round trip of the state inside the prefill (``prefill_roundtrip``), requests that resume
 from a snapshot and add fewer tokens than a block (so no new snapshot is due). Anything else runs
 eagerly, as before. Numerics: the eager resumed prefill's up to rounding: the padding lengthens the
 GEMMs' M (a bf16 GEMM may then take other tiles; the int8 ones are exact) and the chunk kernel's last
@@ -43,11 +44,11 @@ def bucket_for(tokens: int) -> int:
 
 def model_graphable(model) -> bool:
     """Whether ``model``'s resumed prefills can be replayed: laquant's GLA with recurrent layers only
-    (no short convs, no softmax ``attn`` layers) and no state round trip inside the prefill."""
+    (no softmax ``attn`` layers, whose keys and values grow) and no state round trip inside the prefill."""
     from laquant.models import GLAForCausalLM
     from laquant.models.gla import GatedLinearAttention
 
-    if not isinstance(model, GLAForCausalLM) or model.config.use_short_conv:
+    if not isinstance(model, GLAForCausalLM):
         return False
     mixers = [layer.attn for layer in model.model.layers]
     return all(isinstance(m, GatedLinearAttention) and not (m.prefill_roundtrip and not m.state_quantizer.is_plain_fp32)
@@ -56,7 +57,7 @@ def model_graphable(model) -> bool:
 
 def graphable(model, cache: GLAStateCache) -> bool:
     """Whether a resumed prefill of ``model`` from ``cache`` (restored from a snapshot) can be replayed."""
-    if not isinstance(cache, GLAStateCache) or cache.conv or cache.kv:
+    if not isinstance(cache, GLAStateCache) or cache.kv:
         return False
     if any(s is None for s in cache.states) or {s.n_stores for s in cache.states} != {0}:
         return False
@@ -77,6 +78,7 @@ class _Capture:
         self.seed = layout.seed
         self.inputs = [State(s.data.clone(), None if s.scale is None else s.scale.clone(), s.format, 0)
                        for s in layout.states]
+        self.conv_inputs = {key: t.clone() for key, t in layout.conv.items()}  # short convs' last inputs
         self.graph = None
         if use_graph:
             stream = torch.cuda.Stream()
@@ -93,10 +95,11 @@ class _Capture:
     def _run(self):
         cache = GLAStateCache(len(self.inputs), self.seed)
         cache.states = list(self.inputs)  # read in place; the mixers put their new states beside them
+        cache.conv = dict(self.conv_inputs)
         cache.token_mask = self.mask
         hidden = self.model.model(self.ids, cache)
         logits = self.model.lm_head(hidden.index_select(1, self.last))
-        return logits, cache.states
+        return logits, (cache.states, cache.conv)
 
     def replay(self, restored: GLAStateCache, suffix: torch.Tensor):
         """``(logits [1, 1, vocab], cache)`` of ``suffix`` (``[1, T]``, T <= bucket) after ``restored``."""
@@ -105,6 +108,8 @@ class _Capture:
             mine.data.copy_(theirs.data)
             if mine.scale is not None:
                 mine.scale.copy_(theirs.scale)
+        for key, t in self.conv_inputs.items():
+            t.copy_(restored.conv[key])
         self.ids.zero_()
         self.ids[:, :T].copy_(suffix)
         self.mask.zero_()
@@ -112,12 +117,13 @@ class _Capture:
         self.last.fill_(T - 1)
         if self.graph is not None:
             self.graph.replay()
-            logits, outputs = self.logits, self.outputs
+            logits, (states, conv) = self.logits, self.outputs
         else:
-            logits, outputs = self._run()
-        out = GLAStateCache(len(outputs), self.seed)
+            logits, (states, conv) = self._run()
+        out = GLAStateCache(len(states), self.seed)
         out.states = [State(s.data.clone(), None if s.scale is None else s.scale.clone(), s.format, s.n_stores)
-                      for s in outputs]
+                      for s in states]
+        out.conv = {key: t.clone() for key, t in conv.items()}
         out.seen_tokens = restored.seen_tokens + T
         return logits.clone(), out
 
@@ -143,7 +149,8 @@ class GraphedPrefill:
         could not be captured (the reason in :attr:`failure`, warned once): the caller runs it eagerly."""
         bucket = bucket_for(suffix.shape[1])
         layout = tuple((tuple(s.data.shape), s.data.dtype, s.format, s.scale is None) for s in restored.states)
-        key = (bucket, layout, restored.seed)
+        convs = tuple(sorted((key, tuple(t.shape), t.dtype) for key, t in restored.conv.items()))
+        key = (bucket, layout, convs, restored.seed)
         capture = self.captures.get(key)
         if capture is None:
             try:

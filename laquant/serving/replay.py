@@ -209,7 +209,7 @@ def follow_up_ttft(model, system: int, user: int, block_size: int, reps: int = 5
 
 def _graphs_prefill(model, suffix: int, block_size: int) -> bool:
     """Whether a hit that leaves ``suffix`` tokens to run can replay its prefill as a CUDA graph (a
-    CUDA GLA without short convs or softmax layers; fewer new tokens than a block)."""
+    CUDA GLA without softmax layers or prefill round trips; fewer new tokens than a block)."""
     from laquant.serving.graphed_prefill import model_graphable
 
     return 1 < suffix < block_size and next(model.parameters()).is_cuda and model_graphable(model)
