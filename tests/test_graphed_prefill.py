@@ -15,10 +15,21 @@ BLOCK = 128
 VOCAB = 97
 
 
-def _model(state=None, **fields):
+def _model(state=None, kind="gla", **fields):
     torch.manual_seed(0)
-    model = GLAForCausalLM(GLAConfig(hidden_size=64, num_hidden_layers=3, num_heads=2, vocab_size=VOCAB,
-                                     **fields)).eval()
+    if kind == "gated_deltanet":
+        from laquant.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM
+
+        model = GatedDeltaNetForCausalLM(GatedDeltaNetConfig(hidden_size=64, num_hidden_layers=3, num_heads=2,
+                                                             head_dim=32, vocab_size=VOCAB, **fields)).eval()
+    elif kind == "delta_net":
+        from laquant.models import DeltaNetConfig, DeltaNetForCausalLM
+
+        model = DeltaNetForCausalLM(DeltaNetConfig(hidden_size=64, num_hidden_layers=3, num_heads=2,
+                                                   vocab_size=VOCAB, **fields)).eval()
+    else:
+        model = GLAForCausalLM(GLAConfig(hidden_size=64, num_hidden_layers=3, num_heads=2, vocab_size=VOCAB,
+                                         **fields)).eval()
     if state is not None:
         for layer in model.model.layers:
             layer.attn.state_quantizer = StateQuantizer(state, rounding="stochastic")
@@ -46,12 +57,14 @@ def test_buckets():
     assert [bucket_for(t) for t in (1, 2, 64, 65, 128, 129, 255)] == [64, 64, 64, 128, 128, 256, 256]
 
 
-@pytest.mark.parametrize("state,conv", [(None, False), ("int8_row", False), ("int8_row", True)])
-def test_padded_replay_equals_the_eager_resumed_prefill(state, conv):
+@pytest.mark.parametrize("state,kind,conv", [(None, "gla", False), ("int8_row", "gla", False),
+                                             ("int8_row", "gla", True), ("int8_row", "gated_deltanet", True),
+                                             (None, "delta_net", True)])
+def test_padded_replay_equals_the_eager_resumed_prefill(state, kind, conv):
     """Suffixes of several lengths in two buckets, the bucket's static tensors reused (a shorter
     suffix after a longer one): the logits, the final states (and short convs' kept inputs) and the
-    next decode step."""
-    model = _model(state, use_short_conv=conv)
+    next decode step; GLA and the delta rule, with and without short convs."""
+    model = _model(state, kind, use_short_conv=conv)
     prefix = _ids(2 * BLOCK)
     eager, graphed = _pools(model, use_graph=False)
     for pool in (eager, graphed):
@@ -121,8 +134,9 @@ def test_a_failed_capture_falls_back_to_eager(monkeypatch):
     assert restored.states[0].n_stores == 0 and not graphed.graphed_prefill.covers(restored, 40)  # no second try
 
 
-def test_padded_replay_on_the_kernels(monkeypatch):
-    """The mixers' Triton path (the chunk kernel reading the masked keys and log-decays, the store
+@pytest.mark.parametrize("kind", ["gla", "gated_deltanet"])
+def test_padded_replay_on_the_kernels(kind, monkeypatch):
+    """The mixers' Triton path (the chunk kernels reading the masked keys and log-decays, the store
     kernel), under Triton's CPU interpreter: the padded replay against the eager resumed prefill."""
     if not INTERPRETED:
         pytest.skip("CPU tensors through the kernels need Triton's interpreter (on CUDA: the gpu test below)")
@@ -130,7 +144,7 @@ def test_padded_replay_on_the_kernels(monkeypatch):
     import laquant.models.recurrent as recurrent
 
     monkeypatch.setattr(recurrent, "use_triton", lambda x, fmt=None: True)
-    model = _model("int8_row")
+    model = _model("int8_row", kind)
     prefix = _ids(BLOCK)
     eager, graphed = _pools(model, use_graph=False)
     for pool in (eager, graphed):
@@ -144,13 +158,13 @@ def test_padded_replay_on_the_kernels(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("state", [None, "int8_row"])
-def test_gpu_graph_replays_the_eager_resumed_prefill(state):
+@pytest.mark.parametrize("state,kind", [(None, "gla"), ("int8_row", "gla"), ("int8_row", "gated_deltanet")])
+def test_gpu_graph_replays_the_eager_resumed_prefill(state, kind):
     """On CUDA, captured: the replayed follow-up against the eager one (bf16 on the kernels), again
-    for a second request in the same bucket, and the greedy decode that continues it."""
+    for a second request in the same bucket, and the decode that continues it."""
     from laquant.serving.replay import greedy_decode
 
-    model = _model(state).cuda().to(torch.bfloat16)
+    model = _model(state, kind).cuda().to(torch.bfloat16)
     prefix = _ids(2 * BLOCK)
     eager, graphed = _pools(model, use_graph=True)
     for pool in (eager, graphed):

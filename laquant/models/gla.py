@@ -314,10 +314,6 @@ class GatedLinearAttention(RecurrentMixer):
         gk = self._heads(self.log_decay(x), self.head_k_dim)
         if self.feature_map is not None:
             q, k = self.feature_map(q), self.feature_map(k)
-        mask = getattr(cache, "token_mask", None)
-        if mask is not None:  # padding: no key and no decay, so the state passes it unchanged
-            k = k * mask[..., None, None].to(k.dtype)
-            gk = gk * mask[..., None, None].to(gk.dtype)
 
         o = self.attend_gla(q, k, v, gk, cache)
 

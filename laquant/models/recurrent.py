@@ -48,6 +48,7 @@ class RecurrentMixer(nn.Module):
         """Gated linear attention over ``q, k [B, T, H, K]``, ``v [B, T, H, V]`` and the log-decay
         ``g`` (``[B, T, H, K]`` per channel or ``[B, T, H]`` per head), continuing the state held in
         ``states`` (None: no cache) and storing the new one there."""
+        k, g = _mask_padding(k, g, states)
         stored = states.get(self.layer_idx) if states is not None else None
         if getattr(states, "pending", None) is not None:  # speculative decoding's verify step
             from laquant.models.verify import verify_mixer
@@ -86,6 +87,7 @@ class RecurrentMixer(nn.Module):
         (``[B, T, Hv]`` per head, or ``[B, T, Hv, K]`` per key channel: Kimi Delta Attention) and
         ``beta`` ``[B, T, Hv]``, continuing the state held in ``states`` (None: no cache) and
         storing the new one there; Triton kernels on CUDA, the references elsewhere."""
+        k, g = _mask_padding(k, g, states)
         stored = states.get(self.layer_idx) if states is not None else None
         if getattr(states, "pending", None) is not None:  # speculative decoding's verify step
             from laquant.models.verify import verify_mixer
@@ -210,6 +212,18 @@ class RecurrentMixer(nn.Module):
         if states is not None:
             self.store_state(states, stored, final.data, T)
         return o
+
+
+def _mask_padding(k: torch.Tensor, g: torch.Tensor, states):
+    """``k`` and the log-decay ``g`` with the positions past each sequence's real tokens zeroed, where
+    the cache has a ``token_mask`` ``[B, T]`` (a padded prefill replayed as a CUDA graph,
+    :mod:`laquant.serving.graphed_prefill`): no key and no decay, so the state (GLA's and the delta
+    rule's alike) passes the padding unchanged."""
+    mask = getattr(states, "token_mask", None)
+    if mask is None:
+        return k, g
+    m = mask[:, :, None]
+    return k * m[..., None].to(k.dtype), g * (m if g.dim() == 3 else m[..., None]).to(g.dtype)
 
 
 def _checkpoint_every(states, T: int) -> int:

@@ -7,8 +7,9 @@ saved little time. This module captures that prefill once per token-count bucket
 on static tensors and replays it:
 
 * the request's tokens are padded to the bucket; the padding is made a no-op for the state by the
-  cache's ``token_mask`` (zero keys and zero log-decays: the GLA mixer multiplies them by it), and the
-  outputs of the padded positions are never read (causal: they cannot change the real ones);
+  cache's ``token_mask`` (zero keys and zero log-decays: the recurrent mixers multiply them by it, so
+  neither GLA's update nor the delta rule's moves the state), and the outputs of the padded positions
+  are never read (causal: they cannot change the real ones);
 * the snapshot is copied into the graph's static input states; a resumed prefill's final store is
   always its store 1 (a restored snapshot counts as store 0), so the store count and the cache's seed
   that the kernels take as launch arguments are the same at every replay;
@@ -16,12 +17,12 @@ on static tensors and replays it:
   ``lm_head`` on that one row); the final states are copied out of the graph's memory into a fresh
   cache that continues the sequence.
 
-What it covers: laquant's GLA on CUDA, with or without short convs (the kept inputs are those that
-end at the last real token), recurrent layers only (no softmax ``attn`` layers, whose keys and values
-grow), no round trip of the state inside the prefill (``prefill_roundtrip``), requests that resume
+What it covers: laquant's own models on CUDA (GLA, Gated DeltaNet, DeltaNet), with or without short
+convs (the kept inputs are those that end at the last real token), recurrent layers only (no softmax
+``attn`` layers, whose keys and values grow), no round trip of the state inside the prefill (``prefill_roundtrip``), requests that resume
 from a snapshot and add fewer tokens than a block (so no new snapshot is due). Anything else runs
 eagerly, as before. Numerics: the eager resumed prefill's up to rounding: the padding lengthens the
-GEMMs' M (a bf16 GEMM may then take other tiles; the int8 ones are exact) and the chunk kernel's last
+GEMMs' M (a bf16 GEMM may then take other tiles; the int8 ones are exact) and the chunk kernels' last
 chunk holds zeros where the eager call masks its loads out.
 """
 
@@ -46,13 +47,15 @@ def model_graphable(model) -> bool:
     """Whether ``model``'s resumed prefills can be replayed: laquant's GLA with recurrent layers only
     (no softmax ``attn`` layers, whose keys and values grow) and no state round trip inside the prefill."""
     from laquant.models import GLAForCausalLM
+    from laquant.models.delta_net import DeltaNet
+    from laquant.models.gated_deltanet import GatedDeltaNet
     from laquant.models.gla import GatedLinearAttention
 
-    if not isinstance(model, GLAForCausalLM):
+    if not isinstance(model, GLAForCausalLM):  # GatedDeltaNetForCausalLM and DeltaNetForCausalLM too
         return False
     mixers = [layer.attn for layer in model.model.layers]
-    return all(isinstance(m, GatedLinearAttention) and not (m.prefill_roundtrip and not m.state_quantizer.is_plain_fp32)
-               for m in mixers)
+    return all(isinstance(m, (GatedLinearAttention, GatedDeltaNet, DeltaNet))
+               and not (m.prefill_roundtrip and not m.state_quantizer.is_plain_fp32) for m in mixers)
 
 
 def graphable(model, cache: GLAStateCache) -> bool:

@@ -125,7 +125,7 @@ class PrefixStateCache:
     ``budget_bytes`` of them (LRU). ``state_format`` / ``rounding``: how snapshots are stored (None:
     each layer's own state format, and its rounding for the scaled formats). ``seed`` is the seed of
     every cache this makes (stochastic rounding's random bits). ``graphed``: replay short resumed
-    prefills as CUDA graphs (:mod:`laquant.serving.graphed_prefill`; GLA on CUDA)."""
+    prefills as CUDA graphs (:mod:`laquant.serving.graphed_prefill`; laquant's own models on CUDA)."""
 
     def __init__(self, model, block_size: int = 256, budget_bytes: int = 1 << 30, state_format: str | None = None,
                  rounding: str | None = None, seed: int = 0, graphed: bool = False):

@@ -209,7 +209,8 @@ def follow_up_ttft(model, system: int, user: int, block_size: int, reps: int = 5
 
 def _graphs_prefill(model, suffix: int, block_size: int) -> bool:
     """Whether a hit that leaves ``suffix`` tokens to run can replay its prefill as a CUDA graph (a
-    CUDA GLA without softmax layers or prefill round trips; fewer new tokens than a block)."""
+    CUDA model of laquant's own without softmax layers or prefill round trips; fewer new tokens than a
+    block)."""
     from laquant.serving.graphed_prefill import model_graphable
 
     return 1 < suffix < block_size and next(model.parameters()).is_cuda and model_graphable(model)
@@ -233,8 +234,8 @@ def snapshot_memory(model, formats, block_size: int, budget_bytes: int) -> list[
 def serve_eval(model, workload: Workload, block_size: int, budget_bytes: int, formats, reps: int = 5,
                decode: Decode = greedy_decode, progress: bool = True,
                speculative: SpeculativeDecode | None = None) -> dict:
-    """The replay with and without the cache (snapshots in the model's state format; for a GLA on
-    CUDA also with short hits' prefills replayed as CUDA graphs), the follow-up TTFT and the snapshot
+    """The replay with and without the cache (snapshots in the model's state format; for laquant's
+    own models on CUDA also with short hits' prefills replayed as CUDA graphs), the follow-up TTFT and the snapshot
     memory per format; with ``speculative``, the cached replay again with it
     as the decode, and whether its replies were the greedy ones (on CUDA a near-tie of two logits
     may part them: the GEMMs of a verify and of a decode step round apart)."""
