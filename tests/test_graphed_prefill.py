@@ -183,3 +183,23 @@ def test_gpu_graph_replays_the_eager_resumed_prefill(state, kind):
         assert rel_err(_step(model, cache, 5).float(), _step(model, ref_cache, 5).float()) < 2e-2
         assert greedy_decode(model, cache, logits[:, -1].argmax(-1), 4).shape == (1, 4)
     assert [k[0] for k in graphed.graphed_prefill.captures] == [128]
+
+
+def test_eval_serve_reports_the_graphed_prefill(monkeypatch):
+    """``eval serve``'s glue around the graphed pools (the third replay, the follow-up's graphed
+    timing, the report), run on the CPU with the graphs re-run eagerly on their static tensors."""
+    from laquant.eval.serve import markdown
+    from laquant.serving import graphed_prefill, replay
+
+    monkeypatch.setattr(graphed_prefill.GraphedPrefill.__init__, "__defaults__", (False,))  # use_graph=False
+    monkeypatch.setattr(replay, "_graphs_prefill", lambda model, suffix, block: 1 < suffix < block)
+    model = _model("int8_row")
+    workload = replay.Workload(system=BLOCK + 20, conversations=2, turns=2, user=9, reply=3)
+    result = replay.serve_eval(model, workload, BLOCK, 1 << 30, ["fp32", "int8_row"], reps=2, progress=False)
+    graphed, cached = result["prefix_cache_graphed"], result["prefix_cache"]
+    assert graphed["requests"] == cached["requests"] == 4 and graphed["cached_tokens"] == cached["cached_tokens"] > 0
+    f = result["follow_up"]
+    assert f["graphed_cached_ttft_s"] > 0 and f["graphed_speedup"] > 0 and f["graphed_failure"] is None
+    text = markdown({"device": "cpu", "dtype": "float32", "text": "-",
+                     "results": [{"model": "tiny", "state_format": ["int8_row"], **result}]})
+    assert "short hits' prefill as a CUDA graph" in text and "replayed as a CUDA graph" in text
