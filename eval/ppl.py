@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from laquant.adapters import new_cache
 from laquant.errors import LaquantError
 from laquant.eval.saturation import SaturationCounter
+from laquant.generate import warm_up_outside_capture
 
 MODES = ("prefill", "decode")
 DEFAULT_BATCH = {"prefill": 4, "decode": 64}
@@ -219,15 +220,11 @@ class _GraphedScorer:
         self.pos = torch.ones(1, dtype=torch.long, device=device)
         self.cache = first_cache.static_copy()
         states = list(self.cache.states)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # compiles the kernels outside the capture
-            if counter is not None:
-                counter.active = False
-            self._step()
-            if counter is not None:
-                counter.active = True
-        torch.cuda.current_stream().wait_stream(stream)
+        if counter is not None:
+            counter.active = False  # the warm-up step is not counted
+        warm_up_outside_capture(self._step, runs=1)
+        if counter is not None:
+            counter.active = True
         if any(a is not b for a, b in zip(states, self.cache.states)):
             raise LaquantError("this model's decode step does not update its states in place")
         self.graph = torch.cuda.CUDAGraph()

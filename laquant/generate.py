@@ -80,6 +80,18 @@ def _forward(model, ids, cache):
     return out.logits[:, -1], out.past_key_values
 
 
+def warm_up_outside_capture(fn, runs: int = 2) -> None:
+    """Run ``fn`` ``runs`` times on a side stream: Triton compiles and autotunes its kernels there,
+    before a CUDA graph captures them (the captures of laquant.generate, laquant.eval.ppl and
+    laquant.serving.graphed_prefill)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(runs):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+
+
 class _NotInPlace(LaquantError):
     """A decode step replaced its state tensors instead of updating them: no graph can replay it."""
 
@@ -98,12 +110,7 @@ class _DecodeGraph:
         self.done = torch.zeros(batch, dtype=torch.bool, device=device)
         self.capacity = capacity
         states = list(self.cache.states)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # compiles / autotunes the kernels outside the capture
-            for _ in range(2):
-                self._step()
-        torch.cuda.current_stream().wait_stream(stream)
+        warm_up_outside_capture(self._step)
         if any(a is not b for a, b in zip(states, self.cache.states)):
             raise _NotInPlace("this model's decode step does not update its states in place (a state format "
                                "without a decode kernel, or LAQUANT_KERNELS=reference): decode with graphed=False")

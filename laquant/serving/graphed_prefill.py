@@ -19,8 +19,9 @@ on static tensors and replays it:
 
 What it covers: laquant's own models on CUDA (GLA, Gated DeltaNet, DeltaNet), with or without short
 convs (the kept inputs are those that end at the last real token), recurrent layers only (no softmax
-``attn`` layers, whose keys and values grow), no round trip of the state inside the prefill (``prefill_roundtrip``), requests that resume
-from a snapshot and add fewer tokens than a block (so no new snapshot is due). Anything else runs
+``attn`` layers, whose keys and values grow), no round trip of the state inside the prefill
+(``prefill_roundtrip``), requests that resume from a snapshot and add fewer tokens than a block (so no
+new snapshot is due). Anything else runs
 eagerly, as before. Numerics: the eager resumed prefill's up to rounding: the padding lengthens the
 GEMMs' M (a bf16 GEMM may then take other tiles; the int8 ones are exact) and the chunk kernels' last
 chunk holds zeros where the eager call masks its loads out.
@@ -84,12 +85,9 @@ class _Capture:
         self.conv_inputs = {key: t.clone() for key, t in layout.conv.items()}  # short convs' last inputs
         self.graph = None
         if use_graph:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):  # compiles / autotunes the kernels outside the capture
-                for _ in range(2):
-                    self._run()
-            torch.cuda.current_stream().wait_stream(stream)
+            from laquant.generate import warm_up_outside_capture
+
+            warm_up_outside_capture(self._run)
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
                 self.logits, self.outputs = self._run()
