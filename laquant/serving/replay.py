@@ -174,7 +174,7 @@ def follow_up_ttft(model, system: int, user: int, block_size: int, reps: int = 5
     first = torch.cat([shared, torch.randint(0, vocab, (user,), generator=gen)])
     pools = {"cached": PrefixStateCache(model, block_size, budget_bytes=1 << 40, state_format=state_format, seed=seed)}
     suffix = system + user - (system + user - 1) // block_size * block_size  # what a hit leaves to run
-    if _graphs_prefill(model, suffix, block_size):  # the same request's prefill replayed as a CUDA graph
+    if 1 < suffix < block_size and _graphs_prefill(model):  # the same request's prefill replayed as a CUDA graph
         pools["graphed"] = PrefixStateCache(model, block_size, budget_bytes=1 << 40, state_format=state_format,
                                             seed=seed, graphed=True)
     for pool in pools.values():
@@ -207,13 +207,12 @@ def follow_up_ttft(model, system: int, user: int, block_size: int, reps: int = 5
                 cold_with_snapshots_ttft_s=statistics.median(times["cold"]))
 
 
-def _graphs_prefill(model, suffix: int, block_size: int) -> bool:
-    """Whether a hit that leaves ``suffix`` tokens to run can replay its prefill as a CUDA graph (a
-    CUDA model of laquant's own without softmax layers or prefill round trips; fewer new tokens than a
-    block)."""
+def _graphs_prefill(model) -> bool:
+    """Whether ``model``'s short resumed prefills (2 to ``block_size - 1`` new tokens) can replay as
+    CUDA graphs: a CUDA model of laquant's own without softmax layers or prefill round trips."""
     from laquant.serving.graphed_prefill import model_graphable
 
-    return 1 < suffix < block_size and next(model.parameters()).is_cuda and model_graphable(model)
+    return next(model.parameters()).is_cuda and model_graphable(model)
 
 
 def snapshot_memory(model, formats, block_size: int, budget_bytes: int) -> list[dict]:
@@ -243,7 +242,7 @@ def serve_eval(model, workload: Workload, block_size: int, budget_bytes: int, fo
     # specialisation (lengths divisible by 16 or not, ...), seconds per first sight that the timed
     # requests must not pay (a 3 s request once made the mean TTFT on hits worse than no cache)
     warm = Workload(**{**asdict(workload), "seed": workload.seed + 1})
-    graphed = _graphs_prefill(model, 2, block_size)
+    graphed = _graphs_prefill(model)
     for dec in (decode, speculative) if speculative is not None else (decode,):
         replay(model, warm, None, dec)
         replay(model, warm, PrefixStateCache(model, block_size, seed=workload.seed), dec)
