@@ -5,7 +5,7 @@
 # the fused projections and the model, then the prefill profile (tools/profile_prefill.py; before:
 # eval/results/store_kernel_h200/profile_prefill.json), the 1.3B follow-up TTFT with the graphed resume
 # (eval serve; before: store_kernel_h200/serve_gla_1b), where an eager hybrid decode step's time goes
-# (tools/profile_hybrid_decode.py: the 64K hybrid runs decoded at 10-16 tok/s), and the e2e suite. Results under $1, one status line a step.
+# (tools/profile_hybrid_decode.py: the 64K hybrid runs decoded at 10-16 tok/s). Results under $1, one status line a step.
 #   run: bash tools/device_kernels.sh 560 device_graphed_prefill_job.sh
 set -u
 W=$1
@@ -23,8 +23,4 @@ timeout 500 laquant eval serve 'config:{"hidden_size": 2048, "num_hidden_layers"
 log "serve rc $?"
 timeout 300 python3 tools/profile_hybrid_decode.py "$W/profile_hybrid_decode.json" > "$W/profile_hybrid_decode.log" 2>&1
 log "hybrid decode profile rc $?"
-timeout 600 laquant eval speed --suite e2e --recipe gla_int8_all --batch 1 64 --prompt 4096 --gen 32 \
-  --model 'config:{"hidden_size": 2048, "num_hidden_layers": 24, "num_heads": 16, "vocab_size": 32000}' \
-  --out "$W/e2e" > "$W/e2e.log" 2>&1
-log "e2e rc $?"
 touch "$W/job.done"
