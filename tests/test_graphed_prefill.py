@@ -192,7 +192,7 @@ def test_eval_serve_reports_the_graphed_prefill(monkeypatch):
     from laquant.serving import graphed_prefill, replay
 
     monkeypatch.setattr(graphed_prefill.GraphedPrefill.__init__, "__defaults__", (False,))  # use_graph=False
-    monkeypatch.setattr(replay, "_graphs_prefill", lambda model: True)
+    monkeypatch.setattr(replay, "graphs_on_this_device", lambda model: True)
     model = _model("int8_row")
     workload = replay.Workload(system=BLOCK + 20, conversations=2, turns=2, user=9, reply=3)
     result = replay.serve_eval(model, workload, BLOCK, 1 << 30, ["fp32", "int8_row"], reps=2, progress=False)
@@ -203,3 +203,15 @@ def test_eval_serve_reports_the_graphed_prefill(monkeypatch):
     text = markdown({"device": "cpu", "dtype": "float32", "text": "-",
                      "results": [{"model": "tiny", "state_format": ["int8_row"], **result}]})
     assert "short hits' prefill as a CUDA graph" in text and "replayed as a CUDA graph" in text
+
+
+def test_graphed_is_the_default_where_it_is_covered(monkeypatch):
+    """``PrefixStateCache(graphed=None)`` replays short hits where the graphed prefill covers the model
+    on its device (laquant's recurrent models on CUDA), and runs eagerly elsewhere or with ``graphed=False``."""
+    from laquant.serving import graphed_prefill
+
+    model = _model("int8_row")
+    assert PrefixStateCache(model, BLOCK).graphed_prefill is None  # a CPU model
+    monkeypatch.setattr(graphed_prefill, "graphs_on_this_device", lambda model: True)
+    assert isinstance(PrefixStateCache(model, BLOCK).graphed_prefill, graphed_prefill.GraphedPrefill)
+    assert PrefixStateCache(model, BLOCK, graphed=False).graphed_prefill is None

@@ -59,6 +59,12 @@ def model_graphable(model) -> bool:
                and not (m.prefill_roundtrip and not m.state_quantizer.is_plain_fp32) for m in mixers)
 
 
+def graphs_on_this_device(model) -> bool:
+    """Whether a prefix cache of ``model`` replays short resumed prefills by default: a CUDA model
+    that :func:`model_graphable` covers."""
+    return next(model.parameters()).is_cuda and model_graphable(model)
+
+
 def graphable(model, cache: GLAStateCache) -> bool:
     """Whether a resumed prefill of ``model`` from ``cache`` (restored from a snapshot) can be replayed."""
     if not isinstance(cache, GLAStateCache) or cache.kv:

@@ -125,10 +125,11 @@ class PrefixStateCache:
     ``budget_bytes`` of them (LRU). ``state_format`` / ``rounding``: how snapshots are stored (None:
     each layer's own state format, and its rounding for the scaled formats). ``seed`` is the seed of
     every cache this makes (stochastic rounding's random bits). ``graphed``: replay short resumed
-    prefills as CUDA graphs (:mod:`laquant.serving.graphed_prefill`; laquant's own models on CUDA)."""
+    prefills as CUDA graphs (:mod:`laquant.serving.graphed_prefill`); None (the default) does so
+    where it covers the model (laquant's own recurrent models on CUDA), False never."""
 
     def __init__(self, model, block_size: int = 256, budget_bytes: int = 1 << 30, state_format: str | None = None,
-                 rounding: str | None = None, seed: int = 0, graphed: bool = False):
+                 rounding: str | None = None, seed: int = 0, graphed: bool | None = None):
         self.layout = check_model(model)
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < CHUNK or block_size % CHUNK:
             raise LaquantError(f"block_size must be a positive multiple of {CHUNK} tokens (the chunk kernels' "
@@ -149,9 +150,9 @@ class PrefixStateCache:
         # graphed: a hit that adds fewer tokens than a block replays its prefill as a CUDA graph
         # where laquant.serving.graphed_prefill covers the model (else it runs eagerly)
         self.graphed_prefill = None
-        if graphed:
-            from laquant.serving.graphed_prefill import GraphedPrefill
+        from laquant.serving.graphed_prefill import GraphedPrefill, graphs_on_this_device
 
+        if graphed or (graphed is None and graphs_on_this_device(model)):
             self.graphed_prefill = GraphedPrefill(model, block_size - 1)
         self.state_format, self.rounding, self.seed = state_format, rounding, seed
         self.needs_chain = self.layout.has_attention  # softmax layers: a block's snapshot holds only its own KV

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from laquant.adapters import new_cache
+from laquant.serving.graphed_prefill import graphs_on_this_device
 from laquant.serving.model_state import vocab_size
 from laquant.serving.prefix_cache import PrefixStateCache
 
@@ -172,9 +173,10 @@ def follow_up_ttft(model, system: int, user: int, block_size: int, reps: int = 5
     vocab = vocab_size(model)
     shared = torch.randint(0, vocab, (system,), generator=gen)
     first = torch.cat([shared, torch.randint(0, vocab, (user,), generator=gen)])
-    pools = {"cached": PrefixStateCache(model, block_size, budget_bytes=1 << 40, state_format=state_format, seed=seed)}
+    pools = {"cached": PrefixStateCache(model, block_size, budget_bytes=1 << 40, state_format=state_format, seed=seed,
+                                        graphed=False)}
     suffix = system + user - (system + user - 1) // block_size * block_size  # what a hit leaves to run
-    if 1 < suffix < block_size and _graphs_prefill(model):  # the same request's prefill replayed as a CUDA graph
+    if 1 < suffix < block_size and graphs_on_this_device(model):  # the same request's prefill replayed as a CUDA graph
         pools["graphed"] = PrefixStateCache(model, block_size, budget_bytes=1 << 40, state_format=state_format,
                                             seed=seed, graphed=True)
     for pool in pools.values():
@@ -207,14 +209,6 @@ def follow_up_ttft(model, system: int, user: int, block_size: int, reps: int = 5
                 cold_with_snapshots_ttft_s=statistics.median(times["cold"]))
 
 
-def _graphs_prefill(model) -> bool:
-    """Whether ``model``'s short resumed prefills (2 to ``block_size - 1`` new tokens) can replay as
-    CUDA graphs: a CUDA model of laquant's own without softmax layers or prefill round trips."""
-    from laquant.serving.graphed_prefill import model_graphable
-
-    return next(model.parameters()).is_cuda and model_graphable(model)
-
-
 def snapshot_memory(model, formats, block_size: int, budget_bytes: int) -> list[dict]:
     """Bytes of one snapshot per state format, and how many fit in ``budget_bytes``."""
     rows = []
@@ -242,12 +236,12 @@ def serve_eval(model, workload: Workload, block_size: int, budget_bytes: int, fo
     # specialisation (lengths divisible by 16 or not, ...), seconds per first sight that the timed
     # requests must not pay (a 3 s request once made the mean TTFT on hits worse than no cache)
     warm = Workload(**{**asdict(workload), "seed": workload.seed + 1})
-    graphed = _graphs_prefill(model)
+    graphed = graphs_on_this_device(model)
     for dec in (decode, speculative) if speculative is not None else (decode,):
         replay(model, warm, None, dec)
-        replay(model, warm, PrefixStateCache(model, block_size, seed=workload.seed), dec)
+        replay(model, warm, PrefixStateCache(model, block_size, seed=workload.seed, graphed=False), dec)
     base = replay(model, workload, None, decode, progress, "no cache")
-    pool = PrefixStateCache(model, block_size, budget_bytes=budget_bytes, seed=workload.seed)
+    pool = PrefixStateCache(model, block_size, budget_bytes=budget_bytes, seed=workload.seed, graphed=False)
     cached = replay(model, workload, pool, decode, progress, "prefix cache")
     extra = {}
     if graphed:  # hits adding fewer tokens than a block replay their prefill (captured in the warm-up)
