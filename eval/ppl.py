@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from laquant.adapters import new_cache
 from laquant.errors import LaquantError
 from laquant.eval.saturation import SaturationCounter
-from laquant.generate import warm_up_outside_capture
+from laquant.generate import _state_tensors, static_cache, static_forward, warm_up_outside_capture
 
 MODES = ("prefill", "decode")
 DEFAULT_BATCH = {"prefill": 4, "decode": 64}
@@ -218,14 +218,14 @@ class _GraphedScorer:
         self.inputs = torch.zeros(batch, context, dtype=torch.long, device=device)
         self.nll = torch.zeros(batch, context - 1, dtype=torch.float32, device=device)
         self.pos = torch.ones(1, dtype=torch.long, device=device)
-        self.cache = first_cache.static_copy()
-        states = list(self.cache.states)
+        self.cache = static_cache(first_cache, context)
+        states = _state_tensors(self.cache)
         if counter is not None:
             counter.active = False  # the warm-up step is not counted
         warm_up_outside_capture(self._step, runs=1)
         if counter is not None:
             counter.active = True
-        if any(a is not b for a, b in zip(states, self.cache.states)):
+        if any(a is not b for a, b in zip(states, _state_tensors(self.cache))):
             raise LaquantError("this model's decode step does not update its states in place")
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
@@ -233,8 +233,8 @@ class _GraphedScorer:
 
     @classmethod
     def make(cls, model, batch: int, context: int) -> _GraphedScorer | None:
-        """A scorer for laquant's GLA on CUDA whose state formats have decode kernels; else None
-        (the eager loop)."""
+        """A scorer for a model that laquant.generate graphs (laquant's GLA, transformers' hybrids; on
+        CUDA) whose state formats have decode kernels; else None (the eager loop)."""
         from laquant.generate import is_graphable
         from laquant.kernels.common.formats import KERNEL_FORMATS
 
@@ -247,7 +247,7 @@ class _GraphedScorer:
 
     def _step(self) -> None:
         tok = self.inputs.index_select(1, self.pos)
-        logits = self.model(input_ids=tok, past_key_values=self.cache, use_cache=True).logits[:, 0]
+        logits = static_forward(self.model, tok, self.cache)
         target = self.inputs.index_select(1, self.pos + 1)[:, 0]
         self.nll.index_copy_(1, self.pos, _nll_rows(logits, target)[:, None])
         if self.counter is not None:

@@ -39,6 +39,9 @@ class Family:
     source_class: str = ""
     mixer: str = ""
     cache: Callable | None = None  # a fresh cache for incremental decoding, where transformers' default does not fit
+    # whether transformers' model takes laquant.models.static_hybrid's cache, so that its decode step can
+    # be CUDA-graphed (minimax insists on a MiniMaxCache)
+    static_decode: bool = True
     # where the softmax attention sits, and config.layer_types' MLP-only block types (nemotron_h types
     # each block: its mixer_attr holds the linear mixer, the attention or the MLP / MoE)
     attention_attr: str = "self_attn"
@@ -138,7 +141,8 @@ def _minimax_cache():
 _FAMILIES = (
     Family("gla", "gla", native_module="gla"),
     Family("qwen3_next", "delta", "linear_attn", "Qwen3NextGatedDeltaNet", "GatedDeltaNetMixer"),
-    Family("minimax", "gla", "self_attn", "MiniMaxLightningAttention", "LightningMixer", cache=_minimax_cache),
+    Family("minimax", "gla", "self_attn", "MiniMaxLightningAttention", "LightningMixer", cache=_minimax_cache,
+           static_decode=False),
     Family("bamba", "gla", "mamba", "BambaMixer", "Mamba2Mixer"),
     # Qwen3.5: the text model's config type (AutoModelForCausalLM builds Qwen3_5ForCausalLM from it)
     Family("qwen3_5_text", "delta", "linear_attn", "Qwen3_5GatedDeltaNet", "SplitGatedDeltaNetMixer"),

@@ -1,18 +1,25 @@
 """``laquant.generate``: a decode loop for laquant's models, CUDA-graphed on the GPU.
 
 :func:`generate` prefills the prompt eagerly, then decodes token by token. On CUDA (``graphed=None``
-or ``True``) a laquant ``GLAForCausalLM`` decodes on a **static cache** (:meth:`GLAStateCache.static_copy`:
-the states are updated in place by the decode kernels and the store count lives on the device) with
-**one CUDA graph per step**: the model's forward, the token choice (argmax or sampling) and the
-write of the chosen token into the graph's input buffer and its token history are all captured, so
-a step is one ``graph.replay()``. A graph is captured once per (model, batch size, sampling
-settings) and reused by later calls (:func:`release_graphs` frees them). EOS is checked on the host
-every ``eos_check_every`` steps only (a check is a device sync); sequences that finished earlier
-get ``eos_token_id`` after their EOS, and the output stops at the step at which all had finished.
+or ``True``) the model decodes on a **static cache** and **one CUDA graph per step**:
 
-The eager loop (``graphed=False``; always on the CPU and for transformers' hybrids, whose KV cache
-grows and whose short-conv states are replaced at every step, so a captured step would replay on
-stale tensors) is the reference: greedy output of the graphed loop equals it.
+* laquant's ``GLAForCausalLM`` on :meth:`GLAStateCache.static_copy` (the states are updated in place by
+  the decode kernels and the store count lives on the device);
+* transformers' hybrids with laquant's mixers (every family but minimax) on
+  :class:`~laquant.models.static_hybrid.StaticHybridCache`: the same for the linear layers' states and
+  short-conv inputs, plus the softmax layers' keys and values in buffers of prompt + steps positions
+  written at a device-side position, with the attention mask and the positions following it.
+
+The model's forward, the token choice (argmax or sampling) and the write of the chosen token into
+the graph's input buffer and its token history are all captured, so a step is one ``graph.replay()``.
+A graph is captured once per (model, batch size, sampling settings, state and KV layout) and reused
+by later calls (:func:`release_graphs` frees them). EOS is checked on the host every
+``eos_check_every`` steps only (a check is a device sync); sequences that finished earlier get
+``eos_token_id`` after their EOS, and the output stops at the step at which all had finished.
+
+The eager loop (``graphed=False``; always on the CPU, for minimax, for laquant's models with short
+convs or ``attn`` layers, and where the decode step does not update its states in place) is the
+reference: greedy output of the graphed loop equals it.
 
 Sampling is Gumbel-max (``argmax(softmax(logits / T) / Exp(1))``: a draw from the softmax), with
 ``top_k`` keeping the k largest logits; the same function runs inside the graph and eagerly.
@@ -59,10 +66,61 @@ def _check_args(model, input_ids, max_new_tokens, do_sample, temperature, top_k)
 
 
 def is_graphable(model) -> bool:
-    """laquant's own GLA model on CUDA decodes on a static cache (transformers' hybrids do not)."""
+    """Whether ``model``'s decode step can run on a static cache as one CUDA graph: laquant's GLA and
+    transformers' hybrids with laquant's mixers (:mod:`laquant.models.static_hybrid`), on CUDA."""
+    from laquant.families import FAMILIES
     from laquant.models import GLAForCausalLM
 
-    return isinstance(model, GLAForCausalLM) and next(model.parameters()).is_cuda
+    if not next(model.parameters()).is_cuda:
+        return False
+    if isinstance(model, GLAForCausalLM):
+        return True
+    family = FAMILIES.get(getattr(model.config, "model_type", None))
+    return (family is not None and not family.native and family.static_decode
+            and getattr(model, "_laquant_positions_hook", False))
+
+
+def graphable_cache(cache) -> bool:
+    """Whether a prefilled cache can become a static one: a hybrid's, or laquant's without short convs or
+    softmax layers (their inputs and keys are not kept in static tensors)."""
+    from laquant.models.cache import GLAStateCache
+
+    return not isinstance(cache, GLAStateCache) or not (cache.conv or cache.kv)
+
+
+def static_cache(prefill_cache, capacity: int):
+    """A static copy of a prefilled cache for a captured decode step, with room for ``capacity`` tokens
+    in all (a hybrid's softmax layers keep that many keys; laquant's GLA keeps no keys)."""
+    from laquant.models.cache import GLAStateCache
+    from laquant.models.static_hybrid import StaticHybridCache
+
+    if isinstance(prefill_cache, GLAStateCache):
+        return prefill_cache.static_copy()
+    return StaticHybridCache.from_cache(prefill_cache, capacity)
+
+
+def _cached_tokens(cache) -> int:
+    from laquant.models.cache import state_store
+
+    return state_store(cache).seen_tokens
+
+
+def _state_tensors(cache) -> list:
+    from laquant.models.cache import state_store
+
+    states = state_store(cache).states
+    return list(states.values() if isinstance(states, dict) else states)
+
+
+def static_forward(model, ids, cache) -> torch.Tensor:
+    """The logits ``[B, V]`` of one decode step on a static cache (what a captured step runs)."""
+    from laquant.models.static_hybrid import StaticHybridCache
+
+    if isinstance(cache, StaticHybridCache):
+        logits, _ = _forward(model, ids, cache, **cache.begin_step())
+        cache.end_step()
+        return logits
+    return _forward(model, ids, cache)[0]
 
 
 def _fresh_cache(model):
@@ -75,8 +133,8 @@ def _fresh_cache(model):
     return None
 
 
-def _forward(model, ids, cache):
-    out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+def _forward(model, ids, cache, **kwargs):
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1, **kwargs)
     return out.logits[:, -1], out.past_key_values
 
 
@@ -102,16 +160,17 @@ class _DecodeGraph:
 
     def __init__(self, model, prefill_cache, capacity: int, choose, eos: int | None):
         self.model, self.choose, self.eos = model, choose, eos
-        self.cache = prefill_cache.static_copy()
-        batch, device = self.cache.states[0].data.shape[0], self.cache.states[0].data.device
+        # a hybrid's softmax layers get room for the prompt and the steps, rounded up for later prompts
+        self.cache = static_cache(prefill_cache, -(-(_cached_tokens(prefill_cache) + capacity) // 1024) * 1024)
+        states = _state_tensors(self.cache)
+        batch, device = states[0].data.shape[0], states[0].data.device
         self.tok = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.history = torch.zeros(batch, capacity, dtype=torch.long, device=device)
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
         self.done = torch.zeros(batch, dtype=torch.bool, device=device)
         self.capacity = capacity
-        states = list(self.cache.states)
         warm_up_outside_capture(self._step)
-        if any(a is not b for a, b in zip(states, self.cache.states)):
+        if any(a is not b for a, b in zip(states, _state_tensors(self.cache))):
             raise _NotInPlace("this model's decode step does not update its states in place (a state format "
                                "without a decode kernel, or LAQUANT_KERNELS=reference): decode with graphed=False")
         self.graph = torch.cuda.CUDAGraph()
@@ -119,7 +178,7 @@ class _DecodeGraph:
             self._step()
 
     def _step(self) -> None:
-        logits, _ = _forward(self.model, self.tok, self.cache)
+        logits = static_forward(self.model, self.tok, self.cache)
         nxt = self.choose(logits)
         if self.eos is not None:
             nxt = torch.where(self.done, torch.full_like(nxt, self.eos), nxt)
@@ -140,11 +199,17 @@ class _DecodeGraph:
 def _graph_for(model, prefill_cache, batch, steps, key, choose, eos) -> _DecodeGraph:
     """The model's captured step for ``key``, capturing it on first use (or when ``steps`` exceed
     the captured token history)."""
+    from laquant.models.cache import state_store
+    from laquant.models.static_hybrid import kv_layers
+
     graphs = model.__dict__.setdefault("_laquant_decode_graphs", {})
-    layout = tuple((tuple(s.data.shape), s.data.dtype, s.format, s.scale is None) for s in prefill_cache.states)
-    full_key = (batch, layout, prefill_cache.seed, *key)  # the seed is a launch argument baked into the graph
+    layout = tuple((tuple(s.data.shape), s.data.dtype, s.format, s.scale is None) for s in _state_tensors(prefill_cache))
+    kv = tuple((i, tuple(k.shape[:-2]), k.shape[-1], v.shape[-1], k.dtype) for i, (k, v) in kv_layers(prefill_cache).items())
+    seed = state_store(prefill_cache).seed
+    full_key = (batch, layout, kv, seed, *key)  # the seed is a launch argument baked into the graph
     g = graphs.get(full_key)
-    if g is None or g.capacity < steps:
+    room = getattr(g.cache, "capacity", None) if g is not None else None  # a hybrid's keys: prompt + steps
+    if g is None or g.capacity < steps or (room is not None and room < _cached_tokens(prefill_cache) + steps):
         graphs.pop(full_key, None)
         g = _DecodeGraph(model, prefill_cache, max(256, 1 << (steps - 1).bit_length()), choose, eos)
         graphs[full_key] = g
@@ -173,9 +238,9 @@ class DecodeSession:
             graphed = is_graphable(model)
         elif graphed and not is_graphable(model):
             where = "CUDA" if device.type == "cuda" else f"{device.type} (CUDA graphs need a CUDA device)"
-            raise LaquantError(f"a graphed decode loop needs laquant's GLAForCausalLM on CUDA; this is "
-                               f"{type(model).__name__} on {where}. Transformers' hybrids grow their KV cache "
-                               "and replace their conv states every step, so they decode eagerly (graphed=False)")
+            raise LaquantError(f"a graphed decode loop needs laquant's GLAForCausalLM or a transformers hybrid with "
+                               f"laquant's mixers (not minimax), on CUDA; this is {type(model).__name__} on {where}: "
+                               "decode eagerly (graphed=False)")
         if graphed and generator is not None and auto:
             graphed = False  # a generator drives the eager loop's sampling
         if graphed and generator is not None:
@@ -196,9 +261,10 @@ class DecodeSession:
                     self.graph = _graph_for(model, cache, input_ids.shape[0], max_new_tokens, key, self._choose,
                                             eos_token_id)
                     self.graph.load(cache, first)
-                except _NotInPlace:
+                except (_NotInPlace, ValueError) as exc:  # in-place steps, or a cache a static one cannot hold
                     if not auto:
-                        raise
+                        raise exc if isinstance(exc, LaquantError) else LaquantError(
+                            f"this model's cache cannot be decoded on a static cache ({exc}): use graphed=False") from exc
                     self.graphed = graphed = False  # graphed=None: the eager loop, on the untouched prefill cache
             if not graphed:
                 self.tok = first
@@ -263,7 +329,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: 
              graphed: bool | None = None, generator: torch.Generator | None = None, draft_model=None,
              num_draft_tokens: int = 4) -> torch.Tensor:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids [B, T]`` (unpadded prompts of one
-    length); returns ``[B, T + n]``. ``graphed``: None graphs on CUDA (laquant's GLA) and decodes
+    length); returns ``[B, T + n]``. ``graphed``: None graphs on CUDA (laquant's GLA, the hybrids) and decodes
     eagerly elsewhere (and where the model's decode step cannot be captured, or a ``generator`` is
     given); True insists on the graph; False is the eager reference loop. ``generator`` drives
     sampling in the eager loop only (the graph draws from the default CUDA generator).
@@ -281,4 +347,5 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: 
                          eos_token_id=eos_token_id, graphed=graphed, generator=generator).run()
 
 
-__all__ = ["DecodeSession", "generate", "is_graphable", "pick_tokens", "release_graphs", "trim_after_eos"]
+__all__ = ["DecodeSession", "generate", "graphable_cache", "is_graphable", "pick_tokens", "release_graphs", "static_cache",
+           "static_forward", "trim_after_eos"]

@@ -5,6 +5,7 @@ or of a given JSON config, bf16 and ``hybrid_int8``, on CUDA:
 
 - ms per eager step at B = 1 after a 512-token prompt: the plain loop, and the loop of
   ``laquant eval ppl --mode decode`` (saturation hooks and counters, the loss copied to the host);
+  and ms per step of laquant.generate's CUDA-graphed loop (laquant.models.static_hybrid);
 - kernels and GPU ms per step (torch.profiler) against the step's wall time;
 - the Python functions that take the host time (cProfile, by own time).
 
@@ -24,6 +25,7 @@ from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
 from laquant.adapters import install, new_cache
 from laquant.api import calibrate
+from laquant.generate import DecodeSession
 from laquant.eval.saturation import SaturationCounter
 
 DEVICE = os.environ.get("DEVICE", "cuda")
@@ -74,6 +76,16 @@ def main(out_path: str, config_path: str = SMALL) -> None:
         prompt = torch.randint(0, vocab, (1, 512), device=DEVICE)
         ids = torch.randint(0, vocab, (1, 45), device=DEVICE)
         row = {"plain_ms_per_step": ms_per_step(model, prompt, ids)}
+        if DEVICE == "cuda":
+            session = DecodeSession(model, prompt, 45, graphed=True)
+            for _ in range(4):
+                session.step()
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(40):
+                session.step()
+            sync()
+            row["graphed_ms_per_step"] = (time.perf_counter() - t0) / 40 * 1e3
         counter = SaturationCounter(model, 64)
         row["eval_loop_ms_per_step"] = ms_per_step(model, prompt, ids, counter)
         counter.close()

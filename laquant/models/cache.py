@@ -104,14 +104,12 @@ class GLAStateCache:
     def __len__(self) -> int:
         return sum(s is not None for s in self.states)
 
-    # A static cache (laquant.generate's CUDA-graphed decode loop): every decode step updates the
-    # same tensors in place and counts stores on the device, so a replayed step is an eager one.
+    # A static cache: see _static_states below.
 
     @property
     def slots(self) -> DecodeSlots | None:
         """The shared decode tensors of a static cache (None: an ordinary cache)."""
-        first = next((s for s in self.states if s is not None), None)
-        return getattr(first, "slots", None)
+        return _slots(self.states)
 
     def static_copy(self) -> GLAStateCache:
         """A static cache holding copies of this cache's states (all layers must hold one, stored
@@ -122,51 +120,26 @@ class GLAStateCache:
                              "or softmax-attention keys and values (attn layers): decode these models eagerly")
         if any(s is None for s in self.states):
             raise ValueError("a static cache needs every layer's state: run the prompt through the model first")
-        counts = {s.n_stores for s in self.states}
-        if len(counts) != 1:
-            raise ValueError(f"the layers' states were stored {sorted(counts)} times; a static cache steps all together")
-        n, batch, device = counts.pop(), self.states[0].data.shape[0], self.states[0].data.device
-        slots = DecodeSlots(torch.arange(batch, dtype=torch.int32, device=device),
-                            torch.full((batch,), n, dtype=torch.int32, device=device), len(self.states) - 1, n)
         out = GLAStateCache(len(self.states), self.seed)
-        out.states = [StaticState(s.data.clone(), None if s.scale is None else s.scale.clone(), s.format, n, slots)
-                      for s in self.states]
+        out.states = _static_states(self.states, len(self.states) - 1)
         out.seen_tokens = self.seen_tokens
         return out
 
     def load_from(self, other: GLAStateCache) -> None:
         """Copy ``other``'s states and counters into this static cache's tensors (no reallocation)."""
-        slots = self.slots
-        if other.seed != self.seed:  # a captured decode step launches its kernels with this cache's seed
-            raise ValueError(f"the cache to load has seed {other.seed}; this static cache's is {self.seed}")
-        for mine, theirs in zip(self.states, other.states):
-            if theirs is None or theirs.data.shape != mine.data.shape or theirs.format != mine.format:
-                raise ValueError("the cache to load does not match the static cache's layout")
-            mine.data.copy_(theirs.data)
-            if mine.scale is not None:
-                mine.scale.copy_(theirs.scale)
-            mine.n_stores = theirs.n_stores
-        slots.n_stores.fill_(other.states[0].n_stores)
-        slots.synced = other.states[0].n_stores
+        _load_states(self, self.states, other.states, other.seed)
         self.seen_tokens = other.seen_tokens
 
     def count_static_step(self, layer_idx: int) -> None:
         """A decode step of layer ``layer_idx`` on a static cache: the shared device counter moves
         on once per step (at the last layer), in place, so a captured step advances it on replay."""
-        slots = self.slots
-        if layer_idx == slots.last_layer:
-            slots.n_stores.add_(1)
+        _count_static_step(self.slots, layer_idx)
 
     def sync_counters(self) -> int:
         """Bring the Python-side counters (``State.n_stores``, ``seen_tokens``) of a static cache up
         to its device counter (one host sync); returns the decode steps since the last sync."""
-        slots = self.slots
-        n = int(slots.n_stores[0])
-        steps = n - slots.synced
-        for s in self.states:
-            s.n_stores = n
+        steps = _sync_counters(self.states)
         self.seen_tokens += steps
-        slots.synced = n
         return steps
 
     def state_bytes(self) -> int:
@@ -176,7 +149,9 @@ class GLAStateCache:
 class HybridStates:
     """The recurrent (and short-conv) states of a transformers hybrid's linear layers, kept beside
     transformers' own cache (whose KV layers serve the softmax-attention layers). Stored in
-    laquant's formats, so they do not depend on how a transformers version lays out its cache."""
+    laquant's formats, so they do not depend on how a transformers version lays out its cache.
+    A static copy (:meth:`static_copy`, for a CUDA-graphed decode step) updates its states and conv
+    inputs in place and counts stores on the device, as :class:`GLAStateCache`'s does."""
 
     def __init__(self, seed: int = 0):
         self.states: dict[int, State] = {}
@@ -184,6 +159,7 @@ class HybridStates:
         self.seen_tokens = 0
         self.seed = check_seed(seed)  # as GLAStateCache.seed
         self.checkpoints: CheckpointRequest | None = None  # as GLAStateCache.checkpoints (laquant.serving)
+        self.static = False  # short convs copy their new inputs into the kept tensors (laquant.models.static_hybrid)
 
     def get(self, layer_idx: int) -> State | None:
         return self.states.get(layer_idx)
@@ -193,6 +169,92 @@ class HybridStates:
 
     def state_bytes(self) -> int:
         return sum(s.nbytes() for s in self.states.values())
+
+    @property
+    def slots(self) -> DecodeSlots | None:
+        return _slots(list(self.states.values()))
+
+    def static_copy(self) -> HybridStates:
+        """Copies of the states and conv inputs that decode steps update in place (every linear layer
+        must hold a state, all stored the same number of times)."""
+        if not self.states:
+            raise ValueError("a static cache needs the linear layers' states: run the prompt through the model first")
+        out = HybridStates(self.seed)
+        layers = sorted(self.states)
+        out.states = dict(zip(layers, _static_states([self.states[i] for i in layers], max(layers))))
+        out.conv = {i: t.clone() for i, t in self.conv.items()}
+        out.seen_tokens, out.static = self.seen_tokens, True
+        return out
+
+    def load_from(self, other: HybridStates) -> None:
+        if sorted(other.states) != sorted(self.states) or sorted(other.conv) != sorted(self.conv):
+            raise ValueError("the cache to load does not match the static cache's layers")
+        _load_states(self, [self.states[i] for i in sorted(self.states)],
+                     [other.states[i] for i in sorted(self.states)], other.seed)
+        for i, t in self.conv.items():
+            if other.conv[i].shape != t.shape:
+                raise ValueError("the cache to load does not match the static cache's conv inputs")
+            t.copy_(other.conv[i])
+        self.seen_tokens = other.seen_tokens
+
+    def count_static_step(self, layer_idx: int) -> None:
+        _count_static_step(self.slots, layer_idx)
+
+    def sync_counters(self) -> int:
+        steps = _sync_counters(list(self.states.values()))
+        self.seen_tokens += steps
+        return steps
+
+
+# A static cache (laquant.generate's CUDA-graphed decode loop): every decode step updates the same
+# tensors in place and counts stores on the device, so a replayed step is an eager one.
+
+def _slots(states) -> DecodeSlots | None:
+    first = next((s for s in states if s is not None), None)
+    return getattr(first, "slots", None)
+
+
+def _static_states(states: list[State], last_layer: int) -> list[StaticState]:
+    """Copies of ``states`` sharing one :class:`DecodeSlots` whose counter the layer ``last_layer``
+    advances."""
+    counts = {s.n_stores for s in states}
+    if len(counts) != 1:
+        raise ValueError(f"the layers' states were stored {sorted(counts)} times; a static cache steps all together")
+    n, batch, device = counts.pop(), states[0].data.shape[0], states[0].data.device
+    slots = DecodeSlots(torch.arange(batch, dtype=torch.int32, device=device),
+                        torch.full((batch,), n, dtype=torch.int32, device=device), last_layer, n)
+    return [StaticState(s.data.clone(), None if s.scale is None else s.scale.clone(), s.format, n, slots)
+            for s in states]
+
+
+def _load_states(static, mine: list[StaticState], theirs: list[State | None], seed: int) -> None:
+    if seed != static.seed:  # a captured decode step launches its kernels with this cache's seed
+        raise ValueError(f"the cache to load has seed {seed}; this static cache's is {static.seed}")
+    for m, t in zip(mine, theirs):
+        if t is None or t.data.shape != m.data.shape or t.format != m.format:
+            raise ValueError("the cache to load does not match the static cache's layout")
+        m.data.copy_(t.data)
+        if m.scale is not None:
+            m.scale.copy_(t.scale)
+        m.n_stores = t.n_stores
+    slots = mine[0].slots
+    slots.n_stores.fill_(theirs[0].n_stores)
+    slots.synced = theirs[0].n_stores
+
+
+def _count_static_step(slots: DecodeSlots, layer_idx: int) -> None:
+    if layer_idx == slots.last_layer:
+        slots.n_stores.add_(1)
+
+
+def _sync_counters(states: list[StaticState]) -> int:
+    slots = states[0].slots
+    n = int(slots.n_stores[0])
+    steps = n - slots.synced
+    for s in states:
+        s.n_stores = n
+    slots.synced = n
+    return steps
 
 
 def check_seed(seed: int) -> int:

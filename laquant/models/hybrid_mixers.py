@@ -56,7 +56,9 @@ def short_conv(x: torch.Tensor, states, layer_idx: int, conv: nn.Conv1d, activat
         out = ACT2FN[activation](out)
     if states is not None:
         mask = getattr(states, "token_mask", None)
-        if mask is None:
+        if getattr(states, "static", False):  # a static cache (a CUDA-graphed step): the kept tensor in place
+            prev.copy_(inp[:, inp.shape[1] - (W - 1):])
+        elif mask is None:
             states.conv[layer_idx] = inp[:, inp.shape[1] - (W - 1):]
         else:  # padded past the real tokens: keep the W - 1 inputs that end at the last real one
             idx = mask.sum(-1).long()[:, None] + torch.arange(W - 1, device=x.device)

@@ -132,7 +132,7 @@ def speculative_continue(model, draft_model, target_cache, draft_cache, last: to
 def _speculate(model, draft_model, target_cache, draft_cache, last, max_new_tokens, num_draft_tokens, eos_token_id,
                stats, graphed):
     """:func:`speculative_continue` on checked arguments."""
-    from laquant.generate import _forward, is_graphable, trim_after_eos
+    from laquant.generate import _forward, graphable_cache, is_graphable, trim_after_eos
     from laquant.models.verify import commit, verify
 
     stats = stats if stats is not None else SpeculativeStats()
@@ -141,7 +141,7 @@ def _speculate(model, draft_model, target_cache, draft_cache, last, max_new_toke
         made = 1
         unseen = last[:, None]  # the tokens the draft has not run yet
         done = last == eos_token_id if eos_token_id is not None else None
-        graph = graphed is not False and is_graphable(draft_model) and not draft_cache.conv and not draft_cache.kv
+        graph = graphed is not False and is_graphable(draft_model) and graphable_cache(draft_cache)
         while made < max_new_tokens and not (done is not None and bool(done.all())):
             k = min(num_draft_tokens, max_new_tokens - made - 1)
             proposals = []

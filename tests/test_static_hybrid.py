@@ -1,0 +1,165 @@
+"""The static cache of a transformers hybrid's decode step (laquant.models.static_hybrid), which the
+CUDA-graphed loops of laquant.generate and ``eval ppl --mode decode`` replay: on the CPU its steps
+run eagerly and must give the dynamic cache's logits for every family that takes it; on a GPU the
+captured loops must give the eager loops' tokens and losses."""
+
+import pytest
+import torch
+from test_hybrid import FAMILIES, VOCAB, _model
+
+from laquant.adapters import install, new_cache
+from laquant.errors import LaquantError
+from laquant.families import FAMILIES as REGISTRY
+from laquant.generate import generate, is_graphable, static_cache, static_forward
+from laquant.models.cache import HybridStates, state_store
+from laquant.models.static_hybrid import StaticHybridCache
+
+STATIC = [f for f in FAMILIES if REGISTRY[FAMILIES[f]().config.model_type].static_decode]
+
+
+def _installed(family, dtype=torch.float32, device="cpu"):
+    model = _model(family).to(device, dtype)
+    install(model)
+    return model
+
+
+def _prefilled(model, ids):
+    cache = new_cache(model)
+    model(input_ids=ids, past_key_values=cache, use_cache=True)
+    return cache
+
+
+@pytest.mark.parametrize("family", STATIC)
+@torch.no_grad()
+def test_static_steps_equal_the_dynamic_caches(family):
+    """Six decode steps on the static cache (states and conv inputs in place, keys written at the
+    device-side position, the mask and positions following it) against the dynamic cache's."""
+    model = _installed(family)
+    gen = torch.Generator().manual_seed(0)
+    ids, steps = torch.randint(0, VOCAB, (2, 11), generator=gen), torch.randint(0, VOCAB, (2, 6), generator=gen)
+    dynamic = _prefilled(model, ids)
+    static = static_cache(_prefilled(model, ids), 11 + 8)
+    assert isinstance(static, StaticHybridCache) and static.kv and static.capacity == 19
+    states = dict(static.laquant_states.states)
+    convs = {i: t.data_ptr() for i, t in static.laquant_states.conv.items()}
+    for t in range(steps.shape[1]):
+        want = model(input_ids=steps[:, t:t + 1], past_key_values=dynamic, use_cache=True).logits[:, -1]
+        got = static_forward(model, steps[:, t:t + 1], static)
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+    assert int(static.pos) == 17 and {i: t.data_ptr() for i, t in static.laquant_states.conv.items()} == convs
+    assert static.laquant_states.states.keys() == states.keys()  # (replaced on the reference ops, in place on kernels)
+    for i, (k, v) in static.kv.items():  # the keys written at their positions, the rest untouched
+        dk = dynamic.layers[i].keys
+        torch.testing.assert_close(k[..., :17, :], dk)
+        assert not k[..., 17:, :].any() and not v[..., 17:, :].any()
+
+
+@torch.no_grad()
+def test_the_mask_and_the_positions_matter():
+    """The same steps without opening the step's position in the mask, or at a wrong position, differ:
+    the test above would see a static cache that ignored either."""
+    model = _installed("qwen3_next")
+    ids, tok = torch.randint(0, VOCAB, (1, 9)), torch.randint(0, VOCAB, (1, 1))
+    want = model(input_ids=tok, past_key_values=_prefilled(model, ids), use_cache=True).logits[:, -1]
+    closed = static_cache(_prefilled(model, ids), 16)
+    closed.begin_step()
+    closed.mask.fill_(torch.finfo(closed.mask.dtype).min)
+    closed.mask[..., :9] = 0  # position 9 (this token) left closed
+    out = model(input_ids=tok, past_key_values=closed, use_cache=True, position_ids=closed.pos.view(1, 1),
+                attention_mask=closed.mask).logits[:, -1]
+    assert (out - want).abs().max() > 1e-3
+    shifted = static_cache(_prefilled(model, ids), 16)
+    shifted.pos.fill_(10)  # the token written one position late, with a rotary position one too far
+    shifted.mask[..., 9] = 0
+    assert (static_forward(model, tok, shifted) - want).abs().max() > 1e-3
+
+
+def test_static_hybrid_states_count_on_the_device():
+    from laquant.kernels.common.state import State
+
+    store = HybridStates(seed=3)
+    for layer in (0, 2, 5):
+        store.states[layer] = State(torch.randn(2, 2, 4, 4), None, "fp32", 4)
+        store.conv[layer] = torch.randn(2, 3, 8)
+    store.seen_tokens = 7
+    static = store.static_copy()
+    slots = static.slots
+    assert static.static and slots.last_layer == 5 and slots.n_stores.tolist() == [4, 4]
+    assert all(s.slots is slots for s in static.states.values())
+    for _ in range(3):
+        for layer in (0, 2, 5):
+            static.count_static_step(layer)
+    assert static.sync_counters() == 3 and static.seen_tokens == 10
+    assert [s.n_stores for s in static.states.values()] == [7, 7, 7]
+    conv = static.conv[2]
+    static.load_from(store)
+    assert static.conv[2] is conv and torch.equal(conv, store.conv[2]) and slots.n_stores.tolist() == [4, 4]
+    other = HybridStates(seed=3)
+    other.states = {0: store.states[0]}
+    with pytest.raises(ValueError, match="layers"):
+        static.load_from(other)
+    with pytest.raises(ValueError, match="run the prompt"):
+        HybridStates().static_copy()
+
+
+@torch.no_grad()
+def test_refusals():
+    model = _installed("qwen3_next")
+    cache = _prefilled(model, torch.randint(0, VOCAB, (1, 9)))
+    with pytest.raises(ValueError, match="cannot continue"):
+        StaticHybridCache.from_cache(cache, 9)
+    cache.layers[3].keys = cache.layers[3].keys[..., 1:, :]  # a sliding window's keys: not every token's
+    with pytest.raises(ValueError, match="sliding"):
+        StaticHybridCache.from_cache(cache, 32)
+    with pytest.raises(ValueError, match="run the prompt"):
+        StaticHybridCache.from_cache(new_cache(model), 32)
+    assert not is_graphable(model)  # the CPU
+    with pytest.raises(LaquantError, match="on CUDA"):
+        generate(model, torch.randint(0, VOCAB, (1, 4)), 3, graphed=True)
+    minimax = _installed("minimax")
+    assert REGISTRY["minimax"].static_decode is False and not is_graphable(minimax)
+
+
+# ------------------------------------------------------------------------------------------- GPU
+GPU_FAMILIES = ["qwen3_next", "nemotron_h", "kimi_linear", "falcon_h1"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", GPU_FAMILIES)
+@torch.no_grad()
+def test_gpu_graphed_generate_equals_the_eager_loop(family):
+    """fp32 on the kernels: the captured loop's greedy tokens are the eager loop's; the graph is
+    captured once per batch size and recaptured when a prompt outgrows its keys' room."""
+    model = _installed(family, device="cuda")
+    assert is_graphable(model)
+    for B, T, n in ((2, 13, 24), (2, 7, 30), (1, 1100, 9)):
+        ids = torch.randint(0, VOCAB, (B, T), device="cuda")
+        assert torch.equal(generate(model, ids, n), generate(model, ids, n, graphed=False)), (B, T, n)
+    caps = sorted(g.cache.capacity for g in model.__dict__["_laquant_decode_graphs"].values())
+    assert caps == [1024, 2048]  # B=2 once, B=1 with room for 1,100 + 9
+    store = state_store(next(iter(model.__dict__["_laquant_decode_graphs"].values())).cache)
+    assert store.static
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h"])
+@torch.no_grad()
+def test_gpu_graphed_perplexity_of_hybrid_int8(family):
+    """bf16 with hybrid_int8's 8-bit states (stochastic rounding, drawn from the device counter): the
+    graphed decode-mode perplexity against the eager loop's."""
+    import laquant
+    import laquant.eval.ppl as ppl
+    from laquant.eval.ppl import perplexity
+
+    model = _installed(family, torch.bfloat16, "cuda")
+    laquant.calibrate(model, "hybrid_int8", torch.randint(0, VOCAB, (2, 128), device="cuda"), progress=False)
+    ids = torch.randint(0, VOCAB, (600,))
+    graphed = perplexity(model, ids, context=96, stride=48, mode="decode", batch_size=4, progress=False)
+    make = ppl._GraphedScorer.make
+    ppl._GraphedScorer.make = classmethod(lambda cls, *a: None)
+    try:
+        eager = perplexity(model, ids, context=96, stride=48, mode="decode", batch_size=4, progress=False)
+    finally:
+        ppl._GraphedScorer.make = make
+    assert graphed.graphed and not eager.graphed
+    assert graphed.nll == pytest.approx(eager.nll, rel=2e-3)
