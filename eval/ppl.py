@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -165,8 +166,7 @@ def perplexity(
                 del logits
                 bar.update(len(batch))
                 tick(len(batch) * context)
-            elif scorer is not None:
-                nll = scorer.score(inputs, bar, counter)
+            elif scorer is not None and (nll := scorer.score(inputs, bar, counter)) is not None:
                 tick(context - 1)
             else:
                 cache = new_cache(model)
@@ -201,7 +201,7 @@ def perplexity(
     by_position = (nll_sum / count.clamp_min(1)).tolist()
     by_position_all = [0.0] + (all_sum[1:] / len(windows)).tolist()
     return PerplexityResult(mode, context, stride, total, mean_nll, math.exp(mean_nll), seconds, by_position,
-                            by_position_all, scorer is not None, saturation)
+                            by_position_all, scorer is not None and scorer.failure is None, saturation)
 
 
 class _GraphedScorer:
@@ -272,12 +272,18 @@ class _Lazy:
     def __init__(self, cls, model, batch, context):
         self.cls, self.model, self.batch, self.context = cls, model, batch, context
         self.scorer = None
+        self.failure: str | None = None
 
-    def score(self, inputs: torch.Tensor, bar, counter=None) -> torch.Tensor:
+    def score(self, inputs: torch.Tensor, bar, counter=None) -> torch.Tensor | None:
+        """The batch's losses, or None where the GPU refused the capture (the reason in
+        :attr:`failure`, warned once; the counters as they were): the caller scores it eagerly."""
+        if self.failure is not None:
+            return None
         n = len(inputs)
         if n < self.batch:  # the last batch: padded with copies of its last window, dropped after
             inputs = torch.cat([inputs, inputs[-1:].expand(self.batch - n, -1)])
         cache = new_cache(self.model)
+        saved = counter.save() if counter is not None and self.scorer is None else None
         if counter is not None:
             counter.start_sequence(rows=n)
         logits = self.model(input_ids=inputs[:, :1], past_key_values=cache, use_cache=True).logits[:, 0]
@@ -285,7 +291,15 @@ class _Lazy:
             counter.after_step(cache)
         first_nll = _nll_rows(logits, inputs[:, 1])
         if self.scorer is None:
-            self.scorer = self.cls(self.model, self.batch, self.context, cache, counter)
+            try:
+                self.scorer = self.cls(self.model, self.batch, self.context, cache, counter)
+            except (LaquantError, RuntimeError) as exc:  # an op the capture refuses: slower, never wrong
+                self.failure = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+                warnings.warn(f"laquant eval ppl: the decode step could not be captured as a CUDA graph "
+                              f"({self.failure}); it runs eagerly", stacklevel=2)
+                if saved is not None:
+                    counter.load(saved)
+                return None
         return self.scorer.run(inputs, cache, first_nll, bar)[:n]
 
 

@@ -84,6 +84,18 @@ class SaturationCounter:
         if nonfinite is not None:
             self.state_nonfinite.index_add_(0, b, (nonfinite * counted).sum().view(1))
 
+    _COUNTERS = ("state_at_limit", "state_nonfinite", "state_elements", "gate_clamped", "gate_elements", "position",
+                 "rows")
+
+    def save(self) -> dict:
+        """A copy of the counts (to undo steps that are run again, see :meth:`load`)."""
+        return {"formats": set(self.formats), **{k: getattr(self, k).clone() for k in self._COUNTERS}}
+
+    def load(self, saved: dict) -> None:
+        self.formats = set(saved["formats"])
+        for k in self._COUNTERS:
+            getattr(self, k).copy_(saved[k])
+
     def start_sequence(self, rows: int | None = None) -> None:
         """The next step is position 0 of new sequences; only the first ``rows`` batch rows count
         (a batch padded to a captured graph's size does not count its padding)."""

@@ -27,6 +27,8 @@ Sampling is Gumbel-max (``argmax(softmax(logits / T) / Exp(1))``: a draw from th
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from laquant.errors import LaquantError
@@ -154,6 +156,11 @@ class _NotInPlace(LaquantError):
     """A decode step replaced its state tensors instead of updating them: no graph can replay it."""
 
 
+class _CaptureRefused(_NotInPlace):
+    """The GPU refused to capture the decode step (an op that syncs with or copies from the host, such
+    as transformers' fp32 grouped-GEMM MoE)."""
+
+
 class _DecodeGraph:
     """One captured decode step on a static cache: reads ``tok [B, 1]``, writes the chosen token
     back into it and into ``history[:, pos]``, advances ``pos`` and marks finished rows."""
@@ -174,8 +181,12 @@ class _DecodeGraph:
             raise _NotInPlace("this model's decode step does not update its states in place (a state format "
                                "without a decode kernel, or LAQUANT_KERNELS=reference): decode with graphed=False")
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self._step()
+        try:
+            with torch.cuda.graph(self.graph):
+                self._step()
+        except RuntimeError as exc:
+            raise _CaptureRefused(f"the GPU refused to capture this model's decode step ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0]}): decode with graphed=False") from exc
 
     def _step(self) -> None:
         logits = static_forward(self.model, self.tok, self.cache)
@@ -208,10 +219,16 @@ def _graph_for(model, prefill_cache, batch, steps, key, choose, eos) -> _DecodeG
     seed = state_store(prefill_cache).seed
     full_key = (batch, layout, kv, seed, *key)  # the seed is a launch argument baked into the graph
     g = graphs.get(full_key)
+    if isinstance(g, _NotInPlace):  # refused before: not captured again
+        raise g
     room = getattr(g.cache, "capacity", None) if g is not None else None  # a hybrid's keys: prompt + steps
     if g is None or g.capacity < steps or (room is not None and room < _cached_tokens(prefill_cache) + steps):
         graphs.pop(full_key, None)
-        g = _DecodeGraph(model, prefill_cache, max(256, 1 << (steps - 1).bit_length()), choose, eos)
+        try:
+            g = _DecodeGraph(model, prefill_cache, max(256, 1 << (steps - 1).bit_length()), choose, eos)
+        except _NotInPlace as exc:
+            graphs[full_key] = exc
+            raise
         graphs[full_key] = g
     return g
 
@@ -265,6 +282,8 @@ class DecodeSession:
                     if not auto:
                         raise exc if isinstance(exc, LaquantError) else LaquantError(
                             f"this model's cache cannot be decoded on a static cache ({exc}): use graphed=False") from exc
+                    if not isinstance(exc, _NotInPlace) or isinstance(exc, _CaptureRefused):
+                        warnings.warn(f"laquant.generate decodes eagerly: {exc}", stacklevel=3)
                     self.graphed = graphed = False  # graphed=None: the eager loop, on the untouched prefill cache
             if not graphed:
                 self.tok = first

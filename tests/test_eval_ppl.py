@@ -239,3 +239,33 @@ def test_saturation_counts_only_the_rows_asked_for_at_a_device_position(tiny_mod
     counter.active = False
     counter.after_step(cache)
     assert int(counter.position) == 3 and int(counter.state_elements.sum()) == 5 * full // 2
+
+
+def test_a_refused_capture_scores_eagerly_with_the_same_numbers(tiny_model_dir, monkeypatch):
+    """Where the GPU refuses to capture the decode step (simulated on the CPU: the scorer's
+    constructor raises, after the first window's first step was counted), the batches are scored
+    eagerly, with the same losses and saturation counts as the eager loop (the counted first step
+    undone), a warning, and ``graphed`` False."""
+    import laquant.eval.ppl as ppl
+    from laquant.kernels.common.state import StateQuantizer
+
+    model, _ = load_model(tiny_model_dir)
+    for m in model.modules():
+        if hasattr(m, "state_quantizer"):
+            m.state_quantizer = StateQuantizer("int8_row")
+    ids = torch.randint(0, 8192, (150,), generator=torch.Generator().manual_seed(2))
+    eager = perplexity(model, ids, context=40, stride=20, mode="decode", batch_size=4, progress=False)
+
+    class Refused:
+        def __init__(self, *args):
+            raise RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture")
+
+    made = []
+    monkeypatch.setattr(ppl._GraphedScorer, "make",
+                        classmethod(lambda cls, model, batch, context: made.append(1) or ppl._Lazy(
+                            Refused, model, batch, context)))
+    with pytest.warns(UserWarning, match="could not be captured"):
+        fallback = perplexity(model, ids, context=40, stride=20, mode="decode", batch_size=4, progress=False)
+    assert made and not fallback.graphed
+    assert fallback.nll == pytest.approx(eager.nll, abs=1e-6)
+    assert fallback.saturation == eager.saturation and eager.saturation["state_at_limit"] > 0

@@ -324,3 +324,27 @@ def test_graphed_sampling_runs():
     g = torch.Generator("cuda")
     a = generate(model, ids, 6, do_sample=True, generator=g.manual_seed(1))  # graphed=None: eager with it
     assert torch.equal(a, generate(model, ids, 6, do_sample=True, generator=g.manual_seed(1), graphed=False))
+
+
+def test_a_refused_capture_decodes_eagerly(monkeypatch):
+    """graphed=None: a decode step the GPU refuses to capture (simulated on the CPU) falls back to
+    the eager loop with a warning, and is not captured again; graphed=True names the refusal."""
+    import laquant.generate as gen
+
+    model = GLAForCausalLM(GLAConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=512)).eval()
+    ids = torch.randint(0, 512, (2, 5))
+    want = generate(model, ids, 6, graphed=False)
+    tries = []
+
+    class Refused:
+        def __init__(self, *args):
+            tries.append(1)
+            raise gen._CaptureRefused("the GPU refused to capture this model's decode step (RuntimeError: x)")
+
+    monkeypatch.setattr(gen, "is_graphable", lambda model: True)
+    monkeypatch.setattr(gen, "_DecodeGraph", Refused)
+    with pytest.warns(UserWarning, match="refused to capture"):
+        assert torch.equal(generate(model, ids, 6), want)
+    assert torch.equal(generate(model, ids, 6), want) and len(tries) == 1  # remembered, not captured again
+    with pytest.raises(LaquantError, match="refused to capture"):
+        generate(model, ids, 6, graphed=True)
