@@ -6,10 +6,12 @@ or of a given JSON config, bf16 and ``hybrid_int8``, on CUDA:
 - ms per eager step at B = 1 after a 512-token prompt: the plain loop, and the loop of
   ``laquant eval ppl --mode decode`` (saturation hooks and counters, the loss copied to the host);
   and ms per step of laquant.generate's CUDA-graphed loop (laquant.models.static_hybrid);
-- kernels and GPU ms per step (torch.profiler) against the step's wall time;
+- kernels and GPU ms per step (torch.profiler) against the step's wall time, for an eager step and
+  for a replay of the captured step (its top kernels by GPU time);
 - the Python functions that take the host time (cProfile, by own time).
 
     python tools/profile_hybrid_decode.py OUT.json [CONFIG_JSON]     # DEVICE=cpu: a smoke run
+    BATCH=64 PROMPT=1024 python tools/profile_hybrid_decode.py OUT.json CONFIG_JSON  # other shapes
 """
 import cProfile
 import io
@@ -29,6 +31,7 @@ from laquant.generate import DecodeSession
 from laquant.eval.saturation import SaturationCounter
 
 DEVICE = os.environ.get("DEVICE", "cuda")
+BATCH, PROMPT = int(os.environ.get("BATCH", 1)), int(os.environ.get("PROMPT", 512))
 SMALL = "eval/results/long_context_qwen3next-small_cpu/qwen3next-small_config.json"
 DROP = ("architectures", "transformers_version", "dtype", "rope_parameters")
 
@@ -63,7 +66,7 @@ def ms_per_step(model, prompt, ids, counter=None) -> float:
 def main(out_path: str, config_path: str = SMALL) -> None:
     cfg = {k: v for k, v in json.load(open(config_path)).items() if k not in DROP}
     result = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE, "torch": torch.__version__,
-              "config": config_path}
+              "config": config_path, "batch": BATCH, "prompt": PROMPT}
     for variant in ("bf16", "hybrid_int8"):
         torch.manual_seed(0)
         dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
@@ -73,8 +76,8 @@ def main(out_path: str, config_path: str = SMALL) -> None:
         if variant != "bf16":
             model = calibrate(model, variant, data=torch.randint(0, vocab, (4, 512), device=DEVICE),
                               progress=False).model
-        prompt = torch.randint(0, vocab, (1, 512), device=DEVICE)
-        ids = torch.randint(0, vocab, (1, 45), device=DEVICE)
+        prompt = torch.randint(0, vocab, (BATCH, PROMPT), device=DEVICE)
+        ids = torch.randint(0, vocab, (BATCH, 45), device=DEVICE)
         row = {"plain_ms_per_step": ms_per_step(model, prompt, ids)}
         if DEVICE == "cuda":
             session = DecodeSession(model, prompt, 45, graphed=True)
@@ -86,6 +89,19 @@ def main(out_path: str, config_path: str = SMALL) -> None:
                 session.step()
             sync()
             row["graphed_ms_per_step"] = (time.perf_counter() - t0) / 40 * 1e3
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    session.graph.graph.replay()
+                sync()
+            kernels = {}
+            for e in prof.events():
+                if e.device_type == torch.autograd.DeviceType.CUDA:
+                    n, t = kernels.get(e.name, (0, 0.0))
+                    kernels[e.name] = (n + 1, t + e.device_time / 1e3)
+            row["graphed_kernels_per_step"] = sum(n for n, _ in kernels.values()) / 5
+            row["graphed_gpu_ms_per_step"] = sum(t for _, t in kernels.values()) / 5
+            row["graphed_top_kernels"] = [(name[:90], n / 5, t / 5) for name, (n, t) in
+                                          sorted(kernels.items(), key=lambda kv: -kv[1][1])[:20]]
         counter = SaturationCounter(model, 64)
         row["eval_loop_ms_per_step"] = ms_per_step(model, prompt, ids, counter)
         counter.close()
@@ -107,7 +123,7 @@ def main(out_path: str, config_path: str = SMALL) -> None:
         pstats.Stats(p, stream=text).sort_stats("tottime").print_stats(25)
         row["host_tottime_20_steps"] = text.getvalue().splitlines()
         result[variant] = row
-        print(variant, {k: v for k, v in row.items() if not k.startswith("host")}, flush=True)
+        print(variant, {k: v for k, v in row.items() if not k.startswith(("host", "graphed_top"))}, flush=True)
         del model
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
