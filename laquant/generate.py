@@ -116,10 +116,11 @@ def _state_tensors(cache) -> list:
 
 def static_forward(model, ids, cache) -> torch.Tensor:
     """The logits ``[B, V]`` of one decode step on a static cache (what a captured step runs)."""
-    from laquant.models.static_hybrid import StaticHybridCache
+    from laquant.models.static_hybrid import StaticHybridCache, static_attention
 
     if isinstance(cache, StaticHybridCache):
-        logits, _ = _forward(model, ids, cache, **cache.begin_step())
+        with static_attention(model):
+            logits, _ = _forward(model, ids, cache, **cache.begin_step())
         cache.end_step()
         return logits
     return _forward(model, ids, cache)[0]

@@ -84,6 +84,43 @@ def test_the_mask_and_the_positions_matter():
     assert (static_forward(model, tok, shifted) - want).abs().max() > 1e-3
 
 
+def test_static_decode_attention_is_eager_attention_without_repeated_keys():
+    """Against transformers' eager attention (keys repeated per query head) on random GQA inputs with
+    an additive mask, one and three query tokens; MLA's wider keys than values too."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import eager_attention_forward
+
+    from laquant.models.static_hybrid import static_decode_attention
+
+    gen = torch.Generator().manual_seed(0)
+    for T, Dk, Dv in ((1, 32, 32), (3, 24, 24), (1, 48, 32)):
+        q, k = torch.randn(2, 6, T, Dk, generator=gen), torch.randn(2, 2, 19, Dk, generator=gen)
+        v = torch.randn(2, 2, 19, Dv, generator=gen)
+        mask = torch.where(torch.rand(2, 1, T, 19, generator=gen) < 0.3, torch.finfo(torch.float32).min, 0.0)
+        module = torch.nn.Module()
+        module.num_key_value_groups, module.training = 3, False
+        want, _ = eager_attention_forward(module, q, k, v, mask, scaling=0.7)
+        got, _ = static_decode_attention(module, q, k, v, mask, scaling=0.7)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert (got - static_decode_attention(module, q, k, v, None, scaling=0.7)[0]).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_static_steps_run_the_grouped_attention(monkeypatch):
+    """A static step runs laquant's attention on every softmax layer; the configs read their own
+    implementation again after it."""
+    import laquant.models.static_hybrid as sh
+
+    model = _installed("qwen3_next")
+    calls = []
+    wrapped = sh.static_decode_attention
+    monkeypatch.setitem(sh.ALL_ATTENTION_FUNCTIONS._global_mapping, sh.ATTENTION,
+                        lambda *a, **kw: calls.append(1) or wrapped(*a, **kw))
+    before = model.config._attn_implementation
+    static = static_cache(_prefilled(model, torch.randint(0, VOCAB, (1, 5))), 8)
+    static_forward(model, torch.randint(0, VOCAB, (1, 1)), static)
+    assert len(calls) == len(static.kv) == 1 and model.config._attn_implementation == before != sh.ATTENTION
+
+
 def test_static_hybrid_states_count_on_the_device():
     from laquant.kernels.common.state import State
 

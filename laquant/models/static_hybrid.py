@@ -14,7 +14,13 @@ changes from step to step to live on the device:
 * the attention mask: an additive ``[B, 1, 1, capacity]`` mask, 0 up to ``pos`` and the dtype's
   minimum after it, passed to the model as a ready 4-D mask (transformers uses a 4-D mask as given,
   and the linear layers take none at one token);
-* the positions: ``position_ids`` is a view of ``pos``, so the rotary embedding follows it.
+* the positions: ``position_ids`` is a view of ``pos``, so the rotary embedding follows it;
+* the attention: transformers' SDPA path repeats every key head for its query heads before a masked
+  call (``repeat_kv``), which over the whole capacity was most of a B = 64 step (4.8 of 9.5 ms on the
+  1.14B qwen3_next, ``eval/results/graphed_hybrid_h200.md``). :func:`static_decode_attention` (registered
+  with transformers as ``laquant_static_decode`` and switched on by :func:`static_attention` for the
+  static steps only) is transformers' eager attention with the query heads grouped by their key head,
+  so each key and value is read once.
 
 :meth:`StaticHybridCache.begin_step` (inside the captured step, before the forward) opens position
 ``pos`` in the mask and returns the forward's extra arguments; :meth:`end_step` moves ``pos`` on. The
@@ -23,9 +29,55 @@ attention of a step reads all ``capacity`` positions, masked: one graph serves t
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
+from transformers import AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from laquant.models.cache import HybridStates, state_store
+
+ATTENTION = "laquant_static_decode"
+_UNSUPPORTED = ("softcap", "s_aux", "sliding_window", "position_bias")  # left to transformers' SDPA
+
+
+def static_decode_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' eager attention (scores in the input dtype, the mask added, softmax in float32) over
+    ``query [B, Hq, T, D]`` and ``key``, ``value [B, Hkv, S, D]``, the query heads grouped by their key
+    head instead of the keys repeated per query head; returns ``([B, T, Hq, Dv], None)`` as transformers'
+    attention functions do."""
+    if any(kwargs.get(k) is not None for k in _UNSUPPORTED):
+        return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, scaling=scaling,
+                                               dropout=dropout, **kwargs)
+    B, Hq, T, D = query.shape
+    Hkv, S = key.shape[1], key.shape[-2]
+    G = Hq // Hkv
+    scores = torch.matmul(query.reshape(B, Hkv, G * T, D), key.transpose(-1, -2))
+    scores = scores * (scaling if scaling is not None else D ** -0.5)
+    if attention_mask is not None:  # [B, 1, T, S']: broadcast over the key heads and their groups
+        scores = (scores.view(B, Hkv, G, T, S) + attention_mask[:, :, None, :, :S]).view(B, Hkv, G * T, S)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    out = torch.matmul(probs, value).view(B, Hq, T, value.shape[-1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(ATTENTION, static_decode_attention)
+
+
+@contextlib.contextmanager
+def static_attention(model):
+    """Within: ``model``'s attention layers run :func:`static_decode_attention` (set on every config its
+    modules read, restored after)."""
+    configs = {id(c): c for m in model.modules()
+               if hasattr(c := getattr(m, "config", None), "_attn_implementation_internal")}
+    saved = {k: c._attn_implementation_internal for k, c in configs.items()}
+    for c in configs.values():
+        c._attn_implementation_internal = ATTENTION
+    try:
+        yield
+    finally:
+        for k, c in configs.items():
+            c._attn_implementation_internal = saved[k]
 
 
 def kv_layers(cache) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
@@ -118,4 +170,4 @@ class StaticHybridCache:
         return self.laquant_states.sync_counters()
 
 
-__all__ = ["StaticHybridCache", "kv_layers"]
+__all__ = ["StaticHybridCache", "kv_layers", "static_attention", "static_decode_attention"]
