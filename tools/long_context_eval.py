@@ -17,13 +17,14 @@ token on CUDA), the loss at every position of the window averaged over windows, 
 * ``summary.md``: the tables; ``plots/{loss,drift,saturation}_DATA_CONTEXT.png``.
 
 MODEL may be any model laquant takes (a transformers hybrid too: its variants are
-``hybrid_int8:FORMAT:ROUNDING``; the hybrids decode on the eager loop, a Python step per token).
+``hybrid_int8:FORMAT:ROUNDING``; on CUDA the hybrids decode on the graphed loop too, on the CPU a Python
+step per token).
 
     python tools/long_context_eval.py --out eval/results/long_context              # 2K and 16K
     python tools/long_context_eval.py --out /tmp/lc --contexts 2048 --max-windows 8  # a quick check
     python tools/long_context_eval.py --out ... --long                              # adds 64K
 
-A slow model (the hybrids' eager loop) can be split across processes, one part per variant or text,
+A slow run (a hybrid on the CPU, several recipes at 64K) can be split across processes, one part per variant or text,
 the reference in one of them, then merged into one summary:
 
     python tools/long_context_eval.py --out P1 --data wikitext2 --variants   # the bf16 reference alone
