@@ -215,8 +215,10 @@ def _graph_for(model, prefill_cache, batch, steps, key, choose, eos) -> _DecodeG
     from laquant.models.static_hybrid import kv_layers
 
     graphs = model.__dict__.setdefault("_laquant_decode_graphs", {})
-    layout = tuple((tuple(s.data.shape), s.data.dtype, s.format, s.scale is None) for s in _state_tensors(prefill_cache))
-    kv = tuple((i, tuple(k.shape[:-2]), k.shape[-1], v.shape[-1], k.dtype) for i, (k, v) in kv_layers(prefill_cache).items())
+    layout = tuple((tuple(s.data.shape), s.data.dtype, s.format, s.scale is None)
+                   for s in _state_tensors(prefill_cache))
+    kv = tuple((i, tuple(k.shape[:-2]), k.shape[-1], v.shape[-1], k.dtype)
+               for i, (k, v) in kv_layers(prefill_cache).items())
     seed = state_store(prefill_cache).seed
     full_key = (batch, layout, kv, seed, *key)  # the seed is a launch argument baked into the graph
     g = graphs.get(full_key)
@@ -282,7 +284,8 @@ class DecodeSession:
                 except (_NotInPlace, ValueError) as exc:  # in-place steps, or a cache a static one cannot hold
                     if not auto:
                         raise exc if isinstance(exc, LaquantError) else LaquantError(
-                            f"this model's cache cannot be decoded on a static cache ({exc}): use graphed=False") from exc
+                            f"this model's cache cannot be decoded on a static cache ({exc}): use graphed=False"
+                        ) from exc
                     if not isinstance(exc, _NotInPlace) or isinstance(exc, _CaptureRefused):
                         warnings.warn(f"laquant.generate decodes eagerly: {exc}", stacklevel=3)
                     self.graphed = graphed = False  # graphed=None: the eager loop, on the untouched prefill cache
@@ -367,5 +370,5 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: 
                          eos_token_id=eos_token_id, graphed=graphed, generator=generator).run()
 
 
-__all__ = ["DecodeSession", "generate", "graphable_cache", "is_graphable", "pick_tokens", "release_graphs", "static_cache",
-           "static_forward", "trim_after_eos"]
+__all__ = ["DecodeSession", "generate", "graphable_cache", "is_graphable", "pick_tokens", "release_graphs",
+           "static_cache", "static_forward", "trim_after_eos"]

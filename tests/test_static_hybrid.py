@@ -198,6 +198,27 @@ def test_gpu_graphed_generate_equals_the_eager_loop(family, overrides, captures)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen3_next", "kimi_linear"])
+@torch.no_grad()
+def test_gpu_bf16_moe_hybrids_are_captured(family):
+    """In bf16 (how MoE hybrids are served) transformers' grouped GEMM stays on the device, so the MoE
+    decode step is captured (fp32's is refused, above); its greedy tokens equal the eager loop's."""
+    import warnings
+
+    from laquant.generate import _DecodeGraph
+
+    torch.manual_seed(3)
+    model = FAMILIES[family]().to("cuda", torch.bfloat16).eval()
+    install(model)
+    ids = torch.randint(0, VOCAB, (2, 9), device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a refused capture warns
+        graphed = generate(model, ids, 8)
+    assert all(isinstance(g, _DecodeGraph) for g in model.__dict__["_laquant_decode_graphs"].values())
+    assert torch.equal(graphed, generate(model, ids, 8, graphed=False))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h"])
 @torch.no_grad()
 def test_gpu_graphed_perplexity_of_hybrid_int8(family):

@@ -45,7 +45,8 @@ def _sync(device) -> None:
 def greedy_decode(model, cache, first: torch.Tensor, steps: int, prompt: torch.Tensor | None = None) -> torch.Tensor:
     """``steps`` greedy tokens after ``first`` ``[1]`` from ``cache``: one CUDA graph replay per
     step where laquant's generate can graph the model and its cache (on CUDA: laquant's GLA without
-    short convs or attn layers, a transformers hybrid), else the eager loop. (``prompt``: unused, the draft's in :class:`SpeculativeDecode`.)"""
+    short convs or attn layers, a transformers hybrid), else the eager loop. (``prompt``: unused, the
+    draft's in :class:`SpeculativeDecode`.)"""
     from laquant.errors import LaquantError
     from laquant.generate import _graph_for, graphable_cache, is_graphable  # the captured step generate() uses
 
@@ -176,7 +177,7 @@ def follow_up_ttft(model, system: int, user: int, block_size: int, reps: int = 5
     pools = {"cached": PrefixStateCache(model, block_size, budget_bytes=1 << 40, state_format=state_format, seed=seed,
                                         graphed=False)}
     suffix = system + user - (system + user - 1) // block_size * block_size  # what a hit leaves to run
-    if 1 < suffix < block_size and graphs_on_this_device(model):  # the same request's prefill replayed as a CUDA graph
+    if 1 < suffix < block_size and graphs_on_this_device(model):  # the same request's prefill, graphed
         pools["graphed"] = PrefixStateCache(model, block_size, budget_bytes=1 << 40, state_format=state_format,
                                             seed=seed, graphed=True)
     for pool in pools.values():
