@@ -3,8 +3,9 @@
 :func:`generate` prefills the prompt eagerly, then decodes token by token. On CUDA (``graphed=None``
 or ``True``) the model decodes on a **static cache** and **one CUDA graph per step**:
 
-* laquant's ``GLAForCausalLM`` on :meth:`GLAStateCache.static_copy` (the states are updated in place by
-  the decode kernels and the store count lives on the device);
+* laquant's ``GLAForCausalLM`` (and Gated DeltaNet, DeltaNet) on :meth:`GLAStateCache.static_copy` (the
+  states are updated in place by the decode kernels, the short convs' inputs by the convs, and the store
+  count lives on the device);
 * transformers' hybrids with laquant's mixers (every family but minimax) on
   :class:`~laquant.models.static_hybrid.StaticHybridCache`: the same for the linear layers' states and
   short-conv inputs, plus the softmax layers' keys and values in buffers of prompt + steps positions
@@ -17,9 +18,9 @@ by later calls (:func:`release_graphs` frees them). EOS is checked on the host e
 ``eos_check_every`` steps only (a check is a device sync); sequences that finished earlier get
 ``eos_token_id`` after their EOS, and the output stops at the step at which all had finished.
 
-The eager loop (``graphed=False``; always on the CPU, for minimax, for laquant's models with short
-convs or ``attn`` layers, and where the decode step does not update its states in place) is the
-reference: greedy output of the graphed loop equals it.
+The eager loop (``graphed=False``; always on the CPU, for minimax, for laquant's models with softmax
+``attn`` layers, and where the decode step does not update its states in place) is the reference:
+greedy output of the graphed loop equals it.
 
 Sampling is Gumbel-max (``argmax(softmax(logits / T) / Exp(1))``: a draw from the softmax), with
 ``top_k`` keeping the k largest logits; the same function runs inside the graph and eagerly.
@@ -83,11 +84,11 @@ def is_graphable(model) -> bool:
 
 
 def graphable_cache(cache) -> bool:
-    """Whether a prefilled cache can become a static one: a hybrid's, or laquant's without short convs or
-    softmax layers (their inputs and keys are not kept in static tensors)."""
+    """Whether a prefilled cache can become a static one: a hybrid's, or laquant's without softmax
+    ``attn`` layers (their keys are not kept in static tensors)."""
     from laquant.models.cache import GLAStateCache
 
-    return not isinstance(cache, GLAStateCache) or not (cache.conv or cache.kv)
+    return not isinstance(cache, GLAStateCache) or not cache.kv
 
 
 def static_cache(prefill_cache, capacity: int):

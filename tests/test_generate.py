@@ -348,3 +348,67 @@ def test_a_refused_capture_decodes_eagerly(monkeypatch):
     assert torch.equal(generate(model, ids, 6), want) and len(tries) == 1  # remembered, not captured again
     with pytest.raises(LaquantError, match="refused to capture"):
         generate(model, ids, 6, graphed=True)
+
+
+@pytest.mark.parametrize("arch", ["gla", "gated_deltanet"])
+@torch.no_grad()
+def test_static_copy_carries_the_short_convs(arch):
+    """laquant's models with short convs (fla's Gated DeltaNet has them by default) decode on a static
+    copy too: its conv inputs are copies, updated in place by the steps, and the steps give the
+    ordinary cache's logits; load_from refills them; softmax attn layers are still refused."""
+    from laquant.generate import graphable_cache, static_cache, static_forward
+    from laquant.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM
+
+    torch.manual_seed(0)
+    if arch == "gla":
+        model = GLAForCausalLM(GLAConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=512,
+                                         use_short_conv=True)).eval()
+    else:
+        model = GatedDeltaNetForCausalLM(GatedDeltaNetConfig(hidden_size=64, num_hidden_layers=2, num_heads=2,
+                                                             head_dim=16, vocab_size=512)).eval()
+    ids, steps = torch.randint(0, 512, (2, 9)), torch.randint(0, 512, (2, 5))
+    ordinary = model.new_cache()
+    model(input_ids=ids, past_key_values=ordinary, use_cache=True)
+    assert ordinary.conv and graphable_cache(ordinary)
+    static = static_cache(ordinary, 0)
+    assert static.static and all(static.conv[k] is not ordinary.conv[k] for k in ordinary.conv)
+    ptrs = {k: t.data_ptr() for k, t in static.conv.items()}
+    other = model.new_cache()
+    model(input_ids=torch.randint(0, 512, (2, 9)), past_key_values=other, use_cache=True)
+    static.load_from(other)  # refilled in place, then back
+    assert all(torch.equal(static.conv[k], other.conv[k]) for k in other.conv)
+    static.load_from(ordinary)
+    assert {k: t.data_ptr() for k, t in static.conv.items()} == ptrs
+    for t in range(steps.shape[1]):
+        want = model(input_ids=steps[:, t:t + 1], past_key_values=ordinary, use_cache=True).logits[:, -1]
+        torch.testing.assert_close(static_forward(model, steps[:, t:t + 1], static), want, atol=1e-5, rtol=1e-5)
+    assert {k: t.data_ptr() for k, t in static.conv.items()} == ptrs  # the steps wrote into them
+    assert all(torch.equal(static.conv[k], ordinary.conv[k]) for k in ordinary.conv)
+    fresh = model.new_cache()
+    model(input_ids=ids, past_key_values=fresh, use_cache=True)
+    fresh.kv[0] = (torch.zeros(2, 9, 1, 4), torch.zeros(2, 9, 1, 4))
+    assert not graphable_cache(fresh)
+    with pytest.raises(ValueError, match="attn layers"):
+        fresh.static_copy()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["gla", "gated_deltanet"])
+@torch.no_grad()
+def test_gpu_graphed_loop_with_short_convs(arch):
+    """Short convs on a static cache: the captured loop's greedy tokens are the eager loop's (bf16 on
+    the kernels; fla's Gated DeltaNet has short convs by default)."""
+    from laquant.generate import _DecodeGraph
+    from laquant.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        if arch == "gla":
+            model = _gpu_model(use_short_conv=True)
+        else:
+            model = GatedDeltaNetForCausalLM(GatedDeltaNetConfig(hidden_size=256, num_hidden_layers=3, num_heads=2,
+                                                                 head_dim=64, vocab_size=4096))
+    model = model.to(torch.bfloat16).eval()
+    ids = torch.randint(1, 4096, (3, 17), device="cuda")
+    assert torch.equal(generate(model, ids, 30), generate(model, ids, 30, graphed=False))
+    assert all(isinstance(g, _DecodeGraph) for g in model.__dict__["_laquant_decode_graphs"].values())

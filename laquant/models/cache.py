@@ -87,6 +87,7 @@ class GLAStateCache:
         # [B, T] of the next call, 0 past a sequence's real tokens: their keys and log-decays become
         # zero, so the state passes them unchanged (a padded prefill replayed as a CUDA graph)
         self.token_mask: torch.Tensor | None = None
+        self.static = False  # short convs copy their new inputs into the kept tensors (a static copy)
 
     def get(self, layer_idx: int) -> State | None:
         return self.states[layer_idx]
@@ -112,22 +113,25 @@ class GLAStateCache:
         return _slots(self.states)
 
     def static_copy(self) -> GLAStateCache:
-        """A static cache holding copies of this cache's states (all layers must hold one, stored
-        the same number of times, with kernel-addressable storage: the decode steps then run in
-        place on the Triton kernels)."""
-        if self.conv or self.kv:
-            raise ValueError("a static cache carries recurrent states only, not short-conv states (use_short_conv) "
-                             "or softmax-attention keys and values (attn layers): decode these models eagerly")
+        """A static cache holding copies of this cache's states and short convs' inputs (all layers
+        must hold a state, stored the same number of times, with kernel-addressable storage: the
+        decode steps then run in place on the Triton kernels, and the convs copy into their inputs)."""
+        if self.kv:
+            raise ValueError("a static cache carries recurrent states and short-conv inputs, not softmax-attention "
+                             "keys and values (attn layers): decode these models eagerly")
         if any(s is None for s in self.states):
             raise ValueError("a static cache needs every layer's state: run the prompt through the model first")
         out = GLAStateCache(len(self.states), self.seed)
         out.states = _static_states(self.states, len(self.states) - 1)
-        out.seen_tokens = self.seen_tokens
+        out.conv = {key: t.clone() for key, t in self.conv.items()}
+        out.seen_tokens, out.static = self.seen_tokens, True
         return out
 
     def load_from(self, other: GLAStateCache) -> None:
-        """Copy ``other``'s states and counters into this static cache's tensors (no reallocation)."""
+        """Copy ``other``'s states, conv inputs and counters into this static cache's tensors (no
+        reallocation)."""
         _load_states(self, self.states, other.states, other.seed)
+        _load_conv(self.conv, other.conv)
         self.seen_tokens = other.seen_tokens
 
     def count_static_step(self, layer_idx: int) -> None:
@@ -187,14 +191,11 @@ class HybridStates:
         return out
 
     def load_from(self, other: HybridStates) -> None:
-        if sorted(other.states) != sorted(self.states) or sorted(other.conv) != sorted(self.conv):
+        if sorted(other.states) != sorted(self.states):
             raise ValueError("the cache to load does not match the static cache's layers")
         _load_states(self, [self.states[i] for i in sorted(self.states)],
                      [other.states[i] for i in sorted(self.states)], other.seed)
-        for i, t in self.conv.items():
-            if other.conv[i].shape != t.shape:
-                raise ValueError("the cache to load does not match the static cache's conv inputs")
-            t.copy_(other.conv[i])
+        _load_conv(self.conv, other.conv)
         self.seen_tokens = other.seen_tokens
 
     def count_static_step(self, layer_idx: int) -> None:
@@ -240,6 +241,13 @@ def _load_states(static, mine: list[StaticState], theirs: list[State | None], se
     slots = mine[0].slots
     slots.n_stores.fill_(theirs[0].n_stores)
     slots.synced = theirs[0].n_stores
+
+
+def _load_conv(mine: dict, theirs: dict) -> None:
+    if sorted(mine, key=str) != sorted(theirs, key=str) or any(theirs[k].shape != t.shape for k, t in mine.items()):
+        raise ValueError("the cache to load does not match the static cache's conv inputs")
+    for key, t in mine.items():
+        t.copy_(theirs[key])
 
 
 def _count_static_step(slots: DecodeSlots, layer_idx: int) -> None:
