@@ -293,7 +293,8 @@ class _Lazy:
         if self.scorer is None:
             try:
                 self.scorer = self.cls(self.model, self.batch, self.context, cache, counter)
-            except (LaquantError, RuntimeError) as exc:  # an op the capture refuses: slower, never wrong
+            except (LaquantError, RuntimeError, ValueError) as exc:  # a capture refused, or a cache a static one
+                # cannot hold (softmax attn layers' keys): slower, never wrong
                 self.failure = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
                 warnings.warn(f"laquant eval ppl: the decode step could not be captured as a CUDA graph "
                               f"({self.failure}); it runs eagerly", stacklevel=2)
