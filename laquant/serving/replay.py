@@ -44,8 +44,8 @@ def _sync(device) -> None:
 
 def greedy_decode(model, cache, first: torch.Tensor, steps: int, prompt: torch.Tensor | None = None) -> torch.Tensor:
     """``steps`` greedy tokens after ``first`` ``[1]`` from ``cache``: one CUDA graph replay per
-    step where laquant's generate can graph the model and its cache (on CUDA: laquant's GLA without
-    short convs or attn layers, a transformers hybrid), else the eager loop. (``prompt``: unused, the
+    step where laquant's generate can graph the model and its cache (on CUDA: laquant's models without
+    attn layers, a transformers hybrid), else the eager loop. (``prompt``: unused, the
     draft's in :class:`SpeculativeDecode`.)"""
     from laquant.errors import LaquantError
     from laquant.generate import _graph_for, graphable_cache, is_graphable  # the captured step generate() uses
