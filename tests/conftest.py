@@ -54,6 +54,22 @@ def assert_lru_evicts_the_least_recent(pc, size: int, a, b, c) -> None:
     assert pc.lookup(a).tokens == pc.lookup(c).tokens == pc.block_size and pc.lookup(b).tokens == 0
 
 
+def graphed_and_eager_perplexity(model, ids, **kwargs):
+    """Decode-mode ``perplexity`` twice: as it runs (graphed where it can be) and with the graphed
+    scorer switched off (the eager loop); asserts which one each was."""
+    import laquant.eval.ppl as ppl
+
+    graphed = ppl.perplexity(model, ids, mode="decode", progress=False, **kwargs)
+    make = ppl._GraphedScorer.make
+    ppl._GraphedScorer.make = classmethod(lambda cls, *a: None)
+    try:
+        eager = ppl.perplexity(model, ids, mode="decode", progress=False, **kwargs)
+    finally:
+        ppl._GraphedScorer.make = make
+    assert graphed.graphed and not eager.graphed
+    return graphed, eager
+
+
 def checkpoint_decisions(folder) -> dict:
     """The quantization decisions a laquant checkpoint folder records in its config.json."""
     import json

@@ -88,7 +88,8 @@ def test_loss_by_position_all_averages_every_window(tiny_model_dir):
 @pytest.mark.gpu
 @torch.no_grad()
 def test_graphed_decode_equals_the_eager_loop(tiny_model_dir):
-    import laquant.eval.ppl as ppl
+    from conftest import graphed_and_eager_perplexity
+
     from laquant.kernels.common.state import StateQuantizer
 
     model, _ = load_model(tiny_model_dir)
@@ -97,14 +98,7 @@ def test_graphed_decode_equals_the_eager_loop(tiny_model_dir):
         if hasattr(m, "state_quantizer"):
             m.state_quantizer = StateQuantizer("fp8_row", 1, rounding="stochastic")
     ids = torch.randint(0, 8192, (700,))
-    graphed = perplexity(model, ids, context=128, stride=64, mode="decode", batch_size=4, progress=False)
-    make = ppl._GraphedScorer.make
-    ppl._GraphedScorer.make = classmethod(lambda cls, *a: None)
-    try:
-        eager = perplexity(model, ids, context=128, stride=64, mode="decode", batch_size=4, progress=False)
-    finally:
-        ppl._GraphedScorer.make = make
-    assert graphed.graphed and not eager.graphed
+    graphed, eager = graphed_and_eager_perplexity(model, ids, context=128, stride=64, batch_size=4)
     assert graphed.nll == pytest.approx(eager.nll, abs=1e-6)
     assert graphed.loss_by_position_all == pytest.approx(eager.loss_by_position_all, abs=1e-5)
     # the counters run inside the graph: the same counts as the eager loop's (the last batch of

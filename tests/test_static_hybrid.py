@@ -224,19 +224,12 @@ def test_gpu_bf16_moe_hybrids_are_captured(family):
 def test_gpu_graphed_perplexity_of_hybrid_int8(family):
     """bf16 with hybrid_int8's 8-bit states (stochastic rounding, drawn from the device counter): the
     graphed decode-mode perplexity against the eager loop's."""
+    from conftest import graphed_and_eager_perplexity
+
     import laquant
-    import laquant.eval.ppl as ppl
-    from laquant.eval.ppl import perplexity
 
     model = _installed(family, torch.bfloat16, "cuda")
     laquant.calibrate(model, "hybrid_int8", torch.randint(0, VOCAB, (2, 128), device="cuda"), progress=False)
     ids = torch.randint(0, VOCAB, (600,))
-    graphed = perplexity(model, ids, context=96, stride=48, mode="decode", batch_size=4, progress=False)
-    make = ppl._GraphedScorer.make
-    ppl._GraphedScorer.make = classmethod(lambda cls, *a: None)
-    try:
-        eager = perplexity(model, ids, context=96, stride=48, mode="decode", batch_size=4, progress=False)
-    finally:
-        ppl._GraphedScorer.make = make
-    assert graphed.graphed and not eager.graphed
+    graphed, eager = graphed_and_eager_perplexity(model, ids, context=96, stride=48, batch_size=4)
     assert graphed.nll == pytest.approx(eager.nll, rel=2e-3)
