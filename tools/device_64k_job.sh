@@ -2,15 +2,15 @@
 # Issue #16's 64K-token decode of every recipe on gla-large and on the qwen3next-small hybrid: finite
 # everywhere, saturation counted. Each model is retrained with the seeded command of its earlier
 # results (reference_models.md; long_context_qwen3next-small_cpu.md), alone on the GPU, then decoded:
-# gla-large on the graphed loop (one process), the hybrid on the eager loop (~9 ms a token), one
-# process per recipe and one for the bf16 reference side by side, merged at the end. The weights stay
+# gla-large on the graphed loop (one process), the hybrid by tools/hybrid_64k_decodes.sh (one process per
+# recipe and one for the bf16 reference side by side, merged at the end). The weights stay
 # on the lent machine. Run by `bash tools/device_kernels.sh WAIT device_64k_job.sh` (carry .whl .devdata;
 # DATA_DIR=DIR reads the training text from DIR, for a tree too large to carry with it),
 # polled with `JOB=device_64k_job bash tools/device_poll_lc.sh WAIT`. On a cold H200 (2026-11-27) gla-large
 # trained in 607 s (fla autotuning) and its six 64K decodes took 10 minutes. The hybrid's part (HYBRID_ONLY=1)
 # trained in 247 s on a warm H200, but its four eager 64K decodes side by side ran at 10-16 tokens/s each
-# (2026-11-27, stopped at 3,000 tokens): 70-110 minutes, more than a session's device time. It needs a
-# faster (graphed) hybrid decode loop first.
+# (2026-11-27, stopped at 3,000 tokens): 70-110 minutes, more than a session's device time. The hybrids
+# now decode on the graphed loop (device_graphed_hybrid_job.sh ran these decodes in 5-6.5 minutes each).
 set -u
 W=$1
 M=/tmp/laq-models
@@ -36,19 +36,5 @@ H="$M/qwen3next-small"
 python3 tools/train.py model --arch qwen3_next --size small --lr 3e-3 --batch 16 --steps 522 \
   --data-dir "${DATA_DIR:-.devdata}" --tokenizer laquant/assets/gla-small --out "$H" > "$W/train_hybrid.log" 2>&1
 log "hybrid trained rc $?"
-mkdir -p "$W/qwen3next-small"
-cp "$H"/*.json "$H"/*.png "$W/qwen3next-small/" 2>/dev/null
-sha256sum "$H"/model.safetensors > "$W/qwen3next-small/sha256.txt"
-parts=()
-for v in hybrid_int8 hybrid_int8_fp8 hybrid_attention_w8a8; do
-  $LC --model "$H" --data wikitext2 --contexts 65536 --max-windows 1 --variants "$v" --no-reference \
-    --out "$W/lc_hybrid_64k_$v" > "$W/lc_hybrid_64k_$v.log" 2>&1 &
-  parts+=("$W/lc_hybrid_64k_$v")
-done
-$LC --model "$H" --data wikitext2 --contexts 65536 --max-windows 1 --variants \
-  --out "$W/lc_hybrid_64k_bf16" > "$W/lc_hybrid_64k_bf16.log" 2>&1 &
-wait
-log "hybrid 64K done"
-$LC --out "$W/lc_hybrid_64k" --merge "$W/lc_hybrid_64k_bf16" "${parts[@]}" > "$W/lc_hybrid_64k_merge.log" 2>&1
-log "hybrid 64K merged rc $?"
+bash tools/hybrid_64k_decodes.sh "$H" "$W"
 touch "$W/job.done"

@@ -14,7 +14,6 @@ W=$1
 M=/tmp/laq-models
 H="$M/qwen3next-small"
 mkdir -p "$M"
-LC="python3 tools/long_context_eval.py"
 log() { echo "$* $(date +%T)" >> "$W/status.log"; }
 python3 -c "import torch, triton, transformers; print(torch.cuda.get_device_name(), 'torch', torch.__version__, \
 'triton', triton.__version__, 'transformers', transformers.__version__)" > "$W/versions.txt" 2>&1
@@ -27,25 +26,11 @@ timeout 600 python3 -m pytest -q -rfs --tb=short tests/test_static_hybrid.py tes
 log "gpu tests rc $?"
 wait $TRAIN
 log "hybrid trained rc $?"
-mkdir -p "$W/qwen3next-small"
-cp "$H"/*.json "$H"/*.png "$W/qwen3next-small/" 2>/dev/null
-sha256sum "$H"/model.safetensors > "$W/qwen3next-small/sha256.txt"
 timeout 600 laquant eval speed --suite e2e --hybrid-recipe hybrid_int8 --batch 1 64 --prompt 1024 --gen 32 \
   --model 'qwen3_next:{"hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 5632, "num_attention_heads": 16, "num_key_value_heads": 2, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "num_experts": 0}' \
   --out "$W/e2e_hybrid" > "$W/e2e_hybrid.log" 2>&1
 log "hybrid e2e rc $?"
 timeout 300 python3 tools/profile_hybrid_decode.py "$W/profile_hybrid_decode.json" > "$W/profile_hybrid_decode.log" 2>&1
 log "hybrid decode profile rc $?"
-parts=()
-for v in hybrid_int8 hybrid_int8_fp8 hybrid_attention_w8a8; do
-  $LC --model "$H" --data wikitext2 --contexts 65536 --max-windows 1 --variants "$v" --no-reference \
-    --out "$W/lc_hybrid_64k_$v" > "$W/lc_hybrid_64k_$v.log" 2>&1 &
-  parts+=("$W/lc_hybrid_64k_$v")
-done
-$LC --model "$H" --data wikitext2 --contexts 65536 --max-windows 1 --variants \
-  --out "$W/lc_hybrid_64k_bf16" > "$W/lc_hybrid_64k_bf16.log" 2>&1 &
-wait
-log "hybrid 64K done"
-$LC --out "$W/lc_hybrid_64k" --merge "$W/lc_hybrid_64k_bf16" "${parts[@]}" > "$W/lc_hybrid_64k_merge.log" 2>&1
-log "hybrid 64K merged rc $?"
+bash tools/hybrid_64k_decodes.sh "$H" "$W"
 touch "$W/job.done"
