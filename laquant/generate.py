@@ -212,12 +212,11 @@ class _DecodeGraph:
 def _graph_for(model, prefill_cache, batch, steps, key, choose, eos) -> _DecodeGraph:
     """The model's captured step for ``key``, capturing it on first use (or when ``steps`` exceed
     the captured token history)."""
-    from laquant.models.cache import state_store
+    from laquant.models.cache import state_layout, state_store
     from laquant.models.static_hybrid import kv_layers
 
     graphs = model.__dict__.setdefault("_laquant_decode_graphs", {})
-    layout = tuple((tuple(s.data.shape), s.data.dtype, s.format, s.scale is None)
-                   for s in _state_tensors(prefill_cache))
+    layout = state_layout(_state_tensors(prefill_cache))
     kv = tuple((i, tuple(k.shape[:-2]), k.shape[-1], v.shape[-1], k.dtype)
                for i, (k, v) in kv_layers(prefill_cache).items())
     seed = state_store(prefill_cache).seed

@@ -105,8 +105,6 @@ class GLAStateCache:
     def __len__(self) -> int:
         return sum(s is not None for s in self.states)
 
-    # A static cache: see _static_states below.
-
     @property
     def slots(self) -> DecodeSlots | None:
         """The shared decode tensors of a static cache (None: an ordinary cache)."""
@@ -263,6 +261,12 @@ def _sync_counters(states: list[StaticState]) -> int:
         s.n_stores = n
     slots.synced = n
     return steps
+
+
+def state_layout(states) -> tuple:
+    """What a captured graph's static copies of ``states`` depend on: each one's shape, dtype, format
+    and whether it has a scale (a key of the graphs laquant.generate and laquant.serving capture)."""
+    return tuple((tuple(s.data.shape), s.data.dtype, s.format, s.scale is None) for s in states)
 
 
 def check_seed(seed: int) -> int:

@@ -34,7 +34,7 @@ import warnings
 import torch
 
 from laquant.kernels.common.state import State
-from laquant.models.cache import GLAStateCache
+from laquant.models.cache import GLAStateCache, state_layout
 
 MIN_BUCKET = 64
 
@@ -155,7 +155,7 @@ class GraphedPrefill:
         """``(logits, cache)`` of ``suffix`` after ``restored``, or None where the bucket's prefill
         could not be captured (the reason in :attr:`failure`, warned once): the caller runs it eagerly."""
         bucket = bucket_for(suffix.shape[1])
-        layout = tuple((tuple(s.data.shape), s.data.dtype, s.format, s.scale is None) for s in restored.states)
+        layout = state_layout(restored.states)
         convs = tuple(sorted((key, tuple(t.shape), t.dtype) for key, t in restored.conv.items()))
         key = (bucket, layout, convs, restored.seed)
         capture = self.captures.get(key)
