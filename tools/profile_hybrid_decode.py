@@ -7,7 +7,7 @@ or of a given JSON config, bf16 and ``hybrid_int8``, on CUDA:
   ``laquant eval ppl --mode decode`` (saturation hooks and counters, the loss copied to the host);
   and ms per step of laquant.generate's CUDA-graphed loop (laquant.models.static_hybrid);
 - kernels and GPU ms per step (torch.profiler) against the step's wall time, for an eager step and
-  for a replay of the captured step (its top kernels by GPU time);
+  for one replay of the captured step (its top kernels by GPU time, ``laquant.eval.speed.summarize_kernels``);
 - the Python functions that take the host time (cProfile, by own time).
 
     python tools/profile_hybrid_decode.py OUT.json [CONFIG_JSON]     # DEVICE=cpu: a smoke run
@@ -29,6 +29,7 @@ from laquant.adapters import install, new_cache
 from laquant.api import calibrate
 from laquant.generate import DecodeSession
 from laquant.eval.saturation import SaturationCounter
+from laquant.eval.speed import summarize_kernels
 
 DEVICE = os.environ.get("DEVICE", "cuda")
 BATCH, PROMPT = int(os.environ.get("BATCH", 1)), int(os.environ.get("PROMPT", 512))
@@ -90,18 +91,12 @@ def main(out_path: str, config_path: str = SMALL) -> None:
             sync()
             row["graphed_ms_per_step"] = (time.perf_counter() - t0) / 40 * 1e3
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
-                    session.graph.graph.replay()
+                session.graph.graph.replay()
                 sync()
-            kernels = {}
-            for e in prof.events():
-                if e.device_type == torch.autograd.DeviceType.CUDA:
-                    n, t = kernels.get(e.name, (0, 0.0))
-                    kernels[e.name] = (n + 1, t + e.device_time / 1e3)
-            row["graphed_kernels_per_step"] = sum(n for n, _ in kernels.values()) / 5
-            row["graphed_gpu_ms_per_step"] = sum(t for _, t in kernels.values()) / 5
-            row["graphed_top_kernels"] = [(name[:90], n / 5, t / 5) for name, (n, t) in
-                                          sorted(kernels.items(), key=lambda kv: -kv[1][1])[:20]]
+            replay = summarize_kernels([(e.name, e.time_range.start, e.time_range.end - e.time_range.start)
+                                        for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA],
+                                       0, top=20)
+            row.update({f"graphed_{k}": replay[k] for k in ("kernels_per_step", "gpu_ms_per_step", "top_kernels")})
         counter = SaturationCounter(model, 64)
         row["eval_loop_ms_per_step"] = ms_per_step(model, prompt, ids, counter)
         counter.close()
