@@ -7,7 +7,7 @@ import torch
 
 from laquant.cli import main
 from laquant.errors import LaquantError
-from laquant.generate import generate
+from laquant.generate import generate, trim_after_eos
 from laquant.kernels.common.state import StateQuantizer
 from laquant.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM, GLAConfig, GLAForCausalLM
 from laquant.models.verify import commit, verify
@@ -103,6 +103,38 @@ def test_verify_then_commit_equals_decode_steps(make, dtype, state):
         assert torch.allclose(a.float(), b.float(), atol=2e-2 if dtype == torch.bfloat16 else 1e-4)
 
 
+@pytest.mark.parametrize("make,dtype,state", [(lambda **kw: _gla(use_short_conv=True, **kw), torch.bfloat16,
+                                               "int8_row"),
+                                              (lambda **kw: _gla(**kw), torch.float32, "fp8_row"),
+                                              (lambda **kw: _gla(**kw), torch.bfloat16, None)])
+@torch.no_grad()
+def test_commit_on_a_static_cache_takes_device_counts(make, dtype, state):
+    """What a captured speculative round does: verify on a static cache, commit a count tensor (no host
+    read), the store counter moving on the device; the same states, conv inputs and counts as an
+    ordinary cache committing the same count as an int."""
+    model = make(state=state).to(dtype)
+    ids, new = torch.randint(1, VOCAB, (2, 7)), torch.randint(1, VOCAB, (2, 5))
+    for n, as_tensor in ((0, torch.tensor(0)), (3, torch.tensor([3, 3], dtype=torch.int32)), (5, torch.tensor(5))):
+        plain = model(input_ids=ids, use_cache=True).past_key_values
+        static = plain.static_copy()
+        want = verify(model, new, plain)
+        commit(plain, n)
+        got = verify(model, new, static)
+        assert torch.equal(got, want)
+        commit(static, as_tensor)
+        assert static.pending is None and static.slots.n_stores.tolist() == [1 + n] * 2
+        assert static.sync_counters() == n
+        _assert_same_cache(static, plain, exact=True)
+        a = model(input_ids=new[:, :1], past_key_values=static, use_cache=True).logits  # a decode step goes on alike
+        b = model(input_ids=new[:, :1], past_key_values=plain, use_cache=True).logits
+        assert torch.equal(a, b)
+        static.sync_counters()
+        _assert_same_cache(static, plain, exact=True)
+    with pytest.raises(LaquantError, match="static cache only"):
+        verify(model, new, plain)
+        commit(plain, torch.tensor(1))
+
+
 def test_verify_rejects_misuse():
     model = _gla()
     cache = model.new_cache()
@@ -169,6 +201,36 @@ def test_shipped_gla_small_drafts_for_its_quantized_form(trained_model_dir):
     assert stats.acceptance > 0.5  # the unquantized model is a good draft for its quantized form
 
 
+@pytest.mark.parametrize("k,B,eos_at", [(3, 1, None), (4, 2, None), (2, 2, 9), (15, 1, None)])
+@torch.no_grad()
+def test_the_captured_round_equals_greedy(k, B, eos_at):
+    """The round a CUDA graph captures (laquant.serving.speculative._RoundGraph), run eagerly on the CPU:
+    the draft's steps on the scratch cache, the target's verify, the accept count and both commits on the
+    device, the batches of rounds that cannot overshoot; the target's greedy tokens, with EOS too."""
+    from laquant.generate import _forward, _fresh_cache
+    from laquant.serving.speculative import _RoundGraph
+
+    target, draft = _gla(state="int8_row", use_short_conv=True), _gla()
+    ids = torch.randint(1, VOCAB, (B, 6))
+    eos = None if eos_at is None else int(generate(target, ids, 30)[0, 6 + eos_at])
+    want = generate(target, ids, 30, eos_token_id=eos)
+    logits, tc = _forward(target, ids, _fresh_cache(target))
+    _, dc = _forward(draft, ids, _fresh_cache(draft))
+    rounds = _RoundGraph(target, draft, tc, dc, k, eos, 32, capture=False)
+    for _ in range(2):  # a second load replays from the same prefill caches
+        stats = SpeculativeStats()
+        rounds.load(tc, dc, logits.argmax(-1))
+        got = trim_after_eos(rounds.run(30, stats, eos_check_every=2), eos)
+        assert torch.equal(torch.cat([ids, got], 1), want)
+        assert stats.round_graphed and 0 < stats.rounds < 30 and stats.proposed == k * stats.rounds
+        assert rounds.target.seen_tokens == tc.seen_tokens + int(rounds.pos) - 1
+    perfect = _RoundGraph(target, target, tc, tc, k, eos, 32, capture=False)  # the target drafting for itself
+    stats = SpeculativeStats()
+    perfect.load(tc, tc, logits.argmax(-1))
+    assert torch.equal(torch.cat([ids, trim_after_eos(perfect.run(30, stats, 2), eos)], 1), want)
+    assert stats.accepted == stats.proposed
+
+
 def test_bad_draft_is_an_error():
     target = _gla()
     ids = torch.randint(1, VOCAB, (1, 4))
@@ -223,7 +285,7 @@ def test_speculative_on_the_gpu(trained_model_dir, recipe):
             stats = SpeculativeStats()
             got = speculative_generate(target, draft, ids, 64, k, stats=stats, graphed=graphed)
             _assert_same_up_to_near_ties(target, got, want, ids.shape[1], (B, k, graphed))
-            assert stats.accepted > 0
+            assert stats.accepted > 0 and stats.round_graphed == (graphed is None), (B, k, graphed)
 
 
 def _assert_same_up_to_near_ties(model, got, want, prompt_len, what, rel_gap=1e-2):

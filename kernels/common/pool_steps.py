@@ -42,9 +42,12 @@ def check_tokens(T: int) -> None:
 
 
 def accepted_counts(accepted, batch: int, tokens: int, device) -> torch.Tensor:
-    """``accepted`` (an int or ``[B]``) as an int32 ``[B]`` tensor, each in ``0..tokens``."""
+    """``accepted`` (an int or ``[B]``) as an int32 ``[B]`` tensor, each in ``0..tokens`` (checked on
+    the host except inside a CUDA graph capture, where a check would sync: the caller's counts
+    come from the device, as a speculative round's do)."""
     n = torch.as_tensor(accepted, dtype=torch.int32, device=device).expand(batch).contiguous()
-    if n.numel() and (int(n.min()) < 0 or int(n.max()) > tokens):
+    capturing = n.is_cuda and torch.cuda.is_current_stream_capturing()
+    if n.numel() and not capturing and (int(n.min()) < 0 or int(n.max()) > tokens):
         raise ValueError(f"accepted counts must lie in 0..{tokens} (the verified tokens); got {n.tolist()}")
     return n
 

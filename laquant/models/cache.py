@@ -236,9 +236,13 @@ def _load_states(static, mine: list[StaticState], theirs: list[State | None], se
         if m.scale is not None:
             m.scale.copy_(t.scale)
         m.n_stores = t.n_stores
-    slots = mine[0].slots
-    slots.n_stores.fill_(theirs[0].n_stores)
-    slots.synced = theirs[0].n_stores
+    slots, their_slots = mine[0].slots, getattr(theirs[0], "slots", None)
+    if their_slots is not None:  # another static cache: its device counter (no host value; a graph may capture it)
+        slots.n_stores.copy_(their_slots.n_stores)
+        slots.synced = their_slots.synced
+    else:
+        slots.n_stores.fill_(theirs[0].n_stores)
+        slots.synced = theirs[0].n_stores
 
 
 def _load_conv(mine: dict, theirs: dict) -> None:

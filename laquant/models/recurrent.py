@@ -38,6 +38,18 @@ class RecurrentMixer(nn.Module):
                                                     (stored.n_stores if stored is not None else 0) + 1)
 
     def store_state(self, states, stored: State | None, state: torch.Tensor, new_tokens: int) -> None:
+        slots = getattr(stored, "slots", None)
+        if slots is not None and not state.is_cuda:
+            # a static cache on the CPU reference path: stored in place, keyed by the device counter (a host
+            # read, free on the CPU; on CUDA the decode kernels store in place, and a reference store there
+            # replaces the state, which tells laquant.generate that no graph can replay the step)
+            new = self.state_quantizer.store_state(state, State(stored.data, stored.scale, stored.format,
+                                                                int(slots.n_stores[0])), _seed(states))
+            stored.data.copy_(new.data)
+            if stored.scale is not None:
+                stored.scale.copy_(new.scale)
+            states.count_static_step(self.layer_idx)
+            return
         if use_triton(state, self.state_quantizer.format.name):  # one kernel, not ~165 PyTorch ops and 2 syncs
             new = store_state_triton(self.state_quantizer, state, stored, _seed(states))
         else:

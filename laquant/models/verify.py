@@ -7,6 +7,11 @@ decode steps would have: each mixer's state through the pool kernels' commit
 inputs), the short convs' last inputs and the softmax layers' keys and values cut back to ``n``
 tokens. Every sequence accepts the same ``n`` here (the cache counts stores per batch); the kernels
 take a count per sequence.
+
+On a static cache (:meth:`GLAStateCache.static_copy`, whose states the kernels update in place and
+whose store count lives on the device) both run without a host sync, so a CUDA graph can capture a
+whole speculative round (:mod:`laquant.serving.speculative`): the pool slots and store counts are the
+static cache's, and :func:`commit` takes the accepted count as a device tensor.
 """
 
 from __future__ import annotations
@@ -36,16 +41,15 @@ class PendingVerify:
     conv: dict = field(default_factory=dict)
 
 
-def verify(model, input_ids: torch.Tensor, cache: GLAStateCache) -> torch.Tensor:
+def verify(model, input_ids: torch.Tensor, cache: GLAStateCache, logits_to_keep: int = 0) -> torch.Tensor:
     """The logits ``[B, T, vocab]`` of ``input_ids [B, T]`` (``T`` in 1..16) continuing ``cache``,
-    which keeps its states until :func:`commit` (one verify pending at a time)."""
+    which keeps its states until :func:`commit` (one verify pending at a time). ``logits_to_keep``:
+    only the last that many positions' logits (0: all)."""
     if not isinstance(cache, GLAStateCache):
         raise LaquantError("verify needs laquant's GLAStateCache (laquant's GLA or Gated DeltaNet model), "
                            f"not {type(cache).__name__}")
     if cache.pending is not None:
         raise LaquantError("a verify step is pending on this cache: commit(cache, n) it first")
-    if cache.slots is not None:
-        raise LaquantError("verify runs on an ordinary cache, not a static (CUDA-graph) copy")
     if not any(s is not None for s in cache.states) and not cache.kv:
         raise LaquantError("verify continues a prefilled cache: run the prompt through the model first")
     T = input_ids.shape[1]
@@ -53,17 +57,22 @@ def verify(model, input_ids: torch.Tensor, cache: GLAStateCache) -> torch.Tensor
         raise LaquantError(f"a verify step takes 1 to {MAX_VERIFY_TOKENS} tokens per sequence; got {T}")
     cache.pending = PendingVerify(T, cache.seen_tokens, {i: kv[0].shape[1] for i, kv in cache.kv.items()})
     try:
-        return model(input_ids=input_ids, past_key_values=cache, use_cache=True).logits
+        return model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep).logits
     except BaseException:
         cache.pending = None
         raise
 
 
-def commit(cache: GLAStateCache, accepted: int) -> None:
-    """Accept the first ``accepted`` (``0..T``) tokens of the pending verify step."""
+def commit(cache: GLAStateCache, accepted: int | torch.Tensor) -> None:
+    """Accept the first ``accepted`` (``0..T``) tokens of the pending verify step. On a static cache
+    ``accepted`` may be an int64 / int32 device tensor (``[B]`` or one count for all rows, each in
+    ``0..T``; not checked on the host): no host sync."""
     pending = cache.pending
     if pending is None:
         raise LaquantError("no verify step is pending on this cache")
+    if isinstance(accepted, torch.Tensor):
+        _commit_static(cache, pending, accepted)
+        return
     if isinstance(accepted, bool) or not isinstance(accepted, int) or not 0 <= accepted <= pending.tokens:
         raise LaquantError(f"accepted must be an integer in 0..{pending.tokens} (the verified tokens); got "
                            f"{accepted!r}")
@@ -79,6 +88,28 @@ def commit(cache: GLAStateCache, accepted: int) -> None:
     cache.pending = None
 
 
+def _commit_static(cache: GLAStateCache, pending: PendingVerify, accepted: torch.Tensor) -> None:
+    """:func:`commit` with device-side counts on a static cache: the mixers' slots get their states in
+    place, the short convs' kept inputs their windows, the shared store counter moves on by the counts
+    (``seen_tokens`` follows at the next :meth:`~GLAStateCache.sync_counters`)."""
+    slots = cache.slots
+    if slots is None:
+        raise LaquantError("commit takes a count tensor on a static cache only (an ordinary cache counts its "
+                           "stores on the host): pass an int")
+    if accepted.dtype not in (torch.int32, torch.int64) or accepted.numel() not in (1, slots.n_stores.numel()):
+        raise LaquantError(f"accepted must be an integer tensor of one count or one per sequence "
+                           f"({slots.n_stores.numel()}); got {accepted.dtype} {tuple(accepted.shape)}")
+    n = accepted.reshape(-1).expand(slots.n_stores.shape[0]).to(torch.int32)
+    for accept in pending.mixers.values():
+        accept(n)
+    for key, inp in pending.conv.items():
+        width = inp.shape[1] - pending.tokens  # W - 1
+        window = n.long()[:, None] + torch.arange(width, device=inp.device)
+        cache.conv[key].copy_(inp.gather(1, window[..., None].expand(-1, -1, inp.shape[2])))
+    slots.n_stores.add_(n)
+    cache.pending = None
+
+
 def verify_mixer(mixer, states: GLAStateCache, stored: State | None, kind: str, inputs: tuple, **kw) -> torch.Tensor:
     """A recurrent mixer's part of a verify step (``kind`` "gla": q, k, v, g ``[B, T, H, K]``; "delta":
     q, k, v, g, beta as :func:`~laquant.kernels.delta.verify.delta_verify` takes them): the outputs
@@ -86,19 +117,18 @@ def verify_mixer(mixer, states: GLAStateCache, stored: State | None, kind: str, 
     if stored is None:
         raise LaquantError("verify continues a prefilled cache: run the prompt through the model first")
     quant = mixer.state_quantizer
-    B = inputs[0].shape[0]
-    device = inputs[0].device
     module = import_module(f"laquant.kernels.{kind}.verify")  # the Triton kernels, or their references
     suffix = "" if use_triton(inputs[0], quant.format.name) else "_reference"
     verify_fn, commit_fn = (getattr(module, f"{kind}_{what}{suffix}") for what in ("verify", "commit"))
-    pool_idx = torch.arange(B, dtype=torch.int32, device=device)
-    n_stores = torch.full((B,), stored.n_stores, dtype=torch.int32, device=device)
+    pool_idx, _, n_stores = mixer._pool_slots(stored, inputs[0].shape[0], inputs[0].device)
     pool = (stored.data, stored.row_scale, pool_idx, quant)
     kw["seed"] = states.seed
     o = verify_fn(*inputs, *pool, n_stores, **kw)
 
-    def accept(n: int) -> None:
-        if n:
+    def accept(n: int | torch.Tensor) -> None:
+        if isinstance(n, torch.Tensor):  # a static cache: in place, counted by commit on the device
+            commit_fn(*inputs, *pool, n, n_stores, **kw)
+        elif n:
             commit_fn(*inputs, *pool, n, n_stores, **kw)
             states.states[mixer.layer_idx] = State(stored.data, stored.scale, stored.format, stored.n_stores + n)
 

@@ -9,16 +9,24 @@ back too: it proposes on a copy of its cache, and its real cache catches up on t
 in its next verify step. The output is the target's greedy output token for token (its states are
 those of plain decoding for the same mixer inputs; only the batch of the GEMMs differs).
 
-On CUDA the draft's proposals replay its CUDA graph (:mod:`laquant.generate`'s decode step on a
-static copy of its cache); the verify steps and commits run eagerly.
+On CUDA a whole round is **one CUDA graph** (:class:`_RoundGraph`) on static copies of the two
+caches: the draft's ``k`` decode steps on a scratch copy of its cache, the target's verify step,
+the accept count computed on the device, the target's commit of that count, the draft's own verify
+and commit of the same tokens (its rollback), and the new tokens written to a device-side history.
+Nothing in a round syncs the host: the loop replays as many rounds as cannot overshoot
+``max_new_tokens`` and then reads how far they got (one sync per batch of rounds). Where a round
+cannot be captured (laquant's models with softmax ``attn`` layers, a state format without verify
+kernels, ``graphed=False``) the rounds run eagerly, the draft's proposals still replaying its
+graphed decode step where :mod:`laquant.generate` graphs it; a round then syncs once, to count the
+accepted tokens.
 
 Rows of a batch advance together: a round accepts the fewest proposals any row agreed with (the
 target's next token for a row that agreed with more is its proposal, so every row stays greedy).
-A round syncs the host once, to count the accepted tokens.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +43,7 @@ class SpeculativeStats:
     proposed: int = 0
     accepted: int = 0
     draft_graphed: bool = False  # the draft's proposals replayed its CUDA graph
+    round_graphed: bool = False  # every round replayed one CUDA graph (the draft's steps, verify, commits)
 
     @property
     def acceptance(self) -> float:
@@ -96,14 +105,159 @@ def _propose_graphed(draft_model, draft_cache, proposals: list, k: int) -> bool:
     return True
 
 
+class _RoundGraph:
+    """One captured speculative round on static caches (see the module's docstring). Device buffers:
+    ``last [B]`` the target's next token (run by neither model yet), ``history [B, capacity + k + 1]``
+    the tokens made (``pos`` of them valid), ``done [B]`` rows past EOS, ``accepted`` the proposals
+    accepted so far."""
+
+    def __init__(self, model, draft_model, target_cache, draft_cache, k: int, eos: int | None, capacity: int,
+                 capture: bool = True):
+        from laquant.generate import _CaptureRefused, _NotInPlace, _state_tensors, warm_up_outside_capture
+
+        self.model, self.draft_model, self.k, self.eos, self.capacity = model, draft_model, k, eos, capacity
+        self.target, self.draft = target_cache.static_copy(), draft_cache.static_copy()
+        self.scratch = draft_cache.static_copy()  # the draft proposes on it: its own cache waits for the verdict
+        batch, device = self.target.states[0].data.shape[0], self.target.states[0].data.device
+        self.last = torch.zeros(batch, dtype=torch.long, device=device)
+        self.history = torch.zeros(batch, capacity + k + 1, dtype=torch.long, device=device)
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)
+        self.done = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.accepted = torch.zeros(1, dtype=torch.long, device=device)
+        self._cols = torch.arange(k + 1, device=device)
+        self.graph = None  # capture=False: the rounds run eagerly (the CPU reference of the captured round)
+        if not capture:
+            return
+        caches = (self.target, self.draft, self.scratch)
+        tensors = [_state_tensors(c) for c in caches]
+        warm_up_outside_capture(self._round)
+        if any(a is not b for c, before in zip(caches, tensors) for a, b in zip(before, _state_tensors(c))):
+            raise _NotInPlace("the draft's decode step does not update its states in place")
+        self.graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(self.graph):
+                self._round()
+        except RuntimeError as exc:
+            for c in caches:
+                c.pending = None
+            raise _CaptureRefused(f"the GPU refused to capture a speculative round ({type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0]})") from exc
+
+    def _round(self) -> None:
+        from laquant.generate import static_forward
+        from laquant.models.verify import commit, verify
+
+        k, batch = self.k, self.last.shape[0]
+        self.scratch.load_from(self.draft)
+        tok, proposals = self.last[:, None], []
+        for _ in range(k):
+            tok = static_forward(self.draft_model, tok, self.scratch).argmax(-1)[:, None]
+            proposals.append(tok)
+        drafted = torch.cat(proposals, 1)
+        ids = torch.cat([self.last[:, None], drafted], 1)
+        preds = verify(self.model, ids, self.target).argmax(-1)  # [B, k + 1]
+        agree = (preds[:, :k] == drafted).int().cummin(1).values.sum(1)
+        if self.eos is not None:
+            agree = torch.where(self.done, k, agree)  # a finished row's tokens are EOS whatever it predicts
+        n = agree.min()
+        commit(self.target, n + 1)
+        verify(self.draft_model, ids, self.draft, logits_to_keep=1)  # the draft's rollback: the same tokens
+        commit(self.draft, n + 1)
+        new = preds  # up to n, every row's prediction is the proposal it agreed with; n: its own next token
+        if self.eos is not None:  # after a row's EOS it gets EOS, as plain decoding's output
+            after = torch.cat([self.done[:, None], preds == self.eos], 1).int().cummax(1).values[:, :-1].bool()
+            new = torch.where(after, torch.full_like(preds, self.eos), preds)
+            self.done |= ((new == self.eos) & (self._cols <= n)).any(1)
+        self.history.index_copy_(1, self.pos + self._cols, new)
+        self.last.copy_(new.gather(1, n.view(1, 1).expand(batch, 1))[:, 0])
+        self.pos += n + 1
+        self.accepted += n
+
+    def load(self, target_cache, draft_cache, first: torch.Tensor) -> None:
+        self.target.load_from(target_cache)
+        self.draft.load_from(draft_cache)
+        self.last.copy_(first)
+        self.history[:, 0] = first
+        self.pos.fill_(1)
+        self.accepted.zero_()
+        if self.eos is not None:
+            torch.eq(first, self.eos, out=self.done)
+
+    def run(self, max_new_tokens: int, stats: SpeculativeStats, eos_check_every: int) -> torch.Tensor:
+        """Rounds until ``max_new_tokens`` are made (or every row has finished): ``[B, n]``, ``last``
+        first. Each batch of replays is as many rounds as cannot write past the history, since a
+        round makes 1 to ``k + 1`` tokens."""
+        made, rounds = 1, 0
+        while made < max_new_tokens:
+            batch = -(-(max_new_tokens - made) // (self.k + 1))
+            if self.eos is not None:
+                batch = min(batch, eos_check_every)
+            for _ in range(batch):
+                self.graph.replay() if self.graph is not None else self._round()
+            rounds += batch
+            made = int(self.pos)
+            if self.eos is not None and bool(self.done.all()):
+                break
+        for c in (self.target, self.draft):
+            c.sync_counters()
+        stats.rounds += rounds
+        stats.proposed += rounds * self.k
+        stats.accepted += int(self.accepted)
+        stats.round_graphed = True
+        return self.history[:, :min(made, max_new_tokens)].clone()
+
+
+def _round_graph_for(model, draft_model, target_cache, draft_cache, k: int, eos: int | None,
+                     max_new_tokens: int) -> _RoundGraph:
+    """The captured round for this target, draft, batch, ``k``, EOS and state layouts, captured on
+    first use (or for more tokens than the last capture's history holds); kept with the target's
+    decode graphs (:func:`laquant.generate.release_graphs` frees both)."""
+    from laquant.generate import _NotInPlace, _state_tensors
+    from laquant.models.cache import state_layout
+
+    graphs = model.__dict__.setdefault("_laquant_decode_graphs", {})
+    key = ("speculative", id(draft_model), target_cache.states[0].data.shape[0], k, eos, target_cache.seed,
+           draft_cache.seed, state_layout(_state_tensors(target_cache)), state_layout(_state_tensors(draft_cache)))
+    g = graphs.get(key)
+    if isinstance(g, _NotInPlace):  # refused before: not captured again
+        raise g
+    if g is None or g.capacity < max_new_tokens:
+        graphs.pop(key, None)
+        try:
+            g = _RoundGraph(model, draft_model, target_cache, draft_cache, k, eos,
+                            max(256, 1 << (max_new_tokens - 1).bit_length()))
+        except _NotInPlace as exc:
+            graphs[key] = exc
+            raise
+        graphs[key] = g
+    return g
+
+
+def _speculate_graphed(model, draft_model, target_cache, draft_cache, last, max_new_tokens, k, eos, stats):
+    """:func:`_speculate` as CUDA-graphed rounds; None where a round cannot be captured (a warning
+    where the GPU refused it)."""
+    from laquant.generate import EOS_CHECK_EVERY, _CaptureRefused, _NotInPlace, trim_after_eos
+
+    try:
+        g = _round_graph_for(model, draft_model, target_cache, draft_cache, k, eos, max_new_tokens)
+    except (_NotInPlace, ValueError) as exc:  # in-place steps, or a cache a static one cannot hold
+        if isinstance(exc, _CaptureRefused):
+            warnings.warn(f"speculative rounds run eagerly: {exc}", stacklevel=4)
+        return None
+    with torch.no_grad():
+        g.load(target_cache, draft_cache, last)
+        return trim_after_eos(g.run(max_new_tokens, stats, EOS_CHECK_EVERY), eos)
+
+
 def speculative_generate(model, draft_model, input_ids: torch.Tensor, max_new_tokens: int, num_draft_tokens: int = 4,
                          eos_token_id: int | None = None, stats: SpeculativeStats | None = None,
                          graphed: bool | None = None) -> torch.Tensor:
     """Greedy decoding of ``model`` with ``draft_model`` proposing ``num_draft_tokens`` a round:
     ``[B, T + n]``, equal to ``laquant.generate.generate(model, input_ids, max_new_tokens,
     eos_token_id=...)``. ``stats`` (optional) counts rounds and proposed / accepted tokens.
-    ``graphed``: None replays the draft's CUDA-graphed decode step for its proposals where
-    :mod:`laquant.generate` graphs it; False runs them eagerly."""
+    ``graphed``: None replays each round as one CUDA graph where both models' caches allow it
+    (else the draft's graphed decode step for its proposals, where :mod:`laquant.generate` graphs
+    it); False runs everything eagerly."""
     from laquant.generate import _check_args, _forward, _fresh_cache
 
     _check_args(model, input_ids, max_new_tokens, False, 1.0, None)
@@ -136,6 +290,12 @@ def _speculate(model, draft_model, target_cache, draft_cache, last, max_new_toke
     from laquant.models.verify import commit, verify
 
     stats = stats if stats is not None else SpeculativeStats()
+    if graphed is not False and max_new_tokens > 1 and all(is_graphable(m) for m in (model, draft_model)) and \
+            all(graphable_cache(c) for c in (target_cache, draft_cache)):
+        out = _speculate_graphed(model, draft_model, target_cache, draft_cache, last, max_new_tokens,
+                                 num_draft_tokens, eos_token_id, stats)
+        if out is not None:
+            return out
     with torch.no_grad():
         out = [last[:, None]]
         made = 1
