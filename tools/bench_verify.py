@@ -136,11 +136,13 @@ def _rollback_identical(family, ins, pool, idx, quant, n_stores, accepted, decod
 
 
 def speculative_rows(args, cuda: bool) -> list[dict]:
+    """B = 1 speculative decoding of each target (the trained ``--model`` quantized with ``--recipe``;
+    with ``--timing-target``, also a random-weight model of that config, quantized alike, whose
+    acceptance says nothing: its round time gives the projection at other acceptances)."""
     import laquant
     from laquant.api import load
-    from laquant.generate import generate
+    from laquant.models import GLAConfig, GLAForCausalLM
     from laquant.paths import DEFAULT_MODEL_NAME, resolve_model_dir
-    from laquant.serving.speculative import SpeculativeStats, speculative_generate
 
     device = "cuda" if cuda else "cpu"
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -148,12 +150,28 @@ def speculative_rows(args, cuda: bool) -> list[dict]:
     target, tok = load(model_dir, device=device, dtype=dtype)
     draft, _ = load(resolve_model_dir(None if args.draft in (None, DEFAULT_MODEL_NAME) else args.draft), device=device,
                     dtype=dtype)
-    if args.recipe:
-        text = (Path(laquant.__file__).parent / "assets/data/calibration/wiki.utf8").read_text()[:200_000]
-        data = tok(text, return_tensors="pt").input_ids[0].to(device)
-        laquant.calibrate(target, args.recipe, data, samples=16, seq_len=512, progress=False)
+    text = (Path(laquant.__file__).parent / "assets/data/calibration/wiki.utf8").read_text()[:200_000]
+    calib = tok(text, return_tensors="pt").input_ids[0].to(device)
     prompt = (Path(laquant.__file__).parent / "assets/data/wikitext-2-raw/wiki.test.raw").read_text()[:2000]
     ids = tok(prompt, return_tensors="pt").input_ids[:, :args.prompt_tokens].to(device)
+    targets = [(str(model_dir.name), target)]
+    if args.timing_target:
+        cfg = GLAConfig(**{**json.loads(args.timing_target), "vocab_size": draft.config.vocab_size})
+        torch.manual_seed(0)
+        targets.append((f"random {cfg.hidden_size}x{cfg.num_hidden_layers}", GLAForCausalLM(cfg).to(device, dtype).eval()))
+    rows = []
+    for name, model in targets:
+        if args.recipe:
+            laquant.calibrate(model, args.recipe, calib, samples=16, seq_len=512, progress=False)
+        rows += _speculative_rows_of(args, cuda, name, model, draft, ids)
+        del model
+    return rows
+
+
+def _speculative_rows_of(args, cuda, name, target, draft, ids) -> list[dict]:
+    from laquant.generate import generate, release_graphs
+    from laquant.serving.speculative import SpeculativeStats, speculative_generate
+
     n = args.new_tokens
 
     def rate(fn):
@@ -164,28 +182,42 @@ def speculative_rows(args, cuda: bool) -> list[dict]:
         out = fn()
         if cuda:
             torch.cuda.synchronize()
-        return out, (out.shape[1] - ids.shape[1]) / (time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        return out, (out.shape[1] - ids.shape[1]) / seconds, seconds
 
+    rows = []
     with torch.no_grad():
-        plain, plain_rate = rate(lambda: generate(target, ids, n))
-        _, eager_rate = rate(lambda: generate(target, ids, n, graphed=False))
-        _, draft_rate = rate(lambda: generate(draft, ids, n))
-        rows = []
+        plain, plain_rate, _ = rate(lambda: generate(target, ids, n))
+        _, eager_rate, _ = rate(lambda: generate(target, ids, n, graphed=False))
+        _, draft_rate, _ = rate(lambda: generate(draft, ids, n))
         for k in args.draft_tokens:
+            speculative_generate(target, draft, ids, n, k)  # warm up: the round's capture, autotuning
             stats = SpeculativeStats()
-            out, spec_rate = rate(lambda: speculative_generate(target, draft, ids, n, k))
-            speculative_generate(target, draft, ids, n, k, stats=stats)
-            _, spec_eager_rate = rate(lambda: speculative_generate(target, draft, ids, n, k, graphed=False))
-            row = dict(model=str(model_dir.name), recipe=args.recipe, draft=args.draft or DEFAULT_MODEL_NAME,
-                       draft_tokens=k, new_tokens=n, equal_to_greedy=bool(torch.equal(out, plain)),
-                       draft_graphed=stats.draft_graphed,
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = speculative_generate(target, draft, ids, n, k, stats=stats)
+            if cuda:
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
+            spec_rate, round_ms = (out.shape[1] - ids.shape[1]) / seconds, seconds * 1e3 / stats.rounds
+            _, spec_eager_rate, _ = rate(lambda: speculative_generate(target, draft, ids, n, k, graphed=False))
+            step_ms = 1e3 / plain_rate
+            projected = {f"{a:.1f}": (1 - a ** (k + 1)) / (1 - a) / round_ms * 1e3 / plain_rate
+                         for a in (0.6, 0.8, 0.9)}  # tokens/round at i.i.d. acceptance a, over plain tokens/s
+            row = dict(model=name, recipe=args.recipe, draft=args.draft or "gla-small", draft_tokens=k,
+                       new_tokens=n, equal_to_greedy=bool(torch.equal(out, plain)),
+                       round_graphed=stats.round_graphed, draft_graphed=stats.draft_graphed,
                        acceptance=stats.acceptance, tokens_per_round=stats.tokens_per_round,
                        tokens_per_s=spec_rate, all_eager_tokens_per_s=spec_eager_rate,
-                       plain_graphed_tokens_per_s=plain_rate,
-                       plain_eager_tokens_per_s=eager_rate, draft_alone_tokens_per_s=draft_rate,
+                       plain_graphed_tokens_per_s=plain_rate, plain_eager_tokens_per_s=eager_rate,
+                       draft_alone_tokens_per_s=draft_rate, round_ms=round_ms, plain_step_ms=step_ms,
+                       round_over_step=round_ms / step_ms, projected_speedup_at_acceptance=projected,
                        speedup_vs_graphed=spec_rate / plain_rate, speedup_vs_eager=spec_rate / eager_rate)
             rows.append(row)
             print(json.dumps(row), flush=True)
+    release_graphs(target)
+    release_graphs(draft)
     return rows
 
 
@@ -205,17 +237,24 @@ def markdown(kernels: list[dict], spec: list[dict], device: str) -> str:
                      f"{ratio('verify_commit_over_decode')} | {r['bit_identical']} |")
     if spec:
         lines += ["", "## Speculative decoding, B = 1 (target >= 1.5x plain)", "",
-                  "tokens/s: verify steps eager, the draft's steps CUDA-graphed where possible (draft graphed); "
-                  "all eager: the draft eager too.", "",
-                  "| target | recipe | draft | k | acceptance | tokens/round | tokens/s | all eager | draft graphed | "
-                  "plain graphed | plain eager | draft alone | vs graphed | vs eager | = greedy |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "tokens/s: each round one CUDA graph where round graphed (else the verify steps eager, the draft's "
+                  "steps graphed); all eager: everything eager. Rates include the prompt's prefill (both models'). "
+                  "round / step: a round's time over a plain graphed step's. Projected: the same round time with "
+                  "tokens/round (1 - a^(k+1)) / (1 - a) at i.i.d. acceptance a, over plain graphed tokens/s (a "
+                  "random-weight target's own acceptance means nothing).", "",
+                  "| target | recipe | draft | k | acceptance | tokens/round | tokens/s | all eager | round graphed | "
+                  "plain graphed | plain eager | draft alone | round ms | round / step | vs graphed | vs eager | "
+                  "projected at a = 0.6 / 0.8 / 0.9 | = greedy |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in spec:
+            proj = " / ".join(f"{v:.2f}x" for v in r["projected_speedup_at_acceptance"].values())
             lines.append(f"| {r['model']} | {r['recipe']} | {r['draft']} | {r['draft_tokens']} | {r['acceptance']:.0%} | "
                          f"{r['tokens_per_round']:.2f} | {r['tokens_per_s']:.1f} | {r['all_eager_tokens_per_s']:.1f} | "
-                         f"{r['draft_graphed']} | {r['plain_graphed_tokens_per_s']:.1f} | "
+                         f"{r['round_graphed']} | {r['plain_graphed_tokens_per_s']:.1f} | "
                          f"{r['plain_eager_tokens_per_s']:.1f} | {r['draft_alone_tokens_per_s']:.1f} | "
-                         f"{r['speedup_vs_graphed']:.2f}x | {r['speedup_vs_eager']:.2f}x | {r['equal_to_greedy']} |")
+                         f"{r['round_ms']:.3f} | {r['round_over_step']:.2f} | "
+                         f"{r['speedup_vs_graphed']:.2f}x | {r['speedup_vs_eager']:.2f}x | {proj} | "
+                         f"{r['equal_to_greedy']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -237,15 +276,21 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--no-speculative", action="store_true", help="kernels only")
+    p.add_argument("--timing-target", default=None, metavar="JSON",
+                   help="also a random-weight GLA target of this config (JSON of GLAConfig fields; the draft's "
+                        "vocabulary), for the round time of a target whose step is weight-bound")
+    p.add_argument("--no-kernels", action="store_true", help="speculative decoding only")
     args = p.parse_args(argv)
     if args.tiny:
         args.heads, args.dim, args.batch, args.tokens = 2, 16, [1, 3], [2, 4]
         args.new_tokens, args.prompt_tokens, args.draft_tokens = 12, 16, [3]
+        if args.timing_target:
+            args.timing_target = '{"hidden_size": 64, "num_hidden_layers": 2, "num_heads": 2}'
         args.formats = [f for f in args.formats if not f.startswith("bf16")]
     args.draft = args.draft or args.model
     cuda = torch.cuda.is_available()
     device = torch.cuda.get_device_name() if cuda else "cpu (references, no timings)"
-    kernels = kernel_rows(args, cuda)
+    kernels = [] if args.no_kernels else kernel_rows(args, cuda)
     spec = [] if args.no_speculative else speculative_rows(args, cuda)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
