@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from laquant.adapters import new_cache
 from laquant.errors import LaquantError
 from laquant.eval.saturation import SaturationCounter
-from laquant.generate import _state_tensors, static_cache, static_forward, warm_up_outside_capture
+from laquant.generate import _state_tensors, capture_graph, static_cache, static_forward, warm_up_outside_capture
 
 MODES = ("prefill", "decode")
 DEFAULT_BATCH = {"prefill": 4, "decode": 64}
@@ -227,9 +227,7 @@ class _GraphedScorer:
             counter.active = True
         if any(a is not b for a, b in zip(states, _state_tensors(self.cache))):
             raise LaquantError("this model's decode step does not update its states in place")
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self._step()
+        self.graph, _ = capture_graph(self._step)
 
     @classmethod
     def make(cls, model, batch: int, context: int) -> _GraphedScorer | None:

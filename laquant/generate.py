@@ -154,6 +154,22 @@ def warm_up_outside_capture(fn, runs: int = 2) -> None:
     torch.cuda.current_stream().wait_stream(stream)
 
 
+def capture_graph(fn):
+    """``fn`` captured as a CUDA graph: ``(graph, what fn returned)``. Where the capture fails, the
+    default CUDA generator's state is put back before the error propagates: torch leaves it in
+    capture mode after a failed capture, and every later random op on the device would then fail."""
+    generator = torch.cuda.default_generators[torch.cuda.current_device()]
+    saved = generator.clone_state()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            out = fn()
+    except BaseException:
+        generator.graphsafe_set_state(saved)
+        raise
+    return graph, out
+
+
 class _NotInPlace(LaquantError):
     """A decode step replaced its state tensors instead of updating them: no graph can replay it."""
 
@@ -182,10 +198,8 @@ class _DecodeGraph:
         if any(a is not b for a, b in zip(states, _state_tensors(self.cache))):
             raise _NotInPlace("this model's decode step does not update its states in place (a state format "
                                "without a decode kernel, or LAQUANT_KERNELS=reference): decode with graphed=False")
-        self.graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(self.graph):
-                self._step()
+            self.graph, _ = capture_graph(self._step)
         except RuntimeError as exc:
             raise _CaptureRefused(f"the GPU refused to capture this model's decode step ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0]}): decode with graphed=False") from exc
@@ -370,5 +384,5 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: 
                          eos_token_id=eos_token_id, graphed=graphed, generator=generator).run()
 
 
-__all__ = ["DecodeSession", "generate", "graphable_cache", "is_graphable", "pick_tokens", "release_graphs",
+__all__ = ["DecodeSession", "capture_graph", "generate", "graphable_cache", "is_graphable", "pick_tokens", "release_graphs",
            "static_cache", "static_forward", "trim_after_eos"]

@@ -326,6 +326,25 @@ def test_graphed_sampling_runs():
     assert torch.equal(a, generate(model, ids, 6, do_sample=True, generator=g.manual_seed(1), graphed=False))
 
 
+@pytest.mark.gpu
+def test_a_failed_capture_leaves_the_cuda_generator_usable():
+    """torch leaves the default CUDA generator in capture mode when a capture fails (every later random op
+    on the device then raises); capture_graph puts its state back."""
+    from laquant.generate import capture_graph
+
+    def refused():
+        torch.rand(3, device="cuda")  # the generator joins the capture
+        return torch.ones(2).cuda()  # a copy from pageable host memory: the capture fails
+
+    with pytest.raises(RuntimeError):
+        capture_graph(refused)
+    torch.cuda.synchronize()
+    assert torch.randint(0, 5, (4,), device="cuda").shape == (4,)
+    graph, out = capture_graph(lambda: torch.rand(3, device="cuda") * 0 + 1)  # and captures work again
+    graph.replay()
+    assert torch.equal(out, torch.ones(3, device="cuda"))
+
+
 def test_a_refused_capture_decodes_eagerly(monkeypatch):
     """graphed=None: a decode step the GPU refuses to capture (simulated on the CPU) falls back to
     the eager loop with a warning, and is not captured again; graphed=True names the refusal."""

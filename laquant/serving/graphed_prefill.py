@@ -91,12 +91,10 @@ class _Capture:
         self.conv_inputs = {key: t.clone() for key, t in layout.conv.items()}  # short convs' last inputs
         self.graph = None
         if use_graph:
-            from laquant.generate import warm_up_outside_capture
+            from laquant.generate import capture_graph, warm_up_outside_capture
 
             warm_up_outside_capture(self._run)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.logits, self.outputs = self._run()
+            self.graph, (self.logits, self.outputs) = capture_graph(self._run)
 
     @torch.no_grad()  # as the eager prefill: with gradients on, the model would take its reference ops
     def _run(self):

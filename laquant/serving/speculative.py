@@ -113,7 +113,8 @@ class _RoundGraph:
 
     def __init__(self, model, draft_model, target_cache, draft_cache, k: int, eos: int | None, capacity: int,
                  capture: bool = True):
-        from laquant.generate import _CaptureRefused, _NotInPlace, _state_tensors, warm_up_outside_capture
+        from laquant.generate import (_CaptureRefused, _NotInPlace, _state_tensors, capture_graph,
+                                      warm_up_outside_capture)
 
         self.model, self.draft_model, self.k, self.eos, self.capacity = model, draft_model, k, eos, capacity
         self.target, self.draft = target_cache.static_copy(), draft_cache.static_copy()
@@ -133,10 +134,8 @@ class _RoundGraph:
         warm_up_outside_capture(self._round)
         if any(a is not b for c, before in zip(caches, tensors) for a, b in zip(before, _state_tensors(c))):
             raise _NotInPlace("the draft's decode step does not update its states in place")
-        self.graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(self.graph):
-                self._round()
+            self.graph, _ = capture_graph(self._round)
         except RuntimeError as exc:
             for c in caches:
                 c.pending = None
