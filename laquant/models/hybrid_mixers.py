@@ -26,7 +26,9 @@ import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
 from laquant.models.cache import state_store
+from laquant.models.quantizing_norms import GATED_NORMS
 from laquant.models.recurrent import RecurrentMixer
+from laquant.quant.fused import project, w8a8_inputs
 
 
 def layer_states(cache, legacy=None):
@@ -177,6 +179,21 @@ class GatedDeltaNetMixer(HybridMixer):
         b, a = self.split_ba(self.in_proj_ba(x))
         qkv = torch.cat([q.flatten(-2), k.flatten(-2), v.flatten(-2)], -1)
         o = self.conv_and_attend(qkv, self.log_decay(a), b.float().sigmoid(), layer_states(cache, cache_params))
+        return self.norm_and_out(o, z)
+
+    def norm_and_out(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """``out_proj(norm(o, z))`` over ``o, z [B, T, Hv, V]``. Where out_proj is W8A8 on the GPU and
+        the norm's formula is one :data:`~laquant.models.quantizing_norms.GATED_NORMS` knows, laquant's
+        gated norm (float32 throughout) writes out_proj's codes in the same kernel."""
+        B, T = o.shape[:2]
+        eps_name = GATED_NORMS.get(type(self.norm).__name__)
+        packed = w8a8_inputs(self, ("out_proj",), o) if eps_name is not None else None
+        if packed is not None:
+            from laquant.kernels.rowwise.fused import gated_rms_norm_triton
+
+            out, codes = gated_rms_norm_triton(o.reshape(B * T, *o.shape[2:]), z.reshape(B * T, *o.shape[2:]),
+                                               self.norm.weight, getattr(self.norm, eps_name), packed)
+            return project(self, ("out_proj",), out.reshape(B, T, -1), codes)[0]
         o = self.norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
         return self.out_proj(o.reshape(B, T, -1))
 
@@ -367,8 +384,7 @@ class SplitGatedDeltaNetMixer(GatedDeltaNetMixer):
         z = self.in_proj_z(x)
         o = self.conv_and_attend(self.in_proj_qkv(x), self.log_decay(self.in_proj_a(x)),
                                  self.in_proj_b(x).float().sigmoid(), layer_states(cache, cache_params))
-        o = self.norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
-        return self.out_proj(o.reshape(B, T, -1))
+        return self.norm_and_out(o, z.unflatten(-1, (self.num_v_heads, self.head_v_dim)))
 
 
 class OlmoGatedDeltaNetMixer(SplitGatedDeltaNetMixer):

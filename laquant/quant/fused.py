@@ -141,6 +141,47 @@ def project(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor, codes=Non
     return list(y.split([m.out_features for m in members], dim=-1)) if len(members) > 1 else [y]
 
 
+class CodesHandoff:
+    """A tensor's W8A8 codes, written by the kernel that made it, handed to the projections that read
+    it when their caller is not laquant's code (transformers' attention and MLP call ``q_proj(x)``,
+    ``k_proj(x)``, ... one by one): :func:`hand_over` attaches it to the tensor, and
+    :meth:`QuantLinear.forward <laquant.quant.modules.QuantLinear.forward>` takes its output from it
+    (:func:`take_output`). The first member to run computes the whole group's GEMM in one launch;
+    each member then takes its columns, once. A tensor changed in place since (its version moved),
+    a module not in the group or a second call of a member computes as usual."""
+
+    __slots__ = ("version", "codes", "packed", "members", "outputs")
+
+    def __init__(self, version: int, codes: tuple, packed, members: tuple):
+        self.version, self.codes, self.packed, self.members, self.outputs = version, codes, packed, members, None
+
+
+def hand_over(x: torch.Tensor, codes: tuple, owner: nn.Module, names: tuple[str, ...], packed) -> torch.Tensor:
+    """Attach x's ``codes`` for the group ``owner.names`` (packed as ``packed``, from
+    :func:`w8a8_inputs`) to x; returns x."""
+    x._laquant_codes = CodesHandoff(x._version, codes, packed, tuple(_members(owner, names)))
+    return x
+
+
+def take_output(module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """``module(x)`` from the codes handed over with x (see :class:`CodesHandoff`), or None."""
+    h = getattr(x, "_laquant_codes", None)
+    if h is None or x._version != h.version:
+        return None
+    i = next((j for j, m in enumerate(h.members) if m is module), None)
+    if i is None:
+        return None
+    if h.outputs is None:
+        from laquant.kernels.gemm.int8 import choose_config, int8_gemm
+
+        M, N = h.codes[0].shape[0], h.packed.qweight.shape[0]
+        y = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
+        int8_gemm(*h.codes, h.packed, y.view(M, N), choose_config("w8a8", M, N, h.packed.in_features))
+        h.outputs = list(y.split([m.out_features for m in h.members], dim=-1))
+    out, h.outputs[i] = h.outputs[i], None
+    return out
+
+
 def low_rank_gate(gate: nn.Module, x: torch.Tensor):
     """``(first, second)``: the packed weights of a quantized low-rank gate that runs as one kernel
     on x (:func:`laquant.kernels.gla.gate.low_rank_gate_log_decay_triton`), else None: on the GPU,
