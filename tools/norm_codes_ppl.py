@@ -41,7 +41,7 @@ def main(argv=None) -> int:
                 norm.__class__ = norm._laquant_base
             quantizing_norms.GATED_NORMS.clear()
         for mode in ("prefill", "decode"):
-            r = perplexity(model, ids, context=args.context, stride=args.context, mode=mode, progress=False)
+            r = perplexity(model, ids, context=args.context, mode=mode, progress=False)
             result[f"{'fused' if fused else 'unfused'}_{mode}_ppl"] = r.ppl
             print(fused, mode, r.ppl, flush=True)
     for mode in ("prefill", "decode"):
