@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Issue #14 on the GPU, the hybrid's norms writing their projections' int8 codes
-# (laquant.models.quantizing_norms): the GPU tests of the hybrids and of the handoff, the e2e decode of the
+# Issue #14 on the GPU, the hybrid's norms and SwiGLUs writing their projections' int8 codes
+# (laquant.models.quantizing_rowwise): the GPU tests of the hybrids and of the handoff, the e2e decode of the
 # 1.14B dense qwen3_next (bf16 vs hybrid_int8, graphed, B = 1 and 64; the same command as
-# device_graphed_hybrid_job.sh), then the graphed B = 64 step's kernel profile.
-# Run by `bash tools/device_kernels.sh WAIT device_hybrid_fused_job.sh`.
+# device_graphed_hybrid_job.sh), the graphed B = 64 step's kernel profile, then the accuracy check
+# (device_norm_codes_job.sh: train qwen3next-small, hybrid_int8 perplexity with and without the fusion).
+# Run by `bash tools/device_kernels.sh WAIT device_hybrid_fused_job.sh` with device_norm_codes_job.sh's carry.
 set -u
 W=${1:-$OUT}
 log() { echo "$* $(date +%T)" >> "$W/status.log"; }
 python3 -c "import torch, triton, transformers; print(torch.cuda.get_device_name(), 'torch', torch.__version__, \
 'triton', triton.__version__, 'transformers', transformers.__version__)" > "$W/versions.txt" 2>&1
 log start
-timeout 600 python3 -m pytest -q -rfs --tb=short -m gpu tests/test_quantizing_norms.py tests/test_static_hybrid.py \
+timeout 600 python3 -m pytest -q -rfs --tb=short -m gpu tests/test_quantizing_rowwise.py tests/test_static_hybrid.py \
   tests/test_hybrid.py > "$W/gpu_tests.log" 2>&1
 log "gpu tests rc $?"
 CONFIG='{"hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 5632, "num_attention_heads": 16, "num_key_value_heads": 2, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "num_experts": 0}'
@@ -20,4 +21,5 @@ log "hybrid e2e rc $?"
 BATCH=64 PROMPT=1024 timeout 300 python3 tools/profile_hybrid_decode.py "$W/profile_hybrid_b64.json" \
   eval/results/graphed_hybrid_h200/qwen3_next_2048x16_config.json > "$W/profile_hybrid.log" 2>&1
 log "profile rc $?"
+NESTED=1 bash tools/device_norm_codes_job.sh "$W"
 touch "$W/job.done"

@@ -20,4 +20,4 @@ log "trained rc $?"
 cp "$M"/training.json "$W/" 2>/dev/null
 python3 tools/norm_codes_ppl.py "$M" "$W/norm_codes_ppl.json" > "$W/norm_codes_ppl.log" 2>&1
 log "ppl rc $?"
-touch "$W/job.done"
+[ -n "${NESTED:-}" ] || touch "$W/job.done"

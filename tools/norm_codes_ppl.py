@@ -1,6 +1,6 @@
-"""Perplexity of a trained hybrid quantized with hybrid_int8, with its norms writing the W8A8 codes
-(laquant.models.quantizing_norms, the default) and without (transformers' norms, each projection
-quantizing its own input): the accuracy side of that fusion (issue #14). GPU only.
+"""Perplexity of a trained hybrid quantized with hybrid_int8, with its norms and SwiGLUs writing the W8A8
+codes (laquant.models.quantizing_rowwise, the default) and without (transformers' modules, each
+projection quantizing its own input): the accuracy side of that fusion (issue #14). GPU only.
 
     python tools/norm_codes_ppl.py MODEL_DIR OUT.json [--context 512] [--windows 32]
 """
@@ -18,7 +18,7 @@ def main(argv=None) -> int:
     import laquant
     from laquant.api import load
     from laquant.eval.ppl import perplexity
-    from laquant.models import quantizing_norms
+    from laquant.models import quantizing_rowwise
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model")
@@ -32,14 +32,15 @@ def main(argv=None) -> int:
     laquant.calibrate(model, "hybrid_int8", calib.cuda(), samples=16, seq_len=512, progress=False)
     ids = tok((assets / "wikitext-2-raw/wiki.test.raw").read_text(), return_tensors="pt").input_ids[0]
     ids = ids[: args.context * args.windows]
-    norms = [m for m in model.modules() if isinstance(m, quantizing_norms._QuantizingNorm)]
-    result = {"model": args.model, "norms_writing_codes": len(norms), "context": args.context,
+    fused_modules = [m for m in model.modules()
+                     if isinstance(m, (quantizing_rowwise._QuantizingNorm, quantizing_rowwise._QuantizingSwiGLU))]
+    result = {"model": args.model, "modules_writing_codes": len(fused_modules), "context": args.context,
               "tokens": int(ids.numel()), "device": torch.cuda.get_device_name(), "torch": torch.__version__}
     for fused in (True, False):
         if not fused:
-            for norm in norms:
-                norm.__class__ = norm._laquant_base
-            quantizing_norms.GATED_NORMS.clear()
+            for module in fused_modules:
+                module.__class__ = module._laquant_base
+            quantizing_rowwise.GATED_NORMS.clear()
         for mode in ("prefill", "decode"):
             r = perplexity(model, ids, context=args.context, mode=mode, progress=False)
             result[f"{'fused' if fused else 'unfused'}_{mode}_ppl"] = r.ppl

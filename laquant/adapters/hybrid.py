@@ -10,7 +10,7 @@ Building an adapter only reads the model and checks its layout against what the 
 (layer types, the mixer's modules, the split of its fused projections). :meth:`HybridAdapter.install`
 then puts laquant's mixers in place of transformers' linear-attention modules (same parameter
 names), so the state path runs on laquant's ops in the recipe's state format, and gives the decoder
-layers' norms that feed W8A8 projections their codes-writing forward (:mod:`laquant.models.quantizing_norms`,
+layers' norms that feed W8A8 projections their codes-writing forward (:mod:`laquant.models.quantizing_rowwise`,
 transformers' own forward wherever those projections are not W8A8 on the GPU); everything else stays
 transformers'.
 
@@ -30,7 +30,7 @@ import torch.nn as nn
 
 from laquant.adapters.base import Adapter, MixerInfo
 from laquant.errors import LaquantError
-from laquant.models import quantizing_norms
+from laquant.models import quantizing_rowwise
 from laquant.models.cache import state_store
 
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -171,7 +171,7 @@ class HybridAdapter(Adapter):
             if not isinstance(_resolve(layer, path), self.mixer_class):
                 _assign(layer, path, self.mixer_class(_resolve(layer, path)))
         self._share_tied_blocks()
-        quantizing_norms.install(self.layers)
+        quantizing_rowwise.install(self.layers)
         if not getattr(self.model, "_laquant_positions_hook", False):
             self.model.register_forward_pre_hook(_positions_from_state_store, with_kwargs=True)
             self.model._laquant_positions_hook = True

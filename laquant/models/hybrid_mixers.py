@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
 from laquant.models.cache import state_store
-from laquant.models.quantizing_norms import GATED_NORMS
+from laquant.models.quantizing_rowwise import GATED_NORMS
 from laquant.models.recurrent import RecurrentMixer
 from laquant.quant.fused import project, w8a8_inputs
 
@@ -183,7 +183,7 @@ class GatedDeltaNetMixer(HybridMixer):
 
     def norm_and_out(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """``out_proj(norm(o, z))`` over ``o, z [B, T, Hv, V]``. Where out_proj is W8A8 on the GPU and
-        the norm's formula is one :data:`~laquant.models.quantizing_norms.GATED_NORMS` knows, laquant's
+        the norm's formula is one :data:`~laquant.models.quantizing_rowwise.GATED_NORMS` knows, laquant's
         gated norm (float32 throughout) writes out_proj's codes in the same kernel."""
         B, T = o.shape[:2]
         eps_name = GATED_NORMS.get(type(self.norm).__name__)

@@ -130,6 +130,8 @@ def project(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor, codes=Non
         if codes is not None:
             raise ValueError("activation codes were given for projections that do not run as one packed GEMM")
         return [m(x) for m in members]
+    if codes is None:
+        codes = _handed_codes(x, packed)
     from laquant.kernels.gemm.int8 import choose_config, int8_gemm, linear_triton
 
     if codes is None:
@@ -161,6 +163,12 @@ def hand_over(x: torch.Tensor, codes: tuple, owner: nn.Module, names: tuple[str,
     :func:`w8a8_inputs`) to x; returns x."""
     x._laquant_codes = CodesHandoff(x._version, codes, packed, tuple(_members(owner, names)))
     return x
+
+
+def _handed_codes(x: torch.Tensor, packed):
+    """The codes handed over with x for the GEMM of ``packed`` (this very packed weight), or None."""
+    h = getattr(x, "_laquant_codes", None)
+    return h.codes if h is not None and h.packed is packed and x._version == h.version else None
 
 
 def take_output(module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:

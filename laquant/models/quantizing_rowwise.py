@@ -1,0 +1,155 @@
+"""transformers' row-wise ops before W8A8 projections (RMSNorms, SwiGLU), made to write those
+projections' int8 codes.
+
+In laquant's own models the kernel that makes a W8A8 GEMM's input (an RMSNorm, the gated norm,
+SwiGLU) writes the GEMM's activation codes in the same launch (:meth:`laquant.models.gla.RMSNorm.quantizing`,
+:class:`laquant.models.gla.GatedMLP`). A transformers hybrid's decoder layer is transformers' code, so
+per-architecture tables teach its modules the same instead of a rewritten layer. :func:`install`
+gives
+
+* each decoder layer's norm in :data:`NORM_CONSUMERS` whose class is in :data:`NORM_WEIGHTS` a forward
+  that, on the GPU where the projections reading its output are W8A8
+  (:func:`~laquant.quant.fused.w8a8_inputs`), runs laquant's fused RMSNorm with their codes and hands
+  the codes over with its output (:func:`~laquant.quant.fused.hand_over`): the first projection
+  transformers calls then runs the group's one GEMM, the others take their columns;
+* each MLP of a class in :data:`SWIGLU_MLPS` a forward that runs ``silu(gate) * up`` as laquant's
+  SwiGLU kernel writing ``down_proj``'s codes, where ``down_proj`` is W8A8 on the GPU.
+
+Anywhere else (CPU, bf16 projections, another layer layout) the module runs transformers' own
+forward, unchanged; the class changes (its name kept), not the module's parameters or names, so
+checkpoints are untouched.
+
+The fused norm normalizes in float32 exactly as these classes' formulas (the weight applied in
+float32, one rounding to the output's dtype); only the order of the mean's sum differs. SwiGLU rounds
+as PyTorch's two ops do.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from laquant.kernels.common.dispatch import use_triton
+
+# a decoder layer's norm -> where the groups of projections that read its output may sit: (owner, names),
+# the first whose owner exists in the layer (a linear-attention or a softmax layer; a dense MLP or an MoE's
+# shared expert)
+NORM_CONSUMERS = {
+    "input_layernorm": (("linear_attn", ("in_proj_qkvz",)), ("self_attn", ("q_proj", "k_proj", "v_proj"))),
+    "post_attention_layernorm": (("mlp", ("gate_proj", "up_proj")), ("mlp.shared_expert", ("gate_proj", "up_proj"))),
+}
+
+# norm class -> (the float32 weight its formula multiplies by, the name of its epsilon)
+NORM_WEIGHTS = {
+    "Qwen3NextRMSNorm": (lambda norm: 1.0 + norm.weight.float(), "eps"),  # (x * (1 + w)).to(dtype), in float32
+}
+
+# gated norm class (``rmsnorm(x) * w * silu(g)``, a linear mixer's output norm) -> the name of its epsilon: laquant's
+# gated norm kernel, weight applied in float32, replaces it before a W8A8 out_proj
+# (GatedDeltaNetMixer.norm_and_out); transformers rounds ``w * x`` to the model's dtype first, one rounding more
+GATED_NORMS = {"Qwen3NextRMSNormGated": "variance_epsilon"}
+
+
+# MLP class -> its projections' names (gate, up, down): the SwiGLU ``down(act_fn(gate(x)) * up(x))`` whose
+# product laquant's kernel makes with down's codes, where ``act_fn`` is one of SILU_CLASSES (``F.silu``)
+SWIGLU_MLPS = {"Qwen3NextMLP": ("gate_proj", "up_proj", "down_proj")}
+SILU_CLASSES = ("SiLU", "SiLUActivation")  # torch's, transformers' (its forward is F.silu)
+
+
+def _resolve(obj, path: str):
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+class _QuantizingNorm:
+    """Mixed into a norm's class by :func:`install` (the original class next in the MRO)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from laquant.kernels.rowwise.fused import MAX_ROW
+
+        if use_triton(x) and x.shape[-1] <= MAX_ROW:
+            from laquant.quant.fused import hand_over, w8a8_inputs
+
+            for owner, names in self.__dict__["_laquant_consumers"]:
+                packed = w8a8_inputs(owner, names, x)
+                if packed is not None:
+                    from laquant.kernels.rowwise.fused import rms_norm_triton
+
+                    out, _, codes = rms_norm_triton(x, self._laquant_weight(), self._laquant_eps, packed=packed)
+                    return hand_over(out, codes, owner, names, packed)
+        return super().forward(x)
+
+    def _laquant_weight(self) -> torch.Tensor:
+        """The float32 weight of the formula, made again only when the parameter changes."""
+        w = self.weight
+        key = (w.data_ptr(), w._version, w.device)
+        cached = self.__dict__.get("_laquant_kernel_weight")
+        if cached is None or cached[0] != key:
+            cached = (key, NORM_WEIGHTS[self._laquant_base.__name__][0](self).contiguous())
+            self.__dict__["_laquant_kernel_weight"] = cached
+        return cached[1]
+
+    @property
+    def _laquant_eps(self) -> float:
+        return getattr(self, NORM_WEIGHTS[self._laquant_base.__name__][1])
+
+
+class _QuantizingSwiGLU:
+    """Mixed into an MLP's class by :func:`install` (the original class next in the MRO)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_name, up_name, down_name = SWIGLU_MLPS[self._laquant_base.__name__]
+        if use_triton(x) and type(self.act_fn).__name__ in SILU_CLASSES:
+            from laquant.quant.fused import project, w8a8_inputs
+
+            packed = w8a8_inputs(self, (down_name,), x)
+            if packed is not None:
+                from laquant.kernels.rowwise.fused import swiglu_triton
+
+                gate, up = project(self, (gate_name, up_name), x)  # x's handed-over codes serve both, in one GEMM
+                h, codes = swiglu_triton(gate, up, packed)
+                return project(self, (down_name,), h, codes)[0]
+        return super().forward(x)
+
+
+_CLASSES: dict[tuple[type, type], type] = {}
+
+
+def _quantizing_class(mixin: type, cls: type) -> type:
+    if (mixin, cls) not in _CLASSES:
+        _CLASSES[mixin, cls] = type(cls.__name__, (mixin, cls), {"__module__": cls.__module__,
+                                                                 "__qualname__": cls.__qualname__,
+                                                                 "_laquant_base": cls})
+    return _CLASSES[mixin, cls]
+
+
+def _base(module: nn.Module) -> type:
+    return getattr(module, "_laquant_base", type(module))
+
+
+def install(layers) -> int:
+    """Give the norms of ``layers`` (a model's decoder layers) listed in :data:`NORM_CONSUMERS`, of a
+    class in :data:`NORM_WEIGHTS`, the quantizing forward, pointed at the projections after them in
+    their layer, and the layers' MLPs (or MoE shared experts) of a class in :data:`SWIGLU_MLPS` the
+    SwiGLU one; returns how many modules. Idempotent."""
+    count = 0
+    for layer in layers:
+        for norm_name, candidates in NORM_CONSUMERS.items():
+            norm = getattr(layer, norm_name, None)
+            if norm is None or _base(norm).__name__ not in NORM_WEIGHTS:
+                continue
+            consumers = [(owner, names) for path, names in candidates
+                         if isinstance(owner := _resolve(layer, path), nn.Module)
+                         and all(isinstance(getattr(owner, n, None), nn.Module) for n in names)][:1]
+            if not consumers:
+                continue
+            norm.__class__ = _quantizing_class(_QuantizingNorm, _base(norm))
+            norm.__dict__["_laquant_consumers"] = consumers
+            count += 1
+        for path in ("mlp", "mlp.shared_expert"):
+            mlp = _resolve(layer, path)
+            if isinstance(mlp, nn.Module) and _base(mlp).__name__ in SWIGLU_MLPS:
+                mlp.__class__ = _quantizing_class(_QuantizingSwiGLU, _base(mlp))
+                count += 1
+    return count
