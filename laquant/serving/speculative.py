@@ -276,7 +276,9 @@ def speculative_continue(model, draft_model, target_cache, draft_cache, last: to
                          stats: SpeculativeStats | None = None, graphed: bool | None = None) -> torch.Tensor:
     """The decoding part of :func:`speculative_generate`, from two caches that have run the same
     prompt (a served request's, e.g. resumed from a prefix cache) and ``last`` ``[B]``, the target's
-    next token (run through neither): ``[B, n <= max_new_tokens]`` new tokens, ``last`` first."""
+    next token (run through neither): ``[B, n <= max_new_tokens]`` new tokens, ``last`` first. The
+    caches are not for further use: graphed rounds run on static copies and leave them as they were,
+    eager rounds advance them."""
     check_draft(model, draft_model, num_draft_tokens)
     return _speculate(model, draft_model, target_cache, draft_cache, last, max_new_tokens, num_draft_tokens,
                       eos_token_id, stats, graphed)
