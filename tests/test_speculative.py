@@ -114,7 +114,7 @@ def test_commit_on_a_static_cache_takes_device_counts(make, dtype, state):
     ordinary cache committing the same count as an int."""
     model = make(state=state).to(dtype)
     ids, new = torch.randint(1, VOCAB, (2, 7)), torch.randint(1, VOCAB, (2, 5))
-    for n, as_tensor in ((0, torch.tensor(0)), (3, torch.tensor([3, 3], dtype=torch.int32)), (5, torch.tensor(5))):
+    for n, as_tensor in ((0, torch.tensor(0)), (3, torch.tensor([3], dtype=torch.int32)), (5, torch.tensor(5))):
         plain = model(input_ids=ids, use_cache=True).past_key_values
         static = plain.static_copy()
         want = verify(model, new, plain)
@@ -130,9 +130,12 @@ def test_commit_on_a_static_cache_takes_device_counts(make, dtype, state):
         assert torch.equal(a, b)
         static.sync_counters()
         _assert_same_cache(static, plain, exact=True)
+    verify(model, new, plain)
     with pytest.raises(LaquantError, match="static cache only"):
-        verify(model, new, plain)
         commit(plain, torch.tensor(1))
+    verify(model, new, static)
+    with pytest.raises(LaquantError, match="one-element integer tensor"):
+        commit(static, torch.tensor([1, 1]))
 
 
 def test_verify_rejects_misuse():

@@ -56,10 +56,11 @@ SWIGLU_MLPS = {"Qwen3NextMLP": ("gate_proj", "up_proj", "down_proj")}
 SILU_CLASSES = ("SiLU", "SiLUActivation")  # torch's, transformers' (its forward is F.silu)
 
 
-def _resolve(obj, path: str):
-    for part in path.split("."):
-        obj = getattr(obj, part, None)
-    return obj
+def _submodule(layer: nn.Module, path: str) -> nn.Module | None:
+    try:
+        return layer.get_submodule(path)
+    except AttributeError:
+        return None
 
 
 class _QuantizingNorm:
@@ -140,7 +141,7 @@ def install(layers) -> int:
             if norm is None or _base(norm).__name__ not in NORM_WEIGHTS:
                 continue
             consumers = [(owner, names) for path, names in candidates
-                         if isinstance(owner := _resolve(layer, path), nn.Module)
+                         if (owner := _submodule(layer, path)) is not None
                          and all(isinstance(getattr(owner, n, None), nn.Module) for n in names)][:1]
             if not consumers:
                 continue
@@ -148,8 +149,8 @@ def install(layers) -> int:
             norm.__dict__["_laquant_consumers"] = consumers
             count += 1
         for path in ("mlp", "mlp.shared_expert"):
-            mlp = _resolve(layer, path)
-            if isinstance(mlp, nn.Module) and _base(mlp).__name__ in SWIGLU_MLPS:
+            mlp = _submodule(layer, path)
+            if mlp is not None and _base(mlp).__name__ in SWIGLU_MLPS:
                 mlp.__class__ = _quantizing_class(_QuantizingSwiGLU, _base(mlp))
                 count += 1
     return count

@@ -65,7 +65,7 @@ def verify(model, input_ids: torch.Tensor, cache: GLAStateCache, logits_to_keep:
 
 def commit(cache: GLAStateCache, accepted: int | torch.Tensor) -> None:
     """Accept the first ``accepted`` (``0..T``) tokens of the pending verify step. On a static cache
-    ``accepted`` may be an int64 / int32 device tensor (``[B]`` or one count for all rows, each in
+    ``accepted`` may be a one-element int64 / int32 device tensor (every row accepts that many, in
     ``0..T``; not checked on the host): no host sync."""
     pending = cache.pending
     if pending is None:
@@ -96,9 +96,9 @@ def _commit_static(cache: GLAStateCache, pending: PendingVerify, accepted: torch
     if slots is None:
         raise LaquantError("commit takes a count tensor on a static cache only (an ordinary cache counts its "
                            "stores on the host): pass an int")
-    if accepted.dtype not in (torch.int32, torch.int64) or accepted.numel() not in (1, slots.n_stores.numel()):
-        raise LaquantError(f"accepted must be an integer tensor of one count or one per sequence "
-                           f"({slots.n_stores.numel()}); got {accepted.dtype} {tuple(accepted.shape)}")
+    if accepted.dtype not in (torch.int32, torch.int64) or accepted.numel() != 1:
+        raise LaquantError("accepted must be a one-element integer tensor (a static cache counts its stores once for "
+                           f"all rows); got {accepted.dtype} {tuple(accepted.shape)}")
     n = accepted.reshape(-1).expand(slots.n_stores.shape[0]).to(torch.int32)
     for accept in pending.mixers.values():
         accept(n)
