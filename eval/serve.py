@@ -37,7 +37,8 @@ def markdown(result: dict) -> str:
                 same = ("yes" if sp["replies_equal_greedy"] else
                         f"no: requests {sp['requests_parted']} parted (a near-tie of two logits)")
                 lines += ["", f"Speculative decoding: {sp['num_draft_tokens']} draft tokens a round, acceptance {acc}, "
-                          f"{per} tokens a round, draft graphed: {sp['draft_graphed']}; replies equal greedy: {same}."]
+                          f"{per} tokens a round, rounds graphed: {sp.get('round_graphed', False)}, draft graphed: "
+                          f"{sp['draft_graphed']}; replies equal greedy: {same}."]
             speed = r["ttft_speedup_on_hits"]
             lines += ["", f"Hit rate: {pool['request_hit_rate']:.0%} of requests, {pool['token_hit_rate']:.0%} of prompt "
                       f"tokens restored; {pool['entries']} snapshots held ({pool['used_bytes'] / 2**20:.1f} MiB), "

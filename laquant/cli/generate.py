@@ -105,7 +105,8 @@ def _speculative(args, model, tokenizer, ids, eos, draft_dir, draft_tokens, devi
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
-    how = "verify steps eager, draft steps CUDA-graphed" if stats.draft_graphed else "eager"
+    how = ("each round one CUDA graph" if stats.round_graphed else
+           "verify steps eager, draft steps CUDA-graphed" if stats.draft_graphed else "eager")
     new = out.shape[1] - ids.shape[1]
     print(tokenizer.decode(out[0].tolist(), skip_special_tokens=True))
     print(f"\n[{new} tokens in {elapsed:.3f} s, prefill included ({new / elapsed:.1f} tokens/s); speculative, "

@@ -262,7 +262,7 @@ def serve_eval(model, workload: Workload, block_size: int, budget_bytes: int, fo
             num_draft_tokens=speculative.num_draft_tokens, rounds=st.rounds, proposed=st.proposed,
             accepted=st.accepted, acceptance=st.acceptance if st.proposed else None,
             tokens_per_round=st.tokens_per_round if st.rounds else None, draft_graphed=st.draft_graphed,
-            replies_equal_greedy=not parted, requests_parted=parted))
+            round_graphed=st.round_graphed, replies_equal_greedy=not parted, requests_parted=parted))
     hits = [i for i, r in enumerate(cached) if r["cached_tokens"]]
     hit_ttft = (statistics.fmean(base[i]["ttft_s"] for i in hits) / statistics.fmean(cached[i]["ttft_s"] for i in hits)
                 if hits else None)
