@@ -102,15 +102,11 @@ class _QuantizingSwiGLU:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_name, up_name, down_name = SWIGLU_MLPS[self._laquant_base.__name__]
         if use_triton(x) and type(self.act_fn).__name__ in SILU_CLASSES:
-            from laquant.quant.fused import project, w8a8_inputs
+            from laquant.quant.fused import project, swiglu_w8a8, w8a8_inputs
 
-            packed = w8a8_inputs(self, (down_name,), x)
-            if packed is not None:
-                from laquant.kernels.rowwise.fused import swiglu_triton
-
+            if w8a8_inputs(self, (down_name,), x) is not None:
                 gate, up = project(self, (gate_name, up_name), x)  # x's handed-over codes serve both, in one GEMM
-                h, codes = swiglu_triton(gate, up, packed)
-                return project(self, (down_name,), h, codes)[0]
+                return swiglu_w8a8(self, down_name, gate, up)
         return super().forward(x)
 
 

@@ -131,16 +131,37 @@ def project(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor, codes=Non
             raise ValueError("activation codes were given for projections that do not run as one packed GEMM")
         return [m(x) for m in members]
     if codes is None:
-        codes = _handed_codes(x, packed)
-    from laquant.kernels.gemm.int8 import choose_config, int8_gemm, linear_triton
-
+        handoff = _handoff(x)
+        codes = handoff.codes if handoff is not None and handoff.packed is packed else None
     if codes is None:
+        from laquant.kernels.gemm.int8 import linear_triton
+
         y = linear_triton(x, packed, GPU_MODES[members[0].act_granularity])
     else:
-        M, N = codes[0].shape[0], packed.qweight.shape[0]
-        y = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
-        int8_gemm(*codes, packed, y.view(M, N), choose_config("w8a8", M, N, packed.in_features))
+        y = _gemm_on_codes(x, codes, packed)
     return list(y.split([m.out_features for m in members], dim=-1)) if len(members) > 1 else [y]
+
+
+def _gemm_on_codes(x: torch.Tensor, codes: tuple, packed) -> torch.Tensor:
+    """The W8A8 GEMM of ``packed`` on x's codes ``(xq, xs, xo)``: ``[*x.shape[:-1], N]``."""
+    from laquant.kernels.gemm.int8 import choose_config, int8_gemm
+
+    M, N = codes[0].shape[0], packed.qweight.shape[0]
+    y = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
+    int8_gemm(*codes, packed, y.view(M, N), choose_config("w8a8", M, N, packed.in_features))
+    return y
+
+
+def swiglu_w8a8(owner: nn.Module, down: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
+    """``owner.<down>(silu(gate) * up)`` with the SwiGLU kernel writing the codes of ``down``'s W8A8
+    GEMM (GPU), or None where ``down`` is not W8A8 on the GPU."""
+    packed = w8a8_inputs(owner, (down,), gate)
+    if packed is None:
+        return None
+    from laquant.kernels.rowwise.fused import swiglu_triton
+
+    h, codes = swiglu_triton(gate, up, packed)
+    return project(owner, (down,), h, codes)[0]
 
 
 class CodesHandoff:
@@ -165,27 +186,20 @@ def hand_over(x: torch.Tensor, codes: tuple, owner: nn.Module, names: tuple[str,
     return x
 
 
-def _handed_codes(x: torch.Tensor, packed):
-    """The codes handed over with x for the GEMM of ``packed`` (this very packed weight), or None."""
+def _handoff(x: torch.Tensor) -> CodesHandoff | None:
+    """The codes handed over with x, unless x changed in place since."""
     h = getattr(x, "_laquant_codes", None)
-    return h.codes if h is not None and h.packed is packed and x._version == h.version else None
+    return h if h is not None and x._version == h.version else None
 
 
 def take_output(module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     """``module(x)`` from the codes handed over with x (see :class:`CodesHandoff`), or None."""
-    h = getattr(x, "_laquant_codes", None)
-    if h is None or x._version != h.version:
-        return None
-    i = next((j for j, m in enumerate(h.members) if m is module), None)
+    h = _handoff(x)
+    i = None if h is None else next((j for j, m in enumerate(h.members) if m is module), None)
     if i is None:
         return None
     if h.outputs is None:
-        from laquant.kernels.gemm.int8 import choose_config, int8_gemm
-
-        M, N = h.codes[0].shape[0], h.packed.qweight.shape[0]
-        y = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
-        int8_gemm(*h.codes, h.packed, y.view(M, N), choose_config("w8a8", M, N, h.packed.in_features))
-        h.outputs = list(y.split([m.out_features for m in h.members], dim=-1))
+        h.outputs = list(_gemm_on_codes(x, h.codes, h.packed).split([m.out_features for m in h.members], dim=-1))
     out, h.outputs[i] = h.outputs[i], None
     return out
 
