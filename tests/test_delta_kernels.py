@@ -50,7 +50,7 @@ def _decode_case(B, Hk, Hv, K, V, P, fmt, renorm=1, dtype=torch.bfloat16, seed=0
 @pytest.mark.parametrize("fmt,renorm", [("fp32", 1), ("bf16", 1), ("fp8_row", 1), ("fp8_row", 3), ("fp8_row", 0),
                                         ("int8_row", 1), ("int8_row", 3), ("int8_row", 0)])
 @pytest.mark.parametrize("B,Hk,Hv,K,V,P,block_k", [(3, 1, 2, 32, 24, 5, 8), (1, 1, 1, 16, 16, 1, None),
-                                                   (4, 2, 6, 20, 40, 9, 16)])
+                                                   (4, 2, 6, 20, 40, 9, 16), (2, 1, 3, 20, 40, 4, 32)])
 def test_decode_matches_reference(fmt, renorm, B, Hk, Hv, K, V, P, block_k):
     args, data, scale, idx, quant, n_stores = _decode_case(B, Hk, Hv, K, V, P, fmt, renorm)
     data_ref, scale_ref = data.clone(), None if scale is None else scale.clone()
