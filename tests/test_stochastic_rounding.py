@@ -47,7 +47,7 @@ def _round_kernel(y_ptr, r_ptr, out_ptr, N: tl.constexpr, FP8: tl.constexpr):
     if FP8:
         out = round_stochastic_fp8_tl(y, r)
     else:
-        out = round_stochastic_int_tl(y, r)
+        out = round_stochastic_int_tl(y, r).to(tl.float32)
     tl.store(out_ptr + offs, out)
 
 
@@ -89,7 +89,8 @@ def test_kernel_rounding_equals_reference():
     y = torch.randn(256, generator=gen) * torch.logspace(-4, 2, 256)
     y = torch.cat([y, torch.tensor([0.0, -0.0, 448.0, -448.0, 2**-9, 3 * 2**-11, 240.0, 1e-30] * 4)])[:256]
     r = torch.randint(0, 256, (256,), generator=gen, dtype=torch.int32)
-    # int8: every value on the rounding rule's boundary (256 * frac == 255.5 - r), and on the 1/512 grid
+    # int8: every value on the rounding rule's boundary (256 * frac == 255.5 - r: round() meets a tie), and on the
+    # 1/512 grid
     n = torch.randint(-126, 127, (256,), generator=gen).float()
     boundary = n + torch.where(n < 0, -1.0, 1.0) * (255.5 - r.float()) / 256
     grid = torch.randint(-127 * 512, 127 * 512 + 1, (256,), generator=gen).float() / 512
@@ -122,6 +123,23 @@ def _fp8_step(y: torch.Tensor) -> torch.Tensor:
     """e4m3's grid spacing around ``y``."""
     exponent = torch.floor(torch.log2(y.abs().clamp_min(2.0 ** -6))).clamp(-6, 8)
     return 2.0 ** (exponent - 3)
+
+
+def test_int_rounding_rule_in_float64():
+    """The bit-pattern rounding is the rule it states: up in magnitude when round(256 * frac) + r >= 256,
+    round half to even; checked in float64 on random values, every tie and the ends of the range."""
+    gen = torch.Generator().manual_seed(11)
+    r = torch.randint(0, 256, (4096,), generator=gen, dtype=torch.int32)
+    n = torch.randint(-127, 127, (4096,), generator=gen).double()
+    y = torch.cat([torch.rand(2048, generator=gen, dtype=torch.float64) * 254 - 127,
+                   n[:1024] + (torch.randint(0, 512, (1024,), generator=gen) / 512.0).double(),  # ties included
+                   torch.tensor([0.0, -0.0, 127.0, -127.0, 126.999, -126.999, 2**-20, -(2**-9)] * 128,
+                                dtype=torch.float64)])[:4096].float()
+    units = y.double().abs()
+    low = units.floor()
+    up = (torch.round((units - low) * 256) + r.double()) >= 256  # torch.round: half to even
+    expected = torch.where(y < 0, -(low + up.double()), low + up.double())
+    assert torch.equal(round_stochastic_int(y, r).double(), expected)
 
 
 @pytest.mark.parametrize("quantize,qmax", [(quantize_fp8, 448.0), (quantize_int8, 127.0)])

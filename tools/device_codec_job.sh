@@ -27,7 +27,7 @@ run_tree() {  # $1: tree, $2: label
 run_tree /tmp/new new
 run_tree /tmp/base base
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > /dev/null 2>&1
-SWEEP_FORMATS="int8_row int8_row:stochastic" timeout 300 python3 tools/sweep_kernels.py decode 64 16 64 128 \
+timeout 300 python3 tools/sweep_kernels.py state_decode \
   > "$W/sweep_e2e_shape.log" 2>&1
 log "sweep rc $?"
 timeout 900 python3 -m pytest -q -rfs --tb=short tests/test_stochastic_rounding.py tests/test_int8_gemm_kernel.py \

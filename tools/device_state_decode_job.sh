@@ -1,18 +1,32 @@
 #!/usr/bin/env bash
-# Issue #14, the 8-bit state's decode step: tools/probe_state_decode.py (the delta-rule decode kernel
-# per state format and launch blocks, one-pass blocks included, and the stochastic rounding's parts
-# swapped out one at a time), then the GPU tests of the kernels and of the model paths on them.
+# Issue #14, the 8-bit state's decode step on its bit patterns: the decode kernels' launch sweep (it
+# rewrites kernels/common/state_io.py's tables, copied to $W), the GPU tests of the kernels and the
+# model paths on them, then the e2e decode of the 1.14B qwen3_next (bf16 vs hybrid_int8) with the
+# B = 64 step's profile, and of the 1.37B GLA (bf16 vs gla_int8_all).
 # Run by `bash tools/device_kernels.sh WAIT device_state_decode_job.sh`. $1: work folder.
 set -u
 W=${1:-$OUT}
 log() { echo "$* $(date +%T)" >> "$W/status.log"; }
+python3 -c "import torch, triton, transformers; print(torch.cuda.get_device_name(), 'torch', torch.__version__, \
+'triton', triton.__version__, 'transformers', transformers.__version__)" > "$W/versions.txt" 2>&1
 log start
-for v in ${PROBE_VARIANTS:-base nearest_bits fast_round hash_bits hash_fast}; do
-  python3 tools/probe_state_decode.py "$v" "$W/probe.jsonl" > "$W/probe_$v.log" 2>&1
-  log "probe $v rc $?"
-done
-python3 -m pytest -q -rs -m gpu tests/test_delta_kernels.py tests/test_verify.py tests/test_kda_kernels.py \
-  tests/test_quantizing_rowwise.py tests/test_static_hybrid.py tests/test_hybrid.py tests/test_gpu_model.py \
-  tests/test_fused_layer_ops.py tests/test_speculative.py tests/test_generate.py > "$W/gpu_tests.log" 2>&1
+timeout 400 python3 tools/sweep_kernels.py state_decode --write > "$W/sweep_state_decode.log" 2>&1
+log "sweep rc $?"
+cp kernels/common/state_io.py "$W/state_io.py"
+timeout 900 python3 -m pytest -q -rfs --tb=short -m gpu tests/test_delta_kernels.py tests/test_verify.py \
+  tests/test_kda_kernels.py tests/test_decode_kernel.py tests/test_store_kernel.py tests/test_chunk_kernel.py \
+  tests/test_stochastic_rounding.py tests/test_int4_state.py tests/test_gpu_model.py tests/test_static_hybrid.py \
+  tests/test_generate.py > "$W/gpu_tests.log" 2>&1
 log "gpu tests rc $?"
+CONFIG='{"hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 5632, "num_attention_heads": 16, "num_key_value_heads": 2, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "num_experts": 0}'
+timeout 600 laquant eval speed --suite e2e --hybrid-recipe hybrid_int8 --batch 1 64 --prompt 1024 --gen 32 \
+  --model "qwen3_next:$CONFIG" --out "$W/e2e_hybrid" > "$W/e2e_hybrid.log" 2>&1
+log "hybrid e2e rc $?"
+BATCH=64 PROMPT=1024 timeout 300 python3 tools/profile_hybrid_decode.py "$W/profile_hybrid_b64.json" \
+  eval/results/graphed_hybrid_h200/qwen3_next_2048x16_config.json > "$W/profile_hybrid.log" 2>&1
+log "profile rc $?"
+timeout 600 laquant eval speed --suite e2e --recipe gla_int8_all --batch 1 64 --prompt 4096 --gen 32 \
+  --model 'config:{"hidden_size": 2048, "num_hidden_layers": 24, "num_heads": 16, "vocab_size": 32000}' \
+  --out "$W/e2e_gla" > "$W/e2e_gla.log" 2>&1
+log "gla e2e rc $?"
 touch "$W/job.done"

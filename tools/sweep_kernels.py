@@ -1,11 +1,12 @@
 """Launch-parameter sweep for the decode and prefill kernels (GLA and the gated delta rule) (H100 numbers set the defaults).
 
-    python tools/sweep_kernels.py decode [B H K V]
+    python tools/sweep_kernels.py state_decode [--write]   (both decode kernels, every state format;
+        --write: the fastest launch blocks into kernels/common/state_io.py's tables)
     python tools/sweep_kernels.py prefill T BLOCK_T BLOCK_V WARPS   (one config per process:
         a config that faults must not take the others down with it)
-    python tools/sweep_kernels.py delta_decode
     python tools/sweep_kernels.py delta_prefill T BLOCK_T BLOCK_V WARPS
 """
+import json
 import os
 import sys
 
@@ -20,39 +21,72 @@ from laquant.kernels.gla.decode import gla_decode_step
 from laquant.kernels.common.state import StateQuantizer
 
 
-def _decode_formats(names):
-    """``FORMAT`` or ``FORMAT:stochastic`` -> (label, quantizer)."""
-    out = []
-    for name in names:
-        fmt, _, rounding = name.partition(":")
-        out.append((name, StateQuantizer(fmt, rounding=rounding or "nearest")))
-    return out
+STATE_FORMATS = ("fp32", "bf16", "fp8_row:stochastic", "int8_row:stochastic")  # the recipes' roundings
+# (B, Hk, Hv, K, V) of the e2e models: the 1.37B GLA (issue #14's) and the 1.14B qwen3_next's Gated DeltaNet
+STATE_SHAPES = {"gla": (64, 16, 16, 64, 128), "delta": (64, 16, 32, 128, 128)}
+STATE_CONFIGS = [(bk, w) for bk in (16, 32, 64, 128) for w in (1, 2, 4, 8)]
 
 
-# SWEEP_FORMATS="int8_row int8_row:stochastic" narrows a sweep
-DECODE_FORMATS = tuple(os.environ.get("SWEEP_FORMATS", "fp8_row fp8_row:stochastic int8_row int8_row:stochastic bf16 fp32")
-                       .split())
-
-
-def decode(B=64, H=64, K=128, V=128):
-    """GLA decode step per state format (``:stochastic`` with the store counts), CUDA-graph median;
-    the defaults are the bench shape, ``decode 64 16 64 128`` the e2e model's (1.37B GLA)."""
-    q, k = (torch.randn(B, H, K, device="cuda").bfloat16() for _ in range(2))
-    v = torch.randn(B, H, V, device="cuda").bfloat16()
-    g = (F.logsigmoid(torch.randn(B, H, K, device="cuda")) / 16).bfloat16()
-    idx = torch.arange(B, device="cuda", dtype=torch.int32)
-    n_stores = torch.zeros(B, device="cuda", dtype=torch.int32)
-    for name, quant in _decode_formats(DECODE_FORMATS):
-        data, scale = StateQuantizer(quant.format.name).store(torch.randn(B, H, K, V, device="cuda"))
-        scale = scale.squeeze(-1).contiguous() if scale is not None else None
-        for bk in (8, 16, 32, 64):
-            for w in (1, 2, 4, 8):
+def state_decode(*flags):
+    """Both decode kernels per state format (``:stochastic`` with the store counts) over (block_k,
+    num_warps), CUDA-graph median, as JSON lines; ``--write`` puts each kernel's fastest per format
+    (stochastic rounding's for the 8-bit formats: the recipes') into ``kernels/common/state_io.py``."""
+    rows = []
+    for kernel, (B, Hk, H, K, V) in STATE_SHAPES.items():
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k = (torch.randn(B, Hk, K, device="cuda", generator=gen).bfloat16() for _ in range(2))
+        v = torch.randn(B, H, V, device="cuda", generator=gen).bfloat16()
+        idx = torch.arange(B, device="cuda", dtype=torch.int32)
+        n_stores = torch.zeros(B, device="cuda", dtype=torch.int32)
+        if kernel == "gla":
+            g = (F.logsigmoid(torch.randn(B, H, K, device="cuda", generator=gen)) / 16).bfloat16()
+            step = lambda data, scale, quant, bk, w: gla_decode_step(  # noqa: E731
+                q, k, v, g, data, scale, idx, quant, n_stores, block_k=bk, num_warps=w, seed=1)
+        else:
+            g, beta = -F.softplus(torch.randn(B, H, device="cuda", generator=gen)), torch.rand(B, H, device="cuda")
+            step = lambda data, scale, quant, bk, w: delta_decode_step(  # noqa: E731
+                q, k, v, g, beta, data, scale, idx, quant, n_stores, use_qk_l2norm=True, block_k=bk, num_warps=w,
+                seed=1)
+        for name in STATE_FORMATS:
+            fmt, _, rounding = name.partition(":")
+            quant = StateQuantizer(fmt, rounding=rounding or "nearest")
+            data, scale = StateQuantizer(fmt).store(torch.randn(B, H, K, V, device="cuda", generator=gen) * 0.1)
+            scale = scale.squeeze(-1).contiguous() if scale is not None else None
+            moved = 2 * data.numel() * data.element_size() + (2 * scale.numel() * 4 if scale is not None else 0)
+            for bk, w in STATE_CONFIGS:
                 if bk > K or bk * V // (32 * w) < 4:
                     continue
-                run = lambda: gla_decode_step(q, k, v, g, data, scale, idx, quant, n_stores,  # noqa: E731
-                                              block_k=bk, num_warps=w, seed=1)
-                us = do_bench_cudagraph(run, rep=100) * 1e3
-                print(f"decode B={B} H={H} K={K} V={V} {name} block_k={bk} warps={w}: {us:.1f} us", flush=True)
+                us = do_bench_cudagraph(lambda: step(data, scale, quant, bk, w), rep=100) * 1e3
+                row = dict(kernel=kernel, shape=[B, Hk, H, K, V], format=name, block_k=bk, num_warps=w,
+                           us=round(us, 2), state_GBps=round(moved / us / 1e3, 1))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    best = {}
+    for row in rows:
+        key = (row["kernel"], row["format"].partition(":")[0])
+        if key not in best or row["us"] < best[key]["us"]:
+            best[key] = row
+    for (kernel, fmt), row in sorted(best.items()):
+        print(f"fastest {kernel} {fmt}: block_k={row['block_k']} warps={row['num_warps']} {row['us']} us", flush=True)
+    if "--write" in flags:
+        _write_state_tables(best)
+
+
+def _write_state_tables(best):
+    path = os.path.join(os.path.dirname(__file__), "..", "kernels", "common", "state_io.py")
+    text = open(path).read()
+    begin = "# --- generated by tools/sweep_kernels.py state_decode: begin ---\n"
+    end = "# --- generated by tools/sweep_kernels.py state_decode: end ---\n"
+    tables = {}
+    for (kernel, fmt), row in best.items():
+        tables.setdefault(kernel, {})[fmt] = (row["block_k"], row["num_warps"])
+    lines = [f"# {torch.cuda.get_device_name()}\n"]
+    for name, kernel in (("DECODE_LAUNCH", "gla"), ("DELTA_DECODE_LAUNCH", "delta")):
+        lines.append(f"{name} = {json.dumps(tables[kernel]).replace('[', '(').replace(']', ')')}\n")
+    head, rest = text.split(begin)
+    _, tail = rest.split(end)
+    with open(path, "w") as f:
+        f.write(head + begin + "".join(lines) + end + tail)
 
 
 def prefill(T, bt, bv, w):
@@ -66,24 +100,6 @@ def prefill(T, bt, bv, w):
     err = ((o[:n, :2048].float() - ref.float()).norm() / ref.float().norm()).item()
     ms = do_bench(run, return_mode="median")
     print(f"prefill T={T} block_t={bt} block_v={bv} warps={w}: {ms:.3f} ms (rel err {err:.1e})", flush=True)
-
-
-def delta_decode():
-    B, Hk, H, K = 64, 16, 32, 128
-    q, k = (torch.randn(B, Hk, K, device="cuda").bfloat16() for _ in range(2))
-    v = torch.randn(B, H, K, device="cuda").bfloat16()
-    g, beta = -F.softplus(torch.randn(B, H, device="cuda")), torch.rand(B, H, device="cuda")
-    idx = torch.arange(B, device="cuda", dtype=torch.int32)
-    n_stores = torch.zeros(B, device="cuda", dtype=torch.int32)
-    for name, quant in _decode_formats(DECODE_FORMATS):
-        data, scale = StateQuantizer(quant.format.name).store(torch.randn(B, H, K, K, device="cuda") * 0.1)
-        scale = scale.squeeze(-1).contiguous() if scale is not None else None
-        for bk in (8, 16, 32, 64):
-            for w in (1, 2, 4, 8):
-                run = lambda: delta_decode_step(q, k, v, g, beta, data, scale, idx, quant, n_stores,  # noqa: E731
-                                                use_qk_l2norm=True, block_k=bk, num_warps=w, seed=1)
-                us = do_bench_cudagraph(run, rep=100) * 1e3
-                print(f"delta_decode {name} block_k={bk} warps={w}: {us:.1f} us", flush=True)
 
 
 def delta_prefill(T, bt, bv, w):
@@ -103,5 +119,5 @@ def delta_prefill(T, bt, bv, w):
 
 
 if __name__ == "__main__":
-    modes = {"decode": decode, "prefill": prefill, "delta_decode": delta_decode, "delta_prefill": delta_prefill}
+    modes = {"state_decode": state_decode, "prefill": prefill, "delta_prefill": delta_prefill}
     modes[sys.argv[1]](*map(int, sys.argv[2:]))

@@ -114,12 +114,14 @@ def _stochastic(rounding: str, random: torch.Tensor | None, y: torch.Tensor) -> 
 
 
 def round_stochastic_int(y: torch.Tensor, random: torch.Tensor) -> torch.Tensor:
-    """``y`` rounded to an integer, down or up in magnitude: up when ``256 * frac >= 255.5 - r`` for
-    the random byte ``r``, that is with probability ``round(256 * frac) / 256``. Every operation is
-    exact in float32, as in the kernels' twin (``triton_numerics.round_stochastic_int``)."""
-    units = y.abs()
-    low = units.floor()
-    mag = low + ((units - low) * 256.0 >= 255.5 - random.float()).float()
+    """``y`` (float32, ``|y| <= 127``) rounded to an integer, down or up in magnitude: up when
+    ``round(256 * frac) + r >= 256`` for the random byte ``r`` (``round``: half to even), that is with
+    probability ``round(256 * frac) / 256``. ``|y| + 2**15`` in float32 is exactly
+    ``2**15 + round(256 * |y|) / 256`` (its ulp is ``2**-8``), so its bits less those of ``2**15`` are
+    ``round(256 * |y|)``, and adding ``r`` then shifting out 8 bits rounds: integer operations, the
+    same in the kernels' twin (``triton_numerics.round_stochastic_int``)."""
+    m = (y.float().abs() + 32768.0).view(torch.int32) - 0x47000000
+    mag = ((m + random.to(torch.int32)) >> 8).float()
     return torch.where(y < 0, -mag, mag)
 
 

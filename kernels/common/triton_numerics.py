@@ -11,7 +11,9 @@ the scaled ones with one float32 scale per K row.
 Stochastic rounding (``SR``): :func:`state_random_bytes` draws one random byte per state element
 from ``tl.philox`` with the counters of :func:`laquant.kernels.common.state.state_random_bytes`
 (one Philox call per 16 elements of a row), and :func:`round_stochastic_fp8` /
-:func:`round_stochastic_int` round with it exactly as their twins in :mod:`.numerics` do.
+:func:`round_stochastic_int` round with it exactly as their twins in :mod:`.numerics` do. The int8
+state is encoded and decoded on float32's bit patterns (integer adds and logic, no conversions), which
+give the same codes and values as the conversions.
 """
 
 from __future__ import annotations
@@ -134,11 +136,13 @@ if triton is not None:
 
     @triton.jit
     def round_stochastic_int(y, r):
-        """``y`` rounded down or up in magnitude to an integer with the random byte ``r`` (up when
-        ``256 * frac >= 255.5 - r``): exact in float32, as ``numerics.round_stochastic_int``."""
-        units = tl.abs(y)
-        low = tl.floor(units)
-        mag = low + ((units - low) * 256.0 >= 255.5 - r.to(tl.float32)).to(tl.float32)
+        """``y`` (``|y| <= 127``) rounded down or up in magnitude to an integer with the random byte
+        ``r`` (int32): up when ``round(256 * frac) + r >= 256``, as ``numerics.round_stochastic_int``
+        (whose docstring says how). Returns int32, computed on float32's bits with integer
+        operations: the conversion units (floor, int <-> float) made the int8 state's decode step
+        conversion-bound."""
+        m = (tl.abs(y) + 32768.0).to(tl.int32, bitcast=True) - 0x47000000
+        mag = (m + r) >> 8
         return tl.where(y < 0, -mag, mag)
 
     @triton.jit
@@ -166,18 +170,23 @@ if triton is not None:
                 out = round_stochastic_fp8(tl.minimum(tl.maximum(y, -448.0), 448.0), rbits).to(tl.float8e4nv)
             else:
                 out = fp8_codes(y)
-        else:
-            y = st * tl.math.div_rn(1.0, scale)[:, None]
+        else:  # int8, rounded on float32's bits (int8_codes' add, without its conversion: see round_stochastic_int)
+            y = tl.minimum(tl.maximum(st * tl.math.div_rn(1.0, scale)[:, None], -127.0), 127.0)
             if SR:
-                out = round_stochastic_int(tl.minimum(tl.maximum(y, -127.0), 127.0), rbits).to(tl.int8)
+                n = round_stochastic_int(y, rbits)
             else:
-                out = int8_codes(y)
+                n = (y + 12582912.0).to(tl.int32, bitcast=True) - 0x4B400000
+            out = n.to(tl.int8)
         return out
 
     @triton.jit
     def decode_state(data, scale, FMT: tl.constexpr):
-        """The float32 tile a stored tile stands for."""
-        st = data.to(tl.float32)
+        """The float32 tile a stored tile stands for. int8 codes ``c`` by their bits: ``(c + 128) |
+        0x4B000000`` is the float32 ``2**23 + 128 + c``, integer operations where a conversion costs more."""
+        if FMT == 3:
+            st = (data.to(tl.uint8, bitcast=True).to(tl.int32) ^ 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
+        else:
+            st = data.to(tl.float32)
         if FMT >= 2:
             st = st * scale[:, None]
         return st

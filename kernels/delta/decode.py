@@ -23,7 +23,7 @@ import torch
 
 from ..common.pdl import pdl_launch
 from ..common.state import StateQuantizer, load_pool_slots, store_pool_slots
-from ..common.state_io import pool_args
+from ..common.state_io import DELTA_DECODE_LAUNCH, pool_args
 from .reference import l2_normalize, recurrent_gated_delta_rule_step
 
 try:
@@ -209,7 +209,7 @@ def launch_decode(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores,
     if tuple(state.shape[1:]) != (H, K, V):
         raise ValueError(f"state pool must be [P, Hv, K, V] = [P, {H}, {K}, {V}]; got {tuple(state.shape)}")
     pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K, block_k,
-                                                      num_warps)
+                                                      num_warps, DELTA_DECODE_LAUNCH)
     o = torch.empty(B, H, V, dtype=v.dtype, device=v.device) if out is None else out
     _delta_decode_kernel[(B * H,)](
         q, k, v, g, beta, o, *pool,
