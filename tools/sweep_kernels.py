@@ -120,4 +120,5 @@ def delta_prefill(T, bt, bv, w):
 
 if __name__ == "__main__":
     modes = {"state_decode": state_decode, "prefill": prefill, "delta_prefill": delta_prefill}
-    modes[sys.argv[1]](*map(int, sys.argv[2:]))
+    args = sys.argv[2:] if sys.argv[1] == "state_decode" else map(int, sys.argv[2:])
+    modes[sys.argv[1]](*args)

@@ -27,10 +27,12 @@ _TINY = torch.finfo(torch.float32).tiny
 
 
 def absmax_scale(x: torch.Tensor, dim: int | tuple[int, ...] | None, qmax: float) -> torch.Tensor:
-    """float32 scale with ``dim`` kept (``None``: one scale for the whole tensor)."""
+    """float32 scale with ``dim`` kept (``None``: one scale for the whole tensor). Divided by a
+    tensor: CUDA divides by a Python number as a multiplication by its reciprocal, an ulp away from
+    the CPU's quotient."""
     amax = x.detach().abs().float()
     amax = amax.amax() if dim is None else amax.amax(dim=dim, keepdim=True)
-    return (amax / qmax).clamp_min(_TINY)
+    return (amax / amax.new_tensor(qmax)).clamp_min(_TINY)
 
 
 ROUNDINGS = format_names.ROUNDINGS
