@@ -57,6 +57,20 @@ def test_gated_rms_norm_on_strided_slices():
     assert rel_err(out.float().cpu(), ref.float()) < TOL
 
 
+def test_norms_take_views_that_need_three_strides():
+    """A view whose rows two strides cannot address (heads transposed against time) is copied, not refused."""
+    B, T, H, V = 2, 3, 4, 40
+    x = _randn(B, H, T, V).transpose(1, 2)  # [B, T, H, V] with H outer to T
+    g, w = _randn(B, T, H, V), _randn(V)
+    with pytest.raises(ValueError, match="two strides"):
+        row_layout(x)
+    out = gated_rms_norm_triton(x, g, w, 1e-5)
+    assert rel_err(out.float().cpu(), gated_rms_norm(x.cpu(), g.cpu(), w.cpu(), 1e-5).float()) < TOL
+    gate = _randn(B, H, T, 64).transpose(1, 2)
+    out = swiglu_triton(gate, gate * 0.5)
+    assert rel_err(out.float().cpu(), swiglu(gate.cpu(), gate.cpu() * 0.5).float()) < TOL
+
+
 def test_swiglu_on_slices():
     y = _randn(9, 2 * 300, scale=2.0)
     gate, up = y.split(300, dim=-1)

@@ -50,6 +50,18 @@ def row_layout(t: torch.Tensor) -> tuple[int, int, int]:
     raise ValueError("rows of this view cannot be addressed with two strides")
 
 
+def addressable_rows(t: torch.Tensor | None) -> torch.Tensor | None:
+    """``t`` itself where :func:`row_layout` addresses its rows, else a contiguous copy (a view such
+    as a transposed head dimension's needs three strides)."""
+    if t is None:
+        return None
+    try:
+        row_layout(t)
+        return t
+    except ValueError:
+        return t.contiguous()
+
+
 def _rows_block(n: int) -> tuple[int, int, int]:
     block_n = triton.next_power_of_2(n)
     rows = max(1, min(64, 4096 // block_n))
@@ -155,6 +167,7 @@ def _check_codes(packed, width: int) -> None:
 
 def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int = 1, round_sum: bool = False):
     """``heads``: rows per token (the gated norm's heads), for the codes of a whole token."""
+    x, residual, g = (addressable_rows(t) for t in (x, residual, g))
     N = x.shape[-1]
     M = x.numel() // N if N else 0
     _check_codes(packed, heads * N)
@@ -203,6 +216,7 @@ def swiglu_triton(gate: torch.Tensor, up: torch.Tensor, packed=None):
     With ``packed``, also the W8A8 codes of the output for that GEMM: ``(out, (xq, xs, xo))``."""
     if gate.shape != up.shape:
         raise ValueError(f"gate shape {tuple(gate.shape)} differs from up's {tuple(up.shape)}")
+    gate, up = addressable_rows(gate), addressable_rows(up)
     N = gate.shape[-1]
     M = gate.numel() // N if N else 0
     _check_codes(packed, N)
