@@ -100,7 +100,8 @@ DELTA_DECODE_LAUNCH = {"fp32": (128, 4), "bf16": (64, 2), "fp8_row": (16, 1), "i
 
 def pool_args(state: torch.Tensor, scale: torch.Tensor | None, pool_idx: torch.Tensor,
               n_stores: torch.Tensor | None, quantizer: StateQuantizer, H: int, K: int,
-              block_k: int | None, num_warps: int | None, launch: dict | None = None) -> tuple[tuple, tuple, dict, int]:
+              block_k: int | None, num_warps: int | None,
+              launch: dict | None = None) -> tuple[tuple, tuple, dict, int]:
     """What both decode kernels take for a state pool ``state`` ``[P, H, K, V]`` (per-row ``scale``
     ``[P, H, K]``): its pointers (state, scales, slots, store counts, static scales), its strides,
     the format constexprs with ``BLOCK_K``, and ``num_warps`` (defaults: the kernel's ``launch`` table,
