@@ -3,9 +3,11 @@ after them (handed over with their output, laquant.quant.fused.CodesHandoff), th
 down_proj's, and the gated norm that writes out_proj's codes in qwen3_next's mixer."""
 
 import copy
+import os
 
 import pytest
 import torch
+from conftest import INTERPRETED, rel_err
 from test_hybrid import VOCAB, _model
 
 from laquant.adapters import install
@@ -54,10 +56,54 @@ def test_other_families_keep_their_norms():
     assert not any(isinstance(m, quantizing_rowwise._QuantizingNorm) for m in model.modules())
 
 
-@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "qwen3_5_moe"])
 @torch.no_grad()
-def test_gpu_codes_handed_over_match_the_unfused_path(monkeypatch):
-    """hybrid_int8 on qwen3_next, bf16 on the kernels: with the norms writing the codes (and the MLPs' SwiGLU
+def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monkeypatch):
+    """The GPU wiring, checked on the CPU: with the projections, norms and SwiGLUs taking their Triton path (run
+    by Triton's interpreter, float32), the norms hand their codes to one GEMM per group, the MLPs' SwiGLU and the
+    mixers' gated norm write down_proj's / out_proj's, and the logits equal the reference path's."""
+    if not INTERPRETED or os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("checks the kernels' wiring on the CPU under TRITON_INTERPRET=1 (the GPU test covers CUDA)")
+    pytest.importorskip("triton")
+    import laquant
+    from laquant.kernels.rowwise import fused as rowwise_fused
+    from laquant.quant import fused, modules
+
+    torch.manual_seed(0)
+    model = _model(family).eval()
+    install(model)
+    laquant.calibrate(model, "hybrid_int8", torch.randint(0, VOCAB, (2, 64)), progress=False)
+    ids = torch.randint(0, VOCAB, (2, 11))
+    reference = model(ids).logits
+
+    def interpreted(x, state_format=None):  # the projections' side only: the state kernels keep the references
+        return state_format is None and not (x.requires_grad and torch.is_grad_enabled())
+
+    for module in (quantizing_rowwise, fused, modules):
+        monkeypatch.setattr(module, "use_triton", interpreted)
+    calls = {"gemm_on_codes": 0, "gated_norm_codes": 0, "swiglu_codes": 0}
+
+    def counted(name, fn, when=lambda *a, **k: True):
+        def wrapper(*args, **kwargs):
+            calls[name] += bool(when(*args, **kwargs))
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(fused, "_gemm_on_codes", counted("gemm_on_codes", fused._gemm_on_codes))
+    monkeypatch.setattr(fused, "swiglu_w8a8", counted("swiglu_codes", fused.swiglu_w8a8))
+    monkeypatch.setattr(rowwise_fused, "gated_rms_norm_triton", counted(
+        "gated_norm_codes", rowwise_fused.gated_rms_norm_triton, lambda *a, packed=None, **k: packed is not None or
+        len(a) > 4))
+    logits = model(ids).logits
+    assert all(calls.values()), calls
+    assert rel_err(logits, reference) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+@torch.no_grad()
+def test_gpu_codes_handed_over_match_the_unfused_path(family, monkeypatch):
+    """hybrid_int8 on qwen3_next and Qwen3.5, bf16 on the kernels: with the norms writing the codes (and the MLPs' SwiGLU
     down_proj's, the mixer's gated norm out_proj's), the logits match the path that quantizes each projection's input on its own
     (the norms' float32 formula, rounded once), with fewer quantization launches; graphed greedy decoding
     still equals the eager loop's."""
@@ -65,7 +111,7 @@ def test_gpu_codes_handed_over_match_the_unfused_path(monkeypatch):
     from laquant.generate import generate
 
     torch.manual_seed(0)
-    model = _model("qwen3_next").to("cuda", torch.bfloat16).eval()
+    model = _model(family).to("cuda", torch.bfloat16).eval()
     install(model)
     laquant.calibrate(model, "hybrid_int8", torch.randint(0, VOCAB, (2, 128), device="cuda"), progress=False)
     ids = torch.randint(0, VOCAB, (3, 37), device="cuda")
@@ -82,7 +128,8 @@ def test_gpu_codes_handed_over_match_the_unfused_path(monkeypatch):
     for module in model.modules():
         if isinstance(module, (quantizing_rowwise._QuantizingNorm, quantizing_rowwise._QuantizingSwiGLU)):
             monkeypatch.setattr(module, "__class__", module._laquant_base)
-    monkeypatch.delitem(GATED_NORMS, "Qwen3NextRMSNormGated")
+    for name in list(GATED_NORMS):
+        monkeypatch.delitem(GATED_NORMS, name)
     plain, plain_quantize = run()
     assert fused_quantize < plain_quantize, (fused_quantize, plain_quantize)
     assert (fused - plain).abs().max() <= 0.05 * plain.abs().max(), float((fused - plain).abs().max())

@@ -15,7 +15,8 @@ gives
 * each MLP of a class in :data:`SWIGLU_MLPS` a forward that runs ``silu(gate) * up`` as laquant's
   SwiGLU kernel writing ``down_proj``'s codes, where ``down_proj`` is W8A8 on the GPU.
 
-Anywhere else (CPU, bf16 projections, another layer layout) the module runs transformers' own
+The tables hold qwen3_next's and Qwen3.5's classes (dense and MoE, text and vision-language). Anywhere
+else (CPU, bf16 projections, another layer layout or family) the module runs transformers' own
 forward, unchanged; the class changes (its name kept), not the module's parameters or names, so
 checkpoints are untouched.
 
@@ -35,24 +36,31 @@ from laquant.kernels.common.dispatch import use_triton
 # the first whose owner exists in the layer (a linear-attention or a softmax layer; a dense MLP or an MoE's
 # shared expert)
 NORM_CONSUMERS = {
-    "input_layernorm": (("linear_attn", ("in_proj_qkvz",)), ("self_attn", ("q_proj", "k_proj", "v_proj"))),
+    "input_layernorm": (("linear_attn", ("in_proj_qkvz",)),  # qwen3_next: q, k, v and z fused
+                        ("linear_attn", ("in_proj_qkv", "in_proj_z", "in_proj_b")),  # Qwen3.5: split
+                        ("self_attn", ("q_proj", "k_proj", "v_proj"))),
     "post_attention_layernorm": (("mlp", ("gate_proj", "up_proj")), ("mlp.shared_expert", ("gate_proj", "up_proj"))),
 }
 
 # norm class -> (the float32 weight its formula multiplies by, the name of its epsilon)
-NORM_WEIGHTS = {
-    "Qwen3NextRMSNorm": (lambda norm: 1.0 + norm.weight.float(), "eps"),  # (x * (1 + w)).to(dtype), in float32
+def _one_plus_weight(norm: nn.Module) -> torch.Tensor:
+    return 1.0 + norm.weight.float()
+
+
+NORM_WEIGHTS = {  # qwen3_next's and Qwen3.5's: (x * (1 + w)).to(dtype), in float32
+    name: (_one_plus_weight, "eps") for name in ("Qwen3NextRMSNorm", "Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm")
 }
 
 # gated norm class (``rmsnorm(x) * w * silu(g)``, a linear mixer's output norm) -> the name of its epsilon: laquant's
 # gated norm kernel, weight applied in float32, replaces it before a W8A8 out_proj
 # (GatedDeltaNetMixer.norm_and_out); transformers rounds ``w * x`` to the model's dtype first, one rounding more
-GATED_NORMS = {"Qwen3NextRMSNormGated": "variance_epsilon"}
+GATED_NORMS = {name: "variance_epsilon" for name in ("Qwen3NextRMSNormGated", "Qwen3_5RMSNormGated",
+                                                     "Qwen3_5MoeRMSNormGated")}
 
 
 # MLP class -> its projections' names (gate, up, down): the SwiGLU ``down(act_fn(gate(x)) * up(x))`` whose
 # product laquant's kernel makes with down's codes, where ``act_fn`` is one of SILU_CLASSES (``F.silu``)
-SWIGLU_MLPS = {"Qwen3NextMLP": ("gate_proj", "up_proj", "down_proj")}
+SWIGLU_MLPS = {name: ("gate_proj", "up_proj", "down_proj") for name in ("Qwen3NextMLP", "Qwen3_5MLP", "Qwen3_5MoeMLP")}
 SILU_CLASSES = ("SiLU", "SiLUActivation")  # torch's, transformers' (its forward is F.silu)
 
 
