@@ -56,6 +56,23 @@ def test_other_families_keep_their_norms():
     assert not any(isinstance(m, quantizing_rowwise._QuantizingNorm) for m in model.modules())
 
 
+def test_handed_over_codes_follow_a_view_of_the_same_rows():
+    """transformers' MoE blocks flatten the tokens (view(-1, hidden)) before the shared expert: the codes handed
+    over with the norm's output serve that view, not a view of other rows, and not after an in-place change."""
+    from laquant.quant import fused
+
+    lin = torch.nn.Linear(8, 4)
+    x = torch.randn(2, 3, 8)
+    fused.hand_over(x, ("codes",), torch.nn.ModuleDict({"p": lin}), ("p",), "packed")
+    assert fused._handoff(x).codes == ("codes",)
+    assert fused._handoff(x.view(-1, 8)) is fused._handoff(x)  # the same rows, flattened
+    assert fused._handoff(x[:, 1:]) is None  # other rows
+    assert fused._handoff(x.transpose(0, 1).reshape(-1, 8)) is None  # a copy in another order
+    assert fused._handoff(x.view(2, 24)) is None  # rows of another width
+    x.mul_(2)
+    assert fused._handoff(x) is None and fused._handoff(x.view(-1, 8)) is None
+
+
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "qwen3_5_moe"])
 @torch.no_grad()
 def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monkeypatch):

@@ -187,8 +187,16 @@ def hand_over(x: torch.Tensor, codes: tuple, owner: nn.Module, names: tuple[str,
 
 
 def _handoff(x: torch.Tensor) -> CodesHandoff | None:
-    """The codes handed over with x, unless x changed in place since."""
+    """The codes handed over with x, or with the tensor x views when x holds the same rows in the same
+    order (transformers' MoE blocks flatten the tokens, ``view(-1, hidden)``, before the shared
+    expert); none once x changed in place since."""
     h = getattr(x, "_laquant_codes", None)
+    if h is None and x._base is not None:
+        base = x._base
+        h = getattr(base, "_laquant_codes", None)
+        if h is not None and not (x.data_ptr() == base.data_ptr() and x.numel() == base.numel()
+                                  and x.shape[-1] == base.shape[-1] and x.is_contiguous() and base.is_contiguous()):
+            h = None
     return h if h is not None and x._version == h.version else None
 
 
