@@ -37,6 +37,20 @@ def test_rms_norm(shape, with_residual, round_sum):
         assert summed is None
 
 
+@pytest.mark.parametrize("shape", [(3, 5, 200), (4, 2048)])
+def test_rms_norm_round_normed(shape):
+    """Llama's rounding (the normalized rows in x's dtype, then the weight): the kernel stores what the
+    reference does, but for sum-order flips in bf16 (the mean's float32 sum is ordered differently)."""
+    x, w = _randn(*shape, scale=3.0), _randn(shape[-1])
+    out = rms_norm_triton(x, w, 1e-6, round_normed=True)[0]
+    ref = rms_norm(x.cpu(), w.cpu(), 1e-6, round_normed=True)[0]
+    assert rel_err(out.float().cpu(), ref.float()) < TOL
+    if not INTERPRETED:
+        assert (out.cpu() != ref).float().mean() < 0.01
+        unrounded = rms_norm(x.cpu(), w.cpu(), 1e-6)[0]
+        assert (unrounded != ref).any()  # the two roundings differ on these inputs: the flag is seen
+
+
 def test_rms_norm_round_sum_is_a_separate_add():
     """``round_sum`` normalizes x + residual as the separate add rounds it (bf16), not in float32."""
     x, r, w = (torch.randn(4, 64) * 3).bfloat16(), torch.randn(4, 64).bfloat16(), torch.randn(64)

@@ -51,9 +51,35 @@ def test_install_points_each_norm_at_the_projections_after_it():
 
 
 def test_other_families_keep_their_norms():
-    model = _model("nemotron_h")
+    model = _model("zamba2")  # its norms feed a Mamba2 in_proj (a QuantGate) or sit in the shared block
     install(model)
-    assert not any(isinstance(m, quantizing_rowwise._QuantizingNorm) for m in model.modules())
+    assert not any(isinstance(m, (quantizing_rowwise._QuantizingNorm, quantizing_rowwise._QuantizingSwiGLU))
+                   for m in model.modules())
+
+
+@torch.no_grad()
+def test_table_formulas_equal_transformers_norms():
+    """Each norm class in NORM_WEIGHTS computes what the fused kernel's reference does with the table's weight and
+    rounding, bit for bit on the CPU, in float32 and bfloat16 (the kernels' own tests cover kernel = reference)."""
+    from laquant.kernels.rowwise.reference import rms_norm
+    from laquant.models.quantizing_rowwise import NORM_WEIGHTS
+
+    seen = {}
+    for family in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "kimi_linear", "bailing_hybrid", "minimax", "bamba",
+                   "granitemoehybrid", "falcon_h1", "nemotron_h", "olmo_hybrid"):
+        for module in _model(family).modules():
+            if type(module).__name__ in NORM_WEIGHTS and type(module).__name__ not in seen:
+                seen[type(module).__name__] = module
+    assert sorted(seen) == sorted(NORM_WEIGHTS)  # every row is checked
+    for name, norm in seen.items():
+        weight_of, eps_name, round_normed = NORM_WEIGHTS[name]
+        with torch.no_grad():
+            norm.weight.normal_(0.0, 0.5)
+        for dtype in (torch.float32, torch.bfloat16):
+            norm = norm.to(dtype)
+            x = (torch.randn(4, 7, norm.weight.shape[0]) * 3).to(dtype)
+            ref = rms_norm(x, weight_of(norm), getattr(norm, eps_name), round_normed=round_normed)[0]
+            assert torch.equal(norm(x), ref), (name, dtype)
 
 
 def test_handed_over_codes_follow_a_view_of_the_same_rows():
@@ -73,12 +99,21 @@ def test_handed_over_codes_follow_a_view_of_the_same_rows():
     assert fused._handoff(x) is None and fused._handoff(x.view(-1, 8)) is None
 
 
-@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "qwen3_5_moe"])
+# what the codes path covers per family: the norms' groups always; the SwiGLU's down_proj and the gated norm's
+# out_proj where the family's classes have them
+CODES_PATHS = {"qwen3_next": ("swiglu_codes", "gated_norm_codes"), "qwen3_5": ("swiglu_codes", "gated_norm_codes"),
+               "qwen3_5_moe": ("swiglu_codes", "gated_norm_codes"), "kimi_linear": ("swiglu_codes",),
+               "bailing_hybrid": ("swiglu_codes",), "minimax": (), "bamba": ("swiglu_codes",), "granitemoehybrid": (),
+               "falcon_h1": (), "nemotron_h": (), "olmo_hybrid": ("swiglu_codes",)}
+
+
+@pytest.mark.parametrize("family", list(CODES_PATHS))
 @torch.no_grad()
 def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monkeypatch):
     """The GPU wiring, checked on the CPU: with the projections, norms and SwiGLUs taking their Triton path (run
-    by Triton's interpreter, float32), the norms hand their codes to one GEMM per group, the MLPs' SwiGLU and the
-    mixers' gated norm write down_proj's / out_proj's, and the logits equal the reference path's."""
+    by Triton's interpreter, float32), every installed norm hands its codes to its group's one GEMM (none is
+    computed in vain), the MLPs' SwiGLU and the mixers' gated norm write down_proj's / out_proj's, and the logits
+    equal the reference path's."""
     if not INTERPRETED or os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("checks the kernels' wiring on the CPU under TRITON_INTERPRET=1 (the GPU test covers CUDA)")
     pytest.importorskip("triton")
@@ -112,7 +147,10 @@ def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monk
         "gated_norm_codes", rowwise_fused.gated_rms_norm_triton, lambda *a, packed=None, **k: packed is not None or
         len(a) > 4))
     logits = model(ids).logits
-    assert all(calls.values()), calls
+    installed = sum(isinstance(m, (quantizing_rowwise._QuantizingNorm, quantizing_rowwise._QuantizingSwiGLU))
+                    for m in model.modules())
+    assert installed and calls["gemm_on_codes"] >= installed, (installed, calls)
+    assert all(calls[name] for name in CODES_PATHS[family]), calls
     assert rel_err(logits, reference) < 1e-5
 
 

@@ -91,7 +91,8 @@ if triton is not None:
                          src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, RPP,
                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                          QUANT: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr,
-                         ROUND_SUM: tl.constexpr = False, PDL: tl.constexpr = False):
+                         ROUND_SUM: tl.constexpr = False, ROUND_NORMED: tl.constexpr = False,
+                         PDL: tl.constexpr = False):
         pdl_prologue(PDL)
         if QUANT:  # one token (RPP rows of y) per program
             local = tl.arange(0, ROWS)
@@ -113,7 +114,10 @@ if triton is not None:
             tl.store(ro_ptr + rows.to(tl.int64)[:, None] * sro + cols[None, :], h.to(dtype), mask=mask)
         rstd = tl.rsqrt(tl.sum(h * h, axis=1) / N + eps)
         w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-        y = h * rstd[:, None] * w[None, :]
+        y = h * rstd[:, None]
+        if ROUND_NORMED:  # Llama's rounding: the normalized rows in x's dtype, then the weight
+            y = y.to(dtype).to(tl.float32)
+        y = y * w[None, :]
         if GATED:
             g = tl.load(g_ptr + _row_offsets(rows, sg0, sg1, gin)[:, None] + cols[None, :], mask=mask,
                         other=0.0).to(tl.float32)
@@ -165,7 +169,8 @@ def _check_codes(packed, width: int) -> None:
                          f"at most 8192) cannot come from rows of {width}")
 
 
-def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int = 1, round_sum: bool = False):
+def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int = 1, round_sum: bool = False,
+                 round_normed: bool = False):
     """``heads``: rows per token (the gated norm's heads), for the codes of a whole token."""
     x, residual, g = (addressable_rows(t) for t in (x, residual, g))
     N = x.shape[-1]
@@ -185,20 +190,22 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
             *row_layout(x), *(row_layout(residual) if residual is not None else dummy),
             *(row_layout(g) if g is not None else dummy), *row_layout(y), N, *ptrs, heads,
             BLOCK_N=block_n, ROWS=rows, HAS_RES=residual is not None, GATED=g is not None, ROUND_SUM=round_sum,
+            ROUND_NORMED=round_normed,
             num_warps=warps if packed is None else max(4, min(8, rows * block_n // 512)),
             **(q or _NO_CODES)["consts"], **pdl_launch(x.device, M // heads))
     return y, (ro if residual is not None else None), codes
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-                    packed=None, round_sum: bool = False):
+                    packed=None, round_sum: bool = False, round_normed: bool = False):
     """Twin of :func:`.reference.rms_norm`: ``(out, x + residual)`` (None without a residual); with
     ``packed`` (a :class:`~..gemm.int8.PackedOutlierWeight`), also the W8A8 codes of ``out`` for
     that GEMM, ``(xq, xs, xo)``, as a third element (what :func:`~..gemm.int8.quantize_rows` of
     ``out`` gives, in the same launch)."""
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"residual shape {tuple(residual.shape)} differs from x's {tuple(x.shape)}")
-    out, summed, codes = _launch_norm(x, weight, eps, residual=residual, packed=packed, round_sum=round_sum)
+    out, summed, codes = _launch_norm(x, weight, eps, residual=residual, packed=packed, round_sum=round_sum,
+                                      round_normed=round_normed)
     return (out, summed) if packed is None else (out, summed, codes)
 
 

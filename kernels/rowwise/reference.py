@@ -12,14 +12,18 @@ import torch.nn.functional as F
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-             round_sum: bool = False):
+             round_sum: bool = False, round_normed: bool = False):
     """``(rmsnorm(x + residual) * weight, x + residual)`` in x's dtype; the sum is None without a residual.
     The sum is normalized in float32 (fla's fused add-and-norm), or with ``round_sum`` as rounded to
-    x's dtype (what a separate ``x + residual`` hands a norm)."""
+    x's dtype (what a separate ``x + residual`` hands a norm). The weight multiplies in float32, after
+    the normalized rows are rounded to x's dtype with ``round_normed`` (Llama's ``w * x.to(dtype)``)."""
     h = x.float() if residual is None else x.float() + residual.float()
     if round_sum and residual is not None:
         h = h.to(x.dtype).float()
-    out = (h * torch.rsqrt(h.square().mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+    normed = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + eps)
+    if round_normed:
+        normed = normed.to(x.dtype).float()
+    out = (normed * weight.float()).to(x.dtype)
     return out, (None if residual is None else h.to(x.dtype))
 
 

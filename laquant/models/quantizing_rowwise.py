@@ -33,22 +33,53 @@ import torch.nn as nn
 from laquant.kernels.common.dispatch import use_triton
 
 # a decoder layer's norm -> where the groups of projections that read its output may sit: (owner, names),
-# the first whose owner exists in the layer (a linear-attention or a softmax layer; a dense MLP or an MoE's
-# shared expert)
+# the first whose owner has all the names (a linear-attention or softmax mixer; a dense MLP or an MoE's shared
+# expert). A group whose members are not all W8A8 per-token projections (a kept one, a gate) leaves the norm
+# on transformers' forward (w8a8_inputs).
+_QKV = ("q_proj", "k_proj", "v_proj")
 NORM_CONSUMERS = {
     "input_layernorm": (("linear_attn", ("in_proj_qkvz",)),  # qwen3_next: q, k, v and z fused
                         ("linear_attn", ("in_proj_qkv", "in_proj_z", "in_proj_b")),  # Qwen3.5: split
-                        ("self_attn", ("q_proj", "k_proj", "v_proj"))),
-    "post_attention_layernorm": (("mlp", ("gate_proj", "up_proj")), ("mlp.shared_expert", ("gate_proj", "up_proj"))),
+                        ("linear_attn", (*_QKV, "b_proj", "g_proj")),  # OLMo hybrid's Gated DeltaNet
+                        ("self_attn", (*_QKV, "b_proj", "g_a_proj")),  # Kimi Linear's KDA
+                        ("self_attn", (*_QKV, "b_proj", "g_proj")),  # Ling / Ring's KDA
+                        ("self_attn", ("q_proj", "kv_a_proj_with_mqa")),  # MLA (Kimi Linear, Ling / Ring)
+                        ("self_attn", ("qkv_proj", "output_gate")),  # MiniMax's Lightning attention
+                        ("self_attn", _QKV)),
+    "post_attention_layernorm": (("mlp", ("gate_proj", "up_proj")), ("mlp.shared_expert", ("gate_proj", "up_proj")),
+                                 ("mlp.shared_experts", ("gate_proj", "up_proj")),  # Kimi Linear, Ling / Ring
+                                 ("shared_mlp", ("input_linear",))),  # Granite 4 (gate and up in one linear)
+    "pre_ff_layernorm": (("feed_forward", ("gate_proj", "up_proj")),),  # Bamba, Falcon-H1
+    "norm": (("mixer", _QKV), ("mixer", ("up_proj",)), ("mixer.shared_experts", ("up_proj",))),  # Nemotron-H's block
+}
+# A Mamba2 mixer's in_proj holds its gate (dt) channels: a QuantGate, never a W8A8 group member.
+# decoder layer class -> its norms whose output no projection reads as it is
+UNPROJECTED_NORMS = {
+    "OlmoHybridAttentionDecoderLayer": ("post_attention_layernorm",),  # post-norm: added to the residual
+    "FalconH1DecoderLayer": ("input_layernorm",),  # attention reads it times attention_in_multiplier
 }
 
-# norm class -> (the float32 weight its formula multiplies by, the name of its epsilon)
+
+def _weight(norm: nn.Module) -> torch.Tensor:
+    return norm.weight.float()
+
+
 def _one_plus_weight(norm: nn.Module) -> torch.Tensor:
     return 1.0 + norm.weight.float()
 
 
-NORM_WEIGHTS = {  # qwen3_next's and Qwen3.5's: (x * (1 + w)).to(dtype), in float32
-    name: (_one_plus_weight, "eps") for name in ("Qwen3NextRMSNorm", "Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm")
+# norm class -> (the float32 weight its formula multiplies by, the name of its epsilon, whether the normalized
+# rows are rounded to the input's dtype before the weight multiplies them: Llama's ``w * x.to(dtype)``, whose
+# product is in the weight's dtype, so the fused norm runs only where that is the input's)
+NORM_WEIGHTS = {
+    # (x * (1 + w)).to(dtype) in float32: qwen3_next, Qwen3.5
+    **{name: (_one_plus_weight, "eps", False) for name in ("Qwen3NextRMSNorm", "Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm")},
+    # (w * x).to(dtype) in float32: Nemotron-H, OLMo hybrid
+    **{name: (_weight, "variance_epsilon", False) for name in ("NemotronHRMSNorm", "OlmoHybridRMSNorm")},
+    # w * x.to(dtype): Llama's
+    **{name: (_weight, "variance_epsilon", True) for name in (
+        "KimiLinearRMSNorm", "BailingHybridRMSNorm", "MiniMaxRMSNorm", "BambaRMSNorm", "GraniteMoeHybridRMSNorm",
+        "FalconH1RMSNorm")},
 }
 
 # gated norm class (``rmsnorm(x) * w * silu(g)``, a linear mixer's output norm) -> the name of its epsilon: laquant's
@@ -60,7 +91,9 @@ GATED_NORMS = {name: "variance_epsilon" for name in ("Qwen3NextRMSNormGated", "Q
 
 # MLP class -> its projections' names (gate, up, down): the SwiGLU ``down(act_fn(gate(x)) * up(x))`` whose
 # product laquant's kernel makes with down's codes, where ``act_fn`` is one of SILU_CLASSES (``F.silu``)
-SWIGLU_MLPS = {name: ("gate_proj", "up_proj", "down_proj") for name in ("Qwen3NextMLP", "Qwen3_5MLP", "Qwen3_5MoeMLP")}
+SWIGLU_MLPS = {name: ("gate_proj", "up_proj", "down_proj") for name in (
+    "Qwen3NextMLP", "Qwen3_5MLP", "Qwen3_5MoeMLP", "KimiLinearMLP", "BailingHybridMLP", "BambaMLP", "OlmoHybridMLP")}
+SWIGLU_PATHS = ("mlp", "mlp.shared_expert", "mlp.shared_experts", "feed_forward")
 SILU_CLASSES = ("SiLU", "SiLUActivation")  # torch's, transformers' (its forward is F.silu)
 
 
@@ -77,7 +110,8 @@ class _QuantizingNorm:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from laquant.kernels.rowwise.fused import MAX_ROW
 
-        if use_triton(x) and x.shape[-1] <= MAX_ROW:
+        _, eps_name, round_normed = NORM_WEIGHTS[self._laquant_base.__name__]
+        if use_triton(x) and x.shape[-1] <= MAX_ROW and not (round_normed and self.weight.dtype != x.dtype):
             from laquant.quant.fused import hand_over, w8a8_inputs
 
             for owner, names in self.__dict__["_laquant_consumers"]:
@@ -85,7 +119,8 @@ class _QuantizingNorm:
                 if packed is not None:
                     from laquant.kernels.rowwise.fused import rms_norm_triton
 
-                    out, _, codes = rms_norm_triton(x, self._laquant_weight(), self._laquant_eps, packed=packed)
+                    out, _, codes = rms_norm_triton(x, self._laquant_weight(), getattr(self, eps_name), packed=packed,
+                                                    round_normed=round_normed)
                     return hand_over(out, codes, owner, names, packed)
         return super().forward(x)
 
@@ -99,9 +134,6 @@ class _QuantizingNorm:
             self.__dict__["_laquant_kernel_weight"] = cached
         return cached[1]
 
-    @property
-    def _laquant_eps(self) -> float:
-        return getattr(self, NORM_WEIGHTS[self._laquant_base.__name__][1])
 
 
 class _QuantizingSwiGLU:
@@ -140,8 +172,9 @@ def install(layers) -> int:
     SwiGLU one; returns how many modules. Idempotent."""
     count = 0
     for layer in layers:
+        unprojected = UNPROJECTED_NORMS.get(type(layer).__name__, ())
         for norm_name, candidates in NORM_CONSUMERS.items():
-            norm = getattr(layer, norm_name, None)
+            norm = getattr(layer, norm_name, None) if norm_name not in unprojected else None
             if norm is None or _base(norm).__name__ not in NORM_WEIGHTS:
                 continue
             consumers = [(owner, names) for path, names in candidates
@@ -152,7 +185,7 @@ def install(layers) -> int:
             norm.__class__ = _quantizing_class(_QuantizingNorm, _base(norm))
             norm.__dict__["_laquant_consumers"] = consumers
             count += 1
-        for path in ("mlp", "mlp.shared_expert"):
+        for path in SWIGLU_PATHS:
             mlp = _submodule(layer, path)
             if mlp is not None and _base(mlp).__name__ in SWIGLU_MLPS:
                 mlp.__class__ = _quantizing_class(_QuantizingSwiGLU, _base(mlp))
