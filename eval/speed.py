@@ -21,7 +21,7 @@ Suites (all on one CUDA device; each ratio is taken against a peer timed in the 
   memory, cache bytes per sequence, and a ``torch.profiler`` profile of one eager decode step at
   B = 64 after a 512-token prompt (kernels per step and per decoder layer, GPU time, top kernels);
   with ``peers``, in the same process: fla's own ``GLAForCausalLM`` for a ``config:{json}`` GLA and
-  transformers' own ``Qwen3NextForCausalLM`` for a ``qwen3_next:{json}`` hybrid (same config,
+  transformers' own model for a ``FAMILY:{json}`` hybrid such as ``qwen3_next:{json}`` (same config,
   random weights, bf16, their own caches, eager decode).
 
 Times are medians of ``triton.testing.do_bench`` (which clears L2 between runs). Results go to
@@ -419,10 +419,20 @@ def qwen3_next_config(fields: dict):
     return Qwen3NextConfig(**cfg)
 
 
+def _hybrid_families() -> list[str]:
+    """The transformers hybrids an e2e spec ``FAMILY:{json}`` may name (text models: the vision-language
+    families need a vision config)."""
+    from laquant.families import FAMILIES
+
+    return [name for name, f in FAMILIES.items() if not f.native and not f.vision]
+
+
 def _parse_spec(model_id: str) -> tuple[str, dict | None]:
-    """``config:{json}`` -> ("gla", fields); ``qwen3_next:{json}`` -> ("qwen3_next", fields); anything
+    """``config:{json}`` -> ("gla", fields); ``FAMILY:{json}`` for a transformers hybrid family
+    (``qwen3_next``, ``qwen3_5_text``, ``kimi_linear``, ``nemotron_h``, ...) -> (FAMILY, fields); anything
     else (a folder, an HF id, gla-small) -> ("load", None)."""
-    for prefix, kind in (("config:", "gla"), ("qwen3_next:", "qwen3_next")):
+    for kind in ("gla", *_hybrid_families()):
+        prefix = "config:" if kind == "gla" else f"{kind}:"
         if model_id.startswith(prefix):
             text = model_id[len(prefix):] or "{}"
             try:
@@ -435,6 +445,26 @@ def _parse_spec(model_id: str) -> tuple[str, dict | None]:
     return "load", None
 
 
+def hybrid_config(kind: str, fields: dict):
+    """The transformers config of a ``FAMILY:{json}`` spec: qwen3_next's over :data:`QWEN3_NEXT_DEFAULTS`,
+    another family's over transformers' defaults for it."""
+    if kind == "qwen3_next":
+        return qwen3_next_config(fields)
+    from transformers import CONFIG_MAPPING
+
+    try:
+        return CONFIG_MAPPING[kind](**fields)
+    except Exception as exc:  # noqa: BLE001 - configs raise TypeError, ValueError or huggingface_hub's validation error
+        raise LaquantError(f"--model {kind}:{json.dumps(fields)}: not a valid {kind} config ({exc})") from None
+
+
+def _hybrid_model(kind: str, cfg):
+    """A random transformers model of a hybrid family's config (no laquant mixers)."""
+    from laquant.families import FAMILIES
+
+    return FAMILIES[kind].model_class().from_config(cfg)
+
+
 def _random_model(build):
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -444,8 +474,8 @@ def _random_model(build):
 
 def _model_maker(model_id: str):
     """``(label, make)`` for a model id: a directory / HF id / ``gla-small``, ``config:{json}`` (a
-    randomly initialised laquant GLA of that GLAConfig: speed only) or ``qwen3_next:{json}`` (a
-    random transformers Qwen3-Next with laquant's mixers installed)."""
+    randomly initialised laquant GLA of that GLAConfig: speed only) or ``FAMILY:{json}`` (a random
+    transformers hybrid of that family, e.g. Qwen3-Next, with laquant's mixers installed)."""
     from laquant.loading import load_model
     from laquant.models import GLAConfig, GLAForCausalLM
 
@@ -453,19 +483,17 @@ def _model_maker(model_id: str):
     if kind == "gla":
         cfg = GLAConfig(**fields)
         return f"random GLA {cfg.hidden_size}x{cfg.num_hidden_layers}", lambda: _random_model(lambda: GLAForCausalLM(cfg))
-    if kind == "qwen3_next":
-        from transformers import Qwen3NextForCausalLM
-
+    if kind != "load":
         from laquant.adapters import install
 
-        cfg = qwen3_next_config(fields)
+        cfg = hybrid_config(kind, fields)
 
         def make():
-            model = _random_model(lambda: Qwen3NextForCausalLM(cfg))
+            model = _random_model(lambda: _hybrid_model(kind, cfg))
             install(model)
             return model
 
-        return f"random qwen3_next {cfg.hidden_size}x{cfg.num_hidden_layers}", make
+        return f"random {kind} {cfg.hidden_size}x{cfg.num_hidden_layers}", make
     return model_id, lambda: load_model(model_id, device="cuda", dtype=torch.bfloat16)[0]
 
 
@@ -490,9 +518,9 @@ def _qwen3_next_path() -> str:
 
 
 def peer_variants(model_ids) -> list[tuple[str, str, callable]]:
-    """The peers of the ``config:`` and ``qwen3_next:`` models, same config and random weights, bf16:
-    fla's own ``GLAForCausalLM`` (its kernels and cache; variant ``fla_bf16``) and transformers'
-    own ``Qwen3NextForCausalLM`` (variant ``transformers_bf16``). Other models have none here."""
+    """The peers of the ``config:`` and ``FAMILY:`` models, same config and random weights, bf16:
+    fla's own ``GLAForCausalLM`` (its kernels and cache; variant ``fla_bf16``) and transformers' own
+    model of the family (variant ``transformers_bf16``). Other models have none here."""
     out = []
     for model_id in model_ids:
         kind, fields = _parse_spec(model_id)
@@ -511,13 +539,11 @@ def peer_variants(model_ids) -> list[tuple[str, str, callable]]:
                 return model
 
             out.append((label, "fla_bf16", make_fla))
-        elif kind == "qwen3_next":
-            def make_hf(fields=fields):
-                from transformers import Qwen3NextForCausalLM
-
-                model = _random_model(lambda: Qwen3NextForCausalLM(qwen3_next_config(fields)))
-                model.peer_path = ("transformers Qwen3NextForCausalLM, eager decode (its KV cache grows): "
-                                   + _qwen3_next_path())
+        elif kind != "load":
+            def make_hf(kind=kind, fields=fields):
+                model = _random_model(lambda: _hybrid_model(kind, hybrid_config(kind, fields)))
+                model.peer_path = (f"transformers {type(model).__name__}, eager decode (its KV cache grows)"
+                                   + (": " + _qwen3_next_path() if kind == "qwen3_next" else ""))
                 return model
 
             out.append((label, "transformers_bf16", make_hf))
@@ -527,7 +553,7 @@ def peer_variants(model_ids) -> list[tuple[str, str, callable]]:
 def recipe_variants(model_ids, recipe: str, hybrid_recipe: str = "hybrid_int8",
                     peers: bool = False) -> list[tuple[str, str, callable]]:
     """Each model in bf16 and quantized here (calibration on the shipped text, or on random tokens
-    for a ``config:`` / ``qwen3_next:`` model): GLA with ``recipe``, a hybrid with ``hybrid_recipe``;
+    for a ``config:`` / ``FAMILY:`` model): GLA with ``recipe``, a hybrid with ``hybrid_recipe``;
     with ``peers``, each model's peer (:func:`peer_variants`) after it."""
     from laquant.api import calibrate
     from laquant.data import load_text, tokenize
@@ -537,7 +563,7 @@ def recipe_variants(model_ids, recipe: str, hybrid_recipe: str = "hybrid_int8",
     for model_id in model_ids:
         label, make = _model_maker(model_id)
         kind, _ = _parse_spec(model_id)
-        this_recipe = hybrid_recipe if kind == "qwen3_next" else recipe
+        this_recipe = recipe if kind in ("gla", "load") else hybrid_recipe
 
         def quantized(make=make, model_id=model_id, kind=kind, this_recipe=this_recipe):
             model = make()

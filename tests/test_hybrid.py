@@ -765,3 +765,28 @@ def test_a_multi_token_continuation_through_the_cache_equals_one_prefill(family)
              model(input_ids=ids[:, 16:33], past_key_values=cache, use_cache=True).logits,
              model(input_ids=ids[:, 33:], past_key_values=cache, use_cache=True).logits]
     assert rel_err(torch.cat(parts, 1), full) < 1e-5
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "kimi_linear", "nemotron_h", "granitemoehybrid"])
+def test_eval_speed_spec_builds_a_random_hybrid_of_each_family(family):
+    """``laquant eval speed --model FAMILY:{json}``: the spec names a family, its JSON the config's fields, and
+    the e2e suite builds transformers' model of it (laquant's mixers go in after); bad JSON or fields are named."""
+    import json
+
+    from laquant.errors import LaquantError
+    from laquant.eval.speed import _hybrid_model, _parse_spec, hybrid_config
+
+    src = _model(family)
+    kind = src.config.model_type
+    fields = {k: v for k, v in src.config.to_dict().items()
+              if k not in ("architectures", "transformers_version", "dtype", "model_type")}
+    parsed_kind, parsed = _parse_spec(f"{kind}:{json.dumps(fields)}")
+    assert parsed_kind == kind and parsed == json.loads(json.dumps(fields))
+    model = _hybrid_model(kind, hybrid_config(kind, parsed))
+    assert type(model) is type(src) and model.config.hidden_size == src.config.hidden_size
+    assert install(model) is not None and sum(p.numel() for p in model.parameters()) > 0
+    with pytest.raises(LaquantError, match="not JSON"):
+        _parse_spec(f"{kind}:{{oops")
+    if kind != "qwen3_next":
+        with pytest.raises(LaquantError, match=f"not a valid {kind} config"):
+            hybrid_config(kind, {"hidden_size": "wide", "num_hidden_layers": -1})

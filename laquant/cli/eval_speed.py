@@ -25,17 +25,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", nargs="+", default=["gla-small"],
                    help="models for the e2e suite: directories, HF ids, gla-small, 'config:{json}' for a random "
                         "laquant GLA of that GLAConfig (e.g. 'config:{\"hidden_size\": 2048, \"num_hidden_layers\": 24, "
-                        "\"num_heads\": 4, \"vocab_size\": 32000}'), or 'qwen3_next:{json}' for a random "
-                        "transformers Qwen3-Next with laquant's mixers (the JSON overrides fields of a ~1024x8 MoE "
-                        "config: see QWEN3_NEXT_DEFAULTS in laquant/eval/speed.py; 'qwen3_next:{}' takes it as is). "
+                        "\"num_heads\": 4, \"vocab_size\": 32000}'), or 'FAMILY:{json}' for a random "
+                        "transformers hybrid of a supported family with laquant's mixers: 'qwen3_next:{json}' "
+                        "overrides fields of a ~1024x8 MoE config (QWEN3_NEXT_DEFAULTS in laquant/eval/speed.py; "
+                        "'qwen3_next:{}' takes it as is), another family's JSON those of transformers' default "
+                        "config (e.g. 'qwen3_5_text:{...}', 'kimi_linear:{...}', 'nemotron_h:{...}'). "
                         "Random models measure speed only")
     p.add_argument("--recipe", default="gla_int8", help="recipe for the quantized e2e GLA model (default: gla_int8)")
     p.add_argument("--hybrid-recipe", default="hybrid_int8",
-                   help="recipe for the quantized e2e qwen3_next model (default: hybrid_int8)")
+                   help="recipe for the quantized e2e FAMILY:{json} hybrids (default: hybrid_int8)")
     p.add_argument("--peers", action="store_true",
                    help="e2e: also time, in the same process, fla's own GLAForCausalLM for each config:{json} "
-                        "model (variant fla_bf16) and transformers' own Qwen3NextForCausalLM for each "
-                        "qwen3_next:{json} model (variant transformers_bf16): same config, random weights, bf16, "
+                        "model (variant fla_bf16) and transformers' own model for each FAMILY:{json} hybrid "
+                        "(variant transformers_bf16): same config, random weights, bf16, "
                         "their own kernels and caches, eager decode")
     p.add_argument("--profile", type=int, nargs=2, default=[64, 512], metavar=("BATCH", "PROMPT"),
                    help="e2e: torch.profiler over one eager decode step of BATCH sequences after a PROMPT-token "
@@ -50,13 +52,13 @@ def check_args(args: argparse.Namespace) -> None:
     from laquant.eval.speed import _parse_spec
 
     for model_id in args.model:
-        _parse_spec(model_id)  # a config:/qwen3_next: spec that is not a JSON object is an error here
+        _parse_spec(model_id)  # a config:/FAMILY: spec that is not a JSON object is an error here
     if any(b < 1 for b in args.batch) or args.prompt < 1 or args.gen < 1:
         raise LaquantError("--batch, --prompt and --gen must be positive")
     if any(n < 1 for n in args.profile):
         raise LaquantError(f"--profile BATCH PROMPT must be positive, got {args.profile}")
     if args.peers and args.checkpoint is not None:
-        raise LaquantError("--peers pairs config:/qwen3_next: models with fla's and transformers' own models; "
+        raise LaquantError("--peers pairs config:/FAMILY: models with fla's and transformers' own models; "
                            "it does not apply to a checkpoint")
 
 
