@@ -15,14 +15,15 @@ gives
 * each MLP of a class in :data:`SWIGLU_MLPS` a forward that runs ``silu(gate) * up`` as laquant's
   SwiGLU kernel writing ``down_proj``'s codes, where ``down_proj`` is W8A8 on the GPU.
 
-The tables hold qwen3_next's and Qwen3.5's classes (dense and MoE, text and vision-language). Anywhere
-else (CPU, bf16 projections, another layer layout or family) the module runs transformers' own
-forward, unchanged; the class changes (its name kept), not the module's parameters or names, so
-checkpoints are untouched.
+The tables hold the classes of qwen3_next, Qwen3.5 (dense and MoE), Kimi Linear, Ling / Ring, MiniMax,
+Bamba, Granite 4, Falcon-H1, Nemotron-H and OLMo hybrid. Anywhere else (CPU, bf16 projections, another
+layer layout or family) the module runs transformers' own forward, unchanged; the class changes (its
+name kept), not the module's parameters or names, so checkpoints are untouched.
 
-The fused norm normalizes in float32 exactly as these classes' formulas (the weight applied in
-float32, one rounding to the output's dtype); only the order of the mean's sum differs. SwiGLU rounds
-as PyTorch's two ops do.
+The fused norm normalizes in float32 exactly as these classes' formulas: the weight applied in float32
+with one rounding to the output's dtype, or, for Llama's ``w * x.to(dtype)``, after rounding the
+normalized rows (``round_normed``); only the order of the mean's sum differs. SwiGLU rounds as
+PyTorch's two ops do.
 """
 
 from __future__ import annotations
@@ -133,7 +134,6 @@ class _QuantizingNorm:
             cached = (key, NORM_WEIGHTS[self._laquant_base.__name__][0](self).contiguous())
             self.__dict__["_laquant_kernel_weight"] = cached
         return cached[1]
-
 
 
 class _QuantizingSwiGLU:
