@@ -103,7 +103,8 @@ def test_handed_over_codes_follow_a_view_of_the_same_rows():
 # out_proj where the family's classes have them
 CODES_PATHS = {"qwen3_next": ("swiglu_codes", "gated_norm_codes"), "qwen3_5": ("swiglu_codes", "gated_norm_codes"),
                "qwen3_5_moe": ("swiglu_codes", "gated_norm_codes"), "kimi_linear": ("swiglu_codes",),
-               "bailing_hybrid": ("swiglu_codes",), "minimax": (), "bamba": ("swiglu_codes",), "granitemoehybrid": (),
+               "bailing_hybrid": ("swiglu_codes",), "minimax": (), "bamba": ("swiglu_codes",),
+               "granitemoehybrid": ("swiglu_codes",),
                "falcon_h1": (), "nemotron_h": (), "olmo_hybrid": ("swiglu_codes",)}
 
 

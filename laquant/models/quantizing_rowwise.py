@@ -90,11 +90,15 @@ GATED_NORMS = {name: "variance_epsilon" for name in ("Qwen3NextRMSNormGated", "Q
                                                      "Qwen3_5MoeRMSNormGated")}
 
 
-# MLP class -> its projections' names (gate, up, down): the SwiGLU ``down(act_fn(gate(x)) * up(x))`` whose
-# product laquant's kernel makes with down's codes, where ``act_fn`` is one of SILU_CLASSES (``F.silu``)
-SWIGLU_MLPS = {name: ("gate_proj", "up_proj", "down_proj") for name in (
-    "Qwen3NextMLP", "Qwen3_5MLP", "Qwen3_5MoeMLP", "KimiLinearMLP", "BailingHybridMLP", "BambaMLP", "OlmoHybridMLP")}
-SWIGLU_PATHS = ("mlp", "mlp.shared_expert", "mlp.shared_experts", "feed_forward")
+# MLP class -> its projections' and activation's names (gate, up, down, act): the SwiGLU ``down(act(gate(x)) *
+# up(x))`` whose product laquant's kernel makes with down's codes, where ``act`` is one of SILU_CLASSES
+# (``F.silu``); up None: the gate projection makes both, the gate its first half (``chunk(2)``)
+SWIGLU_MLPS = {
+    **{name: ("gate_proj", "up_proj", "down_proj", "act_fn") for name in (
+        "Qwen3NextMLP", "Qwen3_5MLP", "Qwen3_5MoeMLP", "KimiLinearMLP", "BailingHybridMLP", "BambaMLP", "OlmoHybridMLP")},
+    "GraniteMoeHybridMLP": ("input_linear", None, "output_linear", "activation"),  # Granite 4's shared MLP
+}
+SWIGLU_PATHS = ("mlp", "mlp.shared_expert", "mlp.shared_experts", "feed_forward", "shared_mlp")
 SILU_CLASSES = ("SiLU", "SiLUActivation")  # torch's, transformers' (its forward is F.silu)
 
 
@@ -140,12 +144,15 @@ class _QuantizingSwiGLU:
     """Mixed into an MLP's class by :func:`install` (the original class next in the MRO)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_name, up_name, down_name = SWIGLU_MLPS[self._laquant_base.__name__]
-        if use_triton(x) and type(self.act_fn).__name__ in SILU_CLASSES:
+        gate_name, up_name, down_name, act_name = SWIGLU_MLPS[self._laquant_base.__name__]
+        if use_triton(x) and type(getattr(self, act_name)).__name__ in SILU_CLASSES:
             from laquant.quant.fused import project, swiglu_w8a8, w8a8_inputs
 
             if w8a8_inputs(self, (down_name,), x) is not None:
-                gate, up = project(self, (gate_name, up_name), x)  # x's handed-over codes serve both, in one GEMM
+                if up_name is None:  # both halves of one projection (column slices: the kernel reads them as they are)
+                    gate, up = project(self, (gate_name,), x)[0].chunk(2, dim=-1)
+                else:  # x's handed-over codes serve both, in one GEMM
+                    gate, up = project(self, (gate_name, up_name), x)
                 return swiglu_w8a8(self, down_name, gate, up)
         return super().forward(x)
 
