@@ -22,13 +22,7 @@ log "kernel tests rc $?"
 timeout 600 python3 -m pytest -q -rfs --tb=short -m gpu tests/test_gpu_model.py tests/test_static_hybrid.py \
   tests/test_generate.py tests/test_speculative.py tests/test_quantizing_rowwise.py > "$W/gpu_tests_models.log" 2>&1
 log "model gpu tests rc $?"
-CONFIG='{"hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 5632, "num_attention_heads": 16, "num_key_value_heads": 2, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "num_experts": 0}'
-timeout 600 laquant eval speed --suite e2e --hybrid-recipe hybrid_int8 --batch 1 64 --prompt 1024 --gen 32 \
-  --model "qwen3_next:$CONFIG" --out "$W/e2e_hybrid" > "$W/e2e_hybrid.log" 2>&1
-log "hybrid e2e rc $?"
-BATCH=64 PROMPT=1024 timeout 300 python3 tools/profile_hybrid_decode.py "$W/profile_hybrid_b64.json" \
-  eval/results/graphed_hybrid_h200/qwen3_next_2048x16_config.json > "$W/profile_hybrid.log" 2>&1
-log "profile rc $?"
+bash tools/device_hybrid_e2e.sh "$W"
 # Qwen3.5's shape of the same size: its norms, SwiGLUs and gated norm on the codes path (not GPU-measured before)
 QWEN35='{"hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 5632, "num_attention_heads": 16, "num_key_value_heads": 2, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "vocab_size": 32000}'
 timeout 600 laquant eval speed --suite e2e --hybrid-recipe hybrid_int8 --batch 1 64 --prompt 1024 --gen 32 \
