@@ -189,6 +189,8 @@ def test_eval_speed_arguments(capsys):
     assert "JSON object" in capsys.readouterr().err
     assert main(["eval", "speed", "--suite", "e2e", "--model", "qwen3_next:{oops"]) == 2
     assert "not JSON" in capsys.readouterr().err
+    assert main(["eval", "speed", "--suite", "e2e", "--model", 'kimi_linear:{"hidden_size": "wide"}']) == 2
+    assert "not a valid kimi_linear config" in capsys.readouterr().err
 
 
 def test_qwen3_next_peer_config():

@@ -49,10 +49,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """What can be checked before any GPU work: the e2e model specs, batch sizes, profile shape."""
-    from laquant.eval.speed import _parse_spec
+    from laquant.eval.speed import _parse_spec, hybrid_config
 
     for model_id in args.model:
-        _parse_spec(model_id)  # a config:/FAMILY: spec that is not a JSON object is an error here
+        kind, fields = _parse_spec(model_id)  # a config:/FAMILY: spec that is not a JSON object is an error here
+        if kind not in ("gla", "load"):
+            hybrid_config(kind, fields)  # and a FAMILY: spec whose fields its config refuses
     if any(b < 1 for b in args.batch) or args.prompt < 1 or args.gen < 1:
         raise LaquantError("--batch, --prompt and --gen must be positive")
     if any(n < 1 for n in args.profile):
