@@ -8,7 +8,8 @@ or of a given JSON config, bf16 and ``hybrid_int8``, on CUDA:
   and ms per step of laquant.generate's CUDA-graphed loop (laquant.models.static_hybrid);
 - kernels and GPU ms per step (torch.profiler) against the step's wall time, for an eager step and
   for one replay of the captured step (its top kernels by GPU time, ``laquant.eval.speed.summarize_kernels``);
-- the Python functions that take the host time (cProfile, by own time).
+- the Python functions that take the host time (cProfile, by own time);
+- one prefill of the prompt at B = 1 as ``eval speed`` times it: wall ms, kernels and GPU ms.
 
     python tools/profile_hybrid_decode.py OUT.json [CONFIG_JSON]     # DEVICE=cpu: a smoke run
     BATCH=64 PROMPT=1024 python tools/profile_hybrid_decode.py OUT.json CONFIG_JSON  # other shapes
@@ -63,6 +64,35 @@ def ms_per_step(model, prompt, ids, counter=None) -> float:
     return (time.perf_counter() - t0) / (ids.shape[1] - 5) * 1e3
 
 
+def prefill_profile(model, prompt) -> dict:
+    """A prefill as ``eval speed`` times it (one prompt, no cache, the last token's logits): wall ms,
+    and its kernels and GPU ms (GPU ms well below wall ms: the host sets the pace)."""
+    run = lambda: model(prompt, logits_to_keep=1)  # noqa: E731
+    for _ in range(3):
+        run()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        run()
+    sync()
+    wall = (time.perf_counter() - t0) / 5 * 1e3
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        sync()
+    kernels = summarize_kernels([(e.name, e.time_range.start, e.time_range.end - e.time_range.start)
+                                 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA], 0, top=20)
+    p = cProfile.Profile()
+    p.enable()
+    run()
+    sync()
+    p.disable()
+    text = io.StringIO()
+    pstats.Stats(p, stream=text).sort_stats("tottime").print_stats(20)
+    return {"prefill_tokens": prompt.shape[1], "prefill_wall_ms": wall,
+            **{f"prefill_{k}": kernels[k] for k in ("kernels_per_step", "gpu_ms_per_step", "top_kernels")},
+            "prefill_host_tottime": text.getvalue().splitlines()}
+
+
 @torch.no_grad()
 def main(out_path: str, config_path: str = SMALL) -> None:
     cfg = {k: v for k, v in json.load(open(config_path)).items() if k not in DROP}
@@ -80,6 +110,8 @@ def main(out_path: str, config_path: str = SMALL) -> None:
         prompt = torch.randint(0, vocab, (BATCH, PROMPT), device=DEVICE)
         ids = torch.randint(0, vocab, (BATCH, 45), device=DEVICE)
         row = {"plain_ms_per_step": ms_per_step(model, prompt, ids)}
+        if DEVICE == "cuda":
+            row.update(prefill_profile(model, prompt[:1]))
         if DEVICE == "cuda":
             session = DecodeSession(model, prompt, 45, graphed=True)
             for _ in range(4):
@@ -118,7 +150,9 @@ def main(out_path: str, config_path: str = SMALL) -> None:
         pstats.Stats(p, stream=text).sort_stats("tottime").print_stats(25)
         row["host_tottime_20_steps"] = text.getvalue().splitlines()
         result[variant] = row
-        print(variant, {k: v for k, v in row.items() if not k.startswith(("host", "graphed_top"))}, flush=True)
+        print(variant, {k: v for k, v in row.items() if not k.startswith(("host", "graphed_top", "prefill_top",
+                                                                         "prefill_host"))},
+              flush=True)
         del model
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
