@@ -129,12 +129,13 @@ if triton is not None:
     @triton.jit
     def _add_outliers(y, xo, wo_ptr, offs_n, mn, offs_o, mo, NO):
         """``y`` plus the outlier columns' thin product ``xo [BM, BNO] @ outlier_weight[offs_n, offs_o]^T``
-        (in the model dtype on the tensor cores; exact float32 products for float32 x)."""
+        (in the model dtype on the tensor cores; exact float32 products for float32 x), accumulated into
+        ``y`` itself: a product tile of its own beside ``y`` spilled the 128 x 128 prefill tiles' registers."""
         wo = tl.load(wo_ptr + offs_n[None, :].to(tl.int64) * NO + offs_o[:, None], mask=mo[:, None] & mn[None, :],
                      other=0.0)
         if xo.dtype == tl.float32:
-            return y + tl.dot(xo, wo.to(tl.float32), input_precision="ieee")
-        return y + tl.dot(xo, wo.to(xo.dtype))
+            return tl.dot(xo, wo.to(tl.float32), y, input_precision="ieee")
+        return tl.dot(xo, wo.to(xo.dtype), y)
 
     @triton.jit
     def _int8_gemm_kernel(a_ptr, w_ptr, xs_ptr, ws_ptr, xo_ptr, wo_ptr, bias_ptr, y_ptr, M, N, K, NO, s_ym,
