@@ -59,7 +59,10 @@ def test_activation_codes_are_the_references():
     q_ref, s_ref = quantize_int8(x[:, mod.keep_idx].cpu(), dim=-1)
     assert torch.equal(xq[:, :mod.n_main].cpu(), q_ref)  # packed like the weight: the kept columns, in order
     assert torch.equal(xs.cpu(), s_ref.squeeze(-1))
-    assert torch.equal(xo.cpu(), x[:, mod.outlier_idx].cpu())
+    # the outlier block: the 5 columns, then the last again up to 16 (OUTLIER_ALIGN), whose weights are zero
+    assert torch.equal(xo.cpu(), x[:, mod.outlier_idx[[0, 1, 2, 3] + [4] * 12]].cpu())
+    packed = mod.packed()
+    assert torch.equal(packed.outlier_weight[:, :5], mod.outlier_weight) and not packed.outlier_weight[:, 5:].any()
 
 
 def test_packing_shares_the_module_weight():

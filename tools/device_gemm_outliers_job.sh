@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Issue #14: what the outlier columns cost the int8 GEMMs (tools/probe_gemm_outliers.py: the output tile as the
-# outlier product's accumulator, against a copy of the kernel before), the GEMM tests on the GPU, then the 1.14B
-# qwen3_next's e2e (bf16 vs hybrid_int8, prompt 1,024, B = 1 and 64) and its B = 64 step's and prefill's profile.
+# Issue #14: what the outlier columns cost the int8 GEMMs, padded to a multiple of 16 (PackedOutlierWeight.pack) or
+# not (tools/probe_gemm_outliers.py); the GEMM, fused-op and rowwise tests on the GPU; then the 1.14B qwen3_next's
+# e2e (bf16 vs hybrid_int8, prompt 1,024, B = 1 and 64) with its B = 64 step's and prefill's profile, and the
+# 1.37B GLA's (bf16 vs gla_int8_all, prompt 4,096).
 # Run by `bash tools/device_kernels.sh WAIT device_gemm_outliers_job.sh`. $1: work folder.
 set -u
 W=${1:-$OUT}
@@ -14,5 +15,11 @@ log "probe rc $?"
 timeout 400 python3 -m pytest -q -rfs --tb=short tests/test_int8_gemm_kernel.py tests/test_gemm_decode.py \
   tests/test_fused_layer_ops.py > "$W/gpu_tests_gemm.log" 2>&1
 log "gemm tests rc $?"
+timeout 200 python3 -m pytest -q -rfs --tb=short -m gpu tests/test_quantizing_rowwise.py > "$W/gpu_tests_rowwise.log" 2>&1
+log "rowwise gpu tests rc $?"
 bash tools/device_hybrid_e2e.sh "$W"
+timeout 600 laquant eval speed --suite e2e --recipe gla_int8_all --batch 1 64 --prompt 4096 --gen 32 \
+  --model 'config:{"hidden_size": 2048, "num_hidden_layers": 24, "num_heads": 16, "vocab_size": 32000}' \
+  --out "$W/e2e_gla" > "$W/e2e_gla.log" 2>&1
+log "gla e2e rc $?"
 touch "$W/job.done"

@@ -64,13 +64,21 @@ except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
 
+# The outlier block's row length, in columns: a multiple of 16 lets Triton vectorize the kernels' loads
+# of the outlier activations and weights (rows of 270 bf16 made the 2048 x 5632 GEMM 3.8x slower at
+# M = 1,024 than rows of 64; eval/results/gemm_outliers_h200/).
+OUTLIER_ALIGN = 16
+
+
 @dataclass
 class PackedOutlierWeight:
     """What the kernels read of a QuantLinear: ``qweight`` ``[N, n_keep]`` int8, its rows padded
     with zeros to a multiple of 16 (the module's own buffer, not a copy: the outlier columns are
     already left out), ``scale`` ``[N]`` float32,
     ``source`` ``[n_keep padded]`` int32 (the input column each int8 column holds, -1 in the padding),
-    ``outlier_idx`` ``[n_out]`` int32 and ``outlier_weight`` ``[N, n_out]`` (model dtype)."""
+    ``outlier_idx`` ``[n_out]`` int32 and ``outlier_weight`` ``[N, n_out]`` (model dtype), ``n_out`` padded
+    to a multiple of :data:`OUTLIER_ALIGN` (the last index again, with zero weights: the same sums; the
+    outlier weight is then a padded copy of the module's)."""
 
     qweight: torch.Tensor
     scale: torch.Tensor
@@ -87,6 +95,10 @@ class PackedOutlierWeight:
             raise ValueError("the int8 GEMM needs weight rows contiguous and padded to a multiple of 16")
         source = torch.full((qweight.shape[1],), -1, dtype=torch.int32, device=qweight.device)
         source[:keep_idx.numel()] = keep_idx.to(torch.int32)
+        pad = -outlier_idx.numel() % OUTLIER_ALIGN if outlier_idx.numel() else 0
+        if pad:
+            outlier_idx = torch.cat([outlier_idx, outlier_idx[-1:].expand(pad)])
+            outlier_weight = torch.nn.functional.pad(outlier_weight, (0, pad))
         return cls(qweight, weight_scale.reshape(-1).float().expand(N).contiguous(), source,
                    outlier_idx.to(torch.int32).contiguous(), outlier_weight.contiguous(), bias, in_features)
 
@@ -129,13 +141,12 @@ if triton is not None:
     @triton.jit
     def _add_outliers(y, xo, wo_ptr, offs_n, mn, offs_o, mo, NO):
         """``y`` plus the outlier columns' thin product ``xo [BM, BNO] @ outlier_weight[offs_n, offs_o]^T``
-        (in the model dtype on the tensor cores; exact float32 products for float32 x), accumulated into
-        ``y`` itself: a product tile of its own beside ``y`` spilled the 128 x 128 prefill tiles' registers."""
+        (in the model dtype on the tensor cores; exact float32 products for float32 x)."""
         wo = tl.load(wo_ptr + offs_n[None, :].to(tl.int64) * NO + offs_o[:, None], mask=mo[:, None] & mn[None, :],
                      other=0.0)
         if xo.dtype == tl.float32:
-            return tl.dot(xo, wo.to(tl.float32), y, input_precision="ieee")
-        return tl.dot(xo, wo.to(xo.dtype), y)
+            return y + tl.dot(xo, wo.to(tl.float32), input_precision="ieee")
+        return y + tl.dot(xo, wo.to(xo.dtype))
 
     @triton.jit
     def _int8_gemm_kernel(a_ptr, w_ptr, xs_ptr, ws_ptr, xo_ptr, wo_ptr, bias_ptr, y_ptr, M, N, K, NO, s_ym,
