@@ -6,7 +6,8 @@ per-output-channel (or per-tensor) weight scales. Two launches:
 
 1. ``_quantize_rows_kernel`` reads x once per row: the absmax over the non-outlier columns gives
    the token's scale, the kept columns are written as int8, packed (the weight's layout), and the
-   outlier columns are gathered into a small dense ``[M, n_outliers]`` block;
+   outlier columns are gathered into a small dense ``[M, n_outliers]`` block (``n_outliers`` padded to
+   :data:`OUTLIER_ALIGN`);
 2. the GEMM multiplies int8 x int8 into int32 accumulators on the tensor cores, and its epilogue
    dequantizes with the row and column scales, adds the outlier block times the bf16 outlier
    weights (a second, thin tensor-core product) and the bias, and writes y once. At large M the
