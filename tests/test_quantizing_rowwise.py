@@ -106,6 +106,7 @@ CODES_PATHS = {"qwen3_next": ("swiglu_codes", "gated_norm_codes"), "qwen3_5": ("
                "bailing_hybrid": ("swiglu_codes",), "minimax": (), "bamba": ("swiglu_codes",),
                "granitemoehybrid": ("swiglu_codes",),
                "falcon_h1": (), "nemotron_h": (), "olmo_hybrid": ("swiglu_codes",)}
+GATED_DELTA_NETS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid")  # their gate tail: one kernel
 
 
 @pytest.mark.parametrize("family", list(CODES_PATHS))
@@ -114,12 +115,14 @@ def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monk
     """The GPU wiring, checked on the CPU: with the projections, norms and SwiGLUs taking their Triton path (run
     by Triton's interpreter, float32), every installed norm hands its codes to its group's one GEMM (none is
     computed in vain), the MLPs' SwiGLU and the mixers' gated norm write down_proj's / out_proj's, and the logits
-    equal the reference path's."""
+    equal the reference path's (the gated delta rules' gate tail on its one kernel, too)."""
     if not INTERPRETED or os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("checks the kernels' wiring on the CPU under TRITON_INTERPRET=1 (the GPU test covers CUDA)")
     pytest.importorskip("triton")
     import laquant
+    from laquant.kernels.delta import gating
     from laquant.kernels.rowwise import fused as rowwise_fused
+    from laquant.models import hybrid_mixers
     from laquant.quant import fused, modules
 
     torch.manual_seed(0)
@@ -132,9 +135,9 @@ def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monk
     def interpreted(x, state_format=None):  # the projections' side only: the state kernels keep the references
         return state_format is None and not (x.requires_grad and torch.is_grad_enabled())
 
-    for module in (quantizing_rowwise, fused, modules):
+    for module in (quantizing_rowwise, fused, modules, hybrid_mixers):
         monkeypatch.setattr(module, "use_triton", interpreted)
-    calls = {"gemm_on_codes": 0, "gated_norm_codes": 0, "swiglu_codes": 0}
+    calls = {"gemm_on_codes": 0, "gated_norm_codes": 0, "swiglu_codes": 0, "gdn_gating": 0}
 
     def counted(name, fn, when=lambda *a, **k: True):
         def wrapper(*args, **kwargs):
@@ -147,11 +150,13 @@ def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monk
     monkeypatch.setattr(rowwise_fused, "gated_rms_norm_triton", counted(
         "gated_norm_codes", rowwise_fused.gated_rms_norm_triton, lambda *a, packed=None, **k: packed is not None or
         len(a) > 4))
+    monkeypatch.setattr(gating, "gdn_gating_triton", counted("gdn_gating", gating.gdn_gating_triton))
     logits = model(ids).logits
     installed = sum(isinstance(m, (quantizing_rowwise._QuantizingNorm, quantizing_rowwise._QuantizingSwiGLU))
                     for m in model.modules())
     assert installed and calls["gemm_on_codes"] >= installed, (installed, calls)
     assert all(calls[name] for name in CODES_PATHS[family]), calls
+    assert bool(calls["gdn_gating"]) == (family in GATED_DELTA_NETS), calls
     assert rel_err(logits, reference) < 1e-5
 
 

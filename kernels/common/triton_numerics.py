@@ -88,6 +88,16 @@ if triton is not None:
         return int8_codes(tl.math.div_rn(x, scale))
 
     @triton.jit
+    def fake_quantize_int8(raw, lo, hi, scale, BOUNDS: tl.constexpr):
+        """Twin of ``numerics.fake_quantize_int8`` (calibrated gate logits): ``raw``, a tile in the
+        logits' dtype, clamped to ``[lo, hi]`` (rounded to raw's dtype) when ``BOUNDS``, rounded to int8
+        with the static ``scale`` and back to raw's dtype; returned in float32 (exact)."""
+        x = raw.to(tl.float32)
+        if BOUNDS:
+            x = tl.maximum(tl.minimum(x, hi.to(raw.dtype).to(tl.float32)), lo.to(raw.dtype).to(tl.float32))
+        return (quantize_int8(x, scale).to(tl.float32) * scale).to(raw.dtype).to(tl.float32)
+
+    @triton.jit
     def store_token_codes(row, source_ptr, idx_ptr, xq_row, xs_out, xo_row, KQ, NO, BK: tl.constexpr,
                           BNO: tl.constexpr, HAS_OUT: tl.constexpr):
         """W8A8's activation codes of one token's row (``BK >= KQ``): the absmax over the kept

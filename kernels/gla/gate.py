@@ -28,7 +28,7 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_prologue
-    from ..common.triton_numerics import quantize_int8 as tl_quantize_int8
+    from ..common.triton_numerics import fake_quantize_int8 as tl_fake_quantize_int8
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -53,15 +53,16 @@ if triton is not None:
         """Logits ``raw`` (a tile of the logits' dtype, columns ``cols``) -> float32 log-decay."""
         x = raw.to(tl.float32)  # exact; the bounds and the dequantized logits are rounded to raw's dtype
         if QUANT:
+            lo = 0.0
+            hi = 0.0
             if BOUNDS:
-                lo = tl.load(lo_ptr + cols, mask=mc, other=0.0).to(raw.dtype).to(tl.float32)
-                hi = tl.load(hi_ptr + cols, mask=mc, other=0.0).to(raw.dtype).to(tl.float32)
-                x = tl.maximum(tl.minimum(x, hi[None, :]), lo[None, :])
+                lo = tl.load(lo_ptr + cols, mask=mc, other=0.0)[None, :]
+                hi = tl.load(hi_ptr + cols, mask=mc, other=0.0)[None, :]
             if PER_CHANNEL:
                 s = tl.load(s_ptr + cols, mask=mc, other=1.0)[None, :]
             else:
                 s = tl.load(s_ptr)
-            x = (tl_quantize_int8(x, s).to(tl.float32) * s).to(raw.dtype).to(tl.float32)
+            x = tl_fake_quantize_int8(raw, lo, hi, s, BOUNDS)
         y = (tl.minimum(x, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(x)))) / normalizer  # logsigmoid
         if CLAMP_MIN:
             y = tl.maximum(y, clamp_min)

@@ -25,10 +25,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
+from laquant.kernels.common.dispatch import use_triton
 from laquant.models.cache import state_store
 from laquant.models.quantizing_rowwise import GATED_NORMS
 from laquant.models.recurrent import RecurrentMixer
 from laquant.quant.fused import project, w8a8_inputs
+from laquant.quant.modules import QuantGate
 
 
 def layer_states(cache, legacy=None):
@@ -70,6 +72,27 @@ def short_conv(x: torch.Tensor, states, layer_idx: int, conv: nn.Conv1d, activat
         if getattr(states, "checkpoints", None) is not None:
             states.checkpoints.keep_conv(layer_idx, inp, W)
     return out.to(x.dtype)
+
+
+def gate_logits(gate: nn.Module, x: torch.Tensor):
+    """``(logits, treatment)``: a gated delta rule's gate projection's raw output and, for a calibrated
+    :class:`QuantGate`, its logit treatment (None for a plain linear), where the one-launch gate tail
+    (:mod:`laquant.kernels.delta.gating`) may take them: on the GPU, with no hooks on the gate (calibration
+    observes its treated output). Else None: the module's forward and PyTorch's tail."""
+    if not use_triton(x) or gate._forward_hooks or gate._forward_pre_hooks:
+        return None
+    if isinstance(gate, QuantGate):
+        return (gate.project(x), gate.logit_treatment()) if gate.channel_start is None else None
+    return gate(x), None
+
+
+def treatment_view(treatment: dict | None, view) -> dict | None:
+    """A gate's treatment with its per-channel tensors passed through ``view`` (to the heads' ``[G, R]``
+    layout); a per-tensor scale stays as it is."""
+    if treatment is None:
+        return None
+    return {k: None if v is None else v if k == "logit_scale" and v.numel() == 1 else view(v)
+            for k, v in treatment.items()}
 
 
 class HybridMixer(RecurrentMixer):
@@ -172,13 +195,30 @@ class GatedDeltaNetMixer(HybridMixer):
         q, k = q.unflatten(-1, (-1, self.head_k_dim)), k.unflatten(-1, (-1, self.head_k_dim))
         return self.attend_delta(q, k, v.unflatten(-1, (-1, self.head_v_dim)), g, beta, states)
 
+    def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(g, beta)`` float32 ``[B, T, Hv]`` from ``in_proj_ba(x)``; on the GPU the tail is one kernel
+        reading the fused projection's output in place."""
+        fused = gate_logits(self.in_proj_ba, x)
+        if fused is None:
+            b, a = self.split_ba(self.in_proj_ba(x))
+            return self.log_decay(a), b.float().sigmoid()
+        from laquant.kernels.delta.gating import gdn_gating_triton
+
+        logits, treatment = fused
+        r = self.num_v_heads // self.num_k_heads
+        grouped = logits.unflatten(-1, (self.num_k_heads, 2 * r))  # per key head: r beta logits, r decay logits
+        by_head = lambda t: t.view(self.num_k_heads, 2 * r)  # noqa: E731
+        return gdn_gating_triton(grouped[..., r:], grouped[..., :r], self.A_log, self.dt_bias,
+                                 a_treatment=treatment_view(treatment, lambda t: by_head(t)[:, r:]),
+                                 b_treatment=treatment_view(treatment, lambda t: by_head(t)[:, :r]))
+
     def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, cache=None, **kwargs):
         x = mask_padding(hidden_states, attention_mask)
         B, T, _ = x.shape
         q, k, v, z = self.split_qkvz(self.in_proj_qkvz(x))
-        b, a = self.split_ba(self.in_proj_ba(x))
+        g, beta = self.gates(x)
         qkv = torch.cat([q.flatten(-2), k.flatten(-2), v.flatten(-2)], -1)
-        o = self.conv_and_attend(qkv, self.log_decay(a), b.float().sigmoid(), layer_states(cache, cache_params))
+        o = self.conv_and_attend(qkv, g, beta, layer_states(cache, cache_params))
         return self.norm_and_out(o, z)
 
     def norm_and_out(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -378,12 +418,32 @@ class SplitGatedDeltaNetMixer(GatedDeltaNetMixer):
         """The log-decay of the gate projection's outputs (the decay logits alone)."""
         return self.log_decay(logits)
 
+    BETA = "in_proj_b"
+
+    def beta_scale(self) -> float:
+        return 1.0
+
+    def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(g, beta)`` float32 ``[B, T, Hv]`` from the decay projection (``GATE``) and the beta one
+        (``BETA``); on the GPU the tail is one kernel."""
+        gate, beta_proj = getattr(self, self.GATE), getattr(self, self.BETA)
+        fused = gate_logits(gate, x)
+        if fused is None:
+            g, beta = self.log_decay(gate(x)), beta_proj(x).float().sigmoid()
+            return g, beta * self.beta_scale() if self.beta_scale() != 1.0 else beta
+        from laquant.kernels.delta.gating import gdn_gating_triton
+
+        logits, treatment = fused
+        as_heads = lambda t: t.unflatten(-1, (1, self.num_v_heads))  # noqa: E731
+        return gdn_gating_triton(as_heads(logits), as_heads(beta_proj(x)), self.A_log, self.dt_bias,
+                                 beta_scale=self.beta_scale(), a_treatment=treatment_view(treatment, as_heads))
+
     def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, cache=None, **kwargs):
         x = mask_padding(hidden_states, attention_mask)
         B, T, _ = x.shape
         z = self.in_proj_z(x)
-        o = self.conv_and_attend(self.in_proj_qkv(x), self.log_decay(self.in_proj_a(x)),
-                                 self.in_proj_b(x).float().sigmoid(), layer_states(cache, cache_params))
+        g, beta = self.gates(x)
+        o = self.conv_and_attend(self.in_proj_qkv(x), g, beta, layer_states(cache, cache_params))
         return self.norm_and_out(o, z.unflatten(-1, (self.num_v_heads, self.head_v_dim)))
 
 
@@ -407,14 +467,17 @@ class OlmoGatedDeltaNetMixer(SplitGatedDeltaNetMixer):
         return _widths_problem(src, {"q_proj": src.key_dim, "k_proj": src.key_dim, "v_proj": src.value_dim,
                                      "g_proj": src.value_dim, "a_proj": src.num_v_heads, "b_proj": src.num_v_heads})
 
+    BETA = "b_proj"
+
+    def beta_scale(self) -> float:
+        return 2.0 if self.allow_neg_eigval else 1.0  # beta in [0, 2]
+
     def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, cache=None, **kwargs):
         x = mask_padding(hidden_states, attention_mask)
         B, T, _ = x.shape
-        beta = self.b_proj(x).float().sigmoid()
-        if self.allow_neg_eigval:
-            beta = beta * 2.0
+        g, beta = self.gates(x)
         qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1)
-        o = self.conv_and_attend(qkv, self.log_decay(self.a_proj(x)), beta, layer_states(cache, cache_params))
+        o = self.conv_and_attend(qkv, g, beta, layer_states(cache, cache_params))
         o = self.o_norm(o.reshape(-1, self.head_v_dim), self.g_proj(x).reshape(-1, self.head_v_dim))
         return self.o_proj(o.reshape(B, T, -1))
 
