@@ -1,5 +1,5 @@
-"""The gated delta rule's one-launch gate tail (laquant.kernels.delta.gating) against its PyTorch spec, and
-the hybrid mixers that run it on the GPU (interpreted on CPU, float32)."""
+"""The gated delta rule's one-launch gate tail (laquant.kernels.delta.gating) against its PyTorch spec
+(interpreted on CPU, float32); test_quantizing_rowwise runs it inside the hybrids' models."""
 
 import pytest
 import torch

@@ -404,6 +404,7 @@ class SplitGatedDeltaNetMixer(GatedDeltaNetMixer):
     MODULES = ("conv1d", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "norm", "out_proj")
     PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "out_proj")
     GATE = "in_proj_a"
+    BETA = "in_proj_b"  # the beta logits' projection
 
     @staticmethod
     def fused_splits(src: nn.Module) -> dict[str, dict[str, int]]:
@@ -417,8 +418,6 @@ class SplitGatedDeltaNetMixer(GatedDeltaNetMixer):
     def gate_log_decay(self, logits: torch.Tensor) -> torch.Tensor:
         """The log-decay of the gate projection's outputs (the decay logits alone)."""
         return self.log_decay(logits)
-
-    BETA = "in_proj_b"
 
     def beta_scale(self) -> float:
         return 1.0
@@ -457,6 +456,7 @@ class OlmoGatedDeltaNetMixer(SplitGatedDeltaNetMixer):
     ATTRS = (*SplitGatedDeltaNetMixer.ATTRS, "allow_neg_eigval")
     PROJECTIONS = ("q_proj", "k_proj", "v_proj", "b_proj", "g_proj", "o_proj")
     GATE = "a_proj"
+    BETA = "b_proj"
 
     @staticmethod
     def fused_splits(src: nn.Module) -> dict[str, dict[str, int]]:
@@ -466,8 +466,6 @@ class OlmoGatedDeltaNetMixer(SplitGatedDeltaNetMixer):
     def layout_problem(src: nn.Module) -> str | None:
         return _widths_problem(src, {"q_proj": src.key_dim, "k_proj": src.key_dim, "v_proj": src.value_dim,
                                      "g_proj": src.value_dim, "a_proj": src.num_v_heads, "b_proj": src.num_v_heads})
-
-    BETA = "b_proj"
 
     def beta_scale(self) -> float:
         return 2.0 if self.allow_neg_eigval else 1.0  # beta in [0, 2]
