@@ -64,6 +64,24 @@ def ms_per_step(model, prompt, ids, counter=None) -> float:
     return (time.perf_counter() - t0) / (ids.shape[1] - 5) * 1e3
 
 
+def top_kernels(prof, top: int = 20) -> dict:
+    """The profiled CUDA kernels summarized (``laquant.eval.speed.summarize_kernels``, no layer markers)."""
+    return summarize_kernels([(e.name, e.time_range.start, e.time_range.end - e.time_range.start)
+                              for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA], 0, top=top)
+
+
+def host_tottime(fn, lines: int) -> list[str]:
+    """cProfile of ``fn()`` (synced), its ``lines`` functions with the most own time."""
+    p = cProfile.Profile()
+    p.enable()
+    fn()
+    sync()
+    p.disable()
+    text = io.StringIO()
+    pstats.Stats(p, stream=text).sort_stats("tottime").print_stats(lines)
+    return text.getvalue().splitlines()
+
+
 def prefill_profile(model, prompt) -> dict:
     """A prefill as ``eval speed`` times it (one prompt, no cache, the last token's logits): wall ms,
     and its kernels and GPU ms (GPU ms well below wall ms: the host sets the pace)."""
@@ -79,18 +97,10 @@ def prefill_profile(model, prompt) -> dict:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run()
         sync()
-    kernels = summarize_kernels([(e.name, e.time_range.start, e.time_range.end - e.time_range.start)
-                                 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA], 0, top=20)
-    p = cProfile.Profile()
-    p.enable()
-    run()
-    sync()
-    p.disable()
-    text = io.StringIO()
-    pstats.Stats(p, stream=text).sort_stats("tottime").print_stats(20)
+    kernels = top_kernels(prof)
     return {"prefill_tokens": prompt.shape[1], "prefill_wall_ms": wall,
             **{f"prefill_{k}": kernels[k] for k in ("kernels_per_step", "gpu_ms_per_step", "top_kernels")},
-            "prefill_host_tottime": text.getvalue().splitlines()}
+            "prefill_host_tottime": host_tottime(run, 20)}
 
 
 @torch.no_grad()
@@ -125,9 +135,7 @@ def main(out_path: str, config_path: str = SMALL) -> None:
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 session.graph.graph.replay()
                 sync()
-            replay = summarize_kernels([(e.name, e.time_range.start, e.time_range.end - e.time_range.start)
-                                        for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA],
-                                       0, top=20)
+            replay = top_kernels(prof)
             row.update({f"graphed_{k}": replay[k] for k in ("kernels_per_step", "gpu_ms_per_step", "top_kernels")})
         counter = SaturationCounter(model, 64)
         row["eval_loop_ms_per_step"] = ms_per_step(model, prompt, ids, counter)
@@ -141,14 +149,7 @@ def main(out_path: str, config_path: str = SMALL) -> None:
         cuda = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         row["kernels_per_step"] = len(cuda) / 10
         row["gpu_ms_per_step"] = sum(e.device_time for e in cuda) / 1e3 / 10
-        p = cProfile.Profile()
-        p.enable()
-        steps(model, cache, ids[:, 13:33])
-        sync()
-        p.disable()
-        text = io.StringIO()
-        pstats.Stats(p, stream=text).sort_stats("tottime").print_stats(25)
-        row["host_tottime_20_steps"] = text.getvalue().splitlines()
+        row["host_tottime_20_steps"] = host_tottime(lambda: steps(model, cache, ids[:, 13:33]), 25)
         result[variant] = row
         print(variant, {k: v for k, v in row.items() if not k.startswith(("host", "graphed_top", "prefill_top",
                                                                          "prefill_host"))},
