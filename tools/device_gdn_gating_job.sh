@@ -4,11 +4,7 @@
 # cache and graph capture), then the 1.14B qwen3_next's e2e and its B = 64 step's and prefill's profile.
 # Run by `bash tools/device_kernels.sh WAIT device_gdn_gating_job.sh`. $1: work folder.
 set -u
-W=${1:-$OUT}
-log() { echo "$* $(date +%T)" >> "$W/status.log"; }
-python3 -c "import torch, triton, transformers; print(torch.cuda.get_device_name(), 'torch', torch.__version__, \
-'triton', triton.__version__, 'transformers', transformers.__version__)" > "$W/versions.txt" 2>&1
-log start
+. tools/device_job_env.sh "$@"
 timeout 200 python3 -m pytest -q -rfs --tb=short tests/test_delta_gating.py tests/test_fused_layer_ops.py \
   > "$W/gpu_tests_gating.log" 2>&1
 log "gating tests rc $?"

@@ -5,11 +5,7 @@
 # 1.37B GLA's (bf16 vs gla_int8_all, prompt 4,096).
 # Run by `bash tools/device_kernels.sh WAIT device_gemm_outliers_job.sh`. $1: work folder.
 set -u
-W=${1:-$OUT}
-log() { echo "$* $(date +%T)" >> "$W/status.log"; }
-python3 -c "import torch, triton, transformers; print(torch.cuda.get_device_name(), 'torch', torch.__version__, \
-'triton', triton.__version__, 'transformers', transformers.__version__)" > "$W/versions.txt" 2>&1
-log start
+. tools/device_job_env.sh "$@"
 timeout 300 python3 tools/probe_gemm_outliers.py "$W/probe_gemm_outliers.json" > "$W/probe_gemm_outliers.log" 2>&1
 log "probe rc $?"
 timeout 400 python3 -m pytest -q -rfs --tb=short tests/test_int8_gemm_kernel.py tests/test_gemm_decode.py \

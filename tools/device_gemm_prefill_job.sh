@@ -3,11 +3,7 @@
 # 1.14B qwen3_next's e2e at B = 1 with a 4,096-token prompt, where its prefill is bound by the GPU, not the host.
 # Run by `bash tools/device_kernels.sh WAIT device_gemm_prefill_job.sh`. $1: work folder.
 set -u
-W=${1:-$OUT}
-log() { echo "$* $(date +%T)" >> "$W/status.log"; }
-python3 -c "import torch, triton, transformers; print(torch.cuda.get_device_name(), 'torch', torch.__version__, \
-'triton', triton.__version__, 'transformers', transformers.__version__)" > "$W/versions.txt" 2>&1
-log start
+. tools/device_job_env.sh "$@"
 if [ -z "${SKIP_SWEEP:-}" ]; then  # SKIP_SWEEP=1: the e2e only
   timeout 420 python3 tools/sweep_gemm_prefill.py "$W" > "$W/sweep_gemm_prefill.log" 2>&1
   log "sweep rc $?"

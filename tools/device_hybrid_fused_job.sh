@@ -6,11 +6,7 @@
 # (device_norm_codes_job.sh: train qwen3next-small, hybrid_int8 perplexity with and without the fusion).
 # Run by `bash tools/device_kernels.sh WAIT device_hybrid_fused_job.sh` with device_norm_codes_job.sh's carry.
 set -u
-W=${1:-$OUT}
-log() { echo "$* $(date +%T)" >> "$W/status.log"; }
-python3 -c "import torch, triton, transformers; print(torch.cuda.get_device_name(), 'torch', torch.__version__, \
-'triton', triton.__version__, 'transformers', transformers.__version__)" > "$W/versions.txt" 2>&1
-log start
+. tools/device_job_env.sh "$@"
 timeout 600 python3 -m pytest -q -rfs --tb=short -m gpu tests/test_quantizing_rowwise.py tests/test_static_hybrid.py \
   tests/test_hybrid.py > "$W/gpu_tests.log" 2>&1
 log "gpu tests rc $?"

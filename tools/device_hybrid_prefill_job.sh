@@ -4,11 +4,7 @@
 # whose rows now hold one B = 1 prefill's wall time, kernels and host profile.
 # Run by `bash tools/device_kernels.sh WAIT device_hybrid_prefill_job.sh`. $1: work folder.
 set -u
-W=${1:-$OUT}
-log() { echo "$* $(date +%T)" >> "$W/status.log"; }
-python3 -c "import torch, triton, transformers; print(torch.cuda.get_device_name(), 'torch', torch.__version__, \
-'triton', triton.__version__, 'transformers', transformers.__version__)" > "$W/versions.txt" 2>&1
-log start
+. tools/device_job_env.sh "$@"
 timeout 300 python3 -m pytest -q -rfs --tb=short -m gpu tests/test_quantizing_rowwise.py > "$W/gpu_tests_rowwise.log" 2>&1
 log "rowwise gpu tests rc $?"
 BATCH=64 PROMPT=1024 timeout 400 python3 tools/profile_hybrid_decode.py "$W/profile_hybrid_b64.json" \

@@ -6,11 +6,7 @@
 # (bf16 vs gla_int8_all).
 # Run by `bash tools/device_kernels.sh WAIT device_state_decode_job.sh`. $1: work folder.
 set -u
-W=${1:-$OUT}
-log() { echo "$* $(date +%T)" >> "$W/status.log"; }
-python3 -c "import torch, triton, transformers; print(torch.cuda.get_device_name(), 'torch', torch.__version__, \
-'triton', triton.__version__, 'transformers', transformers.__version__)" > "$W/versions.txt" 2>&1
-log start
+. tools/device_job_env.sh "$@"
 timeout 400 python3 tools/sweep_kernels.py state_decode --write > "$W/sweep_state_decode.log" 2>&1
 log "sweep rc $?"
 cp kernels/common/state_io.py "$W/state_io.py"
