@@ -170,6 +170,16 @@ def capture_graph(fn):
     return graph, out
 
 
+def graph_history(steps: int) -> int:
+    """The tokens a captured decode loop's history holds for ``steps`` new tokens: a power of two, at least 256."""
+    return max(256, 1 << (steps - 1).bit_length())
+
+
+def kv_room(cached_tokens: int, history: int) -> int:
+    """A captured hybrid's static keys: room for the prompt and the history, rounded up to 1,024 for later prompts."""
+    return -(-(cached_tokens + history) // 1024) * 1024
+
+
 class _NotInPlace(LaquantError):
     """A decode step replaced its state tensors instead of updating them: no graph can replay it."""
 
@@ -185,8 +195,7 @@ class _DecodeGraph:
 
     def __init__(self, model, prefill_cache, capacity: int, choose, eos: int | None):
         self.model, self.choose, self.eos = model, choose, eos
-        # a hybrid's softmax layers get room for the prompt and the steps, rounded up for later prompts
-        self.cache = static_cache(prefill_cache, -(-(_cached_tokens(prefill_cache) + capacity) // 1024) * 1024)
+        self.cache = static_cache(prefill_cache, kv_room(_cached_tokens(prefill_cache), capacity))
         states = _state_tensors(self.cache)
         batch, device = states[0].data.shape[0], states[0].data.device
         self.tok = torch.zeros(batch, 1, dtype=torch.long, device=device)
@@ -242,7 +251,7 @@ def _graph_for(model, prefill_cache, batch, steps, key, choose, eos) -> _DecodeG
     if g is None or g.capacity < steps or (room is not None and room < _cached_tokens(prefill_cache) + steps):
         graphs.pop(full_key, None)
         try:
-            g = _DecodeGraph(model, prefill_cache, max(256, 1 << (steps - 1).bit_length()), choose, eos)
+            g = _DecodeGraph(model, prefill_cache, graph_history(steps), choose, eos)
         except _NotInPlace as exc:
             graphs[full_key] = exc
             raise

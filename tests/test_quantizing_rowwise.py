@@ -165,12 +165,11 @@ def _static_greedy(model, ids, n):
     """Greedy decoding on the static cache the captured loop replays, its steps run eagerly. In bf16 the
     eager loop (graphed=False, the dynamic cache's attention) rounds differently, so its tokens may part
     from the graph's at a near tie; these steps run the graph's kernels on the graph's inputs."""
-    from laquant.generate import _forward, _fresh_cache, static_cache, static_forward
+    from laquant.generate import _forward, _fresh_cache, graph_history, kv_room, static_cache, static_forward
 
     logits, cache = _forward(model, ids, _fresh_cache(model))
     tokens = [logits.argmax(-1)]
-    room = max(256, 1 << (n - 1).bit_length())  # the graph's: prompt + steps, rounded up to 1,024 keys
-    static = static_cache(cache, -(-(ids.shape[1] + room) // 1024) * 1024)
+    static = static_cache(cache, kv_room(ids.shape[1], graph_history(n)))  # the graph's room
     for _ in range(n - 1):
         tokens.append(static_forward(model, tokens[-1][:, None], static).argmax(-1))
     return torch.cat([ids, torch.stack(tokens, 1)], 1)
