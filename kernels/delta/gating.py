@@ -99,7 +99,7 @@ def _treatment_args(treatment: dict | None, dummy: torch.Tensor, G: int, R: int)
         return (dummy, dummy, dummy), (0, 0), dict(QUANT=False, BOUNDS=False, PER_CHANNEL=False)
     lo, hi, scale = treatment["logit_min"], treatment["logit_max"], treatment["logit_scale"]
     per_channel = scale.numel() > 1
-    ref = scale if per_channel else (lo if lo is not None else None)
+    ref = scale if per_channel else lo
     strides = tuple(ref.stride()) if ref is not None and ref.dim() == 2 else (0, 0)
     for t in (lo, hi, scale if per_channel else None):
         if t is not None and (tuple(t.shape) != (G, R) or tuple(t.stride()) != strides):
