@@ -78,7 +78,7 @@ def test_auto_dispatch_follows_the_table(monkeypatch):
     w8a16 = dict(BM=64, BN=64, BK=64, SPLIT_K=1, FIXUP=True, num_warps=4, num_stages=2)
     table = {"1@64x96": {"path": "w8a16", "w8a8": w8a8, "w8a16": w8a16},
              "64@64x96": {"path": "w8a8", "w8a8": w8a8, "w8a16": w8a16}}
-    monkeypatch.setattr(configs, "TABLE", table)
+    monkeypatch.setattr(configs, "TABLES", {"dispatch test GPU": table})  # off CUDA: the first table
     calls = []
     monkeypatch.setattr(gemm, "int8_outlier_linear_triton", lambda x, p, c: calls.append(("w8a8", c)))
     monkeypatch.setattr(gemm, "int8_weight_only_linear_triton", lambda x, p, c: calls.append(("w8a16", c)))
@@ -98,7 +98,7 @@ def test_choose_gemm_buckets_and_unseen_shapes(monkeypatch):
     table = {f"{b}@{s}": {"path": "w8a16" if b <= 16 else "w8a8", "w8a8": dict(configs.DEFAULT_SPLITK["w8a8"], BN=n),
                           "w8a16": configs.DEFAULT_SPLITK["w8a16"]}
              for b in configs.M_BUCKETS for s, n in (("2048x2048", 32), ("5632x2048", 128))}
-    monkeypatch.setattr(configs, "TABLE", table)
+    monkeypatch.setattr(configs, "TABLES", {"bucket test GPU": table})
     assert configs.choose_gemm(1, 2048, 2048)[0] == "w8a16"
     assert configs.choose_gemm(16, 2048, 2048)[0] == "w8a16"
     assert configs.choose_gemm(17, 2048, 2048)[0] == "w8a8"
@@ -107,12 +107,31 @@ def test_choose_gemm_buckets_and_unseen_shapes(monkeypatch):
     assert "GROUP_M" in configs.choose_gemm(257, 2048, 2048)[1]
 
 
-def test_committed_table_is_complete():
-    """Every swept shape has every bucket, both paths, a path choice (when the table is filled)."""
-    shapes = {k.split("@")[1] for k in configs.TABLE}
+def test_each_gpu_takes_its_own_table(monkeypatch):
+    """A GPU takes the table swept on it, else one of the same model of GPU, else the first committed."""
+    tables = {name: {f"{b}@2048x2048": {"path": "w8a8", "w8a8": dict(configs.DEFAULT_SPLITK["w8a8"], BN=bn),
+                                        "w8a16": configs.DEFAULT_SPLITK["w8a16"]} for b in configs.M_BUCKETS}
+              for name, bn in (("NVIDIA X100 80GB HBM3", 32), ("NVIDIA X200", 128))}
+    monkeypatch.setattr(configs, "TABLES", tables)
+    assert configs.table_key("NVIDIA X200") == "NVIDIA X200"
+    assert configs.table_key("NVIDIA X100 PCIe") == "NVIDIA X100 80GB HBM3"  # the same model of GPU
+    assert configs.table_key("NVIDIA Z9") == configs.table_key(None) == "NVIDIA X100 80GB HBM3"  # the first
+    assert configs.choose_gemm(64, 2048, 2048, "NVIDIA X200")[1]["BN"] == 128
+    assert configs.choose_gemm(64, 2048, 2048, "NVIDIA X100 NVL")[1]["BN"] == 32
+    monkeypatch.setattr(configs, "TABLES", {})
+    assert configs.table_for("NVIDIA X200") == {}
+    assert configs.choose_gemm(64, 2048, 2048, "NVIDIA X200")[1] == configs.DEFAULT_SPLITK["w8a8"]  # untuned
+
+
+@pytest.mark.parametrize("device", list(configs.TABLES))
+def test_committed_tables_are_complete(device):
+    """Every swept shape has every bucket, both paths, a path choice."""
+    table = configs.TABLES[device]
+    shapes = {k.split("@")[1] for k in table}
+    assert shapes
     for s in shapes:
         for b in configs.M_BUCKETS:
-            e = configs.TABLE[f"{b}@{s}"]
+            e = table[f"{b}@{s}"]
             assert e["path"] in ("w8a8", "w8a16") and "SPLIT_K" in e["w8a16"]
             assert "SPLIT_K" in e["w8a8"] or "GROUP_M" in e["w8a8"]  # the split-K or the tiled kernel
 

@@ -39,7 +39,7 @@ def main(out_path: str) -> None:
                 x[:, p.outlier_idx.long()] *= 30
                 ref = reference(x, unpadded, keep_idx)
                 y = torch.empty(M, N, device=dev, dtype=x.dtype)
-                cfg = choose_config("w8a8", M, N, K)
+                cfg = choose_config("w8a8", M, N, K, torch.cuda.get_device_name(dev))
                 rec = dict(N=N, K=K, M=M, n_outliers=n_out, n_packed=n_packed, config=cfg)
                 for label, q in (("padded", p), ("unpadded", unpadded)):
                     codes = quantize_rows(x, q)

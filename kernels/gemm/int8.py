@@ -28,16 +28,17 @@ result does not depend on the order in which the programs ran (bit-reproducible)
 stream: two launches running at once on one stream cannot happen; on two streams they use two.
 
 **Dispatch and numerics contract** (:func:`linear_triton`, ``mode="auto"``): :func:`choose_gemm`
-picks, per M bucket and layer shape, whichever path the committed sweep (``configs.TABLE``, made
-by ``tools/sweep_gemm.py``) found faster. W8A8 quantizes the activations per token, so a token's
+picks, per M bucket and layer shape, whichever path the committed sweep (``configs.TABLES``, one
+table per GPU model it ran on, made by ``tools/sweep_gemm.py``) found faster on this GPU. W8A8 quantizes the activations per token, so a token's
 output does not depend on the other tokens in the batch. Where the table picks W8A16 (small M,
 decode) the activations are *not* quantized: the result is closer to the float model there, and
 a token's output differs from what W8A8 gives it. Since the path depends on the batch's token
 count M, the same token gets (slightly) different outputs in a decode step (small M: W8A16 where
 the table says so) and in a prefill (large M: W8A8). Both agree with their spec to float rounding;
 ``mode="w8a8"`` or ``"w8a16"`` pins one path for all M (e.g. to compare with the CPU reference,
-which follows the module's ``act_granularity``). The table that ships says which path runs where:
-see ``configs.TABLE`` and ``eval/results/gemm_decode_*.md``.
+which follows the module's ``act_granularity``). The tables that ship say which path runs where:
+see ``configs.TABLES`` and ``eval/results/gemm_decode_*.md``; since each GPU model has its own, a
+token's decode output may also differ (by that rounding) between two models of GPU.
 
 The GEMMs read the module's own ``[N, n_keep]`` int8 weight (:class:`PackedOutlierWeight` holds no
 copy of it), as plain row-major tiles. The activation quantization is not fused into the GEMM's main
@@ -48,6 +49,7 @@ kernel that made the input (:mod:`..rowwise.fused`), whose codes :func:`int8_gem
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -364,7 +366,7 @@ def int8_outlier_linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, con
     (per-token activations, W8A8). ``config``: tiles of the split-K kernel (a dict with ``SPLIT_K``)
     or of the tiled kernel (``GROUP_M``); None takes the committed table's (:mod:`.configs`)."""
     x2, shape, M, N, K = _prepare(x, packed)
-    cfg = config if config is not None else choose_config("w8a8", M, N, K)
+    cfg = config if config is not None else choose_config("w8a8", M, N, K, device_name(x.device))
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M and cfg.get("FUSE_Q"):  # one launch: the per-token quantization inside the GEMM
         _launch_splitk(True, x2, x2.stride(0), None, None, packed, y, cfg, fuse_q=True)
@@ -400,7 +402,7 @@ def int8_weight_only_linear_triton(x: torch.Tensor, packed: PackedOutlierWeight,
     x2, shape, M, N, K = _prepare(x, packed)
     if x2.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise TypeError(f"the weight-only GEMM takes bf16, fp16 or fp32 x, not {x2.dtype}")
-    cfg = config if config is not None else choose_config("w8a16", M, N, K)
+    cfg = config if config is not None else choose_config("w8a16", M, N, K, device_name(x.device))
     if "SPLIT_K" not in cfg:
         raise ValueError("the weight-only GEMM runs the split-K kernel: its config needs SPLIT_K")
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
@@ -416,15 +418,22 @@ def linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, mode: str = "aut
     that means for the numerics."""
     M, K = x.numel() // max(x.shape[-1], 1), x.shape[-1]
     N = packed.qweight.shape[0]
+    device = device_name(x.device)
     if mode == "auto":
-        path, cfg = choose_gemm(M, N, K)
+        path, cfg = choose_gemm(M, N, K, device)
     elif mode in ("w8a8", "w8a16"):
-        path, cfg = mode, choose_config(mode, M, N, K)
+        path, cfg = mode, choose_config(mode, M, N, K, device)
     else:
         raise ValueError(f"mode must be auto, w8a8 or w8a16; got {mode!r}")
     if path == "w8a16":
         return int8_weight_only_linear_triton(x, packed, cfg)
     return int8_outlier_linear_triton(x, packed, cfg)
+
+
+@functools.lru_cache(maxsize=None)
+def device_name(device: torch.device) -> str | None:
+    """The name the GEMM tables are keyed by (``configs.TABLES``); None off CUDA."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
 
 def _prepare(x, packed):

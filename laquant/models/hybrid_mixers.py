@@ -46,12 +46,27 @@ def mask_padding(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.
     return x
 
 
-def short_conv(x: torch.Tensor, states, layer_idx: int, conv: nn.Conv1d, activation: str | None) -> torch.Tensor:
+def short_conv(x: torch.Tensor, states, layer_idx: int, conv: nn.Conv1d, activation: str | None,
+               cols: torch.Tensor | None = None) -> torch.Tensor:
     """Depthwise causal conv over ``x [B, T, C]``, continuing from the last ``W - 1`` inputs kept in
-    the state store ``states`` (None: no cache) and keeping this call's last ones there."""
-    B, T, C = x.shape
+    the state store ``states`` (None: no cache) and keeping this call's last ones there. ``cols``
+    (int32 ``[C]``): x is a projection's output ``[B, T, N]`` whose columns ``cols`` are the conv's input.
+    A decode token on the GPU is one kernel (:mod:`laquant.kernels.conv.short_conv`)."""
     W = conv.kernel_size[0]
     prev = states.conv.get(layer_idx) if states is not None else None
+    if _one_kernel_step(x, states, prev, activation):
+        from laquant.kernels.conv.short_conv import short_conv_step_triton
+
+        static = getattr(states, "static", False)  # a static cache (a CUDA-graphed step): the kept tensor in place
+        kept = prev if static else torch.empty(prev.shape, dtype=x.dtype, device=x.device)
+        out = short_conv_step_triton(x[:, 0], prev, conv.weight.view(-1, W), conv.bias, activation, cols,
+                                     state_out=kept)
+        if not static:
+            states.conv[layer_idx] = kept
+        return out[:, None]
+    if cols is not None:
+        x = x.index_select(-1, cols)
+    B, T, C = x.shape
     if prev is None:
         prev = x.new_zeros(B, W - 1, C)
     inp = torch.cat([prev.to(x.dtype), x], 1)
@@ -72,6 +87,16 @@ def short_conv(x: torch.Tensor, states, layer_idx: int, conv: nn.Conv1d, activat
         if getattr(states, "checkpoints", None) is not None:
             states.checkpoints.keep_conv(layer_idx, inp, W)
     return out.to(x.dtype)
+
+
+def _one_kernel_step(x: torch.Tensor, states, prev: torch.Tensor | None, activation: str | None) -> bool:
+    """Whether :func:`short_conv` runs a decode token as one kernel: one token on the GPU, inputs kept
+    from before, and nothing else to record (no padding mask, verify step or state checkpoints)."""
+    from laquant.kernels.conv.short_conv import ACTIVATIONS
+
+    return (x.shape[1] == 1 and prev is not None and prev.stride(-1) == 1 and activation in ACTIVATIONS
+            and use_triton(x) and getattr(states, "token_mask", None) is None
+            and getattr(states, "pending", None) is None and getattr(states, "checkpoints", None) is None)
 
 
 def gate_logits(gate: nn.Module, x: torch.Tensor):
@@ -187,10 +212,12 @@ class GatedDeltaNetMixer(HybridMixer):
     def log_decay(self, a: torch.Tensor) -> torch.Tensor:
         return -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
 
-    def conv_and_attend(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, states) -> torch.Tensor:
-        """The short conv over the concatenated ``q, k, v [B, T, 2 * key_dim + value_dim]``, then the
-        gated delta rule: ``o [B, T, Hv, V]``."""
-        mixed = short_conv(qkv, states, self.layer_idx, self.conv1d, self.activation)
+    def conv_and_attend(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, states,
+                        cols: torch.Tensor | None = None) -> torch.Tensor:
+        """The short conv over the concatenated ``q, k, v [B, T, 2 * key_dim + value_dim]`` (or over
+        the columns ``cols`` of a projection's output, see :func:`short_conv`), then the gated delta
+        rule: ``o [B, T, Hv, V]``."""
+        mixed = short_conv(qkv, states, self.layer_idx, self.conv1d, self.activation, cols)
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], -1)
         q, k = q.unflatten(-1, (-1, self.head_k_dim)), k.unflatten(-1, (-1, self.head_k_dim))
         return self.attend_delta(q, k, v.unflatten(-1, (-1, self.head_v_dim)), g, beta, states)
@@ -215,11 +242,20 @@ class GatedDeltaNetMixer(HybridMixer):
     def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, cache=None, **kwargs):
         x = mask_padding(hidden_states, attention_mask)
         B, T, _ = x.shape
-        q, k, v, z = self.split_qkvz(self.in_proj_qkvz(x))
+        qkvz = self.in_proj_qkvz(x)
+        z = self.split_qkvz(qkvz)[3]
         g, beta = self.gates(x)
-        qkv = torch.cat([q.flatten(-2), k.flatten(-2), v.flatten(-2)], -1)
-        o = self.conv_and_attend(qkv, g, beta, layer_states(cache, cache_params))
+        o = self.conv_and_attend(qkvz, g, beta, layer_states(cache, cache_params), cols=self.conv_columns(qkvz))
         return self.norm_and_out(o, z)
+
+    def conv_columns(self, qkvz: torch.Tensor) -> torch.Tensor:
+        """The columns of ``in_proj_qkvz``'s output that are q, k and v, in the short conv's channel
+        order (int32, made once per device by :meth:`split_qkvz` itself)."""
+        cols = self.__dict__.get("_conv_columns")
+        if cols is None or cols.device != qkvz.device:
+            q, k, v, _ = self.split_qkvz(torch.arange(qkvz.shape[-1], dtype=torch.int32, device=qkvz.device))
+            cols = self.__dict__["_conv_columns"] = torch.cat([q.flatten(-2), k.flatten(-2), v.flatten(-2)])
+        return cols
 
     def norm_and_out(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """``out_proj(norm(o, z))`` over ``o, z [B, T, Hv, V]``. Where out_proj is W8A8 on the GPU and

@@ -144,11 +144,11 @@ def project(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor, codes=Non
 
 def _gemm_on_codes(x: torch.Tensor, codes: tuple, packed) -> torch.Tensor:
     """The W8A8 GEMM of ``packed`` on x's codes ``(xq, xs, xo)``: ``[*x.shape[:-1], N]``."""
-    from laquant.kernels.gemm.int8 import choose_config, int8_gemm
+    from laquant.kernels.gemm.int8 import choose_config, device_name, int8_gemm
 
     M, N = codes[0].shape[0], packed.qweight.shape[0]
     y = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
-    int8_gemm(*codes, packed, y.view(M, N), choose_config("w8a8", M, N, packed.in_features))
+    int8_gemm(*codes, packed, y.view(M, N), choose_config("w8a8", M, N, packed.in_features, device_name(x.device)))
     return y
 
 

@@ -1,0 +1,1 @@
+"""Short depthwise causal convolutions (the conv before q, k, v of the linear-attention mixers)."""
