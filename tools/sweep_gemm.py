@@ -47,11 +47,18 @@ def _empty_kernel(y_ptr):
     tl.store(y_ptr, 1.0)
 
 
-def candidates(path, M, N, K):
+# --wide: also other warp counts and pipeline depths, and 16-column tiles (the first sweeps fixed 4 warps, 4 stages)
+WARPS_STAGES = ((4, 4),)
+WIDE_WARPS_STAGES = ((4, 3), (4, 4), (4, 6), (8, 3), (8, 4))
+
+
+def candidates(path, M, N, K, wide=False):
     BM = min(64, max(16, triton.next_power_of_2(M)))
     n_m = triton.cdiv(M, BM)
     out = []
-    for swap, BN, BK in itertools.product((False, True), (32, 64, 128), (128, 256)):
+    for swap, BN, BK, (warps, stages) in itertools.product(
+            (False, True), (16, 32, 64, 128) if wide else (32, 64, 128), (128, 256),
+            WIDE_WARPS_STAGES if wide else WARPS_STAGES):
         if swap and (path != "w8a8" or BN < 64):  # swapped, the weight rows are the MMA's tall side
             continue
         tiles = n_m * triton.cdiv(N, BN)
@@ -60,7 +67,7 @@ def candidates(path, M, N, K):
                 continue
             if split == 1 and tiles < 16:
                 continue
-            c = dict(BM=BM, BN=BN, BK=BK, SPLIT_K=split, FIXUP=True, num_warps=4, num_stages=4)
+            c = dict(BM=BM, BN=BN, BK=BK, SPLIT_K=split, FIXUP=True, num_warps=warps, num_stages=stages)
             out.append(dict(c, SWAP_AB=True) if swap else c)
     if path == "w8a8" and M >= 64:
         out.append(tiled_config(M))
@@ -111,10 +118,10 @@ def bench(fn):
     return do_bench_cudagraph(fn, rep=5, return_mode="median") * 1e3  # us
 
 
-def warm(share, dev):
+def warm(share, dev, wide):
     i, n = (int(v) for v in share.split("/"))
     jobs = [(path, M, N, K, c) for (N, K) in SHAPES for M in M_BUCKETS for path in ("w8a8", "w8a16")
-            if path == "w8a8" or M <= W8A16_MAX_M for c in candidates(path, M, N, K)]
+            if path == "w8a8" or M <= W8A16_MAX_M for c in candidates(path, M, N, K, wide)]
     seen = set()
     for j, (path, M, N, K, c) in enumerate(jobs):
         key = (path, tuple(sorted((k, v > 1 if k == "SPLIT_K" else v) for k, v in c.items())))  # compiled variants
@@ -158,12 +165,13 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--warm", default=None)
     ap.add_argument("--apply", default=None)
+    ap.add_argument("--wide", action="store_true", help="a wider tile space: warps, pipeline depth, BN = 16")
     args = ap.parse_args()
     if args.apply:
         return apply(args.apply)
     dev = torch.device("cuda")
     if args.warm:
-        return warm(args.warm, dev)
+        return warm(args.warm, dev, args.wide)
     name = torch.cuda.get_device_name(dev)
     slug = "h200" if "H200" in name else "h100" if "H100" in name else name.lower().replace(" ", "_")
     big = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
@@ -208,7 +216,7 @@ def main():
                     rec["w8a16_rejected"] = []
                     continue
                 best, errs = None, []
-                for c in candidates(path, M, N, K):
+                for c in candidates(path, M, N, K, args.wide):
                     try:
                         err = rel(fn(packs[0], c).clone(), ref)
                         if not err < 2e-2:
@@ -238,7 +246,7 @@ def main():
                   f"{rec['w8a16_config']}  [{time.time() - t0:.0f}s]", flush=True)
         del packs, wbf
     meta = dict(device=name, torch=torch.__version__, triton=triton.__version__, copy_GBps=copy_gbs,
-                empty_launch_us=floor_us,
+                empty_launch_us=floor_us, wide=args.wide,
                 shapes=SHAPES, M=list(M_BUCKETS), n_outliers=N_OUT, x_dtype="bfloat16",
                 timing="do_bench_cudagraph(rep=5) median; weights rotated over > 160 MB of copies; W8A8 tiles "
                        "chosen by the GEMM alone on pre-made codes, w8a8_us adds one quantize_rows pass")

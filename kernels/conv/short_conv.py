@@ -71,28 +71,35 @@ if triton is not None:
 
     @triton.jit
     def _short_conv_step_kernel(x_ptr, cols_ptr, s_ptr, so_ptr, w_ptr, b_ptr, out_ptr, C, s_xb, s_xc, s_sb, s_sw,
-                                s_ob, s_ow, W: tl.constexpr, GATHER: tl.constexpr, HAS_BIAS: tl.constexpr,
-                                SILU: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
+                                s_ob, s_ow, W: tl.constexpr, BLOCK_W: tl.constexpr, GATHER: tl.constexpr,
+                                HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
+        """Tap ``t`` of the conv reads kept input ``t`` (the token at ``t = W - 1``). Every load is issued
+        before the first store: a store to the kept inputs could alias a later load (in place), which
+        would make the loads wait for it one after another."""
         pdl_prologue(PDL)
         b = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        t = tl.arange(0, BLOCK_W)[:, None]
         mask = c < C
         col = tl.load(cols_ptr + c, mask=mask, other=0) if GATHER else c
         token = tl.load(x_ptr + b * s_xb + col.to(tl.int64) * s_xc, mask=mask, other=0.0)
-        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+        kept_ptrs = s_ptr + b * s_sb + t * s_sw + c[None, :]
+        kept = tl.load(kept_ptrs, mask=(t < W - 1) & mask[None, :], other=0.0)
+        after = tl.load(kept_ptrs + s_sw, mask=(t < W - 2) & mask[None, :], other=0.0)  # kept input t + 1
+        taps = tl.load(w_ptr + c[None, :] * W + t, mask=(t < W) & mask[None, :], other=0.0).to(tl.float32)
         if HAS_BIAS:
-            acc += tl.load(b_ptr + c, mask=mask, other=0.0).to(tl.float32)
-        for w in tl.static_range(W - 1):  # oldest kept input first, as the conv's taps run
-            kept = tl.load(s_ptr + b * s_sb + w * s_sw + c, mask=mask, other=0.0)
-            acc += kept.to(token.dtype).to(w_ptr.dtype.element_ty).to(tl.float32) * tl.load(w_ptr + c * W + w, mask=mask, other=0.0).to(tl.float32)
-            if w > 0:  # the shift: read before written, so in place is safe
-                tl.store(so_ptr + b * s_ob + (w - 1) * s_ow + c, kept, mask=mask)
-        acc += token.to(w_ptr.dtype.element_ty).to(tl.float32) * tl.load(w_ptr + c * W + (W - 1), mask=mask, other=0.0).to(tl.float32)
-        tl.store(so_ptr + b * s_ob + (W - 2) * s_ow + c, token.to(so_ptr.dtype.element_ty), mask=mask)
-        y = acc.to(w_ptr.dtype.element_ty)
+            bias = tl.load(b_ptr + c, mask=mask, other=0.0).to(tl.float32)
+        wdt = w_ptr.dtype.element_ty
+        inp = tl.where(t == W - 1, token[None, :].to(wdt), kept.to(token.dtype).to(wdt)).to(tl.float32)
+        acc = tl.sum(inp * taps, axis=0)
+        if HAS_BIAS:
+            acc += bias
+        shifted = tl.where(t == W - 2, token[None, :].to(so_ptr.dtype.element_ty), after.to(so_ptr.dtype.element_ty))
+        tl.store(so_ptr + b * s_ob + t * s_ow + c[None, :], shifted, mask=(t < W - 1) & mask[None, :])
+        y = acc.to(wdt)
         if SILU:
             yf = y.to(tl.float32)
-            y = (yf / (1.0 + tl.exp(-yf))).to(w_ptr.dtype.element_ty)
+            y = (yf / (1.0 + tl.exp(-yf))).to(wdt)
         tl.store(out_ptr + b * C + c, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -112,10 +119,11 @@ def short_conv_step_triton(x: torch.Tensor, state: torch.Tensor, weight: torch.T
     so = state if state_out is None else state_out
     out = torch.empty(B, C, dtype=x.dtype, device=x.device)
     if B and C:
-        block = min(1024, triton.next_power_of_2(C))
+        block = min(512, triton.next_power_of_2(C))
         _short_conv_step_kernel[(B, triton.cdiv(C, block))](
             x, cols if cols is not None else x, state, so, weight, bias if bias is not None else weight, out, C,
             *x.stride(), state.stride(0), state.stride(1), so.stride(0), so.stride(1), W=Wm1 + 1,
+            BLOCK_W=triton.next_power_of_2(Wm1 + 1),
             GATHER=cols is not None, HAS_BIAS=bias is not None, SILU=activation is not None, BLOCK_C=block,
             num_warps=4, **pdl_launch(x.device, B))
     return out
