@@ -196,12 +196,18 @@ class GatedDeltaNetMixer(HybridMixer):
         """The log-decay of ``in_proj_ba``'s outputs."""
         return self.log_decay(self.split_ba(logits)[1])
 
-    def split_qkvz(self, qkvz: torch.Tensor):
+    def grouped_qkvz(self, qkvz: torch.Tensor):
+        """``in_proj_qkvz``'s output as it is laid out, per key head: q, k ``[..., Hk, K]`` and v, z
+        ``[..., Hk, r * V]`` (views)."""
         r = self.num_v_heads // self.num_k_heads
         x = qkvz.unflatten(-1, (self.num_k_heads, 2 * self.head_k_dim + 2 * r * self.head_v_dim))
-        q, k, v, z = x.split([self.head_k_dim, self.head_k_dim, r * self.head_v_dim, r * self.head_v_dim], dim=-1)
-        per_value_head = (*v.shape[:-2], self.num_v_heads, self.head_v_dim)
-        return q, k, v.reshape(per_value_head), z.reshape(per_value_head)
+        return x.split([self.head_k_dim, self.head_k_dim, r * self.head_v_dim, r * self.head_v_dim], dim=-1)
+
+    def z_heads(self, qkvz: torch.Tensor) -> torch.Tensor:
+        """The output gate z ``[..., Hv, V]`` (a copy: the per-key-head layout has no per-value-head view;
+        q, k and v the short conv reads in place, :meth:`conv_columns`)."""
+        z = self.grouped_qkvz(qkvz)[3]
+        return z.reshape(*z.shape[:-2], self.num_v_heads, self.head_v_dim)
 
     def split_ba(self, ba: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``in_proj_ba``'s output -> (b, a), each ``[..., num_v_heads]``."""
@@ -243,17 +249,17 @@ class GatedDeltaNetMixer(HybridMixer):
         x = mask_padding(hidden_states, attention_mask)
         B, T, _ = x.shape
         qkvz = self.in_proj_qkvz(x)
-        z = self.split_qkvz(qkvz)[3]
+        z = self.z_heads(qkvz)
         g, beta = self.gates(x)
         o = self.conv_and_attend(qkvz, g, beta, layer_states(cache, cache_params), cols=self.conv_columns(qkvz))
         return self.norm_and_out(o, z)
 
     def conv_columns(self, qkvz: torch.Tensor) -> torch.Tensor:
         """The columns of ``in_proj_qkvz``'s output that are q, k and v, in the short conv's channel
-        order (int32, made once per device by :meth:`split_qkvz` itself)."""
+        order (int32, made once per device by :meth:`grouped_qkvz` itself)."""
         cols = self.__dict__.get("_conv_columns")
         if cols is None or cols.device != qkvz.device:
-            q, k, v, _ = self.split_qkvz(torch.arange(qkvz.shape[-1], dtype=torch.int32, device=qkvz.device))
+            q, k, v, _ = self.grouped_qkvz(torch.arange(qkvz.shape[-1], dtype=torch.int32, device=qkvz.device))
             cols = self.__dict__["_conv_columns"] = torch.cat([q.flatten(-2), k.flatten(-2), v.flatten(-2)])
         return cols
 
