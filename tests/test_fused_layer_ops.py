@@ -233,6 +233,22 @@ def test_gated_norm_writes_codes_of_whole_tokens():
     _same_codes(codes, out, packed)
 
 
+def test_gated_norm_reads_a_grouped_gate_in_place():
+    """qwen3_next: z read where in_proj_qkvz wrote it (per key head, G groups of R value heads, between other
+    columns), a token's G * R rows spanning two strides; the codes are still per whole token."""
+    T, G, R, V = 5, 3, 2, 24
+    x, w = _randn(T, G, R, V), _randn(V)
+    fused = _randn(T, G, 4 * R * V)  # per group: other columns, then this gate's R * V
+    g = fused[..., 3 * R * V:].unflatten(-1, (R, V))
+    packed = _packed(G * R * V, 16)
+    out, codes = gated_rms_norm_triton(x, g, w, 1e-5, packed=packed, token_rows=G * R)
+    ref = gated_rms_norm(x.cpu(), g.contiguous().cpu(), w.cpu(), 1e-5)
+    assert rel_err(out.float().cpu(), ref.float()) < TOL
+    _same_codes(codes, out, packed)
+    with pytest.raises(ValueError, match="whole tokens"):
+        gated_rms_norm_triton(x, g, w, 1e-5, packed=packed, token_rows=4)
+
+
 def test_swiglu_writes_the_down_projections_codes():
     y = _randn(7, 2 * 300, scale=2.0)
     gate, up = y.split(300, dim=-1)

@@ -102,11 +102,23 @@ def test_handed_over_codes_follow_a_view_of_the_same_rows():
 # what the codes path covers per family: the norms' groups always; the SwiGLU's down_proj and the gated norm's
 # out_proj where the family's classes have them
 CODES_PATHS = {"qwen3_next": ("swiglu_codes", "gated_norm_codes"), "qwen3_5": ("swiglu_codes", "gated_norm_codes"),
+               "qwen3_next_grouped_heads": ("swiglu_codes", "gated_norm_codes"),
                "qwen3_5_moe": ("swiglu_codes", "gated_norm_codes"), "kimi_linear": ("swiglu_codes",),
                "bailing_hybrid": ("swiglu_codes",), "minimax": (), "bamba": ("swiglu_codes",),
                "granitemoehybrid": ("swiglu_codes",),
                "falcon_h1": (), "nemotron_h": (), "olmo_hybrid": ("swiglu_codes",)}
-GATED_DELTA_NETS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid")  # their gate tail: one kernel
+GATED_DELTA_NETS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "qwen3_next_grouped_heads")  # gate tail: one kernel
+
+
+def _codes_model(family):
+    """``_model(family)``; ``qwen3_next_grouped_heads``: two key heads of two value heads each, so that the gated norm
+    reads z out of in_proj_qkvz's per-key-head layout through two strides."""
+    if family == "qwen3_next_grouped_heads":
+        from test_hybrid import qwen3_next
+
+        torch.manual_seed(3)
+        return qwen3_next(linear_num_key_heads=2, linear_num_value_heads=4).float().eval()
+    return _model(family)
 
 
 @pytest.mark.parametrize("family", list(CODES_PATHS))
@@ -126,7 +138,7 @@ def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monk
     from laquant.quant import fused, modules
 
     torch.manual_seed(0)
-    model = _model(family).eval()
+    model = _codes_model(family).eval()
     install(model)
     laquant.calibrate(model, "hybrid_int8", torch.randint(0, VOCAB, (2, 64)), progress=False)
     ids = torch.randint(0, VOCAB, (2, 11))

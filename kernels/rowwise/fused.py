@@ -209,12 +209,19 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual:
     return (out, summed) if packed is None else (out, summed, codes)
 
 
-def gated_rms_norm_triton(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, eps: float, packed=None):
+def gated_rms_norm_triton(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, eps: float, packed=None,
+                          token_rows: int | None = None):
     """Twin of :func:`.reference.gated_rms_norm` over ``x [..., H, D]``; with ``packed``, also the W8A8
-    codes of each token's ``H * D`` outputs for that GEMM: ``(out, (xq, xs, xo))``."""
+    codes of each token's ``H * D`` outputs for that GEMM: ``(out, (xq, xs, xo))``. ``token_rows``: the
+    rows of one token where they span more than the last-but-one dimension (x and g ``[T, G, R, D]``,
+    ``G * R`` rows a token: a gate whose rows only two strides address, such as qwen3_next's z read
+    in place out of its fused projection)."""
     if g.shape != x.shape:
         raise ValueError(f"gate shape {tuple(g.shape)} differs from x's {tuple(x.shape)}")
-    out, _, codes = _launch_norm(x, weight, eps, g=g, packed=packed, heads=x.shape[-2] if packed is not None else 1)
+    heads = token_rows if token_rows is not None else x.shape[-2]
+    if packed is not None and x.numel() % (heads * x.shape[-1]):
+        raise ValueError(f"{heads} rows a token do not divide x {tuple(x.shape)} into whole tokens")
+    out, _, codes = _launch_norm(x, weight, eps, g=g, packed=packed, heads=heads if packed is not None else 1)
     return out if packed is None else (out, codes)
 
 

@@ -198,16 +198,11 @@ class GatedDeltaNetMixer(HybridMixer):
 
     def grouped_qkvz(self, qkvz: torch.Tensor):
         """``in_proj_qkvz``'s output as it is laid out, per key head: q, k ``[..., Hk, K]`` and v, z
-        ``[..., Hk, r * V]`` (views)."""
+        ``[..., Hk, r * V]`` (views: the short conv reads q, k and v in place, :meth:`conv_columns`, and
+        the gated norm z, :meth:`norm_and_out`)."""
         r = self.num_v_heads // self.num_k_heads
         x = qkvz.unflatten(-1, (self.num_k_heads, 2 * self.head_k_dim + 2 * r * self.head_v_dim))
         return x.split([self.head_k_dim, self.head_k_dim, r * self.head_v_dim, r * self.head_v_dim], dim=-1)
-
-    def z_heads(self, qkvz: torch.Tensor) -> torch.Tensor:
-        """The output gate z ``[..., Hv, V]`` (a copy: the per-key-head layout has no per-value-head view;
-        q, k and v the short conv reads in place, :meth:`conv_columns`)."""
-        z = self.grouped_qkvz(qkvz)[3]
-        return z.reshape(*z.shape[:-2], self.num_v_heads, self.head_v_dim)
 
     def split_ba(self, ba: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``in_proj_ba``'s output -> (b, a), each ``[..., num_v_heads]``."""
@@ -249,10 +244,9 @@ class GatedDeltaNetMixer(HybridMixer):
         x = mask_padding(hidden_states, attention_mask)
         B, T, _ = x.shape
         qkvz = self.in_proj_qkvz(x)
-        z = self.z_heads(qkvz)
         g, beta = self.gates(x)
         o = self.conv_and_attend(qkvz, g, beta, layer_states(cache, cache_params), cols=self.conv_columns(qkvz))
-        return self.norm_and_out(o, z)
+        return self.norm_and_out(o, self.grouped_qkvz(qkvz)[3])
 
     def conv_columns(self, qkvz: torch.Tensor) -> torch.Tensor:
         """The columns of ``in_proj_qkvz``'s output that are q, k and v, in the short conv's channel
@@ -264,17 +258,20 @@ class GatedDeltaNetMixer(HybridMixer):
         return cols
 
     def norm_and_out(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """``out_proj(norm(o, z))`` over ``o, z [B, T, Hv, V]``. Where out_proj is W8A8 on the GPU and
-        the norm's formula is one :data:`~laquant.models.quantizing_rowwise.GATED_NORMS` knows, laquant's
-        gated norm (float32 throughout) writes out_proj's codes in the same kernel."""
+        """``out_proj(norm(o, z))`` over ``o [B, T, Hv, V]`` and the gate z ``[B, T, Hv, V]``, or
+        ``[B, T, Hk, r * V]`` grouped per key head (qwen3_next's, a view into its fused projection). Where
+        out_proj is W8A8 on the GPU and the norm's formula is one
+        :data:`~laquant.models.quantizing_rowwise.GATED_NORMS` knows, laquant's gated norm (float32
+        throughout) writes out_proj's codes in the same kernel, reading z where it lies."""
         B, T = o.shape[:2]
         eps_name = GATED_NORMS.get(type(self.norm).__name__)
         packed = w8a8_inputs(self, ("out_proj",), o) if eps_name is not None else None
         if packed is not None:
             from laquant.kernels.rowwise.fused import gated_rms_norm_triton
 
-            out, codes = gated_rms_norm_triton(o.reshape(B * T, *o.shape[2:]), z.reshape(B * T, *o.shape[2:]),
-                                               self.norm.weight, getattr(self.norm, eps_name), packed)
+            g = z.reshape(B * T, *z.shape[2:-1], -1, self.head_v_dim)  # [B * T, G, R, V]: a view
+            out, codes = gated_rms_norm_triton(o.reshape(g.shape), g, self.norm.weight, getattr(self.norm, eps_name),
+                                               packed, token_rows=self.num_v_heads)
             return project(self, ("out_proj",), out.reshape(B, T, -1), codes)[0]
         o = self.norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
         return self.out_proj(o.reshape(B, T, -1))
