@@ -4,7 +4,8 @@ Grouped by recurrence as flash-linear-attention groups its ops: ``gla/`` (gated 
 ``reference``, ``chunk``, ``decode``, ``noncausal``), ``delta/`` (the gated delta rule:
 ``reference``, ``chunk``, ``decode``), ``kda/`` (Kimi Delta Attention, the delta rule with a
 per-channel decay: ``reference``, ``chunk``, ``decode`` on the delta rule's kernels), ``gemm/``
-(int8 GEMM with the outlier split: ``reference``, ``int8``), and ``common/`` (the state-format
+(int8 GEMM with the outlier split: ``reference``, ``int8``), ``conv/`` (a decode token's short conv),
+``rowwise/`` (the fused norms and SwiGLU), and ``common/`` (the state-format
 registry, the state container and codec, the one quantize/dequantize implementation and its Triton
 twin, dispatch). Each Triton kernel sits beside its plain-PyTorch reference, which is its spec and
 the CPU path. Nothing here imports the rest of laquant: kernels take tensors, numbers and the types
