@@ -117,32 +117,6 @@ if triton is not None:
             tl.store(xo_row + offs_o, tl.load(row + idx, mask=mo, other=0.0), mask=mo)
 
     @triton.jit
-    def store_tile_codes(y, flat, mask, dest_ptr, idx_ptr, xq_row, xs_out, xo_row, KQ, NO, NKEEP, NOUT,
-                         HAS_OUT: tl.constexpr):
-        """What :func:`store_token_codes` stores, from a token's values held in registers: ``y`` (a 2-D
-        float32 tile of the values as stored, in the model's dtype), ``flat`` the input column of each
-        element, ``mask`` the real ones. Each element goes to its int8 column or outlier slot through the
-        packed weight's ``dest``; the padding gets what a read-back gives (zero codes; the last outlier's
-        value in the outlier block's padded slots), so the codes are the same bits. No store is read back:
-        a program that wrote the tile and read it again waited on its own stores."""
-        dest = tl.load(dest_ptr + flat, mask=mask, other=-(1 << 30))
-        kept = mask & (dest >= 0)
-        amax = tl.max(tl.max(tl.where(kept, tl.abs(y), 0.0), axis=1), axis=0)
-        scale = tl.maximum(amax / 127.0, 1.1754943508222875e-38)
-        tl.store(xs_out, scale)
-        tl.store(xq_row + dest, quantize_int8(y, scale), mask=kept)
-        pad = NKEEP + tl.arange(0, 16)  # the int8 row is padded to a multiple of 16
-        tl.store(xq_row + pad, tl.zeros([16], dtype=tl.int8), mask=pad < KQ)
-        if HAS_OUT:
-            out = mask & (dest < 0) & (dest >= -NOUT)
-            tl.store(xo_row + (-1 - dest), y.to(xo_row.dtype.element_ty), mask=out)
-            last = tl.load(idx_ptr + NOUT - 1)
-            v_last = tl.sum(tl.sum(tl.where(mask & (flat == last), y, 0.0), axis=1), axis=0)
-            opad = NOUT + tl.arange(0, 16)  # padded to a multiple of 16 with the last outlier again
-            tl.store(xo_row + opad, (tl.zeros([16], dtype=tl.float32) + v_last).to(xo_row.dtype.element_ty),
-                     mask=opad < NO)
-
-    @triton.jit
     def state_random_bytes(seed, slot, position, sub, h, offs_k, v0, K: tl.constexpr, V: tl.constexpr,
                            BK: tl.constexpr, BV: tl.constexpr):
         """The random bytes (int32, 0..255) of a stochastic store of the state tile rows

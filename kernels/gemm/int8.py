@@ -81,9 +81,7 @@ class PackedOutlierWeight:
     ``source`` ``[n_keep padded]`` int32 (the input column each int8 column holds, -1 in the padding),
     ``outlier_idx`` ``[n_out]`` int32 and ``outlier_weight`` ``[N, n_out]`` (model dtype), ``n_out`` padded
     to a multiple of :data:`OUTLIER_ALIGN` (the last index again, with zero weights: the same sums; the
-    outlier weight is then a padded copy of the module's). ``dest`` ``[in_features]`` int32 is ``source``
-    inverted, for a kernel that holds a token's inputs in registers: each input column's int8 column
-    (``>= 0``), or ``-1 - j`` for outlier ``j``; ``n_keep`` and ``n_real_outliers`` count them."""
+    outlier weight is then a padded copy of the module's)."""
 
     qweight: torch.Tensor
     scale: torch.Tensor
@@ -92,9 +90,6 @@ class PackedOutlierWeight:
     outlier_weight: torch.Tensor
     bias: torch.Tensor | None
     in_features: int
-    dest: torch.Tensor | None = None
-    n_keep: int = 0
-    n_real_outliers: int = 0
 
     @classmethod
     def pack(cls, qweight, weight_scale, keep_idx, outlier_idx, outlier_weight, bias, in_features):
@@ -103,17 +98,12 @@ class PackedOutlierWeight:
             raise ValueError("the int8 GEMM needs weight rows contiguous and padded to a multiple of 16")
         source = torch.full((qweight.shape[1],), -1, dtype=torch.int32, device=qweight.device)
         source[:keep_idx.numel()] = keep_idx.to(torch.int32)
-        dest = torch.empty(in_features, dtype=torch.int32, device=qweight.device)
-        dest[keep_idx] = torch.arange(keep_idx.numel(), dtype=torch.int32, device=qweight.device)
-        n_real = outlier_idx.numel()
-        dest[outlier_idx] = -1 - torch.arange(n_real, dtype=torch.int32, device=qweight.device)
-        pad = -n_real % OUTLIER_ALIGN if n_real else 0
+        pad = -outlier_idx.numel() % OUTLIER_ALIGN if outlier_idx.numel() else 0
         if pad:
             outlier_idx = torch.cat([outlier_idx, outlier_idx[-1:].expand(pad)])
             outlier_weight = torch.nn.functional.pad(outlier_weight, (0, pad))
         return cls(qweight, weight_scale.reshape(-1).float().expand(N).contiguous(), source,
-                   outlier_idx.to(torch.int32).contiguous(), outlier_weight.contiguous(), bias, in_features,
-                   dest, keep_idx.numel(), n_real)
+                   outlier_idx.to(torch.int32).contiguous(), outlier_weight.contiguous(), bias, in_features)
 
 
 if triton is not None:
