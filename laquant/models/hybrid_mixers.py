@@ -242,7 +242,6 @@ class GatedDeltaNetMixer(HybridMixer):
 
     def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, cache=None, **kwargs):
         x = mask_padding(hidden_states, attention_mask)
-        B, T, _ = x.shape
         qkvz = self.in_proj_qkvz(x)
         g, beta = self.gates(x)
         o = self.conv_and_attend(qkvz, g, beta, layer_states(cache, cache_params), cols=self.conv_columns(qkvz))
