@@ -22,8 +22,5 @@ timeout 300 python3 -m pytest -q -rfs --tb=short tests/test_gemm_decode.py tests
   > "$W/gpu_tests_gemm.log" 2>&1
 log "gemm tests rc $?"
 bash tools/device_hybrid_e2e.sh "$W"
-timeout 600 laquant eval speed --suite e2e --recipe gla_int8_all --batch 1 64 --prompt 4096 --gen 32 \
-  --model 'config:{"hidden_size": 2048, "num_hidden_layers": 24, "num_heads": 16, "vocab_size": 32000}' \
-  --out "$W/e2e_gla" > "$W/e2e_gla.log" 2>&1
-log "gla e2e rc $?"
+bash tools/device_gla_e2e.sh "$W"
 touch "$W/job.done"

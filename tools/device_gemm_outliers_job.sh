@@ -14,8 +14,5 @@ log "gemm tests rc $?"
 timeout 200 python3 -m pytest -q -rfs --tb=short -m gpu tests/test_quantizing_rowwise.py > "$W/gpu_tests_rowwise.log" 2>&1
 log "rowwise gpu tests rc $?"
 bash tools/device_hybrid_e2e.sh "$W"
-timeout 600 laquant eval speed --suite e2e --recipe gla_int8_all --batch 1 64 --prompt 4096 --gen 32 \
-  --model 'config:{"hidden_size": 2048, "num_hidden_layers": 24, "num_heads": 16, "vocab_size": 32000}' \
-  --out "$W/e2e_gla" > "$W/e2e_gla.log" 2>&1
-log "gla e2e rc $?"
+bash tools/device_gla_e2e.sh "$W"
 touch "$W/job.done"

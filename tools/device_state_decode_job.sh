@@ -24,8 +24,5 @@ QWEN35='{"hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 5632
 timeout 600 laquant eval speed --suite e2e --hybrid-recipe hybrid_int8 --batch 1 64 --prompt 1024 --gen 32 \
   --model "qwen3_5_text:$QWEN35" --out "$W/e2e_qwen3_5" > "$W/e2e_qwen3_5.log" 2>&1
 log "qwen3_5 e2e rc $?"
-timeout 600 laquant eval speed --suite e2e --recipe gla_int8_all --batch 1 64 --prompt 4096 --gen 32 \
-  --model 'config:{"hidden_size": 2048, "num_hidden_layers": 24, "num_heads": 16, "vocab_size": 32000}' \
-  --out "$W/e2e_gla" > "$W/e2e_gla.log" 2>&1
-log "gla e2e rc $?"
+bash tools/device_gla_e2e.sh "$W"
 touch "$W/job.done"
