@@ -5,7 +5,7 @@ weights rotated so that they stream from device memory), keyed by the device's n
 (the smallest of ``M_BUCKETS`` >= M) and each swept layer shape ``"NxK"`` (out x in features), the
 fastest tiles of the split-K kernel for both paths, and ``"path"``: the faster of the two at that
 bucket. A GPU takes its own table, else one swept on the same model of GPU, else the first
-(:func:`table_for`). A shape the sweep did not see takes the nearest swept shape's entry (log distance
+(:func:`table_key`). A shape the sweep did not see takes the nearest swept shape's entry (log distance
 in N and K); the tiles are valid for any shape and any GPU (every load is masked), only their speed
 was measured on the swept ones. Above the last bucket (M > 256, prefill) W8A8 runs the tiled kernel
 of :func:`tiled_config`.
@@ -138,18 +138,13 @@ def _gpu_model(name: str) -> str | None:
 
 
 def table_key(device: str | None) -> str | None:
-    """The key in ``TABLES`` of the table that ``device`` (a CUDA device's name; None: any) takes."""
+    """The key in ``TABLES`` of the table that ``device`` (a CUDA device's name; None: any) takes; None
+    where no table is committed."""
     if device in TABLES:
         return device
     model = _gpu_model(device) if device else None
     same = [key for key in TABLES if model is not None and _gpu_model(key) == model]
     return same[0] if same else next(iter(TABLES), None)
-
-
-def table_for(device: str | None) -> dict:
-    """The committed table ``device`` takes (see the module docstring); empty where none is committed."""
-    key = table_key(device)
-    return TABLES[key] if key is not None else {}
 
 
 @functools.lru_cache(maxsize=4096)  # read-only entries of TABLES; every GEMM launch asks

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
 from laquant.kernels.common.dispatch import use_triton
+from laquant.kernels.conv.short_conv import ACTIVATIONS as ONE_KERNEL_ACTIVATIONS
 from laquant.models.cache import state_store
 from laquant.models.quantizing_rowwise import GATED_NORMS
 from laquant.models.recurrent import RecurrentMixer
@@ -92,9 +93,7 @@ def short_conv(x: torch.Tensor, states, layer_idx: int, conv: nn.Conv1d, activat
 def _one_kernel_step(x: torch.Tensor, states, prev: torch.Tensor | None, activation: str | None) -> bool:
     """Whether :func:`short_conv` runs a decode token as one kernel: one token on the GPU, inputs kept
     from before, and nothing else to record (no padding mask, verify step or state checkpoints)."""
-    from laquant.kernels.conv.short_conv import ACTIVATIONS
-
-    return (x.shape[1] == 1 and prev is not None and prev.stride(-1) == 1 and activation in ACTIVATIONS
+    return (x.shape[1] == 1 and prev is not None and prev.stride(-1) == 1 and activation in ONE_KERNEL_ACTIVATIONS
             and use_triton(x) and getattr(states, "token_mask", None) is None
             and getattr(states, "pending", None) is None and getattr(states, "checkpoints", None) is None)
 
