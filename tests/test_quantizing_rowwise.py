@@ -107,7 +107,8 @@ CODES_PATHS = {"qwen3_next": ("swiglu_codes", "gated_norm_codes"), "qwen3_5": ("
                "bailing_hybrid": ("swiglu_codes",), "minimax": (), "bamba": ("swiglu_codes",),
                "granitemoehybrid": ("swiglu_codes",),
                "falcon_h1": (), "nemotron_h": (), "olmo_hybrid": ("swiglu_codes",)}
-GATED_DELTA_NETS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "qwen3_next_grouped_heads")  # gate tail: one kernel
+# their gate tail: one kernel
+GATED_DELTA_NETS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "qwen3_next_grouped_heads")
 
 
 def _codes_model(family):
