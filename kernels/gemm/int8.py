@@ -31,8 +31,8 @@ stream: two launches running at once on one stream cannot happen; on two streams
 picks, per M bucket and layer shape, whichever path the committed sweep (``configs.TABLES``, one
 table per GPU model it ran on, made by ``tools/sweep_gemm.py``) found faster on this GPU. W8A8
 quantizes the activations per token, so a token's output does not depend on the other tokens in
-the batch. Where the table picks W8A16 (small M, decode) the activations are *not* quantized: the result is closer to the float model there, and
-a token's output differs from what W8A8 gives it. Since the path depends on the batch's token
+the batch. Where the table picks W8A16 (small M, decode) the activations are *not* quantized: the
+result is closer to the float model there, and a token's output differs from what W8A8 gives it. Since the path depends on the batch's token
 count M, the same token gets (slightly) different outputs in a decode step (small M: W8A16 where
 the table says so) and in a prefill (large M: W8A8). Both agree with their spec to float rounding;
 ``mode="w8a8"`` or ``"w8a16"`` pins one path for all M (e.g. to compare with the CPU reference,
