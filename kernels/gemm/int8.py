@@ -30,15 +30,16 @@ stream: two launches running at once on one stream cannot happen; on two streams
 **Dispatch and numerics contract** (:func:`linear_triton`, ``mode="auto"``): :func:`choose_gemm`
 picks, per M bucket and layer shape, whichever path the committed sweep (``configs.TABLES``, one
 table per GPU model it ran on, made by ``tools/sweep_gemm.py``) found faster on this GPU. W8A8
-quantizes the activations per token, so a token's output does not depend on the other tokens in
-the batch. Where the table picks W8A16 (small M, decode) the activations are *not* quantized: the
-result is closer to the float model there, and a token's output differs from what W8A8 gives it. Since the path depends on the batch's token
-count M, the same token gets (slightly) different outputs in a decode step (small M: W8A16 where
-the table says so) and in a prefill (large M: W8A8). Both agree with their spec to float rounding;
-``mode="w8a8"`` or ``"w8a16"`` pins one path for all M (e.g. to compare with the CPU reference,
-which follows the module's ``act_granularity``). The tables that ship say which path runs where:
-see ``configs.TABLES`` and ``eval/results/gemm_decode_*.md``; since each GPU model has its own, a
-token's decode output may also differ (by that rounding) between two models of GPU.
+quantizes the activations per token, so a token's output does not depend on the other tokens in the
+batch. Where the table picks W8A16 (small M, decode) the activations are *not* quantized: the result
+is closer to the float model there, and a token's output differs from what W8A8 gives it. Since the
+path depends on the batch's token count M, the same token gets (slightly) different outputs in a
+decode step (small M: W8A16 where the table says so) and in a prefill (large M: W8A8). Both agree
+with their spec to float rounding; ``mode="w8a8"`` or ``"w8a16"`` pins one path for all M (e.g. to
+compare with the CPU reference, which follows the module's ``act_granularity``). The tables that
+ship say which path runs where: see ``configs.TABLES`` and ``eval/results/gemm_decode_*.md``; since
+each GPU model has its own, a token's decode output may also differ (by that rounding) between two
+models of GPU.
 
 The GEMMs read the module's own ``[N, n_keep]`` int8 weight (:class:`PackedOutlierWeight` holds no
 copy of it), as plain row-major tiles. The activation quantization is not fused into the GEMM's main
