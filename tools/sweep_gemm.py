@@ -156,8 +156,9 @@ def apply(table_file):
     committed, swept = {}, {"TABLES": {}}
     exec(src[a:b], committed)  # this tool's own output: dict literals
     exec(open(table_file).read(), swept)
-    with open(path, "w") as f:
-        f.write(src[:a] + render({**committed["TABLES"], **swept["TABLES"]}) + src[b:])
+    text = src[:a] + render({**committed["TABLES"], **swept["TABLES"]}) + src[b:]
+    with open(path, "w") as f:  # opened (emptied) only once the new file is whole
+        f.write(text)
 
 
 def main():
