@@ -3,9 +3,9 @@
 Each replaces a chain of PyTorch elementwise and reduction launches with one: fla-style RMSNorm
 with the residual add (the float32 upcasts, square, mean, rsqrt, scale, downcast and add of the
 unfused module), the gated RMSNorm of a linear-attention output (``rmsnorm(o) * w * silu(g)``),
-and SwiGLU's ``silu(gate) * up``. Rows may be strided views (a slice of a fused projection's
-output): a row ``r`` starts at ``(r // inner) * s0 + (r % inner) * s1``, the last dimension
-contiguous.
+and the gated products ``act(gate) * up``: SwiGLU's (SiLU) and a gated softmax attention's output
+(sigmoid). Rows may be strided views (a slice of a fused projection's output): a row ``r`` starts
+at ``(r // inner) * s0 + (r % inner) * s1``, the last dimension contiguous.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
 MAX_ROW = 16384  # longer rows take the reference
+GLU_ACTIVATIONS = ("silu", "sigmoid")  # SwiGLU's; a gated attention output's ``o * sigmoid(gate)``
 
 
 def row_layout(t: torch.Tensor) -> tuple[int, int, int]:
@@ -131,7 +132,7 @@ if triton is not None:
                        src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO,
                        BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
                        QUANT: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr,
-                       PDL: tl.constexpr = False):
+                       SIGMOID: tl.constexpr = False, PDL: tl.constexpr = False):
         pdl_prologue(PDL)
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -139,7 +140,8 @@ if triton is not None:
         a = tl.load(a_ptr + _row_offsets(rows, sa0, sa1, ain)[:, None] + cols[None, :], mask=mask, other=0.0)
         b = tl.load(b_ptr + _row_offsets(rows, sb0, sb1, bin)[:, None] + cols[None, :], mask=mask, other=0.0)
         af = a.to(tl.float32)
-        s = (af * tl.sigmoid(af)).to(a.dtype)  # silu rounds to the dtype before the product, as in PyTorch
+        # the activation rounds to the dtype before the product, as in PyTorch
+        s = (tl.sigmoid(af) if SIGMOID else af * tl.sigmoid(af)).to(a.dtype)
         y = (s.to(tl.float32) * b.to(tl.float32)).to(a.dtype)
         tl.store(y_ptr + rows.to(tl.int64)[:, None] * sy + cols[None, :], y, mask=mask)
         if QUANT:  # one row per program, the whole row in one block
@@ -225,9 +227,11 @@ def gated_rms_norm_triton(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor
     return out if packed is None else (out, codes)
 
 
-def swiglu_triton(gate: torch.Tensor, up: torch.Tensor, packed=None):
-    """Twin of :func:`.reference.swiglu`; ``gate`` and ``up`` may be strided slices of one tensor.
+def glu_triton(gate: torch.Tensor, up: torch.Tensor, packed=None, activation: str = "silu"):
+    """Twin of :func:`.reference.glu`; ``gate`` and ``up`` may be strided slices of one tensor.
     With ``packed``, also the W8A8 codes of the output for that GEMM: ``(out, (xq, xs, xo))``."""
+    if activation not in GLU_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {GLU_ACTIVATIONS}; got {activation!r}")
     if gate.shape != up.shape:
         raise ValueError(f"gate shape {tuple(gate.shape)} differs from up's {tuple(up.shape)}")
     gate, up = addressable_rows(gate), addressable_rows(up)
@@ -245,5 +249,11 @@ def swiglu_triton(gate: torch.Tensor, up: torch.Tensor, packed=None):
         ptrs = q.get("ptrs", (gate, gate, gate, gate, gate, 0, 0))
         _swiglu_kernel[(triton.cdiv(M, rows), triton.cdiv(N, block_n))](
             gate, up, y, M, N, *row_layout(gate), *row_layout(up), N, *ptrs, BLOCK_N=block_n, ROWS=rows,
-            num_warps=4 if block_n <= 2048 else 8, **(q or _NO_CODES)["consts"], **pdl_launch(gate.device, M))
+            num_warps=4 if block_n <= 2048 else 8, SIGMOID=activation == "sigmoid", **(q or _NO_CODES)["consts"],
+            **pdl_launch(gate.device, M))
     return y if packed is None else (y, codes)
+
+
+def swiglu_triton(gate: torch.Tensor, up: torch.Tensor, packed=None):
+    """Twin of :func:`.reference.swiglu`: :func:`glu_triton` with SiLU."""
+    return glu_triton(gate, up, packed)

@@ -34,6 +34,14 @@ def gated_rms_norm(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, eps: 
     return (h * F.silu(g.float())).to(x.dtype)
 
 
+def glu(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """``act(gate) * up`` rounded as PyTorch's two ops round it (the activation's output, then the
+    product); ``activation``: ``silu`` (SwiGLU) or ``sigmoid`` (a gated attention's output)."""
+    if activation not in ("silu", "sigmoid"):
+        raise ValueError(f"activation must be silu or sigmoid; got {activation!r}")
+    return (F.silu(gate) if activation == "silu" else torch.sigmoid(gate)) * up
+
+
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` rounded as PyTorch's two ops round it (silu's output, then the product)."""
-    return F.silu(gate) * up
+    return glu(gate, up)

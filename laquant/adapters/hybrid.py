@@ -11,8 +11,9 @@ Building an adapter only reads the model and checks its layout against what the 
 then puts laquant's mixers in place of transformers' linear-attention modules (same parameter
 names), so the state path runs on laquant's ops in the recipe's state format, and gives the decoder
 layers' norms that feed W8A8 projections their codes-writing forward (:mod:`laquant.models.quantizing_rowwise`,
-transformers' own forward wherever those projections are not W8A8 on the GPU); everything else stays
-transformers'.
+transformers' own forward wherever those projections are not W8A8 on the GPU) and Qwen3-Next's gated
+attention layers a forward for the static decode step (:mod:`laquant.models.gated_attention`);
+everything else stays transformers'.
 
 Roles: ``projections`` (the mixers' and MLPs' ``nn.Linear``), ``gates`` (the mixer's gate
 projection: GDN's ``in_proj_ba``, Mamba2's ``dt`` channels of ``in_proj``, KDA's
@@ -30,7 +31,7 @@ import torch.nn as nn
 
 from laquant.adapters.base import Adapter, MixerInfo
 from laquant.errors import LaquantError
-from laquant.models import quantizing_rowwise
+from laquant.models import gated_attention, quantizing_rowwise
 from laquant.models.cache import state_store
 
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -172,6 +173,7 @@ class HybridAdapter(Adapter):
                 _assign(layer, path, self.mixer_class(_resolve(layer, path)))
         self._share_tied_blocks()
         quantizing_rowwise.install(self.layers)
+        gated_attention.install(self.layers)
         if not getattr(self.model, "_laquant_positions_hook", False):
             self.model.register_forward_pre_hook(_positions_from_state_store, with_kwargs=True)
             self.model._laquant_positions_hook = True

@@ -124,20 +124,22 @@ class _QuantizingNorm:
                 if packed is not None:
                     from laquant.kernels.rowwise.fused import rms_norm_triton
 
-                    out, _, codes = rms_norm_triton(x, self._laquant_weight(), getattr(self, eps_name), packed=packed,
+                    out, _, codes = rms_norm_triton(x, formula_weight(self), getattr(self, eps_name), packed=packed,
                                                     round_normed=round_normed)
                     return hand_over(out, codes, owner, names, packed)
         return super().forward(x)
 
-    def _laquant_weight(self) -> torch.Tensor:
-        """The float32 weight of the formula, made again only when the parameter changes."""
-        w = self.weight
-        key = (w.data_ptr(), w._version, w.device)
-        cached = self.__dict__.get("_laquant_kernel_weight")
-        if cached is None or cached[0] != key:
-            cached = (key, NORM_WEIGHTS[self._laquant_base.__name__][0](self).contiguous())
-            self.__dict__["_laquant_kernel_weight"] = cached
-        return cached[1]
+
+def formula_weight(norm: nn.Module) -> torch.Tensor:
+    """The float32 weight of the formula of ``norm`` (a class in :data:`NORM_WEIGHTS`), made again only
+    when the parameter changes."""
+    w = norm.weight
+    key = (w.data_ptr(), w._version, w.device)
+    cached = norm.__dict__.get("_laquant_kernel_weight")
+    if cached is None or cached[0] != key:
+        cached = (key, NORM_WEIGHTS[original_class(norm).__name__][0](norm).contiguous())
+        norm.__dict__["_laquant_kernel_weight"] = cached
+    return cached[1]
 
 
 class _QuantizingSwiGLU:
@@ -160,7 +162,9 @@ class _QuantizingSwiGLU:
 _CLASSES: dict[tuple[type, type], type] = {}
 
 
-def _quantizing_class(mixin: type, cls: type) -> type:
+def mixin_class(mixin: type, cls: type) -> type:
+    """``cls`` with ``mixin``'s methods first (its name kept; the original as ``_laquant_base``), one class
+    per pair."""
     if (mixin, cls) not in _CLASSES:
         _CLASSES[mixin, cls] = type(cls.__name__, (mixin, cls), {"__module__": cls.__module__,
                                                                  "__qualname__": cls.__qualname__,
@@ -168,7 +172,8 @@ def _quantizing_class(mixin: type, cls: type) -> type:
     return _CLASSES[mixin, cls]
 
 
-def _base(module: nn.Module) -> type:
+def original_class(module: nn.Module) -> type:
+    """The module's class before :func:`mixin_class` changed it."""
     return getattr(module, "_laquant_base", type(module))
 
 
@@ -182,19 +187,19 @@ def install(layers) -> int:
         unprojected = UNPROJECTED_NORMS.get(type(layer).__name__, ())
         for norm_name, candidates in NORM_CONSUMERS.items():
             norm = getattr(layer, norm_name, None) if norm_name not in unprojected else None
-            if norm is None or _base(norm).__name__ not in NORM_WEIGHTS:
+            if norm is None or original_class(norm).__name__ not in NORM_WEIGHTS:
                 continue
             consumers = [(owner, names) for path, names in candidates
                          if (owner := _submodule(layer, path)) is not None
                          and all(isinstance(getattr(owner, n, None), nn.Module) for n in names)][:1]
             if not consumers:
                 continue
-            norm.__class__ = _quantizing_class(_QuantizingNorm, _base(norm))
+            norm.__class__ = mixin_class(_QuantizingNorm, original_class(norm))
             norm.__dict__["_laquant_consumers"] = consumers
             count += 1
         for path in SWIGLU_PATHS:
             mlp = _submodule(layer, path)
-            if mlp is not None and _base(mlp).__name__ in SWIGLU_MLPS:
-                mlp.__class__ = _quantizing_class(_QuantizingSwiGLU, _base(mlp))
+            if mlp is not None and original_class(mlp).__name__ in SWIGLU_MLPS:
+                mlp.__class__ = mixin_class(_QuantizingSwiGLU, original_class(mlp))
                 count += 1
     return count

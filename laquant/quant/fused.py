@@ -152,15 +152,17 @@ def _gemm_on_codes(x: torch.Tensor, codes: tuple, packed) -> torch.Tensor:
     return y
 
 
-def swiglu_w8a8(owner: nn.Module, down: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
-    """``owner.<down>(silu(gate) * up)`` with the SwiGLU kernel writing the codes of ``down``'s W8A8
-    GEMM (GPU), or None where ``down`` is not W8A8 on the GPU."""
+def swiglu_w8a8(owner: nn.Module, down: str, gate: torch.Tensor, up: torch.Tensor,
+                activation: str = "silu") -> torch.Tensor | None:
+    """``owner.<down>(act(gate) * up)`` (SiLU: SwiGLU; sigmoid: a gated attention's output) with the
+    kernel writing the codes of ``down``'s W8A8 GEMM (GPU), or None where ``down`` is not W8A8 on
+    the GPU."""
     packed = w8a8_inputs(owner, (down,), gate)
     if packed is None:
         return None
-    from laquant.kernels.rowwise.fused import swiglu_triton
+    from laquant.kernels.rowwise.fused import glu_triton
 
-    h, codes = swiglu_triton(gate, up, packed)
+    h, codes = glu_triton(gate, up, packed, activation)
     return project(owner, (down,), h, codes)[0]
 
 

@@ -1,0 +1,1 @@
+"""Softmax attention around the linear layers of a hybrid: the decode token's q/k preparation."""

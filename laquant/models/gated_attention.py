@@ -1,0 +1,101 @@
+"""The gated softmax-attention layers of Qwen3-Next and Qwen3.5 on a static decode step, in five
+launches around the attention.
+
+transformers' forward of these layers is about 55 launches for a decode token: the q, k and v
+projections, the copy of the output gate out of ``q_proj``'s interleaved layout, the q and k
+RMSNorms (~10 launches each), the partial rotary embedding of q and k (~6 each), the two
+``index_copy_`` of the cache update, the attention, ``sigmoid(gate)``, its product and ``o_proj``.
+On a step of :class:`~laquant.models.static_hybrid.StaticHybridCache` (the graphed decode loops)
+:func:`install`'s forward runs instead:
+
+* the q, k and v projections as one GEMM where they are quantized alike
+  (:func:`~laquant.quant.fused.project`; W8A8 on the codes the input norm wrote);
+* :func:`~laquant.kernels.attention.qk_norm_rope.qk_norm_rope_step_triton`: the norms, the rotary
+  embedding and the cache write, reading q, the gate, k and v in place;
+* the static steps' attention (:func:`~laquant.models.static_hybrid.static_decode_attention`, as registered);
+* ``o * sigmoid(gate)`` as one kernel that writes ``o_proj``'s W8A8 codes where it is W8A8.
+
+Its roundings are transformers' (the norms' float32 formula with one rounding, each rotary product
+and sum rounded, the sigmoid rounded before its product); on the CPU it runs the kernels' PyTorch
+specs, which are transformers' ops. Anything else (a prompt, a dynamic cache, attention weights
+wanted, hooks on the norms) runs transformers' forward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from laquant.kernels.common.dispatch import use_triton
+from laquant.models.quantizing_rowwise import NORM_WEIGHTS, formula_weight, mixin_class, original_class
+
+# attention classes whose forward is Qwen3-Next's: q_proj makes each head's query and output gate side by
+# side ([..., H, 2 * D]), per-head q_norm and k_norm, partial rotary, o_proj(attention * sigmoid(gate))
+GATED_ATTENTIONS = ("Qwen3NextAttention", "Qwen3_5Attention", "Qwen3_5MoeAttention")
+_QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def _norm_ok(norm: nn.Module) -> bool:
+    entry = NORM_WEIGHTS.get(original_class(norm).__name__)
+    return entry is not None and not entry[2] and not (norm._forward_hooks or norm._forward_pre_hooks)
+
+
+def _takes_step(attn: nn.Module, x: torch.Tensor, position_embeddings, cache, kwargs: dict) -> bool:
+    from laquant.models.static_hybrid import ATTENTION, StaticHybridCache
+
+    return (isinstance(cache, StaticHybridCache) and attn.layer_idx in cache.kv and x.dim() == 3 and x.shape[1] == 1
+            and getattr(attn.config, "_attn_implementation", None) == ATTENTION and not attn.training
+            and not kwargs.get("output_attentions") and position_embeddings is not None
+            and position_embeddings[0].dim() == 3 and position_embeddings[0].shape[1] == 1
+            and position_embeddings[0].dtype == x.dtype and _norm_ok(attn.q_norm) and _norm_ok(attn.k_norm))
+
+
+def _static_step(attn: nn.Module, x: torch.Tensor, position_embeddings, attention_mask, cache) -> torch.Tensor:
+    from laquant.kernels.attention import qk_norm_rope
+    from laquant.models.static_hybrid import ALL_ATTENTION_FUNCTIONS, ATTENTION
+    from laquant.quant.fused import project, swiglu_w8a8
+
+    B, D = x.shape[0], attn.head_dim
+    fast = use_triton(x)
+    qg, k, v = project(attn, _QKV, x)
+    heads = qg.view(B, -1, 2 * D)  # [B, Hq, query | gate]
+    kv_heads = k.shape[-1] // D
+    k, v = k.view(B, kv_heads, D), v.view(B, kv_heads, -1)
+    cos, sin = (t[:, 0] for t in position_embeddings)
+    keys, values = cache.kv[attn.layer_idx]
+    step = qk_norm_rope.qk_norm_rope_step_triton if fast else qk_norm_rope.qk_norm_rope_step
+    query, gate = step(heads[..., :D], heads[..., D:], k, v, formula_weight(attn.q_norm), formula_weight(attn.k_norm),
+                       attn.q_norm.eps, cos, sin, keys, values, cache.pos)
+    out, _ = ALL_ATTENTION_FUNCTIONS[ATTENTION](attn, query, keys, values, attention_mask, scaling=attn.scaling)
+    out, gate = out.reshape(B, 1, -1), gate.view(B, 1, -1)
+    if not fast:
+        return attn.o_proj(out * torch.sigmoid(gate))
+    projected = swiglu_w8a8(attn, "o_proj", gate, out, activation="sigmoid")
+    if projected is not None:
+        return projected
+    from laquant.kernels.rowwise.fused import glu_triton
+
+    return attn.o_proj(glu_triton(gate, out, activation="sigmoid"))
+
+
+class _StaticStepAttention:
+    """Mixed into a gated attention's class by :func:`install` (the original class next in the MRO)."""
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, *args, **kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if not args and _takes_step(self, hidden_states, position_embeddings, cache, kwargs):
+            return _static_step(self, hidden_states, position_embeddings, attention_mask, cache), None
+        return super().forward(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
+
+
+def install(layers) -> int:
+    """Give the attention layers of ``layers`` (a model's decoder layers) of a class in
+    :data:`GATED_ATTENTIONS` the static-step forward; returns how many. Idempotent; the parameters and
+    their names are untouched."""
+    count = 0
+    for layer in layers:
+        attn = getattr(layer, "self_attn", None)
+        if attn is not None and original_class(attn).__name__ in GATED_ATTENTIONS:
+            attn.__class__ = mixin_class(_StaticStepAttention, original_class(attn))
+            count += 1
+    return count
