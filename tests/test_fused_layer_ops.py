@@ -90,6 +90,8 @@ def test_swiglu_on_slices():
     gate, up = y.split(300, dim=-1)
     out = swiglu_triton(gate, up)
     assert rel_err(out.float().cpu(), swiglu(gate.cpu(), up.cpu()).float()) < TOL
+    if not INTERPRETED:  # silu's output rounded to bf16 before the product, as PyTorch's two ops round
+        assert (out != swiglu(gate, up)).float().mean() < 1e-3
 
 
 @pytest.mark.parametrize("treatment", ["none", "per_channel", "per_tensor", "unclamped"])

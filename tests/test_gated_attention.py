@@ -82,8 +82,9 @@ def test_kernel_matches_the_spec(B, Hq, Hkv, D, R, batch_cos):
     assert rel_err(got_q.float().cpu(), want_q.float().cpu()) < tol
     assert rel_err(args[8].float().cpu(), ref_args[8].float().cpu()) < tol
     assert torch.equal(args[9], ref_args[9])  # values are copied, not computed
-    if not INTERPRETED:  # bf16: only the mean's summation order differs, so nearly every element is equal
-        assert (got_q != want_q).float().mean() < 0.02
+    if not INTERPRETED:  # bf16: every product and sum rounded where PyTorch rounds; only the mean's summation
+        # order differs, so nearly every element is equal (without the roundings 5-23% differed)
+        assert (got_q != want_q).float().mean() < 0.01
 
 
 def test_kernel_refuses_bad_input():
@@ -105,7 +106,10 @@ def test_sigmoid_gated_product(shape):
     gate, up = torch.randn(*shape) * 3, torch.randn(*shape)
     assert torch.equal(glu(gate, up, "sigmoid"), up * torch.sigmoid(gate))
     got = glu_triton(gate.to(DEVICE, DTYPE), up.to(DEVICE, DTYPE), activation="sigmoid")
-    assert rel_err(got.float().cpu(), glu(gate.to(DTYPE), up.to(DTYPE), "sigmoid").float()) < (1e-6 if INTERPRETED else 1e-2)
+    want = glu(gate.to(DEVICE, DTYPE), up.to(DEVICE, DTYPE), "sigmoid")
+    assert rel_err(got.float().cpu(), want.float().cpu()) < (1e-6 if INTERPRETED else 1e-2)
+    if not INTERPRETED:  # the sigmoid rounded to bf16 before the product, as PyTorch rounds it
+        assert (got != want).float().mean() < 1e-3
     with pytest.raises(ValueError, match="activation"):
         glu_triton(gate.to(DEVICE, DTYPE), up.to(DEVICE, DTYPE), activation="relu")
 

@@ -26,6 +26,7 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_prologue
+    from ..common.triton_numerics import rounded
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -119,10 +120,10 @@ if triton is not None:
         dtype = x.dtype
         xf = x.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / D + eps)
-        n = (xf * rstd * w).to(dtype).to(tl.float32)
-        npart = (xp.to(tl.float32) * rstd * wp).to(dtype).to(tl.float32)
+        n = rounded(xf * rstd * w, dtype)
+        npart = rounded(xp.to(tl.float32) * rstd * wp, dtype)
         rot = tl.where(d < half, -npart, npart)
-        y = ((n * c).to(dtype).to(tl.float32) + (rot * s).to(dtype).to(tl.float32)).to(dtype)
+        y = (rounded(n * c, dtype) + rounded(rot * s, dtype)).to(dtype)
         y = tl.where(d < R, y, n.to(dtype))
         if h < Hq:
             out = (b * Hq + h) * D

@@ -18,6 +18,8 @@ give the same codes and values as the conversions.
 
 from __future__ import annotations
 
+import os
+
 try:
     import triton
     import triton.language as tl
@@ -25,6 +27,25 @@ except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
 if triton is not None:
+    # Triton folds ``x.to(tl.bfloat16).to(tl.float32)`` back to x (and may contract the product before it
+    # into an FMA): on an H200 (Triton 3.6) 24% of ``bf16(bf16(a * b) + bf16(c * d))`` differed from
+    # PyTorch's. :func:`rounded` rounds with a PTX conversion instead, which nothing folds; the interpreter
+    # (no inline PTX) rounds as written.
+    PTX_ROUNDING = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
+
+    @triton.jit
+    def rounded(x, dtype: tl.constexpr):
+        """float32 ``x`` rounded to ``dtype`` (to nearest, ties to even, as PyTorch's casts), returned in
+        float32: the rounding a PyTorch op's output in ``dtype`` gets, kept where the next op reads it."""
+        if PTX_ROUNDING and dtype == tl.bfloat16:
+            out = tl.inline_asm_elementwise("cvt.rn.bf16.f32 $0, $1;", "=h,r", [x.to(tl.float32)],
+                                            dtype=tl.bfloat16, is_pure=True, pack=1).to(tl.float32)
+        elif PTX_ROUNDING and dtype == tl.float16:
+            out = tl.inline_asm_elementwise("cvt.rn.f16.f32 $0, $1;", "=h,r", [x.to(tl.float32)],
+                                            dtype=tl.float16, is_pure=True, pack=1).to(tl.float32)
+        else:
+            out = x.to(dtype).to(tl.float32)
+        return out
 
     @triton.jit
     def mm(a, b, LOW_PRECISION: tl.constexpr):
@@ -94,8 +115,8 @@ if triton is not None:
         with the static ``scale`` and back to raw's dtype; returned in float32 (exact)."""
         x = raw.to(tl.float32)
         if BOUNDS:
-            x = tl.maximum(tl.minimum(x, hi.to(raw.dtype).to(tl.float32)), lo.to(raw.dtype).to(tl.float32))
-        return (quantize_int8(x, scale).to(tl.float32) * scale).to(raw.dtype).to(tl.float32)
+            x = tl.maximum(tl.minimum(x, rounded(hi, raw.dtype)), rounded(lo, raw.dtype))
+        return rounded(quantize_int8(x, scale).to(tl.float32) * scale, raw.dtype)
 
     @triton.jit
     def store_token_codes(row, source_ptr, idx_ptr, xq_row, xs_out, xo_row, KQ, NO, BK: tl.constexpr,

@@ -25,6 +25,7 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_prologue
+    from ..common.triton_numerics import rounded
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -98,7 +99,7 @@ if triton is not None:
         tl.store(so_ptr + b * s_ob + t * s_ow + c[None, :], shifted, mask=(t < W - 1) & mask[None, :])
         y = acc.to(wdt)
         if SILU:
-            yf = y.to(tl.float32)
+            yf = rounded(acc, wdt)
             y = (yf / (1.0 + tl.exp(-yf))).to(wdt)
         tl.store(out_ptr + b * C + c, y.to(out_ptr.dtype.element_ty), mask=mask)
 

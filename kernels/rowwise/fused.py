@@ -19,7 +19,7 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_prologue
-    from ..common.triton_numerics import store_token_codes
+    from ..common.triton_numerics import rounded, store_token_codes
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -111,13 +111,13 @@ if triton is not None:
             h += tl.load(r_ptr + _row_offsets(rows, sr0, sr1, rin)[:, None] + cols[None, :], mask=mask,
                          other=0.0).to(tl.float32)
             if ROUND_SUM:  # normalize the sum as stored (as a separate add would hand it over)
-                h = h.to(dtype).to(tl.float32)
+                h = rounded(h, dtype)
             tl.store(ro_ptr + rows.to(tl.int64)[:, None] * sro + cols[None, :], h.to(dtype), mask=mask)
         rstd = tl.rsqrt(tl.sum(h * h, axis=1) / N + eps)
         w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
         y = h * rstd[:, None]
         if ROUND_NORMED:  # Llama's rounding: the normalized rows in x's dtype, then the weight
-            y = y.to(dtype).to(tl.float32)
+            y = rounded(y, dtype)
         y = y * w[None, :]
         if GATED:
             g = tl.load(g_ptr + _row_offsets(rows, sg0, sg1, gin)[:, None] + cols[None, :], mask=mask,
@@ -141,8 +141,8 @@ if triton is not None:
         b = tl.load(b_ptr + _row_offsets(rows, sb0, sb1, bin)[:, None] + cols[None, :], mask=mask, other=0.0)
         af = a.to(tl.float32)
         # the activation rounds to the dtype before the product, as in PyTorch
-        s = (tl.sigmoid(af) if SIGMOID else af * tl.sigmoid(af)).to(a.dtype)
-        y = (s.to(tl.float32) * b.to(tl.float32)).to(a.dtype)
+        s = rounded(tl.sigmoid(af) if SIGMOID else af * tl.sigmoid(af), a.dtype)
+        y = (s * b.to(tl.float32)).to(a.dtype)
         tl.store(y_ptr + rows.to(tl.int64)[:, None] * sy + cols[None, :], y, mask=mask)
         if QUANT:  # one row per program, the whole row in one block
             _quant_epilogue(y_ptr, sy, src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, BQ, BNO, HAS_OUT)
