@@ -47,3 +47,22 @@ def test_triton_path_matches_reference(recipe, monkeypatch, trained_model_dir):
         assert layer.mlp._fused_projections[("gate_proj", "up_proj")][1] is not None
     assert rel_err(fast[:, :150], slow[:, :150]) < (1e-2 if w8a8 else 1e-3)  # prefill
     assert rel_err(fast[:, 150:], slow[:, 150:]) < (3e-2 if w8a8 else 1e-2)  # decode: 50 steps of rounding
+
+
+def test_mlp_wider_than_the_codes_kernels(monkeypatch):
+    """A ``down_proj`` wider than the fused kernels write codes for (``MAX_CODES_WIDTH``; a 7B model's 11,008)
+    quantizes its input in its own pass: the quantized model runs (it raised before) and gives the reference
+    path's logits, prefill and decode."""
+    from laquant.api import calibrate
+    from laquant.kernels.rowwise.fused import MAX_CODES_WIDTH
+    from laquant.models import GLAConfig, GLAForCausalLM
+
+    cfg = GLAConfig(hidden_size=128, num_hidden_layers=2, num_heads=2, vocab_size=300,
+                    intermediate_size=MAX_CODES_WIDTH + 256)
+    model = GLAForCausalLM(cfg).eval().cuda()
+    ids = torch.randint(0, 300, (2, 64), generator=torch.Generator().manual_seed(0)).cuda()
+    model = calibrate(model, "gla_int8_all", data=ids, progress=False).model
+    fast = _prefill_then_decode(model, ids, 48)
+    monkeypatch.setenv("LAQUANT_KERNELS", "reference")
+    slow = _prefill_then_decode(model, ids, 48)
+    assert rel_err(fast, slow) < 3e-2

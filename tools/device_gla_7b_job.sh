@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Issue #14: where the quantized GLA reaches 2x. The e2e decode of a random 6.9B GLA 4096x32 (Llama-7B-like widths:
 # 32 heads, SwiGLU 11,008; bf16 vs gla_int8_all, graphed, B = 1 and 64, prompt 4,096), beside the 1.37B 2048x24 of
-# tools/device_gla_e2e.sh. Results under $1.   run: bash tools/device_kernels.sh 560 device_gla_7b_job.sh
+# tools/device_gla_e2e.sh; first the GPU test of an MLP wider than the codes kernels (the 7B's 11,008). Results under $1.   run: bash tools/device_kernels.sh 560 device_gla_7b_job.sh
 set -u
 . tools/device_job_env.sh "$@"
+timeout 300 python3 -m pytest -q -rfs --tb=short tests/test_gpu_model.py -k "wider" > "$W/gpu_tests_wide.log" 2>&1
+log "wide mlp gpu test rc $?"
 timeout 1200 laquant eval speed --suite e2e --recipe gla_int8_all --batch 1 64 --prompt 4096 --gen 32 \
   --model 'config:{"hidden_size": 4096, "num_hidden_layers": 32, "num_heads": 32, "vocab_size": 32000}' \
   --out "$W/e2e_gla_7b" > "$W/e2e_gla_7b.log" 2>&1

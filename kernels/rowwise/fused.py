@@ -24,6 +24,7 @@ except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
 MAX_ROW = 16384  # longer rows take the reference
+MAX_CODES_WIDTH = 8192  # a token's codes come from one program (store_token_codes): wider GEMMs quantize apart
 GLU_ACTIVATIONS = ("silu", "sigmoid")  # SwiGLU's; a gated attention output's ``o * sigmoid(gate)``
 
 
@@ -165,10 +166,16 @@ def _codes(M: int, packed, dtype, device):
 _NO_CODES = dict(consts=dict(QUANT=False, BQ=16, BNO=16, HAS_OUT=False))
 
 
+def codes_fit(packed) -> bool:
+    """Whether these kernels can write the W8A8 codes of ``packed``'s GEMM (its int8 width at most
+    :data:`MAX_CODES_WIDTH`)."""
+    return packed.qweight.shape[1] <= MAX_CODES_WIDTH
+
+
 def _check_codes(packed, width: int) -> None:
-    if packed is not None and (packed.in_features != width or packed.qweight.shape[1] > 8192):
+    if packed is not None and (packed.in_features != width or not codes_fit(packed)):
         raise ValueError(f"codes for a GEMM of {packed.in_features} inputs (packed width {packed.qweight.shape[1]}, "
-                         f"at most 8192) cannot come from rows of {width}")
+                         f"at most {MAX_CODES_WIDTH}) cannot come from rows of {width}")
 
 
 def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int = 1, round_sum: bool = False,

@@ -110,14 +110,20 @@ def packed_group(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor):
 def w8a8_inputs(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor):
     """The packed weight of per-token W8A8 members that run as one GEMM on the GPU (so the kernel
     that makes x writes its int8 codes too, see :func:`project`), else None. ``x`` may be any
-    tensor of the input's leading shape and device: only its device is read.
+    tensor of the input's leading shape and device: only its device is read. None too where the
+    GEMM is wider than a producer can write codes for (``MAX_CODES_WIDTH``, e.g. a 7B model's
+    11,008-wide ``down_proj``): the GEMM then quantizes its input in its own pass.
 
     With the codes made by the producer, the W8A8 GEMM alone beat the weight-only one at every M
     measured (1 to 256 tokens, eval/results/speed_h100_e2e_fused.md), so a model path with a producer
     always runs W8A8: its numerics do not depend on the batch's token count. (A module called on
     its own takes ``linear_triton``'s ``auto``, whose table counts the quantization pass.)"""
     packed = packed_group(owner, names, x)
-    return packed if packed is not None and _members(owner, names[:1])[0].act_granularity == "per_token" else None
+    if packed is None or _members(owner, names[:1])[0].act_granularity != "per_token":
+        return None
+    from laquant.kernels.rowwise.fused import codes_fit
+
+    return packed if codes_fit(packed) else None  # wider: the GEMM quantizes its input itself
 
 
 def project(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor, codes=None) -> list[torch.Tensor]:
