@@ -13,8 +13,9 @@ a float32 reference before it is timed (a wrong or NaN one is dropped).
     python tools/sweep_gemm.py --out DIR            # sweep, writes DIR/gemm_decode_<device>.{json,md}
                                                     # and DIR/configs_table.py (this GPU's table)
     python tools/sweep_gemm.py --warm I/N           # compile share I of N of the candidates (parallel warm-up)
-    python tools/sweep_gemm.py --apply DIR/configs_table.py   # put that GPU's table into kernels/gemm/configs.py
-                                                              # (the other GPUs' tables stay)
+    python tools/sweep_gemm.py --apply DIR/configs_table.py   # put that GPU's entries into kernels/gemm/configs.py
+                                                              # (its other entries and the other GPUs' tables stay)
+    python tools/sweep_gemm.py --shapes 7b --out DIR        # another set of shapes (SHAPE_SETS), or "NxK,NxK"
 """
 import argparse
 import itertools
@@ -37,6 +38,9 @@ from laquant.kernels.gemm.int8 import (PackedOutlierWeight, int8_gemm, int8_outl
 # fused q/k/v/z, fused softmax q (with its gate)/k/v, and out_proj / o_proj
 SHAPES = [(2048, 2048), (5632, 2048), (2048, 5632), (6144, 2048), (11264, 2048), (12288, 2048), (4608, 2048),
           (2048, 4096)]
+# --shapes 7b: a 4096-wide GLA of 32 layers (6.9B, Llama-7B's widths): fused q/k/v/g, o, fused gate/up, down
+SHAPES_7B = [(12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008)]
+SHAPE_SETS = {"default": SHAPES, "7b": SHAPES_7B}
 W8A16_MAX_M = 16
 N_OUT = 8
 STREAM_BYTES = 160 << 20  # weight copies per shape: > 2 x the H100's / H200's L2
@@ -118,9 +122,18 @@ def bench(fn):
     return do_bench_cudagraph(fn, rep=5, return_mode="median") * 1e3  # us
 
 
-def warm(share, dev, wide):
+def parse_shapes(spec: str) -> list[tuple[int, int]]:
+    if spec in SHAPE_SETS:
+        return SHAPE_SETS[spec]
+    try:
+        return [tuple(int(v) for v in item.split("x")) for item in spec.split(",")]
+    except ValueError:
+        raise SystemExit(f"--shapes: one of {', '.join(SHAPE_SETS)} or NxK,NxK,...; got {spec!r}") from None
+
+
+def warm(share, dev, wide, shapes):
     i, n = (int(v) for v in share.split("/"))
-    jobs = [(path, M, N, K, c) for (N, K) in SHAPES for M in M_BUCKETS for path in ("w8a8", "w8a16")
+    jobs = [(path, M, N, K, c) for (N, K) in shapes for M in M_BUCKETS for path in ("w8a8", "w8a16")
             if path == "w8a8" or M <= W8A16_MAX_M for c in candidates(path, M, N, K, wide)]
     seen = set()
     for j, (path, M, N, K, c) in enumerate(jobs):
@@ -156,7 +169,10 @@ def apply(table_file):
     committed, swept = {}, {"TABLES": {}}
     exec(src[a:b], committed)  # this tool's own output: dict literals
     exec(open(table_file).read(), swept)
-    text = src[:a] + render({**committed["TABLES"], **swept["TABLES"]}) + src[b:]
+    tables = dict(committed["TABLES"])
+    for name, entries in swept["TABLES"].items():  # a sweep of some shapes keeps the GPU's other entries
+        tables[name] = {**tables.get(name, {}), **entries}
+    text = src[:a] + render(tables) + src[b:]
     with open(path, "w") as f:  # opened (emptied) only once the new file is whole
         f.write(text)
 
@@ -167,12 +183,14 @@ def main():
     ap.add_argument("--warm", default=None)
     ap.add_argument("--apply", default=None)
     ap.add_argument("--wide", action="store_true", help="a wider tile space: warps, pipeline depth, BN = 16")
+    ap.add_argument("--shapes", default="default", help=f"N x K weights: {', '.join(SHAPE_SETS)} or NxK,NxK,...")
     args = ap.parse_args()
+    shapes = parse_shapes(args.shapes)
     if args.apply:
         return apply(args.apply)
     dev = torch.device("cuda")
     if args.warm:
-        return warm(args.warm, dev, args.wide)
+        return warm(args.warm, dev, args.wide, shapes)
     name = torch.cuda.get_device_name(dev)
     slug = "h200" if "H200" in name else "h100" if "H100" in name else name.lower().replace(" ", "_")
     big = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
@@ -185,7 +203,7 @@ def main():
           flush=True)
     rows, table = [], {}
     t0 = time.time()
-    for N, K in SHAPES:
+    for N, K in shapes:
         copies = max(2, math.ceil(STREAM_BYTES / (N * K)))
         packs, keep_idx = make_weights(N, K, copies, dev)
         wbf = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.02
@@ -248,7 +266,7 @@ def main():
         del packs, wbf
     meta = dict(device=name, torch=torch.__version__, triton=triton.__version__, copy_GBps=copy_gbs,
                 empty_launch_us=floor_us, wide=args.wide,
-                shapes=SHAPES, M=list(M_BUCKETS), n_outliers=N_OUT, x_dtype="bfloat16",
+                shapes=shapes, M=list(M_BUCKETS), n_outliers=N_OUT, x_dtype="bfloat16",
                 timing="do_bench_cudagraph(rep=5) median; weights rotated over > 160 MB of copies; W8A8 tiles "
                        "chosen by the GEMM alone on pre-made codes, w8a8_us adds one quantize_rows pass")
     os.makedirs(args.out, exist_ok=True)
