@@ -260,6 +260,26 @@ def test_swiglu_writes_the_down_projections_codes():
     _same_codes(codes, out, packed)
 
 
+def test_codes_of_a_7b_wide_row():
+    """A 7B model's down_proj (11,008 inputs: above 8,192, one program of 16 warps holds the row): SwiGLU's
+    codes equal quantize_rows', and both equal PyTorch's per-token quantization of the kept columns."""
+    from laquant.kernels.common.numerics import quantize_int8
+    from laquant.kernels.rowwise.fused import MAX_CODES_WIDTH, codes_fit
+
+    y = _randn(3, 2 * 11008, scale=2.0)
+    gate, up = y.split(11008, dim=-1)
+    packed = _packed(11008, 16)
+    assert codes_fit(packed) and packed.qweight.shape[1] <= MAX_CODES_WIDTH
+    out, codes = swiglu_triton(gate, up, packed)
+    _same_codes(codes, out, packed)
+    kept = out.float().cpu()[:, packed.source[:packed.source.ge(0).sum()].long().cpu()]
+    q, scale = quantize_int8(kept, dim=-1)
+    got = codes[0][:, :kept.shape[1]].cpu().int()
+    # on the GPU the scale's division (absmax / 127) may round one ulp apart, moving a rare code by one
+    torch.testing.assert_close(codes[1].cpu(), scale.reshape(-1).float(), rtol=0 if INTERPRETED else 3e-7, atol=0)
+    assert (got - q.int()).abs().max() <= (0 if INTERPRETED else 1) and (got != q.int()).float().mean() < 1e-3
+
+
 def test_codes_for_the_wrong_gemm_are_refused():
     with pytest.raises(ValueError, match="codes for a GEMM of 64 inputs"):
         rms_norm_triton(_randn(3, 200), _randn(200), 1e-6, packed=_packed(64, 8))

@@ -354,11 +354,11 @@ def quantize_rows(x2: torch.Tensor, packed: PackedOutlierWeight):
     xs = torch.empty(M, dtype=torch.float32, device=x2.device)
     xo = torch.empty(M, max(NO, 1), dtype=x2.dtype, device=x2.device)
     if M:
-        one_tile = KQ <= 8192
+        one_tile = KQ <= 16384  # the row in registers of one program (16 warps above 8192)
         _quantize_rows_kernel[(M,)](x2, packed.source, packed.outlier_idx, xq, xs, xo, KQ, NO, x2.stride(0),
                                     BK=triton.next_power_of_2(KQ) if one_tile else 2048,
                                     BNO=max(16, triton.next_power_of_2(NO)), HAS_OUT=NO > 0, ONE_TILE=one_tile,
-                                    num_warps=4 if K <= 2048 else 8)
+                                    num_warps=4 if K <= 2048 else 8 if KQ <= 8192 or not one_tile else 16)
     return xq, xs, xo
 
 

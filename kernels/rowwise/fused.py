@@ -24,7 +24,8 @@ except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
 MAX_ROW = 16384  # longer rows take the reference
-MAX_CODES_WIDTH = 8192  # a token's codes come from one program (store_token_codes): wider GEMMs quantize apart
+# a token's codes come from one program, its row in registers (store_token_codes): wider GEMMs quantize apart
+MAX_CODES_WIDTH = 16384
 GLU_ACTIVATIONS = ("silu", "sigmoid")  # SwiGLU's; a gated attention output's ``o * sigmoid(gate)``
 
 
@@ -166,6 +167,11 @@ def _codes(M: int, packed, dtype, device):
 _NO_CODES = dict(consts=dict(QUANT=False, BQ=16, BNO=16, HAS_OUT=False))
 
 
+def _codes_warps(elements: int) -> int:
+    """Warps of a program that holds a token's row of ``elements`` (a power of two) in registers."""
+    return 4 if elements <= 2048 else 8 if elements <= 8192 else 16
+
+
 def codes_fit(packed) -> bool:
     """Whether these kernels can write the W8A8 codes of ``packed``'s GEMM (its int8 width at most
     :data:`MAX_CODES_WIDTH`)."""
@@ -200,7 +206,7 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
             *(row_layout(g) if g is not None else dummy), *row_layout(y), N, *ptrs, heads,
             BLOCK_N=block_n, ROWS=rows, HAS_RES=residual is not None, GATED=g is not None, ROUND_SUM=round_sum,
             ROUND_NORMED=round_normed,
-            num_warps=warps if packed is None else max(4, min(8, rows * block_n // 512)),
+            num_warps=warps if packed is None else _codes_warps(max(rows * block_n, q["consts"]["BQ"])),
             **(q or _NO_CODES)["consts"], **pdl_launch(x.device, M // heads))
     return y, (ro if residual is not None else None), codes
 
@@ -256,7 +262,8 @@ def glu_triton(gate: torch.Tensor, up: torch.Tensor, packed=None, activation: st
         ptrs = q.get("ptrs", (gate, gate, gate, gate, gate, 0, 0))
         _swiglu_kernel[(triton.cdiv(M, rows), triton.cdiv(N, block_n))](
             gate, up, y, M, N, *row_layout(gate), *row_layout(up), N, *ptrs, BLOCK_N=block_n, ROWS=rows,
-            num_warps=4 if block_n <= 2048 else 8, SIGMOID=activation == "sigmoid", **(q or _NO_CODES)["consts"],
+            num_warps=_codes_warps(block_n) if packed is not None else 4 if block_n <= 2048 else 8,
+            SIGMOID=activation == "sigmoid", **(q or _NO_CODES)["consts"],
             **pdl_launch(gate.device, M))
     return y if packed is None else (y, codes)
 
