@@ -68,7 +68,8 @@ def test_spec_is_transformers_modules(dtype, B, Hq, Hkv, D, R, batch_cos):
 
 
 @pytest.mark.parametrize("B,Hq,Hkv,D,R,batch_cos", [(3, 6, 2, 64, 16, False), (2, 4, 4, 32, 32, True),
-                                                    (5, 3, 1, 48, 12, True), (1, 16, 2, 128, 32, False)])
+                                                    (5, 3, 1, 48, 12, True), (1, 16, 2, 128, 32, False),
+                                                    (2, 16, 2, 256, 64, False)])  # Qwen3-Next-80B's heads
 def test_kernel_matches_the_spec(B, Hq, Hkv, D, R, batch_cos):
     """The kernel on strided q / gate / k / v views, a partial rotary and odd head counts and widths (48 is no
     power of two) against the spec: the query heads, the gate and the whole cache."""
