@@ -51,8 +51,8 @@ def main():
             return low_rank_gate_log_decay_triton(x, *p, 16.0, config=cfg)
 
         results = []
-        for rws, bc, bk, warps, stages in itertools.product((16, 32, 64), (16, 32, 64), (128, 256, 512, 1024),
-                                                             (2, 4, 8), (2, 3, 4)):
+        for rws, bc, bk, warps, stages in itertools.product((16, 32, 64), (16, 32, 64), (256, 512, 1024),
+                                                             (4, 8), (2, 3)):
             if rws > max(16, triton.next_power_of_2(M)):
                 continue
             cfg = dict(ROWS=rws, BLOCK_C=bc, BK=bk, num_warps=warps, num_stages=stages)
