@@ -157,11 +157,16 @@ if triton is not None:
 def low_rank_gate_config(M: int, x_dtype: torch.dtype) -> dict:
     """Tiles of the fused low-rank gate: each program recomputes the rank-R intermediate of its 16
     rows (a few kilobytes of weight, from L2), so the logits are cut into many narrow column blocks
-    at decode sizes: the kernel's time is one program's latency. The fastest on an H100 for a
-    2048 -> 16 -> 1024 gate (eval/results/gate_fused_h100.json): 5.5-5.9 us at M = 1 and 64, 11.6 us
-    at M = 1024, against 10.9 / 11.0 / 28.5 us for the two W8A16 GEMMs and the tail."""
-    bk = 256 if x_dtype != torch.float32 else 64
-    return dict(ROWS=16, BLOCK_C=32 if M <= 256 else 256, BK=bk, num_warps=4, num_stages=3)
+    at decode sizes: the kernel's time is one program's latency, mostly its K loop, which 1,024-wide
+    steps keep short. On an H100 for a 2048 -> 16 -> 1024 gate (eval/results/gate_fused_h100.json):
+    5.5-5.9 us at M = 1 and 64, 11.6 us at M = 1024, against 10.9 / 11.0 / 28.5 us for the two W8A16
+    GEMMs and the tail. On an H200 (eval/results/gla_7b_h200/gate_sweep/): 4096 -> 16 -> 2048 at M = 64
+    8.5 us (11.4 with 256-wide K steps and 32-column blocks), 2048 -> 16 -> 1024 5.4 us."""
+    if x_dtype == torch.float32:
+        return dict(ROWS=16, BLOCK_C=32 if M <= 256 else 256, BK=64, num_warps=4, num_stages=3)
+    if M > 256:
+        return dict(ROWS=16, BLOCK_C=256, BK=256, num_warps=4, num_stages=3)
+    return dict(ROWS=16, BLOCK_C=32 if M <= 16 else 64, BK=1024, num_warps=4, num_stages=3)
 
 
 def low_rank_gate_log_decay_triton(x: torch.Tensor, first, second, normalizer: float, clamp_min: float | None = None,

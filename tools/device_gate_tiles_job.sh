@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Issue #14: the fused low-rank gate's decode tiles from tools/sweep_low_rank_gate.py (1,024-wide K steps, 64-column
+# blocks above 16 tokens). Steps: the gate's kernel tests and the model's GPU tests; the 6.9B and the 1.37B GLA e2e.
+# Results under $1.   run: bash tools/device_kernels.sh 560 device_gate_tiles_job.sh
+set -u
+. tools/device_job_env.sh "$@"
+timeout 300 python3 -m pytest -q -rfs --tb=short tests/test_fused_layer_ops.py tests/test_gpu_model.py \
+  > "$W/gpu_tests.log" 2>&1
+log "gpu tests rc $?"
+timeout 1200 laquant eval speed --suite e2e --recipe gla_int8_all --batch 1 64 --prompt 4096 --gen 32 \
+  --model 'config:{"hidden_size": 4096, "num_hidden_layers": 32, "num_heads": 32, "vocab_size": 32000}' \
+  --out "$W/e2e_gla_7b" > "$W/e2e_gla_7b.log" 2>&1
+log "gla 7b e2e rc $?"
+bash tools/device_gla_e2e.sh "$W"
+touch "$W/job.done"
