@@ -50,9 +50,9 @@ def test_triton_path_matches_reference(recipe, monkeypatch, trained_model_dir):
 
 
 def test_mlp_wider_than_the_codes_kernels(monkeypatch):
-    """A ``down_proj`` wider than the fused kernels write codes for (``MAX_CODES_WIDTH``; a 7B model's 11,008)
-    quantizes its input in its own pass: the quantized model runs (it raised before) and gives the reference
-    path's logits, prefill and decode."""
+    """A ``down_proj`` wider than the fused kernels write codes for (``MAX_CODES_WIDTH``; a 70B model's 28,672)
+    quantizes its input in its own pass: the quantized model runs (it raised before, from 8,192 inputs up)
+    and gives the reference path's logits, prefill and decode."""
     from laquant.api import calibrate
     from laquant.kernels.rowwise.fused import MAX_CODES_WIDTH
     from laquant.models import GLAConfig, GLAForCausalLM

@@ -159,7 +159,7 @@ def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monk
         return wrapper
 
     monkeypatch.setattr(fused, "_gemm_on_codes", counted("gemm_on_codes", fused._gemm_on_codes))
-    monkeypatch.setattr(fused, "swiglu_w8a8", counted("swiglu_codes", fused.swiglu_w8a8))
+    monkeypatch.setattr(fused, "glu_w8a8", counted("swiglu_codes", fused.glu_w8a8))
     monkeypatch.setattr(rowwise_fused, "gated_rms_norm_triton", counted(
         "gated_norm_codes", rowwise_fused.gated_rms_norm_triton, lambda *a, packed=None, **k: packed is not None or
         len(a) > 4))

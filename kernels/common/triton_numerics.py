@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 try:
     import triton
     import triton.language as tl
@@ -30,8 +32,8 @@ if triton is not None:
     # Triton folds ``x.to(tl.bfloat16).to(tl.float32)`` back to x (and may contract the product before it
     # into an FMA): on an H200 (Triton 3.6) 24% of ``bf16(bf16(a * b) + bf16(c * d))`` differed from
     # PyTorch's. :func:`rounded` rounds with a PTX conversion instead, which nothing folds; the interpreter
-    # (no inline PTX) rounds as written.
-    PTX_ROUNDING = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
+    # (no inline PTX) rounds as written, and so does ROCm (no PTX there).
+    PTX_ROUNDING = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1" and torch.version.hip is None)
 
     @triton.jit
     def rounded(x, dtype: tl.constexpr):

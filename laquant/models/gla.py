@@ -23,7 +23,7 @@ from laquant.kernels.rowwise.reference import gated_rms_norm, rms_norm, swiglu
 from laquant.models.cache import GLAStateCache
 from laquant.models.fla_attention import Attention, attention_spec, attention_specs
 from laquant.models.recurrent import RecurrentMixer
-from laquant.quant.fused import low_rank_gate, project, swiglu_w8a8, w8a8_inputs
+from laquant.quant.fused import glu_w8a8, low_rank_gate, project, w8a8_inputs
 
 ATTN_INPUTS = ("q_proj", "k_proj", "v_proj", "g_proj")  # the projections that read the normed hidden state
 MLP_INPUTS = ("gate_proj", "up_proj")
@@ -223,7 +223,7 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor, codes=None) -> torch.Tensor:
         """``codes``: x's W8A8 codes for the fused gate/up GEMM, made by the norm before it."""
         gate, up = project(self, MLP_INPUTS, x, codes)
-        out = swiglu_w8a8(self, "down_proj", gate, up)
+        out = glu_w8a8(self, "down_proj", gate, up)
         if out is not None:
             return out
         h = swiglu_triton(gate, up) if use_triton(gate) else swiglu(gate, up)

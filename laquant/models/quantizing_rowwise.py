@@ -148,14 +148,14 @@ class _QuantizingSwiGLU:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_name, up_name, down_name, act_name = SWIGLU_MLPS[self._laquant_base.__name__]
         if use_triton(x) and type(getattr(self, act_name)).__name__ in SILU_CLASSES:
-            from laquant.quant.fused import project, swiglu_w8a8, w8a8_inputs
+            from laquant.quant.fused import glu_w8a8, project, w8a8_inputs
 
             if w8a8_inputs(self, (down_name,), x) is not None:
                 if up_name is None:  # both halves of one projection (column slices: the kernel reads them as they are)
                     gate, up = project(self, (gate_name,), x)[0].chunk(2, dim=-1)
                 else:  # x's handed-over codes serve both, in one GEMM
                     gate, up = project(self, (gate_name, up_name), x)
-                return swiglu_w8a8(self, down_name, gate, up)
+                return glu_w8a8(self, down_name, gate, up)
         return super().forward(x)
 
 

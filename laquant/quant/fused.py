@@ -111,8 +111,8 @@ def w8a8_inputs(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor):
     """The packed weight of per-token W8A8 members that run as one GEMM on the GPU (so the kernel
     that makes x writes its int8 codes too, see :func:`project`), else None. ``x`` may be any
     tensor of the input's leading shape and device: only its device is read. None too where the
-    GEMM is wider than a producer can write codes for (``MAX_CODES_WIDTH``, e.g. a 7B model's
-    11,008-wide ``down_proj``): the GEMM then quantizes its input in its own pass.
+    GEMM is wider than a producer can write codes for (``MAX_CODES_WIDTH``, 16,384 inputs; a 70B
+    model's 28,672-wide ``down_proj`` is wider): the GEMM then quantizes its input in its own pass.
 
     With the codes made by the producer, the W8A8 GEMM alone beat the weight-only one at every M
     measured (1 to 256 tokens, eval/results/speed_h100_e2e_fused.md), so a model path with a producer
@@ -158,8 +158,8 @@ def _gemm_on_codes(x: torch.Tensor, codes: tuple, packed) -> torch.Tensor:
     return y
 
 
-def swiglu_w8a8(owner: nn.Module, down: str, gate: torch.Tensor, up: torch.Tensor,
-                activation: str = "silu") -> torch.Tensor | None:
+def glu_w8a8(owner: nn.Module, down: str, gate: torch.Tensor, up: torch.Tensor,
+             activation: str = "silu") -> torch.Tensor | None:
     """``owner.<down>(act(gate) * up)`` (SiLU: SwiGLU; sigmoid: a gated attention's output) with the
     kernel writing the codes of ``down``'s W8A8 GEMM (GPU), or None where ``down`` is not W8A8 on
     the GPU."""
