@@ -53,7 +53,7 @@ def _takes_step(attn: nn.Module, x: torch.Tensor, position_embeddings, cache, kw
 def _static_step(attn: nn.Module, x: torch.Tensor, position_embeddings, attention_mask, cache) -> torch.Tensor:
     from laquant.kernels.attention import qk_norm_rope
     from laquant.models.static_hybrid import ALL_ATTENTION_FUNCTIONS, ATTENTION
-    from laquant.quant.fused import glu_w8a8, project
+    from laquant.quant.fused import glu_project, project
 
     B, D = x.shape[0], attn.head_dim
     fast = use_triton(x)
@@ -67,15 +67,7 @@ def _static_step(attn: nn.Module, x: torch.Tensor, position_embeddings, attentio
     query, gate = step(heads[..., :D], heads[..., D:], k, v, formula_weight(attn.q_norm), formula_weight(attn.k_norm),
                        attn.q_norm.eps, cos, sin, keys, values, cache.pos)
     out, _ = ALL_ATTENTION_FUNCTIONS[ATTENTION](attn, query, keys, values, attention_mask, scaling=attn.scaling)
-    out, gate = out.reshape(B, 1, -1), gate.view(B, 1, -1)
-    if not fast:
-        return attn.o_proj(out * torch.sigmoid(gate))
-    projected = glu_w8a8(attn, "o_proj", gate, out, activation="sigmoid")
-    if projected is not None:
-        return projected
-    from laquant.kernels.rowwise.fused import glu_triton
-
-    return attn.o_proj(glu_triton(gate, out, activation="sigmoid"))
+    return glu_project(attn, "o_proj", gate.view(B, 1, -1), out.reshape(B, 1, -1), activation="sigmoid")
 
 
 class _StaticStepAttention:

@@ -18,12 +18,12 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from laquant.kernels.common.dispatch import use_triton
 from laquant.kernels.gla.gate import gate_log_decay, gate_log_decay_triton, low_rank_gate_log_decay_triton
-from laquant.kernels.rowwise.fused import MAX_ROW, gated_rms_norm_triton, rms_norm_triton, swiglu_triton
-from laquant.kernels.rowwise.reference import gated_rms_norm, rms_norm, swiglu
+from laquant.kernels.rowwise.fused import MAX_ROW, gated_rms_norm_triton, rms_norm_triton
+from laquant.kernels.rowwise.reference import gated_rms_norm, rms_norm
 from laquant.models.cache import GLAStateCache
 from laquant.models.fla_attention import Attention, attention_spec, attention_specs
 from laquant.models.recurrent import RecurrentMixer
-from laquant.quant.fused import glu_w8a8, low_rank_gate, project, w8a8_inputs
+from laquant.quant.fused import glu_project, low_rank_gate, project, w8a8_inputs
 
 ATTN_INPUTS = ("q_proj", "k_proj", "v_proj", "g_proj")  # the projections that read the normed hidden state
 MLP_INPUTS = ("gate_proj", "up_proj")
@@ -223,11 +223,7 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor, codes=None) -> torch.Tensor:
         """``codes``: x's W8A8 codes for the fused gate/up GEMM, made by the norm before it."""
         gate, up = project(self, MLP_INPUTS, x, codes)
-        out = glu_w8a8(self, "down_proj", gate, up)
-        if out is not None:
-            return out
-        h = swiglu_triton(gate, up) if use_triton(gate) else swiglu(gate, up)
-        return self.down_proj(h)
+        return glu_project(self, "down_proj", gate, up)
 
 
 class GatedLinearAttention(RecurrentMixer):

@@ -172,6 +172,24 @@ def glu_w8a8(owner: nn.Module, down: str, gate: torch.Tensor, up: torch.Tensor,
     return project(owner, (down,), h, codes)[0]
 
 
+def glu_project(owner: nn.Module, down: str, gate: torch.Tensor, up: torch.Tensor,
+                activation: str = "silu") -> torch.Tensor:
+    """``owner.<down>(act(gate) * up)``: :func:`glu_w8a8` where ``down`` is W8A8 on the GPU, else the
+    gated product (the kernel on the GPU, the reference elsewhere) and then the module."""
+    out = glu_w8a8(owner, down, gate, up, activation)
+    if out is not None:
+        return out
+    if use_triton(gate):
+        from laquant.kernels.rowwise.fused import glu_triton
+
+        h = glu_triton(gate, up, activation=activation)
+    else:
+        from laquant.kernels.rowwise.reference import glu
+
+        h = glu(gate, up, activation)
+    return getattr(owner, down)(h)
+
+
 class CodesHandoff:
     """A tensor's W8A8 codes, written by the kernel that made it, handed to the projections that read
     it when their caller is not laquant's code (transformers' attention and MLP call ``q_proj(x)``,
