@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..common.pdl import pdl_launch
+from ..rowwise.reference import rms_norm
 
 try:
     import triton
@@ -67,11 +68,6 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.cat(((rot * cos) + (half * sin), rest), dim=-1)
 
 
-def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    h = x.float()
-    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight).to(x.dtype)
-
-
 def qk_norm_rope_step(q: torch.Tensor, gate: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor,
                       q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, cos: torch.Tensor,
                       sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor):
@@ -81,8 +77,8 @@ def qk_norm_rope_step(q: torch.Tensor, gate: torch.Tensor | None, k: torch.Tenso
     ``[B or 1, R]``, and writes k and v at position ``pos`` (int64 ``[1]``) of ``keys [B, Hkv, S, D]``
     and ``values``. Returns ``(query [B, Hq, 1, D], gate [B, Hq * D] contiguous or None)``."""
     _check(q, gate, k, v, q_weight, k_weight, cos, sin, keys, values, pos)
-    query = _rotate(_norm(q, q_weight, eps), cos, sin)
-    key = _rotate(_norm(k, k_weight, eps), cos, sin)
+    query = _rotate(rms_norm(q, q_weight, eps)[0], cos, sin)
+    key = _rotate(rms_norm(k, k_weight, eps)[0], cos, sin)
     keys.index_copy_(2, pos, key[:, :, None].to(keys.dtype))
     values.index_copy_(2, pos, v[:, :, None].to(values.dtype))
     return query[:, :, None].contiguous(), None if gate is None else gate.reshape(gate.shape[0], -1).contiguous()
