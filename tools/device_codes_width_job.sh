@@ -11,9 +11,6 @@ timeout 400 python3 -m pytest -q -rfs --tb=short tests/test_fused_layer_ops.py t
 log "kernel tests rc $?"
 timeout 300 python3 -m pytest -q -rfs --tb=short tests/test_gpu_model.py > "$W/gpu_tests_model.log" 2>&1
 log "gpu model tests rc $?"
-timeout 1200 laquant eval speed --suite e2e --recipe gla_int8_all --batch 1 64 --prompt 4096 --gen 32 \
-  --model 'config:{"hidden_size": 4096, "num_hidden_layers": 32, "num_heads": 32, "vocab_size": 32000}' \
-  --out "$W/e2e_gla_7b" > "$W/e2e_gla_7b.log" 2>&1
-log "gla 7b e2e rc $?"
+bash tools/device_gla_e2e.sh "$W" 7b
 bash tools/device_gla_e2e.sh "$W"
 touch "$W/job.done"

@@ -17,9 +17,6 @@ python3 tools/sweep_gemm.py --apply "$W/sweep/configs_table.py" && cp kernels/ge
 log "apply rc $?"
 timeout 300 python3 -m pytest -q -rfs --tb=short tests/test_gemm_decode.py > "$W/gpu_tests_gemm.log" 2>&1
 log "gemm tests rc $?"
-timeout 1200 laquant eval speed --suite e2e --recipe gla_int8_all --batch 1 64 --prompt 4096 --gen 32 \
-  --model 'config:{"hidden_size": 4096, "num_hidden_layers": 32, "num_heads": 32, "vocab_size": 32000}' \
-  --out "$W/e2e_gla_7b" > "$W/e2e_gla_7b.log" 2>&1
-log "gla 7b e2e rc $?"
+bash tools/device_gla_e2e.sh "$W" 7b
 bash tools/device_gla_e2e.sh "$W"
 touch "$W/job.done"
