@@ -12,7 +12,7 @@ import os
 
 import torch
 import triton
-from triton.testing import do_bench_cudagraph
+from sweep_gemm import bench, rotating  # this folder's: CUDA-graph median over rotated inputs
 
 from laquant.kernels.gla.gate import low_rank_gate_config, low_rank_gate_log_decay_triton
 from laquant.quant.modules import QuantLinear
@@ -43,12 +43,9 @@ def main():
         x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
         default = low_rank_gate_config(M, x.dtype)
         want = low_rank_gate_log_decay_triton(x, *packs[0], 16.0)
-        state = [0]
 
-        def run(cfg):
-            p = packs[state[0] % len(packs)]
-            state[0] += 1
-            return low_rank_gate_log_decay_triton(x, *p, 16.0, config=cfg)
+        def timed(cfg):  # noqa: B023 (x, packs: this shape's)
+            return bench(rotating(lambda p: low_rank_gate_log_decay_triton(x, *p, 16.0, config=cfg), packs))
 
         results = []
         for rws, bc, bk, warps, stages in itertools.product((16, 32, 64), (16, 32, 64), (256, 512, 1024),
@@ -59,12 +56,12 @@ def main():
             try:
                 if not torch.equal(low_rank_gate_log_decay_triton(x, *packs[0], 16.0, config=cfg), want):
                     continue
-                us = do_bench_cudagraph(lambda: run(cfg), rep=5, return_mode="median") * 1e3  # noqa: B023
+                us = timed(cfg)
             except Exception:  # noqa: BLE001 (out of shared memory, ...)
                 continue
             results.append((us, cfg))
         results.sort(key=lambda r: r[0])
-        d_us = do_bench_cudagraph(lambda: run(default), rep=5, return_mode="median") * 1e3
+        d_us = timed(default)
         row = dict(K=K, R=R, C=C, M=M, default=default, default_us=d_us, best=results[0][1], best_us=results[0][0],
                    top5=[dict(us=u, **c) for u, c in results[:5]])
         rows.append(row)
