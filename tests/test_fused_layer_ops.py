@@ -208,28 +208,46 @@ def _packed(K, N, n_out=3):
 
 
 def _same_codes(codes, out, packed):
+    """The codes equal quantize_rows' of ``out``, and PyTorch's per-token quantization of its kept
+    columns (on the GPU the scale's division, absmax / 127, may round one ulp apart, moving a rare code by
+    one); the outlier block holds the outlier columns."""
+    from laquant.kernels.common.numerics import quantize_int8
     from laquant.kernels.gemm.int8 import quantize_rows
 
-    xq, xs, xo = quantize_rows(out.reshape(codes[0].shape[0], -1), packed)
+    rows = out.reshape(codes[0].shape[0], -1)
+    xq, xs, xo = quantize_rows(rows, packed)
     n_out = packed.outlier_idx.numel()  # without outliers the block is a placeholder, never read
     assert torch.equal(codes[0], xq) and torch.equal(codes[1], xs) and torch.equal(codes[2][:, :n_out], xo[:, :n_out])
+    n_keep = packed.n_keep
+    kept = rows.float().cpu()[:, packed.source[:n_keep].long().cpu()]
+    q, scale = quantize_int8(kept, dim=-1)
+    got = codes[0].cpu().int()
+    torch.testing.assert_close(codes[1].cpu(), scale.reshape(-1).float(), rtol=0 if INTERPRETED else 3e-7, atol=0)
+    assert (got[:, :n_keep] - q.int()).abs().max() <= (0 if INTERPRETED else 1)
+    assert (got[:, :n_keep] != q.int()).float().mean() < 1e-3
+    assert not got[:, n_keep:].any()  # the padding to 16 columns
+    assert torch.equal(codes[2][:, :n_out].cpu(), rows.cpu()[:, packed.outlier_idx.long().cpu()])
 
 
+@pytest.mark.parametrize("n_out", [0, 3])
 @pytest.mark.parametrize("with_residual", [False, True])
-def test_rms_norm_writes_the_gemms_codes(with_residual):
+def test_rms_norm_writes_the_gemms_codes(with_residual, n_out):
+    """With outlier columns (codes scattered to their packed positions) and without (in order)."""
     x, w = _randn(2, 5, 200, scale=3.0), _randn(200)
     residual = _randn(2, 5, 200) if with_residual else None
-    packed = _packed(200, 24)
+    packed = _packed(200, 24, n_out)
+    assert packed.identity == (n_out == 0)
     out, summed, codes = rms_norm_triton(x, w, 1e-6, residual, packed=packed)
     ref, _ = rms_norm(x.cpu(), w.cpu(), 1e-6, None if residual is None else residual.cpu())
     assert rel_err(out.float().cpu(), ref.float()) < TOL
     _same_codes(codes, out, packed)  # exactly what a quantization pass over out gives
 
 
-def test_gated_norm_writes_codes_of_whole_tokens():
-    B, T, H, V = 2, 3, 3, 40  # three heads: rows per token not a power of two
+@pytest.mark.parametrize("n_out", [0, 5])
+def test_gated_norm_writes_codes_of_whole_tokens(n_out):
+    B, T, H, V = 2, 3, 3, 42  # three heads: rows per token not a power of two; 126 inputs: 2 columns of padding
     x, g, w = _randn(B, T, H, V), _randn(B, T, H, V), _randn(V)
-    packed = _packed(H * V, 16)
+    packed = _packed(H * V, 16, n_out)
     out, codes = gated_rms_norm_triton(x, g, w, 1e-5, packed=packed)
     assert rel_err(out.float().cpu(), gated_rms_norm(x.cpu(), g.cpu(), w.cpu(), 1e-5).float()) < TOL
     _same_codes(codes, out, packed)
@@ -251,10 +269,11 @@ def test_gated_norm_reads_a_grouped_gate_in_place():
         gated_rms_norm_triton(x, g, w, 1e-5, packed=packed, token_rows=4)
 
 
-def test_swiglu_writes_the_down_projections_codes():
+@pytest.mark.parametrize("n_out", [0, 7])
+def test_swiglu_writes_the_down_projections_codes(n_out):
     y = _randn(7, 2 * 300, scale=2.0)
     gate, up = y.split(300, dim=-1)
-    packed = _packed(300, 40, n_out=0)
+    packed = _packed(300, 40, n_out)
     out, codes = swiglu_triton(gate, up, packed)
     assert rel_err(out.float().cpu(), swiglu(gate.cpu(), up.cpu()).float()) < TOL
     _same_codes(codes, out, packed)
@@ -263,7 +282,6 @@ def test_swiglu_writes_the_down_projections_codes():
 def test_codes_of_a_7b_wide_row():
     """A 7B model's down_proj (11,008 inputs: above 8,192, one program of 16 warps holds the row): SwiGLU's
     codes equal quantize_rows', and both equal PyTorch's per-token quantization of the kept columns."""
-    from laquant.kernels.common.numerics import quantize_int8
     from laquant.kernels.rowwise.fused import MAX_CODES_WIDTH, codes_fit
 
     y = _randn(3, 2 * 11008, scale=2.0)
@@ -272,12 +290,6 @@ def test_codes_of_a_7b_wide_row():
     assert codes_fit(packed) and packed.qweight.shape[1] <= MAX_CODES_WIDTH
     out, codes = swiglu_triton(gate, up, packed)
     _same_codes(codes, out, packed)
-    kept = out.float().cpu()[:, packed.source[:packed.source.ge(0).sum()].long().cpu()]
-    q, scale = quantize_int8(kept, dim=-1)
-    got = codes[0][:, :kept.shape[1]].cpu().int()
-    # on the GPU the scale's division (absmax / 127) may round one ulp apart, moving a rare code by one
-    torch.testing.assert_close(codes[1].cpu(), scale.reshape(-1).float(), rtol=0 if INTERPRETED else 3e-7, atol=0)
-    assert (got - q.int()).abs().max() <= (0 if INTERPRETED else 1) and (got != q.int()).float().mean() < 1e-3
 
 
 def test_codes_for_the_wrong_gemm_are_refused():

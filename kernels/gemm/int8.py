@@ -63,7 +63,7 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_prologue
-    from ..common.triton_numerics import quantize_int8, store_token_codes
+    from ..common.triton_numerics import quantize_int8, store_codes, store_token_codes
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -82,7 +82,8 @@ class PackedOutlierWeight:
     ``source`` ``[n_keep padded]`` int32 (the input column each int8 column holds, -1 in the padding),
     ``outlier_idx`` ``[n_out]`` int32 and ``outlier_weight`` ``[N, n_out]`` (model dtype), ``n_out`` padded
     to a multiple of :data:`OUTLIER_ALIGN` (the last index again, with zero weights: the same sums; the
-    outlier weight is then a padded copy of the module's)."""
+    outlier weight is then a padded copy of the module's). ``n_keep``: the kept columns; ``identity``:
+    no outliers, the columns in order (a row's codes are then its columns as they come)."""
 
     qweight: torch.Tensor
     scale: torch.Tensor
@@ -91,6 +92,8 @@ class PackedOutlierWeight:
     outlier_weight: torch.Tensor
     bias: torch.Tensor | None
     in_features: int
+    n_keep: int
+    identity: bool
 
     @classmethod
     def pack(cls, qweight, weight_scale, keep_idx, outlier_idx, outlier_weight, bias, in_features):
@@ -99,25 +102,34 @@ class PackedOutlierWeight:
             raise ValueError("the int8 GEMM needs weight rows contiguous and padded to a multiple of 16")
         source = torch.full((qweight.shape[1],), -1, dtype=torch.int32, device=qweight.device)
         source[:keep_idx.numel()] = keep_idx.to(torch.int32)
+        n_keep = keep_idx.numel()
+        identity = (outlier_idx.numel() == 0 and n_keep == in_features
+                    and torch.equal(keep_idx.cpu(), torch.arange(n_keep, dtype=keep_idx.dtype)))
         pad = -outlier_idx.numel() % OUTLIER_ALIGN if outlier_idx.numel() else 0
         if pad:
             outlier_idx = torch.cat([outlier_idx, outlier_idx[-1:].expand(pad)])
             outlier_weight = torch.nn.functional.pad(outlier_weight, (0, pad))
         return cls(qweight, weight_scale.reshape(-1).float().expand(N).contiguous(), source,
-                   outlier_idx.to(torch.int32).contiguous(), outlier_weight.contiguous(), bias, in_features)
+                   outlier_idx.to(torch.int32).contiguous(), outlier_weight.contiguous(), bias, in_features, n_keep,
+                   identity)
 
 
 if triton is not None:
 
     @triton.jit
-    def _quantize_rows_kernel(x_ptr, source_ptr, idx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, s_xm,
-                              BK: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr, ONE_TILE: tl.constexpr):
+    def _quantize_rows_kernel(x_ptr, source_ptr, idx_ptr, xq_ptr, xs_ptr, xo_ptr, K, KQ, NO, NK, s_xm,
+                              BK: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr, ONE_TILE: tl.constexpr,
+                              IDENTITY: tl.constexpr):
         # gathers the kept columns and stores the int8 row contiguously (vectorised stores; a scatter
         # to the compacted positions made this pass several times slower at large M * K)
         m = tl.program_id(0).to(tl.int64)
         row = x_ptr + m * s_xm
         out = xq_ptr + m * KQ
-        if ONE_TILE:  # the whole row in registers: x is read once
+        if ONE_TILE and IDENTITY:  # every column kept, in order: a plain load (1.2-1.9x faster than the gather)
+            offs = tl.arange(0, BK)
+            store_codes(tl.load(row + offs, mask=offs < K, other=0.0).to(tl.float32), offs, offs < K, out,
+                        xs_ptr + m, NK, KQ)
+        elif ONE_TILE:  # the whole row in registers: x is read once
             store_token_codes(row, source_ptr, idx_ptr, out, xs_ptr + m, xo_ptr + m * NO, KQ, NO, BK, BNO, HAS_OUT)
         else:
             _quantize_long_row(row, source_ptr, out, xs_ptr + m, KQ, BK)
@@ -355,9 +367,10 @@ def quantize_rows(x2: torch.Tensor, packed: PackedOutlierWeight):
     xo = torch.empty(M, max(NO, 1), dtype=x2.dtype, device=x2.device)
     if M:
         one_tile = KQ <= 16384  # the row in registers of one program (16 warps above 8192)
-        _quantize_rows_kernel[(M,)](x2, packed.source, packed.outlier_idx, xq, xs, xo, KQ, NO, x2.stride(0),
-                                    BK=triton.next_power_of_2(KQ) if one_tile else 2048,
+        _quantize_rows_kernel[(M,)](x2, packed.source, packed.outlier_idx, xq, xs, xo, K, KQ, NO, packed.n_keep,
+                                    x2.stride(0), BK=triton.next_power_of_2(KQ) if one_tile else 2048,
                                     BNO=max(16, triton.next_power_of_2(NO)), HAS_OUT=NO > 0, ONE_TILE=one_tile,
+                                    IDENTITY=packed.identity,  # K <= KQ: the row fits the tile
                                     num_warps=4 if K <= 2048 else 8 if KQ <= 8192 or not one_tile else 16)
     return xq, xs, xo
 

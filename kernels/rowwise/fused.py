@@ -19,12 +19,12 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_prologue
-    from ..common.triton_numerics import rounded, store_token_codes
+    from ..common.triton_numerics import rounded, store_codes, store_token_codes
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
 MAX_ROW = 16384  # longer rows take the reference
-# a token's codes come from one program, its row in registers (store_token_codes): wider GEMMs quantize apart
+# a token's codes come from one program, its row in registers (store_codes): wider GEMMs quantize apart
 MAX_CODES_WIDTH = 16384
 GLU_ACTIVATIONS = ("silu", "sigmoid")  # SwiGLU's; a gated attention output's ``o * sigmoid(gate)``
 
@@ -79,21 +79,27 @@ if triton is not None:
         return (r // inner) * s0 + (r % inner) * s1
 
     @triton.jit
-    def _quant_epilogue(y_ptr, width, src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, BQ: tl.constexpr,
-                        BNO: tl.constexpr, HAS_OUT: tl.constexpr):
-        """This program's token (its rows of the contiguous y, ``width`` elements) as the next
-        GEMM's W8A8 codes, read back from what this program just stored."""
-        tl.debug_barrier()  # every thread's stores of y are visible to the whole program
+    def _quant_epilogue(y, col, ok, y_ptr, width, src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK,
+                        BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr, IDENTITY: tl.constexpr):
+        """This program's token as the next GEMM's W8A8 codes: from registers (``y``, float32 as stored,
+        at the token's input columns ``col``) where the GEMM keeps every column in order; else read back
+        from the token's ``width`` elements this program just stored at ``y_ptr``, through the packed
+        column map (outlier columns)."""
         tok = tl.program_id(0).to(tl.int64)
-        store_token_codes(y_ptr + tok * width, src_ptr, oidx_ptr, xq_ptr + tok * KQ, xs_ptr + tok, xo_ptr + tok * NO,
-                          KQ, NO, BQ, BNO, HAS_OUT)
+        if IDENTITY:
+            store_codes(y, col, ok, xq_ptr + tok * KQ, xs_ptr + tok, NK, KQ)
+        else:
+            tl.debug_barrier()  # every thread's stores of y are visible to the whole program
+            store_token_codes(y_ptr + tok * width, src_ptr, oidx_ptr, xq_ptr + tok * KQ, xs_ptr + tok,
+                              xo_ptr + tok * NO, KQ, NO, BQ, BNO, HAS_OUT)
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, g_ptr, y_ptr, ro_ptr, M, N, eps,
                          sx0, sx1, xin, sr0, sr1, rin, sg0, sg1, gin, sy0, sy1, yin, sro,
-                         src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, RPP,
+                         src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, RPP,
                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                          QUANT: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr,
+                         IDENTITY: tl.constexpr,
                          ROUND_SUM: tl.constexpr = False, ROUND_NORMED: tl.constexpr = False,
                          PDL: tl.constexpr = False):
         pdl_prologue(PDL)
@@ -127,13 +133,15 @@ if triton is not None:
             y = y * (g * tl.sigmoid(g))
         tl.store(y_ptr + _row_offsets(rows, sy0, sy1, yin)[:, None] + cols[None, :], y.to(dtype), mask=mask)
         if QUANT:
-            _quant_epilogue(y_ptr, RPP * N, src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, BQ, BNO, HAS_OUT)
+            _quant_epilogue(rounded(y, dtype), local[:, None] * N + cols[None, :], mask, y_ptr, RPP * N, src_ptr,
+                            oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, BQ, BNO, HAS_OUT, IDENTITY)
 
     @triton.jit
     def _swiglu_kernel(a_ptr, b_ptr, y_ptr, M, N, sa0, sa1, ain, sb0, sb1, bin, sy,
-                       src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO,
+                       src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK,
                        BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
                        QUANT: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr,
+                       IDENTITY: tl.constexpr,
                        SIGMOID: tl.constexpr = False, PDL: tl.constexpr = False):
         pdl_prologue(PDL)
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -144,10 +152,11 @@ if triton is not None:
         af = a.to(tl.float32)
         # the activation rounds to the dtype before the product, as in PyTorch
         s = rounded(tl.sigmoid(af) if SIGMOID else af * tl.sigmoid(af), a.dtype)
-        y = (s * b.to(tl.float32)).to(a.dtype)
-        tl.store(y_ptr + rows.to(tl.int64)[:, None] * sy + cols[None, :], y, mask=mask)
+        y = s * b.to(tl.float32)
+        tl.store(y_ptr + rows.to(tl.int64)[:, None] * sy + cols[None, :], y.to(a.dtype), mask=mask)
         if QUANT:  # one row per program, the whole row in one block
-            _quant_epilogue(y_ptr, sy, src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, BQ, BNO, HAS_OUT)
+            _quant_epilogue(rounded(y, a.dtype), tl.broadcast_to(cols[None, :], y.shape), mask, y_ptr, sy, src_ptr,
+                            oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, BQ, BNO, HAS_OUT, IDENTITY)
 
 
 def _codes(M: int, packed, dtype, device):
@@ -158,13 +167,13 @@ def _codes(M: int, packed, dtype, device):
     KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
     codes = (torch.empty(M, KQ, dtype=torch.int8, device=device), torch.empty(M, dtype=torch.float32, device=device),
              torch.empty(M, max(NO, 1), dtype=dtype, device=device))
-    args = dict(ptrs=(packed.source, packed.outlier_idx, *codes, KQ, NO),
+    args = dict(ptrs=(packed.source, packed.outlier_idx, *codes, KQ, NO, packed.n_keep),
                 consts=dict(QUANT=True, BQ=triton.next_power_of_2(KQ), BNO=max(16, triton.next_power_of_2(NO)),
-                            HAS_OUT=NO > 0))
+                            HAS_OUT=NO > 0, IDENTITY=packed.identity))
     return codes, args
 
 
-_NO_CODES = dict(consts=dict(QUANT=False, BQ=16, BNO=16, HAS_OUT=False))
+_NO_CODES = dict(consts=dict(QUANT=False, BQ=16, BNO=16, HAS_OUT=False, IDENTITY=True))
 
 
 def _codes_warps(elements: int) -> int:
@@ -199,7 +208,7 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
         if packed is not None:
             rows = triton.next_power_of_2(heads)
         dummy = (0, 0, 1)
-        ptrs = q.get("ptrs", (x, x, x, x, x, 0, 0))
+        ptrs = q.get("ptrs", (x, x, x, x, x, 0, 0, 0))
         _rms_norm_kernel[(M // heads if packed is not None else triton.cdiv(M, rows),)](
             x, residual if residual is not None else x, weight, g if g is not None else x, y, ro, M, N, eps,
             *row_layout(x), *(row_layout(residual) if residual is not None else dummy),
@@ -259,7 +268,7 @@ def glu_triton(gate: torch.Tensor, up: torch.Tensor, packed=None, activation: st
             rows = max(1, 2048 // block_n)
         else:  # a token's whole row in one program
             block_n, rows = triton.next_power_of_2(N), 1
-        ptrs = q.get("ptrs", (gate, gate, gate, gate, gate, 0, 0))
+        ptrs = q.get("ptrs", (gate, gate, gate, gate, gate, 0, 0, 0))
         _swiglu_kernel[(triton.cdiv(M, rows), triton.cdiv(N, block_n))](
             gate, up, y, M, N, *row_layout(gate), *row_layout(up), N, *ptrs, BLOCK_N=block_n, ROWS=rows,
             num_warps=_codes_warps(block_n) if packed is not None else 4 if block_n <= 2048 else 8,
