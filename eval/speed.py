@@ -706,9 +706,24 @@ def profile_decode_step(model, batch: int = 64, prompt_len: int = 512) -> dict:
     return out
 
 
+def gpu_ms_of(fn) -> float:
+    """The GPU time of one call of ``fn``: its CUDA kernels' durations summed (``torch.profiler``), so
+    host time between the launches is left out."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(e.time_range.end - e.time_range.start for e in prof.events()
+               if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)) / 1e3
+
+
 def bench_e2e(variants, prompt_len=4096, batches=(1, 16, 64), steps=32, profile: tuple[int, int] | None = (64, 512)
               ) -> list[dict]:
-    """Prefill tokens/s (one prompt), decode tokens/s after a prompt (eager, and through the
+    """Prefill tokens/s (one prompt: on the wall clock, which an eager forward's host time can set,
+    and on its kernels' GPU time), decode tokens/s after a prompt (eager, and through the
     CUDA-graphed loop of :mod:`laquant.generate` where the model has one), peak memory, cache bytes
     per sequence and, with ``profile = (B, prompt)``, the kernels of one eager decode step; one
     model in memory at a time."""
@@ -727,8 +742,12 @@ def bench_e2e(variants, prompt_len=4096, batches=(1, 16, 64), steps=32, profile:
             row["peer_path"] = model.peer_path
         ids = torch.randint(0, vocab, (1, prompt_len), device="cuda")
         with torch.no_grad():
-            ms = _bench(lambda: model(ids, logits_to_keep=1), rep=200)
+            # ~25 calls: one eager prefill's wall clock moves with the host (1.5-3.7x its GPU time on an H200,
+            # eval/results/codes_registers_h200/), a handful of calls did not settle it
+            ms = _bench(lambda: model(ids, logits_to_keep=1), rep=1000)
+            gpu_ms = gpu_ms_of(lambda: model(ids, logits_to_keep=1))
         row["prefill_tok_per_s"] = prompt_len / (ms * 1e-3)
+        row["prefill_gpu_tok_per_s"] = prompt_len / (gpu_ms * 1e-3) if gpu_ms > 0 else None
         for B in batches:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
