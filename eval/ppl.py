@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from laquant.adapters import new_cache
+from laquant.adapters import cache_kwargs, new_cache
 from laquant.errors import LaquantError
 from laquant.eval.saturation import SaturationCounter
 from laquant.generate import _state_tensors, capture_graph, static_cache, static_forward, warm_up_outside_capture
@@ -128,7 +128,7 @@ def perplexity(
 ) -> PerplexityResult:
     """Perplexity of ``model`` on the 1-D token tensor ``ids``.
 
-    ``model(input_ids, past_key_values=cache, use_cache=True)`` must return ``.logits``, and
+    ``model(input_ids, cache=cache, use_cache=True)`` (``past_key_values=`` before transformers 5.24) must return ``.logits``, and
     ``laquant.adapters.new_cache(model)`` a fresh cache (decode mode). ``batch_size`` windows run
     together; by default 4 in prefill (activations grow with the window) and 64 in decode (one
     token per step: per-step overhead dominates, and a recurrent state is small). ``on_units(n)``:
@@ -174,7 +174,7 @@ def perplexity(
                 counter.start_sequence()
                 with decode_threads(model, len(batch)):
                     for t in range(context - 1):
-                        step_logits = model(input_ids=inputs[:, t:t + 1], past_key_values=cache,
+                        step_logits = model(input_ids=inputs[:, t:t + 1], **cache_kwargs(model, cache),
                                             use_cache=True).logits[:, 0]
                         counter.after_step(cache)
                         cols.append(_nll_rows(step_logits, inputs[:, t + 1]).cpu())
@@ -284,7 +284,7 @@ class _Lazy:
         saved = counter.save() if counter is not None and self.scorer is None else None
         if counter is not None:
             counter.start_sequence(rows=n)
-        logits = self.model(input_ids=inputs[:, :1], past_key_values=cache, use_cache=True).logits[:, 0]
+        logits = self.model(input_ids=inputs[:, :1], **cache_kwargs(self.model, cache), use_cache=True).logits[:, 0]
         if counter is not None:
             counter.after_step(cache)
         first_nll = _nll_rows(logits, inputs[:, 1])
@@ -328,10 +328,10 @@ def probe(model, ids: torch.Tensor, context: int, mode: str, batch_size: int | N
     tokens = window[:steps + 1].expand(batch, -1)
     cache = new_cache(model)
     with decode_threads(model, batch):
-        model(input_ids=tokens[:, :1], past_key_values=cache, use_cache=True)
+        model(input_ids=tokens[:, :1], **cache_kwargs(model, cache), use_cache=True)
         t0 = time.perf_counter()
         for t in range(1, tokens.shape[1]):
-            model(input_ids=tokens[:, t:t + 1], past_key_values=cache, use_cache=True)
+            model(input_ids=tokens[:, t:t + 1], **cache_kwargs(model, cache), use_cache=True)
     return time.perf_counter() - t0, tokens.shape[1] - 1
 
 

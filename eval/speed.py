@@ -760,10 +760,11 @@ def bench_e2e(variants, prompt_len=4096, batches=(1, 16, 64), steps=32, profile:
 
         release_graphs(model)
         with torch.no_grad():
+            from laquant.adapters import cache_kwargs, returned_cache
             from laquant.generate import _fresh_cache
 
-            cache = model(ids[:, :64], past_key_values=_fresh_cache(model), use_cache=True,
-                          logits_to_keep=1).past_key_values
+            cache = returned_cache(model(ids[:, :64], **cache_kwargs(model, _fresh_cache(model)), use_cache=True,
+                                         logits_to_keep=1))
         row["state_bytes_per_seq"] = cache_bytes(cache)
         del cache
         if profile is not None:

@@ -32,6 +32,7 @@ import warnings
 
 import torch
 
+from laquant.adapters import cache_kwargs, returned_cache
 from laquant.errors import LaquantError
 
 EOS_CHECK_EVERY = 16
@@ -138,8 +139,8 @@ def _fresh_cache(model):
 
 
 def _forward(model, ids, cache, **kwargs):
-    out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1, **kwargs)
-    return out.logits[:, -1], out.past_key_values
+    out = model(input_ids=ids, **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1, **kwargs)
+    return out.logits[:, -1], returned_cache(out)
 
 
 def warm_up_outside_capture(fn, runs: int = 2) -> None:

@@ -47,6 +47,46 @@ def test_chunked_prefill_then_continue_with_cache():
     assert rel_err(torch.cat([out.logits, rest], 1), full) < 1e-5
 
 
+@torch.no_grad()
+def test_the_cache_under_either_name():
+    """``cache`` (transformers' name from 5.24 on) and ``past_key_values`` (before) are the same argument; the
+    output's cache is under the installed transformers' field."""
+    from laquant.adapters import cache_kwargs, returned_cache
+
+    model = _random_model()
+    ids = torch.randint(0, 300, (1, 30))
+    full = model(input_ids=ids).logits
+    a, b = model.new_cache(), model.new_cache()
+    out_a = model(input_ids=ids[:, :17], cache=a, use_cache=True)
+    out_b = model(input_ids=ids[:, :17], past_key_values=b, use_cache=True)
+    assert returned_cache(out_a) is a and returned_cache(out_b) is b
+    rest_a = model(input_ids=ids[:, 17:], **cache_kwargs(model, a), use_cache=True).logits
+    rest_b = model(input_ids=ids[:, 17:], past_key_values=b, use_cache=True).logits
+    assert torch.equal(rest_a, rest_b) and rel_err(torch.cat([out_a.logits, rest_a], 1), full) < 1e-5
+    assert cache_kwargs(model, a) == {"cache": a}
+    with pytest.raises(ValueError, match="two caches"):
+        model(input_ids=ids, cache=model.new_cache(), past_key_values=model.new_cache())
+
+
+@torch.no_grad()
+def test_transformers_generate_feeds_one_new_token_a_step():
+    """transformers' generate hands the cache back under its own name (``cache`` from 5.24 on): the model
+    must take it, or every step recomputes the whole sequence from a fresh state (same tokens, quadratic
+    time; it did with transformers 5.24)."""
+    model = _random_model()
+    ids = torch.randint(0, 300, (2, 7))
+    lengths = []
+    hook = model.register_forward_pre_hook(lambda mod, args, kwargs: lengths.append(kwargs["input_ids"].shape[1]),
+                                           with_kwargs=True)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False)
+    hook.remove()
+    assert lengths == [7, 1, 1, 1, 1]
+    ref = ids
+    for _ in range(5):
+        ref = torch.cat([ref, model(input_ids=ref).logits[:, -1:].argmax(-1)], 1)
+    assert torch.equal(out, ref)
+
+
 def test_parameter_names_follow_fla():
     names = set(_random_model().state_dict())
     for expected in ["model.embeddings.weight", "model.layers.0.attn_norm.weight", "model.layers.0.attn.q_proj.weight",

@@ -150,6 +150,26 @@ def test_static_hybrid_states_count_on_the_device():
 
 
 @torch.no_grad()
+def test_laquant_calls_the_hybrids_with_transformers_cache_keyword():
+    """laquant's own forwards with a cache (generate, eval ppl's decode, calibration, serving) pass it under
+    the keyword the installed transformers takes: no deprecation warning from transformers 5.24 on (its
+    ``past_key_values`` goes in 5.40)."""
+    import inspect
+    import warnings
+
+    from laquant.adapters import cache_kwargs
+
+    model = _installed("qwen3_next")
+    takes_cache = "cache" in inspect.signature(type(model).forward).parameters
+    assert list(cache_kwargs(model, None)) == ["cache" if takes_cache else "past_key_values"]
+    ids = torch.randint(0, VOCAB, (1, 6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        out = generate(model, ids, 4, graphed=False)
+    assert out.shape == (1, 10)
+
+
+@torch.no_grad()
 def test_refusals():
     model = _installed("qwen3_next")
     cache = _prefilled(model, torch.randint(0, VOCAB, (1, 9)))

@@ -9,6 +9,9 @@ high precision (``embeddings``, ``norms``, ``lm_head``; in hybrids also ``router
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 from laquant.adapters.base import Adapter, MixerInfo
 from laquant.errors import LaquantError
 
@@ -32,8 +35,9 @@ def install(model) -> Adapter:
 
 
 def new_cache(model, seed: int = 0):
-    """A fresh cache for ``model`` (laquant's GLA or a transformers hybrid): what ``past_key_values``
-    takes for incremental decoding. ``seed`` keys a stochastically rounded state's random bits."""
+    """A fresh cache for ``model`` (laquant's GLA or a transformers hybrid): what its forward takes
+    for incremental decoding (:func:`cache_kwargs`). ``seed`` keys a stochastically rounded state's
+    random bits."""
     from laquant.models.cache import check_seed, state_store
 
     if hasattr(model, "new_cache"):
@@ -45,4 +49,22 @@ def new_cache(model, seed: int = 0):
     return cache
 
 
-__all__ = ["Adapter", "MixerInfo", "get_adapter", "install", "new_cache"]
+def cache_kwargs(model, cache) -> dict:
+    """``{keyword: cache}``, the keyword ``model``'s forward takes its cache by: ``cache`` (laquant's GLA,
+    and transformers from 5.24 on, where ``past_key_values`` is deprecated, to go in 5.40) or
+    ``past_key_values`` (transformers before 5.24)."""
+    return {_cache_keyword(type(model)): cache}
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(cls) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+
+
+def returned_cache(out):
+    """The cache a forward returned: ``out.cache`` from transformers 5.24 on, ``out.past_key_values``
+    before (read as keys: the deprecated attribute logs a warning)."""
+    return out["cache"] if "cache" in out else out.get("past_key_values")
+
+
+__all__ = ["Adapter", "MixerInfo", "cache_kwargs", "get_adapter", "install", "new_cache", "returned_cache"]

@@ -7,6 +7,7 @@ import contextlib
 import torch
 from tqdm.auto import tqdm
 
+from laquant.adapters import cache_kwargs
 from laquant.adapters.base import Adapter
 from laquant.calibration.observers import MAGNITUDE_LEVELS, GateObserver, ProjectionObserver, StateObserver
 from laquant.calibration.stats import Stats
@@ -81,7 +82,7 @@ def collect_stats(model, adapter, batches: torch.Tensor, segment: int = 256,
                 cache = adapter.new_cache()
                 for start in range(0, length, segment):
                     end = min(start + segment, length)
-                    logits = model(input_ids=batch[:, start:end], past_key_values=cache, use_cache=True).logits
+                    logits = model(input_ids=batch[:, start:end], **cache_kwargs(model, cache), use_cache=True).logits
                     _check_finite(logits, "the model's logits")
                     observe_states(cache, end)
                     bar.update(1)

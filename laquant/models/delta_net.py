@@ -27,7 +27,7 @@ from laquant.models.recurrent import RecurrentMixer
 
 class DeltaNetConfig(PretrainedConfig):
     model_type = "delta_net"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
 
     def __init__(self, attn_mode: str = "chunk", hidden_size: int = 2048, expand_k: float = 1.0, expand_v: float = 1.0,
                  use_gate: bool = False, use_short_conv: bool = True, conv_size: int = 4, use_beta: bool = True,

@@ -27,7 +27,7 @@ from laquant.models.recurrent import RecurrentMixer
 
 class GatedDeltaNetConfig(PretrainedConfig):
     model_type = "gated_deltanet"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
 
     def __init__(self, attn_mode: str = "chunk", hidden_size: int = 2048, expand_v: float = 2.0, use_gate: bool = True,
                  use_short_conv: bool = True, allow_neg_eigval: bool = False, conv_size: int = 4, head_dim: int = 256,

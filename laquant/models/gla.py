@@ -31,7 +31,7 @@ MLP_INPUTS = ("gate_proj", "up_proj")
 
 class GLAConfig(PretrainedConfig):
     model_type = "gla"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
 
     def __init__(
         self,
@@ -426,33 +426,37 @@ class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
         return False
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, use_cache=True,
-                                      **kwargs) -> dict:
+                                      cache=None, **kwargs) -> dict:
+        # transformers' generate hands the cache over as `cache` from 5.24 on, as `past_key_values` before
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("laquant's GLA generates from unpadded prompts only (a recurrent state has no "
                              "mask); generate each prompt length as its own batch")
-        if use_cache and past_key_values is None:
-            past_key_values = self.new_cache()
-        if past_key_values is not None:
-            input_ids = input_ids[:, past_key_values.seen_tokens:]  # only the tokens the state has not seen
-        return {"input_ids": input_ids, "past_key_values": past_key_values, "use_cache": use_cache,
-                "logits_to_keep": 1}
+        cache = _one_cache(cache, past_key_values)
+        if use_cache and cache is None:
+            cache = self.new_cache()
+        if cache is not None:
+            input_ids = input_ids[:, cache.seen_tokens:]  # only the tokens the state has not seen
+        return {"input_ids": input_ids, "cache": cache, "use_cache": use_cache, "logits_to_keep": 1}
 
     def forward(
         self,
         input_ids: torch.LongTensor,
         labels: torch.LongTensor | None = None,
-        past_key_values: GLAStateCache | None = None,
+        cache: GLAStateCache | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int = 0,
+        past_key_values: GLAStateCache | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        """``past_key_values`` carries the recurrent state; with ``use_cache`` and none given, a
-        fresh cache is made and returned, so ``model(ids[:, -1:], past_key_values=out.past_key_values)``
-        continues the sequence. Labels are the inputs (shifted inside), as in transformers;
+        """``cache`` (or, as transformers before 5.24 named it, ``past_key_values``) carries the
+        recurrent state; with ``use_cache`` and none given, a fresh cache is made and returned, so
+        ``model(ids[:, -1:], cache=out.cache)`` continues the sequence (``out.past_key_values`` before
+        transformers 5.24). Labels are the inputs (shifted inside), as in transformers;
         ``logits_to_keep = n > 0`` computes the logits of the last ``n`` positions only."""
-        if use_cache and past_key_values is None:
-            past_key_values = self.new_cache()
-        hidden = self.model(input_ids, past_key_values)
+        cache = _one_cache(cache, past_key_values)
+        if use_cache and cache is None:
+            cache = self.new_cache()
+        hidden = self.model(input_ids, cache)
         if logits_to_keep:
             if labels is not None:
                 raise ValueError("logits_to_keep cannot be combined with labels (the loss needs every position)")
@@ -461,7 +465,18 @@ class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{_OUTPUT_CACHE_FIELD: cache})
+
+
+# the output's cache field: `cache` from transformers 5.24 on (`past_key_values` there logs a deprecation)
+_OUTPUT_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def _one_cache(cache, past_key_values):
+    if cache is not None and past_key_values is not None and cache is not past_key_values:
+        raise ValueError("got two caches, `cache` and `past_key_values` (its name before transformers 5.24); "
+                         "pass one")
+    return cache if cache is not None else past_key_values
 
 
 CONFIG_CLASS, MODEL_CLASS = GLAConfig, GLAForCausalLM  # read by laquant.families

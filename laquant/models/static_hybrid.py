@@ -92,7 +92,7 @@ def kv_layers(cache) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
 
 class StaticHybridCache:
     """The decode-time cache of a transformers hybrid with laquant's mixers, in static tensors
-    (see the module's docstring); what ``past_key_values`` takes in a graphed decode step."""
+    (see the module's docstring); what the forward's cache keyword takes in a graphed decode step."""
 
     def __init__(self, states: HybridStates, kv: dict[int, tuple[torch.Tensor, torch.Tensor]], batch: int,
                  capacity: int, dtype: torch.dtype, device):

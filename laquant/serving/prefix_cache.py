@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from laquant.adapters import new_cache
+from laquant.adapters import cache_kwargs, new_cache
 from laquant.errors import LaquantError
 from laquant.kernels.common.format_names import ROUNDINGS, STATE_FORMATS
 from laquant.kernels.common.state import State, quantize_state
@@ -248,7 +248,7 @@ class PrefixStateCache:
         """Run ``input_ids`` (``[1, T]`` or ``[T]``) from its longest cached prefix and keep the
         snapshots of its new full blocks. Returns ``(logits [1, n, vocab] of the last
         ``logits_to_keep`` positions run, cache, tokens restored)``; the cache continues the sequence
-        (``model(next_ids, past_key_values=cache)``)."""
+        (``model(next_ids, **cache_kwargs(model, cache))``)."""
         tokens = _one_sequence(input_ids)
         vocab = vocab_size(self.model)
         if int(tokens.min()) < 0 or int(tokens.max()) >= vocab:
@@ -265,7 +265,7 @@ class PrefixStateCache:
         store = state_store(cache)
         store.checkpoints = CheckpointRequest(self.block_size, self.state_format, self.rounding)
         with torch.no_grad():
-            out = self.model(input_ids=suffix, past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep)
+            out = self.model(input_ids=suffix, **cache_kwargs(self.model, cache), use_cache=True, logits_to_keep=logits_to_keep)
         request, store.checkpoints = store.checkpoints, None
         hashes = self.block_hashes(tokens)
         first = hit.tokens // self.block_size

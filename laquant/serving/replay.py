@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from laquant.adapters import new_cache
+from laquant.adapters import cache_kwargs, new_cache, returned_cache
 from laquant.serving.graphed_prefill import graphs_on_this_device
 from laquant.serving.model_state import vocab_size
 from laquant.serving.prefix_cache import PrefixStateCache
@@ -65,7 +65,7 @@ def greedy_decode(model, cache, first: torch.Tensor, steps: int, prompt: torch.T
     out, tok = [], first
     with torch.no_grad():
         for _ in range(steps):
-            logits = model(input_ids=tok[:, None], past_key_values=cache, use_cache=True).logits[:, -1]
+            logits = model(input_ids=tok[:, None], **cache_kwargs(model, cache), use_cache=True).logits[:, -1]
             tok = logits.argmax(-1)
             out.append(tok)
     return torch.stack(out, 1)
@@ -108,9 +108,9 @@ def full_prefill(model, tokens: torch.Tensor, seed: int = 0):
     """``(logits [1, 1, vocab], cache)`` of a prefill from nothing (the no-cache baseline)."""
     device = next(model.parameters()).device
     with torch.no_grad():
-        out = model(input_ids=tokens.to(device)[None], past_key_values=new_cache(model, seed), use_cache=True,
+        out = model(input_ids=tokens.to(device)[None], **cache_kwargs(model, new_cache(model, seed)), use_cache=True,
                     logits_to_keep=1)
-    return out.logits, out.past_key_values
+    return out.logits, returned_cache(out)
 
 
 def replay(model, workload: Workload, prefix_cache: PrefixStateCache | None = None,
