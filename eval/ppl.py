@@ -128,7 +128,8 @@ def perplexity(
 ) -> PerplexityResult:
     """Perplexity of ``model`` on the 1-D token tensor ``ids``.
 
-    ``model(input_ids, cache=cache, use_cache=True)`` (``past_key_values=`` before transformers 5.24) must return ``.logits``, and
+    ``model(input_ids, cache=cache, use_cache=True)`` (``past_key_values=`` before transformers 5.24)
+    must return ``.logits``, and
     ``laquant.adapters.new_cache(model)`` a fresh cache (decode mode). ``batch_size`` windows run
     together; by default 4 in prefill (activations grow with the window) and 64 in decode (one
     token per step: per-step overhead dominates, and a recurrent state is small). ``on_units(n)``:

@@ -58,7 +58,8 @@ def verify(model, input_ids: torch.Tensor, cache: GLAStateCache, logits_to_keep:
         raise LaquantError(f"a verify step takes 1 to {MAX_VERIFY_TOKENS} tokens per sequence; got {T}")
     cache.pending = PendingVerify(T, cache.seen_tokens, {i: kv[0].shape[1] for i, kv in cache.kv.items()})
     try:
-        return model(input_ids=input_ids, **cache_kwargs(model, cache), use_cache=True, logits_to_keep=logits_to_keep).logits
+        return model(input_ids=input_ids, **cache_kwargs(model, cache), use_cache=True,
+                     logits_to_keep=logits_to_keep).logits
     except BaseException:
         cache.pending = None
         raise

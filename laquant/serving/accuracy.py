@@ -37,7 +37,8 @@ def resume_loss(model, windows: torch.Tensor, prefix: int, state_format: str | N
     for w in tqdm(windows, desc=f"resume {state_format or 'model'}", unit="win", disable=not progress, leave=False):
         labels = w[prefix + 1:].to(device)
         with torch.no_grad():
-            full = model(input_ids=w.to(device)[None], **cache_kwargs(model, new_cache(model, seed)), use_cache=True).logits
+            full = model(input_ids=w.to(device)[None], **cache_kwargs(model, new_cache(model, seed)),
+                         use_cache=True).logits
         full = full[0, prefix:-1].float()
         pool.clear()
         pool.prefill(w[:prefix + 1])  # caches the snapshot after ``prefix`` tokens

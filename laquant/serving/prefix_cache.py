@@ -265,7 +265,8 @@ class PrefixStateCache:
         store = state_store(cache)
         store.checkpoints = CheckpointRequest(self.block_size, self.state_format, self.rounding)
         with torch.no_grad():
-            out = self.model(input_ids=suffix, **cache_kwargs(self.model, cache), use_cache=True, logits_to_keep=logits_to_keep)
+            out = self.model(input_ids=suffix, **cache_kwargs(self.model, cache), use_cache=True,
+                             logits_to_keep=logits_to_keep)
         request, store.checkpoints = store.checkpoints, None
         hashes = self.block_hashes(tokens)
         first = hit.tokens // self.block_size
