@@ -677,7 +677,6 @@ def short_kernel_name(name: str, width: int = 70) -> str:
 def profile_decode_step(model, batch: int = 64, prompt_len: int = 512) -> dict:
     """``torch.profiler`` over one eager (graph-less) decode step of ``batch`` sequences after a
     ``prompt_len``-token prompt: :func:`summarize_kernels` of it."""
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     from laquant.generate import DecodeSession
@@ -699,25 +698,29 @@ def profile_decode_step(model, batch: int = 64, prompt_len: int = 512) -> dict:
         finally:
             for h in hooks:
                 h.remove()
-    kernels = [(e.name, e.time_range.start, e.time_range.end - e.time_range.start) for e in prof.events()
-               if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
-    out = summarize_kernels(kernels, len(layers))
+    out = summarize_kernels(cuda_kernels(prof), len(layers))
     out["profile"] = f"B={batch}, prompt {prompt_len}, one eager step"
     return out
+
+
+def cuda_kernels(prof) -> list[tuple[str, float, float]]:
+    """``[(name, start_us, duration_us), ...]`` of the CUDA kernels a ``torch.profiler`` run recorded."""
+    from torch.autograd import DeviceType
+
+    return [(e.name, e.time_range.start, e.time_range.end - e.time_range.start) for e in prof.events()
+            if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
 
 
 def gpu_ms_of(fn) -> float:
     """The GPU time of one call of ``fn``: its CUDA kernels' durations summed (``torch.profiler``), so
     host time between the launches is left out."""
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return sum(e.time_range.end - e.time_range.start for e in prof.events()
-               if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)) / 1e3
+    return sum(dur for _, _, dur in cuda_kernels(prof)) / 1e3
 
 
 def bench_e2e(variants, prompt_len=4096, batches=(1, 16, 64), steps=32, profile: tuple[int, int] | None = (64, 512)
@@ -741,11 +744,12 @@ def bench_e2e(variants, prompt_len=4096, batches=(1, 16, 64), steps=32, profile:
         if hasattr(model, "peer_path"):
             row["peer_path"] = model.peer_path
         ids = torch.randint(0, vocab, (1, prompt_len), device="cuda")
+        prefill = lambda: model(ids, logits_to_keep=1)  # noqa: E731
         with torch.no_grad():
             # ~25 calls: one eager prefill's wall clock moves with the host (1.5-3.7x its GPU time on an H200,
             # eval/results/codes_registers_h200/), a handful of calls did not settle it
-            ms = _bench(lambda: model(ids, logits_to_keep=1), rep=1000)
-            gpu_ms = gpu_ms_of(lambda: model(ids, logits_to_keep=1))
+            ms = _bench(prefill, rep=1000)
+            gpu_ms = gpu_ms_of(prefill)
         row["prefill_tok_per_s"] = prompt_len / (ms * 1e-3)
         row["prefill_gpu_tok_per_s"] = prompt_len / (gpu_ms * 1e-3) if gpu_ms > 0 else None
         for B in batches:
