@@ -88,6 +88,10 @@ class GLAStateCache:
         # zero, so the state passes them unchanged (a padded prefill replayed as a CUDA graph)
         self.token_mask: torch.Tensor | None = None
         self.static = False  # short convs copy their new inputs into the kept tensors (a static copy)
+        # holds a captured step's static tensors (laquant.models.graphed_step): its eager steps advance the
+        # Python-side counters too, as the replays do, so it never needs a sync
+        self.counts_on_host = False
+        self.step_graph = None  # the captured step whose static tensors it holds
 
     def get(self, layer_idx: int) -> State | None:
         return self.states[layer_idx]
@@ -132,10 +136,21 @@ class GLAStateCache:
         _load_conv(self.conv, other.conv)
         self.seen_tokens = other.seen_tokens
 
-    def count_static_step(self, layer_idx: int) -> None:
+    def count_static_step(self, layer_idx: int, new_tokens: int = 1) -> None:
         """A decode step of layer ``layer_idx`` on a static cache: the shared device counter moves
         on once per step (at the last layer), in place, so a captured step advances it on replay."""
         _count_static_step(self.slots, layer_idx)
+        if self.counts_on_host and layer_idx == self.slots.last_layer:
+            self.advance_host_counters(new_tokens)
+
+    def advance_host_counters(self, new_tokens: int = 1) -> None:
+        """The Python side of one more store of every layer's static state (``new_tokens`` seen), where
+        the device counter has moved on with it (a replay, or an eager step of a cache that counts on
+        the host)."""
+        for s in self.states:
+            s.n_stores += 1
+        self.slots.synced += 1
+        self.seen_tokens += new_tokens
 
     def sync_counters(self) -> int:
         """Bring the Python-side counters (``State.n_stores``, ``seen_tokens``) of a static cache up
@@ -196,7 +211,7 @@ class HybridStates:
         _load_conv(self.conv, other.conv)
         self.seen_tokens = other.seen_tokens
 
-    def count_static_step(self, layer_idx: int) -> None:
+    def count_static_step(self, layer_idx: int, new_tokens: int = 1) -> None:
         _count_static_step(self.slots, layer_idx)
 
     def sync_counters(self) -> int:

@@ -22,6 +22,7 @@ from laquant.kernels.rowwise.fused import MAX_ROW, gated_rms_norm_triton, rms_no
 from laquant.kernels.rowwise.reference import gated_rms_norm, rms_norm
 from laquant.models.cache import GLAStateCache
 from laquant.models.fla_attention import Attention, attention_spec, attention_specs
+from laquant.models.graphed_step import graph_step_allowed, graphed_step
 from laquant.models.recurrent import RecurrentMixer
 from laquant.quant.fused import glu_project, low_rank_gate, project, w8a8_inputs
 
@@ -436,7 +437,8 @@ class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
             cache = self.new_cache()
         if cache is not None:
             input_ids = input_ids[:, cache.seen_tokens:]  # only the tokens the state has not seen
-        return {"input_ids": input_ids, "cache": cache, "use_cache": use_cache, "logits_to_keep": 1}
+        # a decode step may replay a CUDA graph (laquant.models.graphed_step); laquant's own loops call forward without
+        return {"input_ids": input_ids, "cache": cache, "use_cache": use_cache, "logits_to_keep": 1, "graph_step": True}
 
     def forward(
         self,
@@ -446,14 +448,21 @@ class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         logits_to_keep: int = 0,
         past_key_values: GLAStateCache | None = None,
+        graph_step: bool = False,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """``cache`` (or, as transformers before 5.24 named it, ``past_key_values``) carries the
         recurrent state; with ``use_cache`` and none given, a fresh cache is made and returned, so
         ``model(ids[:, -1:], cache=out.cache)`` continues the sequence (``out.past_key_values`` before
         transformers 5.24). Labels are the inputs (shifted inside), as in transformers;
-        ``logits_to_keep = n > 0`` computes the logits of the last ``n`` positions only."""
+        ``logits_to_keep = n > 0`` computes the logits of the last ``n`` positions only. ``graph_step``
+        (set by transformers' generate, through :meth:`prepare_inputs_for_generation`): a one-token step
+        on CUDA replays a captured graph (:mod:`laquant.models.graphed_step`; same logits)."""
         cache = _one_cache(cache, past_key_values)
+        if graph_step and graph_step_allowed(self, input_ids, cache, labels, logits_to_keep):
+            logits = graphed_step(self, input_ids, cache)
+            if logits is not None:
+                return CausalLMOutputWithPast(logits=logits, **{_OUTPUT_CACHE_FIELD: cache})
         if use_cache and cache is None:
             cache = self.new_cache()
         hidden = self.model(input_ids, cache)

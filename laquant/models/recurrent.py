@@ -48,7 +48,7 @@ class RecurrentMixer(nn.Module):
             stored.data.copy_(new.data)
             if stored.scale is not None:
                 stored.scale.copy_(new.scale)
-            states.count_static_step(self.layer_idx)
+            states.count_static_step(self.layer_idx, new_tokens)
             return
         if use_triton(state, self.state_quantizer.format.name):  # one kernel, not ~165 PyTorch ops and 2 syncs
             new = store_state_triton(self.state_quantizer, state, stored, _seed(states))

@@ -1,0 +1,194 @@
+"""transformers' generate on laquant's models with each decode step a CUDA graph replay
+(laquant.models.graphed_step): the same tokens and logits as the eager steps, a cache left as eager
+steps leave it, caches that take the static tensors over from each other, eager calls between graphed
+steps. On the CPU the captured step runs eagerly on the static cache (its stand-in); on a GPU it replays."""
+
+import pytest
+import torch
+
+import laquant.models.graphed_step as gs
+from laquant.kernels.common.state import StateQuantizer
+from laquant.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM, GLAConfig, GLAForCausalLM
+from laquant.models.graphed_step import graph_step_allowed, release_step_graphs
+
+VOCAB = 256
+
+
+def _gla(state=None, **kw):
+    torch.manual_seed(1)
+    cfg = dict(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=VOCAB, bos_token_id=0, eos_token_id=0)
+    return _with_state(GLAForCausalLM(GLAConfig(**{**cfg, **kw})).eval(), state)
+
+
+def _delta(state=None):
+    torch.manual_seed(1)
+    cfg = GatedDeltaNetConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, head_dim=16, expand_v=1.5,
+                              num_v_heads=4, vocab_size=VOCAB, bos_token_id=0, eos_token_id=0)
+    return _with_state(GatedDeltaNetForCausalLM(cfg).eval(), state)
+
+
+def _with_state(model, state):
+    if state is not None:  # stochastically rounded and renormalised every 3 stores: the store counts key the bits
+        for m in model.modules():
+            if hasattr(m, "state_quantizer"):
+                m.state_quantizer = StateQuantizer(state, renorm_interval=3, rounding="stochastic")
+    return model
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    """Graph steps on the CPU: the step a GPU would capture runs eagerly on its static cache."""
+    monkeypatch.setattr(gs, "_on_graph_device", lambda t: True)
+
+
+def _hf_generate(model, ids, n, graphs: bool):
+    model.laquant_graph_steps = graphs
+    try:
+        out = model.generate(ids, max_new_tokens=n, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    finally:
+        del model.laquant_graph_steps
+    return out.sequences, torch.stack(out.logits, 1)
+
+
+def _snapshot(cache):
+    return [(s.data.clone(), None if s.scale is None else s.scale.clone(), s.n_stores) for s in cache.states]
+
+
+def _assert_same(a, b):
+    assert a.seen_tokens == b.seen_tokens
+    for (da, sa, na), (db, sb, nb) in zip(_snapshot(a), _snapshot(b)):
+        assert na == nb
+        assert torch.equal(da.view(torch.uint8), db.view(torch.uint8))
+        assert sa is None or torch.equal(sa, sb)
+    assert a.conv.keys() == b.conv.keys() and all(torch.equal(a.conv[k], b.conv[k]) for k in a.conv)
+
+
+@pytest.mark.parametrize("make", [lambda: _gla(), lambda: _gla("int8_row", use_short_conv=True),
+                                  lambda: _delta("fp8_row")], ids=["gla", "gla-int8-conv", "delta-fp8"])
+@torch.no_grad()
+def test_hf_generate_with_graph_steps_equals_eager_steps(make, stand_in):
+    model = make()
+    ids = torch.randint(1, VOCAB, (3, 7))
+    want, want_logits = _hf_generate(model, ids, 12, graphs=False)
+    assert "_laquant_step_graphs" not in model.__dict__
+    got, logits = _hf_generate(model, ids, 12, graphs=True)
+    assert torch.equal(got, want) and torch.equal(logits, want_logits)
+    (graph,) = model.__dict__["_laquant_step_graphs"].values()
+    assert isinstance(graph, gs.StepGraph)  # the steps went through it
+    again, _ = _hf_generate(model, ids, 12, graphs=True)  # a second call: the same graph, a new cache adopts it
+    assert torch.equal(again, want) and len(model.__dict__["_laquant_step_graphs"]) == 1
+
+
+@torch.no_grad()
+def test_a_cache_after_graph_steps_is_the_eager_cache(stand_in):
+    """Graph steps, then an eager multi-token call, then graph steps, on one cache: the states, store counts,
+    conv inputs and token count of the same calls run eagerly; two caches taking the static tensors over from
+    each other each keep their own."""
+    model = _gla("int8_row", use_short_conv=True)
+    ids = torch.randint(1, VOCAB, (2, 9))
+
+    def run(graphs, cache, tokens):
+        out = model(tokens, cache=cache, use_cache=True, logits_to_keep=1, graph_step=graphs)
+        return out.logits
+
+    caches = {}
+    for graphs in (False, True):
+        a, b = model.new_cache(), model.new_cache()
+        run(graphs, a, ids)
+        run(graphs, b, ids.flip(0))
+        logits = []
+        for t in range(4):  # a and b alternate: each first step after the other's re-adopts the static tensors
+            logits.append(run(graphs, a, ids[:, t:t + 1]))
+            logits.append(run(graphs, b, ids[:, t + 1:t + 2]))
+        logits.append(run(graphs, a, ids[:, :5]))  # eager (5 tokens) on a cache holding the static tensors
+        for t in range(3):
+            logits.append(run(graphs, a, ids[:, t:t + 1]))
+        logits.append(run(False, a, ids[:, :1]))  # an eager one-token step on it: counted on the host as well
+        logits.append(run(graphs, a, ids[:, 1:2]))
+        caches[graphs] = (a, b, logits)
+    (ea, eb, el), (ga, gb, gl) = caches[False], caches[True]
+    assert all(torch.equal(x, y) for x, y in zip(el, gl))
+    _assert_same(ga, ea)
+    _assert_same(gb, eb)
+    assert ga.step_graph is not None and gb.step_graph is None  # a holds the static tensors, b its own copies
+    release_step_graphs(model)  # a gets copies too, and goes on eagerly as before
+    assert ga.step_graph is None and not ga.counts_on_host
+    assert torch.equal(run(False, ga, ids[:, 2:3]), run(False, ea, ids[:, 2:3]))
+    _assert_same(ga, ea)
+
+
+@torch.no_grad()
+def test_which_steps_replay(stand_in, monkeypatch):
+    model = _gla()
+    cache = model.new_cache()
+    model(torch.randint(1, VOCAB, (2, 5)), cache=cache, use_cache=True)
+    one = torch.randint(1, VOCAB, (2, 1))
+    assert graph_step_allowed(model, one, cache, None, 1)
+    assert not graph_step_allowed(model, torch.randint(1, VOCAB, (2, 3)), cache, None, 1)  # a prefill
+    assert not graph_step_allowed(model, one, cache, one, 1)  # labels
+    assert not graph_step_allowed(model, one, cache, None, 0)  # every position's logits
+    assert not graph_step_allowed(model, one, None, None, 1)
+    assert not graph_step_allowed(model, one, model.new_cache(), None, 1)  # no states yet
+    with torch.enable_grad():
+        assert not graph_step_allowed(model, one, cache, None, 1)
+    model.laquant_graph_steps = False
+    assert not graph_step_allowed(model, one, cache, None, 1)
+    del model.laquant_graph_steps
+    monkeypatch.setenv("LAQUANT_GRAPH_STEPS", "0")
+    assert not graph_step_allowed(model, one, cache, None, 1)
+    monkeypatch.delenv("LAQUANT_GRAPH_STEPS")
+    model.train()
+    assert not graph_step_allowed(model, one, cache, None, 1)
+    model.eval()
+    monkeypatch.setattr(gs, "_on_graph_device", lambda t: False)  # the CPU without the stand-in
+    assert not graph_step_allowed(model, one, cache, None, 1)
+
+
+@torch.no_grad()
+def test_a_step_that_cannot_be_static_runs_eagerly(stand_in, monkeypatch):
+    """A cache whose layers were stored different numbers of times cannot be static: that key runs eagerly
+    (remembered), with the eager step's logits."""
+    model = _gla()
+    ids = torch.randint(1, VOCAB, (1, 4))
+    cache = model.new_cache()
+    model(ids, cache=cache, use_cache=True)
+    cache.states[0].n_stores += 1
+    want = model(ids[:, :1], cache=_copy(cache), use_cache=True, logits_to_keep=1).logits
+    got = model(ids[:, :1], cache=cache, use_cache=True, logits_to_keep=1, graph_step=True).logits
+    assert torch.equal(got, want)
+    assert list(model.__dict__["_laquant_step_graphs"].values()) == [False] and cache.step_graph is None
+
+
+def _copy(cache):
+    from laquant.kernels.common.state import State
+
+    out = type(cache)(len(cache.states), cache.seed)
+    out.states = [State(s.data.clone(), None if s.scale is None else s.scale.clone(), s.format, s.n_stores)
+                  for s in cache.states]
+    out.seen_tokens = cache.seen_tokens
+    return out
+
+
+# ------------------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", [None, "gla_int8_all"])
+@torch.no_grad()
+def test_gpu_hf_generate_replays_with_the_eager_logits(recipe):
+    import laquant
+
+    torch.manual_seed(0)
+    cfg = GLAConfig(hidden_size=256, num_hidden_layers=3, num_heads=2, vocab_size=4096, bos_token_id=0,
+                    eos_token_id=0)
+    with torch.device("cuda"):
+        model = GLAForCausalLM(cfg)
+    model = model.to(torch.bfloat16).eval()
+    if recipe is not None:
+        laquant.calibrate(model, recipe, torch.randint(0, 4096, (4, 256), device="cuda"), progress=False)
+    for B, n in ((3, 30), (1, 12), (3, 9)):
+        ids = torch.randint(1, 4096, (B, 17), device="cuda")
+        want, want_logits = _hf_generate(model, ids, n, graphs=False)
+        got, logits = _hf_generate(model, ids, n, graphs=True)
+        assert torch.equal(got, want) and torch.equal(logits, want_logits), (B, n)
+    graphs = model.__dict__["_laquant_step_graphs"]
+    assert len(graphs) == 2 and all(g.graph is not None for g in graphs.values())  # captured, once per batch size
+    release_step_graphs(model)
