@@ -17,7 +17,8 @@ Suites (all on one CUDA device; each ratio is taken against a peer timed in the 
   bitsandbytes LLM.int8 (threshold 6.0) and ``torch._scaled_mm`` fp8 rowwise (operands quantized
   beforehand, so its time is the GEMM alone);
 * ``e2e``     a model in bf16 and quantized with a recipe: prefill tokens/s, decode tokens/s after
-  a 4K prompt (eager, and CUDA-graphed through :mod:`laquant.generate`: one replay per step), peak
+  a 4K prompt (eager, CUDA-graphed through :mod:`laquant.generate`: one replay per step, and
+  through transformers' ``model.generate``, timed from its first new token to its last), peak
   memory, cache bytes per sequence, and a ``torch.profiler`` profile of one eager decode step at
   B = 64 after a 512-token prompt (kernels per step and per decoder layer, GPU time, top kernels);
   with ``peers``, in the same process: fla's own ``GLAForCausalLM`` for a ``config:{json}`` GLA and
@@ -395,6 +396,33 @@ def _decode_rate(model, prompt, steps, graphed) -> float:
     return B * steps / (time.perf_counter() - t0)
 
 
+class _StepClock:
+    """A transformers streamer that notes the time each generated token reaches the host (the first
+    ``put`` is the prompt, before the prefill)."""
+
+    def __init__(self):
+        self.times = []
+
+    def put(self, value) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def _hf_generate_rate(model, prompt, steps) -> float:
+    """Tokens/s of transformers' ``model.generate`` (greedy, ``steps + 1`` new tokens after ``prompt``)
+    over its decode steps: from the first new token to the last, as its streamer receives them (the
+    loop reads every step's tokens and stop flag on the host, so a step ends on the host)."""
+    kw = dict(max_new_tokens=steps + 1, min_new_tokens=steps + 1, do_sample=False, pad_token_id=0,
+              attention_mask=torch.ones_like(prompt))
+    with torch.no_grad():
+        model.generate(prompt, **kw)  # first-call costs (compilation, graph captures)
+        clock = _StepClock()
+        model.generate(prompt, streamer=clock, **kw)
+    return prompt.shape[0] * steps / (clock.times[-1] - clock.times[1])
+
+
 # A qwen3_next of about the size of the GLA configs benchmarked (``qwen3_next:{json}`` overrides any
 # field): Gated DeltaNet with Qwen3-Next's head layout, one gated softmax-attention layer in four, MoE.
 QWEN3_NEXT_DEFAULTS = dict(
@@ -726,8 +754,9 @@ def gpu_ms_of(fn) -> float:
 def bench_e2e(variants, prompt_len=4096, batches=(1, 16, 64), steps=32, profile: tuple[int, int] | None = (64, 512)
               ) -> list[dict]:
     """Prefill tokens/s (one prompt: on the wall clock, which an eager forward's host time can set,
-    and on its kernels' GPU time), decode tokens/s after a prompt (eager, and through the
-    CUDA-graphed loop of :mod:`laquant.generate` where the model has one), peak memory, cache bytes
+    and on its kernels' GPU time), decode tokens/s after a prompt (eager, through the CUDA-graphed
+    loop of :mod:`laquant.generate` where the model has one, and through transformers' ``generate``,
+    which replays a graph per step on laquant's GLA), peak memory, cache bytes
     per sequence and, with ``profile = (B, prompt)``, the kernels of one eager decode step; one
     model in memory at a time."""
     from laquant.generate import is_graphable
@@ -760,9 +789,12 @@ def bench_e2e(variants, prompt_len=4096, batches=(1, 16, 64), steps=32, profile:
             row[f"peak_mem_B{B}_GiB"] = torch.cuda.max_memory_allocated() / 2**30  # eager: no graph pool
             row[f"decode_B{B}_graphed_tok_per_s"] = (_decode_rate(model, prompt, steps, graphed=True)
                                                      if graphable else None)
+            row[f"hf_generate_B{B}_tok_per_s"] = _hf_generate_rate(model, prompt, steps)
         from laquant.generate import release_graphs
+        from laquant.models.graphed_step import release_step_graphs
 
         release_graphs(model)
+        release_step_graphs(model)
         with torch.no_grad():
             from laquant.adapters import cache_kwargs, returned_cache
             from laquant.generate import _fresh_cache
