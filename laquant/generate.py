@@ -252,7 +252,9 @@ def _graph_for(model, prefill_cache, batch, steps, key, choose, eos) -> _DecodeG
     if g is None or g.capacity < steps or (room is not None and room < _cached_tokens(prefill_cache) + steps):
         graphs.pop(full_key, None)
         try:
-            g = _DecodeGraph(model, prefill_cache, graph_history(steps), choose, eos)
+            # normal tensors even under torch.inference_mode: a later call without it loads into them in place
+            with torch.inference_mode(False), torch.no_grad():
+                g = _DecodeGraph(model, prefill_cache, graph_history(steps), choose, eos)
         except _NotInPlace as exc:
             graphs[full_key] = exc
             raise

@@ -117,6 +117,34 @@ def test_a_cache_after_graph_steps_is_the_eager_cache(stand_in):
     _assert_same(ga, ea)
 
 
+def test_graphs_made_under_inference_mode_serve_later_calls(stand_in):
+    """A first generate under torch.inference_mode, then one without: the static tensors are normal tensors
+    (an inference tensor cannot be updated in place outside inference mode)."""
+    model = _gla("int8_row")
+    ids = torch.randint(1, VOCAB, (2, 5))
+    want, _ = _hf_generate(model, ids, 6, graphs=False)
+    with torch.inference_mode():
+        first, _ = _hf_generate(model, ids, 6, graphs=True)
+    with torch.no_grad():
+        second, _ = _hf_generate(model, ids, 6, graphs=True)
+    assert torch.equal(first, want) and torch.equal(second, want)
+
+
+@torch.no_grad()
+def test_a_model_moved_after_a_capture_captures_again(stand_in):
+    """New parameter storage (here a dtype change) is a new graph; the one captured on the old storage is released."""
+    model = _gla()
+    ids = torch.randint(1, VOCAB, (2, 5))
+    _hf_generate(model, ids, 4, graphs=True)
+    (old,) = model.__dict__["_laquant_step_graphs"].values()
+    model.double()
+    want, _ = _hf_generate(model, ids, 4, graphs=False)
+    got, _ = _hf_generate(model, ids, 4, graphs=True)
+    assert torch.equal(got, want)
+    (new,) = model.__dict__["_laquant_step_graphs"].values()
+    assert new is not old and old.owner is None and new.static.states[0].data.dtype == torch.float32  # fp32 state
+
+
 @torch.no_grad()
 def test_which_steps_replay(stand_in, monkeypatch):
     model = _gla()
@@ -187,8 +215,19 @@ def test_gpu_hf_generate_replays_with_the_eager_logits(recipe):
     for B, n in ((3, 30), (1, 12), (3, 9)):
         ids = torch.randint(1, 4096, (B, 17), device="cuda")
         want, want_logits = _hf_generate(model, ids, n, graphs=False)
+        with torch.inference_mode(B == 1):  # the B = 1 graph is captured under inference mode, replayed without it
+            got, logits = _hf_generate(model, ids, n, graphs=True)
+        assert torch.equal(got, want) and torch.equal(logits, want_logits), (B, n)
         got, logits = _hf_generate(model, ids, n, graphs=True)
         assert torch.equal(got, want) and torch.equal(logits, want_logits), (B, n)
     graphs = model.__dict__["_laquant_step_graphs"]
     assert len(graphs) == 2 and all(g.graph is not None for g in graphs.values())  # captured, once per batch size
     release_step_graphs(model)
+    with torch.inference_mode():  # laquant's own graphed loop, captured under inference mode, then used without it
+        from laquant.generate import generate, release_graphs
+
+        ids = torch.randint(1, 4096, (2, 9), device="cuda")
+        want = generate(model, ids, 8, graphed=False)
+        assert torch.equal(generate(model, ids, 8), want)
+    assert torch.equal(generate(model, ids, 8), want)
+    release_graphs(model)

@@ -69,8 +69,14 @@ def graphed_step(model, input_ids: torch.Tensor, cache: GLAStateCache) -> torch.
         key = _key(model, cache)
         graph = graphs.get(key)
         if graph is None:
+            for stale in [k for k in graphs if k[-1] != key[-1]]:  # captured on parameters since moved or replaced
+                old = graphs.pop(stale)
+                if old:
+                    old.release()
             try:
-                graph = StepGraph(model, cache, capture=input_ids.is_cuda)
+                # normal tensors even under torch.inference_mode: a later generate without it updates them in place
+                with torch.inference_mode(False), torch.no_grad():
+                    graph = StepGraph(model, cache, capture=input_ids.is_cuda)
             except (ValueError, _Refused):
                 graph = False
             graphs[key] = graph
