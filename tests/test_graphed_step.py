@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import laquant.models.graphed_step as gs
+from laquant.adapters import cache_kwargs
 from laquant.kernels.common.state import StateQuantizer
 from laquant.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM, GLAConfig, GLAForCausalLM
 from laquant.models.graphed_step import graph_step_allowed, release_step_graphs
@@ -197,6 +198,71 @@ def _copy(cache):
     return out
 
 
+@pytest.mark.parametrize("family", ["qwen3_next", "bamba", "qwen3_5_moe", "nemotron_h", "zamba2"])
+@torch.no_grad()
+def test_hf_generate_on_a_hybrid_with_graph_steps(family, stand_in):
+    """A transformers hybrid with laquant's mixers: the static cache's step (its keys in buffers, the mask
+    and positions on the device) for transformers' own; the same tokens, logits to float32 rounding
+    (the static step's attention groups the query heads)."""
+    model = _hybrid(family)
+    ids = torch.randint(1, 100, (2, 7))
+    want, want_logits = _hf_generate(model, ids, 8, graphs=False)
+    got, logits = _hf_generate(model, ids, 8, graphs=True)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(logits, want_logits, atol=1e-5, rtol=1e-5)
+    (graph,) = model.__dict__["_laquant_step_graphs"].values()
+    assert isinstance(graph, gs.StepGraph) and graph.capacity == 2048  # the prompt and 1,024 more, rounded up
+
+
+@torch.no_grad()
+def test_a_hybrid_cache_after_graph_steps_goes_on_eagerly(stand_in):
+    """The cache transformers' generate returns holds the static states and views of the static keys; a
+    second generate takes them over (the first keeps copies); both go on eagerly as the eager runs'
+    caches do. A padded batch decodes eagerly."""
+    model = _hybrid("qwen3_next")
+    ids = torch.randint(1, 100, (2, 7))
+    kw = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, return_dict_in_generate=True)
+    results = {}
+    for graphs in (False, True):
+        model.laquant_graph_steps = graphs
+        first = model.generate(ids, **kw)
+        second = model.generate(ids.flip(0), **kw)
+        del model.laquant_graph_steps
+        steps = []
+        for out in (first, second):
+            cache = out.get("cache", out.get("past_key_values"))
+            n = out.sequences.shape[1]
+            tok = out.sequences[:, -1:]
+            positions = torch.full((2, 1), n - 1)
+            for t in range(2):
+                steps.append(model(input_ids=tok, **cache_kwargs(model, cache), position_ids=positions + t,
+                                   use_cache=True).logits)
+        results[graphs] = (first, second, steps)
+    (_, _, eager), (first, second, graphed) = results[False], results[True]
+    for a, b in zip(graphed, eager):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    (graph,) = model.__dict__["_laquant_step_graphs"].values()
+    buffers = {k.data_ptr() for k, _ in graph.static.kv.values()}
+    kept = [getattr(layer, "keys", None) for layer in first.get("cache", first.get("past_key_values")).layers]
+    kept = {k.data_ptr() for k in kept if isinstance(k, torch.Tensor) and k.numel()}
+    assert kept and not kept & buffers  # the first cache holds copies
+    padded = torch.ones_like(ids)
+    padded[0, 0] = 0
+    release_step_graphs(model)
+    model.generate(ids, attention_mask=padded, **kw)
+    assert not model.__dict__.get("_laquant_step_graphs")  # eager: no graph was captured
+
+
+def _hybrid(family):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_static_hybrid import _installed
+
+    return _installed(family)
+
+
 # ------------------------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("recipe", [None, "gla_int8_all"])
@@ -231,3 +297,21 @@ def test_gpu_hf_generate_replays_with_the_eager_logits(recipe):
         assert torch.equal(generate(model, ids, 8), want)
     assert torch.equal(generate(model, ids, 8), want)
     release_graphs(model)
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_gpu_hf_generate_on_a_hybrid_replays():
+    """qwen3_next with laquant's mixers, bf16 on the GPU: transformers' generate with graph steps gives the
+    eager steps' tokens (logits to bf16 rounding: the static step's attention is another kernel)."""
+    model = _hybrid("qwen3_next").to("cuda", torch.bfloat16)
+    for B, n in ((3, 20), (1, 9)):
+        ids = torch.randint(1, 100, (B, 13), device="cuda")
+        want, want_logits = _hf_generate(model, ids, n, graphs=False)
+        got, logits = _hf_generate(model, ids, n, graphs=True)
+        assert torch.equal(got, want), B
+        torch.testing.assert_close(logits, want_logits, atol=3e-2, rtol=3e-2)
+    graphs = model.__dict__["_laquant_step_graphs"]
+    assert len(graphs) == 2 and all(g.graph is not None for g in graphs.values())
+    release_step_graphs(model)
+

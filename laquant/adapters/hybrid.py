@@ -26,6 +26,9 @@ bailing_hybrid, from the family's ``attention_projections``), and kept ones: ``r
 
 from __future__ import annotations
 
+import functools
+import types
+
 import torch
 import torch.nn as nn
 
@@ -72,8 +75,8 @@ def _positions_from_state_store(module, args, kwargs):
     do not all derive them from the cache (bamba starts at 0 on every call; minimax asks a linear
     layer of its cache for the length), so laquant counts the tokens in its state store."""
     cache = kwargs.get("cache", kwargs.get("past_key_values"))  # `cache` from transformers 5.24 on
-    if cache is None or kwargs.get("position_ids") is not None:
-        return None
+    if cache is None or kwargs.get("position_ids") is not None or kwargs.get("laquant_graph_step"):
+        return None  # a marked step's positions: _graph_step_forward's, where it runs eagerly
     ids = args[0] if args else kwargs.get("input_ids")
     ref = ids if ids is not None else kwargs.get("inputs_embeds")
     store = state_store(cache)
@@ -81,6 +84,44 @@ def _positions_from_state_store(module, args, kwargs):
     store.seen_tokens += ref.shape[1]
     kwargs["position_ids"] = torch.arange(start, start + ref.shape[1], device=ref.device).unsqueeze(0)
     return args, kwargs
+
+
+def _graph_step_methods(cls) -> tuple:
+    """``cls``'s ``prepare_inputs_for_generation``, marking its steps, and its ``forward``, replaying a
+    marked decode step as a CUDA graph (:func:`laquant.models.graphed_step.hybrid_graph_step`); each
+    keeps the signature of the method it wraps (transformers' generate checks its arguments by them)."""
+
+    @functools.wraps(cls.prepare_inputs_for_generation)
+    def prepare_inputs_for_generation(self, *args, **kwargs):
+        return {**cls.prepare_inputs_for_generation(self, *args, **kwargs), "laquant_graph_step": True}
+
+    @functools.wraps(cls.forward)
+    def forward(self, *args, laquant_graph_step: bool = False, **kwargs):
+        if laquant_graph_step:
+            from laquant.models.graphed_step import hybrid_graph_step
+
+            out = hybrid_graph_step(self, args, kwargs)
+            if out is not None:
+                return out
+            if (moved := _positions_from_state_store(self, args, kwargs)) is not None:  # what the hook skipped
+                args, kwargs = moved
+        return cls.forward(self, *args, **kwargs)
+
+    return prepare_inputs_for_generation, forward
+
+
+def _install_graph_steps(model: nn.Module) -> None:
+    """transformers' ``generate`` on ``model`` replays a graph per decode step: its instance's
+    ``prepare_inputs_for_generation`` marks the steps and its ``forward`` takes them (bound methods, so
+    a deep copy wraps the copy). A model whose methods another library has wrapped already (accelerate's
+    device hooks) is left as it is."""
+    if "forward" in model.__dict__ or "prepare_inputs_for_generation" in model.__dict__:
+        return
+    if not hasattr(type(model), "prepare_inputs_for_generation"):
+        return
+    prepare, forward = _graph_step_methods(type(model))
+    model.prepare_inputs_for_generation = types.MethodType(prepare, model)
+    model.forward = types.MethodType(forward, model)
 
 
 class HybridAdapter(Adapter):
@@ -177,6 +218,8 @@ class HybridAdapter(Adapter):
         if not getattr(self.model, "_laquant_positions_hook", False):
             self.model.register_forward_pre_hook(_positions_from_state_store, with_kwargs=True)
             self.model._laquant_positions_hook = True
+            if self.family.static_decode:
+                _install_graph_steps(self.model)
 
     def _share_tied_blocks(self) -> None:
         """Make each group of blocks whose weights transformers ties (the same Parameters in separate

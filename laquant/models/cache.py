@@ -147,10 +147,7 @@ class GLAStateCache:
         """The Python side of one more store of every layer's static state (``new_tokens`` seen), where
         the device counter has moved on with it (a replay, or an eager step of a cache that counts on
         the host)."""
-        for s in self.states:
-            s.n_stores += 1
-        self.slots.synced += 1
-        self.seen_tokens += new_tokens
+        _advance_host_counters(self, self.states, new_tokens)
 
     def sync_counters(self) -> int:
         """Bring the Python-side counters (``State.n_stores``, ``seen_tokens``) of a static cache up
@@ -177,6 +174,8 @@ class HybridStates:
         self.seed = check_seed(seed)  # as GLAStateCache.seed
         self.checkpoints: CheckpointRequest | None = None  # as GLAStateCache.checkpoints (laquant.serving)
         self.static = False  # short convs copy their new inputs into the kept tensors (laquant.models.static_hybrid)
+        self.counts_on_host = False  # as GLAStateCache.counts_on_host
+        self.step_graph = None
 
     def get(self, layer_idx: int) -> State | None:
         return self.states.get(layer_idx)
@@ -213,6 +212,11 @@ class HybridStates:
 
     def count_static_step(self, layer_idx: int, new_tokens: int = 1) -> None:
         _count_static_step(self.slots, layer_idx)
+        if self.counts_on_host and layer_idx == self.slots.last_layer:
+            self.advance_host_counters(new_tokens)
+
+    def advance_host_counters(self, new_tokens: int = 1) -> None:
+        _advance_host_counters(self, list(self.states.values()), new_tokens)
 
     def sync_counters(self) -> int:
         steps = _sync_counters(list(self.states.values()))
@@ -270,6 +274,13 @@ def _load_conv(mine: dict, theirs: dict) -> None:
 def _count_static_step(slots: DecodeSlots, layer_idx: int) -> None:
     if layer_idx == slots.last_layer:
         slots.n_stores.add_(1)
+
+
+def _advance_host_counters(store, states: list[StaticState], new_tokens: int) -> None:
+    for s in states:
+        s.n_stores += 1
+    store.slots.synced += 1
+    store.seen_tokens += new_tokens
 
 
 def _sync_counters(states: list[StaticState]) -> int:

@@ -22,7 +22,7 @@ from laquant.kernels.rowwise.fused import MAX_ROW, gated_rms_norm_triton, rms_no
 from laquant.kernels.rowwise.reference import gated_rms_norm, rms_norm
 from laquant.models.cache import GLAStateCache
 from laquant.models.fla_attention import Attention, attention_spec, attention_specs
-from laquant.models.graphed_step import graph_step_allowed, graphed_step
+from laquant.models.graphed_step import OUTPUT_CACHE_FIELD, graph_step_allowed, graphed_step
 from laquant.models.recurrent import RecurrentMixer
 from laquant.quant.fused import glu_project, low_rank_gate, project, w8a8_inputs
 
@@ -462,7 +462,7 @@ class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
         if graph_step and graph_step_allowed(self, input_ids, cache, labels, logits_to_keep):
             logits = graphed_step(self, input_ids, cache)
             if logits is not None:
-                return CausalLMOutputWithPast(logits=logits, **{_OUTPUT_CACHE_FIELD: cache})
+                return CausalLMOutputWithPast(logits=logits, **{OUTPUT_CACHE_FIELD: cache})
         if use_cache and cache is None:
             cache = self.new_cache()
         hidden = self.model(input_ids, cache)
@@ -474,11 +474,7 @@ class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **{_OUTPUT_CACHE_FIELD: cache})
-
-
-# the output's cache field: `cache` from transformers 5.24 on (`past_key_values` there logs a deprecation)
-_OUTPUT_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{OUTPUT_CACHE_FIELD: cache})
 
 
 def _one_cache(cache, past_key_values):

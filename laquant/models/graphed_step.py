@@ -1,4 +1,4 @@
-"""transformers' ``generate`` on laquant's GLA with each decode step one CUDA graph replay.
+"""transformers' ``generate`` on laquant's models with each decode step one CUDA graph replay.
 
 transformers' ``generate`` calls the model's forward once per new token. Run eagerly, a decode step
 of a 1.37B GLA launches ~300 kernels: 24-49 ms of host time on an H200 for ~2 ms of GPU work
@@ -6,22 +6,33 @@ of a 1.37B GLA launches ~300 kernels: 24-49 ms of host time on an H200 for ~2 ms
 own graphed loop, and a quantized model (Triton launches cost the host more than cuBLAS calls) slower
 than its bf16 original.
 
-So the forward of a step that :meth:`GLAForCausalLM.prepare_inputs_for_generation` hands over
-(``graph_step=True``: transformers' generate, and lm-eval's generation through it) replays a graph
-when the step allows it (:func:`graph_step_allowed`): one new token per sequence on CUDA, no
-gradients, a :class:`~laquant.models.cache.GLAStateCache` holding every layer's state and nothing
-else (no softmax ``attn`` keys, no pending verify, no checkpoint request). The graph is captured once
-per (model, batch size, state and conv layout, seed, parameters) on a static cache
-(:meth:`GLAStateCache.static_copy`); the caller's cache then **adopts** that static cache's tensors:
-its states are copied in at the first step of a generate call, and the cache holds the static tensors
-from then on, so later steps are a copy of the new tokens and a replay. Its Python-side counters
-(``State.n_stores``, ``seen_tokens``) are advanced on the host after each replay (no sync), so eager
-calls on the same cache go on from the right place; a cache adopted by a later generate call of the
-same shape takes the tensors over, and the earlier cache keeps copies of its own.
+So a decode step that transformers' generate hands over replays a graph where the step allows it: one
+new token per sequence on CUDA, no gradients, and
 
-The replay runs the same kernels, on the same static-cache path, as an eager step: the logits are the
-eager step's bit for bit (``tests/test_graphed_step.py``). A step the GPU refuses to capture (or whose
-states are not updated in place) runs eagerly from then on. ``LAQUANT_GRAPH_STEPS=0`` or
+* laquant's GLA (and Gated DeltaNet, DeltaNet): :meth:`GLAForCausalLM.prepare_inputs_for_generation`
+  marks the step (``graph_step=True``); the cache must be a :class:`~laquant.models.cache.GLAStateCache`
+  with every layer's state and nothing else (no softmax ``attn`` keys, no pending verify, no checkpoint
+  request) (:func:`graph_step_allowed`);
+* a transformers hybrid with laquant's mixers (every family but minimax): the adapter wraps the
+  instance's ``prepare_inputs_for_generation`` and ``forward`` (``laquant.adapters.hybrid``); the
+  transformers cache must keep every token's keys and the batch must have no padding
+  (:func:`hybrid_graph_step`).
+
+The graph is captured once per (model, batch size, state / conv / key layout, seed, parameter storage)
+on a static cache (a hybrid's keys in buffers with room for 1,024 more tokens; a larger one is captured
+when they fill). The caller's cache then **adopts** the static tensors. Its states, conv inputs and
+keys are copied in at the first step of a generate call; from then on its states are the static ones
+and its softmax layers hold views of the key buffers. So a later step is a copy of the new tokens and
+a replay. The Python-side counters (``State.n_stores``, ``seen_tokens``) are advanced on the host
+after each replay (no sync), so eager calls on the same cache go on from the right place. A cache
+adopted by a later generate call of the same shape takes the tensors over, and the earlier cache keeps
+copies of its own.
+
+The replay runs the static-cache step that laquant's own graphed loop runs. For laquant's GLA, its
+logits are the eager step's bit for bit. A hybrid's attention is then the static step's grouped kernel
+(:func:`~laquant.models.static_hybrid.static_decode_attention`), equal to transformers' to float32
+rounding (``tests/test_graphed_step.py``). A step the GPU refuses to capture, or whose states are not
+updated in place, runs eagerly from then on. ``LAQUANT_GRAPH_STEPS=0`` or
 ``model.laquant_graph_steps = False`` turns the graphs off; :func:`release_step_graphs` frees them.
 """
 
@@ -31,11 +42,16 @@ import os
 import weakref
 
 import torch
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from laquant.kernels.common.state import State
-from laquant.models.cache import GLAStateCache, state_layout
+from laquant.models.cache import GLAStateCache, state_layout, state_store
 
 _GRAPHS = "_laquant_step_graphs"
+ROOM = 1024  # a hybrid's static keys: room for this many more tokens, the whole rounded up to a multiple of it
+
+# the output's cache field: `cache` from transformers 5.24 on (`past_key_values` there logs a deprecation)
+OUTPUT_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 def graph_steps_enabled(model) -> bool:
@@ -43,12 +59,16 @@ def graph_steps_enabled(model) -> bool:
 
 
 def graph_step_allowed(model, input_ids: torch.Tensor, cache, labels, logits_to_keep: int) -> bool:
-    """Whether this forward call can be a replay (see the module's docstring)."""
-    return (graph_steps_enabled(model) and _on_graph_device(input_ids) and input_ids.dim() == 2
-            and input_ids.shape[1] == 1 and labels is None and logits_to_keep == 1 and not model.training
-            and not torch.is_grad_enabled() and isinstance(cache, GLAStateCache) and not cache.kv
-            and cache.pending is None and cache.checkpoints is None and cache.token_mask is None
-            and all(s is not None for s in cache.states) and not _capturing())
+    """Whether this forward call of laquant's GLA can be a replay (see the module's docstring)."""
+    return (_replayable_call(model, input_ids, labels, logits_to_keep) and isinstance(cache, GLAStateCache)
+            and not cache.kv and cache.pending is None and cache.checkpoints is None and cache.token_mask is None
+            and all(s is not None for s in cache.states))
+
+
+def _replayable_call(model, input_ids, labels, logits_to_keep) -> bool:
+    return (graph_steps_enabled(model) and isinstance(input_ids, torch.Tensor) and _on_graph_device(input_ids)
+            and input_ids.dim() == 2 and input_ids.shape[1] == 1 and labels is None and logits_to_keep == 1
+            and not model.training and not torch.is_grad_enabled() and not _capturing())
 
 
 def _on_graph_device(t: torch.Tensor) -> bool:
@@ -59,15 +79,51 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def graphed_step(model, input_ids: torch.Tensor, cache: GLAStateCache) -> torch.Tensor | None:
+def hybrid_graph_step(model, args: tuple, kwargs: dict):
+    """transformers' forward output of one decode step of a transformers hybrid with laquant's mixers as
+    a replay, or None where it runs eagerly: besides :func:`graph_step_allowed`'s conditions, the
+    transformers cache must hold every token's keys (no sliding window) and the batch no padding (the
+    positions transformers passes all equal the cached length)."""
+    from laquant.models.static_hybrid import StaticHybridCache, kv_layers
+
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    if (len(args) > 1 or not _replayable_call(model, ids, kwargs.get("labels"), kwargs.get("logits_to_keep", 0))
+            or cache is None or isinstance(cache, StaticHybridCache) or kwargs.get("inputs_embeds") is not None
+            or kwargs.get("output_attentions") or kwargs.get("output_hidden_states")):
+        return None
+    store = state_store(cache)
+    if not store.states or store.checkpoints is not None:
+        return None
+    lengths = {k.shape[-2] for k, _ in kv_layers(cache).values()}
+    if len(lengths) > 1:
+        return None
+    seen = lengths.pop() if lengths else store.seen_tokens
+    positions, mask = kwargs.get("position_ids"), kwargs.get("attention_mask")
+    if positions is not None and not bool((positions == seen).all()):  # padding, or positions of their own
+        return None
+    if mask is not None and (mask.dim() != 2 or not bool(mask.all())):
+        return None
+    store.seen_tokens = seen  # transformers' generate passes the positions, so laquant's count may lag
+    logits = graphed_step(model, ids, cache)
+    if logits is None:
+        return None
+    return CausalLMOutputWithPast(logits=logits, **{OUTPUT_CACHE_FIELD: cache})
+
+
+def graphed_step(model, input_ids: torch.Tensor, cache) -> torch.Tensor | None:
     """The logits ``[B, 1, V]`` of one decode step as a graph replay, the cache advanced as an eager
     step would advance it; None where this step must run eagerly (a capture the GPU refused, states
     that cannot be static: then every later call of the same key is eager too)."""
-    graph = getattr(cache, "step_graph", None)
+    graph = getattr(state_store(cache), "step_graph", None)
     if graph is None or not graph.held_by(cache):  # the first step of a generate call: find or capture its graph
         graphs = model.__dict__.setdefault(_GRAPHS, {})
         key = _key(model, cache)
         graph = graphs.get(key)
+        seen = state_store(cache).seen_tokens
+        if graph and graph.capacity is not None and graph.capacity <= seen:  # a hybrid's keys outgrew the buffers
+            graphs.pop(key).release()
+            graph = None
         if graph is None:
             for stale in [k for k in graphs if k[-1] != key[-1]]:  # captured on parameters since moved or replaced
                 old = graphs.pop(stale)
@@ -76,7 +132,7 @@ def graphed_step(model, input_ids: torch.Tensor, cache: GLAStateCache) -> torch.
             try:
                 # normal tensors even under torch.inference_mode: a later generate without it updates them in place
                 with torch.inference_mode(False), torch.no_grad():
-                    graph = StepGraph(model, cache, capture=input_ids.is_cuda)
+                    graph = StepGraph(model, cache, -(-(seen + ROOM) // ROOM) * ROOM, capture=input_ids.is_cuda)
             except (ValueError, _Refused):
                 graph = False
             graphs[key] = graph
@@ -92,12 +148,21 @@ def release_step_graphs(model) -> None:
             graph.release()
 
 
-def _key(model, cache: GLAStateCache) -> tuple:
-    """What a captured step depends on: the batch, the states' and conv inputs' layout, the seed (a
-    launch argument) and the parameters' storage (a model moved or reloaded needs a new capture)."""
-    conv = tuple((str(k), tuple(t.shape), t.dtype) for k, t in sorted(cache.conv.items(), key=lambda kv: str(kv[0])))
+def _key(model, cache) -> tuple:
+    """What a captured step depends on: the batch, the states', conv inputs' and keys' layout, the seed
+    (a launch argument) and the parameters' storage (a model moved or reloaded needs a new capture)."""
+    from laquant.models.static_hybrid import kv_layers
+
+    store = state_store(cache)
+    states = _states(store)
+    conv = tuple((str(k), tuple(t.shape), t.dtype) for k, t in sorted(store.conv.items(), key=lambda kv: str(kv[0])))
+    kv = tuple((i, tuple(k.shape[:-2]), k.shape[-1], v.shape[-1], k.dtype) for i, (k, v) in kv_layers(cache).items())
     params = tuple(p.data_ptr() for p in model.parameters())
-    return cache.states[0].data.shape[0], state_layout(cache.states), conv, cache.seed, params
+    return states[0].data.shape[0], state_layout(states), conv, kv, store.seed, params
+
+
+def _states(store) -> list:
+    return list(store.states.values()) if isinstance(store.states, dict) else list(store.states)
 
 
 class _Refused(Exception):
@@ -105,25 +170,28 @@ class _Refused(Exception):
 
 
 class StepGraph:
-    """One captured decode step of ``model`` on a static cache, and the cache that has adopted its
-    tensors. ``capture=False``: the step runs eagerly on the static cache (the CPU stand-in of a
-    replay, for tests)."""
+    """One captured decode step of ``model`` on a static cache (laquant's GLA: a static
+    :class:`GLAStateCache`; a transformers hybrid: a :class:`~laquant.models.static_hybrid.StaticHybridCache`
+    with keys for ``capacity`` tokens), and the cache that has adopted its tensors. ``capture=False``:
+    the step runs eagerly on the static cache (the CPU stand-in of a replay, for tests)."""
 
-    def __init__(self, model, cache: GLAStateCache, capture: bool = True):
-        from laquant.generate import capture_graph, warm_up_outside_capture
+    def __init__(self, model, cache, capacity: int, capture: bool = True):
+        from laquant.generate import capture_graph, static_cache, warm_up_outside_capture
 
         self.model = model
-        self.static = cache.static_copy()  # ValueError where the states cannot be static
-        self.ids = torch.zeros(cache.states[0].data.shape[0], 1, dtype=torch.long,
-                               device=cache.states[0].data.device)
+        self.static = static_cache(cache, capacity)  # ValueError where the states cannot be static
+        self.store = state_store(self.static)
+        self.capacity = getattr(self.static, "capacity", None)  # None: laquant's GLA keeps no keys
+        first = _states(self.store)[0].data
+        self.ids = torch.zeros(first.shape[0], 1, dtype=torch.long, device=first.device)
         self.owner = None  # a weakref to the cache holding the static tensors
         self.graph = None
         self.logits = None
         if not capture:
             return
-        states = list(self.static.states)
+        states = _states(self.store)
         warm_up_outside_capture(self._step)
-        if any(a is not b for a, b in zip(states, self.static.states)):
+        if any(a is not b for a, b in zip(states, _states(self.store))):
             raise _Refused("the decode step replaced its states instead of updating them in place")
         try:
             self.graph, self.logits = capture_graph(self._step)
@@ -131,13 +199,15 @@ class StepGraph:
             raise _Refused(str(exc)) from exc
 
     def _step(self) -> torch.Tensor:
-        return self.model(input_ids=self.ids, cache=self.static, use_cache=True, logits_to_keep=1).logits
+        from laquant.generate import static_forward
 
-    def held_by(self, cache: GLAStateCache) -> bool:
+        return static_forward(self.model, self.ids, self.static)[:, None]
+
+    def held_by(self, cache) -> bool:
         owner = self.owner() if self.owner is not None else None
         return owner is cache and _holds(cache, self.static)
 
-    def run(self, cache: GLAStateCache, input_ids: torch.Tensor) -> torch.Tensor:
+    def run(self, cache, input_ids: torch.Tensor) -> torch.Tensor:
         if not self.held_by(cache):
             self._adopt(cache)
         self.ids.copy_(input_ids)
@@ -146,21 +216,25 @@ class StepGraph:
             logits = self.logits.clone()  # the next replay overwrites the static logits
         else:
             logits = self._step()
-        cache.advance_host_counters()
+        store = state_store(cache)
+        store.advance_host_counters()
+        _mirror_keys(cache, self.static, store.seen_tokens)
         return logits
 
-    def _adopt(self, cache: GLAStateCache) -> None:
+    def _adopt(self, cache) -> None:
         """Make ``cache`` hold the static tensors with its current contents; a cache that held any of
         them before keeps copies."""
         owner = self.owner() if self.owner is not None else None
         if owner is not None and owner is not cache:
             _detach(owner, self.static)
         self.static.load_from(cache)
-        cache.states = list(self.static.states)
-        cache.conv = dict(self.static.conv)
-        cache.static = True  # short convs write their kept inputs in place, as on the static cache
-        cache.counts_on_host = True  # eager steps on it advance the host counters too
-        cache.step_graph = self
+        store = state_store(cache)
+        store.states = dict(self.store.states) if isinstance(self.store.states, dict) else list(self.store.states)
+        store.conv = dict(self.store.conv)
+        store.static = True  # short convs write their kept inputs in place, as on the static cache
+        store.counts_on_host = True  # eager steps on it advance the host counters too
+        store.step_graph = self
+        _mirror_keys(cache, self.static, store.seen_tokens)
         self.owner = weakref.ref(cache)
 
     def release(self) -> None:
@@ -170,17 +244,46 @@ class StepGraph:
         self.owner = self.graph = self.logits = None
 
 
-def _holds(cache: GLAStateCache, static: GLAStateCache) -> bool:
-    return (len(cache.states) == len(static.states) and all(a is b for a, b in zip(cache.states, static.states))
-            and cache.conv.keys() == static.conv.keys() and all(cache.conv[k] is t for k, t in static.conv.items()))
+def _kv_buffers(static) -> dict:
+    return getattr(static, "kv", None) if not isinstance(static, GLAStateCache) else {}
 
 
-def _detach(cache: GLAStateCache, static: GLAStateCache) -> None:
+def _mirror_keys(cache, static, seen: int) -> None:
+    """A transformers cache's softmax layers hold the first ``seen`` positions of the static key and value
+    buffers (views: an eager step on it concatenates onto them, into new tensors)."""
+    for i, (keys, values) in _kv_buffers(static).items():
+        layer = cache.layers[i]
+        layer.keys, layer.values = keys[..., :seen, :], values[..., :seen, :]
+
+
+def _holds(cache, static) -> bool:
+    store, mine = state_store(cache), state_store(static)
+    if len(_states(store)) != len(_states(mine)) or any(a is not b for a, b in zip(_states(store), _states(mine))):
+        return False
+    if store.conv.keys() != mine.conv.keys() or any(store.conv[k] is not t for k, t in mine.conv.items()):
+        return False
+    for i, (keys, _) in _kv_buffers(static).items():
+        held = cache.layers[i].keys
+        if held.data_ptr() != keys.data_ptr() or held.shape[-2] != store.seen_tokens:
+            return False
+    return True
+
+
+def _detach(cache, static) -> None:
     """Give ``cache`` copies of whichever of ``static``'s tensors it holds (another cache adopts them next)."""
-    mine = {id(s) for s in static.states}
-    cache.states = [State(s.data.clone(), None if s.scale is None else s.scale.clone(), s.format, s.n_stores)
-                    if s is not None and id(s) in mine else s for s in cache.states]
-    shared = {id(t) for t in static.conv.values()}
-    cache.conv = {k: t.clone() if id(t) in shared else t for k, t in cache.conv.items()}
-    cache.static = cache.counts_on_host = False
-    cache.step_graph = None
+    store, mine = state_store(cache), state_store(static)
+    ids = {id(s) for s in _states(mine)}
+    copy = lambda s: (State(s.data.clone(), None if s.scale is None else s.scale.clone(), s.format, s.n_stores)  # noqa: E731
+                      if s is not None and id(s) in ids else s)
+    if isinstance(store.states, dict):
+        store.states = {i: copy(s) for i, s in store.states.items()}
+    else:
+        store.states = [copy(s) for s in store.states]
+    shared = {id(t) for t in mine.conv.values()}
+    store.conv = {k: t.clone() if id(t) in shared else t for k, t in store.conv.items()}
+    store.static = store.counts_on_host = False
+    store.step_graph = None
+    for i, (keys, _) in _kv_buffers(static).items():
+        layer = cache.layers[i]
+        if layer.keys is not None and layer.keys.data_ptr() == keys.data_ptr():
+            layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
