@@ -10,4 +10,7 @@ CONFIG='{"hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 5632
 timeout 400 laquant eval speed --suite e2e --hybrid-recipe hybrid_int8 --batch 1 64 --prompt 1024 --gen 32 \
   --model "qwen3_next:$CONFIG" --out "$W/e2e_hybrid" > "$W/e2e_hybrid.log" 2>&1
 log "hybrid e2e rc $?"
+LAQUANT_GRAPH_STEPS=0 timeout 400 laquant eval speed --suite e2e --hybrid-recipe hybrid_int8 --batch 1 64 --prompt 1024 \
+  --gen 32 --model "qwen3_next:$CONFIG" --out "$W/e2e_hybrid_nographs" > "$W/e2e_hybrid_nographs.log" 2>&1
+log "hybrid e2e nographs rc $?"
 touch "$W/job.done"
