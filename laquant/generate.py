@@ -29,6 +29,7 @@ Sampling is Gumbel-max (``argmax(softmax(logits / T) / Exp(1))``: a draw from th
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import torch
 
@@ -195,7 +196,8 @@ class _DecodeGraph:
     back into it and into ``history[:, pos]``, advances ``pos`` and marks finished rows."""
 
     def __init__(self, model, prefill_cache, capacity: int, choose, eos: int | None):
-        self.model, self.choose, self.eos = model, choose, eos
+        self.model = weakref.ref(model)  # the model holds its graphs: no reference cycle
+        self.choose, self.eos = choose, eos
         self.cache = static_cache(prefill_cache, kv_room(_cached_tokens(prefill_cache), capacity))
         states = _state_tensors(self.cache)
         batch, device = states[0].data.shape[0], states[0].data.device
@@ -215,7 +217,7 @@ class _DecodeGraph:
                               f"{str(exc).splitlines()[0]}): decode with graphed=False") from exc
 
     def _step(self) -> None:
-        logits = static_forward(self.model, self.tok, self.cache)
+        logits = static_forward(self.model(), self.tok, self.cache)
         nxt = self.choose(logits)
         if self.eos is not None:
             nxt = torch.where(self.done, torch.full_like(nxt, self.eos), nxt)

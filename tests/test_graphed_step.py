@@ -253,6 +253,32 @@ def test_a_hybrid_cache_after_graph_steps_goes_on_eagerly(stand_in):
     assert not model.__dict__.get("_laquant_step_graphs")  # eager: no graph was captured
 
 
+@pytest.mark.parametrize("kind", ["gla", "hybrid"])
+@torch.no_grad()
+def test_a_model_with_graph_steps_is_freed_by_del(kind, stand_in):
+    """No reference cycle through the graphs or the hybrid's wrapped methods: ``del model`` frees the model
+    (its weights) at once, without the garbage collector; a deep copy's methods are the copy's."""
+    import copy
+    import gc
+    import weakref
+
+    model = _gla() if kind == "gla" else _hybrid("qwen3_next")
+    _hf_generate(model, torch.randint(1, 100, (2, 5)), 4, graphs=True)
+    assert model.__dict__["_laquant_step_graphs"]
+    twin = copy.deepcopy(model)
+    if kind == "hybrid":
+        assert twin.forward.ref() is twin and twin.prepare_inputs_for_generation.ref() is twin
+    ref = weakref.ref(model)
+    gc.disable()
+    try:
+        del model
+        assert ref() is None
+    finally:
+        gc.enable()
+    got, _ = _hf_generate(twin, torch.randint(1, 100, (2, 5)), 4, graphs=True)
+    assert got.shape == (2, 9)
+
+
 def _hybrid(family):
     import sys
     from pathlib import Path

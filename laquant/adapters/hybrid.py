@@ -26,8 +26,8 @@ bailing_hybrid, from the family's ``attention_projections``), and kept ones: ``r
 
 from __future__ import annotations
 
-import functools
-import types
+import inspect
+import weakref
 
 import torch
 import torch.nn as nn
@@ -86,42 +86,53 @@ def _positions_from_state_store(module, args, kwargs):
     return args, kwargs
 
 
-def _graph_step_methods(cls) -> tuple:
-    """``cls``'s ``prepare_inputs_for_generation``, marking its steps, and its ``forward``, replaying a
-    marked decode step as a CUDA graph (:func:`laquant.models.graphed_step.hybrid_graph_step`); each
-    keeps the signature of the method it wraps (transformers' generate checks its arguments by them)."""
+def _marked_prepare_inputs(model, *args, **kwargs) -> dict:
+    """transformers' ``prepare_inputs_for_generation``, its steps marked for :func:`_graph_step_forward`."""
+    return {**type(model).prepare_inputs_for_generation(model, *args, **kwargs), "laquant_graph_step": True}
 
-    @functools.wraps(cls.prepare_inputs_for_generation)
-    def prepare_inputs_for_generation(self, *args, **kwargs):
-        return {**cls.prepare_inputs_for_generation(self, *args, **kwargs), "laquant_graph_step": True}
 
-    @functools.wraps(cls.forward)
-    def forward(self, *args, laquant_graph_step: bool = False, **kwargs):
-        if laquant_graph_step:
-            from laquant.models.graphed_step import hybrid_graph_step
+def _graph_step_forward(model, *args, laquant_graph_step: bool = False, **kwargs):
+    """transformers' forward, where a marked decode step may replay a CUDA graph
+    (:func:`laquant.models.graphed_step.hybrid_graph_step`)."""
+    if laquant_graph_step:
+        from laquant.models.graphed_step import hybrid_graph_step
 
-            out = hybrid_graph_step(self, args, kwargs)
-            if out is not None:
-                return out
-            if (moved := _positions_from_state_store(self, args, kwargs)) is not None:  # what the hook skipped
-                args, kwargs = moved
-        return cls.forward(self, *args, **kwargs)
+        out = hybrid_graph_step(model, args, kwargs)
+        if out is not None:
+            return out
+        if (moved := _positions_from_state_store(model, args, kwargs)) is not None:  # what the hook skipped
+            args, kwargs = moved
+    return type(model).forward(model, *args, **kwargs)
 
-    return prepare_inputs_for_generation, forward
+
+class _InstanceMethod:
+    """``fn`` as a method of one model instance, holding the model by a weak reference: a bound method
+    in the instance's ``__dict__`` would make a reference cycle, and the model (GBs of weights) would
+    outlive ``del model`` until the garbage collector runs. Its signature is the wrapped method's
+    (transformers' generate checks its arguments by it); a deep copy of the model gets one bound to the copy."""
+
+    def __init__(self, fn, model, name: str):
+        self.fn, self.name, self.ref = fn, name, weakref.ref(model)
+        self.__signature__ = inspect.signature(getattr(type(model), name).__get__(model))
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(self.ref(), *args, **kwargs)
+
+    def __deepcopy__(self, memo):
+        model = self.ref()
+        return _InstanceMethod(self.fn, memo.get(id(model), model), self.name)
 
 
 def _install_graph_steps(model: nn.Module) -> None:
     """transformers' ``generate`` on ``model`` replays a graph per decode step: its instance's
-    ``prepare_inputs_for_generation`` marks the steps and its ``forward`` takes them (bound methods, so
-    a deep copy wraps the copy). A model whose methods another library has wrapped already (accelerate's
-    device hooks) is left as it is."""
+    ``prepare_inputs_for_generation`` marks the steps and its ``forward`` takes them. A model whose
+    methods another library has wrapped already (accelerate's device hooks) is left as it is."""
     if "forward" in model.__dict__ or "prepare_inputs_for_generation" in model.__dict__:
         return
     if not hasattr(type(model), "prepare_inputs_for_generation"):
         return
-    prepare, forward = _graph_step_methods(type(model))
-    model.prepare_inputs_for_generation = types.MethodType(prepare, model)
-    model.forward = types.MethodType(forward, model)
+    model.prepare_inputs_for_generation = _InstanceMethod(_marked_prepare_inputs, model, "prepare_inputs_for_generation")
+    model.forward = _InstanceMethod(_graph_step_forward, model, "forward")
 
 
 class HybridAdapter(Adapter):

@@ -178,7 +178,7 @@ class StepGraph:
     def __init__(self, model, cache, capacity: int, capture: bool = True):
         from laquant.generate import capture_graph, static_cache, warm_up_outside_capture
 
-        self.model = model
+        self.model = weakref.ref(model)  # the model holds its graphs: no reference cycle
         self.static = static_cache(cache, capacity)  # ValueError where the states cannot be static
         self.store = state_store(self.static)
         self.capacity = getattr(self.static, "capacity", None)  # None: laquant's GLA keeps no keys
@@ -201,7 +201,7 @@ class StepGraph:
     def _step(self) -> torch.Tensor:
         from laquant.generate import static_forward
 
-        return static_forward(self.model, self.ids, self.static)[:, None]
+        return static_forward(self.model(), self.ids, self.static)[:, None]
 
     def held_by(self, cache) -> bool:
         owner = self.owner() if self.owner is not None else None
