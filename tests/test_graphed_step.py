@@ -215,6 +215,21 @@ def test_hf_generate_on_a_hybrid_with_graph_steps(family, stand_in):
 
 
 @torch.no_grad()
+def test_a_hybrid_generate_longer_than_the_key_buffers(stand_in, monkeypatch):
+    """Key buffers with room for 4 more tokens: a generate of 12 captures larger ones as they fill, mid-call,
+    with the eager steps' tokens."""
+    monkeypatch.setattr(gs, "ROOM", 4)
+    model = _hybrid("qwen3_next")
+    ids = torch.randint(1, 100, (2, 6))
+    want, want_logits = _hf_generate(model, ids, 12, graphs=False)
+    got, logits = _hf_generate(model, ids, 12, graphs=True)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(logits, want_logits, atol=1e-5, rtol=1e-5)
+    (graph,) = model.__dict__["_laquant_step_graphs"].values()
+    assert graph.capacity == 20  # 8, then 12, 16, 20: each captured when the last was full
+
+
+@torch.no_grad()
 def test_a_hybrid_cache_after_graph_steps_goes_on_eagerly(stand_in):
     """The cache transformers' generate returns holds the static states and views of the static keys; a
     second generate takes them over (the first keeps copies); both go on eagerly as the eager runs'

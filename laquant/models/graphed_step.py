@@ -115,13 +115,15 @@ def graphed_step(model, input_ids: torch.Tensor, cache) -> torch.Tensor | None:
     """The logits ``[B, 1, V]`` of one decode step as a graph replay, the cache advanced as an eager
     step would advance it; None where this step must run eagerly (a capture the GPU refused, states
     that cannot be static: then every later call of the same key is eager too)."""
-    graph = getattr(state_store(cache), "step_graph", None)
-    if graph is None or not graph.held_by(cache):  # the first step of a generate call: find or capture its graph
+    store = state_store(cache)
+    seen = store.seen_tokens
+    graph = store.step_graph
+    full = lambda g: g.capacity is not None and g.capacity <= seen  # noqa: E731  (a hybrid's key buffers)
+    if graph is None or not graph.held_by(cache) or full(graph):  # a generate call's first step, or keys to grow
         graphs = model.__dict__.setdefault(_GRAPHS, {})
         key = _key(model, cache)
         graph = graphs.get(key)
-        seen = state_store(cache).seen_tokens
-        if graph and graph.capacity is not None and graph.capacity <= seen:  # a hybrid's keys outgrew the buffers
+        if graph and full(graph):  # captured again with room for ROOM more tokens (the cache keeps copies)
             graphs.pop(key).release()
             graph = None
         if graph is None:
