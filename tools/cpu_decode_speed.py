@@ -13,18 +13,19 @@ import torch
 
 import laquant
 import laquant.kernels.gemm.reference as gemm_reference
+from laquant.adapters import cache_kwargs, returned_cache
 from laquant.models import GLAConfig, GLAForCausalLM
 
 
 @torch.no_grad()
 def decode_ms(model, prompt, steps):
     out = model(prompt, use_cache=True)
-    cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    cache, nxt = returned_cache(out), out.logits[:, -1:].argmax(-1)
     for _ in range(2):
-        model(nxt, past_key_values=cache)
+        model(nxt, **cache_kwargs(model, cache))
     t0 = time.perf_counter()
     for _ in range(steps):
-        nxt = model(nxt, past_key_values=cache).logits[:, -1:].argmax(-1)
+        nxt = model(nxt, **cache_kwargs(model, cache)).logits[:, -1:].argmax(-1)
     return (time.perf_counter() - t0) / steps * 1e3
 
 

@@ -64,7 +64,7 @@ def load_quantized(args):
 def long_decode(model, streams: torch.Tensor, bucket: int, progress: bool = True) -> dict:
     from tqdm.auto import tqdm
 
-    from laquant.adapters import new_cache
+    from laquant.adapters import cache_kwargs, new_cache
     from laquant.eval.ppl import decode_threads
     from laquant.eval.saturation import SaturationCounter
 
@@ -80,7 +80,7 @@ def long_decode(model, streams: torch.Tensor, bucket: int, progress: bool = True
     try:
         with decode_threads(model, batch):
             for t in tqdm(range(n), desc="decoding", unit="tok", disable=not progress):
-                logits = model(input_ids=streams[:, t:t + 1], past_key_values=cache, use_cache=True).logits[:, 0]
+                logits = model(input_ids=streams[:, t:t + 1], **cache_kwargs(model, cache), use_cache=True).logits[:, 0]
                 counter.after_step(cache)
                 logits = logits.float()
                 bad = ~torch.isfinite(logits)

@@ -26,7 +26,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
-from laquant.adapters import install, new_cache
+from laquant.adapters import cache_kwargs, install, new_cache
 from laquant.api import calibrate
 from laquant.generate import DecodeSession
 from laquant.eval.saturation import SaturationCounter
@@ -45,7 +45,7 @@ def sync() -> None:
 
 def steps(model, cache, ids, counter=None) -> None:
     for t in range(ids.shape[1]):
-        logits = model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits[:, 0]
+        logits = model(input_ids=ids[:, t:t + 1], **cache_kwargs(model, cache), use_cache=True).logits[:, 0]
         if counter is not None:
             counter.after_step(cache)
             torch.nn.functional.cross_entropy(logits.float(), ids[:, t]).cpu()
@@ -53,7 +53,7 @@ def steps(model, cache, ids, counter=None) -> None:
 
 def ms_per_step(model, prompt, ids, counter=None) -> float:
     cache = new_cache(model)
-    model(input_ids=prompt, past_key_values=cache, use_cache=True)
+    model(input_ids=prompt, **cache_kwargs(model, cache), use_cache=True)
     if counter is not None:
         counter.start_sequence()
     steps(model, cache, ids[:, :5], counter)  # warm-up
@@ -141,7 +141,7 @@ def main(out_path: str, config_path: str = SMALL) -> None:
         row["eval_loop_ms_per_step"] = ms_per_step(model, prompt, ids, counter)
         counter.close()
         cache = new_cache(model)
-        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        model(input_ids=prompt, **cache_kwargs(model, cache), use_cache=True)
         steps(model, cache, ids[:, :3])
         with profile(activities=[ProfilerActivity.CUDA if DEVICE == "cuda" else ProfilerActivity.CPU]) as prof:
             steps(model, cache, ids[:, 3:13])

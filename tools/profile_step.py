@@ -22,6 +22,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
+from laquant.adapters import cache_kwargs, returned_cache
 from laquant.api import calibrate
 from laquant.models import GLAConfig, GLAForCausalLM
 
@@ -45,11 +46,11 @@ def graphed_ms(model, step, cache, reps: int = 30) -> float:
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(2):
-            model(step, past_key_values=cache)
+            model(step, **cache_kwargs(model, cache))
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        model(step, past_key_values=cache)
+        model(step, **cache_kwargs(model, cache))
     graph.replay()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -72,11 +73,11 @@ def main(out_path: str, layers: int = 4, hidden: int = 2048) -> None:
         row = {}
         for B in (1, 64):
             out = model(torch.randint(0, 32000, (B, 512), device="cuda"), use_cache=True, logits_to_keep=1)
-            cache, step = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            cache, step = returned_cache(out), out.logits[:, -1:].argmax(-1)
             for _ in range(3):
-                model(step, past_key_values=cache)
+                model(step, **cache_kwargs(model, cache))
             if B == 64:
-                row["decode"] = kernel_profile(lambda: model(step, past_key_values=cache), layers)
+                row["decode"] = kernel_profile(lambda: model(step, **cache_kwargs(model, cache)), layers)
             row[f"graphed_B{B}_ms_per_step"] = graphed_ms(model, step, cache)
         ids = torch.randint(0, 32000, (1, 4096), device="cuda")
         row["prefill"] = kernel_profile(lambda: model(ids, logits_to_keep=1), layers)
