@@ -261,6 +261,12 @@ def test_a_hybrid_cache_after_graph_steps_goes_on_eagerly(stand_in):
     kept = [getattr(layer, "keys", None) for layer in first.get("cache", first.get("past_key_values")).layers]
     kept = {k.data_ptr() for k in kept if isinstance(k, torch.Tensor) and k.numel()}
     assert kept and not kept & buffers  # the first cache holds copies
+    cache = second.get("cache", second.get("past_key_values"))  # holds the static tensors
+    store, n = cache.laquant_states, second.sequences.shape[1]
+    assert store.counts_on_host and store.seen_tokens == n - 1  # the last token is not in the cache yet
+    stores = [s.n_stores for s in store.states.values()]
+    model(input_ids=second.sequences[:, -1:], **cache_kwargs(model, cache), use_cache=True)  # positions by the hook
+    assert store.seen_tokens == n and [s.n_stores for s in store.states.values()] == [k + 1 for k in stores]
     padded = torch.ones_like(ids)
     padded[0, 0] = 0
     release_step_graphs(model)

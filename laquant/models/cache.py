@@ -213,7 +213,7 @@ class HybridStates:
     def count_static_step(self, layer_idx: int, new_tokens: int = 1) -> None:
         _count_static_step(self.slots, layer_idx)
         if self.counts_on_host and layer_idx == self.slots.last_layer:
-            self.advance_host_counters(new_tokens)
+            self.advance_host_counters(0)  # an eager call's tokens are counted by the positions hook (adapters.hybrid)
 
     def advance_host_counters(self, new_tokens: int = 1) -> None:
         _advance_host_counters(self, list(self.states.values()), new_tokens)
