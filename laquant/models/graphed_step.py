@@ -44,6 +44,8 @@ import weakref
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from laquant.generate import (_state_tensors, capture_graph, static_cache, static_forward,
+                              warm_up_outside_capture)
 from laquant.kernels.common.state import State
 from laquant.models.cache import GLAStateCache, state_layout, state_store
 
@@ -156,15 +158,11 @@ def _key(model, cache) -> tuple:
     from laquant.models.static_hybrid import kv_layers
 
     store = state_store(cache)
-    states = _states(store)
+    states = _state_tensors(cache)
     conv = tuple((str(k), tuple(t.shape), t.dtype) for k, t in sorted(store.conv.items(), key=lambda kv: str(kv[0])))
     kv = tuple((i, tuple(k.shape[:-2]), k.shape[-1], v.shape[-1], k.dtype) for i, (k, v) in kv_layers(cache).items())
     params = tuple(p.data_ptr() for p in model.parameters())
     return states[0].data.shape[0], state_layout(states), conv, kv, store.seed, params
-
-
-def _states(store) -> list:
-    return list(store.states.values()) if isinstance(store.states, dict) else list(store.states)
 
 
 class _Refused(Exception):
@@ -178,22 +176,20 @@ class StepGraph:
     the step runs eagerly on the static cache (the CPU stand-in of a replay, for tests)."""
 
     def __init__(self, model, cache, capacity: int, capture: bool = True):
-        from laquant.generate import capture_graph, static_cache, warm_up_outside_capture
-
         self.model = weakref.ref(model)  # the model holds its graphs: no reference cycle
         self.static = static_cache(cache, capacity)  # ValueError where the states cannot be static
         self.store = state_store(self.static)
         self.capacity = getattr(self.static, "capacity", None)  # None: laquant's GLA keeps no keys
-        first = _states(self.store)[0].data
+        first = _state_tensors(self.static)[0].data
         self.ids = torch.zeros(first.shape[0], 1, dtype=torch.long, device=first.device)
         self.owner = None  # a weakref to the cache holding the static tensors
         self.graph = None
         self.logits = None
         if not capture:
             return
-        states = _states(self.store)
+        states = _state_tensors(self.static)
         warm_up_outside_capture(self._step)
-        if any(a is not b for a, b in zip(states, _states(self.store))):
+        if any(a is not b for a, b in zip(states, _state_tensors(self.static))):
             raise _Refused("the decode step replaced its states instead of updating them in place")
         try:
             self.graph, self.logits = capture_graph(self._step)
@@ -201,8 +197,6 @@ class StepGraph:
             raise _Refused(str(exc)) from exc
 
     def _step(self) -> torch.Tensor:
-        from laquant.generate import static_forward
-
         return static_forward(self.model(), self.ids, self.static)[:, None]
 
     def held_by(self, cache) -> bool:
@@ -260,13 +254,14 @@ def _mirror_keys(cache, static, seen: int) -> None:
 
 def _holds(cache, static) -> bool:
     store, mine = state_store(cache), state_store(static)
-    if len(_states(store)) != len(_states(mine)) or any(a is not b for a, b in zip(_states(store), _states(mine))):
+    held, static_states = _state_tensors(cache), _state_tensors(static)
+    if len(held) != len(static_states) or any(a is not b for a, b in zip(held, static_states)):
         return False
     if store.conv.keys() != mine.conv.keys() or any(store.conv[k] is not t for k, t in mine.conv.items()):
         return False
     for i, (keys, _) in _kv_buffers(static).items():
-        held = cache.layers[i].keys
-        if held.data_ptr() != keys.data_ptr() or held.shape[-2] != store.seen_tokens:
+        kept = cache.layers[i].keys
+        if kept.data_ptr() != keys.data_ptr() or kept.shape[-2] != store.seen_tokens:
             return False
     return True
 
@@ -274,9 +269,13 @@ def _holds(cache, static) -> bool:
 def _detach(cache, static) -> None:
     """Give ``cache`` copies of whichever of ``static``'s tensors it holds (another cache adopts them next)."""
     store, mine = state_store(cache), state_store(static)
-    ids = {id(s) for s in _states(mine)}
-    copy = lambda s: (State(s.data.clone(), None if s.scale is None else s.scale.clone(), s.format, s.n_stores)  # noqa: E731
-                      if s is not None and id(s) in ids else s)
+    ids = {id(s) for s in _state_tensors(static)}
+
+    def copy(s):
+        if s is None or id(s) not in ids:
+            return s
+        return State(s.data.clone(), None if s.scale is None else s.scale.clone(), s.format, s.n_stores)
+
     if isinstance(store.states, dict):
         store.states = {i: copy(s) for i, s in store.states.items()}
     else:
