@@ -202,15 +202,8 @@ def _copy(cache):
 @torch.no_grad()
 def test_hf_generate_on_a_hybrid_with_graph_steps(family, stand_in):
     """A transformers hybrid with laquant's mixers: the static cache's step (its keys in buffers, the mask
-    and positions on the device) for transformers' own; the same tokens, logits to float32 rounding
-    (the static step's attention groups the query heads)."""
-    model = _hybrid(family)
-    ids = torch.randint(1, 100, (2, 7))
-    want, want_logits = _hf_generate(model, ids, 8, graphs=False)
-    got, logits = _hf_generate(model, ids, 8, graphs=True)
-    assert torch.equal(got, want)
-    torch.testing.assert_close(logits, want_logits, atol=1e-5, rtol=1e-5)
-    (graph,) = model.__dict__["_laquant_step_graphs"].values()
+    and positions on the device) for transformers' own."""
+    graph = _generate_as_eagerly(_hybrid(family), torch.randint(1, 100, (2, 7)), 8)
     assert isinstance(graph, gs.StepGraph) and graph.capacity == 2048  # the prompt and 1,024 more, rounded up
 
 
@@ -219,14 +212,19 @@ def test_a_hybrid_generate_longer_than_the_key_buffers(stand_in, monkeypatch):
     """Key buffers with room for 4 more tokens: a generate of 12 captures larger ones as they fill, mid-call,
     with the eager steps' tokens."""
     monkeypatch.setattr(gs, "ROOM", 4)
-    model = _hybrid("qwen3_next")
-    ids = torch.randint(1, 100, (2, 6))
-    want, want_logits = _hf_generate(model, ids, 12, graphs=False)
-    got, logits = _hf_generate(model, ids, 12, graphs=True)
+    graph = _generate_as_eagerly(_hybrid("qwen3_next"), torch.randint(1, 100, (2, 6)), 12)
+    assert graph.capacity == 20  # 8, then 12, 16, 20: each captured when the last was full
+
+
+def _generate_as_eagerly(model, ids, n):
+    """A hybrid's generate with graph steps against the eager steps: the same tokens, logits to float32 rounding
+    (the static step's attention groups the query heads); returns the one graph it captured."""
+    want, want_logits = _hf_generate(model, ids, n, graphs=False)
+    got, logits = _hf_generate(model, ids, n, graphs=True)
     assert torch.equal(got, want)
     torch.testing.assert_close(logits, want_logits, atol=1e-5, rtol=1e-5)
     (graph,) = model.__dict__["_laquant_step_graphs"].values()
-    assert graph.capacity == 20  # 8, then 12, 16, 20: each captured when the last was full
+    return graph
 
 
 @torch.no_grad()
