@@ -12,33 +12,23 @@ import json
 import os
 import pstats
 import sys
-import time
 
 import torch
+from profile_prefill import random_gla, wall_ms
 from torch.profiler import ProfilerActivity, profile
 
-from laquant.api import calibrate
+from laquant.eval.speed import cuda_kernels
 from laquant.generate import DecodeSession
-from laquant.models import GLAConfig, GLAForCausalLM
-
-
-def wall_ms(fn, reps: int = 20) -> float:
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2] * 1e3
+from laquant.models import GLAConfig
 
 
 def gpu_ms(fn) -> tuple[float, int]:
+    """The summed GPU time (ms) of one call's CUDA kernels, and their count."""
     with profile(activities=[ProfilerActivity.CUDA]) as p:
         fn()
         torch.cuda.synchronize()
-    cuda = [e for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return sum(e.device_time for e in cuda) / 1e3, len(cuda)
+    kernels = cuda_kernels(p)
+    return sum(dur for _, _, dur in kernels) / 1e3, len(kernels)
 
 
 def host_stats(fn, path: str, reps: int = 10) -> dict:
@@ -63,11 +53,7 @@ def main(out_dir: str) -> None:
     cfg = GLAConfig(hidden_size=2048, num_hidden_layers=24, num_heads=16, vocab_size=32000)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     for variant in os.environ.get("VARIANTS", "bf16 gla_int8_all").split():
-        torch.manual_seed(0)
-        model = GLAForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
-        if variant != "bf16":
-            model = calibrate(model, variant, data=torch.randint(0, 32000, (4, 512), device="cuda"),
-                              progress=False).model
+        model = random_gla(cfg, variant)
         rows = {}
         for B in (1, 64):
             prompt = torch.randint(0, 32000, (B, 512), device="cuda")
@@ -75,7 +61,7 @@ def main(out_dir: str) -> None:
             for _ in range(3):
                 session.step()
             step = session.step
-            r = {"wall_ms": wall_ms(step)}
+            r = {"wall_ms": wall_ms(step, reps=20)}
             r["gpu_ms"], r["kernels"] = gpu_ms(step)
             r["host"] = host_stats(step, f"{out_dir}/{variant}_decode_B{B}.pstats")
             rows[f"decode_B{B}"] = r
@@ -85,7 +71,7 @@ def main(out_dir: str) -> None:
         fn = lambda: model(ids, use_cache=True, logits_to_keep=1)  # noqa: E731
         for _ in range(3):
             fn()
-        r = {"wall_ms": wall_ms(fn)}
+        r = {"wall_ms": wall_ms(fn, reps=20)}
         r["gpu_ms"], r["kernels"] = gpu_ms(fn)
         r["host"] = host_stats(fn, f"{out_dir}/{variant}_prefill_1024.pstats")
         rows["prefill_1024"] = r

@@ -35,6 +35,16 @@ def wall_ms(fn, reps: int = 10) -> float:
     return sorted(times)[len(times) // 2] * 1e3
 
 
+def random_gla(cfg: GLAConfig, variant: str) -> GLAForCausalLM:
+    """A random GLA of ``cfg`` on the GPU in bf16 (seed 0), calibrated with ``variant`` on random tokens unless bf16."""
+    torch.manual_seed(0)
+    model = GLAForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    if variant != "bf16":
+        model = calibrate(model, variant, data=torch.randint(0, cfg.vocab_size, (4, 512), device="cuda"),
+                          progress=False).model
+    return model
+
+
 def prof(fn) -> dict:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
         fn()
@@ -73,11 +83,7 @@ def main(out_path: str, lengths=(64, 256, 4096)) -> None:
     cfg = GLAConfig(hidden_size=2048, num_hidden_layers=24, num_heads=4, vocab_size=32000)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     for variant in os.environ.get("VARIANTS", "bf16 gla_int8").split():
-        torch.manual_seed(0)
-        model = GLAForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
-        if variant != "bf16":
-            model = calibrate(model, variant, data=torch.randint(0, 32000, (4, 512), device="cuda"),
-                              progress=False).model
+        model = random_gla(cfg, variant)
         rows = {}
         for T in lengths:
             ids = torch.randint(0, 32000, (1, T), device="cuda")

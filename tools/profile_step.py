@@ -22,9 +22,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
+from profile_prefill import random_gla
+
 from laquant.adapters import cache_kwargs, returned_cache
-from laquant.api import calibrate
-from laquant.models import GLAConfig, GLAForCausalLM
+from laquant.models import GLAConfig
 
 
 def kernel_profile(fn, layers: int) -> dict:
@@ -65,11 +66,7 @@ def main(out_path: str, layers: int = 4, hidden: int = 2048) -> None:
     cfg = GLAConfig(hidden_size=hidden, num_hidden_layers=layers, num_heads=16, vocab_size=32000)
     result = {}
     for variant in ("bf16", "gla_int8", "gla_int8_all"):
-        torch.manual_seed(0)
-        model = GLAForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
-        if variant != "bf16":
-            model = calibrate(model, variant, data=torch.randint(0, 32000, (4, 512), device="cuda"),
-                              progress=False).model
+        model = random_gla(cfg, variant)
         row = {}
         for B in (1, 64):
             out = model(torch.randint(0, 32000, (B, 512), device="cuda"), use_cache=True, logits_to_keep=1)
