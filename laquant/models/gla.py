@@ -24,6 +24,7 @@ from laquant.models.cache import GLAStateCache
 from laquant.models.fla_attention import Attention, attention_spec, attention_specs
 from laquant.models.graphed_step import OUTPUT_CACHE_FIELD, graph_step_allowed, graphed_step
 from laquant.models.recurrent import RecurrentMixer
+from laquant.models.side_stream import fork
 from laquant.quant.fused import glu_project, low_rank_gate, project, w8a8_inputs
 
 ATTN_INPUTS = ("q_proj", "k_proj", "v_proj", "g_proj")  # the projections that read the normed hidden state
@@ -298,6 +299,7 @@ class GatedLinearAttention(RecurrentMixer):
 
     def forward(self, x: torch.Tensor, cache: GLAStateCache | None = None, codes=None) -> torch.Tensor:
         """``codes``: x's W8A8 codes for the fused q/k/v(/g) GEMM, made by the norm before it."""
+        gate = fork(self.log_decay, x)  # in a captured step, beside the q/k/v(/g) GEMM
         q, k, v, *g = project(self, self.inputs, x, codes)
         if self.use_short_conv:
             from laquant.models.hybrid_mixers import short_conv
@@ -307,7 +309,7 @@ class GatedLinearAttention(RecurrentMixer):
         q = self._heads(q, self.head_k_dim, shared_kv=False)
         k = self._heads(k, self.head_k_dim)
         v = self._heads(v, self.head_v_dim)
-        gk = self._heads(self.log_decay(x), self.head_k_dim)
+        gk = self._heads(gate.join(), self.head_k_dim)
         if self.feature_map is not None:
             q, k = self.feature_map(q), self.feature_map(k)
 

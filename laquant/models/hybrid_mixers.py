@@ -30,6 +30,7 @@ from laquant.kernels.conv.short_conv import ACTIVATIONS as ONE_KERNEL_ACTIVATION
 from laquant.models.cache import state_store
 from laquant.models.quantizing_rowwise import GATED_NORMS
 from laquant.models.recurrent import RecurrentMixer
+from laquant.models.side_stream import fork
 from laquant.quant.fused import project, w8a8_inputs
 from laquant.quant.modules import QuantGate
 
@@ -241,8 +242,9 @@ class GatedDeltaNetMixer(HybridMixer):
 
     def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, cache=None, **kwargs):
         x = mask_padding(hidden_states, attention_mask)
+        gates = fork(self.gates, x)  # in a captured step, beside the big GEMM
         qkvz = self.in_proj_qkvz(x)
-        g, beta = self.gates(x)
+        g, beta = gates.join()
         o = self.conv_and_attend(qkvz, g, beta, layer_states(cache, cache_params), cols=self.conv_columns(qkvz))
         return self.norm_and_out(o, self.grouped_qkvz(qkvz)[3])
 
@@ -477,9 +479,11 @@ class SplitGatedDeltaNetMixer(GatedDeltaNetMixer):
     def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, cache=None, **kwargs):
         x = mask_padding(hidden_states, attention_mask)
         B, T, _ = x.shape
+        gates = fork(self.gates, x)  # in a captured step, beside the GEMMs
         z = self.in_proj_z(x)
-        g, beta = self.gates(x)
-        o = self.conv_and_attend(self.in_proj_qkv(x), g, beta, layer_states(cache, cache_params))
+        qkv = self.in_proj_qkv(x)
+        g, beta = gates.join()
+        o = self.conv_and_attend(qkv, g, beta, layer_states(cache, cache_params))
         return self.norm_and_out(o, z.unflatten(-1, (self.num_v_heads, self.head_v_dim)))
 
 
@@ -510,8 +514,9 @@ class OlmoGatedDeltaNetMixer(SplitGatedDeltaNetMixer):
     def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, cache=None, **kwargs):
         x = mask_padding(hidden_states, attention_mask)
         B, T, _ = x.shape
-        g, beta = self.gates(x)
+        gates = fork(self.gates, x)  # in a captured step, beside the GEMMs
         qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1)
+        g, beta = gates.join()
         o = self.conv_and_attend(qkv, g, beta, layer_states(cache, cache_params))
         o = self.o_norm(o.reshape(-1, self.head_v_dim), self.g_proj(x).reshape(-1, self.head_v_dim))
         return self.o_proj(o.reshape(B, T, -1))
@@ -564,16 +569,23 @@ class KimiDeltaAttentionMixer(HybridMixer):
         """The log-decay of the gate projection's outputs, per channel as they are laid out."""
         return self.log_decay(logits).flatten(-2)
 
+    def forget_log_decay(self, x: torch.Tensor) -> torch.Tensor:
+        """The forget gate's per-channel log-decay ``[..., H, K]`` of the layer's input."""
+        return self.log_decay(self.forget_gate.f_b_proj(self.forget_gate.f_a_proj(x)))
+
+    def output_gate(self, x: torch.Tensor) -> torch.Tensor:
+        return self.g_b_proj(self.g_a_proj(x))
+
     def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, cache=None, **kwargs):
         x = mask_padding(hidden_states, attention_mask)
         B, T, _ = x.shape
         states = layer_states(cache, cache_params)
+        decay = fork(self.forget_log_decay, x)  # in a captured step, beside the q/k/v GEMMs and the conv
         qkv = short_conv(torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1), states, self.layer_idx,
                          self.conv1d, self.activation)
         q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in qkv.split(self.qkv_dim, -1))
-        g = self.log_decay(self.forget_gate.f_b_proj(self.forget_gate.f_a_proj(x)))
-        o = self.attend_delta(q, k, v, g, self.b_proj(x).float().sigmoid(), states)
-        gate = self.g_b_proj(self.g_a_proj(x)).unflatten(-1, (self.num_heads, self.head_dim))
+        o = self.attend_delta(q, k, v, decay.join(), self.b_proj(x).float().sigmoid(), states)
+        gate = self.output_gate(x).unflatten(-1, (self.num_heads, self.head_dim))
         return self.o_proj(self.o_norm(o, gate).reshape(B, T, -1))
 
 
@@ -598,14 +610,8 @@ class BailingKDAMixer(KimiDeltaAttentionMixer):
             return gate.lower_bound * torch.sigmoid(rate * x)
         return -rate * F.softplus(x)
 
-    def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, cache=None, **kwargs):
-        x = mask_padding(hidden_states, attention_mask)
-        B, T, _ = x.shape
-        states = layer_states(cache, cache_params)
-        qkv = short_conv(torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1), states, self.layer_idx,
-                         self.conv1d, self.activation)
-        q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in qkv.split(self.qkv_dim, -1))
-        g = self.log_decay(self.forget_gate.f_proj(x))
-        o = self.attend_delta(q, k, v, g, self.b_proj(x).float().sigmoid(), states)
-        gate = self.g_proj(x).unflatten(-1, (self.num_heads, self.head_dim))
-        return self.o_proj(self.o_norm(o, gate).reshape(B, T, -1))
+    def forget_log_decay(self, x: torch.Tensor) -> torch.Tensor:
+        return self.log_decay(self.forget_gate.f_proj(x))
+
+    def output_gate(self, x: torch.Tensor) -> torch.Tensor:
+        return self.g_proj(x)
