@@ -143,40 +143,15 @@ if triton is not None:
         packed positions instead measured 2-2.5x slower at 4,096 tokens.)"""
         offs = tl.arange(0, BK)
         src = tl.load(source_ptr + offs, mask=offs < KQ, other=-1)
-        _store_packed_codes(tl.load(row + src, mask=src >= 0, other=0.0).to(tl.float32), offs, KQ, xq_row, xs_out)
+        x = tl.load(row + src, mask=src >= 0, other=0.0).to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(x), axis=0) / 127.0, 1.1754943508222875e-38)
+        tl.store(xs_out, scale)
+        tl.store(xq_row + offs, quantize_int8(x, scale), mask=offs < KQ)
         if HAS_OUT:
             offs_o = tl.arange(0, BNO)
             mo = offs_o < NO
             idx = tl.load(idx_ptr + offs_o, mask=mo, other=0)
             tl.store(xo_row + offs_o, tl.load(row + idx, mask=mo, other=0.0), mask=mo)
-
-    @triton.jit
-    def gather_token_codes(y, N, BLOCK_N: tl.constexpr, source_ptr, idx_ptr, xq_row, xs_out, xo_row, KQ, NO,
-                           BK: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr):
-        """:func:`store_token_codes` of one token held in registers: ``y`` ``[R, BLOCK_N]`` float32 (the
-        values as stored), the token's input column ``c`` at row ``c // N``, column ``c % N``. The
-        packed order comes from a gather inside the program instead of a store, a barrier and a read
-        back through memory."""
-        flat = tl.reshape(y, [y.shape[0] * BLOCK_N])
-        offs = tl.arange(0, BK)
-        src = tl.load(source_ptr + offs, mask=offs < KQ, other=-1)
-        kept = src >= 0
-        at = tl.where(kept, (src // N) * BLOCK_N + src % N, 0)
-        _store_packed_codes(tl.where(kept, tl.gather(flat, at, 0), 0.0), offs, KQ, xq_row, xs_out)
-        if HAS_OUT:
-            offs_o = tl.arange(0, BNO)
-            mo = offs_o < NO
-            idx = tl.load(idx_ptr + offs_o, mask=mo, other=0)
-            xo = tl.gather(flat, (idx // N) * BLOCK_N + idx % N, 0)
-            tl.store(xo_row + offs_o, xo.to(xo_row.dtype.element_ty), mask=mo)
-
-    @triton.jit
-    def _store_packed_codes(x, offs, KQ, xq_row, xs_out):
-        """A token's kept columns ``x`` (float32, packed order, zeros in the padding) as int8 codes and
-        their absmax scale."""
-        scale = tl.maximum(tl.max(tl.abs(x), axis=0) / 127.0, 1.1754943508222875e-38)
-        tl.store(xs_out, scale)
-        tl.store(xq_row + offs, quantize_int8(x, scale), mask=offs < KQ)
 
     @triton.jit
     def state_random_bytes(seed, slot, position, sub, h, offs_k, v0, K: tl.constexpr, V: tl.constexpr,

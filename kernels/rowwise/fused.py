@@ -19,16 +19,13 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_prologue
-    from ..common.triton_numerics import gather_token_codes, rounded, store_codes, store_token_codes
+    from ..common.triton_numerics import rounded, store_codes, store_token_codes
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
 MAX_ROW = 16384  # longer rows take the reference
 # a token's codes come from one program, its row in registers (store_codes): wider GEMMs quantize apart
 MAX_CODES_WIDTH = 16384
-# a GEMM with outlier columns takes its codes in the packed order: gathered from the row in registers
-# (True) or read back from the row just stored
-GATHER_CODES = True
 GLU_ACTIVATIONS = ("silu", "sigmoid")  # SwiGLU's; a gated attention output's ``o * sigmoid(gate)``
 
 
@@ -82,20 +79,15 @@ if triton is not None:
         return (r // inner) * s0 + (r % inner) * s1
 
     @triton.jit
-    def _quant_epilogue(y, col, ok, y_ptr, width, N, src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK,
-                        BLOCK_N: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr,
-                        IDENTITY: tl.constexpr, GATHER: tl.constexpr):
-        """This program's token as the next GEMM's W8A8 codes from ``y`` (float32 as stored, the token's
-        input column ``c`` at row ``c // N``, column ``c % N``; ``col``: each element's column): as they
-        come where the GEMM keeps every column in order; else in the packed order (outlier columns),
-        gathered inside the program (``GATHER``) or read back from the token's ``width`` elements this
-        program just stored at ``y_ptr`` through the packed column map."""
+    def _quant_epilogue(y, col, ok, y_ptr, width, src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK,
+                        BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr, IDENTITY: tl.constexpr):
+        """This program's token as the next GEMM's W8A8 codes: from registers (``y``, float32 as stored,
+        at the token's input columns ``col``) where the GEMM keeps every column in order; else read back
+        from the token's ``width`` elements this program just stored at ``y_ptr``, through the packed
+        column map (outlier columns)."""
         tok = tl.program_id(0).to(tl.int64)
         if IDENTITY:
             store_codes(y, col, ok, xq_ptr + tok * KQ, xs_ptr + tok, NK, KQ)
-        elif GATHER:
-            gather_token_codes(y, N, BLOCK_N, src_ptr, oidx_ptr, xq_ptr + tok * KQ, xs_ptr + tok, xo_ptr + tok * NO,
-                               KQ, NO, BQ, BNO, HAS_OUT)
         else:
             tl.debug_barrier()  # every thread's stores of y are visible to the whole program
             store_token_codes(y_ptr + tok * width, src_ptr, oidx_ptr, xq_ptr + tok * KQ, xs_ptr + tok,
@@ -107,7 +99,7 @@ if triton is not None:
                          src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, RPP,
                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                          QUANT: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr,
-                         IDENTITY: tl.constexpr, GATHER: tl.constexpr,
+                         IDENTITY: tl.constexpr,
                          ROUND_SUM: tl.constexpr = False, ROUND_NORMED: tl.constexpr = False,
                          PDL: tl.constexpr = False):
         pdl_prologue(PDL)
@@ -141,15 +133,15 @@ if triton is not None:
             y = y * (g * tl.sigmoid(g))
         tl.store(y_ptr + _row_offsets(rows, sy0, sy1, yin)[:, None] + cols[None, :], y.to(dtype), mask=mask)
         if QUANT:
-            _quant_epilogue(rounded(y, dtype), local[:, None] * N + cols[None, :], mask, y_ptr, RPP * N, N, src_ptr,
-                            oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, BLOCK_N, BQ, BNO, HAS_OUT, IDENTITY, GATHER)
+            _quant_epilogue(rounded(y, dtype), local[:, None] * N + cols[None, :], mask, y_ptr, RPP * N, src_ptr,
+                            oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, BQ, BNO, HAS_OUT, IDENTITY)
 
     @triton.jit
     def _swiglu_kernel(a_ptr, b_ptr, y_ptr, M, N, sa0, sa1, ain, sb0, sb1, bin, sy,
                        src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK,
                        BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
                        QUANT: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr,
-                       IDENTITY: tl.constexpr, GATHER: tl.constexpr,
+                       IDENTITY: tl.constexpr,
                        SIGMOID: tl.constexpr = False, PDL: tl.constexpr = False):
         pdl_prologue(PDL)
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -163,8 +155,8 @@ if triton is not None:
         y = s * b.to(tl.float32)
         tl.store(y_ptr + rows.to(tl.int64)[:, None] * sy + cols[None, :], y.to(a.dtype), mask=mask)
         if QUANT:  # one row per program, the whole row in one block
-            _quant_epilogue(rounded(y, a.dtype), tl.broadcast_to(cols[None, :], y.shape), mask, y_ptr, sy, N, src_ptr,
-                            oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, BLOCK_N, BQ, BNO, HAS_OUT, IDENTITY, GATHER)
+            _quant_epilogue(rounded(y, a.dtype), tl.broadcast_to(cols[None, :], y.shape), mask, y_ptr, sy, src_ptr,
+                            oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, BQ, BNO, HAS_OUT, IDENTITY)
 
 
 def _codes(M: int, packed, dtype, device):
@@ -177,11 +169,11 @@ def _codes(M: int, packed, dtype, device):
              torch.empty(M, max(NO, 1), dtype=dtype, device=device))
     args = dict(ptrs=(packed.source, packed.outlier_idx, *codes, KQ, NO, packed.n_keep),
                 consts=dict(QUANT=True, BQ=triton.next_power_of_2(KQ), BNO=max(16, triton.next_power_of_2(NO)),
-                            HAS_OUT=NO > 0, IDENTITY=packed.identity, GATHER=GATHER_CODES))
+                            HAS_OUT=NO > 0, IDENTITY=packed.identity))
     return codes, args
 
 
-_NO_CODES = dict(consts=dict(QUANT=False, BQ=16, BNO=16, HAS_OUT=False, IDENTITY=True, GATHER=False))
+_NO_CODES = dict(consts=dict(QUANT=False, BQ=16, BNO=16, HAS_OUT=False, IDENTITY=True))
 
 
 def _codes_warps(elements: int) -> int:
