@@ -63,7 +63,7 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_prologue
-    from ..common.triton_numerics import quantize_int8, store_codes, store_token_codes
+    from ..common.triton_numerics import quantize_int8, store_codes, store_token_codes, token_code_map
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -130,7 +130,8 @@ if triton is not None:
             store_codes(tl.load(row + offs, mask=offs < K, other=0.0).to(tl.float32), offs, offs < K, out,
                         xs_ptr + m, NK, KQ)
         elif ONE_TILE:  # the whole row in registers: x is read once
-            store_token_codes(row, source_ptr, idx_ptr, out, xs_ptr + m, xo_ptr + m * NO, KQ, NO, BK, BNO, HAS_OUT)
+            src, idx = token_code_map(source_ptr, idx_ptr, KQ, NO, BK, BNO, HAS_OUT)
+            store_token_codes(row, src, idx, out, xs_ptr + m, xo_ptr + m * NO, KQ, NO, BK, BNO, HAS_OUT)
         else:
             _quantize_long_row(row, source_ptr, out, xs_ptr + m, KQ, BK)
             if HAS_OUT:

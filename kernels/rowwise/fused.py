@@ -19,7 +19,7 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_prologue
-    from ..common.triton_numerics import rounded, store_codes, store_token_codes
+    from ..common.triton_numerics import rounded, store_codes, store_token_codes, token_code_map
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -79,18 +79,29 @@ if triton is not None:
         return (r // inner) * s0 + (r % inner) * s1
 
     @triton.jit
-    def _quant_epilogue(y, col, ok, y_ptr, width, src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK,
+    def _code_map(src_ptr, oidx_ptr, KQ, NO, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr,
+                  QUANT: tl.constexpr, IDENTITY: tl.constexpr):
+        """The packed column map the codes of a GEMM with outlier columns are read back through, loaded
+        at the start of the kernel (:func:`token_code_map`); placeholders otherwise."""
+        if QUANT and not IDENTITY:
+            src, idx = token_code_map(src_ptr, oidx_ptr, KQ, NO, BQ, BNO, HAS_OUT)
+        else:
+            src, idx = tl.zeros([BQ], dtype=tl.int32), tl.zeros([BNO], dtype=tl.int32)
+        return src, idx
+
+    @triton.jit
+    def _quant_epilogue(y, col, ok, y_ptr, width, src, oidx, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK,
                         BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr, IDENTITY: tl.constexpr):
         """This program's token as the next GEMM's W8A8 codes: from registers (``y``, float32 as stored,
         at the token's input columns ``col``) where the GEMM keeps every column in order; else read back
         from the token's ``width`` elements this program just stored at ``y_ptr``, through the packed
-        column map (outlier columns)."""
+        column map (``src``, ``oidx``: :func:`_code_map`; outlier columns)."""
         tok = tl.program_id(0).to(tl.int64)
         if IDENTITY:
             store_codes(y, col, ok, xq_ptr + tok * KQ, xs_ptr + tok, NK, KQ)
         else:
             tl.debug_barrier()  # every thread's stores of y are visible to the whole program
-            store_token_codes(y_ptr + tok * width, src_ptr, oidx_ptr, xq_ptr + tok * KQ, xs_ptr + tok,
+            store_token_codes(y_ptr + tok * width, src, oidx, xq_ptr + tok * KQ, xs_ptr + tok,
                               xo_ptr + tok * NO, KQ, NO, BQ, BNO, HAS_OUT)
 
     @triton.jit
@@ -102,6 +113,7 @@ if triton is not None:
                          IDENTITY: tl.constexpr,
                          ROUND_SUM: tl.constexpr = False, ROUND_NORMED: tl.constexpr = False,
                          PDL: tl.constexpr = False):
+        src, oidx = _code_map(src_ptr, oidx_ptr, KQ, NO, BQ, BNO, HAS_OUT, QUANT, IDENTITY)
         pdl_prologue(PDL)
         if QUANT:  # one token (RPP rows of y) per program
             local = tl.arange(0, ROWS)
@@ -133,8 +145,8 @@ if triton is not None:
             y = y * (g * tl.sigmoid(g))
         tl.store(y_ptr + _row_offsets(rows, sy0, sy1, yin)[:, None] + cols[None, :], y.to(dtype), mask=mask)
         if QUANT:
-            _quant_epilogue(rounded(y, dtype), local[:, None] * N + cols[None, :], mask, y_ptr, RPP * N, src_ptr,
-                            oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, BQ, BNO, HAS_OUT, IDENTITY)
+            _quant_epilogue(rounded(y, dtype), local[:, None] * N + cols[None, :], mask, y_ptr, RPP * N, src, oidx,
+                            xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, BQ, BNO, HAS_OUT, IDENTITY)
 
     @triton.jit
     def _swiglu_kernel(a_ptr, b_ptr, y_ptr, M, N, sa0, sa1, ain, sb0, sb1, bin, sy,
@@ -143,6 +155,7 @@ if triton is not None:
                        QUANT: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr,
                        IDENTITY: tl.constexpr,
                        SIGMOID: tl.constexpr = False, PDL: tl.constexpr = False):
+        src, oidx = _code_map(src_ptr, oidx_ptr, KQ, NO, BQ, BNO, HAS_OUT, QUANT, IDENTITY)
         pdl_prologue(PDL)
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -155,8 +168,8 @@ if triton is not None:
         y = s * b.to(tl.float32)
         tl.store(y_ptr + rows.to(tl.int64)[:, None] * sy + cols[None, :], y.to(a.dtype), mask=mask)
         if QUANT:  # one row per program, the whole row in one block
-            _quant_epilogue(rounded(y, a.dtype), tl.broadcast_to(cols[None, :], y.shape), mask, y_ptr, sy, src_ptr,
-                            oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, BQ, BNO, HAS_OUT, IDENTITY)
+            _quant_epilogue(rounded(y, a.dtype), tl.broadcast_to(cols[None, :], y.shape), mask, y_ptr, sy, src, oidx,
+                            xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, BQ, BNO, HAS_OUT, IDENTITY)
 
 
 def _codes(M: int, packed, dtype, device):
