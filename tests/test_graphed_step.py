@@ -261,15 +261,37 @@ def test_a_hybrid_cache_after_graph_steps_goes_on_eagerly(stand_in):
     assert kept and not kept & buffers  # the first cache holds copies
     cache = second.get("cache", second.get("past_key_values"))  # holds the static tensors
     store, n = cache.laquant_states, second.sequences.shape[1]
-    assert store.counts_on_host and store.seen_tokens == n - 1  # the last token is not in the cache yet
+    # the last token was not in the cache; the two steps above, with positions of their own, are counted
+    assert store.counts_on_host and store.seen_tokens == n + 1
     stores = [s.n_stores for s in store.states.values()]
     model(input_ids=second.sequences[:, -1:], **cache_kwargs(model, cache), use_cache=True)  # positions by the hook
-    assert store.seen_tokens == n and [s.n_stores for s in store.states.values()] == [k + 1 for k in stores]
+    assert store.seen_tokens == n + 2 and [s.n_stores for s in store.states.values()] == [k + 1 for k in stores]
     padded = torch.ones_like(ids)
     padded[0, 0] = 0
     release_step_graphs(model)
     model.generate(ids, attention_mask=padded, **kw)
     assert not model.__dict__.get("_laquant_step_graphs")  # eager: no graph was captured
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+@torch.no_grad()
+def test_a_hybrid_cache_goes_on_without_positions_after_generate(graphs, stand_in):
+    """transformers' generate passes the positions; a later call on its cache without them continues
+    at the cache's length (laquant counts the tokens of both kinds of call), as one with them does."""
+    model = _hybrid("qwen3_next")
+    ids = torch.randint(1, 100, (2, 7))
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, return_dict_in_generate=True)
+    model.laquant_graph_steps = graphs
+    logits = []
+    for positions in (True, False):
+        out = model.generate(ids, **kw)
+        cache, n = out.get("cache", out.get("past_key_values")), out.sequences.shape[1]
+        assert cache.laquant_states.seen_tokens == n - 1
+        extra = dict(position_ids=torch.full((2, 1), n - 1)) if positions else {}
+        logits.append(model(input_ids=out.sequences[:, -1:], **cache_kwargs(model, cache), use_cache=True,
+                            **extra).logits)
+    del model.laquant_graph_steps
+    torch.testing.assert_close(logits[1], logits[0], atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("kind", ["gla", "hybrid"])

@@ -234,6 +234,33 @@ def test_the_captured_round_equals_greedy(k, B, eos_at):
     assert stats.accepted == stats.proposed
 
 
+@torch.no_grad()
+def test_a_target_holding_its_round_is_freed_by_del():
+    """The target keeps its captured rounds in its __dict__; the round holds it weakly (no reference cycle:
+    ``del`` frees its weights without the garbage collector) and the draft, whose weights it reads, strongly."""
+    import gc
+    import weakref
+
+    from laquant.generate import _forward, _fresh_cache
+    from laquant.serving.speculative import _RoundGraph
+
+    target, draft = _gla(), _gla()
+    ids = torch.randint(1, VOCAB, (1, 6))
+    _, tc = _forward(target, ids, _fresh_cache(target))
+    _, dc = _forward(draft, ids, _fresh_cache(draft))
+    rounds = _RoundGraph(target, draft, tc, dc, 2, None, 16, capture=False)
+    assert rounds.model is target
+    target.__dict__.setdefault("_laquant_decode_graphs", {})["round"] = rounds
+    refs = weakref.ref(target), weakref.ref(draft)
+    del rounds, tc, dc
+    gc.disable()
+    try:
+        del target, draft
+        assert refs[0]() is None and refs[1]() is None
+    finally:
+        gc.enable()
+
+
 def test_bad_draft_is_an_error():
     target = _gla()
     ids = torch.randint(1, VOCAB, (1, 4))

@@ -73,14 +73,20 @@ def _drop_shared_aliases(module, state_dict, prefix, local_metadata) -> None:
 def _positions_from_state_store(module, args, kwargs):
     """Give each call with a cache the positions that continue the sequence. transformers' hybrids
     do not all derive them from the cache (bamba starts at 0 on every call; minimax asks a linear
-    layer of its cache for the length), so laquant counts the tokens in its state store."""
+    layer of its cache for the length), so laquant counts the tokens in its state store: also those of
+    calls that bring their own positions (transformers' generate does), so that a later call without
+    them goes on where the cache is."""
     cache = kwargs.get("cache", kwargs.get("past_key_values"))  # `cache` from transformers 5.24 on
-    if cache is None or kwargs.get("position_ids") is not None or kwargs.get("laquant_graph_step"):
+    if cache is None or kwargs.get("laquant_graph_step"):
         return None  # a marked step's positions: _graph_step_forward's, where it runs eagerly
     ids = args[0] if args else kwargs.get("input_ids")
     ref = ids if ids is not None else kwargs.get("inputs_embeds")
     store = state_store(cache)
     start = store.seen_tokens
+    if kwargs.get("position_ids") is not None:
+        if not store.static or store.counts_on_host:  # a static cache's steps are counted on the device
+            store.seen_tokens += ref.shape[1]
+        return None
     store.seen_tokens += ref.shape[1]
     kwargs["position_ids"] = torch.arange(start, start + ref.shape[1], device=ref.device).unsqueeze(0)
     return args, kwargs

@@ -27,6 +27,7 @@ target's next token for a row that agreed with more is its proposal, so every ro
 from __future__ import annotations
 
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -116,7 +117,10 @@ class _RoundGraph:
         from laquant.generate import (_CaptureRefused, _NotInPlace, _state_tensors, capture_graph,
                                       warm_up_outside_capture)
 
-        self.model, self.draft_model, self.k, self.eos, self.capacity = model, draft_model, k, eos, capacity
+        # the target holds this round in its __dict__: a weak reference back, so no cycle keeps its weights alive
+        # after ``del model``; the draft is held (its weights are read by the graph) but holds nothing of ours
+        self._model, self.draft_model = weakref.ref(model), draft_model
+        self.k, self.eos, self.capacity = k, eos, capacity
         self.target, self.draft = target_cache.static_copy(), draft_cache.static_copy()
         self.scratch = draft_cache.static_copy()  # the draft proposes on it: its own cache waits for the verdict
         batch, device = self.target.states[0].data.shape[0], self.target.states[0].data.device
@@ -141,6 +145,10 @@ class _RoundGraph:
                 c.pending = None
             raise _CaptureRefused(f"the GPU refused to capture a speculative round ({type(exc).__name__}: "
                                   f"{str(exc).splitlines()[0]})") from exc
+
+    @property
+    def model(self):
+        return self._model()
 
     def _round(self) -> None:
         from laquant.generate import static_forward
