@@ -11,11 +11,7 @@ BASE="$PWD/scratch/base_pkg"
 timeout 420 python3 -m pytest -q -rfs --tb=short tests/test_side_stream.py tests/test_fused_layer_ops.py \
   tests/test_int8_gemm_kernel.py tests/test_gpu_model.py > "$W/gpu_tests.log" 2>&1
 log "tests rc $?"
-timeout 300 python3 tools/bench_codes_producers.py --out "$W/codes_new.json" --label new > "$W/bench_new.log" 2>&1
-log "bench new rc $?"
-PYTHONPATH="$BASE:$PYTHONPATH" timeout 300 python3 tools/bench_codes_producers.py --out "$W/codes_base.json" --label base \
-  > "$W/bench_base.log" 2>&1
-log "bench base rc $?"
+bash tools/device_codes_bench.sh "$W"
 bash tools/device_gla_e2e.sh "$W"
 PYTHONPATH="$BASE:$PYTHONPATH" E2E_TAG=_base bash tools/device_gla_e2e.sh "$W"
 LAQUANT_SIDE_STREAM=0 E2E_TAG=_no_branch bash tools/device_gla_e2e.sh "$W"

@@ -12,11 +12,7 @@ BASE="$PWD/scratch/base_pkg"
 timeout 600 python3 -m pytest -q -rfs --tb=short tests/test_fused_layer_ops.py tests/test_int8_gemm_kernel.py \
   tests/test_quantizing_rowwise.py tests/test_gated_attention.py tests/test_gpu_model.py > "$W/gpu_tests_kernels.log" 2>&1
 log "kernel and model tests rc $?"
-timeout 300 python3 tools/bench_codes_producers.py --out "$W/codes_new.json" --label new > "$W/bench_new.log" 2>&1
-log "bench new rc $?"
-PYTHONPATH="$BASE:$PYTHONPATH" timeout 300 python3 tools/bench_codes_producers.py --out "$W/codes_base.json" --label base \
-  > "$W/bench_base.log" 2>&1
-log "bench base rc $?"
+bash tools/device_codes_bench.sh "$W"
 bash tools/device_gla_e2e.sh "$W"
 PYTHONPATH="$BASE:$PYTHONPATH" E2E_TAG=_base bash tools/device_gla_e2e.sh "$W"
 bash tools/device_hybrid_e2e.sh "$W"

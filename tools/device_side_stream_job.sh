@@ -14,11 +14,7 @@ log "kernel tests rc $?"
 timeout 420 python3 -m pytest -q -rfs --tb=short -m gpu tests/test_graphed_step.py tests/test_generate.py \
   tests/test_static_hybrid.py > "$W/gpu_tests_model.log" 2>&1
 log "model tests rc $?"
-timeout 300 python3 tools/bench_codes_producers.py --out "$W/codes_new.json" --label new > "$W/bench_new.log" 2>&1
-log "bench new rc $?"
-PYTHONPATH="$BASE:$PYTHONPATH" timeout 300 python3 tools/bench_codes_producers.py --out "$W/codes_base.json" --label base \
-  > "$W/bench_base.log" 2>&1
-log "bench base rc $?"
+bash tools/device_codes_bench.sh "$W"
 bash tools/device_gla_e2e.sh "$W"
 PYTHONPATH="$BASE:$PYTHONPATH" E2E_TAG=_base bash tools/device_gla_e2e.sh "$W"
 LAQUANT_SIDE_STREAM=0 E2E_TAG=_no_branch bash tools/device_gla_e2e.sh "$W"

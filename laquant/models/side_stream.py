@@ -50,10 +50,9 @@ def fork(fn, x: torch.Tensor, *args) -> Branch:
     if not forks(x):
         return Branch(fn(x, *args))
     main = torch.cuda.current_stream(x.device)
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    side = _SIDE_STREAMS.get(index)
+    side = _SIDE_STREAMS.get(x.device.index)  # a CUDA tensor's device always has its index
     if side is None:
-        side = _SIDE_STREAMS[index] = torch.cuda.Stream(x.device)
+        side = _SIDE_STREAMS[x.device.index] = torch.cuda.Stream(x.device)
     side.wait_stream(main)
     with torch.cuda.stream(side):
         value = fn(x, *args)
