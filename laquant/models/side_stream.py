@@ -17,7 +17,7 @@ import os
 
 import torch
 
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+_SIDE_STREAMS: dict[tuple[int, int], torch.cuda.Stream] = {}
 
 
 def forks(x: torch.Tensor) -> bool:
@@ -50,9 +50,12 @@ def fork(fn, x: torch.Tensor, *args) -> Branch:
     if not forks(x):
         return Branch(fn(x, *args))
     main = torch.cuda.current_stream(x.device)
-    side = _SIDE_STREAMS.get(x.device.index)  # a CUDA tensor's device always has its index
+    # one side stream per capturing stream: the split-K GEMMs' tile counters are per stream, and graphs
+    # captured on different streams may replay side by side (a CUDA tensor's device always has its index)
+    key = (x.device.index, main.stream_id)
+    side = _SIDE_STREAMS.get(key)
     if side is None:
-        side = _SIDE_STREAMS[x.device.index] = torch.cuda.Stream(x.device)
+        side = _SIDE_STREAMS[key] = torch.cuda.Stream(x.device)
     side.wait_stream(main)
     with torch.cuda.stream(side):
         value = fn(x, *args)
