@@ -384,9 +384,9 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: 
     eagerly elsewhere (and where the model's decode step cannot be captured, or a ``generator`` is
     given); True insists on the graph; False is the eager reference loop. ``generator`` drives
     sampling in the eager loop only (the graph draws from the default CUDA generator).
-    ``draft_model``: greedy speculative decoding, ``num_draft_tokens`` proposed a round
-    (:mod:`laquant.serving.speculative`: the verify steps eager, the draft's steps graphed unless
-    ``graphed=False``; the same tokens as without it)."""
+    ``draft_model``: greedy speculative decoding, ``num_draft_tokens`` proposed a round by this model,
+    or by prompt lookup with ``"ngram"`` (:mod:`laquant.serving.speculative`: each round one CUDA graph
+    where the caches allow it, unless ``graphed=False``; the same tokens as without it)."""
     if draft_model is not None:
         if do_sample:
             raise LaquantError("speculative decoding (draft_model) is greedy only: drop do_sample / temperature")

@@ -28,7 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-eos", action="store_true", help="do not stop at the tokenizer's end-of-sequence token")
     p.add_argument("--draft", default=None,
                    help=f"greedy speculative decoding with this draft model (a folder, a Hugging Face id, or "
-                        f"{DEFAULT_MODEL_NAME}); it must share the model's tokenizer. The same tokens as without")
+                        f"{DEFAULT_MODEL_NAME}; it must share the model's tokenizer), or 'ngram': proposals looked up "
+                        "in the prompt and the text so far (prompt lookup, no draft model). The same tokens as "
+                        "without")
     p.add_argument("--draft-tokens", type=int, default=None,
                    help=f"tokens the draft proposes per round, 1..{MAX_DRAFT_TOKENS} (default: 4; with --draft)")
 
@@ -51,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
         raise LaquantError("--draft (speculative decoding) is greedy only: drop --temperature")
     spec = None if args.model == DEFAULT_MODEL_NAME else args.model
     model_dir = check_model_dir(spec)  # a missing or unsupported model is named before loading
-    draft_dir = None if args.draft is None else check_model_dir(None if args.draft == DEFAULT_MODEL_NAME else args.draft)
+    draft_dir = None if args.draft in (None, "ngram") else \
+        check_model_dir(None if args.draft == DEFAULT_MODEL_NAME else args.draft)
     import torch
 
     from laquant.api import load
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     eos = None if args.no_eos else tokenizer.eos_token_id
     torch.manual_seed(args.seed)
     graphed = False if args.no_graph else None
-    if draft_dir is not None:
+    if args.draft is not None:
         return _speculative(args, model, tokenizer, ids, eos, draft_dir, draft_tokens, device, dtype)
     t0 = time.perf_counter()
     session = DecodeSession(model, ids, args.max_new_tokens, do_sample=args.temperature is not None,
@@ -95,8 +98,11 @@ def _speculative(args, model, tokenizer, ids, eos, draft_dir, draft_tokens, devi
     from laquant.loading import read_supported_config
     from laquant.serving.speculative import SpeculativeStats, check_draft, speculative_generate
 
-    read_supported_config(draft_dir)
-    draft, _ = load(draft_dir, device=device, dtype=dtype)
+    if draft_dir is None:  # --draft ngram
+        draft = "ngram"
+    else:
+        read_supported_config(draft_dir)
+        draft, _ = load(draft_dir, device=device, dtype=dtype)
     check_draft(model, draft, draft_tokens)
     stats = SpeculativeStats()
     t0 = time.perf_counter()
@@ -105,11 +111,12 @@ def _speculative(args, model, tokenizer, ids, eos, draft_dir, draft_tokens, devi
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
+    drafter = "n-gram lookup" if draft_dir is None else "draft"
     how = ("each round one CUDA graph" if stats.round_graphed else
            "verify steps eager, draft steps CUDA-graphed" if stats.draft_graphed else "eager")
     new = out.shape[1] - ids.shape[1]
     print(tokenizer.decode(out[0].tolist(), skip_special_tokens=True))
     print(f"\n[{new} tokens in {elapsed:.3f} s, prefill included ({new / elapsed:.1f} tokens/s); speculative, "
-          f"{draft_tokens} draft tokens a round: {stats.rounds} rounds, {stats.acceptance:.0%} of the proposals "
+          f"{draft_tokens} {drafter} tokens a round: {stats.rounds} rounds, {stats.acceptance:.0%} of the proposals "
           f"accepted ({stats.tokens_per_round:.2f} tokens a round; {how}, {device})]")
     return 0

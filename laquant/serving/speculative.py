@@ -1,4 +1,4 @@
-"""Greedy speculative decoding with a draft model, on the verify step with rollback.
+"""Greedy speculative decoding with a draft model or prompt lookup, on the verify step with rollback.
 
 Each round the draft proposes ``k`` tokens greedily; the target runs its pending token and the
 ``k`` proposals in one verify step (:func:`laquant.models.verify.verify`: the logits of all
@@ -22,6 +22,11 @@ accepted tokens.
 
 Rows of a batch advance together: a round accepts the fewest proposals any row agreed with (the
 target's next token for a row that agreed with more is its proposal, so every row stays greedy).
+
+The draft may also be ``"ngram"`` (:class:`~laquant.serving.ngram.NgramDraft`, prompt lookup): the
+proposals are the tokens that followed the latest earlier occurrence of the sequence's last few tokens
+(prompt and output), looked up on the device. There is no draft model to run or roll back, so a round
+is the target's verify and commit; the output is the same greedy output.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import torch
 
 from laquant.errors import LaquantError
 from laquant.kernels.common.pool_steps import MAX_VERIFY_TOKENS
+from laquant.serving.ngram import NgramDraft, as_draft
 
 MAX_DRAFT_TOKENS = MAX_VERIFY_TOKENS - 1  # the target verifies its pending token and the proposals
 
@@ -56,18 +62,24 @@ class SpeculativeStats:
 
 
 def check_draft(model, draft_model, num_draft_tokens: int) -> None:
-    """A clear error for a draft that cannot serve ``model``, or a draft length out of range."""
+    """A clear error for a draft (a model, ``"ngram"`` or an :class:`NgramDraft`) that cannot serve
+    ``model``, or a draft length out of range."""
     from laquant.models.cache import GLAStateCache
+
+    draft_model = as_draft(draft_model)
 
     if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or \
             not 1 <= num_draft_tokens <= MAX_DRAFT_TOKENS:
         raise LaquantError(f"num_draft_tokens (--draft-tokens) must be an integer in 1..{MAX_DRAFT_TOKENS} (the "
                            f"target verifies it plus one token in one step of at most {MAX_VERIFY_TOKENS}); got "
                            f"{num_draft_tokens!r}")
-    for role, m in (("target", model), ("draft", draft_model)):
+    ngram = isinstance(draft_model, NgramDraft)
+    for role, m in (("target", model),) + (() if ngram else (("draft", draft_model),)):
         if not isinstance(getattr(m, "new_cache", lambda: None)(), GLAStateCache):
             raise LaquantError(f"speculative decoding runs on laquant's own GLA / Gated DeltaNet models; the {role} "
                                f"is {type(m).__name__}")
+    if ngram:
+        return
     vt, vd = model.config.vocab_size, draft_model.config.vocab_size
     if vt != vd:
         raise LaquantError(f"the draft's vocabulary ({vd} tokens) differs from the target's ({vt}): a draft must "
@@ -110,20 +122,27 @@ class _RoundGraph:
     """One captured speculative round on static caches (see the module's docstring). Device buffers:
     ``last [B]`` the target's next token (run by neither model yet), ``history [B, capacity + k + 1]``
     the tokens made (``pos`` of them valid), ``done [B]`` rows past EOS, ``accepted`` the proposals
-    accepted so far."""
+    accepted so far; with an :class:`NgramDraft`, ``context [B, context_room]`` the prompt and the tokens
+    made (``length`` of them valid), which it looks the proposals up in (``draft_cache`` is then None)."""
 
     def __init__(self, model, draft_model, target_cache, draft_cache, k: int, eos: int | None, capacity: int,
-                 capture: bool = True):
+                 capture: bool = True, context_room: int = 0):
         from laquant.generate import (_CaptureRefused, _NotInPlace, _state_tensors, capture_graph,
                                       warm_up_outside_capture)
 
         # the target holds this round in its __dict__: a weak reference back, so no cycle keeps its weights alive
         # after ``del model``; the draft is held (its weights are read by the graph) but holds nothing of ours
         self._model, self.draft_model = weakref.ref(model), draft_model
+        self.ngram = draft_model if isinstance(draft_model, NgramDraft) else None
         self.k, self.eos, self.capacity = k, eos, capacity
-        self.target, self.draft = target_cache.static_copy(), draft_cache.static_copy()
-        self.scratch = draft_cache.static_copy()  # the draft proposes on it: its own cache waits for the verdict
+        self.target = target_cache.static_copy()
+        self.draft = self.scratch = None
+        if self.ngram is None:
+            self.draft = draft_cache.static_copy()
+            self.scratch = draft_cache.static_copy()  # the draft proposes on it: its own cache waits for the verdict
         batch, device = self.target.states[0].data.shape[0], self.target.states[0].data.device
+        self.context = torch.zeros(batch, context_room if self.ngram else 0, dtype=torch.long, device=device)
+        self.length = torch.zeros(1, dtype=torch.long, device=device)
         self.last = torch.zeros(batch, dtype=torch.long, device=device)
         self.history = torch.zeros(batch, capacity + k + 1, dtype=torch.long, device=device)
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
@@ -133,7 +152,7 @@ class _RoundGraph:
         self.graph = None  # capture=False: the rounds run eagerly (the CPU reference of the captured round)
         if not capture:
             return
-        caches = (self.target, self.draft, self.scratch)
+        caches = tuple(c for c in (self.target, self.draft, self.scratch) if c is not None)
         tensors = [_state_tensors(c) for c in caches]
         warm_up_outside_capture(self._round)
         if any(a is not b for c, before in zip(caches, tensors) for a, b in zip(before, _state_tensors(c))):
@@ -155,12 +174,15 @@ class _RoundGraph:
         from laquant.models.verify import commit, verify
 
         k, batch = self.k, self.last.shape[0]
-        self.scratch.load_from(self.draft)
-        tok, proposals = self.last[:, None], []
-        for _ in range(k):
-            tok = static_forward(self.draft_model, tok, self.scratch).argmax(-1)[:, None]
-            proposals.append(tok)
-        drafted = torch.cat(proposals, 1)
+        if self.ngram is not None:
+            drafted = self.ngram.propose(self.context, self.length, k)
+        else:
+            self.scratch.load_from(self.draft)
+            tok, proposals = self.last[:, None], []
+            for _ in range(k):
+                tok = static_forward(self.draft_model, tok, self.scratch).argmax(-1)[:, None]
+                proposals.append(tok)
+            drafted = torch.cat(proposals, 1)
         ids = torch.cat([self.last[:, None], drafted], 1)
         preds = verify(self.model, ids, self.target).argmax(-1)  # [B, k + 1]
         agree = (preds[:, :k] == drafted).int().cummin(1).values.sum(1)
@@ -168,21 +190,33 @@ class _RoundGraph:
             agree = torch.where(self.done, k, agree)  # a finished row's tokens are EOS whatever it predicts
         n = agree.min()
         commit(self.target, n + 1)
-        verify(self.draft_model, ids, self.draft, logits_to_keep=1)  # the draft's rollback: the same tokens
-        commit(self.draft, n + 1)
+        if self.ngram is None:
+            verify(self.draft_model, ids, self.draft, logits_to_keep=1)  # the draft's rollback: the same tokens
+            commit(self.draft, n + 1)
         new = preds  # up to n, every row's prediction is the proposal it agreed with; n: its own next token
         if self.eos is not None:  # after a row's EOS it gets EOS, as plain decoding's output
             after = torch.cat([self.done[:, None], preds == self.eos], 1).int().cummax(1).values[:, :-1].bool()
             new = torch.where(after, torch.full_like(preds, self.eos), preds)
             self.done |= ((new == self.eos) & (self._cols <= n)).any(1)
         self.history.index_copy_(1, self.pos + self._cols, new)
+        if self.ngram is not None:
+            self.context.index_copy_(1, self.length + self._cols, new)
+            self.length += n + 1
         self.last.copy_(new.gather(1, n.view(1, 1).expand(batch, 1))[:, 0])
         self.pos += n + 1
         self.accepted += n
 
-    def load(self, target_cache, draft_cache, first: torch.Tensor) -> None:
+    def load(self, target_cache, draft_cache, first: torch.Tensor, context: torch.Tensor | None = None) -> None:
+        """Start from the caches (``draft_cache`` None with an n-gram draft, which takes ``context [B, T]``,
+        the tokens the target's cache has run) and ``first``, the target's next token."""
         self.target.load_from(target_cache)
-        self.draft.load_from(draft_cache)
+        if self.ngram is not None:
+            T = context.shape[1]
+            self.context[:, :T] = context
+            self.context[:, T] = first
+            self.length.fill_(T + 1)
+        else:
+            self.draft.load_from(draft_cache)
         self.last.copy_(first)
         self.history[:, 0] = first
         self.pos.fill_(1)
@@ -206,7 +240,8 @@ class _RoundGraph:
             if self.eos is not None and bool(self.done.all()):
                 break
         for c in (self.target, self.draft):
-            c.sync_counters()
+            if c is not None:
+                c.sync_counters()
         stats.rounds += rounds
         stats.proposed += rounds * self.k
         stats.accepted += int(self.accepted)
@@ -215,24 +250,32 @@ class _RoundGraph:
 
 
 def _round_graph_for(model, draft_model, target_cache, draft_cache, k: int, eos: int | None,
-                     max_new_tokens: int) -> _RoundGraph:
+                     max_new_tokens: int, context: torch.Tensor | None = None) -> _RoundGraph:
     """The captured round for this target, draft, batch, ``k``, EOS and state layouts, captured on
-    first use (or for more tokens than the last capture's history holds); kept with the target's
-    decode graphs (:func:`laquant.generate.release_graphs` frees both)."""
+    first use (or for more tokens than the last capture's history holds, or, n-gram drafts, a longer
+    ``context`` than its buffer holds); kept with the target's decode graphs
+    (:func:`laquant.generate.release_graphs` frees both)."""
     from laquant.generate import _NotInPlace, _state_tensors
     from laquant.models.cache import state_layout
 
     graphs = model.__dict__.setdefault("_laquant_decode_graphs", {})
-    key = ("speculative", id(draft_model), target_cache.states[0].data.shape[0], k, eos, target_cache.seed,
-           draft_cache.seed, state_layout(_state_tensors(target_cache)), state_layout(_state_tensors(draft_cache)))
+    capacity = max(256, 1 << (max_new_tokens - 1).bit_length())
+    ngram = isinstance(draft_model, NgramDraft)
+    drafter = ((draft_model,) if ngram else
+               (id(draft_model), draft_cache.seed, state_layout(_state_tensors(draft_cache))))
+    key = ("speculative", *drafter, target_cache.states[0].data.shape[0], k, eos, target_cache.seed,
+           state_layout(_state_tensors(target_cache)))
+    # an n-gram draft's context holds the prompt, the tokens made and a round's overshoot (rounded up to 1,024
+    # when captured, for later prompts)
+    need = context.shape[1] + max_new_tokens + k + 1 if ngram else 0
     g = graphs.get(key)
     if isinstance(g, _NotInPlace):  # refused before: not captured again
         raise g
-    if g is None or g.capacity < max_new_tokens:
+    if g is None or g.capacity < max_new_tokens or g.context.shape[1] < need:
         graphs.pop(key, None)
         try:
-            g = _RoundGraph(model, draft_model, target_cache, draft_cache, k, eos,
-                            max(256, 1 << (max_new_tokens - 1).bit_length()))
+            room = -(-(need + capacity - max_new_tokens) // 1024) * 1024 if ngram else 0
+            g = _RoundGraph(model, draft_model, target_cache, draft_cache, k, eos, capacity, context_room=room)
         except _NotInPlace as exc:
             graphs[key] = exc
             raise
@@ -240,71 +283,139 @@ def _round_graph_for(model, draft_model, target_cache, draft_cache, k: int, eos:
     return g
 
 
-def _speculate_graphed(model, draft_model, target_cache, draft_cache, last, max_new_tokens, k, eos, stats):
+def _speculate_graphed(model, draft_model, target_cache, draft_cache, last, max_new_tokens, k, eos, stats, context):
     """:func:`_speculate` as CUDA-graphed rounds; None where a round cannot be captured (a warning
     where the GPU refused it)."""
     from laquant.generate import EOS_CHECK_EVERY, _CaptureRefused, _NotInPlace, trim_after_eos
 
     try:
-        g = _round_graph_for(model, draft_model, target_cache, draft_cache, k, eos, max_new_tokens)
+        g = _round_graph_for(model, draft_model, target_cache, draft_cache, k, eos, max_new_tokens, context)
     except (_NotInPlace, ValueError) as exc:  # in-place steps, or a cache a static one cannot hold
         if isinstance(exc, _CaptureRefused):
             warnings.warn(f"speculative rounds run eagerly: {exc}", stacklevel=4)
         return None
     with torch.no_grad():
-        g.load(target_cache, draft_cache, last)
+        g.load(target_cache, draft_cache, last, context)
         return trim_after_eos(g.run(max_new_tokens, stats, EOS_CHECK_EVERY), eos)
 
 
 def speculative_generate(model, draft_model, input_ids: torch.Tensor, max_new_tokens: int, num_draft_tokens: int = 4,
                          eos_token_id: int | None = None, stats: SpeculativeStats | None = None,
                          graphed: bool | None = None) -> torch.Tensor:
-    """Greedy decoding of ``model`` with ``draft_model`` proposing ``num_draft_tokens`` a round:
-    ``[B, T + n]``, equal to ``laquant.generate.generate(model, input_ids, max_new_tokens,
-    eos_token_id=...)``. ``stats`` (optional) counts rounds and proposed / accepted tokens.
-    ``graphed``: None replays each round as one CUDA graph where both models' caches allow it
-    (else the draft's graphed decode step for its proposals, where :mod:`laquant.generate` graphs
-    it); False runs everything eagerly."""
+    """Greedy decoding of ``model`` with ``draft_model`` (a model, or ``"ngram"`` / an
+    :class:`NgramDraft`: prompt lookup) proposing ``num_draft_tokens`` a round: ``[B, T + n]``, equal
+    to ``laquant.generate.generate(model, input_ids, max_new_tokens, eos_token_id=...)``. ``stats``
+    (optional) counts rounds and proposed / accepted tokens. ``graphed``: None replays each round as
+    one CUDA graph where the caches allow it (else, with a draft model, its graphed decode step for its
+    proposals, where :mod:`laquant.generate` graphs it); False runs everything eagerly."""
     from laquant.generate import _check_args, _forward, _fresh_cache
 
     _check_args(model, input_ids, max_new_tokens, False, 1.0, None)
+    draft_model = as_draft(draft_model)
     check_draft(model, draft_model, num_draft_tokens)
     device = next(model.parameters()).device
     input_ids = input_ids.to(device)
+    draft_cache = None
     with torch.no_grad():
         logits, target_cache = _forward(model, input_ids, _fresh_cache(model))
-        _, draft_cache = _forward(draft_model, input_ids, _fresh_cache(draft_model))
+        if not isinstance(draft_model, NgramDraft):
+            _, draft_cache = _forward(draft_model, input_ids, _fresh_cache(draft_model))
     new = _speculate(model, draft_model, target_cache, draft_cache, logits.argmax(-1), max_new_tokens,
-                     num_draft_tokens, eos_token_id, stats, graphed)
+                     num_draft_tokens, eos_token_id, stats, graphed, input_ids)
     return torch.cat([input_ids, new], 1)
 
 
 def speculative_continue(model, draft_model, target_cache, draft_cache, last: torch.Tensor, max_new_tokens: int,
                          num_draft_tokens: int = 4, eos_token_id: int | None = None,
-                         stats: SpeculativeStats | None = None, graphed: bool | None = None) -> torch.Tensor:
+                         stats: SpeculativeStats | None = None, graphed: bool | None = None,
+                         context: torch.Tensor | None = None) -> torch.Tensor:
     """The decoding part of :func:`speculative_generate`, from two caches that have run the same
     prompt (a served request's, e.g. resumed from a prefix cache) and ``last`` ``[B]``, the target's
     next token (run through neither): ``[B, n <= max_new_tokens]`` new tokens, ``last`` first. The
     caches are not for further use: graphed rounds run on static copies and leave them as they were,
-    eager rounds advance them."""
+    eager rounds advance them. An n-gram draft has no cache (``draft_cache`` None) and needs ``context
+    [B, T]``, the tokens the target's cache has run, to look its proposals up in."""
+    draft_model = as_draft(draft_model)
     check_draft(model, draft_model, num_draft_tokens)
+    if isinstance(draft_model, NgramDraft) and (context is None or context.dim() != 2 or
+                                                context.shape[0] != last.shape[0]):
+        raise LaquantError("an n-gram draft looks its proposals up in the tokens so far: pass context [B, T], the "
+                           "tokens the target's cache has run")
     return _speculate(model, draft_model, target_cache, draft_cache, last, max_new_tokens, num_draft_tokens,
-                      eos_token_id, stats, graphed)
+                      eos_token_id, stats, graphed, context)
 
 
 def _speculate(model, draft_model, target_cache, draft_cache, last, max_new_tokens, num_draft_tokens, eos_token_id,
-               stats, graphed):
+               stats, graphed, context=None):
     """:func:`speculative_continue` on checked arguments."""
+    from laquant.generate import graphable_cache, is_graphable
+
+    stats = stats if stats is not None else SpeculativeStats()
+    ngram = isinstance(draft_model, NgramDraft)
+    models, caches = ((model,), (target_cache,)) if ngram else ((model, draft_model), (target_cache, draft_cache))
+    if graphed is not False and max_new_tokens > 1 and all(is_graphable(m) for m in models) and \
+            all(graphable_cache(c) for c in caches):
+        out = _speculate_graphed(model, draft_model, target_cache, draft_cache, last, max_new_tokens,
+                                 num_draft_tokens, eos_token_id, stats, context)
+        if out is not None:
+            return out
+    if ngram:
+        return _speculate_ngram_eager(model, draft_model, target_cache, last, max_new_tokens, num_draft_tokens,
+                                      eos_token_id, stats, context)
+    return _speculate_eager(model, draft_model, target_cache, draft_cache, last, max_new_tokens, num_draft_tokens,
+                            eos_token_id, stats, graphed)
+
+
+def _accept(model, target_cache, last, drafted, k, done, eos_token_id):
+    """One eager round's verdict on ``drafted [B, k]``: the target's verify, the accepted count ``n`` (the
+    fewest proposals any row agreed with), its commit, and the round's ``n + 1`` new tokens ``[B, n + 1]``
+    (EOS after a row's EOS) with the rows now done."""
+    from laquant.models.verify import commit, verify
+
+    preds = verify(model, torch.cat([last[:, None], drafted], 1), target_cache).argmax(-1)  # [B, k + 1]
+    agree = (preds[:, :k] == drafted).int().cummin(1).values.sum(1)  # the leading proposals it agrees with
+    if done is not None:
+        agree = torch.where(done, k, agree)  # a finished row's tokens are EOS whatever it predicts
+    n = int(agree.min()) if k else 0
+    commit(target_cache, n + 1)
+    new = torch.cat([drafted[:, :n], preds[:, n:n + 1]], 1)
+    if done is not None:  # after a row's EOS it gets EOS, as plain decoding's output
+        after = torch.cat([done[:, None], new == eos_token_id], 1).int().cummax(1).values[:, :-1].bool()
+        new = torch.where(after, torch.full_like(new, eos_token_id), new)
+        done = done | (new == eos_token_id).any(1)
+    return n, new, done
+
+
+def _speculate_ngram_eager(model, ngram, target_cache, last, max_new_tokens, num_draft_tokens, eos_token_id, stats,
+                           context):
+    """Eager rounds with proposals looked up in ``context`` and the tokens made (:class:`NgramDraft`)."""
+    from laquant.generate import trim_after_eos
+
+    with torch.no_grad():
+        out, made = [last[:, None]], 1
+        done = last == eos_token_id if eos_token_id is not None else None
+        seq = torch.cat([context.to(last.device), last[:, None]], 1)
+        while made < max_new_tokens and not (done is not None and bool(done.all())):
+            k = min(num_draft_tokens, max_new_tokens - made - 1)
+            drafted = ngram.propose(seq, torch.tensor(seq.shape[1], device=seq.device), k) if k else \
+                last.new_empty(last.shape[0], 0)
+            n, new, done = _accept(model, target_cache, last, drafted, k, done, eos_token_id)
+            out.append(new)
+            seq = torch.cat([seq, new], 1)
+            made += n + 1
+            last = new[:, -1]
+            stats.rounds += 1
+            stats.proposed += k
+            stats.accepted += n
+    return trim_after_eos(torch.cat(out, 1), eos_token_id)
+
+
+def _speculate_eager(model, draft_model, target_cache, draft_cache, last, max_new_tokens, num_draft_tokens,
+                     eos_token_id, stats, graphed):
+    """Eager rounds with a draft model (its proposals from its graphed decode step where it has one)."""
     from laquant.generate import _forward, graphable_cache, is_graphable, trim_after_eos
     from laquant.models.verify import commit, verify
 
-    stats = stats if stats is not None else SpeculativeStats()
-    if graphed is not False and max_new_tokens > 1 and all(is_graphable(m) for m in (model, draft_model)) and \
-            all(graphable_cache(c) for c in (target_cache, draft_cache)):
-        out = _speculate_graphed(model, draft_model, target_cache, draft_cache, last, max_new_tokens,
-                                 num_draft_tokens, eos_token_id, stats)
-        if out is not None:
-            return out
     with torch.no_grad():
         out = [last[:, None]]
         made = 1
@@ -326,17 +437,7 @@ def _speculate(model, draft_model, target_cache, draft_cache, last, max_new_toke
                         draft_logits, scratch = _forward(draft_model, proposals[-1][:, None], scratch)
                         proposals.append(draft_logits.argmax(-1))
             drafted = torch.stack(proposals, 1) if proposals else last.new_empty(last.shape[0], 0)
-            preds = verify(model, torch.cat([last[:, None], drafted], 1), target_cache).argmax(-1)  # [B, k + 1]
-            agree = (preds[:, :k] == drafted).int().cummin(1).values.sum(1)  # the leading proposals it agrees with
-            if done is not None:
-                agree = torch.where(done, k, agree)  # a finished row's tokens are EOS whatever it predicts
-            n = int(agree.min()) if k else 0
-            commit(target_cache, n + 1)
-            new = torch.cat([drafted[:, :n], preds[:, n:n + 1]], 1)
-            if done is not None:  # after a row's EOS it gets EOS, as plain decoding's output
-                after = torch.cat([done[:, None], new == eos_token_id], 1).int().cummax(1).values[:, :-1].bool()
-                new = torch.where(after, torch.full_like(new, eos_token_id), new)
-                done = done | (new == eos_token_id).any(1)
+            n, new, done = _accept(model, target_cache, last, drafted, k, done, eos_token_id)
             out.append(new)
             made += n + 1
             last = new[:, -1]  # what plain decoding runs next (EOS on a finished row)
@@ -347,4 +448,5 @@ def _speculate(model, draft_model, target_cache, draft_cache, last, max_new_toke
     return trim_after_eos(torch.cat(out, 1), eos_token_id)
 
 
-__all__ = ["MAX_DRAFT_TOKENS", "SpeculativeStats", "check_draft", "speculative_continue", "speculative_generate"]
+__all__ = ["MAX_DRAFT_TOKENS", "NgramDraft", "SpeculativeStats", "check_draft", "speculative_continue",
+           "speculative_generate"]
