@@ -5,8 +5,9 @@ B = 1 and 64 against one decode step, K decode steps, and the chunked prefill ke
 tokens; its commit (accepting K/2, recomputed) and the variant keeping every state in a side
 buffer; and whether verify + commit left the pool bit-identical to the decode steps.
 Speculative decoding (B = 1): the shipped gla-small (or --model) quantized with --recipe as the
-target, drafted for by its unquantized self (or --draft): tokens/s against plain decoding (CUDA
-graphed and eager), the acceptance, and whether the tokens equal plain greedy decoding's.
+target, drafted for by its unquantized self (or --draft, a model or ``ngram``: prompt lookup): tokens/s
+against plain decoding (CUDA graphed and eager), the acceptance, and whether the tokens equal plain
+greedy decoding's; one prompt per --prompt-offsets (characters into WikiText-2's test text).
 
     python tools/bench_verify.py --out bench/verify            # on the GPU
     python tools/bench_verify.py --out /tmp/v --tiny           # CPU smoke test: the references, no timings
@@ -148,22 +149,25 @@ def speculative_rows(args, cuda: bool) -> list[dict]:
     dtype = torch.bfloat16 if cuda else torch.float32
     model_dir = resolve_model_dir(None if args.model == DEFAULT_MODEL_NAME else args.model)
     target, tok = load(model_dir, device=device, dtype=dtype)
-    draft, _ = load(resolve_model_dir(None if args.draft in (None, DEFAULT_MODEL_NAME) else args.draft), device=device,
-                    dtype=dtype)
+    draft = "ngram" if args.draft == "ngram" else \
+        load(resolve_model_dir(None if args.draft in (None, DEFAULT_MODEL_NAME) else args.draft), device=device,
+             dtype=dtype)[0]
     text = (Path(laquant.__file__).parent / "assets/data/calibration/wiki.utf8").read_text()[:200_000]
     calib = tok(text, return_tensors="pt").input_ids[0].to(device)
-    prompt = (Path(laquant.__file__).parent / "assets/data/wikitext-2-raw/wiki.test.raw").read_text()[:2000]
-    ids = tok(prompt, return_tensors="pt").input_ids[:, :args.prompt_tokens].to(device)
+    wiki = (Path(laquant.__file__).parent / "assets/data/wikitext-2-raw/wiki.test.raw").read_text()
+    prompts = [(off, tok(wiki[off:off + 2000], return_tensors="pt").input_ids[:, :args.prompt_tokens].to(device))
+               for off in args.prompt_offsets]
     targets = [(str(model_dir.name), target)]
     if args.timing_target:
-        cfg = GLAConfig(**{**json.loads(args.timing_target), "vocab_size": draft.config.vocab_size})
+        cfg = GLAConfig(**{**json.loads(args.timing_target), "vocab_size": target.config.vocab_size})
         torch.manual_seed(0)
         targets.append((f"random {cfg.hidden_size}x{cfg.num_hidden_layers}", GLAForCausalLM(cfg).to(device, dtype).eval()))
     rows = []
     for name, model in targets:
         if args.recipe:
             laquant.calibrate(model, args.recipe, calib, samples=16, seq_len=512, progress=False)
-        rows += _speculative_rows_of(args, cuda, name, model, draft, ids)
+        for off, ids in prompts if model is target else prompts[:1]:  # a random target: its round time only
+            rows += _speculative_rows_of(args, cuda, f"{name} @{off}" if len(prompts) > 1 else name, model, draft, ids)
         del model
     return rows
 
@@ -189,7 +193,7 @@ def _speculative_rows_of(args, cuda, name, target, draft, ids) -> list[dict]:
     with torch.no_grad():
         plain, plain_rate, _ = rate(lambda: generate(target, ids, n))
         _, eager_rate, _ = rate(lambda: generate(target, ids, n, graphed=False))
-        _, draft_rate, _ = rate(lambda: generate(draft, ids, n))
+        draft_rate = None if isinstance(draft, str) else rate(lambda: generate(draft, ids, n))[1]
         for k in args.draft_tokens:
             speculative_generate(target, draft, ids, n, k)  # warm up: the round's capture, autotuning
             stats = SpeculativeStats()
@@ -217,8 +221,13 @@ def _speculative_rows_of(args, cuda, name, target, draft, ids) -> list[dict]:
             rows.append(row)
             print(json.dumps(row), flush=True)
     release_graphs(target)
-    release_graphs(draft)
+    if not isinstance(draft, str):
+        release_graphs(draft)
     return rows
+
+
+def _rate(x) -> str:
+    return "-" if x is None else f"{x:.1f}"
 
 
 def markdown(kernels: list[dict], spec: list[dict], device: str) -> str:
@@ -251,7 +260,7 @@ def markdown(kernels: list[dict], spec: list[dict], device: str) -> str:
             lines.append(f"| {r['model']} | {r['recipe']} | {r['draft']} | {r['draft_tokens']} | {r['acceptance']:.0%} | "
                          f"{r['tokens_per_round']:.2f} | {r['tokens_per_s']:.1f} | {r['all_eager_tokens_per_s']:.1f} | "
                          f"{r['round_graphed']} | {r['plain_graphed_tokens_per_s']:.1f} | "
-                         f"{r['plain_eager_tokens_per_s']:.1f} | {r['draft_alone_tokens_per_s']:.1f} | "
+                         f"{r['plain_eager_tokens_per_s']:.1f} | {_rate(r['draft_alone_tokens_per_s'])} | "
                          f"{r['round_ms']:.3f} | {r['round_over_step']:.2f} | "
                          f"{r['speedup_vs_graphed']:.2f}x | {r['speedup_vs_eager']:.2f}x | {proj} | "
                          f"{r['equal_to_greedy']} |")
@@ -271,7 +280,9 @@ def main(argv=None) -> int:
     p.add_argument("--dim", type=int, default=128, help="K = V per head")
     p.add_argument("--model", default="gla-small", help="the speculative target (quantized with --recipe)")
     p.add_argument("--recipe", default="gla_int8", help="the target's recipe ('' : unquantized)")
-    p.add_argument("--draft", default=None, help="the draft (default: --model, unquantized)")
+    p.add_argument("--draft", default=None, help="the draft (default: --model, unquantized), or ngram (prompt lookup)")
+    p.add_argument("--prompt-offsets", nargs="+", type=int, default=[0],
+                   help="one prompt per offset (characters into WikiText-2's test text; default: 0)")
     p.add_argument("--draft-tokens", nargs="+", type=int, default=[2, 4, 8])
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--prompt-tokens", type=int, default=64)
