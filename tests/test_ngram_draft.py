@@ -150,7 +150,7 @@ def test_ngram_speculation_on_the_gpu(trained_model_dir, recipe):
     from laquant.api import load
     from laquant.data import load_text, tokenize
     from laquant.loading import load_tokenizer
-    from tests.test_speculative import _assert_same_up_to_near_ties
+    from test_speculative import _assert_same_up_to_near_ties
 
     target, _ = load(trained_model_dir, device="cuda", dtype=torch.bfloat16)
     if recipe:
