@@ -58,6 +58,8 @@ def test_proposals_by_hand():
     longest = torch.tensor([[1, 2, 3, 8, 4, 3, 6, 2, 3]])
     assert ngram_proposals(longest, torch.tensor(9), 2, max_ngram=2).tolist() == [[8, 4]]
     assert ngram_proposals(longest, torch.tensor(9), 2, max_ngram=1).tolist() == [[6, 2]]
+    # an empty context (what a captured round's warm-up looks up in) proposes its first slot, in bounds
+    assert ngram_proposals(longest, torch.tensor(0), 3).tolist() == [[1, 1, 1]]
 
 
 @pytest.mark.parametrize("B,k,eos_at", [(1, 4, None), (2, 3, None), (2, 5, 11), (1, 15, None)])
@@ -91,6 +93,8 @@ def test_the_captured_ngram_round_equals_greedy(k, B, eos_at):
     want = generate(target, ids, 30, eos_token_id=eos)
     logits, tc = _forward(target, ids, _fresh_cache(target))
     rounds = _RoundGraph(target, NgramDraft(), tc, None, k, eos, 32, capture=False, context_room=6 + 32 + k + 2)
+    for _ in range(2):  # what a capture's warm-up runs first: rounds on the empty buffers
+        rounds._round()
     for _ in range(2):  # a second load replays from the same prefill cache
         stats = SpeculativeStats()
         rounds.load(tc, None, logits.argmax(-1), ids)

@@ -56,8 +56,8 @@ def ngram_proposals(context: torch.Tensor, length: torch.Tensor, k: int, max_ngr
     ``s <= length - n - 1``, so at least one token follows it), the latest such ``s`` is taken and the
     tokens after it are proposed: ``context[s + n + (j mod P)]`` for ``j < k``, ``P = length - n - s``.
     Past the known tokens the match's period ``P`` continues the sequence (a loop of ``P`` tokens goes
-    on looping). A row without a match proposes its last token ``k`` times. No host sync: capturable in
-    a CUDA graph."""
+    on looping). A row without a match proposes its last token ``k`` times (token 0 while ``length`` is
+    0: a captured round's warm-up runs on an empty context). No host sync: capturable in a CUDA graph."""
     B, L = context.shape
     length = length.reshape(())
     best_s = torch.full((B,), -1, dtype=torch.long, device=context.device)
@@ -65,7 +65,7 @@ def ngram_proposals(context: torch.Tensor, length: torch.Tensor, k: int, max_ngr
     for n in range(min_ngram, max_ngram + 1):  # a longer match found later overrides a shorter one
         if n >= L:
             break
-        tail = context.index_select(1, (length - n + torch.arange(n, device=context.device)).clamp(min=0))
+        tail = context.index_select(1, (length - n + torch.arange(n, device=context.device)).clamp(0, L - 1))
         starts = torch.arange(L - n + 1, device=context.device)
         hit = (context.unfold(1, n, 1) == tail[:, None, :]).all(-1) & (starts < length - n)
         s = torch.where(hit, starts, -1).amax(1)
@@ -74,7 +74,7 @@ def ngram_proposals(context: torch.Tensor, length: torch.Tensor, k: int, max_ngr
         best_n = torch.where(found, n, best_n)
     period = (length - best_n - best_s).clamp(min=1)
     src = best_s[:, None] + best_n[:, None] + torch.arange(k, device=context.device) % period[:, None]
-    src = torch.where((best_s >= 0)[:, None], src, length - 1)
+    src = torch.where((best_s >= 0)[:, None], src, (length - 1).clamp(0, L - 1))
     return context.gather(1, src)
 
 
