@@ -59,22 +59,21 @@ def ngram_proposals(context: torch.Tensor, length: torch.Tensor, k: int, max_ngr
     on looping). A row without a match proposes its last token ``k`` times (token 0 while ``length`` is
     0: a captured round's warm-up runs on an empty context). No host sync: capturable in a CUDA graph."""
     B, L = context.shape
+    device = context.device
     length = length.reshape(())
-    best_s = torch.full((B,), -1, dtype=torch.long, device=context.device)
-    best_n = torch.zeros(B, dtype=torch.long, device=context.device)
-    for n in range(min_ngram, max_ngram + 1):  # a longer match found later overrides a shorter one
-        if n >= L:
-            break
-        tail = context.index_select(1, (length - n + torch.arange(n, device=context.device)).clamp(0, L - 1))
-        starts = torch.arange(L - n + 1, device=context.device)
-        hit = (context.unfold(1, n, 1) == tail[:, None, :]).all(-1) & (starts < length - n)
-        s = torch.where(hit, starts, -1).amax(1)
-        found = s >= 0
-        best_s = torch.where(found, s, best_s)
-        best_n = torch.where(found, n, best_n)
-    period = (length - best_n - best_s).clamp(min=1)
-    src = best_s[:, None] + best_n[:, None] + torch.arange(k, device=context.device) % period[:, None]
-    src = torch.where((best_s >= 0)[:, None], src, (length - 1).clamp(0, L - 1))
+    # every n at once: m[e], for how many tokens (up to max_ngram) the tokens ending at position e equal the
+    # sequence's last ones, compared from the right (before the context's start, -1 pads, which no token equals)
+    padded = torch.cat([context.new_full((B, max_ngram - 1), -1), context], 1)
+    tail = padded.index_select(1, (length - 1 + torch.arange(max_ngram, device=device)).clamp(0, L + max_ngram - 2))
+    same = padded.unfold(1, max_ngram, 1) == tail[:, None, :]  # [B, L, max_ngram]
+    m = same.flip(-1).int().cumprod(-1).sum(-1)
+    ends = torch.arange(L, device=device)
+    # the longest match, then the latest, among those with a token after them (an end e <= length - 2)
+    key = torch.where((m >= min_ngram) & (ends <= length - 2), m * L + ends, -1).amax(1)
+    end = key % L
+    period = (length - 1 - end).clamp(min=1)
+    src = end[:, None] + 1 + torch.arange(k, device=device) % period[:, None]
+    src = torch.where((key >= 0)[:, None], src, (length - 1).clamp(0, L - 1))
     return context.gather(1, src)
 
 
