@@ -168,3 +168,34 @@ def test_ngram_speculation_on_the_gpu(trained_model_dir, recipe):
             got = speculative_generate(target, "ngram", ids, 96, k, stats=stats, graphed=graphed)
             _assert_same_up_to_near_ties(target, got, want, ids.shape[1], (B, k, graphed))
             assert stats.accepted > 0 and stats.round_graphed == (graphed is None), (B, k, graphed)
+
+
+def test_serving_replay_with_ngram_drafts_gives_the_greedy_replies(tmp_path):
+    """The chat replay's speculative decode with prompt lookup (``SpeculativeDecode("ngram")``, ``laquant eval
+    serve --draft ngram``): proposals from each request's tokens, the greedy replies (CPU: exact)."""
+    import json
+    import shutil
+
+    from laquant.loading import default_model_dir
+    from laquant.serving.prefix_cache import PrefixStateCache
+    from laquant.serving.replay import SpeculativeDecode, Workload, replay
+
+    model = _gla(vocab_size=97)
+    work = Workload(system=70, conversations=2, turns=2, user=8, reply=9)
+    greedy = replay(model, work, PrefixStateCache(model, 64))
+    spec = SpeculativeDecode("ngram", 4, block_size=64)
+    got = replay(model, work, PrefixStateCache(model, 64), spec)
+    assert [r["reply"] for r in got] == [r["reply"] for r in greedy]
+    assert spec.stats.rounds >= 4 and spec.stats.proposed > 0
+
+    folder = tmp_path / "tiny"
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_model_dir() / name, folder / name)
+    out = tmp_path / "serve"
+    assert main(["eval", "serve", str(folder), "--draft", "ngram", "--draft-tokens", "3", "--system", "70",
+                 "--conversations", "2", "--turns", "2", "--user", "8", "--reply", "6", "--block-size", "64",
+                 "--reps", "1", "--device", "cpu", "--formats", "fp32", "--no-accuracy", "--quiet",
+                 "--out", str(out)]) == 0
+    res = json.loads((out / "serve.json").read_text())["results"][0]
+    assert res["speculation"]["replies_equal_greedy"] and res["speculation"]["rounds"] > 0

@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the shipped calibration text (random tokens for a config: model)")
     p.add_argument("--draft", default=None,
                    help="also replay with greedy speculative decoding, this model drafting (a folder, an HF id or "
-                        "gla-small; laquant's own GLA / Gated DeltaNet models, the target's tokenizer)")
+                        "gla-small; laquant's own GLA / Gated DeltaNet models, the target's tokenizer), or 'ngram' "
+                        "(prompt lookup in the request's tokens, no draft model)")
     p.add_argument("--draft-tokens", type=int, default=4,
                    help=f"tokens the draft proposes a round, 1..{MAX_DRAFT_TOKENS} (default: 4)")
     p.add_argument("--system", type=int, default=4096, help="shared system-prompt tokens (default: 4096)")
@@ -151,7 +152,7 @@ def _variants(kind, what, recipe, device, dtype, progress):
 def run(args: argparse.Namespace) -> int:
     check_args(args)
     kind, what = _parse_model(args.model, args.draft is not None)
-    draft_dir = _parse_model(args.draft, True)[1] if args.draft is not None else None
+    draft_dir = _parse_model(args.draft, True)[1] if args.draft not in (None, "ngram") else None
     if args.recipe is not None:
         from laquant.recipe import load_recipe
 
@@ -171,7 +172,9 @@ def run(args: argparse.Namespace) -> int:
     accuracy = not args.no_accuracy and kind != "config"
     text = load_text(args.text) if accuracy else None
     speculative = None
-    if draft_dir is not None:
+    if args.draft == "ngram":
+        speculative = SpeculativeDecode("ngram", args.draft_tokens)
+    elif draft_dir is not None:
         from laquant.api import load
 
         speculative = SpeculativeDecode(load(draft_dir, device=device, dtype=dtype)[0], args.draft_tokens,

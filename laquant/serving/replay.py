@@ -75,10 +75,15 @@ class SpeculativeDecode:
     """The replay's decode by greedy speculative decoding (:mod:`laquant.serving.speculative`):
     ``draft`` prefills the request's prompt (through its own prefix cache with ``block_size``, as a
     server would keep one; that time counts as the decode's), then proposes ``num_draft_tokens`` a
-    round, which the model verifies from its cache. ``stats`` sums the rounds."""
+    round, which the model verifies from its cache. ``draft="ngram"`` looks the proposals up in the
+    request's tokens instead (no draft model, nothing to prefill). ``stats`` sums the rounds."""
 
     def __init__(self, draft, num_draft_tokens: int = 4, block_size: int | None = None):
-        self.draft, self.num_draft_tokens, self.block_size = draft, num_draft_tokens, block_size
+        from laquant.serving.ngram import NgramDraft, as_draft
+
+        self.draft, self.num_draft_tokens = as_draft(draft), num_draft_tokens
+        self.ngram = isinstance(self.draft, NgramDraft)
+        self.block_size = None if self.ngram else block_size
         self.reset()
 
     def reset(self) -> None:
@@ -94,6 +99,10 @@ class SpeculativeDecode:
 
         if steps <= 0:
             return first.new_zeros(1, 0)
+        if self.ngram:
+            new = speculative_continue(model, self.draft, cache, None, first, steps + 1, self.num_draft_tokens,
+                                       stats=self.stats, context=prompt.to(first.device)[None])
+            return new[:, 1:]
         with torch.no_grad():
             if self.prefix_cache is not None:
                 _, draft_cache, _ = self.prefix_cache.prefill(prompt)
