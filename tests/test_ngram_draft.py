@@ -1,5 +1,6 @@
 """Speculative decoding with prompt lookup (laquant.serving.ngram, ``draft_model="ngram"``, ``laquant generate
---draft ngram``): the proposals equal a plain Python lookup, and the output equals plain greedy decoding."""
+--draft ngram``): the proposals of the reference and of the Triton kernel (GPU, or CPU under TRITON_INTERPRET=1)
+equal a plain Python lookup, and the output equals plain greedy decoding."""
 
 import random
 
@@ -11,7 +12,9 @@ from laquant.errors import LaquantError
 from laquant.generate import generate, trim_after_eos
 from laquant.kernels.common.state import StateQuantizer
 from laquant.models import GLAConfig, GLAForCausalLM
-from laquant.serving.ngram import NgramDraft, ngram_proposals
+from laquant.kernels.ngram.lookup import ngram_lookup_triton
+from laquant.kernels.ngram.reference import ngram_lookup_reference
+from laquant.serving.ngram import NgramDraft
 from laquant.serving.speculative import SpeculativeStats, speculative_continue, speculative_generate
 
 VOCAB = 64
@@ -37,29 +40,41 @@ def _lookup(seq, k, max_n, min_n):
     return [seq[-1]] * k
 
 
-def test_proposals_equal_the_python_lookup():
+def _on_kernel_device(fn):
+    """``fn`` run where the kernel runs (CUDA, else the CPU under the interpreter), the result on the CPU."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return lambda ctx, length, *a, **kw: fn(ctx.to(device), length.to(device), *a, **kw).cpu()
+
+
+LOOKUPS = [pytest.param(ngram_lookup_reference, id="reference"),
+           pytest.param(_on_kernel_device(ngram_lookup_triton), id="triton")]
+
+
+@pytest.mark.parametrize("lookup", LOOKUPS)
+def test_proposals_equal_the_python_lookup(lookup):
     rng = random.Random(0)
-    for _ in range(300):
+    for _ in range(300 if lookup is ngram_lookup_reference else 60):  # (the interpreter is slow)
         B, L, vocab = rng.randint(1, 4), rng.randint(2, 40), rng.choice([2, 3, 5, 50])
         length, k, max_n = rng.randint(1, L), rng.randint(1, 9), rng.randint(1, 5)
         min_n = rng.randint(1, max_n)
         ctx = torch.randint(0, vocab, (B, L), generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
-        got = ngram_proposals(ctx, torch.tensor(length), k, max_n, min_n)
+        got = lookup(ctx, torch.tensor(length), k, max_n, min_n)
         want = torch.tensor([_lookup(ctx[b, :length].tolist(), k, max_n, min_n) for b in range(B)])
         assert torch.equal(got, want), (ctx, length, k, max_n, min_n)
 
 
-def test_proposals_by_hand():
+@pytest.mark.parametrize("lookup", LOOKUPS)
+def test_proposals_by_hand(lookup):
     ctx = torch.tensor([[5, 1, 2, 3, 1, 2, 3, 1, 2, 9, 9],   # a loop of 3: it goes on past the end
                         [7, 8, 9, 4, 6, 7, 8, 9, 6, 0, 0],   # only "6" occurred before (at 4): what followed it, then again
                         [1, 2, 3, 4, 5, 6, 7, 8, 9, 3, 3]])  # no earlier occurrence of "9": the last token
-    assert ngram_proposals(ctx, torch.tensor(9), 5).tolist() == [[3, 1, 2, 3, 1], [7, 8, 9, 6, 7], [9] * 5]
+    assert lookup(ctx, torch.tensor(9), 5).tolist() == [[3, 1, 2, 3, 1], [7, 8, 9, 6, 7], [9] * 5]
     # the longest match wins over a later shorter one: "2 3" (n = 2) at 1, though "3" (n = 1) is also at 5
     longest = torch.tensor([[1, 2, 3, 8, 4, 3, 6, 2, 3]])
-    assert ngram_proposals(longest, torch.tensor(9), 2, max_ngram=2).tolist() == [[8, 4]]
-    assert ngram_proposals(longest, torch.tensor(9), 2, max_ngram=1).tolist() == [[6, 2]]
+    assert lookup(longest, torch.tensor(9), 2, max_ngram=2).tolist() == [[8, 4]]
+    assert lookup(longest, torch.tensor(9), 2, max_ngram=1).tolist() == [[6, 2]]
     # an empty context (what a captured round's warm-up looks up in) proposes its first slot, in bounds
-    assert ngram_proposals(longest, torch.tensor(0), 3).tolist() == [[1, 1, 1]]
+    assert lookup(longest, torch.tensor(0), 3).tolist() == [[1, 1, 1]]
 
 
 @pytest.mark.parametrize("B,k,eos_at", [(1, 4, None), (2, 3, None), (2, 5, 11), (1, 15, None)])

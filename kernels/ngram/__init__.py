@@ -1,0 +1,1 @@
+"""Prompt lookup for speculative decoding: draft tokens found earlier in the sequence itself."""
