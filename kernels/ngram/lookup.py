@@ -33,8 +33,8 @@ if triton is not None:
         best = tl.full([BLOCK], -1, tl.int64)
         for e0 in range(0, L, BLOCK):
             e = e0 + tl.arange(0, BLOCK).to(tl.int64)
-            alive = e <= length - 2  # a match needs a token after it
-            valid = alive
+            valid = e <= length - 2  # a match needs a token after it
+            alive = valid  # still matching, comparing from the right
             m = tl.zeros([BLOCK], dtype=tl.int64)
             for i in tl.static_range(MAX_N):  # context[e - i] against the sequence's token length - 1 - i
                 t = tl.where(length - 1 - i >= 0, tl.load(row + tl.maximum(length - 1 - i, 0)), -2)  # -2: no token

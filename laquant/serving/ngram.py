@@ -4,10 +4,9 @@ transformers calls it prompt lookup decoding (``prompt_lookup_num_tokens``), vLL
 last ``n`` tokens of the sequence (prompt and tokens made so far) are looked up earlier in it; the tokens
 that followed that earlier occurrence are proposed. Proposing costs one small kernel
 (:mod:`laquant.kernels.ngram`) instead of ``k`` steps of a draft model, so a round costs the target's verify
-and commit alone. It pays where the
-output repeats the context: quoting or editing a document given in the prompt, a conversation's earlier
-turns, code, and greedy decoding's own repetitions. The verify step keeps the output the target's greedy
-output whatever is proposed.
+and commit alone. It pays where the output repeats the context: quoting or editing a document given in the
+prompt, a conversation's earlier turns, code, and greedy decoding's own repetitions. The verify step keeps
+the output the target's greedy output whatever is proposed.
 """
 
 from __future__ import annotations

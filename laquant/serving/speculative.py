@@ -67,7 +67,6 @@ def check_draft(model, draft_model, num_draft_tokens: int) -> None:
     from laquant.models.cache import GLAStateCache
 
     draft_model = as_draft(draft_model)
-
     if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or \
             not 1 <= num_draft_tokens <= MAX_DRAFT_TOKENS:
         raise LaquantError(f"num_draft_tokens (--draft-tokens) must be an integer in 1..{MAX_DRAFT_TOKENS} (the "
@@ -255,7 +254,7 @@ def _round_graph_for(model, draft_model, target_cache, draft_cache, k: int, eos:
     first use (or for more tokens than the last capture's history holds, or, n-gram drafts, a longer
     ``context`` than its buffer holds); kept with the target's decode graphs
     (:func:`laquant.generate.release_graphs` frees both)."""
-    from laquant.generate import _NotInPlace, _state_tensors
+    from laquant.generate import _NotInPlace, _state_tensors, kv_room
     from laquant.models.cache import state_layout
 
     graphs = model.__dict__.setdefault("_laquant_decode_graphs", {})
@@ -274,7 +273,7 @@ def _round_graph_for(model, draft_model, target_cache, draft_cache, k: int, eos:
     if g is None or g.capacity < max_new_tokens or g.context.shape[1] < need:
         graphs.pop(key, None)
         try:
-            room = -(-(need + capacity - max_new_tokens) // 1024) * 1024 if ngram else 0
+            room = kv_room(context.shape[1] + k + 1, capacity) if ngram else 0
             g = _RoundGraph(model, draft_model, target_cache, draft_cache, k, eos, capacity, context_room=room)
         except _NotInPlace as exc:
             graphs[key] = exc
