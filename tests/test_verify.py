@@ -200,3 +200,32 @@ def test_verify_rejects_bad_input():
         family.verify(ins, data, scale, idx, quant, n_stores)
     with pytest.raises(ValueError, match="accepted counts"):
         family.commit([x[:, :4] for x in ins], torch.tensor([5, 0]), data, scale, idx, quant, n_stores)
+
+
+@pytest.mark.parametrize("name", ["gla", "delta"])
+@pytest.mark.parametrize("fmt,renorm,rounding", [("bf16", 1, "nearest"), ("int8_row", 1, "stochastic")])
+def test_triton_verify_prefetch_changes_nothing(name, fmt, renorm, rounding):
+    """Loading the next token's inputs ahead (the launch tables' prefetch) is scheduling only: the same
+    outputs, kept states and committed pool bit for bit, with and without it."""
+    pytest.importorskip("triton")
+    from conftest import require_triton_kernels
+
+    require_triton_kernels()
+    family = Family(name, triton_kernels=True)
+    ins, data, scale, idx, quant, n_stores, accepted = _case(family, fmt, renorm, rounding, *SHAPES[2])
+    B, T = SHAPES[2][:2]
+    mod = gla_verify if name == "gla" else delta_verify
+    runs = []
+    for prefetch in (False, True):
+        d, s = _clone(data, scale)
+        kept = Kept.empty_like_pool(d, s, B, T)
+        o = getattr(mod, f"{name}_verify")(*ins, d, s, idx, quant, n_stores, kept=kept, prefetch=prefetch,
+                                           **family.kw(ins[2]))
+        getattr(mod, f"{name}_commit")(*ins, d, s, idx, quant, accepted, n_stores, prefetch=prefetch,
+                                       **family.kw(ins[2]))
+        runs.append((o, kept, (d, s)))
+    (o0, kept0, pool0), (o1, kept1, pool1) = runs
+    assert torch.isfinite(o0.float()).all() and torch.equal(o0, o1)
+    _same_pool(kept0, kept1)
+    _same_pool(pool0, pool1)
+    assert not torch.equal(pool0[0].view(torch.uint8), data.view(torch.uint8))  # the commit did write

@@ -2,6 +2,10 @@
 
     python tools/sweep_kernels.py state_decode [--write]   (both decode kernels, every state format;
         --write: the fastest launch blocks into kernels/common/state_io.py's tables)
+    python tools/sweep_kernels.py verify [--write] [--jobs N] [--out FILE]   (both verify kernels, every
+        state format, 4 tokens, over blocks, warps and prefetch, compiled by N processes first;
+        --write: the fastest into kernels/common/state_io.py's verify tables)
+    python tools/sweep_kernels.py verify --write --from FILE   (the tables from a sweep's JSON lines)
     python tools/sweep_kernels.py prefill T BLOCK_T BLOCK_V WARPS   (one config per process:
         a config that faults must not take the others down with it)
     python tools/sweep_kernels.py delta_prefill T BLOCK_T BLOCK_V WARPS
@@ -16,8 +20,10 @@ from triton.testing import do_bench, do_bench_cudagraph
 
 from laquant.kernels.delta.chunk import chunk_delta_reference, chunk_delta_triton
 from laquant.kernels.delta.decode import delta_decode_step
+from laquant.kernels.delta.verify import delta_verify
 from laquant.kernels.gla.chunk import chunk_gla_reference, chunk_gla_triton
 from laquant.kernels.gla.decode import gla_decode_step
+from laquant.kernels.gla.verify import gla_verify
 from laquant.kernels.common.state import StateQuantizer
 
 
@@ -89,6 +95,139 @@ def _write_state_tables(best):
         f.write(head + begin + "".join(lines) + end + tail)
 
 
+VERIFY_TOKENS = (4, 8)  # the tables take the fastest at 4; 8 is timed for the winner and today's default
+
+
+def _verify_configs(kernel, fmt, K, V):
+    """(block_k, block_v, num_warps, prefetch) to try: GLA's K rows in blocks, the delta rule's whole K;
+    V in blocks for the plain formats (a scaled one's row scale spans the row); 2-32 state elements a thread (64 where one program takes the whole state)."""
+    scaled = fmt.partition(":")[0] in ("fp8_row", "int8_row")
+    bks = (4, 8, 16, 32) if kernel == "gla" else (None,)
+    bvs = (None,) if scaled else (16, 32, 64, 128) if kernel == "gla" else (8, 16, 32, 64, 128)
+    out = []
+    for bk in bks:
+        for bv in bvs:
+            for w in (1, 2, 4, 8, 16):
+                per_thread = (bk or K) * (bv or V) / (32 * w)
+                if 2 <= per_thread <= (64 if bk == bv is None else 32) and (bv or V) <= V:
+                    out += [(bk, bv, w, p) for p in (0, 1)]
+    return out
+
+
+def _verify_cases():
+    """(kernel, format, shape, T, run(config)) of the sweep: the e2e models' shapes, B = 64."""
+    from laquant.kernels.common.state_io import DELTA_VERIFY_LAUNCH, VERIFY_LAUNCH
+
+    for kernel, (B, Hk, H, K, V) in STATE_SHAPES.items():
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        for name in STATE_FORMATS:
+            fmt, _, rounding = name.partition(":")
+            quant = StateQuantizer(fmt, rounding=rounding or "nearest")
+            data, scale = StateQuantizer(fmt).store(torch.randn(B, H, K, V, device="cuda", generator=gen) * 0.1)
+            scale = scale.squeeze(-1).contiguous() if scale is not None else None
+            idx = torch.arange(B, device="cuda", dtype=torch.int32)
+            n_stores = torch.zeros(B, device="cuda", dtype=torch.int32)
+            for T in VERIFY_TOKENS:
+                q, k = (torch.randn(B, T, Hk, K, device="cuda", generator=gen).bfloat16() for _ in range(2))
+                v = torch.randn(B, T, H, V, device="cuda", generator=gen).bfloat16()
+                if kernel == "gla":
+                    g = (F.logsigmoid(torch.randn(B, T, H, K, device="cuda", generator=gen)) / 16).bfloat16()
+                    run = lambda c, q=q, k=k, v=v, g=g, quant=quant, data=data, scale=scale: gla_verify(  # noqa: E731
+                        q, k, v, g, data, scale, idx, quant, n_stores, seed=1, block_k=c[0], block_v=c[1],
+                        num_warps=c[2], prefetch=bool(c[3]))
+                    default = VERIFY_LAUNCH[fmt]
+                else:
+                    g = -F.softplus(torch.randn(B, T, H, device="cuda", generator=gen))
+                    beta = torch.rand(B, T, H, device="cuda", generator=gen)
+                    run = lambda c, q=q, k=k, v=v, g=g, beta=beta, quant=quant, data=data, scale=scale: delta_verify(  # noqa: E731
+                        q, k, v, g, beta, data, scale, idx, quant, n_stores, use_qk_l2norm=True, seed=1,
+                        block_v=c[1], num_warps=c[2], prefetch=bool(c[3]))
+                    default = DELTA_VERIFY_LAUNCH[fmt]
+                yield kernel, name, [B, Hk, H, K, V], T, run, tuple(default)
+
+
+def verify(*flags):
+    """Both verify kernels per state format over :func:`_verify_configs` at 4 tokens (CUDA-graph
+    medians, JSON lines), then the fastest and the table's current entry at 8 tokens too. ``--jobs N``
+    processes compile every config first (``--compile-only I N``: config shard I of N, run once
+    untimed), so the timing process finds them in Triton's cache. ``--write`` puts the fastest per
+    format (stochastic rounding's for the 8-bit formats) into ``kernels/common/state_io.py``."""
+    flags = list(flags)
+    opt = lambda name, default=None: flags[flags.index(name) + 1] if name in flags else default  # noqa: E731
+    if "--from" in flags:
+        rows = [json.loads(line) for line in open(opt("--from")) if line.startswith("{")]
+        return _write_verify_tables(_fastest(rows))
+    if "--compile-only" in flags:
+        shard, shards = int(opt("--compile-only")), int(flags[flags.index("--compile-only") + 2])
+        i = 0
+        for kernel, name, shape, T, run, _ in _verify_cases():
+            if T != VERIFY_TOKENS[0]:
+                continue
+            for c in _verify_configs(kernel, name, shape[3], shape[4]):
+                if i % shards == shard:
+                    run(c)
+                i += 1
+        torch.cuda.synchronize()
+        return
+    jobs = int(opt("--jobs", 1))
+    if jobs > 1:
+        import subprocess
+
+        procs = [subprocess.Popen([sys.executable, __file__, "verify", "--compile-only", str(i), str(jobs)])
+                 for i in range(jobs)]
+        failed = [p.wait() for p in procs]
+        print(f"compiled in {jobs} processes (exit codes {failed})", flush=True)
+    out = open(opt("--out"), "w") if opt("--out") else None
+    rows, bests = [], {}
+    for kernel, name, shape, T, run, default in _verify_cases():
+        key = (kernel, name)
+        configs = (_verify_configs(kernel, name, shape[3], shape[4]) if T == VERIFY_TOKENS[0]
+                   else list(dict.fromkeys([bests[key], default])))
+        timed = []
+        for c in configs:
+            us = do_bench_cudagraph(lambda: run(c), rep=50) * 1e3
+            row = dict(kernel=kernel, shape=shape, format=name, tokens=T, block_k=c[0], block_v=c[1], num_warps=c[2],
+                       prefetch=c[3], default=c == default, us=round(us, 2))
+            timed.append(row)
+            print(json.dumps(row), file=out, flush=True)
+        rows += timed
+        if T == VERIFY_TOKENS[0]:
+            best = min(timed, key=lambda r: r["us"])
+            bests[key] = (best["block_k"], best["block_v"], best["num_warps"], best["prefetch"])
+            was = next((r["us"] for r in timed if r["default"]), None)
+            print(f"fastest {kernel} {name} T={T}: {bests[key]} {best['us']} us (table's {default}: {was} us)",
+                  flush=True)
+    if "--write" in flags:
+        _write_verify_tables(_fastest(rows))
+
+
+def _fastest(rows):
+    best = {}
+    for row in rows:
+        key = (row["kernel"], row["format"].partition(":")[0])
+        if row["tokens"] == VERIFY_TOKENS[0] and (key not in best or row["us"] < best[key]["us"]):
+            best[key] = row
+    return best
+
+
+def _write_verify_tables(best):
+    path = os.path.join(os.path.dirname(__file__), "..", "kernels", "common", "state_io.py")
+    text = open(path).read()
+    begin = "# --- generated by tools/sweep_kernels.py verify: begin ---\n"
+    end = "# --- generated by tools/sweep_kernels.py verify: end ---\n"
+    tables = {}
+    for (kernel, fmt), row in best.items():
+        tables.setdefault(kernel, {})[fmt] = (row["block_k"], row["block_v"], row["num_warps"], row["prefetch"])
+    lines = []
+    for name, kernel in (("VERIFY_LAUNCH", "gla"), ("DELTA_VERIFY_LAUNCH", "delta")):
+        entries = ", ".join(f'"{fmt}": ({", ".join(str(x) for x in cfg)})' for fmt, cfg in tables[kernel].items())
+        lines.append(f"{name} = {{{entries}}}\n")
+    head, rest = text.split(begin)
+    _, tail = rest.split(end)
+    with open(path, "w") as f:
+        f.write(head + begin + "".join(lines) + end + tail)
+
+
 def prefill(T, bt, bv, w):
     Bp = 65536 // T
     q, k, v = (torch.randn(Bp, T, 16, 128, device="cuda").bfloat16() for _ in range(3))
@@ -119,6 +258,6 @@ def delta_prefill(T, bt, bv, w):
 
 
 if __name__ == "__main__":
-    modes = {"state_decode": state_decode, "prefill": prefill, "delta_prefill": delta_prefill}
-    args = sys.argv[2:] if sys.argv[1] == "state_decode" else map(int, sys.argv[2:])
+    modes = {"state_decode": state_decode, "verify": verify, "prefill": prefill, "delta_prefill": delta_prefill}
+    args = sys.argv[2:] if sys.argv[1] in ("state_decode", "verify") else map(int, sys.argv[2:])
     modes[sys.argv[1]](*args)

@@ -100,24 +100,22 @@ def _pow2(n: int) -> int:
     return 1 << (int(n) - 1).bit_length()
 
 
-def launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V, block_v, num_warps, block_k=None):
-    """The pool's pointers, strides and constexprs for a verify kernel (GLA's, the delta rule's): K in
-    blocks of ``block_k`` (None: the whole K, as the delta rule needs; "decode": the decode kernel's
-    tuned block), V in blocks of ``block_v`` for the plain formats (a scaled format's row scale needs
-    the whole row), ``num_warps`` (default: about 32 state elements a thread), and the V grid."""
-    pool, pool_strides, consts, _ = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K,
-                                              None if block_k in (None, "decode") else block_k, None)
-    if block_k is None:
-        consts["BLOCK_K"] = _pow2(K)
+def launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V, table, block_k=None, block_v=None,
+                num_warps=None, prefetch=None):
+    """The pool's pointers, strides and constexprs for a verify kernel (GLA's, the delta rule's), with
+    ``block_k``, ``block_v``, ``num_warps`` and ``prefetch`` (the next token's inputs loaded during this
+    token's arithmetic) defaulting to the kernel's ``table`` entry for the format
+    (:data:`~laquant.kernels.common.state_io.VERIFY_LAUNCH`); a block of None is the whole dimension,
+    and a scaled format always takes the whole V (its row scale spans the row). Also the V grid."""
+    fmt = quantizer.format
+    default_k, default_v, default_warps, default_prefetch = table[fmt.name]
+    block_k = min(block_k or default_k or _pow2(K), _pow2(K))
+    pool, pool_strides, consts, _ = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K, block_k, 1)
     full_v = _pow2(V)
-    if quantizer.format.is_scaled:
-        block_v = full_v
-    else:
-        block_v = min(full_v, _pow2(block_v) if block_v else 64)
+    block_v = full_v if fmt.is_scaled else min(full_v, _pow2(block_v or default_v or full_v))
     consts["BLOCK_V"] = block_v
-    if num_warps is None:
-        num_warps = min(16, max(2, consts["BLOCK_K"] * block_v // 1024))
-    return pool, pool_strides, consts, num_warps, -(-V // block_v)
+    consts["PREFETCH"] = default_prefetch if prefetch is None else bool(prefetch)
+    return pool, pool_strides, consts, num_warps or default_warps, -(-V // block_v)
 
 
 def kept_args(kept: Kept | None, dummy: torch.Tensor, B: int, T: int, state: torch.Tensor):

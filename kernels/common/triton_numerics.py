@@ -283,6 +283,14 @@ if triton is not None:
             tl.store(scale_ptrs, scale, mask=mask_k)
 
     @triton.jit
+    def token_row(rows, stride_t, t, mask, T):
+        """Token ``t``'s inputs at ``rows + t * stride_t`` in float32 (``t`` capped at the last of the
+        ``T`` tokens, so a load one past them stays in bounds). A verify kernel loads token ``t + 1``'s
+        while token ``t`` computes: waited for at their use, each token's loads had cost a memory round
+        trip in every K block."""
+        return tl.load(rows + tl.minimum(t, T - 1) * stride_t, mask=mask, other=0.0).to(tl.float32)
+
+    @triton.jit
     def store_verified_state(st, old_scale, t, steps, position, seed, slot, h, offs_k, mask_k, mask_v, static_ptrs,
                              ptrs, sc_ptrs, kept_ptrs, kept_sc_ptrs, K: tl.constexpr, V: tl.constexpr,
                              BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr,

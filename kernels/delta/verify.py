@@ -22,6 +22,7 @@ import torch
 
 from ..common.pool_steps import Kept, accepted_counts, check_tokens, kept_args, launch_args, pool_steps_reference
 from ..common.state import StateQuantizer
+from ..common.state_io import DELTA_VERIFY_LAUNCH
 from ..kda.reference import recurrent_kda_step
 from .decode import prepared_step
 from .reference import recurrent_gated_delta_rule_step
@@ -30,7 +31,7 @@ try:
     import triton
     import triton.language as tl
 
-    from ..common.triton_numerics import decayed_update, load_state_rows, store_verified_state
+    from ..common.triton_numerics import decayed_update, load_state_rows, store_verified_state, token_row
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -62,6 +63,12 @@ def delta_commit_reference(q, k, v, g, beta, state, scale, pool_idx, quantizer: 
 if triton is not None:
 
     @triton.jit
+    def _delta_token(q_rows, k_rows, g_rows, v_row, beta_at, s_qt, s_kt, s_gt, s_vt, s_bt, t, mask_k, mask_v, T):
+        return (token_row(q_rows, s_qt, t, mask_k, T), token_row(k_rows, s_kt, t, mask_k, T),
+                token_row(g_rows, s_gt, t, mask_k, T), token_row(v_row, s_vt, t, mask_v, T),
+                tl.load(beta_at + tl.minimum(t, T - 1) * s_bt).to(tl.float32))
+
+    @triton.jit
     def _delta_verify_kernel(
         q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, scale_ptr, idx_ptr, nstore_ptr, static_ptr,
         kept_ptr, kept_scale_ptr, steps_ptr,
@@ -70,7 +77,7 @@ if triton is not None:
         T, qk_scale, seed,
         H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr,
         BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr,
-        L2NORM: tl.constexpr, KEEP: tl.constexpr, COMMIT: tl.constexpr,
+        L2NORM: tl.constexpr, KEEP: tl.constexpr, COMMIT: tl.constexpr, PREFETCH: tl.constexpr,
     ):
         pid = tl.program_id(0)
         b = pid // H
@@ -91,14 +98,24 @@ if triton is not None:
         steps = T
         if COMMIT:
             steps = tl.load(steps_ptr + b)
+        q_rows = q_ptr + b * s_qb + hk * s_qh + offs_k * s_qk
+        k_rows = k_ptr + b * s_kb + hk * s_kh + offs_k * s_kk
+        g_rows = g_ptr + b * s_gb + h * s_gh + offs_k * s_gk
+        v_row = v_ptr + b * s_vb + h * s_vh + offs_v * s_vv
+        beta_at = beta_ptr + b * s_bb + h * s_bh
+        q_next, k_next, g_next, v_next, beta_next = _delta_token(q_rows, k_rows, g_rows, v_row, beta_at, s_qt, s_kt,
+                                                                 s_gt, s_vt, s_bt, 0, mask_k, mask_v, T)
         for t in range(0, steps):
             # the decode kernel's expressions (kernels/delta/decode.py), its K blocks being one block here
-            kk = tl.load(k_ptr + b * s_kb + t * s_kt + hk * s_kh + offs_k * s_kk, mask=mask_k, other=0.0).to(tl.float32)
-            qq = tl.load(q_ptr + b * s_qb + t * s_qt + hk * s_qh + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32)
-            v = tl.load(v_ptr + b * s_vb + t * s_vt + h * s_vh + offs_v * s_vv, mask=mask_v, other=0.0).to(tl.float32)
-            beta = tl.load(beta_ptr + b * s_bb + t * s_bt + h * s_bh).to(tl.float32)
-            decay = tl.exp(tl.load(g_ptr + b * s_gb + t * s_gt + h * s_gh + offs_k * s_gk, mask=mask_k,
-                                   other=0.0).to(tl.float32))
+            if PREFETCH:  # token t + 1's inputs load behind token t's arithmetic
+                qq, kk, g, v, beta = q_next, k_next, g_next, v_next, beta_next
+                q_next, k_next, g_next, v_next, beta_next = _delta_token(q_rows, k_rows, g_rows, v_row, beta_at, s_qt,
+                                                                         s_kt, s_gt, s_vt, s_bt, t + 1, mask_k,
+                                                                         mask_v, T)
+            else:
+                qq, kk, g, v, beta = _delta_token(q_rows, k_rows, g_rows, v_row, beta_at, s_qt, s_kt, s_gt, s_vt, s_bt,
+                                                  t, mask_k, mask_v, T)
+            decay = tl.exp(g)
             q_mul = qk_scale
             k_mul = 1.0
             if L2NORM:  # as fla and transformers: x * rsqrt(sum(x^2) + 1e-6)
@@ -123,24 +140,26 @@ if triton is not None:
 
 def delta_verify(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None,
                  qk_scale: float | None = None, use_qk_l2norm: bool = False, seed: int = 0, kept: Kept | None = None,
-                 out: torch.Tensor | None = None, block_v: int | None = None, num_warps: int | None = None):
+                 out: torch.Tensor | None = None, block_v: int | None = None, num_warps: int | None = None,
+                 prefetch: bool | None = None):
     """Triton verify step (shapes above, ``T`` in 1..16); the pool as the decode kernel takes it, left
-    unchanged. Returns ``o`` ``[B, T, Hv, V]``; ``kept`` receives the state after each token."""
+    unchanged. Returns ``o`` ``[B, T, Hv, V]``; ``kept`` receives the state after each token. The launch
+    defaults to :data:`~laquant.kernels.common.state_io.DELTA_VERIFY_LAUNCH`."""
     return _launch(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_scale, use_qk_l2norm, seed,
-                   kept, None, out, block_v, num_warps)
+                   kept, None, out, dict(block_v=block_v, num_warps=num_warps, prefetch=prefetch))
 
 
 def delta_commit(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer, accepted, n_stores=None,
                  qk_scale: float | None = None, use_qk_l2norm: bool = False, seed: int = 0,
-                 block_v: int | None = None, num_warps: int | None = None) -> None:
+                 block_v: int | None = None, num_warps: int | None = None, prefetch: bool | None = None) -> None:
     """Accept ``accepted[b]`` (an int or ``[B]``) of the verified tokens, computed again from the same inputs."""
     n = accepted_counts(accepted, q.shape[0], q.shape[1], q.device)
     _launch(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_scale, use_qk_l2norm, seed, None, n,
-            None, block_v, num_warps)
+            None, dict(block_v=block_v, num_warps=num_warps, prefetch=prefetch))
 
 
 def _launch(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_scale, use_qk_l2norm, seed, kept,
-            steps, out, block_v, num_warps):
+            steps, out, launch):
     if triton is None:
         raise RuntimeError("Triton is not installed; use delta_verify_reference")
     B, T, Hk, K = q.shape
@@ -158,7 +177,7 @@ def _launch(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_sc
     if not per_channel:
         g = g.unsqueeze(-1).expand(B, T, H, K)  # stride 0 over K: one decay per head
     pool, pool_strides, consts, num_warps, n_v = launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V,
-                                                             block_v, num_warps)
+                                                             DELTA_VERIFY_LAUNCH, **launch)
     o = out if out is not None else (v.new_empty(B, T, H, V) if steps is None else v)
     keep_ptrs, keep_strides = kept_args(kept, state, B, T, state)
     _delta_verify_kernel[(B * H, n_v)](

@@ -25,13 +25,14 @@ import torch
 
 from ..common.pool_steps import Kept, accepted_counts, check_tokens, kept_args, launch_args, pool_steps_reference
 from ..common.state import StateQuantizer
+from ..common.state_io import VERIFY_LAUNCH
 from .reference import recurrent_gla_step
 
 try:
     import triton
     import triton.language as tl
 
-    from ..common.triton_numerics import decayed_update, load_state_rows, store_verified_state
+    from ..common.triton_numerics import decayed_update, load_state_rows, store_verified_state, token_row
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -56,6 +57,11 @@ def gla_commit_reference(q, k, v, g, state, scale, pool_idx, quantizer: StateQua
 if triton is not None:
 
     @triton.jit
+    def _gla_token(q_rows, k_rows, g_rows, v_row, s_qt, s_kt, s_gt, s_vt, t, mask_k, mask_v, T):
+        return (token_row(q_rows, s_qt, t, mask_k, T), token_row(k_rows, s_kt, t, mask_k, T),
+                token_row(g_rows, s_gt, t, mask_k, T), token_row(v_row, s_vt, t, mask_v, T))
+
+    @triton.jit
     def _gla_verify_kernel(
         q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, state_ptr, scale_ptr, idx_ptr, nstore_ptr, static_ptr,
         kept_ptr, kept_scale_ptr, steps_ptr,
@@ -64,7 +70,7 @@ if triton is not None:
         T, qk_scale, seed,
         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
         BLOCK_T: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr,
-        KEEP: tl.constexpr, COMMIT: tl.constexpr,
+        KEEP: tl.constexpr, COMMIT: tl.constexpr, PREFETCH: tl.constexpr,
     ):
         pid = tl.program_id(0)
         b = pid // H
@@ -88,18 +94,23 @@ if triton is not None:
             ptrs = state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :]
             sc_ptrs = scale_ptr + slot * s_cp + h * s_ch + offs_k
             S, old_scale = load_state_rows(ptrs, sc_ptrs, mask_k, mask, FMT, BLOCK_K)
+            q_rows = q_ptr + b * s_qb + h * s_qh + offs_k * s_qk
+            k_rows = k_ptr + b * s_kb + h * s_kh + offs_k * s_kk
+            g_rows = g_ptr + b * s_gb + h * s_gh + offs_k * s_gk
+            v_row = v_ptr + b * s_vb + h * s_vh + offs_v * s_vv
+            q_next, k_next, g_next, v_next = _gla_token(q_rows, k_rows, g_rows, v_row, s_qt, s_kt, s_gt, s_vt, 0,
+                                                        mask_k, mask_v, T)
             for t in range(0, steps):
-                q = tl.load(q_ptr + b * s_qb + t * s_qt + h * s_qh + offs_k * s_qk, mask=mask_k,
-                            other=0.0).to(tl.float32) * qk_scale
-                kk = tl.load(k_ptr + b * s_kb + t * s_kt + h * s_kh + offs_k * s_kk, mask=mask_k,
-                             other=0.0).to(tl.float32)
-                g = tl.load(g_ptr + b * s_gb + t * s_gt + h * s_gh + offs_k * s_gk, mask=mask_k,
-                            other=0.0).to(tl.float32)
-                v = tl.load(v_ptr + b * s_vb + t * s_vt + h * s_vh + offs_v * s_vv, mask=mask_v,
-                            other=0.0).to(tl.float32)
+                if PREFETCH:  # token t + 1's inputs load behind token t's arithmetic
+                    q, kk, g, v = q_next, k_next, g_next, v_next
+                    q_next, k_next, g_next, v_next = _gla_token(q_rows, k_rows, g_rows, v_row, s_qt, s_kt, s_gt, s_vt,
+                                                                t + 1, mask_k, mask_v, T)
+                else:
+                    q, kk, g, v = _gla_token(q_rows, k_rows, g_rows, v_row, s_qt, s_kt, s_gt, s_vt, t, mask_k, mask_v, T)
                 st = decayed_update(S, tl.exp(g), kk, v)  # as the decode kernel, bit for bit
                 if not COMMIT:
-                    out += tl.where(rows_t[:, None] == t, tl.sum(q[:, None] * st, axis=0)[None, :], 0.0)
+                    out += tl.where(rows_t[:, None] == t, tl.sum((q * qk_scale)[:, None] * st, axis=0)[None, :],
+                                    0.0)
                 S, old_scale = store_verified_state(
                     st, old_scale, t, steps, position, seed, slot, h, offs_k, mask_k, mask_v,
                     static_ptr + h * K + offs_k, ptrs, sc_ptrs,
@@ -115,26 +126,26 @@ if triton is not None:
 def gla_verify(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None,
                qk_scale: float | None = None, seed: int = 0, kept: Kept | None = None,
                out: torch.Tensor | None = None, block_v: int | None = None, num_warps: int | None = None,
-               block_k: int | None = None):
+               block_k: int | None = None, prefetch: bool | None = None):
     """Triton verify step: q, k, g ``[B, T, H, K]``, v ``[B, T, H, V]``, ``T`` in 1..16; the pool as
     :func:`~laquant.kernels.gla.decode.gla_decode_step` takes it (left unchanged). Returns ``o``
-    ``[B, T, H, V]``; ``kept`` (optional, :class:`Kept`) receives the state after each token."""
+    ``[B, T, H, V]``; ``kept`` (optional, :class:`Kept`) receives the state after each token. The
+    launch (blocks, warps, prefetch) defaults to :data:`~laquant.kernels.common.state_io.VERIFY_LAUNCH`."""
     return _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, seed, kept, None, out,
-                   block_v, num_warps, block_k)
+                   dict(block_v=block_v, num_warps=num_warps, block_k=block_k, prefetch=prefetch))
 
 
 def gla_commit(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer, accepted, n_stores=None,
                qk_scale: float | None = None, seed: int = 0, block_v: int | None = None,
-               num_warps: int | None = None) -> None:
+               num_warps: int | None = None, block_k: int | None = None, prefetch: bool | None = None) -> None:
     """Accept ``accepted[b]`` (an int or ``[B]``, each ``0..T``) of the verified tokens: the slot gets
     the state after them, computed again from the same inputs (a read and a write of the state)."""
     n = accepted_counts(accepted, q.shape[0], q.shape[1], q.device)
-    _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, seed, None, n, None, block_v,
-            num_warps)
+    _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, seed, None, n, None,
+            dict(block_v=block_v, num_warps=num_warps, block_k=block_k, prefetch=prefetch))
 
 
-def _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, seed, kept, steps, out, block_v,
-            num_warps, block_k=None):
+def _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, seed, kept, steps, out, launch):
     if triton is None:
         raise RuntimeError("Triton is not installed; use gla_verify_reference")
     B, T, H, K = q.shape
@@ -146,7 +157,7 @@ def _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, s
     if tuple(state.shape[1:]) != (H, K, V):
         raise ValueError(f"state pool must be [P, H, K, V] = [P, {H}, {K}, {V}]; got {tuple(state.shape)}")
     pool, pool_strides, consts, num_warps, n_v = launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V,
-                                                             block_v, num_warps, block_k or "decode")
+                                                             VERIFY_LAUNCH, **launch)
     o = out if out is not None else (v.new_empty(B, T, H, V) if steps is None else v)
     keep_ptrs, keep_strides = kept_args(kept, state, B, T, state)
     _gla_verify_kernel[(B * H, n_v)](
