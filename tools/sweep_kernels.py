@@ -2,10 +2,10 @@
 
     python tools/sweep_kernels.py state_decode [--write]   (both decode kernels, every state format;
         --write: the fastest launch blocks into kernels/common/state_io.py's tables)
-    python tools/sweep_kernels.py verify [--write] [--jobs N] [--out FILE]   (both verify kernels, every
-        state format, 4 tokens, over blocks, warps and prefetch, compiled by N processes first;
-        --write: the fastest into kernels/common/state_io.py's verify tables)
-    python tools/sweep_kernels.py verify --write --from FILE   (the tables from a sweep's JSON lines)
+    python tools/sweep_kernels.py verify [--write] [--jobs N] [--out FILE] [--steps verify commit]
+        (both verify kernels' verify step and commit, every state format, 4 tokens, over blocks, warps and
+        prefetch, compiled by N processes first; --write: the fastest into kernels/common/state_io.py)
+    python tools/sweep_kernels.py verify --write --from FILE[,FILE]   (the tables from sweeps' JSON lines)
     python tools/sweep_kernels.py prefill T BLOCK_T BLOCK_V WARPS   (one config per process:
         a config that faults must not take the others down with it)
     python tools/sweep_kernels.py delta_prefill T BLOCK_T BLOCK_V WARPS
@@ -30,7 +30,7 @@ from laquant.kernels.common.state import StateQuantizer
 STATE_FORMATS = ("fp32", "bf16", "fp8_row:stochastic", "int8_row:stochastic")  # the recipes' roundings
 # (B, Hk, Hv, K, V) of the e2e models: the 1.37B GLA (issue #14's) and the 1.14B qwen3_next's Gated DeltaNet
 STATE_SHAPES = {"gla": (64, 16, 16, 64, 128), "delta": (64, 16, 32, 128, 128)}
-STATE_CONFIGS = [(bk, w) for bk in (16, 32, 64, 128) for w in (1, 2, 4, 8)]
+STATE_CONFIGS = [(bk, w) for bk in (4, 8, 16, 32, 64, 128) for w in (1, 2, 4, 8)]
 
 
 def state_decode(*flags):
@@ -96,11 +96,14 @@ def _write_state_tables(best):
 
 
 VERIFY_TOKENS = (4, 8)  # the tables take the fastest at 4; 8 is timed for the winner and today's default
+VERIFY_TABLES = {("gla", "verify"): "VERIFY_LAUNCH", ("gla", "commit"): "COMMIT_LAUNCH",
+                 ("delta", "verify"): "DELTA_VERIFY_LAUNCH", ("delta", "commit"): "DELTA_COMMIT_LAUNCH"}
 
 
 def _verify_configs(kernel, fmt, K, V):
     """(block_k, block_v, num_warps, prefetch) to try: GLA's K rows in blocks, the delta rule's whole K;
-    V in blocks for the plain formats (a scaled one's row scale spans the row); 2-32 state elements a thread (64 where one program takes the whole state)."""
+    V in blocks for the plain formats (a scaled one's row scale spans the row); 2-32 state elements a
+    thread (64 where one program takes the whole state)."""
     scaled = fmt.partition(":")[0] in ("fp8_row", "int8_row")
     bks = (4, 8, 16, 32) if kernel == "gla" else (None,)
     bvs = (None,) if scaled else (16, 32, 64, 128) if kernel == "gla" else (8, 16, 32, 64, 128)
@@ -114,9 +117,12 @@ def _verify_configs(kernel, fmt, K, V):
     return out
 
 
-def _verify_cases():
-    """(kernel, format, shape, T, run(config)) of the sweep: the e2e models' shapes, B = 64."""
-    from laquant.kernels.common.state_io import DELTA_VERIFY_LAUNCH, VERIFY_LAUNCH
+def _verify_cases(steps):
+    """(kernel, format, shape, T, step, run(config), the table's config) of the sweep: the e2e models'
+    shapes, B = 64; ``steps`` of verify (T tokens) and commit (of T / 2, recomputed)."""
+    from laquant.kernels.common import state_io
+    from laquant.kernels.delta.verify import delta_commit
+    from laquant.kernels.gla.verify import gla_commit
 
     for kernel, (B, Hk, H, K, V) in STATE_SHAPES.items():
         gen = torch.Generator(device="cuda").manual_seed(0)
@@ -130,37 +136,41 @@ def _verify_cases():
             for T in VERIFY_TOKENS:
                 q, k = (torch.randn(B, T, Hk, K, device="cuda", generator=gen).bfloat16() for _ in range(2))
                 v = torch.randn(B, T, H, V, device="cuda", generator=gen).bfloat16()
+                half = torch.full((B,), T // 2, dtype=torch.int32, device="cuda")
                 if kernel == "gla":
                     g = (F.logsigmoid(torch.randn(B, T, H, K, device="cuda", generator=gen)) / 16).bfloat16()
-                    run = lambda c, q=q, k=k, v=v, g=g, quant=quant, data=data, scale=scale: gla_verify(  # noqa: E731
-                        q, k, v, g, data, scale, idx, quant, n_stores, seed=1, block_k=c[0], block_v=c[1],
-                        num_warps=c[2], prefetch=bool(c[3]))
-                    default = VERIFY_LAUNCH[fmt]
+                    ins, kw = (q, k, v, g), {}
+                    fns = {"verify": gla_verify, "commit": gla_commit}
                 else:
                     g = -F.softplus(torch.randn(B, T, H, device="cuda", generator=gen))
-                    beta = torch.rand(B, T, H, device="cuda", generator=gen)
-                    run = lambda c, q=q, k=k, v=v, g=g, beta=beta, quant=quant, data=data, scale=scale: delta_verify(  # noqa: E731
-                        q, k, v, g, beta, data, scale, idx, quant, n_stores, use_qk_l2norm=True, seed=1,
-                        block_v=c[1], num_warps=c[2], prefetch=bool(c[3]))
-                    default = DELTA_VERIFY_LAUNCH[fmt]
-                yield kernel, name, [B, Hk, H, K, V], T, run, tuple(default)
+                    ins, kw = (q, k, v, g, torch.rand(B, T, H, device="cuda", generator=gen)), {"use_qk_l2norm": True}
+                    fns = {"verify": delta_verify, "commit": delta_commit}
+                for step in steps:
+                    counts = (half,) if step == "commit" else ()
+                    run = lambda c, fn=fns[step], ins=ins, kw=kw, counts=counts, quant=quant, data=data, scale=scale: fn(  # noqa: E731
+                        *ins, data, scale, idx, quant, *counts, n_stores, seed=1, block_v=c[1], num_warps=c[2],
+                        prefetch=bool(c[3]), **kw, **({"block_k": c[0]} if kernel == "gla" else {}))
+                    default = getattr(state_io, VERIFY_TABLES[kernel, step])[fmt]
+                    yield kernel, name, [B, Hk, H, K, V], T, step, run, tuple(default)
 
 
 def verify(*flags):
-    """Both verify kernels per state format over :func:`_verify_configs` at 4 tokens (CUDA-graph
-    medians, JSON lines), then the fastest and the table's current entry at 8 tokens too. ``--jobs N``
-    processes compile every config first (``--compile-only I N``: config shard I of N, run once
-    untimed), so the timing process finds them in Triton's cache. ``--write`` puts the fastest per
-    format (stochastic rounding's for the 8-bit formats) into ``kernels/common/state_io.py``."""
+    """Both verify kernels' verify step (4 tokens) and commit (2 of them) per state format over
+    :func:`_verify_configs` (CUDA-graph medians, JSON lines), then the fastest and the table's current
+    entry at 8 tokens too. ``--steps verify commit`` picks which. ``--jobs N`` processes compile every
+    config first (``--compile-only I N``: config shard I of N, run once untimed), so the timing process
+    finds them in Triton's cache. ``--write`` puts the fastest per format (stochastic rounding's for the
+    8-bit formats) into ``kernels/common/state_io.py``'s tables (``--from FILE``: from a sweep's lines)."""
     flags = list(flags)
     opt = lambda name, default=None: flags[flags.index(name) + 1] if name in flags else default  # noqa: E731
+    steps = [s for s in ("verify", "commit") if "--steps" not in flags or s in flags]
     if "--from" in flags:
-        rows = [json.loads(line) for line in open(opt("--from")) if line.startswith("{")]
+        rows = [json.loads(line) for name in opt("--from").split(",") for line in open(name) if line.startswith("{")]
         return _write_verify_tables(_fastest(rows))
     if "--compile-only" in flags:
         shard, shards = int(opt("--compile-only")), int(flags[flags.index("--compile-only") + 2])
         i = 0
-        for kernel, name, shape, T, run, _ in _verify_cases():
+        for kernel, name, shape, T, step, run, _ in _verify_cases(steps):
             if T != VERIFY_TOKENS[0]:
                 continue
             for c in _verify_configs(kernel, name, shape[3], shape[4]):
@@ -173,21 +183,22 @@ def verify(*flags):
     if jobs > 1:
         import subprocess
 
-        procs = [subprocess.Popen([sys.executable, __file__, "verify", "--compile-only", str(i), str(jobs)])
-                 for i in range(jobs)]
+        procs = [subprocess.Popen([sys.executable, __file__, "verify", "--compile-only", str(i), str(jobs),
+                                   "--steps", *steps]) for i in range(jobs)]
         failed = [p.wait() for p in procs]
         print(f"compiled in {jobs} processes (exit codes {failed})", flush=True)
     out = open(opt("--out"), "w") if opt("--out") else None
     rows, bests = [], {}
-    for kernel, name, shape, T, run, default in _verify_cases():
-        key = (kernel, name)
+    for kernel, name, shape, T, step, run, default in _verify_cases(steps):
+        key = (kernel, name, step)
         configs = (_verify_configs(kernel, name, shape[3], shape[4]) if T == VERIFY_TOKENS[0]
                    else list(dict.fromkeys([bests[key], default])))
         timed = []
         for c in configs:
             us = do_bench_cudagraph(lambda: run(c), rep=50) * 1e3
-            row = dict(kernel=kernel, shape=shape, format=name, tokens=T, block_k=c[0], block_v=c[1], num_warps=c[2],
-                       prefetch=c[3], default=c == default, us=round(us, 2))
+            row = dict(device=torch.cuda.get_device_name(), kernel=kernel, shape=shape, format=name, tokens=T,
+                       step=step, block_k=c[0], block_v=c[1],
+                       num_warps=c[2], prefetch=c[3], default=c == default, us=round(us, 2))
             timed.append(row)
             print(json.dumps(row), file=out, flush=True)
         rows += timed
@@ -195,33 +206,39 @@ def verify(*flags):
             best = min(timed, key=lambda r: r["us"])
             bests[key] = (best["block_k"], best["block_v"], best["num_warps"], best["prefetch"])
             was = next((r["us"] for r in timed if r["default"]), None)
-            print(f"fastest {kernel} {name} T={T}: {bests[key]} {best['us']} us (table's {default}: {was} us)",
+            print(f"fastest {kernel} {step} {name} T={T}: {bests[key]} {best['us']} us (table's {default}: {was} us)",
                   flush=True)
     if "--write" in flags:
         _write_verify_tables(_fastest(rows))
 
 
 def _fastest(rows):
+    """The fastest row per (kernel, step, format) at the sweep's token count (rows from before the
+    commit sweep count as verify rows)."""
     best = {}
     for row in rows:
-        key = (row["kernel"], row["format"].partition(":")[0])
+        key = (row["kernel"], row.get("step", "verify"), row["format"].partition(":")[0])
         if row["tokens"] == VERIFY_TOKENS[0] and (key not in best or row["us"] < best[key]["us"]):
             best[key] = row
     return best
 
 
 def _write_verify_tables(best):
+    """The verify and commit tables between their markers in ``kernels/common/state_io.py``; a table the
+    rows do not cover keeps its entries."""
+    from laquant.kernels.common import state_io
+
     path = os.path.join(os.path.dirname(__file__), "..", "kernels", "common", "state_io.py")
     text = open(path).read()
     begin = "# --- generated by tools/sweep_kernels.py verify: begin ---\n"
     end = "# --- generated by tools/sweep_kernels.py verify: end ---\n"
-    tables = {}
-    for (kernel, fmt), row in best.items():
-        tables.setdefault(kernel, {})[fmt] = (row["block_k"], row["block_v"], row["num_warps"], row["prefetch"])
-    lines = []
-    for name, kernel in (("VERIFY_LAUNCH", "gla"), ("DELTA_VERIFY_LAUNCH", "delta")):
-        entries = ", ".join(f'"{fmt}": ({", ".join(str(x) for x in cfg)})' for fmt, cfg in tables[kernel].items())
-        lines.append(f"{name} = {{{entries}}}\n")
+    tables = {key: dict(getattr(state_io, name)) for key, name in VERIFY_TABLES.items()}
+    for (kernel, step, fmt), row in best.items():
+        tables[kernel, step][fmt] = (row["block_k"], row["block_v"], row["num_warps"], row["prefetch"])
+    lines = [f"# {' / '.join(sorted({row['device'] for row in best.values()}))}\n"]
+    for key, name in VERIFY_TABLES.items():
+        entries = [f'"{fmt}": ({", ".join(str(x) for x in cfg)})' for fmt, cfg in tables[key].items()]
+        lines.append(f"{name} = {{{', '.join(entries[:2])},\n{' ' * (len(name) + 4)}{', '.join(entries[2:])}}}\n")
     head, rest = text.split(begin)
     _, tail = rest.split(end)
     with open(path, "w") as f:
