@@ -10,6 +10,7 @@
         a config that faults must not take the others down with it)
     python tools/sweep_kernels.py delta_prefill T BLOCK_T BLOCK_V WARPS
 """
+import itertools
 import json
 import os
 import sys
@@ -39,7 +40,8 @@ def state_decode(*flags):
     (stochastic rounding's for the 8-bit formats: the recipes') into ``kernels/common/state_io.py``.
     ``--kernels gla`` sweeps one kernel (the other's table stays), ``--blocks 4 8 16`` some K blocks."""
     flags = list(flags)
-    listed = lambda name, cast: [cast(x) for x in flags[flags.index(name) + 1:] if not x.startswith("--")]  # noqa: E731
+    listed = lambda name, cast: [cast(x) for x in itertools.takewhile(  # noqa: E731
+        lambda x: not x.startswith("--"), flags[flags.index(name) + 1:])]
     kernels = listed("--kernels", str) if "--kernels" in flags else list(STATE_SHAPES)
     blocks = listed("--blocks", int) if "--blocks" in flags else sorted({bk for bk, _ in STATE_CONFIGS})
     rows = []
