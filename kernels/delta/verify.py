@@ -176,7 +176,7 @@ def _launch(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_sc
         raise ValueError(f"state pool must be [P, Hv, K, V] = [P, {H}, {K}, {V}]; got {tuple(state.shape)}")
     if not per_channel:
         g = g.unsqueeze(-1).expand(B, T, H, K)  # stride 0 over K: one decay per head
-    table = DELTA_VERIFY_LAUNCH if steps is None else DELTA_COMMIT_LAUNCH
+    table = DELTA_VERIFY_LAUNCH if steps is None and kept is None else DELTA_COMMIT_LAUNCH
     pool, pool_strides, consts, num_warps, n_v = launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V,
                                                              table, **launch)
     o = out if out is not None else (v.new_empty(B, T, H, V) if steps is None else v)

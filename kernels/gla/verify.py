@@ -157,7 +157,7 @@ def _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, s
                          f"k {tuple(k.shape)}, g {tuple(g.shape)}, v {tuple(v.shape)}")
     if tuple(state.shape[1:]) != (H, K, V):
         raise ValueError(f"state pool must be [P, H, K, V] = [P, {H}, {K}, {V}]; got {tuple(state.shape)}")
-    table = VERIFY_LAUNCH if steps is None else COMMIT_LAUNCH
+    table = VERIFY_LAUNCH if steps is None and kept is None else COMMIT_LAUNCH
     pool, pool_strides, consts, num_warps, n_v = launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V,
                                                              table, **launch)
     o = out if out is not None else (v.new_empty(B, T, H, V) if steps is None else v)
