@@ -17,10 +17,10 @@ log "bench base rc $?"
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_verify.py > "$W/gpu_tests_verify.log" 2>&1
 log "verify tests rc $?"
 OFFSETS="0 5000 20000"
-timeout 300 python3 tools/bench_verify.py --out "$W/ngram_int8" --no-kernels --draft ngram --draft-tokens 4 8 \
+timeout 300 python3 tools/bench_verify.py --out "$W/ngram_int8" --model "$PWD/laquant/assets/gla-small" --no-kernels --draft ngram --draft-tokens 4 8 \
   --prompt-offsets $OFFSETS > "$W/ngram_int8.log" 2>&1
 log "ngram rc $?"
-PYTHONPATH="$BASE:$PYTHONPATH" timeout 300 python3 tools/bench_verify.py --out "$W/ngram_int8_base" --no-kernels \
+PYTHONPATH="$BASE:$PYTHONPATH" timeout 300 python3 tools/bench_verify.py --out "$W/ngram_int8_base" --model "$PWD/laquant/assets/gla-small" --no-kernels \
   --draft ngram --draft-tokens 4 8 --prompt-offsets $OFFSETS > "$W/ngram_int8_base.log" 2>&1
 log "ngram base rc $?"
 touch "$W/job.done"
