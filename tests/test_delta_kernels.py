@@ -77,26 +77,6 @@ def test_decode_matches_reference(fmt, renorm, B, Hk, Hv, K, V, P, block_k):
         assert mismatched < 0.01
 
 
-
-@pytest.mark.parametrize("fmt,rounding,l2norm", [("bf16", "nearest", True), ("int8_row", "stochastic", True),
-                                                 ("fp32", "nearest", False)])
-def test_decode_prefetch_changes_nothing(fmt, rounding, l2norm):
-    """Issuing each K block's loads before the previous block's arithmetic, in both passes (the launch
-    tables' prefetch), is scheduling only: the same outputs and stored states bit for bit."""
-    args, data, scale, idx, _, n_stores = _decode_case(4, 2, 6, 20, 40, 9, fmt)
-    quant = StateQuantizer(fmt, 1, None, rounding)
-    runs = []
-    for prefetch in (False, True):
-        d, s = data.clone(), None if scale is None else scale.clone()
-        o = delta_decode_step(*args, d, s, idx, quant, n_stores, use_qk_l2norm=l2norm, block_k=8, prefetch=prefetch,
-                              seed=3)
-        runs.append((o, d, s))
-    (o0, d0, s0), (o1, d1, s1) = runs
-    assert torch.isfinite(o0.float()).all() and torch.equal(o0, o1)
-    assert torch.equal(d0.view(torch.uint8), d1.view(torch.uint8))
-    assert s0 is None or torch.equal(s0, s1)
-    assert not torch.equal(d0.view(torch.uint8), data.view(torch.uint8))  # the step did store
-
 def test_decode_without_l2norm_and_with_a_qk_scale():
     args, data, scale, idx, quant, n_stores = _decode_case(2, 2, 2, 16, 32, 3, "fp32", dtype=torch.float32)
     ref = delta_decode_step_reference(*args, data.clone(), None, idx, quant, qk_scale=0.3)

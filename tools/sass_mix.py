@@ -41,7 +41,7 @@ def compile_sass(kernel: str, fmt: str, block_k: int, num_warps: int) -> str:
     fn = (delta_decode._delta_decode_kernel if kernel == "delta" else gla_decode._gla_decode_kernel)
     name, _, rounding = fmt.partition(":")
     consts = dict(SHAPES[kernel], BLOCK_K=block_k, BLOCK_V=SHAPES[kernel]["V"], FMT=FORMAT_CODES[name], RENORM=1,
-                  QMAX=127.0 if name == "int8_row" else 448.0, SR=rounding == "stochastic", L2NORM=True, PDL=False, PREFETCH=False)
+                  QMAX=127.0 if name == "int8_row" else 448.0, SR=rounding == "stochastic", L2NORM=True, PDL=False)
     state = {"fp32": "*fp32", "bf16": "*bf16", "fp8_row": "*fp8e4nv", "int8_row": "*i8"}[name]
     sig = {}
     for p in inspect.signature(fn.fn).parameters:

@@ -31,23 +31,19 @@ from laquant.kernels.common.state import StateQuantizer
 STATE_FORMATS = ("fp32", "bf16", "fp8_row:stochastic", "int8_row:stochastic")  # the recipes' roundings
 # (B, Hk, Hv, K, V) of the e2e models: the 1.37B GLA (issue #14's) and the 1.14B qwen3_next's Gated DeltaNet
 STATE_SHAPES = {"gla": (64, 16, 16, 64, 128), "delta": (64, 16, 32, 128, 128)}
-STATE_CONFIGS = [(bk, w, p) for bk in (4, 8, 16, 32, 64, 128) for w in (1, 2, 4, 8) for p in (0, 1)]
+STATE_CONFIGS = [(bk, w) for bk in (4, 8, 16, 32, 64, 128) for w in (1, 2, 4, 8)]
 
 
 def state_decode(*flags):
     """Both decode kernels per state format (``:stochastic`` with the store counts) over (block_k,
-    num_warps, prefetch), CUDA-graph median, as JSON lines; ``--write`` puts each kernel's fastest per format
+    num_warps), CUDA-graph median, as JSON lines; ``--write`` puts each kernel's fastest per format
     (stochastic rounding's for the 8-bit formats: the recipes') into ``kernels/common/state_io.py``.
-    ``--kernels gla`` sweeps one kernel (the other's table stays), ``--blocks 4 8 16`` some K blocks,
-    ``--warps 1 2`` some warp counts, ``--formats fp32 int8_row:stochastic`` some formats (the others keep
-    their entries)."""
+    ``--kernels gla`` sweeps one kernel (the other's table stays), ``--blocks 4 8 16`` some K blocks."""
     flags = list(flags)
     listed = lambda name, cast: [cast(x) for x in itertools.takewhile(  # noqa: E731
         lambda x: not x.startswith("--"), flags[flags.index(name) + 1:])]
     kernels = listed("--kernels", str) if "--kernels" in flags else list(STATE_SHAPES)
-    blocks = listed("--blocks", int) if "--blocks" in flags else sorted({c[0] for c in STATE_CONFIGS})
-    warps = listed("--warps", int) if "--warps" in flags else sorted({c[1] for c in STATE_CONFIGS})
-    formats = listed("--formats", str) if "--formats" in flags else STATE_FORMATS
+    blocks = listed("--blocks", int) if "--blocks" in flags else sorted({bk for bk, _ in STATE_CONFIGS})
     rows = []
     for kernel, (B, Hk, H, K, V) in ((name, STATE_SHAPES[name]) for name in kernels):
         gen = torch.Generator(device="cuda").manual_seed(0)
@@ -57,24 +53,24 @@ def state_decode(*flags):
         n_stores = torch.zeros(B, device="cuda", dtype=torch.int32)
         if kernel == "gla":
             g = (F.logsigmoid(torch.randn(B, H, K, device="cuda", generator=gen)) / 16).bfloat16()
-            step = lambda data, scale, quant, bk, w, p: gla_decode_step(  # noqa: E731
-                q, k, v, g, data, scale, idx, quant, n_stores, block_k=bk, num_warps=w, seed=1, prefetch=bool(p))
+            step = lambda data, scale, quant, bk, w: gla_decode_step(  # noqa: E731
+                q, k, v, g, data, scale, idx, quant, n_stores, block_k=bk, num_warps=w, seed=1)
         else:
             g, beta = -F.softplus(torch.randn(B, H, device="cuda", generator=gen)), torch.rand(B, H, device="cuda")
-            step = lambda data, scale, quant, bk, w, p: delta_decode_step(  # noqa: E731
+            step = lambda data, scale, quant, bk, w: delta_decode_step(  # noqa: E731
                 q, k, v, g, beta, data, scale, idx, quant, n_stores, use_qk_l2norm=True, block_k=bk, num_warps=w,
-                seed=1, prefetch=bool(p))
-        for name in formats:
+                seed=1)
+        for name in STATE_FORMATS:
             fmt, _, rounding = name.partition(":")
             quant = StateQuantizer(fmt, rounding=rounding or "nearest")
             data, scale = StateQuantizer(fmt).store(torch.randn(B, H, K, V, device="cuda", generator=gen) * 0.1)
             scale = scale.squeeze(-1).contiguous() if scale is not None else None
             moved = 2 * data.numel() * data.element_size() + (2 * scale.numel() * 4 if scale is not None else 0)
-            for bk, w, pf in STATE_CONFIGS:
-                if bk not in blocks or w not in warps or bk > K or bk * V // (32 * w) < 4 or (pf and bk >= K):
-                    continue  # (one block: nothing to prefetch)
-                us = do_bench_cudagraph(lambda: step(data, scale, quant, bk, w, pf), rep=100) * 1e3
-                row = dict(kernel=kernel, shape=[B, Hk, H, K, V], format=name, block_k=bk, num_warps=w, prefetch=pf,
+            for bk, w in STATE_CONFIGS:
+                if bk not in blocks or bk > K or bk * V // (32 * w) < 4:
+                    continue
+                us = do_bench_cudagraph(lambda: step(data, scale, quant, bk, w), rep=100) * 1e3
+                row = dict(kernel=kernel, shape=[B, Hk, H, K, V], format=name, block_k=bk, num_warps=w,
                            us=round(us, 2), state_GBps=round(moved / us / 1e3, 1))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -84,8 +80,7 @@ def state_decode(*flags):
         if key not in best or row["us"] < best[key]["us"]:
             best[key] = row
     for (kernel, fmt), row in sorted(best.items()):
-        print(f"fastest {kernel} {fmt}: block_k={row['block_k']} warps={row['num_warps']} prefetch={row['prefetch']} "
-              f"{row['us']} us", flush=True)
+        print(f"fastest {kernel} {fmt}: block_k={row['block_k']} warps={row['num_warps']} {row['us']} us", flush=True)
     if "--write" in flags:
         _write_state_tables(best)
 
@@ -101,7 +96,7 @@ def _write_state_tables(best):
     names = (("DECODE_LAUNCH", "gla"), ("DELTA_DECODE_LAUNCH", "delta"))
     tables = {kernel: dict(getattr(state_io, name)) for name, kernel in names}
     for (kernel, fmt), row in best.items():
-        tables[kernel][fmt] = (row["block_k"], row["num_warps"], row["prefetch"])
+        tables[kernel][fmt] = (row["block_k"], row["num_warps"])
     lines = [f"# {torch.cuda.get_device_name()}\n"]
     for name, kernel in names:
         lines.append(f"{name} = {json.dumps(tables[kernel]).replace('[', '(').replace(']', ')')}\n")

@@ -266,33 +266,12 @@ if triton is not None:
         return out
 
     @triton.jit
-    def load_state_codes(data_ptrs, scale_ptrs, mask_k, mask, FMT: tl.constexpr, BLOCK_K: tl.constexpr):
-        """A stored ``[BLOCK_K, V]`` state tile as stored, and its row scales (1 for the plain formats):
-        loaded ahead of :func:`decode_state`, so a loop can issue the next tile's loads early."""
+    def load_state_rows(data_ptrs, scale_ptrs, mask_k, mask, FMT: tl.constexpr, BLOCK_K: tl.constexpr):
+        """A stored ``[BLOCK_K, V]`` state tile as float32, and its row scales (1 for the plain formats)."""
         scale = tl.full([BLOCK_K], 1.0, tl.float32)
         if FMT >= 2:
             scale = tl.load(scale_ptrs, mask=mask_k, other=1.0)
-        return tl.load(data_ptrs, mask=mask, other=0.0), scale
-
-    @triton.jit
-    def load_state_rows(data_ptrs, scale_ptrs, mask_k, mask, FMT: tl.constexpr, BLOCK_K: tl.constexpr):
-        """A stored ``[BLOCK_K, V]`` state tile as float32, and its row scales (1 for the plain formats)."""
-        data, scale = load_state_codes(data_ptrs, scale_ptrs, mask_k, mask, FMT, BLOCK_K)
-        return decode_state(data, scale, FMT), scale
-
-    @triton.jit
-    def state_block_loads(q_base, k_base, g_base, state_base, scale_base, s_qk, s_kk, s_gk, s_sk, k0, offs_v, mask_v,
-                          K: tl.constexpr, BLOCK_K: tl.constexpr, FMT: tl.constexpr):
-        """A decode kernel's loads for K rows ``k0 .. k0 + BLOCK_K`` (none past K): q, k and the
-        log-decay in float32, the stored state tile and its row scales (:func:`load_state_codes`)."""
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < K
-        q = tl.load(q_base + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32)
-        kk = tl.load(k_base + offs_k * s_kk, mask=mask_k, other=0.0).to(tl.float32)
-        g = tl.load(g_base + offs_k * s_gk, mask=mask_k, other=0.0).to(tl.float32)
-        data, scale = load_state_codes(state_base + offs_k[:, None] * s_sk + offs_v[None, :], scale_base + offs_k,
-                                       mask_k, mask_k[:, None] & mask_v[None, :], FMT, BLOCK_K)
-        return q, kk, g, data, scale
+        return decode_state(tl.load(data_ptrs, mask=mask, other=0.0), scale, FMT), scale
 
     @triton.jit
     def store_state_rows(st, data_ptrs, scale_ptrs, mask_k, mask, scale, FMT: tl.constexpr, SR: tl.constexpr,

@@ -31,8 +31,8 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_prologue
-    from ..common.triton_numerics import (decayed_update, decode_state, load_state_rows, state_block_loads,
-                                          state_random_bytes, store_state_rows, stored_row_scale)
+    from ..common.triton_numerics import (decayed_update, load_state_rows, state_random_bytes, store_state_rows,
+                                          stored_row_scale)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -93,8 +93,8 @@ if triton is not None:
         s_sp, s_sh, s_sk, s_cp, s_ch,
         qk_scale, seed,
         H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr,
-        BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr,
-        L2NORM: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+        BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr, L2NORM: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         pdl_prologue(PDL)
         pid = tl.program_id(0)
@@ -137,60 +137,43 @@ if triton is not None:
                                    static_ptr + h * K + offs_k, mask_k, mask, renorm_now, seed, slot, position, h,
                                    offs_k, K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR)
         else:
-            # pass 1: the norms of q and k (when asked) and k^T S of the decayed incoming state. With PREFETCH
-            # each block's loads issue before the previous block's arithmetic (none past K), and pass 2's first
-            # block's before the reductions between the passes.
+            # pass 1: the norms of q and k (when asked) and k^T S of the decayed incoming state
             q_mul = qk_scale
             k_mul = 1.0
             kS = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)  # reduced over K once, after the loop
             q_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
             k_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
-            if PREFETCH:
-                q_n, k_n, g_n, data_n, scale_n = state_block_loads(q_base, k_base, g_base, state_base, scale_base,
-                                                                   s_qk, s_kk, s_gk, s_sk, 0, offs_v, mask_v, K,
-                                                                   BLOCK_K, FMT)
             for k0 in range(0, K, BLOCK_K):
-                if PREFETCH:
-                    qq, kk, g, data, row_scale = q_n, k_n, g_n, data_n, scale_n
-                    q_n, k_n, g_n, data_n, scale_n = state_block_loads(q_base, k_base, g_base, state_base,
-                                                                       scale_base, s_qk, s_kk, s_gk, s_sk,
-                                                                       k0 + BLOCK_K, offs_v, mask_v, K, BLOCK_K, FMT)
-                else:
-                    qq, kk, g, data, row_scale = state_block_loads(q_base, k_base, g_base, state_base, scale_base,
-                                                                   s_qk, s_kk, s_gk, s_sk, k0, offs_v, mask_v, K,
-                                                                   BLOCK_K, FMT)
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                mask_k = offs_k < K
+                kk = tl.load(k_base + offs_k * s_kk, mask=mask_k, other=0.0).to(tl.float32)
                 if L2NORM:
+                    qq = tl.load(q_base + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32)
                     q_sq += qq * qq
                     k_sq += kk * kk
-                kS += (kk * tl.exp(g))[:, None] * decode_state(data, row_scale, FMT)
-            if PREFETCH:
-                q_n, k_n, g_n, data_n, scale_n = state_block_loads(q_base, k_base, g_base, state_base, scale_base,
-                                                                   s_qk, s_kk, s_gk, s_sk, 0, offs_v, mask_v, K,
-                                                                   BLOCK_K, FMT)
+                decay = tl.exp(tl.load(g_base + offs_k * s_gk, mask=mask_k, other=0.0).to(tl.float32))
+                st, _ = load_state_rows(state_base + offs_k[:, None] * s_sk + offs_v[None, :], scale_base + offs_k,
+                                        mask_k, mask_k[:, None] & mask_v[None, :], FMT, BLOCK_K)
+                kS += (kk * decay)[:, None] * st
             if L2NORM:  # as fla and transformers: x * rsqrt(sum(x^2) + 1e-6)
                 q_mul = qk_scale * tl.rsqrt(tl.sum(q_sq, axis=0) + 1e-6)
                 k_mul = tl.rsqrt(tl.sum(k_sq, axis=0) + 1e-6)
             delta = beta * (v - k_mul * tl.sum(kS, axis=0))
+
             # pass 2: S = Diag(exp(g)) S + k delta^T, o = q S, S stored back in its format
             readout = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
                 offs_k = k0 + tl.arange(0, BLOCK_K)
                 mask_k = offs_k < K
                 mask = mask_k[:, None] & mask_v[None, :]
-                if PREFETCH:
-                    qq, kk, g, data, old_scale = q_n, k_n, g_n, data_n, scale_n
-                    q_n, k_n, g_n, data_n, scale_n = state_block_loads(q_base, k_base, g_base, state_base,
-                                                                       scale_base, s_qk, s_kk, s_gk, s_sk,
-                                                                       k0 + BLOCK_K, offs_v, mask_v, K, BLOCK_K, FMT)
-                else:
-                    qq, kk, g, data, old_scale = state_block_loads(q_base, k_base, g_base, state_base, scale_base,
-                                                                   s_qk, s_kk, s_gk, s_sk, k0, offs_v, mask_v, K,
-                                                                   BLOCK_K, FMT)
+                kk = tl.load(k_base + offs_k * s_kk, mask=mask_k, other=0.0).to(tl.float32) * k_mul
+                qq = tl.load(q_base + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32) * q_mul
+                decay = tl.exp(tl.load(g_base + offs_k * s_gk, mask=mask_k, other=0.0).to(tl.float32))
                 ptrs = state_base + offs_k[:, None] * s_sk + offs_v[None, :]
-                readout += _update_rows(decode_state(data, old_scale, FMT), old_scale, kk * k_mul, qq * q_mul,
-                                        tl.exp(g), delta, ptrs, scale_base + offs_k, static_ptr + h * K + offs_k,
-                                        mask_k, mask, renorm_now, seed, slot, position, h, offs_k, K, V, BLOCK_K,
-                                        BLOCK_V, FMT, RENORM, QMAX, SR)
+                st, old_scale = load_state_rows(ptrs, scale_base + offs_k, mask_k, mask, FMT, BLOCK_K)
+                readout += _update_rows(st, old_scale, kk, qq, decay, delta, ptrs, scale_base + offs_k,
+                                        static_ptr + h * K + offs_k, mask_k, mask, renorm_now, seed, slot, position, h,
+                                        offs_k, K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR)
         o = tl.sum(readout, axis=0)
         tl.store(o_ptr + b * s_ob + h * s_oh + offs_v, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
                  mask=mask_v)
@@ -199,7 +182,7 @@ if triton is not None:
 def delta_decode_step(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer,
                       n_stores: torch.Tensor | None = None, qk_scale: float | None = None,
                       use_qk_l2norm: bool = False, block_k: int | None = None, num_warps: int | None = None,
-                      out: torch.Tensor | None = None, seed: int = 0, prefetch: bool | None = None) -> torch.Tensor:
+                      out: torch.Tensor | None = None, seed: int = 0) -> torch.Tensor:
     """Triton decode step. q, k ``[B, Hk, K]``, v ``[B, Hv, V]``, g (log-decay) and beta ``[B, Hv]``;
     ``state`` ``[P, Hv, K, V]`` with V contiguous; ``scale`` ``[P, Hv, K]`` float32 (scaled formats
     only); ``pool_idx`` ``[B]`` int32. The slots are updated in place (``n_stores`` is read, not
@@ -214,11 +197,11 @@ def delta_decode_step(q, k, v, g, beta, state, scale, pool_idx, quantizer: State
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, g {tuple(g.shape)}, "
                          f"beta {tuple(beta.shape)}")
     return launch_decode(q, k, v, g.unsqueeze(-1).expand(B, H, K), beta, state, scale, pool_idx, quantizer, n_stores,
-                         qk_scale, use_qk_l2norm, block_k, num_warps, out, seed, prefetch)
+                         qk_scale, use_qk_l2norm, block_k, num_warps, out, seed)
 
 
 def launch_decode(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_scale, use_qk_l2norm, block_k,
-                  num_warps, out, seed=0, prefetch=None):
+                  num_warps, out, seed=0):
     """The decode kernel on checked arguments, g ``[B, Hv, K]`` a per-row log-decay (an expanded
     per-head one has stride 0 over K): the gated delta rule's and KDA's step share it."""
     B, Hk, K = q.shape
@@ -226,7 +209,7 @@ def launch_decode(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores,
     if tuple(state.shape[1:]) != (H, K, V):
         raise ValueError(f"state pool must be [P, Hv, K, V] = [P, {H}, {K}, {V}]; got {tuple(state.shape)}")
     pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K, block_k,
-                                                      num_warps, DELTA_DECODE_LAUNCH, prefetch)
+                                                      num_warps, DELTA_DECODE_LAUNCH)
     o = torch.empty(B, H, V, dtype=v.dtype, device=v.device) if out is None else out
     _delta_decode_kernel[(B * H,)](
         q, k, v, g, beta, o, *pool,

@@ -25,8 +25,8 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_prologue
-    from ..common.triton_numerics import (decayed_update, decode_state, state_block_loads, state_random_bytes,
-                                          store_state_rows, stored_row_scale)
+    from ..common.triton_numerics import (decayed_update, load_state_rows, state_random_bytes, store_state_rows,
+                                          stored_row_scale)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -49,7 +49,6 @@ if triton is not None:
         qk_scale, seed,
         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
         FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr, PDL: tl.constexpr,
-        PREFETCH: tl.constexpr,
     ):
         pdl_prologue(PDL)
         pid = tl.program_id(0)
@@ -66,30 +65,16 @@ if triton is not None:
             position = tl.load(nstore_ptr + slot) + 1
             if RENORM > 1:
                 renorm_now = position % RENORM == 0
-        q_base = q_ptr + b * s_qb + h * s_qh
-        k_base = k_ptr + b * s_kb + h * s_kh
-        g_base = g_ptr + b * s_gb + h * s_gh
-        state_base = state_ptr + slot * s_sp + h * s_sh
-        scale_base = scale_ptr + slot * s_cp + h * s_ch
-        if PREFETCH:
-            q_n, k_n, g_n, data_n, scale_n = state_block_loads(q_base, k_base, g_base, state_base, scale_base, s_qk,
-                                                               s_kk, s_gk, s_sk, 0, offs_v, mask_v, K, BLOCK_K, FMT)
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < K
-            if PREFETCH:  # the next block's loads issue before this block's arithmetic (none past K)
-                q, kk, g, data, old_scale = q_n, k_n, g_n, data_n, scale_n
-                q_n, k_n, g_n, data_n, scale_n = state_block_loads(q_base, k_base, g_base, state_base, scale_base,
-                                                                   s_qk, s_kk, s_gk, s_sk, k0 + BLOCK_K, offs_v, mask_v,
-                                                                   K, BLOCK_K, FMT)
-            else:
-                q, kk, g, data, old_scale = state_block_loads(q_base, k_base, g_base, state_base, scale_base, s_qk,
-                                                              s_kk, s_gk, s_sk, k0, offs_v, mask_v, K, BLOCK_K, FMT)
-            q = q * qk_scale
-            ptrs = state_base + offs_k[:, None] * s_sk + offs_v[None, :]
-            sc_ptrs = scale_base + offs_k
+            q = tl.load(q_ptr + b * s_qb + h * s_qh + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32) * qk_scale
+            kk = tl.load(k_ptr + b * s_kb + h * s_kh + offs_k * s_kk, mask=mask_k, other=0.0).to(tl.float32)
+            g = tl.load(g_ptr + b * s_gb + h * s_gh + offs_k * s_gk, mask=mask_k, other=0.0).to(tl.float32)
+            ptrs = state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :]
+            sc_ptrs = scale_ptr + slot * s_cp + h * s_ch + offs_k
             mask = mask_k[:, None] & mask_v[None, :]
-            st = decode_state(data, old_scale, FMT)
+            st, old_scale = load_state_rows(ptrs, sc_ptrs, mask_k, mask, FMT, BLOCK_K)
             st = decayed_update(st, tl.exp(g), kk, v)
             readout += q[:, None] * st
             new_scale = old_scale
@@ -108,7 +93,7 @@ if triton is not None:
 def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer,
                     n_stores: torch.Tensor | None = None, qk_scale: float | None = None,
                     block_k: int | None = None, num_warps: int | None = None,
-                    out: torch.Tensor | None = None, seed: int = 0, prefetch: bool | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, seed: int = 0) -> torch.Tensor:
     """Triton decode step. q, k, g ``[B, H, K]``, v ``[B, H, V]``; ``state`` ``[P, H, K, V]`` with
     V contiguous; ``scale`` ``[P, H, K]`` float32 (fp8 only); ``pool_idx`` ``[B]`` int32. The slots
     are updated in place (``n_stores`` is read, not incremented: the caller counts). A stochastic
@@ -118,7 +103,7 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
     B, H, K = q.shape
     V = v.shape[-1]
     pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K, block_k,
-                                                      num_warps, prefetch=prefetch)
+                                                      num_warps)
     o = torch.empty(B, H, V, dtype=v.dtype, device=v.device) if out is None else out
     qk_scale = K ** -0.5 if qk_scale is None else qk_scale
     _gla_decode_kernel[(B * H,)](
