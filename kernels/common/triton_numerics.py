@@ -285,9 +285,9 @@ if triton is not None:
     @triton.jit
     def token_row(rows, stride_t, t, mask, T):
         """Token ``t``'s inputs at ``rows + t * stride_t`` in float32 (``t`` capped at the last of the
-        ``T`` tokens, so a load one past them stays in bounds). A verify kernel loads token ``t + 1``'s
-        while token ``t`` computes: waited for at their use, each token's loads had cost a memory round
-        trip in every K block."""
+        ``T`` tokens, so a load one past them stays in bounds). A verify kernel with prefetch loads token
+        ``t + 1``'s while token ``t`` computes; without it, each token's loads cost a memory round trip in
+        every K block."""
         return tl.load(rows + tl.minimum(t, T - 1) * stride_t, mask=mask, other=0.0).to(tl.float32)
 
     @triton.jit

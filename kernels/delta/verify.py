@@ -103,8 +103,9 @@ if triton is not None:
         g_rows = g_ptr + b * s_gb + h * s_gh + offs_k * s_gk
         v_row = v_ptr + b * s_vb + h * s_vh + offs_v * s_vv
         beta_at = beta_ptr + b * s_bb + h * s_bh
-        q_next, k_next, g_next, v_next, beta_next = _delta_token(q_rows, k_rows, g_rows, v_row, beta_at, s_qt, s_kt,
-                                                                 s_gt, s_vt, s_bt, 0, mask_k, mask_v, T)
+        if PREFETCH:
+            q_next, k_next, g_next, v_next, beta_next = _delta_token(q_rows, k_rows, g_rows, v_row, beta_at, s_qt,
+                                                                     s_kt, s_gt, s_vt, s_bt, 0, mask_k, mask_v, T)
         for t in range(0, steps):
             # the decode kernel's expressions (kernels/delta/decode.py), its K blocks being one block here
             if PREFETCH:  # token t + 1's inputs load behind token t's arithmetic

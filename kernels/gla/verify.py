@@ -98,8 +98,9 @@ if triton is not None:
             k_rows = k_ptr + b * s_kb + h * s_kh + offs_k * s_kk
             g_rows = g_ptr + b * s_gb + h * s_gh + offs_k * s_gk
             v_row = v_ptr + b * s_vb + h * s_vh + offs_v * s_vv
-            q_next, k_next, g_next, v_next = _gla_token(q_rows, k_rows, g_rows, v_row, s_qt, s_kt, s_gt, s_vt, 0,
-                                                        mask_k, mask_v, T)
+            if PREFETCH:
+                q_next, k_next, g_next, v_next = _gla_token(q_rows, k_rows, g_rows, v_row, s_qt, s_kt, s_gt, s_vt, 0,
+                                                            mask_k, mask_v, T)
             for t in range(0, steps):
                 if PREFETCH:  # token t + 1's inputs load behind token t's arithmetic
                     q, kk, g, v = q_next, k_next, g_next, v_next
