@@ -9,8 +9,8 @@ timeout 420 python3 tools/sweep_kernels.py verify --jobs 14 --write --out "$W/ve
   > "$W/verify_sweep.log" 2>&1
 log "sweep rc $?"
 git diff kernels/common/state_io.py > "$W/tables.diff"
-timeout 240 python3 tools/bench_verify.py --no-speculative --batch 64 --tokens 4 8 --formats int8_row:stochastic bf16 fp32 \
-  --out "$W/verify_bench" > "$W/verify_bench.log" 2>&1
+timeout 240 python3 tools/bench_verify.py --no-speculative --batch 64 --tokens 4 8 \
+  --formats int8_row:stochastic bf16 fp32 --out "$W/verify_bench" > "$W/verify_bench.log" 2>&1
 log "bench rc $?"
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_verify.py > "$W/gpu_tests_verify.log" 2>&1
 log "verify tests rc $?"

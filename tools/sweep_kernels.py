@@ -156,13 +156,18 @@ def _verify_cases(steps):
                     g = -F.softplus(torch.randn(B, T, H, device="cuda", generator=gen))
                     ins, kw = (q, k, v, g, torch.rand(B, T, H, device="cuda", generator=gen)), {"use_qk_l2norm": True}
                     fns = {"verify": delta_verify, "commit": delta_commit}
+                pool = (data, scale, idx, quant)
                 for step in steps:
                     counts = (half,) if step == "commit" else ()
-                    run = lambda c, fn=fns[step], ins=ins, kw=kw, counts=counts, quant=quant, data=data, scale=scale: fn(  # noqa: E731
-                        *ins, data, scale, idx, quant, *counts, n_stores, seed=1, block_v=c[1], num_warps=c[2],
-                        prefetch=bool(c[3]), **kw, **({"block_k": c[0]} if kernel == "gla" else {}))
+                    run = _launcher(fns[step], ins, pool, counts, n_stores, kw, kernel == "gla")
                     default = getattr(state_io, VERIFY_TABLES[kernel, step])[fmt]
                     yield kernel, name, [B, Hk, H, K, V], T, step, run, tuple(default)
+
+
+def _launcher(fn, ins, pool, counts, n_stores, kw, has_block_k):
+    """``run(config)``: ``fn`` (a verify or commit) on these inputs with the launch ``config``."""
+    return lambda c: fn(*ins, *pool, *counts, n_stores, seed=1, block_v=c[1], num_warps=c[2], prefetch=bool(c[3]),
+                        **kw, **({"block_k": c[0]} if has_block_k else {}))
 
 
 def verify(*flags):
@@ -196,8 +201,8 @@ def verify(*flags):
 
         procs = [subprocess.Popen([sys.executable, __file__, "verify", "--compile-only", str(i), str(jobs),
                                    "--steps", *steps]) for i in range(jobs)]
-        failed = [p.wait() for p in procs]
-        print(f"compiled in {jobs} processes (exit codes {failed})", flush=True)
+        codes = [p.wait() for p in procs]
+        print(f"compiled in {jobs} processes (exit codes {codes})", flush=True)
     out = open(opt("--out"), "w") if opt("--out") else None
     rows, bests = [], {}
     for kernel, name, shape, T, step, run, default in _verify_cases(steps):
@@ -208,8 +213,8 @@ def verify(*flags):
         for c in configs:
             us = do_bench_cudagraph(lambda: run(c), rep=50) * 1e3
             row = dict(device=torch.cuda.get_device_name(), kernel=kernel, shape=shape, format=name, tokens=T,
-                       step=step, block_k=c[0], block_v=c[1],
-                       num_warps=c[2], prefetch=c[3], default=c == default, us=round(us, 2))
+                       step=step, block_k=c[0], block_v=c[1], num_warps=c[2], prefetch=c[3], default=c == default,
+                       us=round(us, 2))
             timed.append(row)
             print(json.dumps(row), file=out, flush=True)
         rows += timed

@@ -107,7 +107,8 @@ if triton is not None:
                     q_next, k_next, g_next, v_next = _gla_token(q_rows, k_rows, g_rows, v_row, s_qt, s_kt, s_gt, s_vt,
                                                                 t + 1, mask_k, mask_v, T)
                 else:
-                    q, kk, g, v = _gla_token(q_rows, k_rows, g_rows, v_row, s_qt, s_kt, s_gt, s_vt, t, mask_k, mask_v, T)
+                    q, kk, g, v = _gla_token(q_rows, k_rows, g_rows, v_row, s_qt, s_kt, s_gt, s_vt, t, mask_k,
+                                             mask_v, T)
                 st = decayed_update(S, tl.exp(g), kk, v)  # as the decode kernel, bit for bit
                 if not COMMIT:
                     out += tl.where(rows_t[:, None] == t, tl.sum((q * qk_scale)[:, None] * st, axis=0)[None, :],
