@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue #19 / #14: the GLA decode kernel's sweep with smaller K blocks and the verify kernels' commit sweep, both
-# written into the device copy's tables (the verify step's tables are already in the tree); the verify bench (B = 64, 4 and 8
-# tokens) and the GPU tests on the new tables; then issue #14's GLA e2e with the new decode tables against the
-# checkout before them (scratch/base_pkg, carried, first on PYTHONPATH: *_base).
+# written into the device copy's tables (the verify step's tables are already in the tree); the verify bench
+# (B = 64, 4 and 8 tokens) and the GPU tests on the new tables; then issue #14's GLA e2e with the new decode tables
+# against the checkout before them (scratch/base_pkg, carried, first on PYTHONPATH: *_base).
 #   run: bash tools/device_kernels.sh 560 device_verify_commit_job.sh   (carry scratch)
 set -u
 . tools/device_job_env.sh "$@"
