@@ -4,13 +4,16 @@ Kernels (GLA and the gated delta rule, per state format): a verify step of K = 2
 B = 1 and 64 against one decode step, K decode steps, and the chunked prefill kernel run on the same K
 tokens; its commit (accepting K/2, recomputed) and the variant keeping every state in a side
 buffer; and whether verify + commit left the pool bit-identical to the decode steps.
-Speculative decoding (B = 1): the shipped gla-small (or --model) quantized with --recipe as the
-target, drafted for by its unquantized self (or --draft, a model or ``ngram``: prompt lookup): tokens/s
-against plain decoding (CUDA graphed and eager), the acceptance, and whether the tokens equal plain
-greedy decoding's; one prompt per --prompt-offsets (characters into WikiText-2's test text).
+Speculative decoding (B = 1, or --spec-batch rows of each prompt): the shipped gla-small (or --model)
+quantized with --recipe as the target, drafted for by its unquantized self (or --draft, a model or
+``ngram``: prompt lookup): tokens/s against plain decoding (CUDA graphed and eager), a round's time over
+a plain step's, the acceptance, and whether the tokens equal plain greedy decoding's; one prompt per
+--prompt-offsets (characters into WikiText-2's test text).
 
     python tools/bench_verify.py --out bench/verify            # on the GPU
     python tools/bench_verify.py --out /tmp/v --tiny           # CPU smoke test: the references, no timings
+    python tools/bench_verify.py --out bench/b64 --no-kernels --draft ngram --spec-batch 64 \
+        --timing-target '{"hidden_size": 2048, "num_hidden_layers": 24, "num_heads": 16}'   # a round at B = 64
 
 Writes ``verify.json`` and ``verify.md`` under ``--out``.
 """
@@ -137,9 +140,10 @@ def _rollback_identical(family, ins, pool, idx, quant, n_stores, accepted, decod
 
 
 def speculative_rows(args, cuda: bool) -> list[dict]:
-    """B = 1 speculative decoding of each target (the trained ``--model`` quantized with ``--recipe``;
-    with ``--timing-target``, also a random-weight model of that config, quantized alike, whose
-    acceptance says nothing: its round time gives the projection at other acceptances)."""
+    """Speculative decoding of each target (the trained ``--model`` quantized with ``--recipe``; with
+    ``--timing-target``, also a random-weight model of that config, quantized alike, whose acceptance
+    says nothing: its round time gives the projection at other acceptances). ``--spec-batch B``: each
+    prompt repeated in B rows (the rows accept alike), for a round's cost at that batch."""
     import laquant
     from laquant.api import load
     from laquant.models import GLAConfig, GLAForCausalLM
@@ -155,8 +159,8 @@ def speculative_rows(args, cuda: bool) -> list[dict]:
     text = (Path(laquant.__file__).parent / "assets/data/calibration/wiki.utf8").read_text()[:200_000]
     calib = tok(text, return_tensors="pt").input_ids[0].to(device)
     wiki = (Path(laquant.__file__).parent / "assets/data/wikitext-2-raw/wiki.test.raw").read_text()
-    prompts = [(off, tok(wiki[off:off + 2000], return_tensors="pt").input_ids[:, :args.prompt_tokens].to(device))
-               for off in args.prompt_offsets]
+    prompts = [(off, tok(wiki[off:off + 2000], return_tensors="pt").input_ids[:, :args.prompt_tokens].to(device)
+                .expand(args.spec_batch, -1).contiguous()) for off in args.prompt_offsets]
     targets = [(str(model_dir.name), target)]
     if args.timing_target:
         cfg = GLAConfig(**{**json.loads(args.timing_target), "vocab_size": target.config.vocab_size})
@@ -187,7 +191,7 @@ def _speculative_rows_of(args, cuda, name, target, draft, ids) -> list[dict]:
         if cuda:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
-        return out, (out.shape[1] - ids.shape[1]) / seconds, seconds
+        return out, out.shape[0] * (out.shape[1] - ids.shape[1]) / seconds, seconds  # tokens/s over the rows
 
     rows = []
     with torch.no_grad():
@@ -204,12 +208,13 @@ def _speculative_rows_of(args, cuda, name, target, draft, ids) -> list[dict]:
             if cuda:
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - t0
-            spec_rate, round_ms = (out.shape[1] - ids.shape[1]) / seconds, seconds * 1e3 / stats.rounds
+            spec_rate, round_ms = out.shape[0] * (out.shape[1] - ids.shape[1]) / seconds, seconds * 1e3 / stats.rounds
             _, spec_eager_rate, _ = rate(lambda: speculative_generate(target, draft, ids, n, k, graphed=False))
-            step_ms = 1e3 / plain_rate
-            projected = {f"{a:.1f}": (1 - a ** (k + 1)) / (1 - a) / round_ms * 1e3 / plain_rate
-                         for a in (0.6, 0.8, 0.9)}  # tokens/round at i.i.d. acceptance a, over plain tokens/s
-            row = dict(model=name, recipe=args.recipe, draft=args.draft or "gla-small", draft_tokens=k,
+            step_ms = 1e3 * ids.shape[0] / plain_rate
+            projected = {f"{a:.1f}": (1 - a ** (k + 1)) / (1 - a) / round_ms * step_ms
+                         for a in (0.6, 0.8, 0.9)}  # tokens/round at i.i.d. acceptance a, over plain tokens a step
+            row = dict(model=name, recipe=args.recipe, draft=args.draft or "gla-small", batch=ids.shape[0],
+                       draft_tokens=k,
                        new_tokens=n, equal_to_greedy=bool(torch.equal(out, plain)),
                        parting_gap=_parting_gap(target, out, plain),
                        round_graphed=stats.round_graphed, draft_graphed=stats.draft_graphed,
@@ -262,19 +267,21 @@ def markdown(kernels: list[dict], spec: list[dict], device: str) -> str:
                      f"{us(r['commit_kept'])} | {us(r.get('prefill_chunk'))} | {ratio('verify_over_decode')} | "
                      f"{ratio('verify_commit_over_decode')} | {r['bit_identical']} |")
     if spec:
-        lines += ["", "## Speculative decoding, B = 1 (target >= 1.5x plain)", "",
+        lines += ["", "## Speculative decoding (target >= 1.5x plain at B = 1)", "",
                   "tokens/s: each round one CUDA graph where round graphed (else the verify steps eager, the draft's "
                   "steps graphed); all eager: everything eager. Rates include the prompt's prefill (both models'). "
+                  "tokens/s are over the batch's rows (B rows of one prompt accept alike). "
                   "round / step: a round's time over a plain graphed step's. Projected: the same round time with "
                   "tokens/round (1 - a^(k+1)) / (1 - a) at i.i.d. acceptance a, over plain graphed tokens/s (a "
                   "random-weight target's own acceptance means nothing).", "",
-                  "| target | recipe | draft | k | acceptance | tokens/round | tokens/s | all eager | round graphed | "
+                  "| target | recipe | draft | B | k | acceptance | tokens/round | tokens/s | all eager | round graphed | "
                   "plain graphed | plain eager | draft alone | round ms | round / step | vs graphed | vs eager | "
                   "projected at a = 0.6 / 0.8 / 0.9 | = greedy |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in spec:
             proj = " / ".join(f"{v:.2f}x" for v in r["projected_speedup_at_acceptance"].values())
-            lines.append(f"| {r['model']} | {r['recipe']} | {r['draft']} | {r['draft_tokens']} | {r['acceptance']:.0%} | "
+            lines.append(f"| {r['model']} | {r['recipe']} | {r['draft']} | {r.get('batch', 1)} | {r['draft_tokens']} | "
+                         f"{r['acceptance']:.0%} | "
                          f"{r['tokens_per_round']:.2f} | {r['tokens_per_s']:.1f} | {r['all_eager_tokens_per_s']:.1f} | "
                          f"{r['round_graphed']} | {r['plain_graphed_tokens_per_s']:.1f} | "
                          f"{r['plain_eager_tokens_per_s']:.1f} | {_rate(r['draft_alone_tokens_per_s'])} | "
@@ -302,6 +309,8 @@ def main(argv=None) -> int:
                    help="one prompt per offset (characters into WikiText-2's test text; default: 0)")
     p.add_argument("--draft-tokens", nargs="+", type=int, default=[2, 4, 8])
     p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--spec-batch", type=int, default=1,
+                   help="speculative decoding at this batch (each prompt repeated; the rows accept alike)")
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--no-speculative", action="store_true", help="kernels only")
     p.add_argument("--timing-target", default=None, metavar="JSON",
