@@ -32,7 +32,6 @@ CLASSES = {
 }
 SHAPES = {"delta": dict(H=32, GROUP=2, K=128, V=128), "gla": dict(H=16, K=64, V=128)}
 SHAPES.update(delta_verify=SHAPES["delta"], gla_verify=SHAPES["gla"])
-FORMAT_CODES = {"fp32": 0, "bf16": 1, "fp8_row": 2, "int8_row": 3}
 
 
 def compile_sass(kernel: str, fmt: str, block_k: int, num_warps: int, block_v: int | None = None, tokens: int = 4,
@@ -49,13 +48,16 @@ def compile_sass(kernel: str, fmt: str, block_k: int, num_warps: int, block_v: i
 
     fn = {"delta": delta_decode._delta_decode_kernel, "gla": gla_decode._gla_decode_kernel,
           "delta_verify": delta_verify._delta_verify_kernel, "gla_verify": gla_verify._gla_verify_kernel}[kernel]
+    from laquant.kernels.common.formats import get_format, kernel_code
+
     name, _, rounding = fmt.partition(":")
     shape = SHAPES[kernel]
-    scaled = name in ("fp8_row", "int8_row")
+    spec = get_format(name)
+    scaled = spec.is_scaled
     if kernel == "delta_verify":
         block_k = shape["K"]
     consts = dict(shape, BLOCK_K=block_k, BLOCK_V=shape["V"] if scaled or not block_v else block_v,
-                  FMT=FORMAT_CODES[name], RENORM=1, QMAX=127.0 if name == "int8_row" else 448.0,
+                  FMT=kernel_code(spec), RENORM=1, QMAX=spec.qmax if scaled else 1.0,  # as pool_args passes them
                   SR=rounding == "stochastic", L2NORM=True, PDL=False, BLOCK_T=1 << (tokens - 1).bit_length(),
                   KEEP=False, COMMIT=commit, PREFETCH=prefetch)
     state = {"fp32": "*fp32", "bf16": "*bf16", "fp8_row": "*fp8e4nv", "int8_row": "*i8"}[name]
