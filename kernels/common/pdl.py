@@ -9,14 +9,19 @@ an H100 it made the B = 64 decode step 8% slower, its GEMMs 29% slower; removed.
 
 Every kernel launched with PDL here calls ``gdc_wait`` before ``gdc_launch_dependents``, so at
 most one kernel runs ahead and, when it starts, every kernel before its predecessor has finished.
-Kernels launched without it (PyTorch's, cuBLAS) serialize as usual.
+Kernels launched without it (PyTorch's, cuBLAS) serialize as usual. The split-K GEMM and the decode
+kernels release the next kernel after their main loop (:func:`pdl_release`) in launches of more than
+:data:`PDL_EARLY_ROWS` tokens, at their start in smaller ones; the short kernels at their start
+(:func:`pdl_prologue`).
 
-Measured on an H100 (``eval/results/speed_h100_e2e_pdl.md``, 24-layer 1.4B GLA, gla_int8_all, CUDA
-graph per step): decode at B = 1 +8% tokens/s, at B = 64 -3%. So launches of at most
-:data:`PDL_MAX_ROWS` tokens use it (the B = 1 graph), larger ones do not (between 1 and 64 the
-threshold is not measured). ``LAQUANT_PDL=0`` turns it off, ``LAQUANT_PDL=all`` on for every
-size (for benchmarks). It is off on the CPU, under the Triton interpreter, before sm_90, and with
-a Triton that has no ``gdc_wait`` / ``launch_pdl``.
+Measured (``eval/results/pdl_release_h200/``, H200, 24-layer 1.37B GLA, gla_int8_all, CUDA graph per
+step): with every kernel releasing at its start, PDL gave +8% tokens/s at B = 1 on an H100 but -3%
+(H100) to +4.6% (H200) at B = 64; with the GEMM and decode kernels releasing after their loop, +8.6%
+at B = 64 (the qwen3_next hybrid's hybrid_int8 +4.2%). So launches of at most
+:data:`PDL_MAX_ROWS` tokens (the decode sizes, where the split-K GEMM runs) use it, prefill's
+larger ones do not. ``LAQUANT_PDL=0`` turns it off, ``LAQUANT_PDL=all`` on for every size (for
+benchmarks). It is off on the CPU, under the Triton interpreter, before sm_90, and with a Triton
+that has no ``gdc_wait`` / ``launch_pdl``.
 """
 
 from __future__ import annotations
@@ -50,7 +55,10 @@ def _device_has_pdl(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-PDL_MAX_ROWS = 16
+PDL_MAX_ROWS = 256
+# up to this many tokens the looped kernels too release the next kernel at their start (B = 1: a wave
+# of a few programs, where the earlier start measured better)
+PDL_EARLY_ROWS = 16
 
 
 def pdl_enabled(device: torch.device, rows: int) -> bool:
@@ -63,15 +71,38 @@ def pdl_enabled(device: torch.device, rows: int) -> bool:
 
 
 def pdl_launch(device: torch.device, rows: int) -> dict:
-    """Keyword arguments for a kernel launch: its ``PDL`` constexpr and, when on, ``launch_pdl``."""
-    return {"PDL": True, "launch_pdl": True} if pdl_enabled(device, rows) else {"PDL": False}
+    """Keyword arguments for a kernel launch: its ``PDL`` constexpr (0: off; 1: on, the next kernel
+    released at the start; 2: on, released after the main loop by kernels that have one) and, when on,
+    ``launch_pdl``."""
+    if not pdl_enabled(device, rows):
+        return {"PDL": 0}
+    return {"PDL": 1 if rows <= PDL_EARLY_ROWS else 2, "launch_pdl": True}
 
 
 if triton is not None:
 
     @triton.jit
+    def pdl_wait(PDL: tl.constexpr):
+        """Wait until the previous kernel has finished and its writes are visible; with ``PDL == 1``
+        then let the next kernel start (a no-op without ``PDL``). Kernels with a main loop call it
+        first and :func:`pdl_release` after the loop."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        if PDL == 1:
+            tl.extra.cuda.gdc_launch_dependents()
+
+    @triton.jit
+    def pdl_release(PDL: tl.constexpr):
+        """With ``PDL == 2``, let the next kernel's programs start (they wait in their own wait). Called
+        after a kernel's main loop, its programs are all running or done when the next kernel's take SM
+        slots."""
+        if PDL == 2:
+            tl.extra.cuda.gdc_launch_dependents()
+
+    @triton.jit
     def pdl_prologue(PDL: tl.constexpr):
-        """Wait for the previous kernel, then let the next one start (a no-op without ``PDL``)."""
+        """Wait for the previous kernel, then let the next one start (a no-op without ``PDL``): the
+        kernels without a main loop."""
         if PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()

@@ -30,7 +30,7 @@ try:
     import triton
     import triton.language as tl
 
-    from ..common.pdl import pdl_prologue
+    from ..common.pdl import pdl_release, pdl_wait
     from ..common.triton_numerics import (decayed_update, load_state_rows, state_random_bytes, store_state_rows,
                                           stored_row_scale)
 except ImportError:  # laquant's CPU path needs no Triton
@@ -96,7 +96,7 @@ if triton is not None:
         BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr, L2NORM: tl.constexpr,
         PDL: tl.constexpr,
     ):
-        pdl_prologue(PDL)
+        pdl_wait(PDL)
         pid = tl.program_id(0)
         b = pid // H
         h = pid % H
@@ -174,6 +174,7 @@ if triton is not None:
                 readout += _update_rows(st, old_scale, kk, qq, decay, delta, ptrs, scale_base + offs_k,
                                         static_ptr + h * K + offs_k, mask_k, mask, renorm_now, seed, slot, position, h,
                                         offs_k, K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR)
+        pdl_release(PDL)
         o = tl.sum(readout, axis=0)
         tl.store(o_ptr + b * s_ob + h * s_oh + offs_v, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
                  mask=mask_v)

@@ -62,7 +62,7 @@ try:
     import triton
     import triton.language as tl
 
-    from ..common.pdl import pdl_prologue
+    from ..common.pdl import pdl_release, pdl_wait
     from ..common.triton_numerics import quantize_int8, store_codes, store_token_codes, token_code_map
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
@@ -243,7 +243,7 @@ if triton is not None:
         k_per = tl.cdiv(tl.cdiv(K, BK), SPLIT_K) * BK
         k_lo = pid_k * k_per
         k_hi = tl.minimum(K, k_lo + k_per)
-        pdl_prologue(PDL)
+        pdl_wait(PDL)
         a_rows = a_ptr + offs_m[:, None].to(tl.int64) * s_am
         w_cols = w_ptr + offs_n[None, :].to(tl.int64) * K
         if SWAP_AB:
@@ -299,6 +299,7 @@ if triton is not None:
                         acc = tl.dot(a, w.to(tl.float32), acc, input_precision="ieee")
                     else:
                         acc = tl.dot(a, w.to(a.dtype), acc)
+        pdl_release(PDL)  # the next kernel's programs start during this epilogue
         ws = tl.load(ws_ptr + offs_n, mask=mn, other=0.0)
         if A8:
             y = acc.to(tl.float32) * xs[:, None] * ws[None, :]

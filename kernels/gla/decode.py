@@ -24,7 +24,7 @@ try:
     import triton
     import triton.language as tl
 
-    from ..common.pdl import pdl_prologue
+    from ..common.pdl import pdl_release, pdl_wait
     from ..common.triton_numerics import (decayed_update, load_state_rows, state_random_bytes, store_state_rows,
                                           stored_row_scale)
 except ImportError:  # laquant's CPU path needs no Triton
@@ -50,7 +50,7 @@ if triton is not None:
         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
         FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr, PDL: tl.constexpr,
     ):
-        pdl_prologue(PDL)
+        pdl_wait(PDL)
         pid = tl.program_id(0)
         b = pid // H
         h = pid % H
@@ -85,6 +85,7 @@ if triton is not None:
             if SR:
                 rbits = state_random_bytes(seed, slot, position, 0, h, offs_k, 0, K, V, BLOCK_K, BLOCK_V)
             store_state_rows(st, ptrs, sc_ptrs, mask_k, mask, new_scale, FMT, SR, rbits)
+        pdl_release(PDL)
         o = tl.sum(readout, axis=0)
         tl.store(o_ptr + b * s_ob + h * s_oh + offs_v, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
                  mask=mask_v)
