@@ -172,6 +172,15 @@ def capture_graph(fn):
     return graph, out
 
 
+def capture_failure(exc: BaseException) -> str:
+    """What made a capture fail, in one line. An error inside ``torch.cuda.graph`` makes ending the capture
+    fail too ("operation failed due to a previous error during capture"), and that error is the one
+    raised: the first one is its ``__context__``, named here as the cause."""
+    first = lambda e: f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"  # noqa: E731
+    cause = exc.__context__ if exc.__context__ is not None and exc.__context__ is not exc else None
+    return first(exc) if cause is None else f"{first(cause)}; then {first(exc)}"
+
+
 def graph_history(steps: int) -> int:
     """The tokens a captured decode loop's history holds for ``steps`` new tokens: a power of two, at least 256."""
     return max(256, 1 << (steps - 1).bit_length())
@@ -213,8 +222,8 @@ class _DecodeGraph:
         try:
             self.graph, _ = capture_graph(self._step)
         except RuntimeError as exc:
-            raise _CaptureRefused(f"the GPU refused to capture this model's decode step ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0]}): decode with graphed=False") from exc
+            raise _CaptureRefused(f"the GPU refused to capture this model's decode step ({capture_failure(exc)}): "
+                                  "decode with graphed=False") from exc
 
     def _step(self) -> None:
         logits = static_forward(self.model(), self.tok, self.cache)

@@ -234,6 +234,36 @@ def test_the_captured_round_equals_greedy(k, B, eos_at):
     assert stats.accepted == stats.proposed
 
 
+@pytest.mark.parametrize("draft", ["ngram", "model"])
+def test_the_round_is_built_without_autograd(monkeypatch, draft):
+    """Called with autograd on and weights that require gradients (as a loaded model's do), the round is
+    still warmed up and captured without it: with it, the model ran the differentiable references instead
+    of the kernels, which a CUDA graph cannot capture, and ``laquant eval serve --draft`` ran every round
+    eagerly on the GPU. The graphed path is taken here on the CPU (the round run eagerly, as captured)."""
+    import laquant.generate
+    import laquant.serving.speculative as spec
+
+    built = []
+
+    def round_graph_for(model, draft_model, target_cache, draft_cache, k, eos, max_new_tokens, context=None):
+        built.append(torch.is_grad_enabled())
+        room = context.shape[1] + max_new_tokens + k + 1 if context is not None else 0
+        return spec._RoundGraph(model, draft_model, target_cache, draft_cache, k, eos, 64, capture=False,
+                                context_room=room)
+
+    target = _gla()
+    assert all(p.requires_grad for p in target.parameters()) and torch.is_grad_enabled()
+    ids = torch.randint(1, VOCAB, (2, 6))
+    with torch.no_grad():
+        want = generate(target, ids, 20)
+    monkeypatch.setattr(laquant.generate, "is_graphable", lambda model: True)
+    monkeypatch.setattr(spec, "_round_graph_for", round_graph_for)
+    stats = SpeculativeStats()
+    got = speculative_generate(target, "ngram" if draft == "ngram" else _gla(seed=2), ids, 20, 3, stats=stats)
+    assert built == [False] and stats.round_graphed
+    assert torch.equal(got, want)
+
+
 @torch.no_grad()
 def test_a_target_holding_its_round_is_freed_by_del():
     """The target keeps its captured rounds in its __dict__; the round holds it weakly (no reference cycle:
@@ -316,6 +346,24 @@ def test_speculative_on_the_gpu(trained_model_dir, recipe):
             got = speculative_generate(target, draft, ids, 64, k, stats=stats, graphed=graphed)
             _assert_same_up_to_near_ties(target, got, want, ids.shape[1], (B, k, graphed))
             assert stats.accepted > 0 and stats.round_graphed == (graphed is None), (B, k, graphed)
+
+
+@pytest.mark.gpu
+def test_speculative_rounds_graph_with_autograd_on(trained_model_dir):
+    """Called as a user would, without ``torch.no_grad()``, on a loaded model (its weights require
+    gradients): the rounds are CUDA graphs (they ran eagerly before), with the greedy tokens."""
+    from laquant.api import load
+
+    target, _ = load(trained_model_dir, device="cuda", dtype=torch.bfloat16)
+    assert torch.is_grad_enabled() and any(p.requires_grad for p in target.parameters())
+    ids = torch.randint(1, 8192, (2, 16), generator=torch.Generator().manual_seed(5)).cuda()
+    with torch.no_grad():
+        want = generate(target, ids, 48)
+    stats = SpeculativeStats()
+    got = speculative_generate(target, "ngram", ids, 48, 4, stats=stats)
+    assert stats.round_graphed
+    with torch.no_grad():
+        _assert_same_up_to_near_ties(target, got, want, ids.shape[1], "ngram")
 
 
 def _assert_same_up_to_near_ties(model, got, want, prompt_len, what, rel_gap=1e-2):

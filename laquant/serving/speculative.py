@@ -126,7 +126,7 @@ class _RoundGraph:
 
     def __init__(self, model, draft_model, target_cache, draft_cache, k: int, eos: int | None, capacity: int,
                  capture: bool = True, context_room: int = 0):
-        from laquant.generate import (_CaptureRefused, _NotInPlace, _state_tensors, capture_graph,
+        from laquant.generate import (_CaptureRefused, _NotInPlace, _state_tensors, capture_failure, capture_graph,
                                       warm_up_outside_capture)
 
         # the target holds this round in its __dict__: a weak reference back, so no cycle keeps its weights alive
@@ -161,8 +161,7 @@ class _RoundGraph:
         except RuntimeError as exc:
             for c in caches:
                 c.pending = None
-            raise _CaptureRefused(f"the GPU refused to capture a speculative round ({type(exc).__name__}: "
-                                  f"{str(exc).splitlines()[0]})") from exc
+            raise _CaptureRefused(f"the GPU refused to capture a speculative round ({capture_failure(exc)})") from exc
 
     @property
     def model(self):
@@ -344,9 +343,12 @@ def speculative_continue(model, draft_model, target_cache, draft_cache, last: to
                       eos_token_id, stats, graphed, context)
 
 
+@torch.no_grad()
 def _speculate(model, draft_model, target_cache, draft_cache, last, max_new_tokens, num_draft_tokens, eos_token_id,
                stats, graphed, context=None):
-    """:func:`speculative_continue` on checked arguments."""
+    """:func:`speculative_continue` on checked arguments, without autograd: with it on, a model whose
+    weights require gradients runs the differentiable references instead of the kernels, which a CUDA
+    graph cannot capture (the rounds then ran eagerly, 20-40x slower)."""
     from laquant.generate import graphable_cache, is_graphable
 
     stats = stats if stats is not None else SpeculativeStats()
