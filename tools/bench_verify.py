@@ -233,14 +233,16 @@ def _speculative_rows_of(args, cuda, name, target, draft, ids) -> list[dict]:
 
 
 def _parting_gap(target, got, want) -> float | None:
-    """Where ``got`` first parts from the greedy ``want`` (one row), the gap between the target's logits of
-    the two tokens there, over its largest logit (a near-tie is well under 1%); None where they agree."""
-    parted = (got[0] != want[0]).nonzero().flatten()
-    if not len(parted):
-        return None
-    p = int(parted[0])
-    logits = target(want[:1, :p]).logits[0, -1].float()
-    return float((logits[want[0, p]] - logits[got[0, p]]).abs() / logits.abs().max())
+    """Where ``got`` first parts from the greedy ``want`` in the first row that parts, the gap between the target's
+    logits of the two tokens there (that row's prefix run alone), over its largest logit (a near-tie is well under
+    1%); None where they agree."""
+    for b in range(got.shape[0]):
+        parted = (got[b] != want[b]).nonzero().flatten()
+        if len(parted):
+            p = int(parted[0])
+            logits = target(want[b:b + 1, :p]).logits[0, -1].float()
+            return float((logits[want[b, p]] - logits[got[b, p]]).abs() / logits.abs().max())
+    return None
 
 
 def _rate(x) -> str:
