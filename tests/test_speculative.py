@@ -234,34 +234,54 @@ def test_the_captured_round_equals_greedy(k, B, eos_at):
     assert stats.accepted == stats.proposed
 
 
+def _rounds_run_eagerly(monkeypatch, built: list):
+    """The graphed path on the CPU: every model graphable, each round built (``built`` records whether autograd
+    was on) with ``capture=False``, so its rounds run eagerly, as the captured graph would replay them."""
+    import laquant.generate
+    import laquant.serving.speculative as spec
+
+    class Eager(spec._RoundGraph):
+        def __init__(self, *args, **kw):
+            built.append(torch.is_grad_enabled())
+            super().__init__(*args, **{**kw, "capture": False})
+
+    monkeypatch.setattr(laquant.generate, "is_graphable", lambda model: True)
+    monkeypatch.setattr(spec, "_RoundGraph", Eager)
+
+
 @pytest.mark.parametrize("draft", ["ngram", "model"])
 def test_the_round_is_built_without_autograd(monkeypatch, draft):
     """Called with autograd on and weights that require gradients (as a loaded model's do), the round is
     still warmed up and captured without it: with it, the model ran the differentiable references instead
     of the kernels, which a CUDA graph cannot capture, and ``laquant eval serve --draft`` ran every round
-    eagerly on the GPU. The graphed path is taken here on the CPU (the round run eagerly, as captured)."""
-    import laquant.generate
-    import laquant.serving.speculative as spec
-
-    built = []
-
-    def round_graph_for(model, draft_model, target_cache, draft_cache, k, eos, max_new_tokens, context=None):
-        built.append(torch.is_grad_enabled())
-        room = context.shape[1] + max_new_tokens + k + 1 if context is not None else 0
-        return spec._RoundGraph(model, draft_model, target_cache, draft_cache, k, eos, 64, capture=False,
-                                context_room=room)
-
+    eagerly on the GPU."""
     target = _gla()
     assert all(p.requires_grad for p in target.parameters()) and torch.is_grad_enabled()
     ids = torch.randint(1, VOCAB, (2, 6))
     with torch.no_grad():
         want = generate(target, ids, 20)
-    monkeypatch.setattr(laquant.generate, "is_graphable", lambda model: True)
-    monkeypatch.setattr(spec, "_round_graph_for", round_graph_for)
+    built = []
+    _rounds_run_eagerly(monkeypatch, built)
     stats = SpeculativeStats()
     got = speculative_generate(target, "ngram" if draft == "ngram" else _gla(seed=2), ids, 20, 3, stats=stats)
     assert built == [False] and stats.round_graphed
     assert torch.equal(got, want)
+
+
+def test_a_round_built_under_inference_mode_serves_later_calls(monkeypatch):
+    """The round a call under ``torch.inference_mode()`` builds (kept with the target) holds normal tensors:
+    a later call without inference mode loads its caches into them in place (it raised before)."""
+    target = _gla()
+    ids = torch.randint(1, VOCAB, (2, 6))
+    with torch.no_grad():
+        want = generate(target, ids, 20)
+    built = []
+    _rounds_run_eagerly(monkeypatch, built)
+    with torch.inference_mode():
+        first = speculative_generate(target, "ngram", ids, 20, 3)
+    second = speculative_generate(target, "ngram", ids, 20, 3)
+    assert len(built) == 1  # the second call replayed the first call's round
+    assert torch.equal(first, want) and torch.equal(second, want)
 
 
 @torch.no_grad()

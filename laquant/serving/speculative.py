@@ -273,7 +273,9 @@ def _round_graph_for(model, draft_model, target_cache, draft_cache, k: int, eos:
         graphs.pop(key, None)
         try:
             room = kv_room(context.shape[1] + k + 1, capacity) if ngram else 0
-            g = _RoundGraph(model, draft_model, target_cache, draft_cache, k, eos, capacity, context_room=room)
+            # normal tensors even under torch.inference_mode: a later call without it loads into them in place
+            with torch.inference_mode(False), torch.no_grad():
+                g = _RoundGraph(model, draft_model, target_cache, draft_cache, k, eos, capacity, context_room=room)
         except _NotInPlace as exc:
             graphs[key] = exc
             raise
