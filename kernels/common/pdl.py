@@ -14,12 +14,12 @@ kernels release the next kernel after their main loop (:func:`pdl_release`) in l
 :data:`PDL_EARLY_ROWS` tokens, at their start in smaller ones; the short kernels at their start
 (:func:`pdl_prologue`).
 
-Measured (``eval/results/pdl_release_h200/``, H200, 24-layer 1.37B GLA, gla_int8_all, CUDA graph per
-step): with every kernel releasing at its start, PDL gave +8% tokens/s at B = 1 on an H100 but -3%
-(H100) to +4.6% (H200) at B = 64; with the GEMM and decode kernels releasing after their loop, +8.6%
-at B = 64 (the qwen3_next hybrid's hybrid_int8 +4.2%). So launches of at most
-:data:`PDL_MAX_ROWS` tokens (the decode sizes, where the split-K GEMM runs) use it, prefill's
-larger ones do not. ``LAQUANT_PDL=0`` turns it off, ``LAQUANT_PDL=all`` on for every size (for
+Measured with a 24-layer 1.37B GLA, gla_int8_all, a CUDA graph per step: with every kernel releasing at
+its start, PDL gave +8% tokens/s at B = 1 and -3% at B = 64 on an H100 (``eval/results/speed_h100_e2e_pdl.md``),
++4.6% at B = 64 on an H200; with the GEMM and decode kernels releasing after their loop, +8.6% at B = 64 on
+the H200 in the same run (the qwen3_next hybrid's hybrid_int8 +4.2%; ``eval/results/pdl_release_h200/``).
+So launches of at most :data:`PDL_MAX_ROWS` tokens (the decode sizes, where the split-K GEMM runs) use
+it, prefill's larger ones do not. ``LAQUANT_PDL=0`` turns it off, ``LAQUANT_PDL=all`` on for every size (for
 benchmarks). It is off on the CPU, under the Triton interpreter, before sm_90, and with a Triton
 that has no ``gdc_wait`` / ``launch_pdl``.
 """
