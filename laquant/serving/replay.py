@@ -263,8 +263,10 @@ def serve_eval(model, workload: Workload, block_size: int, budget_bytes: int, fo
                                                              "graphed prefill"))
     if speculative is not None:
         speculative.reset()
+        # the "prefix cache" replay's pool (eager prefills): the two differ in their decode only
         spec = replay(model, workload, PrefixStateCache(model, block_size, budget_bytes=budget_bytes,
-                                                        seed=workload.seed), speculative, progress, "speculative")
+                                                        seed=workload.seed, graphed=False),
+                      speculative, progress, "speculative")
         parted = [i for i, (a, b) in enumerate(zip(cached, spec)) if a["reply"] != b["reply"]]
         st = speculative.stats
         extra.update(speculative=summarize(spec), speculation=dict(
