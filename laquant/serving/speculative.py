@@ -273,7 +273,9 @@ def _round_graph_for(model, draft_model, target_cache, draft_cache, k: int, eos:
         graphs.pop(key, None)
         try:
             room = kv_room(context.shape[1] + k + 1, capacity) if ngram else 0
-            # normal tensors even under torch.inference_mode: a later call without it loads into them in place
+            # normal tensors even under torch.inference_mode: a later call without it loads into them in place;
+            # without autograd: with it, a model whose weights require gradients runs the differentiable
+            # references, which a CUDA graph cannot capture (the rounds then ran eagerly, 20-40x slower)
             with torch.inference_mode(False), torch.no_grad():
                 g = _RoundGraph(model, draft_model, target_cache, draft_cache, k, eos, capacity, context_room=room)
         except _NotInPlace as exc:
@@ -345,12 +347,9 @@ def speculative_continue(model, draft_model, target_cache, draft_cache, last: to
                       eos_token_id, stats, graphed, context)
 
 
-@torch.no_grad()
 def _speculate(model, draft_model, target_cache, draft_cache, last, max_new_tokens, num_draft_tokens, eos_token_id,
                stats, graphed, context=None):
-    """:func:`speculative_continue` on checked arguments, without autograd: with it on, a model whose
-    weights require gradients runs the differentiable references instead of the kernels, which a CUDA
-    graph cannot capture (the rounds then ran eagerly, 20-40x slower)."""
+    """:func:`speculative_continue` on checked arguments."""
     from laquant.generate import graphable_cache, is_graphable
 
     stats = stats if stats is not None else SpeculativeStats()
