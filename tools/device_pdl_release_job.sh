@@ -21,8 +21,5 @@ LAQUANT_PDL=all E2E_TAG=_pdlall bash tools/device_hybrid_e2e.sh "$W"
 timeout 400 python3 tools/bench_verify.py --out "$W/spec_b64" --no-kernels --draft ngram --spec-batch 64 \
   --timing-target '{"hidden_size": 2048, "num_hidden_layers": 24, "num_heads": 16}' > "$W/spec_b64.log" 2>&1
 log "spec b64 rc $?"
-timeout 300 python3 -m laquant.cli eval serve --recipe gla_int8 --system 4096 --user 64 --reply 32 --conversations 4 \
-  --turns 3 --block-size 256 --reps 5 --device cuda --no-accuracy --draft ngram --draft-tokens 8 --quiet \
-  --out "$W/serve_ngram" > "$W/serve_ngram.log" 2>&1
-log "serve ngram rc $?"
+bash tools/device_serve_ngram.sh "$W" 300
 touch "$W/job.done"
