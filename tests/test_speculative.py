@@ -2,6 +2,8 @@
 (laquant.serving.speculative, ``generate(draft_model=...)``, ``laquant generate --draft``): the same
 tokens as plain greedy decoding of the target, and a cache left as plain decoding leaves it."""
 
+import math
+
 import pytest
 import torch
 
@@ -11,7 +13,7 @@ from laquant.generate import generate, trim_after_eos
 from laquant.kernels.common.state import StateQuantizer
 from laquant.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM, GLAConfig, GLAForCausalLM
 from laquant.models.verify import commit, verify
-from laquant.serving.speculative import SpeculativeStats, speculative_generate
+from laquant.serving.speculative import SpeculativeStats, parting_gaps, speculative_generate
 
 VOCAB = 256
 
@@ -386,16 +388,25 @@ def test_speculative_rounds_graph_with_autograd_on(trained_model_dir):
         _assert_same_up_to_near_ties(target, got, want, ids.shape[1], "ngram")
 
 
+@torch.no_grad()
+def test_parting_gaps_names_each_parted_row():
+    """parting_gaps: per parted row, the first position where it parts and the target's logit gap of the two
+    tokens there over its largest logit (the measure the GPU tests and bench_verify hold speculative output to)."""
+    target = _gla()
+    want = generate(target, torch.randint(1, VOCAB, (3, 6)), 6)
+    got = want.clone()
+    got[1, 8] = (want[1, 8] + 1) % VOCAB
+    got[2, 0] = (want[2, 0] + 1) % VOCAB
+    logits = target(want[1:2, :8]).logits[0, -1].float()
+    gap = float((logits[want[1, 8]] - logits[got[1, 8]]).abs() / logits.abs().max())
+    assert list(parting_gaps(target, got, want)) == [(1, 8, pytest.approx(gap)), (2, 0, math.inf)]
+    assert gap > 0 and next(parting_gaps(target, want, want), None) is None
+
+
 def _assert_same_up_to_near_ties(model, got, want, prompt_len, what, rel_gap=1e-2):
     """``got == want`` row by row, or the first token where a row parts is one whose two candidates'
     logits (the target's, on ``want``'s prefix) differ by at most ``rel_gap`` of the largest logit."""
     assert got.shape == want.shape, what
-    for b in range(got.shape[0]):
-        parted = (got[b] != want[b]).nonzero().flatten()
-        if not len(parted):
-            continue
-        p = int(parted[0])
+    for b, p, gap in parting_gaps(model, got, want):
         assert p >= prompt_len, what
-        logits = model(want[b:b + 1, :p]).logits[0, -1].float()
-        gap = (logits[want[b, p]] - logits[got[b, p]]).abs()
-        assert gap <= rel_gap * logits.abs().max(), (what, b, p, float(gap))
+        assert gap <= rel_gap, (what, b, p, gap)

@@ -178,7 +178,7 @@ def speculative_rows(args, cuda: bool) -> list[dict]:
 
 def _speculative_rows_of(args, cuda, name, target, draft, ids) -> list[dict]:
     from laquant.generate import generate, release_graphs
-    from laquant.serving.speculative import SpeculativeStats, speculative_generate
+    from laquant.serving.speculative import SpeculativeStats, parting_gaps, speculative_generate
 
     n = args.new_tokens
 
@@ -216,7 +216,7 @@ def _speculative_rows_of(args, cuda, name, target, draft, ids) -> list[dict]:
             row = dict(model=name, recipe=args.recipe, draft=args.draft or "gla-small", batch=ids.shape[0],
                        draft_tokens=k,
                        new_tokens=n, equal_to_greedy=bool(torch.equal(out, plain)),
-                       parting_gap=_parting_gap(target, out, plain),
+                       parting_gap=next(parting_gaps(target, out, plain), (None, None, None))[2],
                        round_graphed=stats.round_graphed, draft_graphed=stats.draft_graphed,
                        acceptance=stats.acceptance, tokens_per_round=stats.tokens_per_round,
                        tokens_per_s=spec_rate, all_eager_tokens_per_s=spec_eager_rate,
@@ -230,19 +230,6 @@ def _speculative_rows_of(args, cuda, name, target, draft, ids) -> list[dict]:
     if not isinstance(draft, str):
         release_graphs(draft)
     return rows
-
-
-def _parting_gap(target, got, want) -> float | None:
-    """Where ``got`` first parts from the greedy ``want`` in the first row that parts, the gap between the target's
-    logits of the two tokens there (that row's prefix run alone), over its largest logit (a near-tie is well under
-    1%); None where they agree."""
-    for b in range(got.shape[0]):
-        parted = (got[b] != want[b]).nonzero().flatten()
-        if len(parted):
-            p = int(parted[0])
-            logits = target(want[b:b + 1, :p]).logits[0, -1].float()
-            return float((logits[want[b, p]] - logits[got[b, p]]).abs() / logits.abs().max())
-    return None
 
 
 def _rate(x) -> str:

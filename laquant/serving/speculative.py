@@ -31,6 +31,7 @@ is the target's verify and commit; the output is the same greedy output.
 
 from __future__ import annotations
 
+import math
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -59,6 +60,25 @@ class SpeculativeStats:
     @property
     def tokens_per_round(self) -> float:
         return (self.accepted + self.rounds) / self.rounds if self.rounds else float("nan")
+
+
+def parting_gaps(model, got: torch.Tensor, want: torch.Tensor):
+    """For each row where ``got [B, T]`` parts from greedy decoding's ``want [B, T]``, in row order: ``(row, the
+    first position where they part, the gap there between the model's logits of the two tokens over its largest
+    logit)``, the row's prefix run alone (``inf`` where the rows part at position 0). Speculative output equals
+    greedy decoding up to near-ties (gaps well under 1%): the GEMMs of a verify step and of a decode step take other
+    tiles and round apart. A generator: the logits are computed for the rows asked for."""
+    for b in range(got.shape[0]):
+        parted = (got[b] != want[b]).nonzero().flatten()
+        if not len(parted):
+            continue
+        p = int(parted[0])
+        if p == 0:
+            yield b, p, math.inf
+            continue
+        with torch.no_grad():
+            logits = model(want[b:b + 1, :p]).logits[0, -1].float()
+        yield b, p, float((logits[want[b, p]] - logits[got[b, p]]).abs() / logits.abs().max())
 
 
 def check_draft(model, draft_model, num_draft_tokens: int) -> None:
@@ -450,5 +470,5 @@ def _speculate_eager(model, draft_model, target_cache, draft_cache, last, max_ne
     return trim_after_eos(torch.cat(out, 1), eos_token_id)
 
 
-__all__ = ["MAX_DRAFT_TOKENS", "NgramDraft", "SpeculativeStats", "check_draft", "speculative_continue",
+__all__ = ["MAX_DRAFT_TOKENS", "NgramDraft", "SpeculativeStats", "check_draft", "parting_gaps", "speculative_continue",
            "speculative_generate"]
