@@ -35,7 +35,8 @@ def markdown(result: dict) -> str:
                 acc = "-" if sp["acceptance"] is None else f"{sp['acceptance']:.0%}"
                 per = "-" if sp["tokens_per_round"] is None else f"{sp['tokens_per_round']:.2f}"
                 same = ("yes" if sp["replies_equal_greedy"] else
-                        f"no: requests {sp['requests_parted']} parted (a near-tie of two logits)")
+                        f"no: requests {sp['requests_parted']} parted (expected only where two logits nearly tie; "
+                        "the gap is not measured here)")
                 lines += ["", f"Speculative decoding: {sp['num_draft_tokens']} draft tokens a round, acceptance {acc}, "
                           f"{per} tokens a round, rounds graphed: {sp.get('round_graphed', False)}, draft graphed: "
                           f"{sp['draft_graphed']}; replies equal greedy: {same}."]
