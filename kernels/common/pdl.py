@@ -4,12 +4,8 @@ A decode step is a chain of a few hundred small kernels, each of which spends mi
 being scheduled and ramping up while the GPU drains the kernel before it. Launched with PDL, a
 kernel's programs may start while the previous kernel in the stream is still running; they then
 wait (``gdc_wait``) until that kernel has finished and its writes are visible, before they touch
-memory. What a program does before the wait must not read anything an earlier kernel may write: the
-split-K GEMM asks there for its weight slice to be brought into L2 (:func:`prefetch_l2`, weights are never
-written), so that the weight stream overlaps the kernel before it (``LAQUANT_GEMM_PREFETCH=0`` turns it off).
-(A first version, one ``prefetch.global.L2`` per 128-byte line from every thread with every kernel
-released at its start, made the B = 64 decode step 8% slower on an H100; this one issues a few bulk
-prefetches from one thread.)
+memory. (A first version also prefetched the int8 GEMMs' weight slices into L2 before the wait: on
+an H100 it made the B = 64 decode step 8% slower, its GEMMs 29% slower; removed.)
 
 Every kernel launched with PDL here calls ``gdc_wait`` before ``gdc_launch_dependents``, so at
 most one kernel runs ahead and, when it starts, every kernel before its predecessor has finished.
@@ -74,11 +70,6 @@ def pdl_enabled(device: torch.device, rows: int) -> bool:
     return _device_has_pdl(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def prefetch_enabled() -> bool:
-    """Whether the split-K GEMM prefetches its weight slice into L2 before its PDL wait (read at each launch)."""
-    return os.environ.get("LAQUANT_GEMM_PREFETCH", "1") != "0"
-
-
 def pdl_launch(device: torch.device, rows: int) -> dict:
     """Keyword arguments for a kernel launch: its ``PDL`` constexpr (0: off; 1: on, the next kernel
     released at the start; 2: on, released after the main loop by kernels that have one) and, when on,
@@ -115,15 +106,3 @@ if triton is not None:
         if PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-
-    @triton.jit
-    def prefetch_l2(ptr, nbytes):
-        """Ask for the ``nbytes`` at ``ptr`` (16-byte aligned, a multiple of 16) to be brought into L2, from
-        the program's first thread (``cp.async.bulk.prefetch``, sm_90); nothing comes back. For data no
-        earlier kernel writes (weights), before :func:`pdl_wait`."""
-        for off in range(0, nbytes, 32768):  # 32 KB an instruction
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
-                "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-                "=r,l,r", [ptr + off, tl.minimum(nbytes - off, 32768)], dtype=tl.int32, is_pure=False,
-                pack=1)

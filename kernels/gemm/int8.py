@@ -55,14 +55,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..common.pdl import pdl_launch, prefetch_enabled
+from ..common.pdl import pdl_launch
 from .configs import choose_config, choose_gemm, tiled_config  # noqa: F401  (re-exported)
 
 try:
     import triton
     import triton.language as tl
 
-    from ..common.pdl import pdl_release, pdl_wait, prefetch_l2
+    from ..common.pdl import pdl_release, pdl_wait
     from ..common.triton_numerics import quantize_int8, store_codes, store_token_codes, token_code_map
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
@@ -215,7 +215,7 @@ if triton is not None:
                             A8: tl.constexpr, FUSEQ: tl.constexpr, GATHER: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                             BK: tl.constexpr, BNO: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr,
                             HAS_OUT: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr,
-                            PDL: tl.constexpr, PREFETCH: tl.constexpr):
+                            PDL: tl.constexpr):
         """Small-M GEMM over the ``[N, K]`` int8 weight: few rows, so the weight stream is cut along N
         (small BN) and along K (``SPLIT_K`` programs per output tile, fp32 partials).
 
@@ -231,8 +231,7 @@ if triton is not None:
         Split 0 adds the outlier product and the bias to its partial. ``FIXUP``: each split stores
         its partial, counts itself on the tile's counter, and the last to arrive sums the partials in
         split order (deterministic) and writes y, then zeroes the counter (one launch); otherwise
-        :func:`_splitk_reduce_kernel` sums them. ``PDL``: see :mod:`..common.pdl`; ``PREFETCH`` (with ``PDL``):
-        the first row block's programs ask for their weight slice in L2 before waiting for the previous kernel."""
+        :func:`_splitk_reduce_kernel` sums them. ``PDL``: see :mod:`..common.pdl`."""
         pid_m = tl.program_id(0)  # the row blocks of one weight tile run side by side: it streams once
         pid_n = tl.program_id(1)
         pid_k = tl.program_id(2)
@@ -244,9 +243,6 @@ if triton is not None:
         k_per = tl.cdiv(tl.cdiv(K, BK), SPLIT_K) * BK
         k_lo = pid_k * k_per
         k_hi = tl.minimum(K, k_lo + k_per)
-        if PREFETCH:
-            if pid_m == 0:
-                _prefetch_weight_slice(w_ptr, pid_n * BN, tl.minimum(N, pid_n * BN + BN), k_lo, k_hi, K)
         pdl_wait(PDL)
         a_rows = a_ptr + offs_m[:, None].to(tl.int64) * s_am
         w_cols = w_ptr + offs_n[None, :].to(tl.int64) * K
@@ -342,16 +338,6 @@ if triton is not None:
         else:
             tl.store(y_ptr + offs_m[:, None].to(tl.int64) * s_ym + offs_n[None, :], y.to(y_ptr.dtype.element_ty),
                      mask=out_mask)
-
-    @triton.jit
-    def _prefetch_weight_slice(w_ptr, n_lo, n_hi, k_lo, k_hi, K):
-        """Rows ``[n_lo, n_hi)``, columns ``[k_lo, k_hi)`` of the ``[N, K]`` weight into L2: one span when the
-        slice holds whole rows, else a prefetch per row."""
-        if k_hi - k_lo == K:
-            prefetch_l2(w_ptr + n_lo.to(tl.int64) * K, (n_hi - n_lo) * K)
-        else:
-            for n in range(n_lo, n_hi):
-                prefetch_l2(w_ptr + n.to(tl.int64) * K + k_lo, k_hi - k_lo)
 
     @triton.jit
     def _load_x(a_rows, src_ptr, kk, mk, mm, KX, GATHER: tl.constexpr):
@@ -524,7 +510,6 @@ def _launch_splitk(a8: bool, a, s_am, xs, xo, packed, y, cfg, fuse_q=False):
     part = torch.empty((split, M, N), dtype=torch.float32, device=y.device) if split > 1 else y
     cnt = _tile_counters(y.device) if split > 1 and fixup else packed.source
     dummy = packed.scale
-    pdl = pdl_launch(y.device, M)
     _splitk_gemm_kernel[(n_m, n_n, split)](
         a, packed.source, packed.qweight, dummy if xs is None else xs, packed.scale, dummy if xo is None else xo,
         packed.outlier_idx, packed.outlier_weight, packed.bias if packed.bias is not None else dummy, y,
@@ -532,6 +517,6 @@ def _launch_splitk(a8: bool, a, s_am, xs, xo, packed, y, cfg, fuse_q=False):
         A8=a8, FUSEQ=fuse_q, GATHER=NO > 0, BM=BM, BN=BN, BK=BK, BNO=_bno(NO, y.dtype), SPLIT=split > 1, FIXUP=fixup,
         HAS_OUT=NO > 0, HAS_BIAS=packed.bias is not None, EVEN_K=KQ % BK == 0,
         SWAP_AB=bool(cfg.get("SWAP_AB")) and a8 and not fuse_q, num_warps=cfg["num_warps"], num_stages=stages,
-        PREFETCH=bool(pdl["PDL"]) and prefetch_enabled() and packed.qweight.data_ptr() % 16 == 0, **pdl)
+        **pdl_launch(y.device, M))
     if split > 1 and not fixup:
         _splitk_reduce_kernel[(triton.cdiv(M * N, 1024),)](part, y, M * N, split, BLOCK=1024, num_warps=4)
