@@ -13,6 +13,7 @@ or of a given JSON config, bf16 and ``hybrid_int8``, on CUDA:
 
     python tools/profile_hybrid_decode.py OUT.json [CONFIG_JSON]     # DEVICE=cpu: a smoke run
     BATCH=64 PROMPT=1024 python tools/profile_hybrid_decode.py OUT.json CONFIG_JSON  # other shapes
+    FAMILY=nemotron_h python tools/profile_hybrid_decode.py OUT.json   # another family, tools/family_configs.py's
 """
 import cProfile
 import io
@@ -33,6 +34,7 @@ from laquant.eval.saturation import SaturationCounter
 from laquant.eval.speed import summarize_kernels
 
 DEVICE = os.environ.get("DEVICE", "cuda")
+FAMILY = os.environ.get("FAMILY", "qwen3_next")
 BATCH, PROMPT = int(os.environ.get("BATCH", 1)), int(os.environ.get("PROMPT", 512))
 SMALL = "eval/results/long_context_qwen3next-small_cpu/qwen3next-small_config.json"
 DROP = ("architectures", "transformers_version", "dtype", "rope_parameters")
@@ -104,14 +106,24 @@ def prefill_profile(model, prompt) -> dict:
 
 
 @torch.no_grad()
-def main(out_path: str, config_path: str = SMALL) -> None:
-    cfg = {k: v for k, v in json.load(open(config_path)).items() if k not in DROP}
+def main(out_path: str, config_path: str | None = None) -> None:
+    if FAMILY == "qwen3_next":
+        config_path = config_path or SMALL
+        cfg = {k: v for k, v in json.load(open(config_path)).items() if k not in DROP}
+        build = lambda: Qwen3NextForCausalLM(Qwen3NextConfig(**cfg))  # noqa: E731
+    else:
+        from laquant.eval.speed import _hybrid_model, hybrid_config
+        from family_configs import CONFIGS
+
+        fields = json.load(open(config_path)) if config_path else CONFIGS[FAMILY]
+        build = lambda: _hybrid_model(FAMILY, hybrid_config(FAMILY, fields))  # noqa: E731
     result = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE, "torch": torch.__version__,
-              "config": config_path, "batch": BATCH, "prompt": PROMPT}
+              "family": FAMILY, "config": config_path or "tools/family_configs.py", "batch": BATCH,
+              "prompt": PROMPT}
     for variant in ("bf16", "hybrid_int8"):
         torch.manual_seed(0)
         dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
-        model = Qwen3NextForCausalLM(Qwen3NextConfig(**cfg)).to(DEVICE, dtype).eval()
+        model = build().to(DEVICE, dtype).eval()
         install(model)
         vocab = model.config.vocab_size
         if variant != "bf16":
