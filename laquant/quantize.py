@@ -77,11 +77,13 @@ def plan(adapter, stats: Stats, recipe: dict) -> Decisions:
 
 
 def _projection_decision(name: str, stats: Stats, proj_recipe: dict, role: str | None = None):
-    """W8A8 with outlier split; None (the layer stays in high precision) when every input channel
-    is an outlier: an int8 layer without int8 columns would be the bf16 layer with extra work."""
+    """W8A8 with outlier split; None (the layer stays in high precision) when more than the recipe's
+    ``outlier_max_fraction`` of the input channels are outliers (or all of them): such an int8 layer would be
+    mostly the bf16 layer, with the int8 product as extra work."""
     absmax = stats.get(name, "act_absmax")
     outliers = select_outliers(absmax, proj_recipe["outlier_threshold"], proj_recipe["outlier_top_k"])
-    if len(outliers) == absmax.numel():
+    max_fraction = proj_recipe.get("outlier_max_fraction")
+    if len(outliers) == absmax.numel() or (max_fraction is not None and len(outliers) > max_fraction * absmax.numel()):
         return None
     return ProjectionDecision(outliers, proj_recipe["weight_granularity"], proj_recipe["act_granularity"], role)
 

@@ -18,6 +18,7 @@ from laquant.recipes import recipe_dir
 
 ANY_NUMBER_OR_NULL = "a number > 0, or null"
 ANY_INT_OR_NULL = "an integer > 0, or null"
+FRACTION_OR_NULL = "a number in (0, 1], or null"
 
 # section -> field -> (allowed values | description, default)
 SCHEMA: dict[str, dict[str, tuple]] = {
@@ -27,6 +28,10 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "act_granularity": (("per_token", "per_tensor"), "per_token"),
         "outlier_threshold": (ANY_NUMBER_OR_NULL, 6.0),
         "outlier_top_k": (ANY_INT_OR_NULL, None),
+        # a layer whose outlier channels are more than this fraction of its inputs stays in high precision: the int8
+        # layer would save little memory (bf16 columns are twice the bytes) and run a bf16 product beside the int8
+        # one (null: no limit)
+        "outlier_max_fraction": (FRACTION_OR_NULL, 0.25),
     },
     "gates": {
         "format": (("int8", "keep"), "int8"),
@@ -165,6 +170,8 @@ def for_family(recipe: dict, model_type: str) -> dict:
 def _valid(value, allowed) -> bool:
     if allowed == ANY_NUMBER_OR_NULL:
         return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0)
+    if allowed == FRACTION_OR_NULL:
+        return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1)
     if allowed == ANY_INT_OR_NULL:
         return value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0)
     if allowed == "an integer >= 0":

@@ -139,6 +139,30 @@ def test_a_projection_whose_every_input_channel_is_an_outlier_stays_bf16(tiny_mo
     assert isinstance(model.model.layers[0].mlp.up_proj, QuantLinear)
 
 
+def test_a_projection_with_more_outliers_than_the_recipe_allows_stays_bf16(tiny_model_dir, calib_ids):
+    """More than ``outlier_max_fraction`` of the inputs above the threshold: the layer is kept in high
+    precision; at the fraction, or with the limit null, it is quantized with those outlier columns."""
+    from laquant.quantize import plan
+    from laquant.recipe import load_recipe
+
+    model, _ = laquant.load_model(tiny_model_dir)
+    adapter = get_adapter(model)
+    stats = collect_stats(model, adapter, calibration_batches(calib_ids, samples=2, seq_len=64, seed=0),
+                          progress=False)
+    name = "model.layers.0.mlp.down_proj"
+    absmax = stats.get(name, "act_absmax").clamp_max(1.0)
+    n = absmax.numel()
+    absmax[: n // 4] = 10.0  # a quarter of the channels above the threshold (6)
+    stats.tensors[f"{name}/act_absmax"] = absmax
+    at_limit = plan(adapter, stats, load_recipe("gla_w8a8"))  # the default limit: 0.25
+    assert at_limit["projections"][name]["outliers"] == list(range(n // 4))
+    absmax[n // 4] = 10.0  # one more
+    assert name not in plan(adapter, stats, load_recipe("gla_w8a8"))["projections"]
+    assert name in plan(adapter, stats, load_recipe("gla_w8a8", ["projections.outlier_max_fraction=0.5"]))["projections"]
+    unlimited = plan(adapter, stats, load_recipe("gla_w8a8", ["projections.outlier_max_fraction=null"]))
+    assert unlimited["projections"][name]["outliers"] == list(range(n // 4 + 1))
+
+
 def test_nan_during_calibration_names_the_module(tiny_model_dir, calib_ids):
     model, _ = laquant.load_model(tiny_model_dir)
     with torch.no_grad():

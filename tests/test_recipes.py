@@ -18,7 +18,7 @@ def test_every_shipped_recipe_validates():
 def test_gla_int8_is_what_the_design_says():
     r = load_recipe("gla_int8")
     assert r["projections"] == {"format": "int8", "weight_granularity": "per_channel", "act_granularity": "per_token",
-                                "outlier_threshold": 6.0, "outlier_top_k": None}
+                                "outlier_threshold": 6.0, "outlier_top_k": None, "outlier_max_fraction": 0.25}
     assert r["gates"]["scaling"] == "per_channel" and r["gates"]["clamp"] is True
     # the state is stored in int8 (per-row scales, stochastically rounded) between calls and decode
     # steps; a prefill keeps it float32 inside. The fp8 form it had before is gla_int8_fp8.
@@ -42,6 +42,8 @@ def test_overrides():
     (["state.format=bf16", "state.rounding=stochastic"], "stochastic applies to the scaled state formats"),
     (["projections.outlier_threshold=-3"], "a number > 0, or null"),
     (["projections.outlier_top_k=2.5"], "an integer > 0, or null"),
+    (["projections.outlier_max_fraction=1.5"], "a number in (0, 1], or null"),
+    (["projections.outlier_max_fraction=0"], "a number in (0, 1], or null"),
     (["gates.clamp=yes please"], "gates.clamp"),
     (["state.renorm_interval=-1"], "an integer >= 0"),
     (["statefmt"], "expected SECTION.FIELD=VALUE"),
