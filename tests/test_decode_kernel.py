@@ -69,3 +69,107 @@ def test_non_contiguous_inputs():
     ref = gla_decode_step_reference(q, k, v, g, data.clone(), scale.clone(), idx, quant)
     out = gla_decode_step(qt, k, v, g, data, scale, idx, quant)
     assert rel_err(out.float(), ref.float()) < 1e-2
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8_row"])
+@pytest.mark.parametrize("B,H,G,N,P,limit", [(3, 4, 2, 16, 24, None), (2, 3, 1, 20, 8, (0.001, 0.5)),
+                                             (1, 2, 2, 32, 16, (0.0, 10.0))])
+def test_ssd_decode_kernel_matches_reference(fmt, B, H, G, N, P, limit):
+    """Mamba2's decode step in the GLA kernel's SSD mode (time step, decay, ``dt x``, grouped B / C read in
+    place, ``D x``) against its PyTorch spec, on dt logits past softplus's threshold and far below zero."""
+    from laquant.kernels.gla.decode import ssd_decode_step, ssd_decode_step_reference
+
+    gen = torch.Generator().manual_seed(B * 100 + N + P)
+    r = lambda *s: torch.randn(*s, generator=gen)
+    xbc = r(B, H * P + 2 * G * N).to(torch.bfloat16)  # x | B | C of one token, as the conv leaves them
+    x = xbc[:, :H * P].unflatten(-1, (H, P))
+    b_, c = (xbc[:, H * P + i * G * N:H * P + (i + 1) * G * N].unflatten(-1, (G, N)) for i in (0, 1))
+    dt_logits = (r(B, H) * 4).to(torch.bfloat16)
+    dt_logits[0, 0], dt_logits[-1, -1] = 25.0, -30.0
+    dt_bias, A_log, D = r(H) * 0.5, r(H).abs().log(), r(H)
+    P_slots = B + 2
+    quant = StateQuantizer(fmt)
+    data, scale = quant.store(r(P_slots, H, N, P))
+    if scale is not None:
+        scale = scale.squeeze(-1).expand(P_slots, H, N).contiguous()
+    idx = torch.randperm(P_slots, generator=gen)[:B].to(torch.int32)
+    to = lambda t: None if t is None else t.to(DEVICE)
+    x, b_, c, dt_logits, dt_bias, A_log, D, data, scale, idx = map(to, (x, b_, c, dt_logits, dt_bias, A_log, D, data,
+                                                                        scale, idx))
+    data_ref, scale_ref = data.clone(), None if scale is None else scale.clone()
+    y_ref = ssd_decode_step_reference(c, b_, x, dt_logits, dt_bias, A_log, D, limit, data_ref, scale_ref, idx, quant)
+    y = ssd_decode_step(c, b_, x, dt_logits, dt_bias, A_log, D, limit, data, scale, idx, quant,
+                        out=torch.full_like(y_ref, float("nan")))
+    assert torch.isfinite(y).all() and rel_err(y, y_ref) < 1e-5
+    new, ref = data.float(), data_ref.float()
+    if fmt == "fp32":
+        assert rel_err(new, ref) < 1e-6
+    elif fmt == "int8_row":
+        assert (new != ref).float().mean().item() < 0.005 and (new - ref).abs().max() <= 1
+    else:
+        assert ((new - ref).abs() <= ref.abs() * 2**-7).all()
+
+
+def test_ssd_reference_is_the_mamba2_mixers_glue():
+    """The SSD step's spec equals what laquant's Mamba2 mixer computes around the GLA step (its time step,
+    decay and ``D x``), so the one-kernel decode and the PyTorch path are one computation."""
+    from types import SimpleNamespace
+
+    from laquant.kernels.gla.decode import ssd_decode_step_reference
+    from laquant.models.hybrid_mixers import Mamba2Mixer
+
+    gen = torch.Generator().manual_seed(5)
+    B, H, G, N, P = 2, 4, 2, 8, 6
+    mixer = SimpleNamespace(dt_bias=torch.randn(H, generator=gen), A_log=torch.randn(H, generator=gen),
+                            time_step_limit=(0.01, 2.0))
+    dt_logits, D = torch.randn(B, H, generator=gen) * 3, torch.randn(H, generator=gen)
+    x, b_, c = torch.randn(B, H, P, generator=gen), torch.randn(B, G, N, generator=gen), torch.randn(B, G, N, generator=gen)
+    state = torch.randn(B, H, N, P, generator=gen)
+    quant, idx = StateQuantizer("fp32"), torch.arange(B, dtype=torch.int32)
+    dt = Mamba2Mixer.time_step(mixer, dt_logits)
+    g = dt * -mixer.A_log.exp()  # as Mamba2Mixer.forward
+    q, k = c.repeat_interleave(H // G, 1), b_.repeat_interleave(H // G, 1)
+    decayed = state * g.exp()[..., None, None] + k[..., :, None] * (x * dt[..., None])[..., None, :]
+    want = torch.einsum("bhn,bhnp->bhp", q, decayed) + x * D[:, None]
+    got_state = state.clone()
+    got = ssd_decode_step_reference(c, b_, x, dt_logits, mixer.dt_bias, mixer.A_log, D, mixer.time_step_limit,
+                                    got_state, None, idx, quant)
+    assert rel_err(got, want) < 1e-5 and rel_err(got_state, decayed) < 1e-6
+
+
+@pytest.mark.parametrize("family", ["bamba", "nemotron_h"])
+@pytest.mark.parametrize("static", [False, True])
+@torch.no_grad()
+def test_mamba2_decode_steps_take_the_ssd_kernel(family, static, monkeypatch):
+    """In a laquant Mamba2 hybrid (float32; nemotron_h's two groups of heads) each decode token's scan is the one
+    SSD kernel, on the dynamic cache and on the static one a graph replays; the logits equal transformers' own
+    model's over the whole sequence. The prompt keeps the PyTorch path (more than one token)."""
+    import copy
+
+    import laquant.kernels.gla.decode as module
+    import test_hybrid
+    from laquant.adapters import install
+    from laquant.generate import _forward, _fresh_cache, static_cache, static_forward
+    from laquant.models import hybrid_mixers
+
+    torch.manual_seed(0)
+    reference = test_hybrid.FAMILIES[family]().float().eval().to(DEVICE)
+    model = copy.deepcopy(reference)
+    install(model)
+    ids = torch.randint(0, test_hybrid.VOCAB, (2, 9), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    calls = []
+    real = module.ssd_decode_step
+    monkeypatch.setattr(module, "ssd_decode_step", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    if INTERPRETED:  # the mixers' side only: the prompt's scan keeps the reference
+        monkeypatch.setattr(hybrid_mixers, "use_triton", lambda x, state_format=None: True)
+    logits, cache = _forward(model, ids, _fresh_cache(model))
+    if static:
+        cache = static_cache(cache, 64)
+    out, tokens = [logits], []
+    for _ in range(3):
+        tokens.append(out[-1].argmax(-1)[:, None])
+        out.append(static_forward(model, tokens[-1], cache) if static else _forward(model, tokens[-1], cache)[0])
+    mixers = [m for m in model.modules() if isinstance(m, hybrid_mixers.Mamba2Mixer)]
+    assert len(calls) == 3 * len(mixers) and all(shape[1] == mixers[0].n_groups for shape in calls)
+    want = reference(input_ids=torch.cat([ids, *tokens], 1)).logits[:, ids.shape[1] - 1:]
+    assert torch.isfinite(torch.stack(out, 1)).all() and rel_err(torch.stack(out, 1), want) < 1e-4

@@ -697,8 +697,8 @@ def test_a_recipe_for_a_role_the_model_lacks_is_an_error(tiny_model_dir):
 @torch.no_grad()
 def test_hybrid_state_paths_on_the_triton_kernels(family, recipe, monkeypatch):
     """On CUDA the state paths run on laquant's Triton kernels: Gated DeltaNet on the delta-rule
-    kernels, KDA on its per-channel form, Lightning and Mamba2 on the GLA kernels (scalar decay);
-    they match the references."""
+    kernels, KDA on its per-channel form, Lightning and Mamba2 on the GLA kernels (scalar decay; Mamba2's decode
+    step in their SSD mode); they match the references."""
     import laquant.kernels.delta.chunk as delta_chunk
     import laquant.kernels.delta.decode as delta_decode
     import laquant.kernels.gla.chunk as gla_chunk
@@ -714,6 +714,7 @@ def test_hybrid_state_paths_on_the_triton_kernels(family, recipe, monkeypatch):
     called = set()
     for module, name in ((delta_chunk, "chunk_delta_triton"), (delta_decode, "delta_decode_step"),
                          (gla_chunk, "chunk_gla_triton"), (gla_decode, "gla_decode_step"),
+                         (gla_decode, "ssd_decode_step"),
                          (kda_chunk, "chunk_kda_triton"), (kda_decode, "kda_decode_step")):
         def spy(*args, _fn=getattr(module, name), _name=name, **kwargs):
             called.add(_name)
@@ -728,8 +729,8 @@ def test_hybrid_state_paths_on_the_triton_kernels(family, recipe, monkeypatch):
 
     fast, fast_err = run()
     expected = {"qwen3_next": {"chunk_delta_triton", "delta_decode_step"},
-                "kimi_linear": {"chunk_kda_triton", "kda_decode_step"}}.get(family, {"chunk_gla_triton",
-                                                                                     "gla_decode_step"})
+                "kimi_linear": {"chunk_kda_triton", "kda_decode_step"},
+                "bamba": {"chunk_gla_triton", "ssd_decode_step"}}.get(family, {"chunk_gla_triton", "gla_decode_step"})
     assert called == expected
     monkeypatch.setenv("LAQUANT_KERNELS", "reference")
     slow, slow_err = run()

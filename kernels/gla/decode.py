@@ -46,18 +46,31 @@ if triton is not None:
         q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, state_ptr, scale_ptr, idx_ptr, nstore_ptr, static_ptr,
         s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_vb, s_vh, s_vv, s_gb, s_gh, s_gk, s_ob, s_oh,
         s_sp, s_sh, s_sk, s_cp, s_ch,
-        qk_scale, seed,
+        qk_scale, seed, dtb_ptr, alog_ptr, d_ptr, dt_lo, dt_hi,
         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
         FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr, PDL: tl.constexpr,
+        SSD: tl.constexpr = False, HEADS_PER_GROUP: tl.constexpr = 1,
     ):
+        """``SSD`` (Mamba2's step, :func:`ssd_decode_step`): g holds the heads' dt logits ``[B, H]``, v their
+        inputs x; the kernel takes dt = clamp(softplus(logit + dt_bias), dt_lo, dt_hi), the head's decay
+        exp(-dt exp(A_log)), updates with ``k (dt x)^T`` and adds ``D x`` to the output. q and k (C and B)
+        are per group of ``HEADS_PER_GROUP`` heads."""
         pdl_wait(PDL)
         pid = tl.program_id(0)
         b = pid // H
         h = pid % H
+        hq = h // HEADS_PER_GROUP
         slot = tl.load(idx_ptr + b).to(tl.int64)
         offs_v = tl.arange(0, BLOCK_V)
         mask_v = offs_v < V
         v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_v * s_vv, mask=mask_v, other=0.0).to(tl.float32)
+        x = v
+        decay = 0.0
+        if SSD:  # the spec's op order: softplus, clamp, then dt * -exp(A_log); exp of that in the update
+            dt = tl.load(g_ptr + b * s_gb + h * s_gh).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32)
+            dt = tl.minimum(tl.maximum(tl.where(dt > 20.0, dt, tl.log(1.0 + tl.exp(dt))), dt_lo), dt_hi)
+            decay = tl.exp(dt * -tl.exp(tl.load(alog_ptr + h).to(tl.float32)))
+            v = x * dt
         readout = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)  # reduced over K once, after the loop
         renorm_now = False
         position = 0  # this store's count: the stochastic rounding's counter (a device value, graph-safe)
@@ -68,14 +81,18 @@ if triton is not None:
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < K
-            q = tl.load(q_ptr + b * s_qb + h * s_qh + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32) * qk_scale
-            kk = tl.load(k_ptr + b * s_kb + h * s_kh + offs_k * s_kk, mask=mask_k, other=0.0).to(tl.float32)
-            g = tl.load(g_ptr + b * s_gb + h * s_gh + offs_k * s_gk, mask=mask_k, other=0.0).to(tl.float32)
+            q = tl.load(q_ptr + b * s_qb + hq * s_qh + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32) * qk_scale
+            kk = tl.load(k_ptr + b * s_kb + hq * s_kh + offs_k * s_kk, mask=mask_k, other=0.0).to(tl.float32)
+            if SSD:
+                row_decay = tl.zeros([BLOCK_K], dtype=tl.float32) + decay
+            else:
+                row_decay = tl.exp(tl.load(g_ptr + b * s_gb + h * s_gh + offs_k * s_gk, mask=mask_k,
+                                           other=0.0).to(tl.float32))
             ptrs = state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :]
             sc_ptrs = scale_ptr + slot * s_cp + h * s_ch + offs_k
             mask = mask_k[:, None] & mask_v[None, :]
             st, old_scale = load_state_rows(ptrs, sc_ptrs, mask_k, mask, FMT, BLOCK_K)
-            st = decayed_update(st, tl.exp(g), kk, v)
+            st = decayed_update(st, row_decay, kk, v)
             readout += q[:, None] * st
             new_scale = old_scale
             if FMT >= 2:
@@ -87,6 +104,8 @@ if triton is not None:
             store_state_rows(st, ptrs, sc_ptrs, mask_k, mask, new_scale, FMT, SR, rbits)
         pdl_release(PDL)
         o = tl.sum(readout, axis=0)
+        if SSD:
+            o += x * tl.load(d_ptr + h).to(tl.float32)
         tl.store(o_ptr + b * s_ob + h * s_oh + offs_v, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
                  mask=mask_v)
 
@@ -111,7 +130,48 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
         q, k, v, g, o, *pool,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(),
         o.stride(0), o.stride(1), *pool_strides,
-        qk_scale, seed, H=H, K=K, V=V, BLOCK_V=triton.next_power_of_2(V), num_warps=num_warps, **consts,
-        **pdl_launch(v.device, B),
+        qk_scale, seed, o, o, o, 0.0, 0.0, H=H, K=K, V=V, BLOCK_V=triton.next_power_of_2(V), num_warps=num_warps,
+        **consts, **pdl_launch(v.device, B),
+    )
+    return o
+
+
+def ssd_decode_step_reference(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, state, scale, pool_idx,
+                              quantizer: StateQuantizer, n_stores: torch.Tensor | None = None, seed: int = 0):
+    """Mamba2's (SSD) decode step in PyTorch, as laquant's Mamba2 mixer runs it through :func:`gla_decode_step`:
+    C, B_ ``[B, G, N]`` (per group), x ``[B, H, P]``, the dt logits ``[B, H]``; ``dt = clamp(softplus(logit +
+    dt_bias))``, decay ``exp(-dt exp(A_log))`` per head, ``S = decay S + B^T (dt x)``, ``y = C S + D x``.
+    Updates ``state``/``scale`` in place; returns ``y`` ``[B, H, P]`` in float32."""
+    H, G = x.shape[1], C.shape[1]
+    lo, hi = time_step_limit if time_step_limit is not None else (0.0, float("inf"))
+    dt = torch.nn.functional.softplus(dt_logits.float() + dt_bias.float()).clamp(lo, hi)
+    g = (dt * -A_log.float().exp()).unsqueeze(-1).expand(*dt.shape, C.shape[-1])
+    q, k = (t.float().repeat_interleave(H // G, dim=1) for t in (C, B_))
+    y = gla_decode_step_reference(q, k, x.float() * dt.unsqueeze(-1), g, state, scale, pool_idx, quantizer, n_stores,
+                                  1.0, seed)
+    return y + x.float() * D.float()[:, None]
+
+
+def ssd_decode_step(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, state, scale, pool_idx,
+                    quantizer: StateQuantizer, n_stores: torch.Tensor | None = None, seed: int = 0,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`ssd_decode_step_reference` in one launch of the GLA decode kernel (its ``SSD`` mode): the time step,
+    the decay, ``dt x``, the groups' C and B (read in place: any strides) and ``D x`` inside. Returns ``y``
+    ``[B, H, P]`` float32."""
+    if triton is None:
+        raise RuntimeError("Triton is not installed; use ssd_decode_step_reference")
+    Bsz, H, P = x.shape
+    G, N = C.shape[1], C.shape[2]
+    if H % G:
+        raise ValueError(f"{H} heads do not split into {G} groups")
+    lo, hi = time_step_limit if time_step_limit is not None else (0.0, float("inf"))
+    pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, N, None, None)
+    o = torch.empty(Bsz, H, P, dtype=torch.float32, device=x.device) if out is None else out
+    _gla_decode_kernel[(Bsz * H,)](
+        C, B_, x, dt_logits, o, *pool,
+        *C.stride(), *B_.stride(), *x.stride(), dt_logits.stride(0), dt_logits.stride(1), 0,
+        o.stride(0), o.stride(1), *pool_strides,
+        1.0, seed, dt_bias, A_log, D, float(lo), float(hi), H=H, K=N, V=P, BLOCK_V=triton.next_power_of_2(P),
+        num_warps=num_warps, SSD=True, HEADS_PER_GROUP=H // G, **consts, **pdl_launch(x.device, Bsz),
     )
     return o
