@@ -5,7 +5,7 @@
 #   run: bash tools/device_kernels.sh 170 device_ssd_job.sh
 set -u
 . tools/device_job_env.sh "$@"
-timeout 120 python3 -m pytest -q -rfs --tb=short tests/test_decode_kernel.py \
+timeout 90 python3 -m pytest -q -rfs --tb=short tests/test_decode_kernel.py \
   tests/test_hybrid.py::test_hybrid_state_paths_on_the_triton_kernels tests/test_static_hybrid.py \
   -k "ssd or mamba2 or bamba or nemotron" \
   > "$W/gpu_tests.log" 2>&1
