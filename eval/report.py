@@ -45,13 +45,28 @@ def comparison_table(rows: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
-def layer_summary(stats: Stats, decisions: dict) -> str:
-    """Markdown: per layer, what was quantized how, outliers, gate ranges and state ranges."""
+def _kept_why(absmax, projections: dict | None) -> str:
+    """For a projection in high precision with more outlier input channels than the recipe's limit (the plan
+    keeps such layers): how many (a fact about the layer; a role the recipe keeps may be the reason too)."""
+    if projections is None or projections.get("format") != "int8":
+        return ""
+    from laquant.quantize import select_outliers
+
+    n_out = len(select_outliers(absmax, projections["outlier_threshold"], projections["outlier_top_k"]))
+    limit = projections.get("outlier_max_fraction")
+    if n_out == absmax.numel() or (limit is not None and n_out > limit * absmax.numel()):
+        return f", {n_out} of {absmax.numel()} inputs are outliers"
+    return ""
+
+
+def layer_summary(stats: Stats, decisions: dict, projections: dict | None = None) -> str:
+    """Markdown: per layer, what was quantized how, outliers, gate ranges and state ranges. ``projections``: the
+    recipe's section, to say which layers its outlier limit kept in high precision."""
     out = ["| module | decision | input absmax | outlier channels kept bf16 |", "|---|---|---|---|"]
     for name in stats.modules("projections"):
         d = decisions["projections"].get(name)
         absmax = stats.get(name, "act_absmax")
-        decision = "kept (bf16)" if d is None else (
+        decision = f"kept (bf16){_kept_why(absmax, projections)}" if d is None else (
             f"int8 w:{d['weight_granularity']} a:{d['act_granularity']}")
         outliers = "-" if d is None else str(len(d["outliers"]))
         out.append(f"| {name} | {decision} | {absmax.max():.2f} | {outliers} |")
@@ -96,6 +111,6 @@ def report_markdown(recipe: dict, model_ref: str, calib: dict, table: str, stats
         "",
         "## Per layer",
         "",
-        layer_summary(stats, decisions),
+        layer_summary(stats, decisions, recipe["projections"]),
         "",
     ])

@@ -457,3 +457,21 @@ def test_ctrl_c_during_calibrate_is_one_line_and_leaves_nothing(tmp_path, tiny_m
         err = capsys.readouterr().err
         assert err.strip() == "laquant: interrupted" and "Traceback" not in err
         assert list(tmp_path.iterdir()) == []
+
+
+def test_the_report_says_how_many_outliers_a_kept_projection_has():
+    """The per-layer report names the outlier count of a projection kept whole for having too many (and of none
+    where the recipe is not given, as for checkpoints of before the limit)."""
+    from laquant.calibration.stats import Stats
+    from laquant.eval.report import layer_summary
+    from laquant.recipe import load_recipe
+
+    absmax = {"a": torch.tensor([1.0, 9.0, 2.0, 3.0]), "b": torch.tensor([9.0, 9.0, 2.0, 3.0])}
+    stats = Stats({f"{n}/act_absmax": t for n, t in absmax.items()}, {"roles": {"projections": ["a", "b"]}})
+    decisions = {"projections": {"a": {"weight_granularity": "per_channel", "act_granularity": "per_token",
+                                       "outliers": [1]}}, "gates": {}, "state": {}}
+    rows = {line.split(" | ")[0][2:]: line for line in layer_summary(stats, decisions,
+                                                                      load_recipe("gla_int8")["projections"]).splitlines()}
+    assert "| int8 w:per_channel a:per_token |" in rows["a"] and "| 1 |" in rows["a"]
+    assert "kept (bf16), 2 of 4 inputs are outliers" in rows["b"]
+    assert "| kept (bf16) |" in layer_summary(stats, decisions).splitlines()[3]

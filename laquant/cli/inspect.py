@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     stats = Stats.load(folder / "stats.safetensors")
     recipe = qcfg["recipe"]
     print(f"# {folder}: recipe {recipe['name']} — {recipe['description']}\n")
-    print(layer_summary(stats, qcfg["decisions"]))
+    print(layer_summary(stats, qcfg["decisions"], recipe["projections"]))
     plots_dir = Path(args.plots) if args.plots else folder / "plots"
     if args.plots:
         plots_dir.mkdir(parents=True, exist_ok=True)
