@@ -367,7 +367,7 @@ class Mamba2Mixer(HybridMixer):
         xbc = short_conv(xbc, states, self.layer_idx, self.conv1d, self.activation)
         xbc = mask_padding(xbc, attention_mask)
         xs, b, c = xbc.split([self.intermediate_size, G * N, G * N], dim=-1)
-        if self._one_kernel_step(xs, states):
+        if self._decode_in_one_kernel(xs, states):
             y = self._ssd_step(xs, b, c, dt_logits, states)
             return self.out_proj(self.gated_output(y.reshape(B, T, -1).to(dtype), z).to(dtype))
         dt = self.time_step(dt_logits)
@@ -380,7 +380,7 @@ class Mamba2Mixer(HybridMixer):
         y = y + xs.float() * self.D.float()[:, None]
         return self.out_proj(self.gated_output(y.reshape(B, T, -1).to(dtype), z).to(dtype))
 
-    def _one_kernel_step(self, xs: torch.Tensor, states) -> bool:
+    def _decode_in_one_kernel(self, xs: torch.Tensor, states) -> bool:
         """Whether a decode token's scan runs as one kernel (:func:`~laquant.kernels.gla.decode.ssd_decode_step`:
         the time step, decay, ``dt x``, the groups' B and C and ``D x`` inside): one token on the GPU with a
         stored state, not a verify step nor a padded prefill. Else the PyTorch glue and :meth:`attend_gla`."""
