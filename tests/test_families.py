@@ -59,3 +59,23 @@ def test_an_adapter_reads_the_model_and_install_changes_it():
     install(model)  # idempotent
     assert type(model.model.layers[0].linear_attn).__name__ == "GatedDeltaNetMixer"
     assert list(get_adapter(model).mixers()) == ["model.layers.0.linear_attn"]
+
+
+def test_the_bench_configs_of_the_families_build():
+    """tools/family_configs.py's ~1B e2e configs are valid configs of the installed transformers, each family's
+    model is about that size (built on the meta device) and laquant's mixers take its layers."""
+    import importlib.util
+
+    from laquant.eval.speed import _hybrid_model, hybrid_config
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "family_configs.py"
+    spec = importlib.util.spec_from_file_location("family_configs", path)
+    configs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(configs)
+    assert set(configs.CONFIGS) <= set(FAMILIES)
+    for family, fields in configs.CONFIGS.items():
+        with torch.device("meta"):
+            model = _hybrid_model(family, hybrid_config(family, json.loads(json.dumps(fields))))
+        assert 1.0e9 < sum(p.numel() for p in model.parameters()) < 2.0e9, family
+        install(model)
+        assert get_adapter(model).linear_layers(), family
