@@ -6,6 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def _partings(first: list[dict] | None) -> str:
+    """Where each conversation first parted and the logit gap there (later replies follow other histories)."""
+    if first is None:
+        return "the gap is not measured"
+    return "first partings (request, reply token, the two tokens' logits apart over the largest): " + ", ".join(
+        f"{p['request']} at {p['position']}: {p['gap']:.2%}" for p in first)
+
+
 def _ms(x) -> str:
     return "-" if x is None else f"{1e3 * x:.2f}"
 
@@ -34,9 +42,9 @@ def markdown(result: dict) -> str:
                 sp = r["speculation"]
                 acc = "-" if sp["acceptance"] is None else f"{sp['acceptance']:.0%}"
                 per = "-" if sp["tokens_per_round"] is None else f"{sp['tokens_per_round']:.2f}"
-                same = ("yes" if sp["replies_equal_greedy"] else
-                        f"no: requests {sp['requests_parted']} parted (expected only where two logits nearly tie; "
-                        "the gap is not measured here)")
+                same = "yes" if sp["replies_equal_greedy"] else (
+                    f"no: requests {sp['requests_parted']} parted (expected only where two logits nearly tie: the "
+                    "GEMMs of a verify and of a decode step round apart); " + _partings(sp.get("first_partings")))
                 lines += ["", f"Speculative decoding: {sp['num_draft_tokens']} draft tokens a round, acceptance {acc}, "
                           f"{per} tokens a round, rounds graphed: {sp.get('round_graphed', False)}, draft graphed: "
                           f"{sp['draft_graphed']}; replies equal greedy: {same}."]

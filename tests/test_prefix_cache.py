@@ -441,6 +441,32 @@ def test_eval_serve_with_speculation(tmp_path):
     assert res["speculative"]["decode_tokens_per_s"] > 0 and "speculative decoding" in (out / "serve.md").read_text()
 
 
+@torch.no_grad()
+def test_first_partings_measure_the_logit_gap_where_each_conversation_parts():
+    """Replies that part from the greedy ones: for each conversation, where it first parts and the gap of the two
+    tokens' logits there (the prompt plus the greedy reply's prefix run whole); its later replies are skipped, and
+    the report names them."""
+    from laquant.eval.serve import _partings
+    from laquant.serving.replay import Workload, first_partings, replay
+
+    torch.manual_seed(0)
+    model = GLAForCausalLM(GLAConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=97)).eval()
+    workload = Workload(system=20, conversations=2, turns=2, user=5, reply=6, seed=3)
+    prompts = []
+    greedy = replay(model, workload, prompts=prompts)
+    assert [len(p) for p in prompts] == [r["prompt_tokens"] for r in greedy]
+    other = [dict(r, reply=list(r["reply"])) for r in greedy]
+    other[0]["reply"][3] = (other[0]["reply"][3] + 1) % 97  # conversation 0 parts at its first reply's token 3
+    other[2]["reply"][0] = (other[2]["reply"][0] + 1) % 97  # its next reply: a history of its own, skipped
+    assert first_partings(model, greedy, greedy, prompts) == []
+    (part,) = first_partings(model, greedy, other, prompts)
+    assert part["request"] == 0 and part["position"] == 3
+    logits = model(torch.cat([prompts[0], torch.tensor(greedy[0]["reply"][:3])])[None]).logits[0, -1]
+    want = (logits[greedy[0]["reply"][3]] - logits[other[0]["reply"][3]]).abs() / logits.abs().max()
+    assert part["gap"] == pytest.approx(float(want), rel=1e-5) and part["gap"] > 0
+    assert "0 at 3:" in _partings([part]) and _partings(None) == "the gap is not measured"
+
+
 def test_speculative_replay_with_another_draft_gives_the_greedy_replies():
     """A draft that is another model: acceptance below 1, replies still the greedy ones (CPU: exact)."""
     from laquant.serving.replay import SpeculativeDecode, Workload, replay

@@ -123,8 +123,10 @@ def full_prefill(model, tokens: torch.Tensor, seed: int = 0):
 
 
 def replay(model, workload: Workload, prefix_cache: PrefixStateCache | None = None,
-           decode: Decode = greedy_decode, progress: bool = False, label: str = "") -> list[dict]:
-    """Serve ``workload`` request by request; one record per request (TTFT, decode time, tokens)."""
+           decode: Decode = greedy_decode, progress: bool = False, label: str = "",
+           prompts: list | None = None) -> list[dict]:
+    """Serve ``workload`` request by request; one record per request (TTFT, decode time, tokens). ``prompts``: a
+    list that receives each request's prompt ids (on the host)."""
     from tqdm.auto import tqdm
 
     device = next(model.parameters()).device
@@ -155,6 +157,8 @@ def replay(model, workload: Workload, prefix_cache: PrefixStateCache | None = No
                 history[conv] = torch.cat([prompt, reply, rand(workload.user)])
                 records.append(dict(turn=turn, conversation=conv, prompt_tokens=len(prompt), cached_tokens=cached,
                                     ttft_s=t1 - t0, decode_s=t2 - t1, new_tokens=len(reply), reply=reply.tolist()))
+                if prompts is not None:
+                    prompts.append(prompt)
                 bar.update()
     return records
 
@@ -234,6 +238,25 @@ def snapshot_memory(model, formats, block_size: int, budget_bytes: int) -> list[
     return rows
 
 
+def first_partings(model, greedy: list[dict], other: list[dict], prompts: list) -> list[dict]:
+    """Where each conversation's replies in ``other`` first part from the ``greedy`` replay's (the same prompt
+    there: the histories agree until then): ``request``, ``position`` in the reply, and ``gap``, the model's
+    logits of the two tokens apart over its largest logit (:func:`~laquant.serving.speculative.parting_gaps`).
+    A conversation's later replies continue from other histories and are not measured."""
+    from laquant.serving.speculative import parting_gaps
+
+    device = next(model.parameters()).device
+    out, seen = [], set()
+    for i, (a, b) in enumerate(zip(greedy, other)):
+        if a["reply"] == b["reply"] or a["conversation"] in seen:
+            continue
+        seen.add(a["conversation"])
+        want, got = (torch.cat([prompts[i], torch.tensor(r["reply"])])[None].to(device) for r in (a, b))
+        for _, position, gap in parting_gaps(model, got, want):
+            out.append(dict(request=i, position=position - len(prompts[i]), gap=gap))
+    return out
+
+
 def serve_eval(model, workload: Workload, block_size: int, budget_bytes: int, formats, reps: int = 5,
                decode: Decode = greedy_decode, progress: bool = True,
                speculative: SpeculativeDecode | None = None) -> dict:
@@ -252,7 +275,8 @@ def serve_eval(model, workload: Workload, block_size: int, budget_bytes: int, fo
         replay(model, warm, PrefixStateCache(model, block_size, seed=workload.seed, graphed=False), dec)
     base = replay(model, workload, None, decode, progress, "no cache")
     pool = PrefixStateCache(model, block_size, budget_bytes=budget_bytes, seed=workload.seed, graphed=False)
-    cached = replay(model, workload, pool, decode, progress, "prefix cache")
+    prompts = []
+    cached = replay(model, workload, pool, decode, progress, "prefix cache", prompts)
     extra = {}
     if graphed:  # hits adding fewer tokens than a block replay their prefill (captured in the warm-up)
         graphs = PrefixStateCache(model, block_size, budget_bytes=budget_bytes, seed=workload.seed, graphed=True)
@@ -273,7 +297,8 @@ def serve_eval(model, workload: Workload, block_size: int, budget_bytes: int, fo
             num_draft_tokens=speculative.num_draft_tokens, rounds=st.rounds, proposed=st.proposed,
             accepted=st.accepted, acceptance=st.acceptance if st.proposed else None,
             tokens_per_round=st.tokens_per_round if st.rounds else None, draft_graphed=st.draft_graphed,
-            round_graphed=st.round_graphed, replies_equal_greedy=not parted, requests_parted=parted))
+            round_graphed=st.round_graphed, replies_equal_greedy=not parted, requests_parted=parted,
+            first_partings=first_partings(model, cached, spec, prompts)))
     hits = [i for i, r in enumerate(cached) if r["cached_tokens"]]
     hit_ttft = (statistics.fmean(base[i]["ttft_s"] for i in hits) / statistics.fmean(cached[i]["ttft_s"] for i in hits)
                 if hits else None)
