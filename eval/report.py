@@ -93,13 +93,19 @@ def layer_summary(stats: Stats, decisions: dict, projections: dict | None = None
 def report_markdown(recipe: dict, model_ref: str, calib: dict, table: str, stats: Stats, decisions: dict,
                     eval_note: str) -> str:
     n_out = sum(len(d["outliers"]) for d in decisions["projections"].values())
+    n_kept = sum(1 for name in stats.modules("projections") if name not in decisions["projections"]
+                 and _kept_why(stats.get(name, "act_absmax"), recipe["projections"]))
+    limit = recipe["projections"].get("outlier_max_fraction")
+    kept = (f"; projections kept in bf16 for their outlier inputs ("
+            + (f"more than {limit:.0%} of them" if limit is not None else "all of them") + f"): {n_kept}"
+            if n_kept else "")
     return "\n".join([
         f"# laquant report: {recipe['name']}",
         "",
         f"- model: `{model_ref}`",
         f"- recipe: `{recipe['name']}` — {recipe['description']}",
         f"- calibration: {calib['samples']} sequences x {calib['seq_len']} tokens from `{calib['data']}`, seed {calib['seed']}",
-        f"- projections quantized: {len(decisions['projections'])}, outlier input channels kept in bf16: {n_out}",
+        f"- projections quantized: {len(decisions['projections'])}, outlier input channels kept in bf16: {n_out}{kept}",
         f"- gates quantized: {len(decisions['gates'])}; state formats: "
         f"{sorted({d['format'] for d in decisions['state'].values()})}",
         "",

@@ -475,3 +475,8 @@ def test_the_report_says_how_many_outliers_a_kept_projection_has():
     assert "| int8 w:per_channel a:per_token |" in rows["a"] and "| 1 |" in rows["a"]
     assert "kept (bf16), 2 of 4 inputs are outliers" in rows["b"]
     assert "| kept (bf16) |" in layer_summary(stats, decisions).splitlines()[3]
+    from laquant.eval.report import report_markdown
+
+    calib = {"samples": 1, "seq_len": 8, "data": "calibration", "seed": 0}
+    head = report_markdown(load_recipe("gla_int8"), "m", calib, "", stats, decisions, "").splitlines()
+    assert "projections kept in bf16 for their outlier inputs (more than 25% of them): 1" in head[5]
