@@ -486,7 +486,7 @@ def hybrid_config(kind: str, fields: dict):
         raise LaquantError(f"--model {kind}:{json.dumps(fields)}: not a valid {kind} config ({exc})") from None
 
 
-def _hybrid_model(kind: str, cfg):
+def hybrid_model(kind: str, cfg):
     """A random transformers model of a hybrid family's config (no laquant mixers)."""
     from laquant.families import FAMILIES
 
@@ -517,7 +517,7 @@ def _model_maker(model_id: str):
         cfg = hybrid_config(kind, fields)
 
         def make():
-            model = _random_model(lambda: _hybrid_model(kind, cfg))
+            model = _random_model(lambda: hybrid_model(kind, cfg))
             install(model)
             return model
 
@@ -569,7 +569,7 @@ def peer_variants(model_ids) -> list[tuple[str, str, callable]]:
             out.append((label, "fla_bf16", make_fla))
         elif kind != "load":
             def make_hf(kind=kind, fields=fields):
-                model = _random_model(lambda: _hybrid_model(kind, hybrid_config(kind, fields)))
+                model = _random_model(lambda: hybrid_model(kind, hybrid_config(kind, fields)))
                 model.peer_path = (f"transformers {type(model).__name__}, eager decode (its KV cache grows)"
                                    + (": " + _qwen3_next_path() if kind == "qwen3_next" else ""))
                 return model

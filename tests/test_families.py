@@ -66,7 +66,7 @@ def test_the_bench_configs_of_the_families_build():
     model is about that size (built on the meta device) and laquant's mixers take its layers."""
     import importlib.util
 
-    from laquant.eval.speed import _hybrid_model, hybrid_config
+    from laquant.eval.speed import hybrid_model, hybrid_config
 
     path = Path(__file__).resolve().parents[1] / "tools" / "family_configs.py"
     spec = importlib.util.spec_from_file_location("family_configs", path)
@@ -75,7 +75,7 @@ def test_the_bench_configs_of_the_families_build():
     assert set(configs.CONFIGS) <= set(FAMILIES)
     for family, fields in configs.CONFIGS.items():
         with torch.device("meta"):
-            model = _hybrid_model(family, hybrid_config(family, json.loads(json.dumps(fields))))
+            model = hybrid_model(family, hybrid_config(family, json.loads(json.dumps(fields))))
         assert 1.0e9 < sum(p.numel() for p in model.parameters()) < 2.0e9, family
         install(model)
         assert get_adapter(model).linear_layers(), family

@@ -775,7 +775,7 @@ def test_eval_speed_spec_builds_a_random_hybrid_of_each_family(family):
     import json
 
     from laquant.errors import LaquantError
-    from laquant.eval.speed import _hybrid_model, _parse_spec, hybrid_config
+    from laquant.eval.speed import hybrid_model, _parse_spec, hybrid_config
 
     src = _model(family)
     kind = src.config.model_type
@@ -783,7 +783,7 @@ def test_eval_speed_spec_builds_a_random_hybrid_of_each_family(family):
               if k not in ("architectures", "transformers_version", "dtype", "model_type")}
     parsed_kind, parsed = _parse_spec(f"{kind}:{json.dumps(fields)}")
     assert parsed_kind == kind and parsed == json.loads(json.dumps(fields))
-    model = _hybrid_model(kind, hybrid_config(kind, parsed))
+    model = hybrid_model(kind, hybrid_config(kind, parsed))
     assert type(model) is type(src) and model.config.hidden_size == src.config.hidden_size
     assert install(model) is not None and sum(p.numel() for p in model.parameters()) > 0
     with pytest.raises(LaquantError, match="not JSON"):

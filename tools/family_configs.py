@@ -3,37 +3,50 @@
 allows, so that a B = 64 step is not an MoE benchmark). `python3 tools/family_configs.py FAMILY` prints one as JSON.
 """
 import json
-L = 24
-def pattern(unit, n):  # repeat a block-type unit to n layers
+import sys
+
+LAYERS = 24
+TOKENS = dict(bos_token_id=0, eos_token_id=0, pad_token_id=0)
+
+
+def pattern(unit: list, n: int) -> list:
+    """``unit`` repeated to ``n`` layer types."""
     return (unit * (n // len(unit) + 1))[:n]
+
+
 CONFIGS = {
-  # Nemotron-H-style: Mamba2 blocks and squared-ReLU MLP blocks alternating, attention every sixth block
-  "nemotron_h": dict(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_attention_heads=16,
-      num_key_value_heads=4, head_dim=128, mamba_num_heads=64, mamba_head_dim=64, n_groups=8, ssm_state_size=128,
-      chunk_size=128, use_mamba_kernels=False,
-      layers_block_type=pattern(["linear_attention", "mlp", "linear_attention", "mlp", "full_attention", "mlp"], 36)),
-  # Bamba-style: Mamba2 layers with a SwiGLU MLP each, attention in 3 of 24
-  "bamba": dict(vocab_size=32000, hidden_size=2048, num_hidden_layers=L, intermediate_size=5632,
-      num_attention_heads=16, num_key_value_heads=4, mamba_n_heads=64, mamba_d_head=64, mamba_n_groups=1,
-      mamba_d_state=128, mamba_chunk_size=128, attn_layer_indices=[5, 13, 21]),
-  # Granite-4-style: Mamba2 layers, a shared SwiGLU MLP beside 8 experts, attention in 3 of 24
-  "granitemoehybrid": dict(vocab_size=32000, hidden_size=2048, num_hidden_layers=L, intermediate_size=512,
-      num_attention_heads=16, num_key_value_heads=4, mamba_n_heads=64, mamba_d_head=64, mamba_n_groups=1,
-      mamba_d_state=128, mamba_chunk_size=128, num_local_experts=8, num_experts_per_tok=2,
-      shared_intermediate_size=4096, position_embedding_type="rope",
-      layer_types=pattern(["linear_attention"] * 7 + ["full_attention"], L)),
-  # Kimi-Linear-style: KDA layers, MLA every fourth, dense SwiGLU MLPs
-  "kimi_linear": dict(vocab_size=32000, hidden_size=2048, num_hidden_layers=L, intermediate_size=5632,
-      num_attention_heads=16, num_key_value_heads=16, q_lora_rank=None, kv_lora_rank=512, qk_rope_head_dim=64,
-      qk_nope_head_dim=128, v_head_dim=128, linear_num_heads=16, linear_head_dim=128, num_local_experts=8,
-      num_experts_per_tok=2, moe_intermediate_size=1024, num_shared_experts=1,
-      layer_types=pattern(["linear_attention"] * 3 + ["full_attention"], L), mlp_layer_types=["dense"] * L, bos_token_id=0, eos_token_id=0, pad_token_id=0),
-  # OLMo-hybrid-style: gated delta rule layers, attention every fourth
-  "olmo_hybrid": dict(vocab_size=32000, hidden_size=2048, num_hidden_layers=L, intermediate_size=5632,
-      num_attention_heads=16, num_key_value_heads=4, linear_num_key_heads=16, linear_num_value_heads=16,
-      linear_key_head_dim=128, linear_value_head_dim=128, layer_types=pattern(["linear_attention"] * 3 + ["full_attention"], L), bos_token_id=0, eos_token_id=0,
-      pad_token_id=0),
+    # Nemotron-H-style: Mamba2 blocks and squared-ReLU MLP blocks alternating, attention every sixth block
+    "nemotron_h": dict(
+        vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_attention_heads=16, num_key_value_heads=4,
+        head_dim=128, mamba_num_heads=64, mamba_head_dim=64, n_groups=8, ssm_state_size=128, chunk_size=128,
+        use_mamba_kernels=False,
+        layers_block_type=pattern(["linear_attention", "mlp", "linear_attention", "mlp", "full_attention", "mlp"], 36)),
+    # Bamba-style: Mamba2 layers with a SwiGLU MLP each, attention in 3 of 24
+    "bamba": dict(
+        vocab_size=32000, hidden_size=2048, num_hidden_layers=LAYERS, intermediate_size=5632, num_attention_heads=16,
+        num_key_value_heads=4, mamba_n_heads=64, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128,
+        mamba_chunk_size=128, attn_layer_indices=[5, 13, 21]),
+    # Granite-4-style: Mamba2 layers, a shared SwiGLU MLP beside 8 experts, attention in 3 of 24
+    "granitemoehybrid": dict(
+        vocab_size=32000, hidden_size=2048, num_hidden_layers=LAYERS, intermediate_size=512, num_attention_heads=16,
+        num_key_value_heads=4, mamba_n_heads=64, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128,
+        mamba_chunk_size=128, num_local_experts=8, num_experts_per_tok=2, shared_intermediate_size=4096,
+        position_embedding_type="rope", layer_types=pattern(["linear_attention"] * 7 + ["full_attention"], LAYERS)),
+    # Kimi-Linear-style: KDA layers, MLA every fourth, dense SwiGLU MLPs
+    "kimi_linear": dict(
+        vocab_size=32000, hidden_size=2048, num_hidden_layers=LAYERS, intermediate_size=5632, num_attention_heads=16,
+        num_key_value_heads=16, q_lora_rank=None, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
+        v_head_dim=128, linear_num_heads=16, linear_head_dim=128, num_local_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=1024, num_shared_experts=1,
+        layer_types=pattern(["linear_attention"] * 3 + ["full_attention"], LAYERS), mlp_layer_types=["dense"] * LAYERS,
+        **TOKENS),
+    # OLMo-hybrid-style: gated delta rule layers, attention every fourth
+    "olmo_hybrid": dict(
+        vocab_size=32000, hidden_size=2048, num_hidden_layers=LAYERS, intermediate_size=5632, num_attention_heads=16,
+        num_key_value_heads=4, linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
+        linear_value_head_dim=128, layer_types=pattern(["linear_attention"] * 3 + ["full_attention"], LAYERS),
+        **TOKENS),
 }
+
 if __name__ == "__main__":
-    import sys
     print(json.dumps(CONFIGS[sys.argv[1]]))

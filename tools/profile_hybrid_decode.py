@@ -112,11 +112,11 @@ def main(out_path: str, config_path: str | None = None) -> None:
         cfg = {k: v for k, v in json.load(open(config_path)).items() if k not in DROP}
         build = lambda: Qwen3NextForCausalLM(Qwen3NextConfig(**cfg))  # noqa: E731
     else:
-        from laquant.eval.speed import _hybrid_model, hybrid_config
+        from laquant.eval.speed import hybrid_model, hybrid_config
         from family_configs import CONFIGS
 
         fields = json.load(open(config_path)) if config_path else CONFIGS[FAMILY]
-        build = lambda: _hybrid_model(FAMILY, hybrid_config(FAMILY, fields))  # noqa: E731
+        build = lambda: hybrid_model(FAMILY, hybrid_config(FAMILY, fields))  # noqa: E731
     result = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE, "torch": torch.__version__,
               "family": FAMILY, "config": config_path or "tools/family_configs.py", "batch": BATCH,
               "prompt": PROMPT}
