@@ -96,9 +96,10 @@ def report_markdown(recipe: dict, model_ref: str, calib: dict, table: str, stats
     n_kept = sum(1 for name in stats.modules("projections") if name not in decisions["projections"]
                  and _kept_why(stats.get(name, "act_absmax"), recipe["projections"]))
     limit = recipe["projections"].get("outlier_max_fraction")
-    kept = (f"; projections kept in bf16 for their outlier inputs ("
-            + (f"more than {limit:.0%} of them" if limit is not None else "all of them") + f"): {n_kept}"
-            if n_kept else "")
+    kept = (f"; projections in bf16 whose outlier inputs are "
+            + (f"more than {limit:.0%} of all (the limit above which the plan keeps a layer whole)"
+               if limit is not None else "all")
+            + f": {n_kept}" if n_kept else "")
     return "\n".join([
         f"# laquant report: {recipe['name']}",
         "",
