@@ -45,7 +45,7 @@ def comparison_table(rows: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
-def _kept_why(absmax, projections: dict | None) -> str:
+def _outliers_over_limit(absmax, projections: dict | None) -> str:
     """For a projection in high precision with more outlier input channels than the recipe's limit (the plan
     keeps such layers): how many (a fact about the layer; a role the recipe keeps may be the reason too)."""
     if projections is None or projections.get("format") != "int8":
@@ -66,7 +66,7 @@ def layer_summary(stats: Stats, decisions: dict, projections: dict | None = None
     for name in stats.modules("projections"):
         d = decisions["projections"].get(name)
         absmax = stats.get(name, "act_absmax")
-        decision = f"kept (bf16){_kept_why(absmax, projections)}" if d is None else (
+        decision = f"kept (bf16){_outliers_over_limit(absmax, projections)}" if d is None else (
             f"int8 w:{d['weight_granularity']} a:{d['act_granularity']}")
         outliers = "-" if d is None else str(len(d["outliers"]))
         out.append(f"| {name} | {decision} | {absmax.max():.2f} | {outliers} |")
@@ -94,7 +94,7 @@ def report_markdown(recipe: dict, model_ref: str, calib: dict, table: str, stats
                     eval_note: str) -> str:
     n_out = sum(len(d["outliers"]) for d in decisions["projections"].values())
     n_kept = sum(1 for name in stats.modules("projections") if name not in decisions["projections"]
-                 and _kept_why(stats.get(name, "act_absmax"), recipe["projections"]))
+                 and _outliers_over_limit(stats.get(name, "act_absmax"), recipe["projections"]))
     limit = recipe["projections"].get("outlier_max_fraction")
     kept = (f"; projections in bf16 whose outlier inputs are "
             + (f"more than {limit:.0%} of all (the limit above which the plan keeps a layer whole)"

@@ -70,6 +70,22 @@ def graphed_and_eager_perplexity(model, ids, **kwargs):
     return graphed, eager
 
 
+def greedy_decode_steps(model, ids, steps: int = 3, static: bool = False):
+    """The prompt ``ids`` through laquant's forward, then ``steps`` greedy tokens one by one on its cache (the
+    static cache a graph replays, when ``static``): the logits of the prompt's last position and of each step
+    ``[B, steps + 1, V]``, and the whole sequence ``[B, T + steps]``."""
+    from laquant.generate import _forward, _fresh_cache, static_cache, static_forward
+
+    logits, cache = _forward(model, ids, _fresh_cache(model))
+    if static:
+        cache = static_cache(cache, 64)
+    out, tokens = [logits], []
+    for _ in range(steps):
+        tokens.append(out[-1].argmax(-1)[:, None])
+        out.append(static_forward(model, tokens[-1], cache) if static else _forward(model, tokens[-1], cache)[0])
+    return torch.stack(out, 1), torch.cat([ids, *tokens], 1)
+
+
 def checkpoint_decisions(folder) -> dict:
     """The quantization decisions a laquant checkpoint folder records in its config.json."""
     import json

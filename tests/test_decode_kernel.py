@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import DEVICE, INTERPRETED, rel_err, require_triton_kernels
+from conftest import DEVICE, INTERPRETED, greedy_decode_steps, rel_err, require_triton_kernels
 from laquant.quant import StateFormat, StateQuantizer
 
 triton = require_triton_kernels()
@@ -149,7 +149,6 @@ def test_mamba2_decode_steps_take_the_ssd_kernel(family, static, monkeypatch):
     import laquant.kernels.gla.decode as module
     import test_hybrid
     from laquant.adapters import install
-    from laquant.generate import _forward, _fresh_cache, static_cache, static_forward
     from laquant.models import hybrid_mixers
 
     torch.manual_seed(0)
@@ -162,14 +161,8 @@ def test_mamba2_decode_steps_take_the_ssd_kernel(family, static, monkeypatch):
     monkeypatch.setattr(module, "ssd_decode_step", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
     if INTERPRETED:  # the mixers' side only: the prompt's scan keeps the reference
         monkeypatch.setattr(hybrid_mixers, "use_triton", lambda x, state_format=None: True)
-    logits, cache = _forward(model, ids, _fresh_cache(model))
-    if static:
-        cache = static_cache(cache, 64)
-    out, tokens = [logits], []
-    for _ in range(3):
-        tokens.append(out[-1].argmax(-1)[:, None])
-        out.append(static_forward(model, tokens[-1], cache) if static else _forward(model, tokens[-1], cache)[0])
+    got, seq = greedy_decode_steps(model, ids, static=static)
     mixers = [m for m in model.modules() if isinstance(m, hybrid_mixers.Mamba2Mixer)]
     assert len(calls) == 3 * len(mixers) and all(shape[1] == mixers[0].n_groups for shape in calls)
-    want = reference(input_ids=torch.cat([ids, *tokens], 1)).logits[:, ids.shape[1] - 1:]
-    assert torch.isfinite(torch.stack(out, 1)).all() and rel_err(torch.stack(out, 1), want) < 1e-4
+    want = reference(input_ids=seq).logits[:, ids.shape[1] - 1:]
+    assert torch.isfinite(got).all() and rel_err(got, want) < 1e-4

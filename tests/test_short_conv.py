@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import DEVICE, INTERPRETED, rel_err, require_triton_kernels
+from conftest import DEVICE, INTERPRETED, greedy_decode_steps, rel_err, require_triton_kernels
 from laquant.kernels.conv.short_conv import short_conv_step
 from laquant.models.hybrid_mixers import short_conv
 
@@ -102,7 +102,6 @@ def test_model_decode_steps_take_the_kernel(static, monkeypatch):
     import laquant.kernels.conv.short_conv as module
     import test_hybrid
     from laquant.adapters import install
-    from laquant.generate import _forward, _fresh_cache, static_cache, static_forward
     from laquant.models import hybrid_mixers
 
     torch.manual_seed(0)
@@ -111,22 +110,12 @@ def test_model_decode_steps_take_the_kernel(static, monkeypatch):
     install(model)
     ids = torch.randint(0, test_hybrid.VOCAB, (2, 9), generator=torch.Generator().manual_seed(0)).to(DEVICE)
 
-    def decode():
-        logits, cache = _forward(model, ids, _fresh_cache(model))
-        if static:
-            cache = static_cache(cache, 64)
-        out, tokens = [logits], []
-        for _ in range(3):
-            tokens.append(out[-1].argmax(-1)[:, None])
-            out.append(static_forward(model, tokens[-1], cache) if static else _forward(model, tokens[-1], cache)[0])
-        return torch.stack(out, 1), torch.cat([ids, *tokens], 1)
-
     calls = []
     real = module.short_conv_step_triton
     monkeypatch.setattr(module, "short_conv_step_triton", lambda *a, **k: calls.append(a[5]) or real(*a, **k))
     if INTERPRETED:  # the mixers' side only: the state kernels keep their references
         monkeypatch.setattr(hybrid_mixers, "use_triton", lambda x, state_format=None: state_format is None)
-    got, seq = decode()
+    got, seq = greedy_decode_steps(model, ids, static=static)
     assert len(calls) == 3 * 3 and all(cols is not None for cols in calls)  # 3 linear-attention layers, 3 steps
     want = reference(input_ids=seq).logits[:, ids.shape[1] - 1:]
     assert torch.isfinite(got).all() and rel_err(got, want) < 1e-4

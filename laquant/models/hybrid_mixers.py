@@ -367,8 +367,9 @@ class Mamba2Mixer(HybridMixer):
         xbc = short_conv(xbc, states, self.layer_idx, self.conv1d, self.activation)
         xbc = mask_padding(xbc, attention_mask)
         xs, b, c = xbc.split([self.intermediate_size, G * N, G * N], dim=-1)
-        if self._decode_in_one_kernel(xs, states):
-            y = self._ssd_step(xs, b, c, dt_logits, states)
+        stored = self._one_kernel_state(xs, states)
+        if stored is not None:
+            y = self._ssd_step(xs, b, c, dt_logits, states, stored)
             return self.out_proj(self.gated_output(y.reshape(B, T, -1).to(dtype), z).to(dtype))
         dt = self.time_step(dt_logits)
         g = dt * -self.A_log.float().exp()
@@ -380,21 +381,23 @@ class Mamba2Mixer(HybridMixer):
         y = y + xs.float() * self.D.float()[:, None]
         return self.out_proj(self.gated_output(y.reshape(B, T, -1).to(dtype), z).to(dtype))
 
-    def _decode_in_one_kernel(self, xs: torch.Tensor, states) -> bool:
-        """Whether a decode token's scan runs as one kernel (:func:`~laquant.kernels.gla.decode.ssd_decode_step`:
-        the time step, decay, ``dt x``, the groups' B and C and ``D x`` inside): one token on the GPU with a
-        stored state, not a verify step nor a padded prefill. Else the PyTorch glue and :meth:`attend_gla`."""
-        return (xs.shape[1] == 1 and states is not None and states.get(self.layer_idx) is not None
-                and getattr(states, "pending", None) is None and getattr(states, "token_mask", None) is None
-                and use_triton(xs, self.state_quantizer.format.name))
+    def _one_kernel_state(self, xs: torch.Tensor, states):
+        """The stored state when a decode token's scan runs as one kernel
+        (:func:`~laquant.kernels.gla.decode.ssd_decode_step`: the time step, decay, ``dt x``, the groups' B and C
+        and ``D x`` inside): one token on the GPU with a stored state, not a verify step nor a padded prefill. Else
+        None: the PyTorch glue and :meth:`attend_gla`."""
+        if (xs.shape[1] != 1 or states is None or getattr(states, "pending", None) is not None
+                or getattr(states, "token_mask", None) is not None
+                or not use_triton(xs, self.state_quantizer.format.name)):
+            return None
+        return states.get(self.layer_idx)
 
-    def _ssd_step(self, xs, b, c, dt_logits, states) -> torch.Tensor:
-        """One decode token's scan, ``y [B, 1, H, P]`` float32, the stored state updated in place."""
+    def _ssd_step(self, xs, b, c, dt_logits, states, stored) -> torch.Tensor:
+        """One decode token's scan, ``y [B, 1, H, P]`` float32, ``stored`` updated in place."""
         from laquant.kernels.gla.decode import ssd_decode_step
         from laquant.models.recurrent import _seed
 
         B, H, P, N, G = xs.shape[0], self.num_heads, self.head_dim, self.ssm_state_size, self.n_groups
-        stored = states.get(self.layer_idx)
         y = ssd_decode_step(c[:, 0].unflatten(-1, (G, N)), b[:, 0].unflatten(-1, (G, N)), xs[:, 0].unflatten(-1, (H, P)),
                             dt_logits[:, 0], self.dt_bias, self.A_log, self.D, self.time_step_limit, stored.data,
                             stored.row_scale, *self._pool_slots(stored, B, xs.device), seed=_seed(states))
