@@ -65,6 +65,17 @@ if triton is not None:
         return tl.sum(tl.where((rows == r)[:, None], x, 0.0), axis=0)
 
     @triton.jit
+    def unit_lower_inverse(A, rows, BT: tl.constexpr):
+        """``(I + A)^-1`` of a strictly lower-triangular ``[BT, BT]`` tile ``A`` (float32), by forward
+        substitution: ``I + L`` with row i of L ``-a_i - a_i L`` (``a_i`` row i of A)."""
+        L = tl.zeros([BT, BT], dtype=tl.float32)
+        for i in tl.static_range(1, BT):
+            a_i = tile_row(A, rows, i)
+            l_i = -a_i - tl.sum(a_i[:, None] * L, axis=0)
+            L = tl.where((rows == i)[:, None], l_i[None, :], L)
+        return L + tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+
+    @triton.jit
     def absmax_row_scale(x, QMAX: tl.constexpr):
         """One scale per row of a 2-D tile."""
         return tl.maximum(tl.max(tl.abs(x), axis=1) / QMAX, 1.1754943508222875e-38)  # float32 tiny

@@ -21,9 +21,11 @@ operands with float32 accumulation for bf16 inputs (as fla does), exact float32 
 the triangular solve is always float32.
 
 With a log-decay per key channel (Kimi Delta Attention, :mod:`laquant.kernels.kda.chunk`), ``G``
-is ``[BT, K]`` and ``D`` a ``[BT, BT, K]`` product: ``A`` and ``q k^T * D`` are then built one column
-at a time, ``exp(G_i - G_j)`` taken exactly for ``j <= i`` (never overflowing), the rest unchanged
-with the decays applied per channel.
+is ``[BT, K]`` and ``D`` a ``[BT, BT, K]`` product, built one column at a time (``exp(G_i - G_j)``
+exact for ``j <= i``, never overflowing). That work depends only on the chunk's own tokens, so a first
+kernel (:func:`~laquant.kernels.kda.chunk.kda_intra_chunk`) runs it for every chunk in parallel and
+writes each token's row of the masked ``q k^T * D`` and its ``w`` and ``u``; this kernel then walks
+the chunks with those (``PER_CHANNEL``), the decays applied per channel.
 
 Design note: fla splits this into a chunk-parallel WY pass (writing w and u) and a 64-token state
 pass. That layout, tried here too, was slower at B*T = 65,536 with T <= 16K (6.4 ms against this
@@ -44,7 +46,7 @@ try:
     import triton.language as tl
 
     from ..common.triton_numerics import (absmax_row_scale, chunk_rows, mm, program_tile, roundtrip_state, start_state,
-                                          state_random_bytes, store_state_rows, tile_row)
+                                          state_random_bytes, store_state_rows, tile_row, unit_lower_inverse)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -85,7 +87,7 @@ if triton is not None:
 
     @triton.jit
     def _chunk_delta_fwd_kernel(
-        q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, cu_ptr,
+        q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, cu_ptr, qk_ptr, w_ptr, u_ptr,
         s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh, s_gk, s_bb, s_bt, s_bh,
         s_ob, s_ot, s_oh,
         T, qk_scale,
@@ -114,29 +116,24 @@ if triton is not None:
             mtv = mt[:, None] & mv[None, :]
             q = tl.load(q_base + offs_t[:, None] * s_qt + offs_k[None, :], mask=mtk, other=0.0).to(tl.float32)
             k = tl.load(k_base + offs_t[:, None] * s_kt + offs_k[None, :], mask=mtk, other=0.0).to(tl.float32)
-            v = tl.load(v_base + offs_t[:, None] * s_vt + offs_v[None, :], mask=mtv, other=0.0).to(tl.float32)
-            beta = tl.load(beta_ptr + b * s_bb + h * s_bh + offs_t * s_bt, mask=mt, other=0.0).to(tl.float32)
             if L2NORM:  # as fla and transformers: x * rsqrt(sum(x^2) + 1e-6); padded rows stay 0
                 q = q * tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6)[:, None]
                 k = k * tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
             q = q * qk_scale
-            if PER_CHANNEL:  # KDA: G [BT, BK]; A and q k^T column by column, exp(G_i - G_j) exact for j <= i
+            if PER_CHANNEL:  # KDA: G [BT, BK]; q k^T * D, w and u from kda_intra_chunk (0 on padded rows)
                 G = tl.cumsum(tl.load(g_ptr + b * s_gb + h * s_gh + offs_t[:, None] * s_gt + offs_k[None, :] * s_gk,
                                       mask=mtk, other=0.0).to(tl.float32), axis=0)
-                A = tl.zeros([BT, BT], dtype=tl.float32)
-                QK = tl.zeros([BT, BT], dtype=tl.float32)
-                for j in tl.static_range(BT):
-                    kd = tile_row(k, rows, j)[None, :] * tl.exp(
-                        tl.where((rows >= j)[:, None], G - tile_row(G, rows, j)[None, :], 0.0))
-                    A = tl.where((rows == j)[None, :], tl.sum(k * kd, axis=1)[:, None], A)
-                    QK = tl.where((rows == j)[None, :], tl.sum(q * kd, axis=1)[:, None], QK)
-                A = tl.where(rows[:, None] > rows[None, :], A * beta[:, None], 0.0)
-                QK = tl.where(causal, QK, 0.0)
+                tok = (b * T + offs_t).to(tl.int64) * H + h  # the token's row of kda_intra_chunk's outputs
+                QK = tl.load(qk_ptr + tok[:, None] * BT + rows[None, :], mask=mt[:, None], other=0.0)
+                w = tl.load(w_ptr + tok[:, None] * K + offs_k[None, :], mask=mtk, other=0.0)
+                u = tl.load(u_ptr + tok[:, None] * V + offs_v[None, :], mask=mtv, other=0.0).to(tl.float32)
                 G_last = tile_row(G, rows, BT - 1)  # [BK]; padded rows have g = 0
                 decay_in = tl.exp(G)  # [BT, BK]: from the chunk's start to each row
                 decay_out = tl.exp(G_last[None, :] - G)  # from each row to the chunk's end
                 decay_chunk = tl.exp(G_last)[:, None]
             else:  # a scalar log-decay per head: G [BT], exp(G_i - G_j) as one [BT, BT] tile
+                v = tl.load(v_base + offs_t[:, None] * s_vt + offs_v[None, :], mask=mtv, other=0.0).to(tl.float32)
+                beta = tl.load(beta_ptr + b * s_bb + h * s_bh + offs_t * s_bt, mask=mt, other=0.0).to(tl.float32)
                 g = tl.load(g_ptr + b * s_gb + h * s_gh + offs_t * s_gt, mask=mt, other=0.0).to(tl.float32)
                 G = tl.cumsum(g, axis=0)
                 D = tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
@@ -146,15 +143,9 @@ if triton is not None:
                 decay_in = tl.exp(G)[:, None]
                 decay_out = tl.exp(G_last - G)[:, None]
                 decay_chunk = tl.exp(G_last)
-            # (I + A)^-1 = I + L, L strictly lower: row i of L is -a_i - a_i L (a_i row i of A)
-            L = tl.zeros([BT, BT], dtype=tl.float32)
-            for i in tl.static_range(1, BT):
-                a_i = tile_row(A, rows, i)
-                l_i = -a_i - tl.sum(a_i[:, None] * L, axis=0)
-                L = tl.where((rows == i)[:, None], l_i[None, :], L)
-            inv = L + tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
-            u = mm(inv, v * beta[:, None], LOW_PRECISION)
-            w = mm(inv, k * beta[:, None] * decay_in, LOW_PRECISION)
+                inv = unit_lower_inverse(A, rows, BT)
+                u = mm(inv, v * beta[:, None], LOW_PRECISION)
+                w = mm(inv, k * beta[:, None] * decay_in, LOW_PRECISION)
             v_new = u - mm(w, S, LOW_PRECISION)
             o = mm(q * decay_in, S, LOW_PRECISION) + mm(QK, v_new, LOW_PRECISION)
             tl.store(o_base + offs_t[:, None] * s_ot + offs_v[None, :], o.to(o_ptr.dtype.element_ty), mask=mtv)
@@ -209,9 +200,11 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
 
 
 def launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, final_format, roundtrip, cu_seqlens,
-                 use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding="nearest", seed=0, position=None):
+                 use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding="nearest", seed=0, position=None,
+                 intra=None):
     """The chunk kernel on shape-checked arguments; g ``[B, T, Hv]`` (per head) or ``[B, T, Hv, K]``
-    (per channel, KDA's): the gated delta rule's and KDA's prefill share it."""
+    (per channel, KDA's, with ``intra``: :func:`~laquant.kernels.kda.chunk.kda_intra_chunk`'s
+    ``(qk, w, u)`` at the same ``block_t``): the gated delta rule's and KDA's prefill share it."""
     B, T, Hk, K = q.shape
     H, V = v.shape[2], v.shape[3]
     if cu_seqlens is not None and B != 1:
@@ -219,6 +212,8 @@ def launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, fin
     if block_t not in (16, 32, 64):
         raise ValueError(f"block_t must be 16, 32 or 64; got {block_t}")
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    if (g.dim() == 4) != (intra is not None):
+        raise ValueError("a per-channel decay needs the intra-chunk products (intra), a per-head one none")
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     o = torch.empty_like(v) if out is None else out
     check_state_args(initial_state, final_format, (N, H, K, V), "[N, Hv, K, V]")
@@ -235,7 +230,7 @@ def launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, fin
             while N * H * triton.cdiv(V, BV) < sms and BV > 32:
                 BV //= 2
     _chunk_delta_fwd_kernel[(N * H, triton.cdiv(V, BV))](
-        q, k, v, g, beta, o, cu_seqlens if cu_seqlens is not None else dummy,
+        q, k, v, g, beta, o, cu_seqlens if cu_seqlens is not None else dummy, *(intra or (dummy,) * 3),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2),
         g.stride(3) if g.dim() == 4 else 0,

@@ -1,16 +1,24 @@
-"""Triton kernel: chunked Kimi Delta Attention (KDA) prefill with the state in a format.
+"""Triton kernels: chunked Kimi Delta Attention (KDA) prefill with the state in a format.
 
-The gated delta rule's chunk kernel (:mod:`laquant.kernels.delta.chunk`) with a log-decay per key
-channel: one program per (sequence, value head, V block) walks its sequence in chunks of ``BT``
-tokens with the ``[K, V]`` state in float32 registers. Per chunk, with ``G [BT, K]`` the cumulative
-log-decay, the unit-lower-triangular system ``A_ij = beta_i sum_c k_ic k_jc exp(G_ic - G_jc)`` and
-the causal ``q k^T`` with the same decay are built one column at a time (``exp(G_i - G_j)`` exact
-for ``j <= i``, so strong decays cannot overflow), inverted by forward substitution, and the WY
-form gives ``v_new = u - w S``, ``o = (q exp(G)) S + (q k^T * D) v_new`` and
-``S = Diag(exp(G_last)) S + (k exp(G_last - G))^T v_new``. State formats in, inside (every 64
-tokens with ``roundtrip``) and out, ``cu_seqlens``, grouped heads and the in-kernel q/k l2norm are
-the delta kernel's. Spec: :func:`chunk_kda_reference` (:func:`~laquant.kernels.kda.reference.chunk_kda`
-per sequence).
+The gated delta rule's chunk recurrence (:mod:`laquant.kernels.delta.chunk`) with a log-decay per key
+channel, in two launches:
+
+1. :func:`kda_intra_chunk`, one program per (chunk, sequence, head), all chunks at once: with
+   ``G [BT, K]`` the chunk's cumulative log-decay, the unit-lower-triangular system
+   ``A_ij = beta_i sum_c k_ic k_jc exp(G_ic - G_jc)`` and the causal ``q k^T`` with the same decay,
+   built one column at a time (``exp(G_i - G_j)`` exact for ``j <= i``, so strong decays cannot
+   overflow); ``(I + A)`` inverted by forward substitution; the WY form's ``u = (I + A)^-1 (beta v)``
+   and ``w = (I + A)^-1 (beta exp(G) k)``. It writes each token's row of ``q k^T * D``, ``w`` and ``u``
+   (in the inputs' dtype: the next launch rounds them to it for its bf16 products anyway).
+2. the delta rule's chunk kernel, one program per (sequence, value head, V block) walking the chunks
+   with the ``[K, V]`` state in float32 registers: ``v_new = u - w S``,
+   ``o = (q exp(G)) S + (q k^T * D) v_new``, ``S = Diag(exp(G_last)) S + (k exp(G_last - G))^T v_new``.
+
+Built in the walk, as the first version did, the column loop ran serially chunk after chunk, 0.06-0.28x
+fla's ``chunk_kda`` (``eval/results/speed_kda_h100.md``). State formats in, inside (every 64 tokens with
+``roundtrip``) and out, ``cu_seqlens``, grouped heads and the in-kernel q/k l2norm are the delta
+kernel's. Spec: :func:`chunk_kda_reference` (:func:`~laquant.kernels.kda.reference.chunk_kda` per
+sequence).
 """
 
 from __future__ import annotations
@@ -20,6 +28,106 @@ import torch
 from ..common.state import State, StateQuantizer
 from ..delta.chunk import launch_chunk, per_sequence_reference, triton
 from .reference import chunk_kda
+
+if triton is not None:
+    import triton.language as tl
+
+    from ..common.triton_numerics import chunk_rows, mm, sequence_span, tile_row, unit_lower_inverse
+
+    @triton.jit
+    def _kda_intra_chunk_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qk_ptr, w_ptr, u_ptr, cu_ptr, slot_ptr,
+                                s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh, s_gk,
+                                s_bb, s_bt, s_bh, T, qk_scale,
+                                H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr,
+                                LOW_PRECISION: tl.constexpr, L2NORM: tl.constexpr):
+        """One chunk of one (sequence, value head): its rows of ``q k^T * D`` (causal), ``w`` and ``u``.
+        Grid: (chunk slots, heads) with ``VARLEN`` (``slot_ptr``: each slot's sequence and chunk, a slot
+        past its sequence's end does nothing), else (chunks, sequences * heads)."""
+        if VARLEN:
+            n = tl.load(slot_ptr + 2 * tl.program_id(0))
+            i_c = tl.load(slot_ptr + 2 * tl.program_id(0) + 1)
+            h = tl.program_id(1)
+        else:
+            n = tl.program_id(1) // H
+            i_c = tl.program_id(0)
+            h = tl.program_id(1) % H
+        bos, eos, b = sequence_span(cu_ptr, n, T, VARLEN)
+        rows = tl.arange(0, BT)
+        offs_k = tl.arange(0, BK)
+        offs_v = tl.arange(0, BV)
+        mk = offs_k < K
+        mv = offs_v < V
+        t0, offs_t, mt, mtk = chunk_rows(bos, eos, i_c, rows, mk, BT)
+        if t0 < eos:
+            hk = h // GROUP
+            mtv = mt[:, None] & mv[None, :]
+            q = tl.load(q_ptr + b * s_qb + hk * s_qh + offs_t[:, None] * s_qt + offs_k[None, :], mask=mtk,
+                        other=0.0).to(tl.float32)
+            k = tl.load(k_ptr + b * s_kb + hk * s_kh + offs_t[:, None] * s_kt + offs_k[None, :], mask=mtk,
+                        other=0.0).to(tl.float32)
+            v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_t[:, None] * s_vt + offs_v[None, :], mask=mtv,
+                        other=0.0).to(tl.float32)
+            beta = tl.load(beta_ptr + b * s_bb + h * s_bh + offs_t * s_bt, mask=mt, other=0.0).to(tl.float32)
+            if L2NORM:  # as the chunk kernel: x * rsqrt(sum(x^2) + 1e-6)
+                q = q * tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6)[:, None]
+                k = k * tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
+            q = q * qk_scale
+            G = tl.cumsum(tl.load(g_ptr + b * s_gb + h * s_gh + offs_t[:, None] * s_gt + offs_k[None, :] * s_gk,
+                                  mask=mtk, other=0.0).to(tl.float32), axis=0)
+            A = tl.zeros([BT, BT], dtype=tl.float32)
+            QK = tl.zeros([BT, BT], dtype=tl.float32)
+            for j in tl.static_range(BT):  # column j: k_j's channels decayed from row j to each row i >= j
+                kd = tile_row(k, rows, j)[None, :] * tl.exp(
+                    tl.where((rows >= j)[:, None], G - tile_row(G, rows, j)[None, :], 0.0))
+                A = tl.where((rows == j)[None, :], tl.sum(k * kd, axis=1)[:, None], A)
+                QK = tl.where((rows == j)[None, :], tl.sum(q * kd, axis=1)[:, None], QK)
+            A = tl.where(rows[:, None] > rows[None, :], A * beta[:, None], 0.0)
+            QK = tl.where(rows[:, None] >= rows[None, :], QK, 0.0)
+            inv = unit_lower_inverse(A, rows, BT)
+            u = mm(inv, v * beta[:, None], LOW_PRECISION)
+            w = mm(inv, k * beta[:, None] * tl.exp(G), LOW_PRECISION)
+            tok = (b * T + offs_t).to(tl.int64) * H + h
+            tl.store(qk_ptr + tok[:, None] * BT + rows[None, :], QK.to(qk_ptr.dtype.element_ty), mask=mt[:, None])
+            tl.store(w_ptr + tok[:, None] * K + offs_k[None, :], w.to(w_ptr.dtype.element_ty), mask=mtk)
+            tl.store(u_ptr + tok[:, None] * V + offs_v[None, :], u.to(u_ptr.dtype.element_ty), mask=mtv)
+
+
+def kda_intra_chunk(q, k, v, g, beta, scale: float | None = None, cu_seqlens: torch.Tensor | None = None,
+                    use_qk_l2norm: bool = False, block_t: int = 64):
+    """The chunk-local half of KDA's chunked prefill (see the module's docstring), for every chunk of
+    ``block_t`` tokens at once: ``(qk [B, T, Hv, block_t], w [B, T, Hv, K], u [B, T, Hv, V])``, each
+    token's row, in the inputs' dtype (float32 for float32 inputs). Arguments as :func:`chunk_kda_triton`."""
+    B, T, Hk, K = q.shape
+    H, V = v.shape[2], v.shape[3]
+    dtype = torch.float32 if q.dtype == torch.float32 else torch.bfloat16
+    qk = torch.empty(B, T, H, block_t, dtype=dtype, device=q.device)
+    w = torch.empty(B, T, H, K, dtype=dtype, device=q.device)
+    u = torch.empty(B, T, H, V, dtype=dtype, device=q.device)
+    if T == 0:
+        return qk, w, u
+    chunks = triton.cdiv(T, block_t)
+    if cu_seqlens is not None:  # chunk slots of the packed sequences, mapped on the device (no host sync)
+        N = cu_seqlens.numel() - 1
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+        ends = torch.cumsum((lengths + block_t - 1) // block_t, 0)
+        slots = torch.arange(chunks + N, device=q.device)
+        seq = torch.searchsorted(ends, slots, right=True).clamp_(max=N - 1)
+        first = ends[seq] - (lengths[seq] + block_t - 1) // block_t
+        slot_map = torch.stack((seq, slots - first), 1).to(torch.int32).contiguous()
+        grid = (chunks + N, H)
+    else:
+        slot_map = qk
+        grid = (chunks, B * H)
+    BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
+    _kda_intra_chunk_kernel[grid](
+        q, k, v, g, beta, qk, w, u, cu_seqlens if cu_seqlens is not None else qk, slot_map,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2), g.stride(3),
+        beta.stride(0), beta.stride(1), beta.stride(2), T, K ** -0.5 if scale is None else scale,
+        H=H, GROUP=H // Hk, K=K, V=V, BT=block_t, BK=BK, BV=BV, VARLEN=cu_seqlens is not None,
+        LOW_PRECISION=q.dtype != torch.float32, L2NORM=use_qk_l2norm, num_warps=4 if block_t <= 32 else 8)
+    return qk, w, u
 
 
 def chunk_kda_reference(q, k, v, g, beta, scale=None, initial_state: State | None = None,
@@ -35,7 +143,7 @@ def chunk_kda_reference(q, k, v, g, beta, scale=None, initial_state: State | Non
 def chunk_kda_triton(q, k, v, g, beta, scale: float | None = None, initial_state: State | None = None,
                      output_final_state: bool = False, final_format: str = "fp32",
                      roundtrip: StateQuantizer | None = None, cu_seqlens: torch.Tensor | None = None,
-                     use_qk_l2norm: bool = False, block_t: int = 16, block_v: int | None = None,
+                     use_qk_l2norm: bool = False, block_t: int = 64, block_v: int | None = None,
                      num_warps: int = 4, num_stages: int = 1, out: torch.Tensor | None = None,
                      rounding: str = "nearest", seed: int = 0, position: int | None = None):
     """Chunked KDA forward. q, k ``[B, T, Hk, K]``, v ``[B, T, Hv, V]`` (``Hv`` a multiple of
@@ -52,5 +160,12 @@ def chunk_kda_triton(q, k, v, g, beta, scale: float | None = None, initial_state
         raise ValueError(f"expected q, k [B, T, Hk, K], v [B, T, Hv, V] with Hv a multiple of Hk, g [B, T, Hv, K] "
                          f"and beta [B, T, Hv]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"g {tuple(g.shape)}, beta {tuple(beta.shape)}")
+    if block_t not in (16, 32, 64):
+        raise ValueError(f"block_t must be 16, 32 or 64; got {block_t}")
+    if cu_seqlens is not None and B != 1:
+        raise ValueError(f"with cu_seqlens the batch must be 1 (sequences packed along T); got B={B}")
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    intra = kda_intra_chunk(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm, block_t)
     return launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, final_format, roundtrip, cu_seqlens,
-                        use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding, seed, position)
+                        use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding, seed, position,
+                        intra=intra)
