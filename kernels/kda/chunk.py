@@ -94,7 +94,7 @@ if triton is not None:
 
 
 def kda_intra_chunk(q, k, v, g, beta, scale: float | None = None, cu_seqlens: torch.Tensor | None = None,
-                    use_qk_l2norm: bool = False, block_t: int = 64):
+                    use_qk_l2norm: bool = False, block_t: int = 16):
     """The chunk-local half of KDA's chunked prefill (see the module's docstring), for every chunk of
     ``block_t`` tokens at once: ``(qk [B, T, Hv, block_t], w [B, T, Hv, K], u [B, T, Hv, V])``, each
     token's row, in the inputs' dtype (float32 for float32 inputs). Arguments as :func:`chunk_kda_triton`."""
@@ -143,7 +143,7 @@ def chunk_kda_reference(q, k, v, g, beta, scale=None, initial_state: State | Non
 def chunk_kda_triton(q, k, v, g, beta, scale: float | None = None, initial_state: State | None = None,
                      output_final_state: bool = False, final_format: str = "fp32",
                      roundtrip: StateQuantizer | None = None, cu_seqlens: torch.Tensor | None = None,
-                     use_qk_l2norm: bool = False, block_t: int = 64, block_v: int | None = None,
+                     use_qk_l2norm: bool = False, block_t: int = 16, block_v: int | None = None,
                      num_warps: int = 4, num_stages: int = 1, out: torch.Tensor | None = None,
                      rounding: str = "nearest", seed: int = 0, position: int | None = None):
     """Chunked KDA forward. q, k ``[B, T, Hk, K]``, v ``[B, T, Hv, V]`` (``Hv`` a multiple of

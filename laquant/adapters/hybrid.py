@@ -12,8 +12,8 @@ then puts laquant's mixers in place of transformers' linear-attention modules (s
 names), so the state path runs on laquant's ops in the recipe's state format, and gives the decoder
 layers' norms that feed W8A8 projections their codes-writing forward (:mod:`laquant.models.quantizing_rowwise`,
 transformers' own forward wherever those projections are not W8A8 on the GPU) and Qwen3-Next's gated
-attention layers a forward for the static decode step (:mod:`laquant.models.gated_attention`);
-everything else stays transformers'.
+attention layers, and Kimi Linear's MLA layers, a forward for the static decode step
+(:mod:`laquant.models.gated_attention`, :mod:`laquant.models.mla_attention`); everything else stays transformers'.
 
 Roles: ``projections`` (the mixers' and MLPs' ``nn.Linear``), ``gates`` (the mixer's gate
 projection: GDN's ``in_proj_ba``, Mamba2's ``dt`` channels of ``in_proj``, KDA's
@@ -34,7 +34,7 @@ import torch.nn as nn
 
 from laquant.adapters.base import Adapter, MixerInfo
 from laquant.errors import LaquantError
-from laquant.models import gated_attention, quantizing_rowwise
+from laquant.models import gated_attention, mla_attention, quantizing_rowwise
 from laquant.models.cache import state_store
 
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -232,6 +232,7 @@ class HybridAdapter(Adapter):
         self._share_tied_blocks()
         quantizing_rowwise.install(self.layers)
         gated_attention.install(self.layers)
+        mla_attention.install(self.layers)
         if not getattr(self.model, "_laquant_positions_hook", False):
             self.model.register_forward_pre_hook(_positions_from_state_store, with_kwargs=True)
             self.model._laquant_positions_hook = True

@@ -1,0 +1,98 @@
+"""Kimi Linear's MLA on a static decode step (laquant.models.mla_attention): the absorbed form attends over
+the cached latents and must give transformers' expanded keys' logits; a quantized kv_b_proj enters with its
+dequantized weight."""
+
+import pytest
+import torch
+from test_hybrid import VOCAB, kimi_linear
+
+from laquant.adapters import install, new_cache
+from laquant.generate import static_cache, static_forward
+from laquant.models import mla_attention
+from laquant.models.quantizing_rowwise import original_class
+
+
+def _model(**kw):
+    torch.manual_seed(3)
+    return kimi_linear(**kw).float().eval()
+
+
+def _prefilled(model, ids):
+    cache = new_cache(model)
+    model(input_ids=ids, past_key_values=cache, use_cache=True)
+    return cache
+
+
+def _transformers_forward(model):
+    for m in model.modules():
+        if type(m).__name__ in mla_attention.MLA_ATTENTIONS or original_class(m).__name__ in mla_attention.MLA_ATTENTIONS:
+            m.__class__ = original_class(m)
+
+
+@pytest.mark.parametrize("q_lora_rank", [None, 24])
+@torch.no_grad()
+def test_static_steps_take_the_absorbed_form(q_lora_rank, monkeypatch):
+    """Five static decode steps through the absorbed form give the logits and the cached latents of
+    transformers' forward on the same static cache; a dynamic-cache step does not take it."""
+    model = _model(q_lora_rank=q_lora_rank)
+    install(model)
+    calls = []
+    step = mla_attention._static_step
+    monkeypatch.setattr(mla_attention, "_static_step", lambda *a: calls.append(1) or step(*a))
+    gen = torch.Generator().manual_seed(3)
+    ids, steps = torch.randint(0, VOCAB, (3, 10), generator=gen), torch.randint(0, VOCAB, (3, 5), generator=gen)
+    absorbed = static_cache(_prefilled(model, ids), 16)
+    plain = static_cache(_prefilled(model, ids), 16)
+    got = [static_forward(model, steps[:, t:t + 1], absorbed) for t in range(5)]
+    assert len(calls) == 5 * len(absorbed.kv) > 0
+    model(input_ids=steps[:, :1], past_key_values=_prefilled(model, ids), use_cache=True)
+    assert len(calls) == 5 * len(absorbed.kv)
+    _transformers_forward(model)
+    want = [static_forward(model, steps[:, t:t + 1], plain) for t in range(5)]
+    assert len(calls) == 5 * len(absorbed.kv)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=2e-5, rtol=1e-5)
+    assert not torch.allclose(got[0], got[-1], atol=1e-3)  # the steps differ: a stale step would show
+    for i in absorbed.kv:
+        torch.testing.assert_close(absorbed.kv[i][0], plain.kv[i][0])
+        torch.testing.assert_close(absorbed.kv[i][1], plain.kv[i][1])
+
+
+@torch.no_grad()
+def test_absorbed_weights_follow_the_projection():
+    """The absorbed weights are kv_b_proj's rows per head, and are taken again when the weight changes."""
+    model = _model()
+    install(model)
+    attn = next(m for m in model.modules() if original_class(m).__name__ in mla_attention.MLA_ATTENTIONS)
+    w_k, w_v = mla_attention.absorbed_weights(attn, torch.float32)
+    w = attn.kv_b_proj.weight.view(attn.num_heads, -1, attn.kv_lora_rank)
+    assert torch.equal(w_k, w[:, :attn.qk_nope_head_dim]) and torch.equal(w_v.transpose(1, 2), w[:, attn.qk_nope_head_dim:])
+    assert mla_attention.absorbed_weights(attn, torch.float32)[0] is w_k  # kept
+    attn.kv_b_proj.weight.mul_(2)
+    assert torch.equal(mla_attention.absorbed_weights(attn, torch.float32)[0], 2 * w_k)
+
+
+@torch.no_grad()
+def test_a_quantized_projection_enters_dequantized():
+    """Under hybrid_int8 kv_b_proj is int8: the absorbed steps use its dequantized weight, so they differ from
+    transformers' W8A8 call only by the latents' activation rounding (small against the logits)."""
+    import laquant
+    from laquant.quant.modules import QuantLinear
+
+    model = _model()
+    install(model)
+    laquant.calibrate(model, "hybrid_int8", torch.randint(0, VOCAB, (2, 64)), progress=False)
+    attn = next(m for m in model.modules() if original_class(m).__name__ in mla_attention.MLA_ATTENTIONS)
+    assert isinstance(attn.kv_b_proj, QuantLinear)
+    w_k, _ = mla_attention.absorbed_weights(attn, torch.float32)
+    assert torch.equal(w_k, attn.kv_b_proj.dequantized_weight().view(attn.num_heads, -1, attn.kv_lora_rank)
+                       [:, :attn.qk_nope_head_dim])
+    gen = torch.Generator().manual_seed(4)
+    ids, steps = torch.randint(0, VOCAB, (2, 9), generator=gen), torch.randint(0, VOCAB, (2, 3), generator=gen)
+    absorbed, plain = static_cache(_prefilled(model, ids), 16), static_cache(_prefilled(model, ids), 16)
+    got = [static_forward(model, steps[:, t:t + 1], absorbed) for t in range(3)]
+    _transformers_forward(model)
+    want = [static_forward(model, steps[:, t:t + 1], plain) for t in range(3)]
+    for g, w in zip(got, want):
+        assert torch.isfinite(g).all()
+        assert (g - w).abs().max() < 2e-2 * w.abs().max()
