@@ -1,7 +1,7 @@
 """KDA chunked prefill: laquant's two-launch kernel at each chunk size against fla's ``chunk_kda`` (when installed),
 bf16 inputs, Kimi Linear's heads (K = V = 128), CUDA-event medians; prints one JSON line per shape.
 
-    python tools/bench_kda_prefill.py [--heads 32] [--shapes 1x1024,64x1024,4x16384,1x65536]
+    python tools/bench_kda_prefill.py [--heads 32] [--shapes 1x1024,64x1024,4x16384,1x65536] [--block-t 16,32]
 """
 
 from __future__ import annotations
@@ -41,19 +41,21 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--shapes", default="1x1024,64x1024,4x16384,1x65536")
+    ap.add_argument("--block-t", default="16,32,64", help="chunk sizes to time")
     args = ap.parse_args()
     try:
         from fla.ops.kda import chunk_kda as fla_chunk
     except Exception:  # noqa: BLE001
         fla_chunk = None
     H, K, V = args.heads, 128, 128
+    sizes = [int(x) for x in args.block_t.split(",")]
     for shape in args.shapes.split(","):
         B, T = (int(x) for x in shape.split("x"))
         q, k, v, g, beta = inputs(B, T, H, K, V)
         row = {"device": torch.cuda.get_device_name(), "B": B, "T": T, "H": H, "K": K, "V": V}
         with torch.no_grad():
-            ref, _ = chunk_kda_triton(q.float(), k.float(), v.float(), g, beta, use_qk_l2norm=True, block_t=64)
-            for bt in (16, 32, 64):
+            ref, _ = chunk_kda_triton(q.float(), k.float(), v.float(), g, beta, use_qk_l2norm=True)
+            for bt in sizes:
                 run = lambda: chunk_kda_triton(q, k, v, g, beta, output_final_state=True, use_qk_l2norm=True,  # noqa: E731
                                                block_t=bt)
                 row[f"laquant_bt{bt}_ms"] = median_ms(run)
@@ -65,7 +67,7 @@ def main():
                 row["fla_ms"] = median_ms(fla)
                 o_fla = fla()[0]
                 row["fla_rel_err_vs_fp32"] = ((o_fla.float() - ref).norm() / ref.norm()).item()
-                best = min(row[f"laquant_bt{bt}_ms"] for bt in (16, 32, 64))
+                best = min(row[f"laquant_bt{bt}_ms"] for bt in sizes)
                 row["best_speedup_vs_fla"] = row["fla_ms"] / best
         print(json.dumps(row), flush=True)
         del q, k, v, g, beta, ref
