@@ -32,15 +32,15 @@ from .reference import chunk_kda
 if triton is not None:
     import triton.language as tl
 
-    from ..common.triton_numerics import chunk_rows, mm, sequence_span, tile_row, unit_lower_inverse
+    from ..common.triton_numerics import chunk_rows, mm, sequence_span, unit_lower_inverse
 
     @triton.jit
     def _kda_intra_chunk_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qk_ptr, w_ptr, u_ptr, cu_ptr, slot_ptr,
                                 s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh, s_gk,
                                 s_bb, s_bt, s_bh, T, qk_scale,
                                 H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr,
-                                LOW_PRECISION: tl.constexpr, L2NORM: tl.constexpr):
+                                BT: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr,
+                                VARLEN: tl.constexpr, LOW_PRECISION: tl.constexpr, L2NORM: tl.constexpr):
         """One chunk of one (sequence, value head): its rows of ``q k^T * D`` (causal), ``w`` and ``u``.
         Grid: (chunk slots, heads) with ``VARLEN`` (``slot_ptr``: each slot's sequence and chunk, a slot
         past its sequence's end does nothing), else (chunks, sequences * heads)."""
@@ -69,19 +69,31 @@ if triton is not None:
             v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_t[:, None] * s_vt + offs_v[None, :], mask=mtv,
                         other=0.0).to(tl.float32)
             beta = tl.load(beta_ptr + b * s_bb + h * s_bh + offs_t * s_bt, mask=mt, other=0.0).to(tl.float32)
+            q_row = tl.full([BT], qk_scale, tl.float32)  # each row's factor: the l2norm's and the scale
+            k_row = tl.full([BT], 1.0, tl.float32)
             if L2NORM:  # as the chunk kernel: x * rsqrt(sum(x^2) + 1e-6)
-                q = q * tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6)[:, None]
-                k = k * tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
-            q = q * qk_scale
+                q_row = q_row * tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6)
+                k_row = tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)
+            k = k * k_row[:, None]
             G = tl.cumsum(tl.load(g_ptr + b * s_gb + h * s_gh + offs_t[:, None] * s_gt + offs_k[None, :] * s_gk,
                                   mask=mtk, other=0.0).to(tl.float32), axis=0)
+            # A_ij = sum_c k_ic k_jc exp(G_ic - G_jc) and the same with q_i, over [BT, BT, BKS] slices of the
+            # channels (exp(G_i - G_j) exact for j <= i, never overflowing; the rest masked below)
             A = tl.zeros([BT, BT], dtype=tl.float32)
             QK = tl.zeros([BT, BT], dtype=tl.float32)
-            for j in tl.static_range(BT):  # column j: k_j's channels decayed from row j to each row i >= j
-                kd = tile_row(k, rows, j)[None, :] * tl.exp(
-                    tl.where((rows >= j)[:, None], G - tile_row(G, rows, j)[None, :], 0.0))
-                A = tl.where((rows == j)[None, :], tl.sum(k * kd, axis=1)[:, None], A)
-                QK = tl.where((rows == j)[None, :], tl.sum(q * kd, axis=1)[:, None], QK)
+            lower = (rows[:, None] >= rows[None, :])[:, :, None]
+            for c0 in tl.static_range(0, BK, BKS):
+                cs = c0 + tl.arange(0, BKS)
+                mc = mt[:, None] & (cs < K)[None, :]
+                qs = tl.load(q_ptr + b * s_qb + hk * s_qh + offs_t[:, None] * s_qt + cs[None, :], mask=mc,
+                             other=0.0).to(tl.float32) * q_row[:, None]
+                ks = tl.load(k_ptr + b * s_kb + hk * s_kh + offs_t[:, None] * s_kt + cs[None, :], mask=mc,
+                             other=0.0).to(tl.float32) * k_row[:, None]
+                Gs = tl.cumsum(tl.load(g_ptr + b * s_gb + h * s_gh + offs_t[:, None] * s_gt + cs[None, :] * s_gk,
+                                       mask=mc, other=0.0).to(tl.float32), axis=0)
+                kd = ks[None, :, :] * tl.exp(tl.where(lower, Gs[:, None, :] - Gs[None, :, :], 0.0))  # [i, j, c]
+                A += tl.sum(ks[:, None, :] * kd, axis=2)
+                QK += tl.sum(qs[:, None, :] * kd, axis=2)
             A = tl.where(rows[:, None] > rows[None, :], A * beta[:, None], 0.0)
             QK = tl.where(rows[:, None] >= rows[None, :], QK, 0.0)
             inv = unit_lower_inverse(A, rows, BT)
@@ -125,8 +137,9 @@ def kda_intra_chunk(q, k, v, g, beta, scale: float | None = None, cu_seqlens: to
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2), g.stride(3),
         beta.stride(0), beta.stride(1), beta.stride(2), T, K ** -0.5 if scale is None else scale,
-        H=H, GROUP=H // Hk, K=K, V=V, BT=block_t, BK=BK, BV=BV, VARLEN=cu_seqlens is not None,
-        LOW_PRECISION=q.dtype != torch.float32, L2NORM=use_qk_l2norm, num_warps=4 if block_t <= 32 else 8)
+        H=H, GROUP=H // Hk, K=K, V=V, BT=block_t, BK=BK, BKS=min(BK, 16 if block_t <= 16 else 8), BV=BV,
+        VARLEN=cu_seqlens is not None, LOW_PRECISION=q.dtype != torch.float32, L2NORM=use_qk_l2norm,
+        num_warps=4 if block_t <= 32 else 8)
     return qk, w, u
 
 
