@@ -42,10 +42,13 @@ def main():
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--shapes", default="1x1024,64x1024,4x16384,1x65536")
     ap.add_argument("--block-t", default="16,32,64", help="chunk sizes to time")
+    ap.add_argument("--no-fla", action="store_true", help="leave fla out (its first calls autotune for minutes)")
     args = ap.parse_args()
     try:
         from fla.ops.kda import chunk_kda as fla_chunk
     except Exception:  # noqa: BLE001
+        fla_chunk = None
+    if args.no_fla:
         fla_chunk = None
     H, K, V = args.heads, 128, 128
     sizes = [int(x) for x in args.block_t.split(",")]
