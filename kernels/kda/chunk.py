@@ -137,9 +137,9 @@ def kda_intra_chunk(q, k, v, g, beta, scale: float | None = None, cu_seqlens: to
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2), g.stride(3),
         beta.stride(0), beta.stride(1), beta.stride(2), T, K ** -0.5 if scale is None else scale,
-        H=H, GROUP=H // Hk, K=K, V=V, BT=block_t, BK=BK, BKS=min(BK, 16 if block_t <= 16 else 8), BV=BV,
+        H=H, GROUP=H // Hk, K=K, V=V, BT=block_t, BK=BK, BKS=min(BK, 8), BV=BV,
         VARLEN=cu_seqlens is not None, LOW_PRECISION=q.dtype != torch.float32, L2NORM=use_qk_l2norm,
-        num_warps=4 if block_t <= 32 else 8)
+        num_warps=2 if block_t <= 16 else 4 if block_t <= 32 else 8)  # tools/sweep_kda_intra.py, H200
     return qk, w, u
 
 
