@@ -1,10 +1,10 @@
-"""Kimi Linear's MLA on a static decode step (laquant.models.mla_attention): the absorbed form attends over
+"""Kimi Linear's and Ling / Ring's MLA on a static decode step (laquant.models.mla_attention): the absorbed form attends over
 the cached latents and must give transformers' expanded keys' logits; a quantized kv_b_proj enters with its
 dequantized weight."""
 
 import pytest
 import torch
-from test_hybrid import VOCAB, kimi_linear
+from test_hybrid import VOCAB, bailing_hybrid, kimi_linear
 
 from laquant.adapters import install, new_cache
 from laquant.generate import static_cache, static_forward
@@ -12,9 +12,9 @@ from laquant.models import mla_attention
 from laquant.models.quantizing_rowwise import original_class
 
 
-def _model(**kw):
+def _model(family="kimi_linear", **kw):
     torch.manual_seed(3)
-    return kimi_linear(**kw).float().eval()
+    return {"kimi_linear": kimi_linear, "bailing_hybrid": bailing_hybrid}[family](**kw).float().eval()
 
 
 def _prefilled(model, ids):
@@ -29,12 +29,13 @@ def _transformers_forward(model):
             m.__class__ = original_class(m)
 
 
-@pytest.mark.parametrize("q_lora_rank", [None, 24])
+@pytest.mark.parametrize("family,kw", [("kimi_linear", {}), ("kimi_linear", {"q_lora_rank": 24}),
+                                       ("bailing_hybrid", {})])  # Ling: rotary rope part, head-wise output gate
 @torch.no_grad()
-def test_static_steps_take_the_absorbed_form(q_lora_rank, monkeypatch):
+def test_static_steps_take_the_absorbed_form(family, kw, monkeypatch):
     """Five static decode steps through the absorbed form give the logits and the cached latents of
     transformers' forward on the same static cache; a dynamic-cache step does not take it."""
-    model = _model(q_lora_rank=q_lora_rank)
+    model = _model(family, **kw)
     install(model)
     calls = []
     step = mla_attention._static_step

@@ -12,7 +12,7 @@ then puts laquant's mixers in place of transformers' linear-attention modules (s
 names), so the state path runs on laquant's ops in the recipe's state format, and gives the decoder
 layers' norms that feed W8A8 projections their codes-writing forward (:mod:`laquant.models.quantizing_rowwise`,
 transformers' own forward wherever those projections are not W8A8 on the GPU) and Qwen3-Next's gated
-attention layers, and Kimi Linear's MLA layers, a forward for the static decode step
+attention layers, and the MLA layers of Kimi Linear and Ling / Ring, a forward for the static decode step
 (:mod:`laquant.models.gated_attention`, :mod:`laquant.models.mla_attention`); everything else stays transformers'.
 
 Roles: ``projections`` (the mixers' and MLPs' ``nn.Linear``), ``gates`` (the mixer's gate

@@ -1,17 +1,17 @@
-"""Kimi Linear's multi-head latent attention (MLA) on a static decode step, in the absorbed form.
+"""Multi-head latent attention (MLA: Kimi Linear's, Ling / Ring's) on a static decode step, in the absorbed form.
 
 transformers' forward caches each token's latent ``c`` (``kv_lora_rank`` wide, after ``kv_a_layernorm``)
 and its shared rope part, and at every call expands all cached latents through ``kv_b_proj`` into
 per-head keys and values: a decode step re-projects the whole context, O(context) GEMM work a layer (at
-B = 64 after a 1K prompt, most of the 1.37B model's step: ``eval/results/families_h200/``). Kimi's MLA
-applies no rotary embedding, so with ``W_k[h]`` and ``W_v[h]`` the key and value rows of ``kv_b_proj``
-for head h (DeepSeek-V2's "absorbed" decode):
+B = 64 after a 1K prompt, most of the 1.37B Kimi model's step: ``eval/results/families_h200/``). The
+rotary embedding (Ling's; Kimi's MLA has none) touches only the shared rope part, so with ``W_k[h]`` and
+``W_v[h]`` the key and value rows of ``kv_b_proj`` for head h (DeepSeek-V2's "absorbed" decode):
 
     q_h . k_h(t) = (W_k[h]^T q_nope_h) . c(t) + q_rope_h . k_rope(t)
     sum_t p_h(t) v_h(t) = W_v[h] (sum_t p_h(t) c(t))
 
 so the step attends over the cached latents themselves, one key "head" shared by all query heads, and
-projects each head's weighted latent once. :func:`install`'s forward runs it on a step of
+projects each head's weighted latent once (then Ling's head-wise output gate). :func:`install`'s forward runs it on a step of
 :class:`~laquant.models.static_hybrid.StaticHybridCache` (the graphed decode loops); its scores follow
 the static steps' attention (in the input dtype, the mask added, softmax in float32). The result equals
 transformers' up to rounding (other products are rounded to the dtype). A quantized ``kv_b_proj`` enters
@@ -22,20 +22,34 @@ else (a prompt, a dynamic cache, another attention implementation) runs transfor
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn as nn
 
 from laquant.models.quantizing_rowwise import mixin_class, original_class
 
-MLA_ATTENTIONS = ("KimiLinearAttention",)
+# MLA classes: the function of their modeling module that rotates the rope part (None: no rotary), and the
+# projection of their head-wise sigmoid output gate (None: none)
+MLA_ATTENTIONS = {
+    "KimiLinearAttention": (None, None),
+    "BailingHybridAttention": ("apply_rotary_pos_emb_interleave", "g_proj"),
+}
+
+
+def _rotary(attn: nn.Module):
+    name = MLA_ATTENTIONS[original_class(attn).__name__][0]
+    return getattr(sys.modules[original_class(attn).__module__], name) if name else None
 
 
 def _takes_step(attn: nn.Module, x: torch.Tensor, cache, kwargs: dict) -> bool:
     from laquant.models.static_hybrid import ATTENTION, StaticHybridCache
 
+    rope = kwargs.get("position_embeddings")
     return (isinstance(cache, StaticHybridCache) and attn.layer_idx in cache.kv and x.dim() == 3 and x.shape[1] == 1
             and getattr(attn.config, "_attn_implementation", None) == ATTENTION and not attn.training
-            and not kwargs.get("output_attentions"))
+            and not kwargs.get("output_attentions")
+            and (_rotary(attn) is None or (rope is not None and rope[0].dim() == 3 and rope[0].shape[1] == 1)))
 
 
 def _weight_key(module: nn.Module) -> tuple:
@@ -56,38 +70,46 @@ def absorbed_weights(attn: nn.Module, dtype: torch.dtype) -> tuple[torch.Tensor,
     return kept[1], kept[2]
 
 
-def _static_step(attn: nn.Module, x: torch.Tensor, attention_mask, cache) -> torch.Tensor:
+def _static_step(attn: nn.Module, x: torch.Tensor, attention_mask, cache, position_embeddings=None) -> torch.Tensor:
     B = x.shape[0]
     H, nope, R = attn.num_heads, attn.qk_nope_head_dim, attn.kv_lora_rank
     if attn.q_lora_rank is None:
         q = attn.q_proj(x)
     else:
         q = attn.q_b_proj(attn.q_a_layernorm(attn.q_a_proj(x)))
-    q = q.view(B, H, attn.qk_head_dim)
+    q = q.view(B, 1, H, attn.qk_head_dim).transpose(1, 2)  # [B, H, 1, D], as transformers' forward
     latent, k_rope = torch.split(attn.kv_a_proj_with_mqa(x), [R, attn.qk_rope_head_dim], dim=-1)
     latent = attn.kv_a_layernorm(latent)
-    latents, k_ropes = cache.update(latent.view(B, 1, 1, R), k_rope.reshape(B, 1, 1, -1), attn.layer_idx)
+    q_rope, k_rope = q[..., nope:], k_rope.reshape(B, 1, 1, -1)
+    rotate = _rotary(attn)
+    if rotate is not None:
+        q_rope, k_rope = rotate(q_rope, k_rope, *position_embeddings)
+    latents, k_ropes = cache.update(latent.view(B, 1, 1, R), k_rope, attn.layer_idx)
     latents, k_ropes = latents[:, 0], k_ropes[:, 0]  # [B, S, R], [B, S, rope]
     w_k, w_v = absorbed_weights(attn, x.dtype)
-    q_latent = torch.bmm(q[..., :nope].transpose(0, 1), w_k).transpose(0, 1)  # [B, H, R]
-    scores = torch.baddbmm(torch.bmm(q_latent, latents.transpose(1, 2)), q[..., nope:], k_ropes.transpose(1, 2))
+    q_latent = torch.bmm(q[:, :, 0, :nope].transpose(0, 1), w_k).transpose(0, 1)  # [B, H, R]
+    scores = torch.baddbmm(torch.bmm(q_latent, latents.transpose(1, 2)), q_rope[:, :, 0], k_ropes.transpose(1, 2))
     scores = scores * attn.scaling
     if attention_mask is not None:  # [B, 1, 1, S']
         scores = scores + attention_mask[:, 0, :, :scores.shape[-1]]
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(x.dtype)
     context = torch.bmm(probs, latents)  # [B, H, R]: each head's weighted latent
     out = torch.bmm(context.transpose(0, 1), w_v).transpose(0, 1)  # [B, H, v_head_dim]
+    gate = MLA_ATTENTIONS[original_class(attn).__name__][1]
+    if gate is not None:  # the head-wise output gate, rounded as transformers rounds it
+        out = out * torch.sigmoid(getattr(attn, gate)(x).float()).to(x.dtype).view(B, H, 1)
     return attn.o_proj(out.reshape(B, 1, H * attn.v_head_dim))
 
 
 class _AbsorbedStepAttention:
     """Mixed into an MLA attention's class by :func:`install` (the original class next in the MRO)."""
 
-    def forward(self, hidden_states, attention_mask=None, *args, **kwargs):
+    def forward(self, hidden_states, *args, **kwargs):
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         if not args and _takes_step(self, hidden_states, cache, kwargs):
-            return _static_step(self, hidden_states, attention_mask, cache), None
-        return super().forward(hidden_states, attention_mask, *args, **kwargs)
+            return _static_step(self, hidden_states, kwargs.get("attention_mask"), cache,
+                                kwargs.get("position_embeddings")), None
+        return super().forward(hidden_states, *args, **kwargs)
 
 
 def install(layers) -> int:
