@@ -221,6 +221,27 @@ def test_varlen_with_grouped_heads():
     assert final.data.shape == (3, 2, 16, 16)
 
 
+def test_a_long_prompt_runs_in_pieces_with_the_same_result(monkeypatch):
+    """Past the intra-chunk outputs' byte budget the prompt runs in 64-token-aligned pieces, the state carried in
+    float32: the same outputs and the same stochastically rounded final state as one launch, bit for bit."""
+    from laquant.kernels.kda import chunk as kda_chunk
+
+    args = _inputs(2, 150, 1, 2, 16, 16, seed=13)
+    h0 = _stored((2, 2, 16, 16), "int8_row")
+    kw = dict(initial_state=h0, output_final_state=True, final_format="int8_row", use_qk_l2norm=True,
+              rounding="stochastic", seed=5)
+    o_one, s_one = chunk_kda_triton(*args, **kw)
+    launches = []
+    real = kda_chunk.kda_intra_chunk
+    monkeypatch.setattr(kda_chunk, "kda_intra_chunk", lambda *a: launches.append(a[0].shape[1]) or real(*a))
+    monkeypatch.setattr(kda_chunk, "INTRA_BUDGET_BYTES", 2 * 2 * (16 + 16 + 16) * 4 * 64)  # 64 tokens a piece
+    o, s = chunk_kda_triton(*args, **kw)
+    assert launches == [64, 64, 22]
+    assert torch.equal(o, o_one) and torch.equal(s.data, s_one.data) and torch.equal(s.row_scale, s_one.row_scale)
+    o_ref, s_ref = chunk_kda_reference(*args, **kw)
+    assert rel_err(o, o_ref) < 2e-5
+
+
 def test_prefill_bad_shapes_are_named():
     q, k, v, g, beta = _inputs(1, 10, 2, 4, 16, 16)
     with pytest.raises(ValueError, match=r"g \[B, T, Hv, K\]"):

@@ -9,7 +9,9 @@ channel, in two launches:
    built one column at a time (``exp(G_i - G_j)`` exact for ``j <= i``, so strong decays cannot
    overflow); ``(I + A)`` inverted by forward substitution; the WY form's ``u = (I + A)^-1 (beta v)``
    and ``w = (I + A)^-1 (beta exp(G) k)``. It writes each token's row of ``q k^T * D``, ``w`` and ``u``
-   (in the inputs' dtype: the next launch rounds them to it for its bf16 products anyway).
+   (in the inputs' dtype: the next launch rounds them to it for its bf16 products anyway; 640 bytes a token
+   and head in bf16 at Kimi's head size, so a prompt whose outputs would pass :data:`INTRA_BUDGET_BYTES` runs
+   in pieces, the state carried between them in float32).
 2. the delta rule's chunk kernel, one program per (sequence, value head, V block) walking the chunks
    with the ``[K, V]`` state in float32 registers: ``v_new = u - w S``,
    ``o = (q exp(G)) S + (q k^T * D) v_new``, ``S = Diag(exp(G_last)) S + (k exp(G_last - G))^T v_new``.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from ..common.state import State, StateQuantizer
+from ..common.state_io import CHUNK, store_position
 from ..delta.chunk import launch_chunk, per_sequence_reference, triton
 from .reference import chunk_kda
 
@@ -178,7 +181,46 @@ def chunk_kda_triton(q, k, v, g, beta, scale: float | None = None, initial_state
     if cu_seqlens is not None and B != 1:
         raise ValueError(f"with cu_seqlens the batch must be 1 (sequences packed along T); got B={B}")
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    piece = _piece_tokens(q, v, block_t)
+    if piece < T and cu_seqlens is None and roundtrip is None:
+        return _chunk_kda_pieces(q, k, v, g, beta, scale, initial_state, output_final_state, final_format,
+                                 use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding, seed, position,
+                                 piece)
     intra = kda_intra_chunk(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm, block_t)
     return launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, final_format, roundtrip, cu_seqlens,
                         use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding, seed, position,
                         intra=intra)
+
+
+INTRA_BUDGET_BYTES = 1 << 30  # kda_intra_chunk's outputs of one launch: a longer prompt runs in pieces
+
+
+def _piece_tokens(q, v, block_t: int) -> int:
+    """Tokens per piece such that :func:`kda_intra_chunk`'s outputs stay within :data:`INTRA_BUDGET_BYTES`
+    (a multiple of 64, at least 64)."""
+    B, _, _, K = q.shape
+    H, V = v.shape[2], v.shape[3]
+    per_token = B * H * (block_t + K + V) * (4 if q.dtype == torch.float32 else 2)
+    return max(CHUNK, INTRA_BUDGET_BYTES // per_token // CHUNK * CHUNK)
+
+
+def _chunk_kda_pieces(q, k, v, g, beta, scale, initial_state, output_final_state, final_format, use_qk_l2norm,
+                      block_t, block_v, num_warps, num_stages, out, rounding, seed, position, piece):
+    """A long prompt in pieces of ``piece`` tokens (a multiple of the 64-token chunks): the state carried in
+    float32 from one to the next, as inside one launch; only the last piece stores the final state (keyed
+    by the store count the whole prefill would use). Same results as one launch up to float32 rounding."""
+    T = q.shape[1]
+    o = torch.empty_like(v) if out is None else out
+    position = store_position(initial_state, position)
+    state, final = initial_state, None
+    for a in range(0, T, piece):
+        b = min(T, a + piece)
+        last = b == T
+        part = [x[:, a:b] for x in (q, k, v, g, beta)]
+        intra = kda_intra_chunk(*part, scale, None, use_qk_l2norm, block_t)
+        _, final = launch_chunk(*part, scale, state, output_final_state or not last,
+                                final_format if last else "fp32", None, None, use_qk_l2norm, block_t, block_v,
+                                num_warps, num_stages, o[:, a:b], rounding if last else "nearest", seed, position,
+                                intra=intra)
+        state = final
+    return o, final
