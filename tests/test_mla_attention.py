@@ -34,7 +34,7 @@ def _transformers_forward(model):
 @torch.no_grad()
 def test_static_steps_take_the_absorbed_form(family, kw, monkeypatch):
     """Five static decode steps through the absorbed form give the logits and the cached latents of
-    transformers' forward on the same static cache; a dynamic-cache step does not take it."""
+    transformers' forward on the same static cache; a prompt does not take it."""
     model = _model(family, **kw)
     install(model)
     calls = []
@@ -46,7 +46,7 @@ def test_static_steps_take_the_absorbed_form(family, kw, monkeypatch):
     plain = static_cache(_prefilled(model, ids), 16)
     got = [static_forward(model, steps[:, t:t + 1], absorbed) for t in range(5)]
     assert len(calls) == 5 * len(absorbed.kv) > 0
-    model(input_ids=steps[:, :1], past_key_values=_prefilled(model, ids), use_cache=True)
+    _prefilled(model, ids)
     assert len(calls) == 5 * len(absorbed.kv)
     _transformers_forward(model)
     want = [static_forward(model, steps[:, t:t + 1], plain) for t in range(5)]
@@ -57,6 +57,38 @@ def test_static_steps_take_the_absorbed_form(family, kw, monkeypatch):
     for i in absorbed.kv:
         torch.testing.assert_close(absorbed.kv[i][0], plain.kv[i][0])
         torch.testing.assert_close(absorbed.kv[i][1], plain.kv[i][1])
+
+
+@pytest.mark.parametrize("family", ["kimi_linear", "bailing_hybrid"])
+@torch.no_grad()
+def test_eager_decode_steps_match_transformers(family, monkeypatch):
+    """Decode steps on transformers' own cache (eager decoding), a left-padded batch among them, take the
+    absorbed form and give transformers' forward's logits."""
+    model = _model(family)
+    install(model)
+    calls = []
+    step = mla_attention._static_step
+    monkeypatch.setattr(mla_attention, "_static_step", lambda *a: calls.append(1) or step(*a))
+    gen = torch.Generator().manual_seed(5)
+    ids, steps = torch.randint(1, VOCAB, (2, 8), generator=gen), torch.randint(1, VOCAB, (2, 4), generator=gen)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :3] = 0  # the second row is left-padded
+
+    def decode():
+        cache = new_cache(model)
+        out = [model(input_ids=ids, attention_mask=mask[:, :8], past_key_values=cache, use_cache=True).logits[:, -1]]
+        for t in range(4):
+            out.append(model(input_ids=steps[:, t:t + 1], attention_mask=mask[:, :9 + t], past_key_values=cache,
+                             use_cache=True).logits[:, -1])
+        return out
+
+    got = decode()
+    assert len(calls) == 4
+    _transformers_forward(model)
+    want = decode()
+    assert len(calls) == 4
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=2e-5, rtol=1e-5)
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""Multi-head latent attention (MLA: Kimi Linear's, Ling / Ring's) on a static decode step, in the absorbed form.
+"""Multi-head latent attention (MLA: Kimi Linear's, Ling / Ring's) decoding in the absorbed form.
 
 transformers' forward caches each token's latent ``c`` (``kv_lora_rank`` wide, after ``kv_a_layernorm``)
 and its shared rope part, and at every call expands all cached latents through ``kv_b_proj`` into
@@ -11,13 +11,14 @@ rotary embedding (Ling's; Kimi's MLA has none) touches only the shared rope part
     sum_t p_h(t) v_h(t) = W_v[h] (sum_t p_h(t) c(t))
 
 so the step attends over the cached latents themselves, one key "head" shared by all query heads, and
-projects each head's weighted latent once (then Ling's head-wise output gate). :func:`install`'s forward runs it on a step of
-:class:`~laquant.models.static_hybrid.StaticHybridCache` (the graphed decode loops); its scores follow
-the static steps' attention (in the input dtype, the mask added, softmax in float32). The result equals
-transformers' up to rounding (other products are rounded to the dtype). A quantized ``kv_b_proj`` enters
-with its dequantized weight (the int8 codes times their scales, the outlier columns as stored): the
-latents are not quantized as its W8A8 call would, the one numerics difference of these steps. Anything
-else (a prompt, a dynamic cache, another attention implementation) runs transformers' forward.
+projects each head's weighted latent once (then Ling's head-wise output gate). :func:`install`'s forward
+runs it on every one-token step on a cache: the static cache of the graphed loops, and transformers'
+own cache (eager decoding, ``eval ppl --mode decode``), so that both decode alike. Its scores follow
+transformers' eager attention (in the input dtype, the mask added, softmax in float32); the result equals
+transformers' up to rounding. A quantized ``kv_b_proj`` enters with its dequantized weight (the int8 codes
+times their scales, the outlier columns as stored): the latents are not quantized as its W8A8 call would,
+the one numerics difference of these steps. Prompts (several tokens), attention weights wanted, hooks on
+``kv_b_proj`` (calibration's observers) or another attention implementation run transformers' forward.
 """
 
 from __future__ import annotations
@@ -43,13 +44,24 @@ def _rotary(attn: nn.Module):
 
 
 def _takes_step(attn: nn.Module, x: torch.Tensor, cache, kwargs: dict) -> bool:
+    """A one-token step on a cache: the static cache of the graphed loops (its attention registered), or
+    transformers' own cache under its eager or SDPA attention with no mask or a 4-D one."""
     from laquant.models.static_hybrid import ATTENTION, StaticHybridCache
 
+    if (cache is None or x.dim() != 3 or x.shape[1] != 1 or attn.training or kwargs.get("output_attentions")
+            or attn.kv_b_proj._forward_hooks or attn.kv_b_proj._forward_pre_hooks):
+        return False
+    implementation = getattr(attn.config, "_attn_implementation", None)
+    if isinstance(cache, StaticHybridCache):
+        if attn.layer_idx not in cache.kv or implementation != ATTENTION:
+            return False
+    elif implementation not in ("eager", "sdpa"):
+        return False
+    mask = kwargs.get("attention_mask")
+    if mask is not None and (mask.dim() != 4 or mask.shape[-2] != 1):
+        return False
     rope = kwargs.get("position_embeddings")
-    return (isinstance(cache, StaticHybridCache) and attn.layer_idx in cache.kv and x.dim() == 3 and x.shape[1] == 1
-            and getattr(attn.config, "_attn_implementation", None) == ATTENTION and not attn.training
-            and not kwargs.get("output_attentions")
-            and (_rotary(attn) is None or (rope is not None and rope[0].dim() == 3 and rope[0].shape[1] == 1)))
+    return _rotary(attn) is None or (rope is not None and rope[0].dim() == 3 and rope[0].shape[1] == 1)
 
 
 def _weight_key(module: nn.Module) -> tuple:
@@ -90,8 +102,9 @@ def _static_step(attn: nn.Module, x: torch.Tensor, attention_mask, cache, positi
     q_latent = torch.bmm(q[:, :, 0, :nope].transpose(0, 1), w_k).transpose(0, 1)  # [B, H, R]
     scores = torch.baddbmm(torch.bmm(q_latent, latents.transpose(1, 2)), q_rope[:, :, 0], k_ropes.transpose(1, 2))
     scores = scores * attn.scaling
-    if attention_mask is not None:  # [B, 1, 1, S']
-        scores = scores + attention_mask[:, 0, :, :scores.shape[-1]]
+    if attention_mask is not None:  # [B, 1, 1, S']: additive, or where to attend
+        mask = attention_mask[:, 0, :, :scores.shape[-1]]
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(x.dtype)
     context = torch.bmm(probs, latents)  # [B, H, R]: each head's weighted latent
     out = torch.bmm(context.transpose(0, 1), w_v).transpose(0, 1)  # [B, H, v_head_dim]
