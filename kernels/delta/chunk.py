@@ -21,7 +21,7 @@ operands with float32 accumulation for bf16 inputs (as fla does), exact float32 
 the triangular solve is always float32.
 
 With a log-decay per key channel (Kimi Delta Attention, :mod:`laquant.kernels.kda.chunk`), ``G``
-is ``[BT, K]`` and ``D`` a ``[BT, BT, K]`` product, built one column at a time (``exp(G_i - G_j)``
+is ``[BT, K]`` and ``D`` a ``[BT, BT, K]`` product, built over slices of the channels (``exp(G_i - G_j)``
 exact for ``j <= i``, never overflowing). That work depends only on the chunk's own tokens, so a first
 kernel (:func:`~laquant.kernels.kda.chunk.kda_intra_chunk`) runs it for every chunk in parallel and
 writes each token's row of the masked ``q k^T * D`` and its ``w`` and ``u``; this kernel then walks

@@ -6,7 +6,7 @@ channel, in two launches:
 1. :func:`kda_intra_chunk`, one program per (chunk, sequence, head), all chunks at once: with
    ``G [BT, K]`` the chunk's cumulative log-decay, the unit-lower-triangular system
    ``A_ij = beta_i sum_c k_ic k_jc exp(G_ic - G_jc)`` and the causal ``q k^T`` with the same decay,
-   built one column at a time (``exp(G_i - G_j)`` exact for ``j <= i``, so strong decays cannot
+   built over ``[BT, BT, 8]`` slices of the channels (``exp(G_i - G_j)`` exact for ``j <= i``, so strong decays cannot
    overflow); ``(I + A)`` inverted by forward substitution; the WY form's ``u = (I + A)^-1 (beta v)``
    and ``w = (I + A)^-1 (beta exp(G) k)``. It writes each token's row of ``q k^T * D``, ``w`` and ``u``
    (in the inputs' dtype: the next launch rounds them to it for its bf16 products anyway; 640 bytes a token
