@@ -25,7 +25,7 @@ def _prefilled(model, ids):
 
 def _transformers_forward(model):
     for m in model.modules():
-        if type(m).__name__ in mla_attention.MLA_ATTENTIONS or original_class(m).__name__ in mla_attention.MLA_ATTENTIONS:
+        if original_class(m).__name__ in mla_attention.MLA_ATTENTIONS:
             m.__class__ = original_class(m)
 
 
@@ -99,7 +99,8 @@ def test_absorbed_weights_follow_the_projection():
     attn = next(m for m in model.modules() if original_class(m).__name__ in mla_attention.MLA_ATTENTIONS)
     w_k, w_v = mla_attention.absorbed_weights(attn, torch.float32)
     w = attn.kv_b_proj.weight.view(attn.num_heads, -1, attn.kv_lora_rank)
-    assert torch.equal(w_k, w[:, :attn.qk_nope_head_dim]) and torch.equal(w_v.transpose(1, 2), w[:, attn.qk_nope_head_dim:])
+    nope = attn.qk_nope_head_dim
+    assert torch.equal(w_k, w[:, :nope]) and torch.equal(w_v.transpose(1, 2), w[:, nope:])
     assert mla_attention.absorbed_weights(attn, torch.float32)[0] is w_k  # kept
     attn.kv_b_proj.weight.mul_(2)
     assert torch.equal(mla_attention.absorbed_weights(attn, torch.float32)[0], 2 * w_k)

@@ -77,7 +77,8 @@ def absorbed_weights(attn: nn.Module, dtype: torch.dtype) -> tuple[torch.Tensor,
     if kept is None or kept[0] != key:
         w = proj.dequantized_weight() if hasattr(proj, "dequantized_weight") else proj.weight
         w = w.to(dtype).view(attn.num_heads, attn.qk_nope_head_dim + attn.v_head_dim, attn.kv_lora_rank)
-        kept = (key, w[:, :attn.qk_nope_head_dim].contiguous(), w[:, attn.qk_nope_head_dim:].transpose(1, 2).contiguous())
+        nope = attn.qk_nope_head_dim
+        kept = (key, w[:, :nope].contiguous(), w[:, nope:].transpose(1, 2).contiguous())
         attn._laquant_absorbed = kept
     return kept[1], kept[2]
 
