@@ -6,16 +6,16 @@ against transformers' forward inside qwen3_next and Qwen3.5 models."""
 import pytest
 import torch
 from test_hybrid import VOCAB, _model
+from test_static_hybrid import _prefilled, transformers_forward
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNorm, apply_rotary_pos_emb
 
 from conftest import DEVICE, INTERPRETED, rel_err, require_triton_kernels
-from laquant.adapters import install, new_cache
+from laquant.adapters import install
 from laquant.generate import static_cache, static_forward
 from laquant.kernels.attention import qk_norm_rope
 from laquant.kernels.attention.qk_norm_rope import qk_norm_rope_step
 from laquant.kernels.rowwise.reference import glu
 from laquant.models import gated_attention
-from laquant.models.quantizing_rowwise import original_class
 
 triton = require_triton_kernels()
 from laquant.kernels.attention.qk_norm_rope import qk_norm_rope_step_triton  # noqa: E402
@@ -115,19 +115,6 @@ def test_sigmoid_gated_product(shape):
         glu_triton(gate.to(DEVICE, DTYPE), up.to(DEVICE, DTYPE), activation="relu")
 
 
-def _prefilled(model, ids):
-    cache = new_cache(model)
-    model(input_ids=ids, past_key_values=cache, use_cache=True)
-    return cache
-
-
-def _transformers_forward(model):
-    """Give the model's attention layers back transformers' own forward."""
-    for m in model.modules():
-        if type(m).__name__ in gated_attention.GATED_ATTENTIONS:
-            m.__class__ = original_class(m)
-
-
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
 @torch.no_grad()
 def test_static_steps_take_the_fused_layer(family, monkeypatch):
@@ -146,7 +133,7 @@ def test_static_steps_take_the_fused_layer(family, monkeypatch):
     assert len(calls) == 4 * len(fused.kv) > 0
     model(input_ids=steps[:, :1], past_key_values=_prefilled(model, ids), use_cache=True)
     assert len(calls) == 4 * len(fused.kv)
-    _transformers_forward(model)
+    transformers_forward(model, gated_attention.GATED_ATTENTIONS)
     want = [static_forward(model, steps[:, t:t + 1], plain) for t in range(4)]
     assert len(calls) == 4 * len(fused.kv)
     for g, w in zip(got, want):
@@ -168,7 +155,7 @@ def test_gpu_static_steps_match_transformers(family):
     ids, steps = ids.cuda(), steps.cuda()
     fused, plain = static_cache(_prefilled(model, ids), 24), static_cache(_prefilled(model, ids), 24)
     got = [static_forward(model, steps[:, t:t + 1], fused) for t in range(6)]
-    _transformers_forward(model)
+    transformers_forward(model, gated_attention.GATED_ATTENTIONS)
     want = [static_forward(model, steps[:, t:t + 1], plain) for t in range(6)]
     for g, w in zip(got, want):
         assert rel_err(g.float(), w.float()) < 2e-2

@@ -1,10 +1,11 @@
-"""Kimi Linear's and Ling / Ring's MLA on a static decode step (laquant.models.mla_attention): the absorbed form attends over
-the cached latents and must give transformers' expanded keys' logits; a quantized kv_b_proj enters with its
-dequantized weight."""
+"""Kimi Linear's and Ling / Ring's MLA decode steps (laquant.models.mla_attention): the absorbed form attends
+over the cached latents and must give transformers' expanded keys' logits, on the static cache and on
+transformers' own; a quantized kv_b_proj enters with its dequantized weight."""
 
 import pytest
 import torch
 from test_hybrid import VOCAB, bailing_hybrid, kimi_linear
+from test_static_hybrid import _prefilled, transformers_forward
 
 from laquant.adapters import install, new_cache
 from laquant.generate import static_cache, static_forward
@@ -17,16 +18,16 @@ def _model(family="kimi_linear", **kw):
     return {"kimi_linear": kimi_linear, "bailing_hybrid": bailing_hybrid}[family](**kw).float().eval()
 
 
-def _prefilled(model, ids):
-    cache = new_cache(model)
-    model(input_ids=ids, past_key_values=cache, use_cache=True)
-    return cache
-
-
 def _transformers_forward(model):
-    for m in model.modules():
-        if original_class(m).__name__ in mla_attention.MLA_ATTENTIONS:
-            m.__class__ = original_class(m)
+    transformers_forward(model, mla_attention.MLA_ATTENTIONS)
+
+
+def _counted_steps(monkeypatch) -> list:
+    """A list that grows by one at each absorbed step."""
+    calls = []
+    step = mla_attention._absorbed_step
+    monkeypatch.setattr(mla_attention, "_absorbed_step", lambda *a: calls.append(1) or step(*a))
+    return calls
 
 
 @pytest.mark.parametrize("family,kw", [("kimi_linear", {}), ("kimi_linear", {"q_lora_rank": 24}),
@@ -37,9 +38,7 @@ def test_static_steps_take_the_absorbed_form(family, kw, monkeypatch):
     transformers' forward on the same static cache; a prompt does not take it."""
     model = _model(family, **kw)
     install(model)
-    calls = []
-    step = mla_attention._static_step
-    monkeypatch.setattr(mla_attention, "_static_step", lambda *a: calls.append(1) or step(*a))
+    calls = _counted_steps(monkeypatch)
     gen = torch.Generator().manual_seed(3)
     ids, steps = torch.randint(0, VOCAB, (3, 10), generator=gen), torch.randint(0, VOCAB, (3, 5), generator=gen)
     absorbed = static_cache(_prefilled(model, ids), 16)
@@ -66,9 +65,7 @@ def test_eager_decode_steps_match_transformers(family, monkeypatch):
     absorbed form and give transformers' forward's logits."""
     model = _model(family)
     install(model)
-    calls = []
-    step = mla_attention._static_step
-    monkeypatch.setattr(mla_attention, "_static_step", lambda *a: calls.append(1) or step(*a))
+    calls = _counted_steps(monkeypatch)
     gen = torch.Generator().manual_seed(5)
     ids, steps = torch.randint(1, VOCAB, (2, 8), generator=gen), torch.randint(1, VOCAB, (2, 4), generator=gen)
     mask = torch.ones(2, 12, dtype=torch.long)

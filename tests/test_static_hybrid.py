@@ -12,6 +12,7 @@ from laquant.errors import LaquantError
 from laquant.families import FAMILIES as REGISTRY
 from laquant.generate import generate, is_graphable, static_cache, static_forward
 from laquant.models.cache import HybridStates, state_store
+from laquant.models.quantizing_rowwise import original_class
 from laquant.models.static_hybrid import StaticHybridCache
 
 STATIC = [f for f in FAMILIES if f != "minimax"]  # the registry's static_decode (test_refusals checks minimax's)
@@ -27,6 +28,14 @@ def _prefilled(model, ids):
     cache = new_cache(model)
     model(input_ids=ids, past_key_values=cache, use_cache=True)
     return cache
+
+
+def transformers_forward(model, class_names):
+    """Give the model's modules whose class is named in ``class_names`` back transformers' own forward
+    (undo laquant's mixin)."""
+    for m in model.modules():
+        if original_class(m).__name__ in class_names:
+            m.__class__ = original_class(m)
 
 
 def _falcon_gated_norm_broadcasts() -> bool:

@@ -33,10 +33,12 @@ def model_for(device, dtype):
 
 
 def set_absorbed(model, on: bool):
+    if on:
+        mla_attention.install(model.model.layers)
+        return
     for m in model.modules():
         if original_class(m).__name__ in mla_attention.MLA_ATTENTIONS:
-            m.__class__ = (mla_attention.mixin_class(mla_attention._AbsorbedStepAttention, original_class(m)) if on
-                           else original_class(m))
+            m.__class__ = original_class(m)
 
 
 @torch.no_grad()

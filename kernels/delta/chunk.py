@@ -199,6 +199,14 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
                         use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding, seed, position)
 
 
+def check_launch(B: int, cu_seqlens, block_t: int) -> None:
+    """Name a batch that cannot be packed or a chunk size the kernels do not take."""
+    if cu_seqlens is not None and B != 1:
+        raise ValueError(f"with cu_seqlens the batch must be 1 (sequences packed along T); got B={B}")
+    if block_t not in (16, 32, 64):
+        raise ValueError(f"block_t must be 16, 32 or 64; got {block_t}")
+
+
 def launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, final_format, roundtrip, cu_seqlens,
                  use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding="nearest", seed=0, position=None,
                  intra=None):
@@ -207,10 +215,7 @@ def launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, fin
     ``(qk, w, u)`` at the same ``block_t``): the gated delta rule's and KDA's prefill share it."""
     B, T, Hk, K = q.shape
     H, V = v.shape[2], v.shape[3]
-    if cu_seqlens is not None and B != 1:
-        raise ValueError(f"with cu_seqlens the batch must be 1 (sequences packed along T); got B={B}")
-    if block_t not in (16, 32, 64):
-        raise ValueError(f"block_t must be 16, 32 or 64; got {block_t}")
+    check_launch(B, cu_seqlens, block_t)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     if (g.dim() == 4) != (intra is not None):
         raise ValueError("a per-channel decay needs the intra-chunk products (intra), a per-head one none")

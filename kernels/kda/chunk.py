@@ -29,7 +29,7 @@ import torch
 
 from ..common.state import State, StateQuantizer
 from ..common.state_io import CHUNK, store_position
-from ..delta.chunk import launch_chunk, per_sequence_reference, triton
+from ..delta.chunk import check_launch, launch_chunk, per_sequence_reference, triton
 from .reference import chunk_kda
 
 if triton is not None:
@@ -176,10 +176,7 @@ def chunk_kda_triton(q, k, v, g, beta, scale: float | None = None, initial_state
         raise ValueError(f"expected q, k [B, T, Hk, K], v [B, T, Hv, V] with Hv a multiple of Hk, g [B, T, Hv, K] "
                          f"and beta [B, T, Hv]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"g {tuple(g.shape)}, beta {tuple(beta.shape)}")
-    if block_t not in (16, 32, 64):
-        raise ValueError(f"block_t must be 16, 32 or 64; got {block_t}")
-    if cu_seqlens is not None and B != 1:
-        raise ValueError(f"with cu_seqlens the batch must be 1 (sequences packed along T); got B={B}")
+    check_launch(B, cu_seqlens, block_t)  # before the intra-chunk launch
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     piece = _piece_tokens(q, v, block_t)
     if piece < T and cu_seqlens is None and roundtrip is None:

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from laquant.kernels.common.dispatch import use_triton
-from laquant.models.quantizing_rowwise import NORM_WEIGHTS, formula_weight, mixin_class, original_class
+from laquant.models.quantizing_rowwise import NORM_WEIGHTS, formula_weight, mix_into, original_class
 
 # attention classes whose forward is Qwen3-Next's: q_proj makes each head's query and output gate side by
 # side ([..., H, 2 * D]), per-head q_norm and k_norm, partial rotary, o_proj(attention * sigmoid(gate))
@@ -82,12 +82,5 @@ class _StaticStepAttention:
 
 def install(layers) -> int:
     """Give the attention layers of ``layers`` (a model's decoder layers) of a class in
-    :data:`GATED_ATTENTIONS` the static-step forward; returns how many. Idempotent; the parameters and
-    their names are untouched."""
-    count = 0
-    for layer in layers:
-        attn = getattr(layer, "self_attn", None)
-        if attn is not None and original_class(attn).__name__ in GATED_ATTENTIONS:
-            attn.__class__ = mixin_class(_StaticStepAttention, original_class(attn))
-            count += 1
-    return count
+    :data:`GATED_ATTENTIONS` the static-step forward; returns how many (:func:`mix_into`)."""
+    return mix_into((getattr(layer, "self_attn", None) for layer in layers), _StaticStepAttention, GATED_ATTENTIONS)

@@ -28,7 +28,7 @@ import sys
 import torch
 import torch.nn as nn
 
-from laquant.models.quantizing_rowwise import mixin_class, original_class
+from laquant.models.quantizing_rowwise import mix_into, original_class
 
 # MLA classes: the function of their modeling module that rotates the rope part (None: no rotary), and the
 # projection of their head-wise sigmoid output gate (None: none)
@@ -83,7 +83,8 @@ def absorbed_weights(attn: nn.Module, dtype: torch.dtype) -> tuple[torch.Tensor,
     return kept[1], kept[2]
 
 
-def _static_step(attn: nn.Module, x: torch.Tensor, attention_mask, cache, position_embeddings=None) -> torch.Tensor:
+def _absorbed_step(attn: nn.Module, x: torch.Tensor, attention_mask, cache,
+                   position_embeddings=None) -> torch.Tensor:
     B = x.shape[0]
     H, nope, R = attn.num_heads, attn.qk_nope_head_dim, attn.kv_lora_rank
     if attn.q_lora_rank is None:
@@ -121,19 +122,12 @@ class _AbsorbedStepAttention:
     def forward(self, hidden_states, *args, **kwargs):
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         if not args and _takes_step(self, hidden_states, cache, kwargs):
-            return _static_step(self, hidden_states, kwargs.get("attention_mask"), cache,
+            return _absorbed_step(self, hidden_states, kwargs.get("attention_mask"), cache,
                                 kwargs.get("position_embeddings")), None
         return super().forward(hidden_states, *args, **kwargs)
 
 
 def install(layers) -> int:
     """Give the attention layers of ``layers`` (a model's decoder layers) of a class in
-    :data:`MLA_ATTENTIONS` the absorbed static-step forward; returns how many. Idempotent; the
-    parameters and their names are untouched."""
-    count = 0
-    for layer in layers:
-        attn = getattr(layer, "self_attn", None)
-        if attn is not None and original_class(attn).__name__ in MLA_ATTENTIONS:
-            attn.__class__ = mixin_class(_AbsorbedStepAttention, original_class(attn))
-            count += 1
-    return count
+    :data:`MLA_ATTENTIONS` the absorbed decode step; returns how many (:func:`mix_into`)."""
+    return mix_into((getattr(layer, "self_attn", None) for layer in layers), _AbsorbedStepAttention, MLA_ATTENTIONS)

@@ -177,6 +177,18 @@ def original_class(module: nn.Module) -> type:
     return getattr(module, "_laquant_base", type(module))
 
 
+def mix_into(modules, mixin: type, class_names) -> int:
+    """Give each of ``modules`` (None skipped) whose original class is named in ``class_names``
+    ``mixin``'s methods first (:func:`mixin_class`); returns how many. Idempotent; the parameters and
+    their names are untouched."""
+    count = 0
+    for module in modules:
+        if module is not None and original_class(module).__name__ in class_names:
+            module.__class__ = mixin_class(mixin, original_class(module))
+            count += 1
+    return count
+
+
 def install(layers) -> int:
     """Give the norms of ``layers`` (a model's decoder layers) listed in :data:`NORM_CONSUMERS`, of a
     class in :data:`NORM_WEIGHTS`, the quantizing forward, pointed at the projections after them in
