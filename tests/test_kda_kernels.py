@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from conftest import DEVICE, INTERPRETED, rel_err, require_triton_kernels
 from laquant.kernels.delta.reference import l2_normalize, recurrent_gated_delta_rule
-from laquant.kernels.kda.reference import chunk_kda, recurrent_kda
+from laquant.kernels.kda.reference import chunk_kda, intra_chunk_rows, recurrent_kda
 from laquant.quant import State, StateFormat, StateQuantizer
 
 
@@ -83,7 +83,7 @@ def test_reference_bad_shapes_are_named():
 # ---- decode step -------------------------------------------------------------------------------
 
 triton = require_triton_kernels()
-from laquant.kernels.kda.chunk import chunk_kda_reference, chunk_kda_triton  # noqa: E402
+from laquant.kernels.kda.chunk import chunk_kda_reference, chunk_kda_triton, kda_intra_chunk  # noqa: E402
 from laquant.kernels.kda.decode import kda_decode_step, kda_decode_step_reference  # noqa: E402
 
 DTYPES = [torch.float32] if INTERPRETED else [torch.float32, torch.bfloat16]
@@ -178,6 +178,20 @@ def _run_chunk(args, tol, **kwargs):
 @pytest.mark.parametrize("B,T,Hk,Hv,K,V", [(2, 45, 1, 2, 16, 24), (1, 37, 2, 4, 24, 40)])
 def test_prefill_matches_reference(dtype, B, T, Hk, Hv, K, V):
     _run_chunk(_inputs(B, T, Hk, Hv, K, V, dtype), _tol(dtype), output_final_state=True, use_qk_l2norm=True)
+
+
+@pytest.mark.parametrize("block_t", [16, 32, 64])
+@pytest.mark.parametrize("decay", [0.5, 16.0])
+def test_intra_chunk_kernel_matches_its_reference(block_t, decay):
+    """Each chunk's q k^T * D, w and u against the PyTorch form, the sub-blocks' pairwise and
+    through-the-first-row products alike: odd length (a partial last chunk), grouped heads, K not a power
+    of two, channels decaying by up to exp(-40) a token."""
+    args = _inputs(2, 3 * block_t - 5, 1, 2, 24, 20, seed=11, decay=decay)
+    got = kda_intra_chunk(*args, scale=0.3, use_qk_l2norm=True, block_t=block_t)
+    want = intra_chunk_rows(*args, scale=0.3, use_qk_l2norm=True, chunk_size=block_t)
+    for name, a, b in zip(("qk", "w", "u"), got, want):
+        assert a.shape == b.shape, name
+        assert rel_err(a, b) < 2e-5, name
 
 
 def test_prefill_equals_the_token_by_token_recurrence_under_strong_decay():

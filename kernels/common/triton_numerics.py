@@ -60,6 +60,16 @@ if triton is not None:
         return out
 
     @triton.jit
+    def dot_f32(a, b, LOW_PRECISION: tl.constexpr):
+        """``a @ b`` of float32 tiles to float32's accuracy: on the tensor cores as three TF32 products
+        (``tf32x3``) when ``LOW_PRECISION`` (the inputs were bf16), else exact float32 products (``ieee``)."""
+        if LOW_PRECISION:
+            out = tl.dot(a, b, input_precision="tf32x3")
+        else:
+            out = tl.dot(a, b, input_precision="ieee")
+        return out
+
+    @triton.jit
     def tile_row(x, rows, r):
         """Row ``r`` of a 2-D tile (``rows`` indexes its first dimension)."""
         return tl.sum(tl.where((rows == r)[:, None], x, 0.0), axis=0)

@@ -5,9 +5,10 @@ channel, in two launches:
 
 1. :func:`kda_intra_chunk`, one program per (chunk, sequence, head), all chunks at once: with
    ``G [BT, K]`` the chunk's cumulative log-decay, the unit-lower-triangular system
-   ``A_ij = beta_i sum_c k_ic k_jc exp(G_ic - G_jc)`` and the causal ``q k^T`` with the same decay,
-   built over ``[BT, BT, 8]`` slices of the channels (``exp(G_i - G_j)`` exact for ``j <= i``, so strong decays cannot
-   overflow); ``(I + A)`` inverted by forward substitution; the WY form's ``u = (I + A)^-1 (beta v)``
+   ``A_ij = beta_i sum_c k_ic k_jc exp(G_ic - G_jc)`` and the causal ``q k^T`` with the same decay
+   (pairwise inside sub-blocks of 4-8 rows, through each sub-block's first row as tensor-core products
+   below them: every exponent <= 0, so strong decays cannot overflow); ``(I + A)`` inverted by forward
+   substitution; the WY form's ``u = (I + A)^-1 (beta v)``
    and ``w = (I + A)^-1 (beta exp(G) k)``. It writes each token's row of ``q k^T * D``, ``w`` and ``u``
    (in the inputs' dtype: the next launch rounds them to it for its bf16 products anyway; 640 bytes a token
    and head in bf16 at Kimi's head size, so a prompt whose outputs would pass :data:`INTRA_BUDGET_BYTES` runs
@@ -17,7 +18,9 @@ channel, in two launches:
    ``o = (q exp(G)) S + (q k^T * D) v_new``, ``S = Diag(exp(G_last)) S + (k exp(G_last - G))^T v_new``.
 
 Built in the walk, as the first version did, the column loop ran serially chunk after chunk, 0.06-0.28x
-fla's ``chunk_kda`` (``eval/results/speed_kda_h100.md``). State formats in, inside (every 64 tokens with
+fla's ``chunk_kda`` (``eval/results/speed_kda_h100.md``); the intra-chunk launch then built every pair's
+``[BT, BT, 8]`` channel slices on the CUDA cores, 14-17 ms of a 64 x 1,024-token prefill
+(``eval/results/kimi_h200/``). State formats in, inside (every 64 tokens with
 ``roundtrip``) and out, ``cu_seqlens``, grouped heads and the in-kernel q/k l2norm are the delta
 kernel's. Spec: :func:`chunk_kda_reference` (:func:`~laquant.kernels.kda.reference.chunk_kda` per
 sequence).
@@ -35,18 +38,24 @@ from .reference import chunk_kda
 if triton is not None:
     import triton.language as tl
 
-    from ..common.triton_numerics import chunk_rows, mm, sequence_span, unit_lower_inverse
+    from ..common.triton_numerics import chunk_rows, dot_f32, mm, sequence_span, tile_row, unit_lower_inverse
 
     @triton.jit
     def _kda_intra_chunk_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qk_ptr, w_ptr, u_ptr, cu_ptr, slot_ptr,
                                 s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh, s_gk,
                                 s_bb, s_bt, s_bh, T, qk_scale,
                                 H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                                BT: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr,
+                                BT: tl.constexpr, BK: tl.constexpr, SB: tl.constexpr, BV: tl.constexpr,
                                 VARLEN: tl.constexpr, LOW_PRECISION: tl.constexpr, L2NORM: tl.constexpr):
         """One chunk of one (sequence, value head): its rows of ``q k^T * D`` (causal), ``w`` and ``u``.
         Grid: (chunk slots, heads) with ``VARLEN`` (``slot_ptr``: each slot's sequence and chunk, a slot
-        past its sequence's end does nothing), else (chunks, sequences * heads)."""
+        past its sequence's end does nothing), else (chunks, sequences * heads).
+
+        The decayed products ``sum_c x_ic k_jc exp(G_ic - G_jc)`` (x = k for A, q for q k^T) in the chunk's
+        sub-blocks of ``SB`` rows: inside a sub-block, pair by pair along the diagonals ``j = i - d``, with
+        ``G_i - G_j`` the sum of the ``d`` log-decays between them (shifted loads of g and k); below it, as
+        matrix products through the sub-block's first row ``r``: ``(x_i exp(G_i - G_r)) . (k_j exp(G_r - G_j))``
+        for ``j < r <= i``. Every exponent is <= 0, so strong decays cannot overflow."""
         if VARLEN:
             n = tl.load(slot_ptr + 2 * tl.program_id(0))
             i_c = tl.load(slot_ptr + 2 * tl.program_id(0) + 1)
@@ -64,48 +73,66 @@ if triton is not None:
         t0, offs_t, mt, mtk = chunk_rows(bos, eos, i_c, rows, mk, BT)
         if t0 < eos:
             hk = h // GROUP
-            mtv = mt[:, None] & mv[None, :]
+            k_rows = k_ptr + b * s_kb + hk * s_kh + offs_k[None, :]
+            g_rows = g_ptr + b * s_gb + h * s_gh + offs_k[None, :] * s_gk
             q = tl.load(q_ptr + b * s_qb + hk * s_qh + offs_t[:, None] * s_qt + offs_k[None, :], mask=mtk,
                         other=0.0).to(tl.float32)
-            k = tl.load(k_ptr + b * s_kb + hk * s_kh + offs_t[:, None] * s_kt + offs_k[None, :], mask=mtk,
-                        other=0.0).to(tl.float32)
-            v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_t[:, None] * s_vt + offs_v[None, :], mask=mtv,
-                        other=0.0).to(tl.float32)
+            k = tl.load(k_rows + offs_t[:, None] * s_kt, mask=mtk, other=0.0).to(tl.float32)
+            g = tl.load(g_rows + offs_t[:, None] * s_gt, mask=mtk, other=0.0).to(tl.float32)
             beta = tl.load(beta_ptr + b * s_bb + h * s_bh + offs_t * s_bt, mask=mt, other=0.0).to(tl.float32)
             q_row = tl.full([BT], qk_scale, tl.float32)  # each row's factor: the l2norm's and the scale
-            k_row = tl.full([BT], 1.0, tl.float32)
             if L2NORM:  # as the chunk kernel: x * rsqrt(sum(x^2) + 1e-6)
                 q_row = q_row * tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6)
-                k_row = tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)
-            k = k * k_row[:, None]
-            G = tl.cumsum(tl.load(g_ptr + b * s_gb + h * s_gh + offs_t[:, None] * s_gt + offs_k[None, :] * s_gk,
-                                  mask=mtk, other=0.0).to(tl.float32), axis=0)
-            # A_ij = sum_c k_ic k_jc exp(G_ic - G_jc) and the same with q_i, over [BT, BT, BKS] slices of the
-            # channels (exp(G_i - G_j) exact for j <= i, never overflowing; the rest masked below)
+                k = k * tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
+            q = q * q_row[:, None]
+            G = tl.cumsum(g, axis=0)
+            pos = rows % SB
+            diag = rows[:, None] == rows[None, :]
+            QK = tl.where(diag, tl.sum(q * k, axis=1)[:, None], 0.0)
             A = tl.zeros([BT, BT], dtype=tl.float32)
-            QK = tl.zeros([BT, BT], dtype=tl.float32)
-            lower = (rows[:, None] >= rows[None, :])[:, :, None]
-            for c0 in tl.static_range(0, BK, BKS):
-                cs = c0 + tl.arange(0, BKS)
-                mc = mt[:, None] & (cs < K)[None, :]
-                qs = tl.load(q_ptr + b * s_qb + hk * s_qh + offs_t[:, None] * s_qt + cs[None, :], mask=mc,
-                             other=0.0).to(tl.float32) * q_row[:, None]
-                ks = tl.load(k_ptr + b * s_kb + hk * s_kh + offs_t[:, None] * s_kt + cs[None, :], mask=mc,
-                             other=0.0).to(tl.float32) * k_row[:, None]
-                Gs = tl.cumsum(tl.load(g_ptr + b * s_gb + h * s_gh + offs_t[:, None] * s_gt + cs[None, :] * s_gk,
-                                       mask=mc, other=0.0).to(tl.float32), axis=0)
-                kd = ks[None, :, :] * tl.exp(tl.where(lower, Gs[:, None, :] - Gs[None, :, :], 0.0))  # [i, j, c]
-                A += tl.sum(ks[:, None, :] * kd, axis=2)
-                QK += tl.sum(qs[:, None, :] * kd, axis=2)
+            gap = g  # sum of the log-decays of rows i-d+1 .. i: G_i - G_(i-d)
+            to_first = tl.zeros([BT, BK], dtype=tl.float32) + 1.0  # exp(G_i - G_r), r the first row of i's sub-block
+            for d in tl.static_range(1, SB):
+                pair = (pos >= d) & mt
+                if d > 1:
+                    gap += tl.load(g_rows + (offs_t - d + 1)[:, None] * s_gt, mask=pair[:, None] & mk[None, :],
+                                   other=0.0).to(tl.float32)
+                kj = tl.load(k_rows + (offs_t - d)[:, None] * s_kt, mask=pair[:, None] & mk[None, :],
+                             other=0.0).to(tl.float32)
+                if L2NORM:
+                    kj = kj * tl.rsqrt(tl.sum(kj * kj, axis=1) + 1e-6)[:, None]
+                decay = tl.exp(gap)
+                kd = kj * decay
+                at = (rows[:, None] - d == rows[None, :]) & pair[:, None]
+                A = tl.where(at, tl.sum(k * kd, axis=1)[:, None], A)
+                QK = tl.where(at, tl.sum(q * kd, axis=1)[:, None], QK)
+                to_first = tl.where((pos == d)[:, None], decay, to_first)
+            k_first = k * to_first
+            q_first = q * to_first
+            for s in tl.static_range(1, BT // SB):
+                r = s * SB
+                G_r = tile_row(G, rows, r)
+                from_r = k * tl.exp(tl.where((rows < r)[:, None], G_r[None, :] - G, float("-inf")))  # 0 for j >= r
+                block = (rows // SB == s)[:, None]
+                A = tl.where(block, A + dot_f32(k_first, tl.trans(from_r), LOW_PRECISION), A)
+                QK = tl.where(block, QK + dot_f32(q_first, tl.trans(from_r), LOW_PRECISION), QK)
             A = tl.where(rows[:, None] > rows[None, :], A * beta[:, None], 0.0)
-            QK = tl.where(rows[:, None] >= rows[None, :], QK, 0.0)
             inv = unit_lower_inverse(A, rows, BT)
+            mtv = mt[:, None] & mv[None, :]
+            v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_t[:, None] * s_vt + offs_v[None, :], mask=mtv,
+                        other=0.0).to(tl.float32)
             u = mm(inv, v * beta[:, None], LOW_PRECISION)
             w = mm(inv, k * beta[:, None] * tl.exp(G), LOW_PRECISION)
             tok = (b * T + offs_t).to(tl.int64) * H + h
             tl.store(qk_ptr + tok[:, None] * BT + rows[None, :], QK.to(qk_ptr.dtype.element_ty), mask=mt[:, None])
             tl.store(w_ptr + tok[:, None] * K + offs_k[None, :], w.to(w_ptr.dtype.element_ty), mask=mtk)
             tl.store(u_ptr + tok[:, None] * V + offs_v[None, :], u.to(u_ptr.dtype.element_ty), mask=mtv)
+
+
+def intra_sub_block(block_t: int) -> int:
+    """Rows of the intra-chunk kernel's sub-blocks: pairs inside one cost an exponential tile per diagonal,
+    the sub-blocks below one per sub-block, so about the square root of the chunk."""
+    return 4 if block_t <= 32 else 8
 
 
 def kda_intra_chunk(q, k, v, g, beta, scale: float | None = None, cu_seqlens: torch.Tensor | None = None,
@@ -140,9 +167,9 @@ def kda_intra_chunk(q, k, v, g, beta, scale: float | None = None, cu_seqlens: to
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2), g.stride(3),
         beta.stride(0), beta.stride(1), beta.stride(2), T, K ** -0.5 if scale is None else scale,
-        H=H, GROUP=H // Hk, K=K, V=V, BT=block_t, BK=BK, BKS=min(BK, 8), BV=BV,
+        H=H, GROUP=H // Hk, K=K, V=V, BT=block_t, BK=BK, SB=intra_sub_block(block_t), BV=BV,
         VARLEN=cu_seqlens is not None, LOW_PRECISION=q.dtype != torch.float32, L2NORM=use_qk_l2norm,
-        num_warps=2 if block_t <= 16 else 4 if block_t <= 32 else 8)  # tools/sweep_kda_intra.py, H200
+        num_warps=4 if block_t <= 32 else 8)
     return qk, w, u
 
 

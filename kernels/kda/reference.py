@@ -73,20 +73,11 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state: torch
 
     q, k, v, G = chunks(q) * scale, chunks(k), chunks(v), chunks(g).cumsum(-2)  # G [B, H, n, C, K]
     beta = chunks(beta.unsqueeze(-1)).squeeze(-1)
-    strict = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1)
-    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    eye = torch.eye(C, dtype=q.dtype, device=q.device)
     state = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(q.dtype)
     out = []
     for i in range(n):  # one chunk at a time: the [C, C, K] decay tensor of all chunks would not fit
         qi, ki, vi, Gi, bi = q[:, :, i], k[:, :, i], v[:, :, i], G[:, :, i], beta[:, :, i]
-        diff = (Gi.unsqueeze(-2) - Gi.unsqueeze(-3)).masked_fill(~causal[..., None], 0.0)  # G_i - G_j, j <= i
-        kd = ki.unsqueeze(-3) * diff.exp()  # [B, H, C(i), C(j), K]: k_j exp(G_i - G_j)
-        system = torch.einsum("bhik,bhijk->bhij", ki, kd) * bi.unsqueeze(-1)
-        system = system.masked_fill(~strict, 0.0) + eye
-        attn = torch.einsum("bhik,bhijk->bhij", qi, kd).masked_fill(~causal, 0.0)
-        u = torch.linalg.solve_triangular(system, vi * bi.unsqueeze(-1), upper=False, unitriangular=True)
-        w = torch.linalg.solve_triangular(system, ki * bi.unsqueeze(-1) * Gi.exp(), upper=False, unitriangular=True)
+        attn, u, w = intra_chunk(qi, ki, vi, Gi, bi)
         v_new = u - w @ state
         out.append((qi * Gi.exp()) @ state + attn @ v_new)
         g_last = Gi[..., -1, :]  # [B, H, K]
@@ -95,3 +86,43 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state: torch
             state = state_roundtrip(state)
     o = torch.stack(out, 2).permute(0, 2, 3, 1, 4).reshape(B, n * C, H, V)[:, :T] if n else v.new_zeros(B, 0, H, V)
     return o.to(out_dtype), (state if output_final_state else None)
+
+
+def intra_chunk(q, k, v, G, beta):
+    """A chunk's own quantities in the WY form (see :func:`chunk_kda`): q (scaled), k, ``G`` (the cumulative
+    log-decay) ``[..., C, K]``, v ``[..., C, V]``, beta ``[..., C]``. Returns ``(attn [..., C, C], u, w)``: the
+    causal ``q k^T * D``, ``(I + A)^-1 (beta v)`` and ``(I + A)^-1 (beta exp(G) k)``."""
+    C = q.shape[-2]
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    diff = (G.unsqueeze(-2) - G.unsqueeze(-3)).masked_fill(~causal[..., None], 0.0)  # G_i - G_j, j <= i
+    kd = k.unsqueeze(-3) * diff.exp()  # [..., C(i), C(j), K]: k_j exp(G_i - G_j)
+    system = torch.einsum("...ik,...ijk->...ij", k, kd) * beta.unsqueeze(-1)
+    system = system.masked_fill(~causal.tril(-1), 0.0) + torch.eye(C, dtype=q.dtype, device=q.device)
+    attn = torch.einsum("...ik,...ijk->...ij", q, kd).masked_fill(~causal, 0.0)
+    u = torch.linalg.solve_triangular(system, v * beta.unsqueeze(-1), upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, k * beta.unsqueeze(-1) * G.exp(), upper=False, unitriangular=True)
+    return attn, u, w
+
+
+def intra_chunk_rows(q, k, v, g, beta, scale: float | None = None, use_qk_l2norm: bool = False,
+                     chunk_size: int = 16):
+    """:func:`intra_chunk` of every chunk, laid out as the intra-chunk kernel writes it: each token's row,
+    ``(qk [B, T, Hv, chunk_size], w [B, T, Hv, K], u [B, T, Hv, V])`` in float32. Arguments as
+    :func:`chunk_kda`."""
+    q, k, v, g, beta = prepare_inputs(q, k, v, g, beta, use_qk_l2norm, per_channel=True)
+    B, T, H, K = q.shape
+    C = chunk_size
+    n = -(-T // C)
+    pad = n * C - T
+
+    def chunks(x):  # [B, T, H, ...] -> [B, H, n, C, ...]
+        x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 3) + (0, 0, 0, pad))
+        return x.reshape(B, n, C, H, *x.shape[3:]).transpose(1, 3).transpose(2, 3)
+
+    def rows(x):  # [B, H, n, C, ...] -> [B, T, H, ...]
+        return x.transpose(2, 3).transpose(1, 3).reshape(B, n * C, H, *x.shape[4:])[:, :T]
+
+    scale = K ** -0.5 if scale is None else scale
+    attn, u, w = intra_chunk(chunks(q) * scale, chunks(k), chunks(v), chunks(g).cumsum(-2),
+                             chunks(beta.unsqueeze(-1)).squeeze(-1))
+    return rows(attn), rows(w), rows(u)
