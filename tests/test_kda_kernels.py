@@ -180,14 +180,14 @@ def test_prefill_matches_reference(dtype, B, T, Hk, Hv, K, V):
     _run_chunk(_inputs(B, T, Hk, Hv, K, V, dtype), _tol(dtype), output_final_state=True, use_qk_l2norm=True)
 
 
-@pytest.mark.parametrize("block_t", [16, 32, 64])
+@pytest.mark.parametrize("block_t,sub_block", [(16, None), (16, 4), (16, 16), (32, None), (64, None), (64, 8)])
 @pytest.mark.parametrize("decay", [0.5, 16.0])
-def test_intra_chunk_kernel_matches_its_reference(block_t, decay):
+def test_intra_chunk_kernel_matches_its_reference(block_t, sub_block, decay):
     """Each chunk's q k^T * D, w and u against the PyTorch form, the sub-blocks' pairwise and
     through-the-first-row products alike: odd length (a partial last chunk), grouped heads, K not a power
     of two, channels decaying by up to exp(-40) a token."""
     args = _inputs(2, 3 * block_t - 5, 1, 2, 24, 20, seed=11, decay=decay)
-    got = kda_intra_chunk(*args, scale=0.3, use_qk_l2norm=True, block_t=block_t)
+    got = kda_intra_chunk(*args, scale=0.3, use_qk_l2norm=True, block_t=block_t, sub_block=sub_block)
     want = intra_chunk_rows(*args, scale=0.3, use_qk_l2norm=True, chunk_size=block_t)
     for name, a, b in zip(("qk", "w", "u"), got, want):
         assert a.shape == b.shape, name
@@ -254,6 +254,11 @@ def test_a_long_prompt_runs_in_pieces_with_the_same_result(monkeypatch):
     assert torch.equal(o, o_one) and torch.equal(s.data, s_one.data) and torch.equal(s.row_scale, s_one.row_scale)
     o_ref, s_ref = chunk_kda_reference(*args, **kw)
     assert rel_err(o, o_ref) < 2e-5
+
+
+def test_intra_chunk_bad_sub_block_is_named():
+    with pytest.raises(ValueError, match="sub_block must be a power of two"):
+        kda_intra_chunk(*_inputs(1, 20, 1, 1, 16, 16), block_t=16, sub_block=32)
 
 
 def test_prefill_bad_shapes_are_named():

@@ -80,11 +80,13 @@ if triton is not None:
             k = tl.load(k_rows + offs_t[:, None] * s_kt, mask=mtk, other=0.0).to(tl.float32)
             g = tl.load(g_rows + offs_t[:, None] * s_gt, mask=mtk, other=0.0).to(tl.float32)
             beta = tl.load(beta_ptr + b * s_bb + h * s_bh + offs_t * s_bt, mask=mt, other=0.0).to(tl.float32)
-            q_row = tl.full([BT], qk_scale, tl.float32)  # each row's factor: the l2norm's and the scale
+            # each row's factor (the l2norm's, and the scale for q), applied to the products' rows and columns
+            # at the end: a shifted row of k then needs no norm of its own
+            q_row = tl.full([BT], qk_scale, tl.float32)
+            k_row = tl.full([BT], 1.0, tl.float32)
             if L2NORM:  # as the chunk kernel: x * rsqrt(sum(x^2) + 1e-6)
                 q_row = q_row * tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6)
-                k = k * tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
-            q = q * q_row[:, None]
+                k_row = tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)
             G = tl.cumsum(g, axis=0)
             pos = rows % SB
             diag = rows[:, None] == rows[None, :]
@@ -99,8 +101,6 @@ if triton is not None:
                                    other=0.0).to(tl.float32)
                 kj = tl.load(k_rows + (offs_t - d)[:, None] * s_kt, mask=pair[:, None] & mk[None, :],
                              other=0.0).to(tl.float32)
-                if L2NORM:
-                    kj = kj * tl.rsqrt(tl.sum(kj * kj, axis=1) + 1e-6)[:, None]
                 decay = tl.exp(gap)
                 kd = kj * decay
                 at = (rows[:, None] - d == rows[None, :]) & pair[:, None]
@@ -116,13 +116,14 @@ if triton is not None:
                 block = (rows // SB == s)[:, None]
                 A = tl.where(block, A + dot_f32(k_first, tl.trans(from_r), LOW_PRECISION), A)
                 QK = tl.where(block, QK + dot_f32(q_first, tl.trans(from_r), LOW_PRECISION), QK)
-            A = tl.where(rows[:, None] > rows[None, :], A * beta[:, None], 0.0)
+            A = tl.where(rows[:, None] > rows[None, :], A * (beta * k_row)[:, None] * k_row[None, :], 0.0)
+            QK = QK * q_row[:, None] * k_row[None, :]
             inv = unit_lower_inverse(A, rows, BT)
             mtv = mt[:, None] & mv[None, :]
             v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_t[:, None] * s_vt + offs_v[None, :], mask=mtv,
                         other=0.0).to(tl.float32)
             u = mm(inv, v * beta[:, None], LOW_PRECISION)
-            w = mm(inv, k * beta[:, None] * tl.exp(G), LOW_PRECISION)
+            w = mm(inv, k * (beta * k_row)[:, None] * tl.exp(G), LOW_PRECISION)
             tok = (b * T + offs_t).to(tl.int64) * H + h
             tl.store(qk_ptr + tok[:, None] * BT + rows[None, :], QK.to(qk_ptr.dtype.element_ty), mask=mt[:, None])
             tl.store(w_ptr + tok[:, None] * K + offs_k[None, :], w.to(w_ptr.dtype.element_ty), mask=mtk)
@@ -131,17 +132,22 @@ if triton is not None:
 
 def intra_sub_block(block_t: int) -> int:
     """Rows of the intra-chunk kernel's sub-blocks: pairs inside one cost an exponential tile per diagonal,
-    the sub-blocks below one per sub-block, so about the square root of the chunk."""
-    return 4 if block_t <= 32 else 8
+    each sub-block below the first a row extraction, an exponential tile and two matrix products, which measured
+    dearer (64 x 1,024 tokens, H200: 5.7 ms at 8 of 16 rows, 8.8 at 4, 23 at 2; tools/sweep_kda_intra.py)."""
+    return 8 if block_t <= 16 else 16
 
 
 def kda_intra_chunk(q, k, v, g, beta, scale: float | None = None, cu_seqlens: torch.Tensor | None = None,
-                    use_qk_l2norm: bool = False, block_t: int = 16):
+                    use_qk_l2norm: bool = False, block_t: int = 16, sub_block: int | None = None):
     """The chunk-local half of KDA's chunked prefill (see the module's docstring), for every chunk of
     ``block_t`` tokens at once: ``(qk [B, T, Hv, block_t], w [B, T, Hv, K], u [B, T, Hv, V])``, each
-    token's row, in the inputs' dtype (float32 for float32 inputs). Arguments as :func:`chunk_kda_triton`."""
+    token's row, in the inputs' dtype (float32 for float32 inputs). Arguments as :func:`chunk_kda_triton`;
+    ``sub_block`` (a power of two from 2 to ``block_t``) as :func:`intra_sub_block` by default."""
     B, T, Hk, K = q.shape
     H, V = v.shape[2], v.shape[3]
+    sub_block = intra_sub_block(block_t) if sub_block is None else sub_block
+    if sub_block < 2 or sub_block > block_t or sub_block & (sub_block - 1):
+        raise ValueError(f"sub_block must be a power of two from 2 to block_t ({block_t}); got {sub_block}")
     dtype = torch.float32 if q.dtype == torch.float32 else torch.bfloat16
     qk = torch.empty(B, T, H, block_t, dtype=dtype, device=q.device)
     w = torch.empty(B, T, H, K, dtype=dtype, device=q.device)
@@ -167,9 +173,9 @@ def kda_intra_chunk(q, k, v, g, beta, scale: float | None = None, cu_seqlens: to
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2), g.stride(3),
         beta.stride(0), beta.stride(1), beta.stride(2), T, K ** -0.5 if scale is None else scale,
-        H=H, GROUP=H // Hk, K=K, V=V, BT=block_t, BK=BK, SB=intra_sub_block(block_t), BV=BV,
+        H=H, GROUP=H // Hk, K=K, V=V, BT=block_t, BK=BK, SB=sub_block, BV=BV,
         VARLEN=cu_seqlens is not None, LOW_PRECISION=q.dtype != torch.float32, L2NORM=use_qk_l2norm,
-        num_warps=4 if block_t <= 32 else 8)
+        num_warps=2 if block_t <= 16 else 4)  # tools/sweep_kda_intra.py, H200
     return qk, w, u
 
 
