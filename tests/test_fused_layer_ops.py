@@ -269,6 +269,44 @@ def test_gated_norm_reads_a_grouped_gate_in_place():
         gated_rms_norm_triton(x, g, w, 1e-5, packed=packed, token_rows=4)
 
 
+@pytest.mark.parametrize("n_out", [0, 5])
+def test_gate_first_grouped_norm_writes_codes_of_whole_tokens(n_out):
+    """Mamba2's gated norm (the gate first, groups of the token's row normalized apart, the normalized rows
+    rounded before the weight), the gate read in place out of in_proj's output; the codes per whole token."""
+    T, G, D = 5, 3, 40
+    x, w = _randn(T, G, D), _randn(G, D)
+    proj = _randn(T, 3 * G * D)  # in_proj: z first, then other columns
+    z = proj[:, :G * D].unflatten(-1, (G, D))
+    packed = _packed(G * D, 16, n_out)
+    out, codes = gated_rms_norm_triton(x, z, w, 1e-5, packed=packed, gate_first=True, round_normed=True)
+    ref = gated_rms_norm(x.cpu(), z.contiguous().cpu(), w.cpu(), 1e-5, gate_first=True, round_normed=True)
+    assert rel_err(out.float().cpu(), ref.float()) < TOL
+    assert rel_err(ref.float(), gated_rms_norm(x.cpu(), z.cpu(), w.cpu(), 1e-5).float()) > 0.05  # not fla's form
+    _same_codes(codes, out, packed)
+    plain = gated_rms_norm_triton(x, z, w, 1e-5, gate_first=True, round_normed=True)  # no codes: rows per program
+    assert rel_err(plain.float().cpu(), ref.float()) < TOL
+    with pytest.raises(ValueError, match="weight has 7 elements"):
+        gated_rms_norm_triton(x, z, w.flatten()[:7], 1e-5, gate_first=True)
+
+
+@pytest.mark.parametrize("family", ["bamba", "nemotron_h", "granitemoehybrid"])
+def test_gate_first_reference_is_transformers_mamba_gated_norm(family):
+    """The reference's gate-first form is transformers' ``MambaRMSNormGated`` of these families, group by
+    group, bit for bit (bf16)."""
+    import importlib
+
+    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    cls = next(getattr(module, n) for n in dir(module) if n.endswith("RMSNormGated"))
+    G, D = 4, 32
+    norm = cls(G * D, group_size=D, eps=1e-5).to(torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(G * D))
+    x, z = (torch.randn(3, 2, G * D) * 3).bfloat16(), (torch.randn(3, 2, G * D) * 2).bfloat16()
+    got = gated_rms_norm(x.unflatten(-1, (G, D)), z.unflatten(-1, (G, D)), norm.weight.view(G, D), 1e-5,
+                         gate_first=True, round_normed=True)
+    assert torch.equal(got.flatten(-2), norm(x, z))
+
+
 @pytest.mark.parametrize("n_out", [0, 7])
 def test_swiglu_writes_the_down_projections_codes(n_out):
     y = _randn(7, 2 * 300, scale=2.0)

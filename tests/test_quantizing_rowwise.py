@@ -12,7 +12,7 @@ from test_hybrid import VOCAB, _model
 
 from laquant.adapters import install
 from laquant.models import quantizing_rowwise
-from laquant.models.quantizing_rowwise import GATED_NORMS
+from laquant.models.quantizing_rowwise import GATED_NORMS, MAMBA_GATED_NORMS
 
 
 def _norms(model):
@@ -104,9 +104,9 @@ def test_handed_over_codes_follow_a_view_of_the_same_rows():
 CODES_PATHS = {"qwen3_next": ("swiglu_codes", "gated_norm_codes"), "qwen3_5": ("swiglu_codes", "gated_norm_codes"),
                "qwen3_next_grouped_heads": ("swiglu_codes", "gated_norm_codes"),
                "qwen3_5_moe": ("swiglu_codes", "gated_norm_codes"), "kimi_linear": ("swiglu_codes",),
-               "bailing_hybrid": ("swiglu_codes",), "minimax": (), "bamba": ("swiglu_codes",),
-               "granitemoehybrid": ("swiglu_codes",),
-               "falcon_h1": (), "nemotron_h": (), "olmo_hybrid": ("swiglu_codes",)}
+               "bailing_hybrid": ("swiglu_codes",), "minimax": (), "bamba": ("swiglu_codes", "gated_norm_codes"),
+               "granitemoehybrid": ("swiglu_codes", "gated_norm_codes"),
+               "falcon_h1": (), "nemotron_h": ("gated_norm_codes",), "olmo_hybrid": ("swiglu_codes",)}
 # their gate tail: one kernel
 GATED_DELTA_NETS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "qwen3_next_grouped_heads")
 
@@ -189,11 +189,11 @@ def _static_greedy(model, ids, n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "nemotron_h", "bamba"])
 @torch.no_grad()
 def test_gpu_codes_handed_over_match_the_unfused_path(family, monkeypatch):
-    """hybrid_int8 on qwen3_next and Qwen3.5, bf16 on the kernels: with the norms writing the codes (and the MLPs' SwiGLU
-    down_proj's, the mixer's gated norm out_proj's), the logits match the path that quantizes each projection's input on its own
+    """hybrid_int8 on qwen3_next, Qwen3.5, Nemotron-H and Bamba, bf16 on the kernels: with the norms writing the codes
+    (and the MLPs' SwiGLU down_proj's, the mixer's gated norm out_proj's, Mamba2's gate-first grouped one too), the logits match the path that quantizes each projection's input on its own
     (the norms' float32 formula, rounded once), with fewer quantization launches; graphed greedy decoding
     equals the same static-cache steps run eagerly."""
     import laquant
@@ -217,8 +217,9 @@ def test_gpu_codes_handed_over_match_the_unfused_path(family, monkeypatch):
     for module in model.modules():
         if isinstance(module, (quantizing_rowwise._QuantizingNorm, quantizing_rowwise._QuantizingSwiGLU)):
             monkeypatch.setattr(module, "__class__", module._laquant_base)
-    for name in list(GATED_NORMS):
-        monkeypatch.delitem(GATED_NORMS, name)
+    for table in (GATED_NORMS, MAMBA_GATED_NORMS):
+        for name in list(table):
+            monkeypatch.delitem(table, name)
     plain, plain_quantize = run()
     assert fused_quantize < plain_quantize, (fused_quantize, plain_quantize)
     assert (fused - plain).abs().max() <= 0.05 * plain.abs().max(), float((fused - plain).abs().max())

@@ -112,7 +112,7 @@ if triton is not None:
                          QUANT: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr,
                          IDENTITY: tl.constexpr,
                          ROUND_SUM: tl.constexpr = False, ROUND_NORMED: tl.constexpr = False,
-                         PDL: tl.constexpr = False):
+                         GATE_FIRST: tl.constexpr = False, W_PER_ROW: tl.constexpr = False, PDL: tl.constexpr = False):
         src, oidx = _code_map(src_ptr, oidx_ptr, KQ, NO, BQ, BNO, HAS_OUT, QUANT, IDENTITY)
         pdl_prologue(PDL)
         if QUANT:  # one token (RPP rows of y) per program
@@ -133,15 +133,21 @@ if triton is not None:
             if ROUND_SUM:  # normalize the sum as stored (as a separate add would hand it over)
                 h = rounded(h, dtype)
             tl.store(ro_ptr + rows.to(tl.int64)[:, None] * sro + cols[None, :], h.to(dtype), mask=mask)
-        rstd = tl.rsqrt(tl.sum(h * h, axis=1) / N + eps)
-        w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-        y = h * rstd[:, None]
-        if ROUND_NORMED:  # Llama's rounding: the normalized rows in x's dtype, then the weight
-            y = rounded(y, dtype)
-        y = y * w[None, :]
         if GATED:
             g = tl.load(g_ptr + _row_offsets(rows, sg0, sg1, gin)[:, None] + cols[None, :], mask=mask,
                         other=0.0).to(tl.float32)
+            if GATE_FIRST:  # Mamba2's: the gated rows are normalized
+                h = h * (g * tl.sigmoid(g))
+        rstd = tl.rsqrt(tl.sum(h * h, axis=1) / N + eps)
+        y = h * rstd[:, None]
+        if ROUND_NORMED:  # Llama's rounding: the normalized rows in x's dtype, then the weight
+            y = rounded(y, dtype)
+        if W_PER_ROW:  # a weight per row of the token (a grouped norm's groups)
+            row_in_token = local if QUANT else rows % RPP
+            y = y * tl.load(w_ptr + row_in_token[:, None] * N + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        else:
+            y = y * tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+        if GATED and not GATE_FIRST:
             y = y * (g * tl.sigmoid(g))
         tl.store(y_ptr + _row_offsets(rows, sy0, sy1, yin)[:, None] + cols[None, :], y.to(dtype), mask=mask)
         if QUANT:
@@ -207,12 +213,15 @@ def _check_codes(packed, width: int) -> None:
 
 
 def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int = 1, round_sum: bool = False,
-                 round_normed: bool = False):
+                 round_normed: bool = False, gate_first: bool = False):
     """``heads``: rows per token (the gated norm's heads), for the codes of a whole token."""
     x, residual, g = (addressable_rows(t) for t in (x, residual, g))
     N = x.shape[-1]
     M = x.numel() // N if N else 0
     _check_codes(packed, heads * N)
+    if weight.numel() not in (N, heads * N):
+        raise ValueError(f"the norm's weight has {weight.numel()} elements: expected one per column ({N}) or per "
+                         f"column of each of a token's {heads} rows ({heads * N})")
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     ro = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else y
     codes, q = _codes(M // heads, packed, x.dtype, x.device)
@@ -227,7 +236,7 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
             *row_layout(x), *(row_layout(residual) if residual is not None else dummy),
             *(row_layout(g) if g is not None else dummy), *row_layout(y), N, *ptrs, heads,
             BLOCK_N=block_n, ROWS=rows, HAS_RES=residual is not None, GATED=g is not None, ROUND_SUM=round_sum,
-            ROUND_NORMED=round_normed,
+            ROUND_NORMED=round_normed, GATE_FIRST=gate_first, W_PER_ROW=weight.numel() != N,
             num_warps=warps if packed is None else _codes_warps(max(rows * block_n, q["consts"]["BQ"])),
             **(q or _NO_CODES)["consts"], **pdl_launch(x.device, M // heads))
     return y, (ro if residual is not None else None), codes
@@ -247,8 +256,9 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual:
 
 
 def gated_rms_norm_triton(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, eps: float, packed=None,
-                          token_rows: int | None = None):
-    """Twin of :func:`.reference.gated_rms_norm` over ``x [..., H, D]``; with ``packed``, also the W8A8
+                          token_rows: int | None = None, gate_first: bool = False, round_normed: bool = False):
+    """Twin of :func:`.reference.gated_rms_norm` over ``x [..., H, D]`` (``gate_first``, ``round_normed``
+    as there; ``weight`` ``[D]``, or ``[H, D]``: one per row of a token); with ``packed``, also the W8A8
     codes of each token's ``H * D`` outputs for that GEMM: ``(out, (xq, xs, xo))``. ``token_rows``: the
     rows of one token where they span more than the last-but-one dimension (x and g ``[T, G, R, D]``,
     ``G * R`` rows a token: a gate whose rows only two strides address, such as qwen3_next's z read
@@ -258,7 +268,8 @@ def gated_rms_norm_triton(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor
     heads = token_rows if token_rows is not None else x.shape[-2]
     if packed is not None and x.numel() % (heads * x.shape[-1]):
         raise ValueError(f"{heads} rows a token do not divide x {tuple(x.shape)} into whole tokens")
-    out, _, codes = _launch_norm(x, weight, eps, g=g, packed=packed, heads=heads if packed is not None else 1)
+    out, _, codes = _launch_norm(x, weight, eps, g=g, packed=packed, heads=heads, round_normed=round_normed,
+                                 gate_first=gate_first)
     return out if packed is None else (out, codes)
 
 

@@ -27,11 +27,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     return out, (None if residual is None else h.to(x.dtype))
 
 
-def gated_rms_norm(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``rmsnorm(x) * weight * silu(g)`` over the last dimension, in x's dtype."""
+def gated_rms_norm(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, eps: float, gate_first: bool = False,
+                   round_normed: bool = False) -> torch.Tensor:
+    """``rmsnorm(x) * weight * silu(g)`` over the last dimension, in x's dtype (fla's); with ``gate_first``,
+    Mamba2's ``rmsnorm(x * silu(g)) * weight`` (transformers' ``MambaRMSNormGated`` with x ``[..., groups, D]``
+    and weight ``[groups, D]``: the normalized rows rounded to x's dtype before the weight with ``round_normed``,
+    as its ``w * h.to(dtype)``)."""
     h = x.float()
-    h = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + eps) * weight.float()
-    return (h * F.silu(g.float())).to(x.dtype)
+    if gate_first:
+        h = h * F.silu(g.float())
+    h = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + eps)
+    if round_normed:
+        h = h.to(x.dtype).float()
+    h = h * weight.float()
+    return (h if gate_first else h * F.silu(g.float())).to(x.dtype)
 
 
 def glu(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu") -> torch.Tensor:

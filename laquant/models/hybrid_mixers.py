@@ -28,7 +28,7 @@ from transformers.activations import ACT2FN
 from laquant.kernels.common.dispatch import use_triton
 from laquant.kernels.conv.short_conv import ACTIVATIONS as ONE_KERNEL_ACTIVATIONS
 from laquant.models.cache import state_store
-from laquant.models.quantizing_rowwise import GATED_NORMS
+from laquant.models.quantizing_rowwise import GATED_NORMS, MAMBA_GATED_NORMS
 from laquant.models.recurrent import RecurrentMixer
 from laquant.models.side_stream import fork
 from laquant.quant.fused import project, w8a8_inputs
@@ -370,7 +370,7 @@ class Mamba2Mixer(HybridMixer):
         stored = self._one_kernel_state(xs, states)
         if stored is not None:
             y = self._ssd_step(xs, b, c, dt_logits, states, stored)
-            return self.out_proj(self.gated_output(y.reshape(B, T, -1).to(dtype), z).to(dtype))
+            return self.norm_and_out(y.reshape(B, T, -1).to(dtype), z)
         dt = self.time_step(dt_logits)
         g = dt * -self.A_log.float().exp()
         xs = xs.unflatten(-1, (H, P))
@@ -379,7 +379,7 @@ class Mamba2Mixer(HybridMixer):
         v = xs.float() * dt.unsqueeze(-1)
         y = self.attend_gla(q.float(), k.float(), v, g, states, scale=1.0)
         y = y + xs.float() * self.D.float()[:, None]
-        return self.out_proj(self.gated_output(y.reshape(B, T, -1).to(dtype), z).to(dtype))
+        return self.norm_and_out(y.reshape(B, T, -1).to(dtype), z)
 
     def _one_kernel_state(self, xs: torch.Tensor, states):
         """The stored state when a decode token's scan runs as one kernel
@@ -411,6 +411,28 @@ class Mamba2Mixer(HybridMixer):
     def gated_output(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """The scan's output ``[B, T, I]`` gated by z (the gated RMSNorm)."""
         return self.norm(y, z)
+
+    def norm_and_out(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """``out_proj(gated_output(y, z))`` over the scan's output ``y [B, T, I]`` in the model's dtype. Where
+        out_proj is W8A8 on the GPU and the norm is transformers' Mamba2 grouped gated norm
+        (:data:`~laquant.models.quantizing_rowwise.MAMBA_GATED_NORMS`, with its weight in y's dtype), laquant's
+        norm kernel computes it (gate first, one weight row per group) and writes out_proj's codes in the same
+        launch, z read in place out of in_proj's output: one kernel where transformers' norm takes ten and
+        out_proj's input another pass."""
+        eps_name = MAMBA_GATED_NORMS.get(type(self.norm).__name__)
+        packed = None
+        if eps_name is not None and self.norm.weight.dtype == y.dtype:
+            packed = w8a8_inputs(self, ("out_proj",), y)
+        if packed is None:
+            return self.out_proj(self.gated_output(y, z).to(y.dtype))
+        from laquant.kernels.rowwise.fused import gated_rms_norm_triton
+
+        B, T, width = y.shape
+        group = self.norm.group_size
+        rows = (B * T, width // group, group)
+        out, codes = gated_rms_norm_triton(y.reshape(rows), z.reshape(rows), self.norm.weight.view(rows[1:]),
+                                           getattr(self.norm, eps_name), packed, gate_first=True, round_normed=True)
+        return project(self, ("out_proj",), out.reshape(B, T, width), codes)[0]
 
 
 class FalconH1Mamba2Mixer(Mamba2Mixer):

@@ -88,6 +88,11 @@ NORM_WEIGHTS = {
 # (GatedDeltaNetMixer.norm_and_out); transformers rounds ``w * x`` to the model's dtype first, one rounding more
 GATED_NORMS = {name: "variance_epsilon" for name in ("Qwen3NextRMSNormGated", "Qwen3_5RMSNormGated",
                                                      "Qwen3_5MoeRMSNormGated")}
+# Mamba2's grouped gated norm (``w * rmsnorm_per_group(x * silu(z)).to(dtype)``, the weight in its dtype) -> the
+# name of its epsilon: laquant's norm kernel (gate first, a weight per group) replaces it before a W8A8 out_proj
+# (Mamba2Mixer.norm_and_out), bit for bit the same formula (Falcon-H1's differs: the norm may come first)
+MAMBA_GATED_NORMS = {name: "variance_epsilon" for name in ("BambaRMSNormGated", "NemotronHRMSNormGated",
+                                                           "GraniteMoeHybridRMSNormGated", "Zamba2RMSNormGated")}
 
 
 # MLP class -> its projections' and activation's names (gate, up, down, act): the SwiGLU ``down(act(gate(x)) *
