@@ -292,13 +292,16 @@ def test_gate_first_grouped_norm_writes_codes_of_whole_tokens(n_out):
 @pytest.mark.parametrize("family", ["bamba", "nemotron_h", "granitemoehybrid"])
 def test_gate_first_reference_is_transformers_mamba_gated_norm(family):
     """The reference's gate-first form is transformers' ``MambaRMSNormGated`` of these families, group by
-    group, bit for bit (bf16)."""
+    group, bit for bit (bf16); the classes of transformers versions before the groups (no ``group_size``: one
+    group, the whole row, as Mamba2Mixer.norm_and_out takes them) too."""
     import importlib
+    import inspect
 
     module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
     cls = next(getattr(module, n) for n in dir(module) if n.endswith("RMSNormGated"))
-    G, D = 4, 32
-    norm = cls(G * D, group_size=D, eps=1e-5).to(torch.bfloat16)
+    grouped = "group_size" in inspect.signature(cls.__init__).parameters
+    G, D = (4, 32) if grouped else (1, 128)
+    norm = (cls(G * D, group_size=D, eps=1e-5) if grouped else cls(G * D, eps=1e-5)).to(torch.bfloat16)
     with torch.no_grad():
         norm.weight.copy_(torch.randn(G * D))
     x, z = (torch.randn(3, 2, G * D) * 3).bfloat16(), (torch.randn(3, 2, G * D) * 2).bfloat16()

@@ -106,14 +106,45 @@ CODES_PATHS = {"qwen3_next": ("swiglu_codes", "gated_norm_codes"), "qwen3_5": ("
                "qwen3_5_moe": ("swiglu_codes", "gated_norm_codes"), "kimi_linear": ("swiglu_codes",),
                "bailing_hybrid": ("swiglu_codes",), "minimax": (), "bamba": ("swiglu_codes", "gated_norm_codes"),
                "granitemoehybrid": ("swiglu_codes", "gated_norm_codes"),
-               "falcon_h1": (), "nemotron_h": ("gated_norm_codes",), "olmo_hybrid": ("swiglu_codes",)}
+               "falcon_h1": (), "nemotron_h": ("gated_norm_codes",), "olmo_hybrid": ("swiglu_codes",),
+               "bamba_before_groups": ("swiglu_codes", "gated_norm_codes")}
 # their gate tail: one kernel
 GATED_DELTA_NETS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "qwen3_next_grouped_heads")
 
 
+class _BambaRMSNormGatedBeforeGroups(torch.nn.Module):
+    """transformers' ``BambaRMSNormGated`` before the groups (5.17): the whole row normalized, no ``group_size``."""
+
+    def __init__(self, weight, eps):
+        super().__init__()
+        self.weight, self.variance_epsilon = torch.nn.Parameter(weight.detach().clone()), eps
+
+    def forward(self, hidden_states, gate=None):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        if gate is not None:
+            hidden_states = hidden_states * torch.nn.functional.silu(gate.to(torch.float32))
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+_BambaRMSNormGatedBeforeGroups.__name__ = "BambaRMSNormGated"
+
+
 def _codes_model(family):
     """``_model(family)``; ``qwen3_next_grouped_heads``: two key heads of two value heads each, so that the gated norm
-    reads z out of in_proj_qkvz's per-key-head layout through two strides."""
+    reads z out of in_proj_qkvz's per-key-head layout through two strides; ``bamba_before_groups``: one group, its
+    gated norms without ``group_size``, as transformers' classes were before the groups (5.17 on the lent GPU)."""
+    if family == "bamba_before_groups":
+        from test_hybrid import bamba
+
+        torch.manual_seed(3)
+        model = bamba(mamba_n_groups=1).float().eval()
+        for module in model.modules():
+            if type(getattr(module, "norm", None)).__name__ == "BambaRMSNormGated":
+                module.norm = _BambaRMSNormGatedBeforeGroups(module.norm.weight, module.norm.variance_epsilon)
+        return model
     if family == "qwen3_next_grouped_heads":
         from test_hybrid import qwen3_next
 

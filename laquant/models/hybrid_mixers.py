@@ -428,7 +428,7 @@ class Mamba2Mixer(HybridMixer):
         from laquant.kernels.rowwise.fused import gated_rms_norm_triton
 
         B, T, width = y.shape
-        group = self.norm.group_size
+        group = getattr(self.norm, "group_size", width)  # transformers before the groups: one of the whole row
         rows = (B * T, width // group, group)
         out, codes = gated_rms_norm_triton(y.reshape(rows), z.reshape(rows), self.norm.weight.view(rows[1:]),
                                            getattr(self.norm, eps_name), packed, gate_first=True, round_normed=True)
