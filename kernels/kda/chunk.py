@@ -6,7 +6,7 @@ channel, in two launches:
 1. :func:`kda_intra_chunk`, one program per (chunk, sequence, head), all chunks at once: with
    ``G [BT, K]`` the chunk's cumulative log-decay, the unit-lower-triangular system
    ``A_ij = beta_i sum_c k_ic k_jc exp(G_ic - G_jc)`` and the causal ``q k^T`` with the same decay
-   (pairwise inside sub-blocks of 4-8 rows, through each sub-block's first row as tensor-core products
+   (pairwise inside sub-blocks of 8-16 rows, through each sub-block's first row as tensor-core products
    below them: every exponent <= 0, so strong decays cannot overflow); ``(I + A)`` inverted by forward
    substitution; the WY form's ``u = (I + A)^-1 (beta v)``
    and ``w = (I + A)^-1 (beta exp(G) k)``. It writes each token's row of ``q k^T * D``, ``w`` and ``u``
@@ -132,8 +132,10 @@ if triton is not None:
 
 def intra_sub_block(block_t: int) -> int:
     """Rows of the intra-chunk kernel's sub-blocks: pairs inside one cost an exponential tile per diagonal,
-    each sub-block below the first a row extraction, an exponential tile and two matrix products, which measured
-    dearer (64 x 1,024 tokens, H200: 5.7 ms at 8 of 16 rows, 8.8 at 4, 23 at 2; tools/sweep_kda_intra.py)."""
+    each sub-block below the first a row extraction, an exponential tile and two matrix products (64 x 1,024
+    tokens, chunk 16, H200: 5.6 ms at 8 rows, 8.0 at 16 (no products), 8.8 at 4, 23 at 2;
+    ``tools/sweep_kda_intra.py``). Chunks of 32 and 64, several times slower at every sub-block size timed
+    (2-8 rows), take 16 rows, not timed."""
     return 8 if block_t <= 16 else 16
 
 
