@@ -791,3 +791,36 @@ def test_eval_speed_spec_builds_a_random_hybrid_of_each_family(family):
     if kind != "qwen3_next":
         with pytest.raises(LaquantError, match=f"not a valid {kind} config"):
             hybrid_config(kind, {"hidden_size": "wide", "num_hidden_layers": -1})
+
+
+@pytest.mark.parametrize("family", ["bamba", "nemotron_h", "granitemoehybrid", "zamba2"])
+@torch.no_grad()
+def test_mamba2_in_proj_treats_its_dt_channels_alone(family, monkeypatch):
+    """A calibrated Mamba2 in_proj (a QuantGate of its dt channels) runs its linears and treats the dt channels
+    alone, without its forward's copy of the whole output: the same logits, prefill and decode, bit for bit."""
+    from laquant.models.hybrid_mixers import Mamba2Mixer
+    from laquant.quant.modules import QuantGate
+
+    model = _model(family)
+    install(model)
+    laquant.calibrate(model, "hybrid_int8", torch.randint(0, VOCAB, (2, 32)), progress=False)
+    mixers = [m for m in model.modules() if isinstance(m, Mamba2Mixer)]
+    assert mixers and all(isinstance(m.in_proj, QuantGate) for m in mixers)
+    ids = torch.randint(0, VOCAB, (2, 9))
+    calls = []
+    untreated = QuantGate.untreated
+    monkeypatch.setattr(QuantGate, "untreated", lambda self, x: calls.append(1) or untreated(self, x))
+
+    def prefill_and_step():
+        out = model(ids[:, :8], past_key_values=new_cache(model), use_cache=True)
+        return out.logits, model(ids[:, 8:], past_key_values=out.past_key_values, use_cache=True).logits
+
+    fast = prefill_and_step()
+    assert len(calls) == 2 * len(mixers)
+    handles = [m.in_proj.register_forward_hook(lambda *args: None) for m in mixers]  # hooked: the module's forward
+    calls.clear()
+    slow = prefill_and_step()
+    assert not calls
+    for handle in handles:
+        handle.remove()
+    assert all(torch.equal(a, b) for a, b in zip(fast, slow))

@@ -363,7 +363,7 @@ class Mamba2Mixer(HybridMixer):
         B, T, _ = x.shape
         H, P, N, G = self.num_heads, self.head_dim, self.ssm_state_size, self.n_groups
         states = layer_states(cache, cache_params)
-        z, xbc, dt_logits = self.split_in_proj(self.project(x))
+        z, xbc, dt_logits = self.projected(x)
         xbc = short_conv(xbc, states, self.layer_idx, self.conv1d, self.activation)
         xbc = mask_padding(xbc, attention_mask)
         xs, b, c = xbc.split([self.intermediate_size, G * N, G * N], dim=-1)
@@ -407,6 +407,20 @@ class Mamba2Mixer(HybridMixer):
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """``in_proj``'s output as the scan reads it."""
         return self.in_proj(x)
+
+    def projected(self, x: torch.Tensor):
+        """``(z, x|B|C, dt logits)`` of ``in_proj(x)``. A calibrated ``in_proj`` (a :class:`QuantGate` of its last
+        ``H`` outputs, the dt channels) runs its linears and treats the dt channels alone: its forward copies the
+        whole output to put the treated channels back among the others (one ``cat`` a layer and token, 12 of the 24
+        in a quantized Nemotron-H's 1K-token prefill profile, ``eval/results/families_h200/profiles_b1/``). The
+        same values; a gate with hooks (calibration observing its output) runs its forward."""
+        gate = self.in_proj
+        first, count = self.gate_channels()
+        if (isinstance(gate, QuantGate) and gate.channel_start == first and gate.logit_min.numel() == count
+                and not (gate._forward_hooks or gate._forward_pre_hooks)):
+            z, xbc, dt_logits = self.split_in_proj(gate.untreated(x))
+            return z, xbc, gate.treat(dt_logits)
+        return self.split_in_proj(self.project(x))
 
     def gated_output(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """The scan's output ``[B, T, I]`` gated by z (the gated RMSNorm)."""
@@ -465,6 +479,10 @@ class FalconH1Mamba2Mixer(Mamba2Mixer):
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         return self.in_proj(x * self.ssm_in_multiplier) * self.mup_vector
+
+    def projected(self, x: torch.Tensor):
+        """``in_proj``'s output split (the muP multipliers apply after the gate's treatment: through forward)."""
+        return self.split_in_proj(self.project(x))
 
     def gated_output(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         if self.mamba_rms_norm:

@@ -159,9 +159,15 @@ class QuantGate(nn.Sequential):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = super().forward(x)
         if self.channel_start is None:
-            return self._quantize_logits(out)
+            return self.treat(out)
         s, e = self.channel_start, self.channel_start + self.logit_min.numel()
-        return torch.cat([out[..., :s], self._quantize_logits(out[..., s:e]), out[..., e:]], -1)
+        return torch.cat([out[..., :s], self.treat(out[..., s:e]), out[..., e:]], -1)
+
+    def untreated(self, x: torch.Tensor) -> torch.Tensor:
+        """The linears' whole output, the logits untreated: for a gate of a fused projection, whose
+        caller passes the gate's channels alone through :meth:`treat` (forward assembles a treated copy
+        of the whole output)."""
+        return super().forward(x)
 
     def logit_treatment(self) -> dict:
         """The calibrated treatment of the logits, as :func:`~laquant.kernels.gla.gate.gate_log_decay` takes it."""
@@ -176,7 +182,8 @@ class QuantGate(nn.Sequential):
             raise ValueError("a gate that is a slice of a fused projection has no projection of its own")
         return super().forward(x)
 
-    def _quantize_logits(self, logits: torch.Tensor) -> torch.Tensor:
+    def treat(self, logits: torch.Tensor) -> torch.Tensor:
+        """The gate's logits clamped to their calibrated range and rounded through int8 (what forward applies)."""
         t = self.logit_treatment()
         return fake_quantize_int8(logits, t["logit_scale"], t["logit_min"], t["logit_max"])
 
