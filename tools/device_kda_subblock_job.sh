@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # KDA's intra-chunk kernel on sub-blocks: the launch sweep against the channel-slice kernel it replaces, the
 # prefill bench against fla's chunk_kda (slow to autotune), GPU tests (KDA's prefill), the chunk-32 bench.
-#   run: bash tools/device_kernels.sh 560 device_kda_subblock_job.sh   (carry .whl: fla is the peer)
+#   run: bash tools/device_kernels.sh 560 device_kda_subblock_job.sh   (carry .whl: fla is the peer, and scratch)
+# scratch/kda_chunk_before.py, the kernel it replaced, is made on this machine first (not committed):
+#   git show c7cd351:kernels/kda/chunk.py | sed -E 's/^( *)from \.\.(common|delta)/\1from laquant.kernels.\2/;
+#     s/^from \.reference/from laquant.kernels.kda.reference/' > scratch/kda_chunk_before.py; touch scratch/__init__.py
 set -u
 . tools/device_job_env.sh "$@"
 export PYTHONPATH=$PYTHONPATH:$PWD:$PWD/tools
