@@ -66,8 +66,12 @@ def layer_summary(stats: Stats, decisions: dict, projections: dict | None = None
     for name in stats.modules("projections"):
         d = decisions["projections"].get(name)
         absmax = stats.get(name, "act_absmax")
-        decision = f"kept (bf16){_outliers_over_limit(absmax, projections)}" if d is None else (
-            f"int8 w:{d['weight_granularity']} a:{d['act_granularity']}")
+        if d is None:
+            decision = f"kept (bf16){_outliers_over_limit(absmax, projections)}"
+        elif d["act_granularity"] == "none":
+            decision = f"int8 weight-only w:{d['weight_granularity']}{_outliers_over_limit(absmax, projections)}"
+        else:
+            decision = f"int8 w:{d['weight_granularity']} a:{d['act_granularity']}"
         outliers = "-" if d is None else str(len(d["outliers"]))
         out.append(f"| {name} | {decision} | {absmax.max():.2f} | {outliers} |")
     out += ["", "| gate | decision | logit range | p0.1 .. p99.9 | min log-decay (slowest decay ... fastest) |",

@@ -136,7 +136,7 @@ def _int8(q: QuantLinear, requantize: bool) -> dict[str, torch.Tensor]:
 
 def _quantized_modules(model, decisions: Decisions) -> tuple[dict[str, nn.Module], dict[str, str], list[str]]:
     """The linears of every module laquant quantized, by checkpoint module name; those to write
-    dense (name -> why: weight-only gates, a gate whose projection stayed bf16); and the gates whose
+    dense (name -> why: weight-only gates and projections, a gate whose projection stayed bf16); and the gates whose
     logit treatment is dropped."""
     linears, dense, dropped = {}, {}, []
     for name in dict.fromkeys([*decisions.projections, *decisions.gates]):  # Mamba2's in_proj is both
@@ -157,6 +157,8 @@ def _quantized_modules(model, decisions: Decisions) -> tuple[dict[str, nn.Module
         if not isinstance(module, QuantLinear):
             raise LaquantError(f"{name} is a {type(module).__name__}, not one of laquant's quantized linears: "
                                "is the model calibrated (laquant.load of a laquant checkpoint)?")
+        if module.act_granularity == "none" and name not in dense:
+            dense[name] = "weight-only int8 (the recipe's outlier_fallback), dequantized: this format's int8 is W8A8"
         if module.act_granularity == "per_tensor":
             raise LaquantError(f"{name}: per-tensor activation scales (act_granularity per_tensor) have no form "
                                "an engine runs for int8 (vLLM's int8 W8A8 quantizes activations per token); "

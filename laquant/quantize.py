@@ -77,13 +77,16 @@ def plan(adapter, stats: Stats, recipe: dict) -> Decisions:
 
 
 def _projection_decision(name: str, stats: Stats, proj_recipe: dict, role: str | None = None):
-    """W8A8 with outlier split; None (the layer stays in high precision) when more than the recipe's
-    ``outlier_max_fraction`` of the input channels are outliers (or all of them): such an int8 layer would be
-    mostly the bf16 layer, with the int8 product as extra work."""
+    """W8A8 with outlier split. When more than the recipe's ``outlier_max_fraction`` of the input channels are
+    outliers (or all of them), such an int8 layer would be mostly the bf16 layer with the int8 product as extra
+    work: it stays in high precision (None), or with ``outlier_fallback: weight_only`` becomes weight-only int8
+    (no activation quantization, so no outlier columns)."""
     absmax = stats.get(name, "act_absmax")
     outliers = select_outliers(absmax, proj_recipe["outlier_threshold"], proj_recipe["outlier_top_k"])
     max_fraction = proj_recipe.get("outlier_max_fraction")
     if len(outliers) == absmax.numel() or (max_fraction is not None and len(outliers) > max_fraction * absmax.numel()):
+        if proj_recipe.get("outlier_fallback", "keep") == "weight_only":
+            return ProjectionDecision([], proj_recipe["weight_granularity"], "none", role)
         return None
     return ProjectionDecision(outliers, proj_recipe["weight_granularity"], proj_recipe["act_granularity"], role)
 

@@ -163,6 +163,51 @@ def test_a_projection_with_more_outliers_than_the_recipe_allows_stays_bf16(tiny_
     assert unlimited["projections"][name]["outliers"] == list(range(n // 4 + 1))
 
 
+def test_the_outlier_fallback_makes_such_a_layer_weight_only(tiny_model_dir, calib_ids):
+    """``outlier_fallback: weight_only``: a layer over the limit becomes weight-only int8 (no outlier columns, its
+    inputs as they are: the dequantized weight times x) instead of staying bf16."""
+    from laquant.quantize import plan
+
+    model, _ = laquant.load_model(tiny_model_dir)
+    adapter = get_adapter(model)
+    stats = collect_stats(model, adapter, calibration_batches(calib_ids, samples=2, seq_len=64, seed=0),
+                          progress=False)
+    name = "model.layers.0.mlp.down_proj"
+    absmax = stats.get(name, "act_absmax").clamp_max(1.0)
+    absmax[: absmax.numel() // 2] = 10.0  # half the channels above the threshold
+    stats.tensors[f"{name}/act_absmax"] = absmax
+    decisions = plan(adapter, stats, load_recipe("gla_w8a8", ["projections.outlier_fallback=weight_only"]))
+    d = decisions["projections"][name]
+    assert d["outliers"] == [] and d["act_granularity"] == "none"
+    assert decisions["projections"]["model.layers.0.mlp.up_proj"]["act_granularity"] == "per_token"
+    laquant.quantize.apply(model, adapter, decisions, stats)
+    q = model.model.layers[0].mlp.down_proj
+    assert isinstance(q, QuantLinear) and q.act_granularity == "none" and q.n_outliers == 0
+    x = torch.randn(3, q.in_features) * 20  # outliers and all: no activation rounding
+    with torch.no_grad():
+        assert rel_err(q(x), x @ q.dequantized_weight().T) < 1e-6
+    with pytest.raises(LaquantError, match="outlier_fallback"):
+        load_recipe("gla_w8a8", ["projections.outlier_fallback=bf16"])
+
+
+def test_weight_only_fallback_layers_save_and_reload_bit_exactly(tiny_model_dir, calib_ids, tmp_path):
+    from laquant.loading import load_tokenizer
+
+    model, _ = laquant.load_model(tiny_model_dir)
+    recipe = load_recipe("gla_w8a8", ["projections.outlier_threshold=0.001", "projections.outlier_fallback=weight_only"])
+    result = laquant.calibrate(model, recipe, calib_ids, samples=2, seq_len=64, progress=False)
+    weight_only = [n for n, m in model.named_modules() if isinstance(m, QuantLinear) and m.act_granularity == "none"]
+    assert weight_only and all(result.decisions["projections"][n]["outliers"] == [] for n in weight_only)
+    ids = calib_ids[:40][None]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    laquant.save(result, tmp_path / "q", tokenizer=load_tokenizer())
+    reloaded = laquant.load(tmp_path / "q")[0]
+    assert all(reloaded.get_submodule(n).act_granularity == "none" for n in weight_only)
+    with torch.no_grad():
+        assert torch.equal(reloaded(input_ids=ids).logits, logits)
+
+
 def test_nan_during_calibration_names_the_module(tiny_model_dir, calib_ids):
     model, _ = laquant.load_model(tiny_model_dir)
     with torch.no_grad():

@@ -186,6 +186,27 @@ def test_outlier_columns_are_requantized_or_kept_dense(tmp_path):
         assert all(a in ignore for a in attn) or not any(a in ignore for a in attn)
 
 
+def test_weight_only_projections_are_written_dense(tmp_path):
+    """Projections the recipe's outlier_fallback made weight-only int8 have no form in the W8A8 group: written dense
+    (their dequantized weights, in the ignore list), with their fused siblings."""
+    from laquant.compressed_tensors_export import write_compressed_tensors
+
+    model, _, _ = _calibrated("qwen3_5", sets=["projections.outlier_threshold=3.0", "projections.outlier_max_fraction=0.01",
+                                               "projections.outlier_fallback=weight_only"])
+    decisions = model.config.quantization_config.decisions
+    projections = decisions["projections"] if isinstance(decisions, dict) else decisions.to_dict()["projections"]
+    weight_only = {n for n, d in projections.items() if d["act_granularity"] == "none"}
+    assert weight_only and len(weight_only) < len(projections)
+    summary = write_compressed_tensors(model, decisions, tmp_path)
+    ignore = set(json.loads((tmp_path / "config.json").read_text())["quantization_config"]["ignore"])
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    for name in weight_only:
+        assert name in ignore and name not in summary.int8
+        assert "weight-only" in summary.dense[name] or "served fused" in summary.dense[name]
+        q = model.get_submodule(name)
+        assert torch.equal(tensors[f"{name}.weight"], q.dequantized_weight().to(torch.bfloat16))
+
+
 def _checkpoint(family, tmp_path):
     from laquant.loading import default_model_dir
 
