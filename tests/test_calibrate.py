@@ -139,21 +139,30 @@ def test_a_projection_whose_every_input_channel_is_an_outlier_stays_bf16(tiny_mo
     assert isinstance(model.model.layers[0].mlp.up_proj, QuantLinear)
 
 
-def test_a_projection_with_more_outliers_than_the_recipe_allows_stays_bf16(tiny_model_dir, calib_ids):
-    """More than ``outlier_max_fraction`` of the inputs above the threshold: the layer is kept in high
-    precision; at the fraction, or with the limit null, it is quantized with those outlier columns."""
-    from laquant.quantize import plan
-    from laquant.recipe import load_recipe
-
+def _down_proj_with_outliers(tiny_model_dir, calib_ids, fraction: float):
+    """The tiny model, its adapter and calibration stats in which the first ``fraction`` of layer 0's down_proj
+    input channels are outliers (absmax 10, above the threshold of 6; the rest at most 1): ``(model, adapter,
+    stats, absmax)``, ``absmax`` the stats' own tensor (changing it changes them)."""
     model, _ = laquant.load_model(tiny_model_dir)
     adapter = get_adapter(model)
     stats = collect_stats(model, adapter, calibration_batches(calib_ids, samples=2, seq_len=64, seed=0),
                           progress=False)
     name = "model.layers.0.mlp.down_proj"
     absmax = stats.get(name, "act_absmax").clamp_max(1.0)
-    n = absmax.numel()
-    absmax[: n // 4] = 10.0  # a quarter of the channels above the threshold (6)
+    absmax[: int(absmax.numel() * fraction)] = 10.0
     stats.tensors[f"{name}/act_absmax"] = absmax
+    return model, adapter, stats, absmax
+
+
+def test_a_projection_with_more_outliers_than_the_recipe_allows_stays_bf16(tiny_model_dir, calib_ids):
+    """More than ``outlier_max_fraction`` of the inputs above the threshold: the layer is kept in high
+    precision; at the fraction, or with the limit null, it is quantized with those outlier columns."""
+    from laquant.quantize import plan
+    from laquant.recipe import load_recipe
+
+    model, adapter, stats, absmax = _down_proj_with_outliers(tiny_model_dir, calib_ids, 1 / 4)
+    name = "model.layers.0.mlp.down_proj"
+    n = absmax.numel()
     at_limit = plan(adapter, stats, load_recipe("gla_w8a8"))  # the default limit: 0.25
     assert at_limit["projections"][name]["outliers"] == list(range(n // 4))
     absmax[n // 4] = 10.0  # one more
@@ -168,14 +177,8 @@ def test_the_outlier_fallback_makes_such_a_layer_weight_only(tiny_model_dir, cal
     inputs as they are: the dequantized weight times x) instead of staying bf16."""
     from laquant.quantize import plan
 
-    model, _ = laquant.load_model(tiny_model_dir)
-    adapter = get_adapter(model)
-    stats = collect_stats(model, adapter, calibration_batches(calib_ids, samples=2, seq_len=64, seed=0),
-                          progress=False)
+    model, adapter, stats, _ = _down_proj_with_outliers(tiny_model_dir, calib_ids, 1 / 2)
     name = "model.layers.0.mlp.down_proj"
-    absmax = stats.get(name, "act_absmax").clamp_max(1.0)
-    absmax[: absmax.numel() // 2] = 10.0  # half the channels above the threshold
-    stats.tensors[f"{name}/act_absmax"] = absmax
     decisions = plan(adapter, stats, load_recipe("gla_w8a8", ["projections.outlier_fallback=weight_only"]))
     d = decisions["projections"][name]
     assert d["outliers"] == [] and d["act_granularity"] == "none"

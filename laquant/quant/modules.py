@@ -180,7 +180,7 @@ class QuantGate(nn.Sequential):
         (``channel_start``) has no logits of its own to return."""
         if self.channel_start is not None:
             raise ValueError("a gate that is a slice of a fused projection has no projection of its own")
-        return super().forward(x)
+        return self.untreated(x)
 
     def treat(self, logits: torch.Tensor) -> torch.Tensor:
         """The gate's logits clamped to their calibrated range and rounded through int8 (what forward applies)."""
