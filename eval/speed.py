@@ -579,19 +579,23 @@ def peer_variants(model_ids) -> list[tuple[str, str, callable]]:
 
 
 def recipe_variants(model_ids, recipe: str, hybrid_recipe: str = "hybrid_int8",
-                    peers: bool = False) -> list[tuple[str, str, callable]]:
+                    peers: bool = False, overrides=()) -> list[tuple[str, str, callable]]:
     """Each model in bf16 and quantized here (calibration on the shipped text, or on random tokens
-    for a ``config:`` / ``FAMILY:`` model): GLA with ``recipe``, a hybrid with ``hybrid_recipe``;
-    with ``peers``, each model's peer (:func:`peer_variants`) after it."""
+    for a ``config:`` / ``FAMILY:`` model): GLA with ``recipe``, a hybrid with ``hybrid_recipe``, each with the
+    ``SECTION.FIELD=VALUE`` ``overrides`` (named in the variant); with ``peers``, each model's peer
+    (:func:`peer_variants`) after it."""
     from laquant.api import calibrate
     from laquant.data import load_text, tokenize
     from laquant.loading import load_tokenizer
+    from laquant.recipe import load_recipe
 
+    recipes = {name: load_recipe(name, list(overrides)) for name in (recipe, hybrid_recipe)}  # bad fields fail here
+    suffix = "".join(f" {item}" for item in overrides)
     out = []
     for model_id in model_ids:
         label, make = _model_maker(model_id)
         kind, _ = _parse_spec(model_id)
-        this_recipe = recipe if kind in ("gla", "load") else hybrid_recipe
+        this_recipe = recipes[recipe if kind in ("gla", "load") else hybrid_recipe]
 
         def quantized(make=make, model_id=model_id, kind=kind, this_recipe=this_recipe):
             model = make()
@@ -602,7 +606,7 @@ def recipe_variants(model_ids, recipe: str, hybrid_recipe: str = "hybrid_int8",
                 calib = ids[: 4 * 1024].view(4, 1024).cuda()
             return calibrate(model, this_recipe, data=calib, progress=False).model
 
-        out += [(label, "bf16", make), (label, this_recipe, quantized)]
+        out += [(label, "bf16", make), (label, this_recipe["name"] + suffix, quantized)]
         if peers:
             out += peer_variants([model_id])
     return out
@@ -961,7 +965,7 @@ def plot(result: dict, out: Path) -> None:
 def run_speed(out_dir: Path, suites=SUITES, models=("gla-small",), recipe="gla_int8", quick=False,
               checkpoint: str | None = None, baseline: str | None = None, batches=(1, 16, 64),
               prompt_len: int = 4096, steps: int = 32, peers: bool = False, hybrid_recipe: str = "hybrid_int8",
-              profile: tuple[int, int] | None = (64, 512)) -> dict:
+              profile: tuple[int, int] | None = (64, 512), overrides=()) -> dict:
     if not torch.cuda.is_available():
         raise LaquantError("`laquant eval speed` measures GPU kernels and needs a CUDA device; none is visible "
                            "(check `nvidia-smi` and CUDA_VISIBLE_DEVICES)")
@@ -989,7 +993,7 @@ def run_speed(out_dir: Path, suites=SUITES, models=("gla-small",), recipe="gla_i
                                     shapes={"square 4096->4096": (4096, 4096)} if quick else None)
     if "e2e" in suites:
         variants = (checkpoint_variants(checkpoint, baseline) if checkpoint
-                    else recipe_variants(models, recipe, hybrid_recipe, peers=peers))
+                    else recipe_variants(models, recipe, hybrid_recipe, peers=peers, overrides=overrides))
         result["e2e"] = bench_e2e(variants, prompt_len=512 if quick else prompt_len, batches=batches, steps=steps,
                                   profile=profile)
     from laquant.checkpoint import StagingDir

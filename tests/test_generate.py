@@ -191,6 +191,22 @@ def test_eval_speed_arguments(capsys):
     assert "not JSON" in capsys.readouterr().err
     assert main(["eval", "speed", "--suite", "e2e", "--model", 'kimi_linear:{"hidden_size": "wide"}']) == 2
     assert "not a valid kimi_linear config" in capsys.readouterr().err
+    args = build_parser().parse_args(["eval", "speed", "--set", "projections.outlier_fallback=weight_only"])
+    assert args.overrides == ["projections.outlier_fallback=weight_only"]
+    assert main(["eval", "speed", "--suite", "e2e", "--set", "projections.outlier_fallback=bf16"]) == 2
+    assert "outlier_fallback" in capsys.readouterr().err
+    assert main(["eval", "speed", "--suite", "e2e", "--set", "projections.outlier_fallback=weight_only",
+                 "some_checkpoint"]) == 2
+    assert "timed as saved" in capsys.readouterr().err
+
+
+def test_recipe_variants_take_the_overrides():
+    """``eval speed --set``: the quantized variant is calibrated with the overridden recipe and says so."""
+    from laquant.eval.speed import recipe_variants
+
+    (_, bf16, _), (_, name, _) = recipe_variants(['nemotron_h:{"num_hidden_layers": 2}'], "gla_int8",
+                                                 overrides=["projections.outlier_fallback=weight_only"])
+    assert bf16 == "bf16" and name == "hybrid_int8 projections.outlier_fallback=weight_only"
 
 
 def test_qwen3_next_peer_config():

@@ -13,6 +13,7 @@ from test_hybrid import VOCAB, _model
 from laquant.adapters import install
 from laquant.models import quantizing_rowwise
 from laquant.models.quantizing_rowwise import GATED_NORMS, MAMBA_GATED_NORMS
+from laquant.recipe import load_recipe
 
 
 def _norms(model):
@@ -153,6 +154,11 @@ def _codes_model(family):
     return _model(family)
 
 
+def _with_codes(*args, packed=None, **kwargs) -> bool:
+    """Whether a ``gated_rms_norm_triton`` call writes codes (``packed`` by keyword or as the fifth argument)."""
+    return (args[4] if len(args) > 4 else packed) is not None
+
+
 @pytest.mark.parametrize("family", list(CODES_PATHS))
 @torch.no_grad()
 def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monkeypatch):
@@ -192,8 +198,7 @@ def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monk
     monkeypatch.setattr(fused, "_gemm_on_codes", counted("gemm_on_codes", fused._gemm_on_codes))
     monkeypatch.setattr(fused, "glu_w8a8", counted("swiglu_codes", fused.glu_w8a8))
     monkeypatch.setattr(rowwise_fused, "gated_rms_norm_triton", counted(
-        "gated_norm_codes", rowwise_fused.gated_rms_norm_triton, lambda *a, packed=None, **k: packed is not None or
-        len(a) > 4))
+        "gated_norm_codes", rowwise_fused.gated_rms_norm_triton, _with_codes))
     monkeypatch.setattr(gating, "gdn_gating_triton", counted("gdn_gating", gating.gdn_gating_triton))
     logits = model(ids).logits
     installed = sum(isinstance(m, (quantizing_rowwise._QuantizingNorm, quantizing_rowwise._QuantizingSwiGLU))
@@ -201,6 +206,55 @@ def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monk
     assert installed and calls["gemm_on_codes"] >= installed, (installed, calls)
     assert all(calls[name] for name in CODES_PATHS[family]), calls
     assert bool(calls["gdn_gating"]) == (family in GATED_DELTA_NETS), calls
+    assert rel_err(logits, reference) < 1e-5
+
+
+@pytest.mark.parametrize("family", ["bamba", "nemotron_h", "bamba_before_groups"])
+@pytest.mark.parametrize("variant", ["bf16", "weight_only"])
+@torch.no_grad()
+def test_mamba_gated_norm_is_one_kernel_without_codes(family, variant, monkeypatch):
+    """Where Mamba2's out_proj takes no codes (the unquantized model; a recipe that makes it weight-only int8), the
+    grouped gated norm still runs as laquant's one kernel on the GPU path (checked on the CPU under Triton's
+    interpreter, float32), once per Mamba2 layer and token batch, and the logits equal transformers' norm's."""
+    if not INTERPRETED or os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("checks the kernels' wiring on the CPU under TRITON_INTERPRET=1 (the GPU test covers CUDA)")
+    pytest.importorskip("triton")
+    import laquant
+    from laquant.kernels.rowwise import fused as rowwise_fused
+    from laquant.models import hybrid_mixers
+    from laquant.models.hybrid_mixers import Mamba2Mixer
+    from laquant.quant import fused, modules
+    from laquant.quant.modules import QuantLinear
+
+    torch.manual_seed(0)
+    model = _codes_model(family).eval()
+    install(model)
+    if variant == "weight_only":  # every input column an outlier: weight-only int8
+        laquant.calibrate(model, load_recipe("hybrid_int8", ["projections.outlier_threshold=0.001",
+                                                                     "projections.outlier_fallback=weight_only"]),
+                          torch.randint(0, VOCAB, (2, 64)), progress=False)
+    mixers = [m for m in model.modules() if isinstance(m, Mamba2Mixer)]
+    assert mixers
+    if variant == "weight_only":
+        assert all(isinstance(m.out_proj, QuantLinear) and m.out_proj.act_granularity == "none" for m in mixers)
+    ids = torch.randint(0, VOCAB, (2, 11))
+    reference = model(ids).logits
+
+    def interpreted(x, state_format=None):
+        return state_format is None and not (x.requires_grad and torch.is_grad_enabled())
+
+    for module in (quantizing_rowwise, fused, modules, hybrid_mixers):
+        monkeypatch.setattr(module, "use_triton", interpreted)
+    calls = {"codes": 0, "plain": 0}
+
+    def counted(*args, **kwargs):
+        calls["codes" if _with_codes(*args, **kwargs) else "plain"] += 1
+        return gated_rms_norm_triton(*args, **kwargs)
+
+    gated_rms_norm_triton = rowwise_fused.gated_rms_norm_triton
+    monkeypatch.setattr(rowwise_fused, "gated_rms_norm_triton", counted)
+    logits = model(ids).logits
+    assert calls == {"codes": 0, "plain": len(mixers)}, calls
     assert rel_err(logits, reference) < 1e-5
 
 
@@ -254,3 +308,31 @@ def test_gpu_codes_handed_over_match_the_unfused_path(family, monkeypatch):
     plain, plain_quantize = run()
     assert fused_quantize < plain_quantize, (fused_quantize, plain_quantize)
     assert (fused - plain).abs().max() <= 0.05 * plain.abs().max(), float((fused - plain).abs().max())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["bamba", "nemotron_h"])
+@torch.no_grad()
+def test_gpu_mamba_gated_norm_without_codes_matches_transformers(family, monkeypatch):
+    """The unquantized bf16 model on the GPU: Mamba2's gated norm runs as laquant's one kernel (no codes to write), once
+    per Mamba2 layer, and the logits match those with transformers' norm (the same formula; float32 sums in another
+    order)."""
+    from laquant.kernels.rowwise import fused as rowwise_fused
+    from laquant.models.hybrid_mixers import Mamba2Mixer
+
+    torch.manual_seed(0)
+    model = _model(family).to("cuda", torch.bfloat16).eval()
+    install(model)
+    mixers = sum(isinstance(m, Mamba2Mixer) for m in model.modules())
+    ids = torch.randint(0, VOCAB, (3, 37), device="cuda")
+    calls = []
+    kernel = rowwise_fused.gated_rms_norm_triton
+    monkeypatch.setattr(rowwise_fused, "gated_rms_norm_triton", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    fused = model(ids).logits.float()
+    assert len(calls) == mixers and torch.isfinite(fused).all()
+    for name in list(MAMBA_GATED_NORMS):
+        monkeypatch.delitem(MAMBA_GATED_NORMS, name)
+    plain = model(ids).logits.float()
+    assert len(calls) == mixers
+    assert (fused - plain).abs().max() <= 0.03 * plain.abs().max(), float((fused - plain).abs().max())
+

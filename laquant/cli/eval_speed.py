@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", default="gla_int8", help="recipe for the quantized e2e GLA model (default: gla_int8)")
     p.add_argument("--hybrid-recipe", default="hybrid_int8",
                    help="recipe for the quantized e2e FAMILY:{json} hybrids (default: hybrid_int8)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", dest="overrides",
+                   help="e2e: override a field of --recipe and --hybrid-recipe, e.g. "
+                        "--set projections.outlier_fallback=weight_only (repeatable; named in the variant)")
     p.add_argument("--peers", action="store_true",
                    help="e2e: also time, in the same process, fla's own GLAForCausalLM for each config:{json} "
                         "model (variant fla_bf16) and transformers' own model for each FAMILY:{json} hybrid "
@@ -59,6 +62,13 @@ def check_args(args: argparse.Namespace) -> None:
         raise LaquantError("--batch, --prompt and --gen must be positive")
     if any(n < 1 for n in args.profile):
         raise LaquantError(f"--profile BATCH PROMPT must be positive, got {args.profile}")
+    if args.overrides:
+        if args.checkpoint is not None:
+            raise LaquantError("--set overrides the recipe the e2e suite quantizes with; a checkpoint is timed as saved")
+        from laquant.recipe import load_recipe
+
+        for name in (args.recipe, args.hybrid_recipe):
+            load_recipe(name, args.overrides)  # a bad field is named before any GPU work
     if args.peers and args.checkpoint is not None:
         raise LaquantError("--peers pairs config:/FAMILY: models with fla's and transformers' own models; "
                            "it does not apply to a checkpoint")
@@ -74,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     result = run_speed(Path(args.out), suites, models=args.model, recipe=args.recipe, quick=args.quick,
                        checkpoint=args.checkpoint, baseline=args.baseline, batches=args.batch,
                        prompt_len=args.prompt, steps=args.gen, peers=args.peers, hybrid_recipe=args.hybrid_recipe,
-                       profile=None if args.no_profile else tuple(args.profile))
+                       profile=None if args.no_profile else tuple(args.profile), overrides=args.overrides)
     print(markdown(result))
     print(f"\nwrote {args.out}/speed.json, speed.md" + (", speed.png" if set(suites) - {"gemm", "e2e"} else "")
           + (", speed_e2e.png" if "e2e" in suites else ""))

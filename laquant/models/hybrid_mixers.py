@@ -427,25 +427,27 @@ class Mamba2Mixer(HybridMixer):
         return self.norm(y, z)
 
     def norm_and_out(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """``out_proj(gated_output(y, z))`` over the scan's output ``y [B, T, I]`` in the model's dtype. Where
-        out_proj is W8A8 on the GPU and the norm is transformers' Mamba2 grouped gated norm
+        """``out_proj(gated_output(y, z))`` over the scan's output ``y [B, T, I]`` in the model's dtype. On the GPU,
+        where the norm is transformers' Mamba2 grouped gated norm
         (:data:`~laquant.models.quantizing_rowwise.MAMBA_GATED_NORMS`, with its weight in y's dtype), laquant's
-        norm kernel computes it (gate first, one weight row per group) and writes out_proj's codes in the same
-        launch, z read in place out of in_proj's output: one kernel where transformers' norm takes ten and
-        out_proj's input another pass."""
+        norm kernel computes it (gate first, one weight row per group, the same bits), z read in place out of
+        in_proj's output: one kernel where transformers' norm takes ten. Where out_proj is W8A8 the same launch
+        writes its codes; else (bf16, or weight-only int8 under ``outlier_fallback``) out_proj reads the norm's
+        output."""
         eps_name = MAMBA_GATED_NORMS.get(type(self.norm).__name__)
-        packed = None
-        if eps_name is not None and self.norm.weight.dtype == y.dtype:
-            packed = w8a8_inputs(self, ("out_proj",), y)
-        if packed is None:
+        if eps_name is None or self.norm.weight.dtype != y.dtype or not use_triton(y):
             return self.out_proj(self.gated_output(y, z).to(y.dtype))
         from laquant.kernels.rowwise.fused import gated_rms_norm_triton
 
+        packed = w8a8_inputs(self, ("out_proj",), y)
         B, T, width = y.shape
         group = getattr(self.norm, "group_size", width)  # transformers before the groups: one of the whole row
         rows = (B * T, width // group, group)
-        out, codes = gated_rms_norm_triton(y.reshape(rows), z.reshape(rows), self.norm.weight.view(rows[1:]),
-                                           getattr(self.norm, eps_name), packed, gate_first=True, round_normed=True)
+        out = gated_rms_norm_triton(y.reshape(rows), z.reshape(rows), self.norm.weight.view(rows[1:]),
+                                    getattr(self.norm, eps_name), packed, gate_first=True, round_normed=True)
+        if packed is None:
+            return self.out_proj(out.reshape(B, T, width))
+        out, codes = out
         return project(self, ("out_proj",), out.reshape(B, T, width), codes)[0]
 
 
