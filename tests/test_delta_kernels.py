@@ -117,7 +117,7 @@ def _tol(dtype, quantized=None):
 
 
 def _run_chunk(args, tol, **kwargs):
-    launch = {key: kwargs.pop(key) for key in ("block_t", "block_v", "segments") if key in kwargs}
+    launch = {key: kwargs.pop(key) for key in ("block_t", "block_v") if key in kwargs}
     poisoned = torch.full_like(args[2], float("nan"))
     o, final = chunk_delta_triton(*args, out=poisoned, **kwargs, **launch)
     o_ref, final_ref = chunk_delta_reference(*args, **kwargs)
@@ -181,27 +181,6 @@ def test_state_roundtrip_every_64_tokens(fmt, renorm, block_t):
     assert rel_err(o, exact) > 1e-6  # the round trips did happen
 
 
-
-@pytest.mark.parametrize("segments,T", [(2, 150), (3, 300), (5, 300)])
-@pytest.mark.parametrize("h0", [None, "int8_row"])
-def test_segmented_walk_matches_reference(segments, T, h0):
-    """Each sequence walked as pieces in parallel (pass 1: every piece from zero and its transition matrix from the
-    identity; a scan of ``S' = P S + Q``; pass 2 from the chained states): the reference's outputs and final state
-    (stochastically rounded, keyed as one walk's), a partial last piece, an initial state; equal to the one walk up
-    to float32 rounding."""
-    args = _inputs(2, T, 1, 2, 16, 32, seed=14)
-    kw = dict(initial_state=_stored((2, 2, 16, 32), h0) if h0 else None, output_final_state=True,
-              final_format="int8_row", use_qk_l2norm=True, rounding="stochastic", seed=3)
-    o, s = _run_chunk(args, _tol(torch.float32, "int8_row"), segments=segments, **kw)
-    o_one, s_one = chunk_delta_triton(*args, segments=1, **kw)
-    assert rel_err(o, o_one) < 2e-5
-    assert (s.data.int() - s_one.data.int()).abs().max() <= 1  # float32 order: at most one code apart
-
-
-def test_segments_refuse_a_round_trip():
-    with pytest.raises(ValueError, match="segments > 1"):
-        chunk_delta_triton(*_inputs(1, 200, 1, 2, 16, 16), roundtrip=StateQuantizer("fp8_row"), segments=2)
-
 def test_varlen():
     args = _inputs(1, 300, 1, 2, 16, 32, seed=10)
     cu = torch.tensor([0, 37, 37, 200, 300], dtype=torch.int32, device=DEVICE)
@@ -230,18 +209,6 @@ def test_prefill_bad_shapes_are_named():
         chunk_delta_triton(q, k, v, g, beta, final_format="fp8_head", output_final_state=True)
     with pytest.raises(ValueError, match="initial_state"):
         chunk_delta_triton(q, k, v, g, beta, initial_state=_stored((1, 4, 16, 8), "fp32"))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("B,T", [(1, 16384), (3, 5000)])
-def test_model_sized_segmented_walk_on_gpu(B, T):
-    """Qwen3-Next's head shape, bf16, no round trips: 4 heads cannot fill the GPU, so each sequence is walked as pieces
-    in parallel by default; the reference's outputs and final state."""
-    from laquant.kernels.delta.chunk import default_segments
-
-    args = _inputs(B, T, 2, 4, 128, 128, torch.bfloat16, seed=15)
-    assert default_segments(args[0], B * 4, T) > 1
-    _run_chunk(args, 3e-2, output_final_state=True, use_qk_l2norm=True)
 
 
 @pytest.mark.gpu

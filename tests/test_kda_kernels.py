@@ -162,7 +162,7 @@ def _tol(dtype, quantized=None):
 
 
 def _run_chunk(args, tol, **kwargs):
-    launch = {key: kwargs.pop(key) for key in ("block_t", "block_v", "segments") if key in kwargs}
+    launch = {key: kwargs.pop(key) for key in ("block_t", "block_v") if key in kwargs}
     poisoned = torch.full_like(args[2], float("nan"))
     o, final = chunk_kda_triton(*args, out=poisoned, **kwargs, **launch)
     o_ref, final_ref = chunk_kda_reference(*args, **kwargs)
@@ -225,27 +225,6 @@ def test_state_roundtrip_every_64_tokens(fmt, renorm):
     exact, _ = chunk_kda_reference(*args, use_qk_l2norm=True)
     assert rel_err(o, exact) > 1e-6  # the round trips did happen
 
-
-
-@pytest.mark.parametrize("segments,T", [(2, 150), (3, 300), (5, 300)])
-@pytest.mark.parametrize("h0", [None, "int8_row"])
-def test_segmented_walk_matches_reference(segments, T, h0):
-    """Each sequence walked as pieces in parallel (pass 1: every piece from zero and its transition matrix from the
-    identity; a scan of ``S' = P S + Q``; pass 2 from the chained states): the reference's outputs and final state
-    (stochastically rounded, keyed as one walk's), a partial last piece, an initial state; equal to the one walk up
-    to float32 rounding."""
-    args = _inputs(2, T, 1, 2, 16, 32, seed=14)
-    kw = dict(initial_state=_stored((2, 2, 16, 32), h0) if h0 else None, output_final_state=True,
-              final_format="int8_row", use_qk_l2norm=True, rounding="stochastic", seed=3)
-    o, s = _run_chunk(args, _tol(torch.float32, "int8_row"), segments=segments, **kw)
-    o_one, s_one = chunk_kda_triton(*args, segments=1, **kw)
-    assert rel_err(o, o_one) < 2e-5
-    assert (s.data.int() - s_one.data.int()).abs().max() <= 1  # float32 order: at most one code apart
-
-
-def test_segments_refuse_a_round_trip():
-    with pytest.raises(ValueError, match="segments > 1"):
-        chunk_kda_triton(*_inputs(1, 200, 1, 2, 16, 16), roundtrip=StateQuantizer("fp8_row"), segments=2)
 
 def test_varlen_with_grouped_heads():
     args = _inputs(1, 120, 1, 2, 16, 16, seed=10)

@@ -39,7 +39,6 @@ import torch
 
 from ..common.state import State, StateQuantizer
 from ..common.state_io import CHUNK, check_state_args, sequence_bounds, state_io, store_position, store_states
-from ..common.store import store_states_triton
 from .reference import chunk_gated_delta_rule
 
 try:
@@ -95,7 +94,6 @@ if triton is not None:
         H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
         BK: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr, RT_EVERY: tl.constexpr,
         LOW_PRECISION: tl.constexpr, L2NORM: tl.constexpr, PER_CHANNEL: tl.constexpr,
-        STORE_O: tl.constexpr, LINEAR_PART: tl.constexpr,
         # the state's formats in, inside and out (see laquant.kernels.common.state_io)
         h0_ptr, h0s_ptr, ht_ptr, hts_ptr, static_ptr,
         HAS_H0: tl.constexpr, IN_FMT: tl.constexpr, STORE_HT: tl.constexpr, OUT_FMT: tl.constexpr,
@@ -128,19 +126,13 @@ if triton is not None:
                 tok = (b * T + offs_t).to(tl.int64) * H + h  # the token's row of kda_intra_chunk's outputs
                 QK = tl.load(qk_ptr + tok[:, None] * BT + rows[None, :], mask=mt[:, None], other=0.0)
                 w = tl.load(w_ptr + tok[:, None] * K + offs_k[None, :], mask=mtk, other=0.0)
-                if LINEAR_PART:
-                    u = tl.zeros([BT, BV], dtype=tl.float32)
-                else:
-                    u = tl.load(u_ptr + tok[:, None] * V + offs_v[None, :], mask=mtv, other=0.0).to(tl.float32)
+                u = tl.load(u_ptr + tok[:, None] * V + offs_v[None, :], mask=mtv, other=0.0).to(tl.float32)
                 G_last = tile_row(G, rows, BT - 1)  # [BK]; padded rows have g = 0
                 decay_in = tl.exp(G)  # [BT, BK]: from the chunk's start to each row
                 decay_out = tl.exp(G_last[None, :] - G)  # from each row to the chunk's end
                 decay_chunk = tl.exp(G_last)[:, None]
             else:  # a scalar log-decay per head: G [BT], exp(G_i - G_j) as one [BT, BT] tile
-                if LINEAR_PART:
-                    v = tl.zeros([BT, BV], dtype=tl.float32)
-                else:
-                    v = tl.load(v_base + offs_t[:, None] * s_vt + offs_v[None, :], mask=mtv, other=0.0).to(tl.float32)
+                v = tl.load(v_base + offs_t[:, None] * s_vt + offs_v[None, :], mask=mtv, other=0.0).to(tl.float32)
                 beta = tl.load(beta_ptr + b * s_bb + h * s_bh + offs_t * s_bt, mask=mt, other=0.0).to(tl.float32)
                 g = tl.load(g_ptr + b * s_gb + h * s_gh + offs_t * s_gt, mask=mt, other=0.0).to(tl.float32)
                 G = tl.cumsum(g, axis=0)
@@ -155,9 +147,8 @@ if triton is not None:
                 u = mm(inv, v * beta[:, None], LOW_PRECISION)
                 w = mm(inv, k * beta[:, None] * decay_in, LOW_PRECISION)
             v_new = u - mm(w, S, LOW_PRECISION)
-            if STORE_O:
-                o = mm(q * decay_in, S, LOW_PRECISION) + mm(QK, v_new, LOW_PRECISION)
-                tl.store(o_base + offs_t[:, None] * s_ot + offs_v[None, :], o.to(o_ptr.dtype.element_ty), mask=mtv)
+            o = mm(q * decay_in, S, LOW_PRECISION) + mm(QK, v_new, LOW_PRECISION)
+            tl.store(o_base + offs_t[:, None] * s_ot + offs_v[None, :], o.to(o_ptr.dtype.element_ty), mask=mtv)
             S = S * decay_chunk + mm(tl.trans(k * decay_out), v_new, LOW_PRECISION)
             if RT_FMT > 0:
                 if ((i_c + 1) % RT_EVERY == 0) & (t0 + BT < eos):
@@ -174,38 +165,12 @@ if triton is not None:
                              OUT_SR, rbits)
 
 
-    @triton.jit
-    def _affine_scan_kernel(p_ptr, q_ptr, h0_ptr, start_ptr, final_ptr, n_seg, H: tl.constexpr, K: tl.constexpr,
-                            V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr):
-        """Each piece's initial state from its predecessors': ``S_j = P_(j-1) S_(j-1) + Q_(j-1)`` (float32 products;
-        grid: sequences x heads, V blocks), and the state after the last piece."""
-        i_nh = tl.program_id(0)
-        n = i_nh // H
-        h = i_nh % H
-        offs_k = tl.arange(0, BK)
-        offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
-        mk = offs_k < K
-        mkv = mk[:, None] & (offs_v < V)[None, :]
-        tile = offs_k[:, None] * V + offs_v[None, :]
-        p_tile = offs_k[:, None] * K + offs_k[None, :]
-        S = tl.zeros([BK, BV], dtype=tl.float32)
-        if HAS_H0:
-            S = tl.load(h0_ptr + (n * H + h).to(tl.int64) * K * V + tile, mask=mkv, other=0.0)
-        for j in range(0, n_seg):
-            seg = ((n * n_seg + j) * H + h).to(tl.int64)
-            tl.store(start_ptr + seg * K * V + tile, S, mask=mkv)
-            P = tl.load(p_ptr + seg * K * K + p_tile, mask=mk[:, None] & mk[None, :], other=0.0)
-            S = tl.dot(P, S, input_precision="ieee") + tl.load(q_ptr + seg * K * V + tile, mask=mkv, other=0.0)
-        tl.store(final_ptr + (n * H + h).to(tl.int64) * K * V + tile, S, mask=mkv)
-
-
 def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_state: State | None = None,
                        output_final_state: bool = False, final_format: str = "fp32",
                        roundtrip: StateQuantizer | None = None, cu_seqlens: torch.Tensor | None = None,
                        use_qk_l2norm: bool = False, block_t: int = 16, block_v: int | None = None,
                        num_warps: int = 4, num_stages: int = 1, out: torch.Tensor | None = None,
-                       rounding: str = "nearest", seed: int = 0, position: int | None = None,
-                       segments: int | None = None):
+                       rounding: str = "nearest", seed: int = 0, position: int | None = None):
     """Chunked gated-delta-rule forward. q, k ``[B, T, Hk, K]``, v ``[B, T, Hv, V]`` (``Hv`` a
     multiple of ``Hk``), g (log-decay) and beta ``[B, T, Hv]``. With ``cu_seqlens`` (int32
     ``[N + 1]``), B is 1 and the N sequences lie back to back along T, as in fla.
@@ -219,9 +184,7 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
     stochastic ``roundtrip``'s) stochastic rounding, as in :func:`~laquant.kernels.gla.chunk.chunk_gla_triton`.
     By default V is split over several programs (down to 32 columns)
     while the ``N * Hv`` sequence-heads alone cannot fill the GPU, unless a per-row state format
-    needs whole rows. ``segments``: walk each sequence as this many pieces in parallel (three walks of a piece's
-    length, :func:`_segmented`; not with a ``roundtrip`` or ``cu_seqlens``); by default where the ``N * Hv``
-    programs cannot fill the GPU. The same results up to float32 rounding. Returns ``(o, final_state or None)``.
+    needs whole rows. Returns ``(o, final_state or None)``.
     """
     if triton is None:
         raise RuntimeError("Triton is not installed; use chunk_delta_reference")
@@ -233,8 +196,7 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
                          f"[B, T, Hv]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"g {tuple(g.shape)}, beta {tuple(beta.shape)}")
     return launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, final_format, roundtrip, cu_seqlens,
-                        use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding, seed, position,
-                        segments=segments)
+                        use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding, seed, position)
 
 
 def check_launch(B: int, cu_seqlens, block_t: int) -> None:
@@ -247,12 +209,10 @@ def check_launch(B: int, cu_seqlens, block_t: int) -> None:
 
 def launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, final_format, roundtrip, cu_seqlens,
                  use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding="nearest", seed=0, position=None,
-                 intra=None, segments=None):
+                 intra=None):
     """The chunk kernel on shape-checked arguments; g ``[B, T, Hv]`` (per head) or ``[B, T, Hv, K]``
     (per channel, KDA's, with ``intra``: :func:`~laquant.kernels.kda.chunk.kda_intra_chunk`'s
-    ``(qk, w, u)`` at the same ``block_t``): the gated delta rule's and KDA's prefill share it.
-    ``segments``: cut each sequence into this many pieces walked in parallel (:func:`_segmented`); by default
-    enough to fill the GPU where the ``N * Hv`` programs cannot, else 1."""
+    ``(qk, w, u)`` at the same ``block_t``): the gated delta rule's and KDA's prefill share it."""
     B, T, Hk, K = q.shape
     H, V = v.shape[2], v.shape[3]
     check_launch(B, cu_seqlens, block_t)
@@ -262,42 +222,10 @@ def launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, fin
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     o = torch.empty_like(v) if out is None else out
     check_state_args(initial_state, final_format, (N, H, K, V), "[N, Hv, K, V]")
-    position = store_position(initial_state, position)
-    sequential = roundtrip is not None and not roundtrip.is_plain_fp32  # a round trip chains the pieces
-    if segments is None:
-        segments = default_segments(q, N * H, T) if cu_seqlens is None and not sequential else 1
-    launch = dict(scale=scale, use_qk_l2norm=use_qk_l2norm, block_t=block_t, block_v=block_v, num_warps=num_warps,
-                  num_stages=num_stages, intra=intra)
-    if segments > 1:
-        if sequential or cu_seqlens is not None:
-            raise ValueError("segments > 1 needs float32 states inside the prefill (no round trips) and no cu_seqlens")
-        return _segmented(q, k, v, g, beta, o, initial_state, output_final_state, final_format, segments, launch,
-                          dict(rounding=rounding, seed=seed, position=position))
     final = State.empty((N, H, K, V), final_format, q.device) if output_final_state else None
-    _walk(q, k, v, g, beta, o, N, initial_state, final, final_format, roundtrip, cu_seqlens,
-          dict(rounding=rounding, seed=seed, position=position), **launch)
-    return o, final
-
-
-def default_segments(q: torch.Tensor, programs: int, T: int) -> int:
-    """Pieces per sequence for the sequence-parallel walk: where the ``programs`` (sequences x heads) cannot fill
-    the GPU, enough for two per SM, each at least four 64-token chunks long; else 1 (and 1 off CUDA)."""
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 0
-    if programs >= sms:
-        return 1
-    return max(1, min(triton.cdiv(2 * sms, programs), T // (4 * CHUNK)))
-
-
-def _walk(q, k, v, g, beta, o, N, initial_state, final, final_format, roundtrip, cu_seqlens, rng, scale, use_qk_l2norm,
-          block_t, block_v, num_warps, num_stages, intra, store_o=True, linear_part=False):
-    """One launch of the chunk kernel over ``N`` sequences (packed by ``cu_seqlens``). ``store_o``: write o;
-    ``linear_part``: walk with zero inputs (no ``u``, no v) a state of ``K`` columns, the identity given as
-    ``initial_state``: the final states are then each sequence's transition matrix ``P`` (:func:`_segmented`)."""
-    B, T, Hk, K = q.shape
-    H = v.shape[2]
-    V = K if linear_part else v.shape[3]
     dummy = o
-    state_args, needs_rows = state_io(initial_state, final, final_format, roundtrip, H, K, dummy, **rng)
+    state_args, needs_rows = state_io(initial_state, final, final_format, roundtrip, H, K, dummy, rounding, seed,
+                                      store_position(initial_state, position))
     BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
     if not needs_rows:  # per-row scales need whole rows in one program
         if block_v is not None:
@@ -315,49 +243,7 @@ def _walk(q, k, v, g, beta, o, N, initial_state, final, final_format, roundtrip,
         T, K ** -0.5 if scale is None else scale,
         H=H, GROUP=H // Hk, K=K, V=V, BT=block_t, BK=BK, BV=BV, VARLEN=cu_seqlens is not None,
         RT_EVERY=CHUNK // block_t, LOW_PRECISION=q.dtype != torch.float32, L2NORM=use_qk_l2norm,
-        PER_CHANNEL=g.dim() == 4, STORE_O=store_o, LINEAR_PART=linear_part,
+        PER_CHANNEL=g.dim() == 4,
         num_warps=num_warps, num_stages=num_stages, **state_args,
     )
-
-
-def _segmented(q, k, v, g, beta, o, initial_state, output_final_state, final_format, segments, launch, rng):
-    """Sequence-parallel prefill: each sequence cut into ``segments`` pieces (whole 64-token chunks). The state after
-    a piece is affine in the state before it, ``S' = P S + Q``: pass 1 walks every piece from a zero state (its final
-    state is ``Q``) and, with zero inputs, from the identity (``P``, ``[K, K]``: the chunks' ``Diag(exp(G_last)) -
-    (k exp(G_last - G))^T w`` multiplied together); :func:`_affine_scan_kernel` chains them into each piece's true
-    initial state (float32 products); pass 2 walks every piece from it, writing o. Three walks of ``T / segments``
-    steps instead of one of ``T``; KDA's intra-chunk outputs are the whole sequence's (the pieces start on chunk
-    boundaries)."""
-    B, T, Hk, K = q.shape
-    H, V = v.shape[2], v.shape[3]
-    length = CHUNK * triton.cdiv(triton.cdiv(T, segments), CHUNK)
-    segments = triton.cdiv(T, length)
-    # the piece boundaries made on the device: a copy from host memory would wait for the GPU
-    piece = (torch.arange(segments, dtype=torch.int32, device=q.device) * length).clamp_max(T)
-    starts = (torch.arange(B, dtype=torch.int32, device=q.device)[:, None] * T + piece).flatten()
-    cu = torch.cat([starts, starts.new_full((1,), B * T)])
-    flat = lambda x: x.reshape(1, B * T, *x.shape[2:])  # noqa: E731 - [B, T, ...] -> packed [1, B*T, ...]
-    qf, kf, vf, gf, bf = (flat(x) for x in (q, k, v, g, beta))
-    packed_o = o.view(1, B * T, H, V) if o.is_contiguous() else torch.empty(1, B * T, H, V, dtype=o.dtype,
-                                                                           device=o.device)
-    n_pieces = B * segments
-    Q = State.empty((n_pieces, H, K, V), "fp32", q.device)
-    P = State.empty((n_pieces, H, K, K), "fp32", q.device)
-    eye = torch.eye(K, device=q.device).expand(n_pieces, H, K, K).contiguous()
-    plain = dict(rounding="nearest", seed=0, position=0)  # the passes keep float32 states: nothing rounded
-    _walk(qf, kf, vf, gf, bf, packed_o, n_pieces, None, Q, "fp32", None, cu, plain, **launch, store_o=False)
-    _walk(qf, kf, vf, gf, bf, packed_o, n_pieces, State(eye, None, "fp32"), P, "fp32", None, cu, plain, **launch,
-          store_o=False, linear_part=True)
-    starts_state = torch.empty_like(Q.data)
-    final = torch.empty(B, H, K, V, device=q.device)
-    h0 = initial_state.load().float().contiguous() if initial_state is not None else final
-    BVs = min(32, triton.next_power_of_2(V))
-    _affine_scan_kernel[(B * H, triton.cdiv(V, BVs))](P.data, Q.data, h0, starts_state, final, segments, H=H, K=K,
-                                                      V=V, BK=triton.next_power_of_2(K), BV=BVs,
-                                                      HAS_H0=initial_state is not None, num_warps=8)
-    _walk(qf, kf, vf, gf, bf, packed_o, n_pieces, State(starts_state, None, "fp32"), None, "fp32", None, cu, plain,
-          **launch)
-    if packed_o.data_ptr() != o.data_ptr():
-        o.copy_(packed_o.view(B, T, H, V))
-    return o, (store_states_triton(final, final_format, rng["rounding"], rng["seed"], rng["position"])
-               if output_final_state else None)
+    return o, final

@@ -196,12 +196,11 @@ def chunk_kda_triton(q, k, v, g, beta, scale: float | None = None, initial_state
                      roundtrip: StateQuantizer | None = None, cu_seqlens: torch.Tensor | None = None,
                      use_qk_l2norm: bool = False, block_t: int = 16, block_v: int | None = None,
                      num_warps: int = 4, num_stages: int = 1, out: torch.Tensor | None = None,
-                     rounding: str = "nearest", seed: int = 0, position: int | None = None,
-                     segments: int | None = None):
+                     rounding: str = "nearest", seed: int = 0, position: int | None = None):
     """Chunked KDA forward. q, k ``[B, T, Hk, K]``, v ``[B, T, Hv, V]`` (``Hv`` a multiple of
     ``Hk``), g (log-decay) ``[B, T, Hv, K]``, beta ``[B, T, Hv]``; ``cu_seqlens``, the state
-    arguments, the launch parameters, the stochastic rounding's and ``segments`` (the walk's sequence-parallel
-    pieces) as :func:`~laquant.kernels.delta.chunk.chunk_delta_triton`.
+    arguments, the launch parameters and the stochastic rounding's as
+    :func:`~laquant.kernels.delta.chunk.chunk_delta_triton`.
     Returns ``(o, final_state or None)``."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use chunk_kda_reference")
@@ -218,11 +217,11 @@ def chunk_kda_triton(q, k, v, g, beta, scale: float | None = None, initial_state
     if piece < T and cu_seqlens is None and roundtrip is None:
         return _chunk_kda_pieces(q, k, v, g, beta, scale, initial_state, output_final_state, final_format,
                                  use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding, seed, position,
-                                 piece, segments)
+                                 piece)
     intra = kda_intra_chunk(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm, block_t)
     return launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, final_format, roundtrip, cu_seqlens,
                         use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding, seed, position,
-                        intra=intra, segments=segments)
+                        intra=intra)
 
 
 INTRA_BUDGET_BYTES = 1 << 30  # kda_intra_chunk's outputs of one launch: a longer prompt runs in pieces
@@ -238,7 +237,7 @@ def _piece_tokens(q, v, block_t: int) -> int:
 
 
 def _chunk_kda_pieces(q, k, v, g, beta, scale, initial_state, output_final_state, final_format, use_qk_l2norm,
-                      block_t, block_v, num_warps, num_stages, out, rounding, seed, position, piece, segments=None):
+                      block_t, block_v, num_warps, num_stages, out, rounding, seed, position, piece):
     """A long prompt in pieces of ``piece`` tokens (a multiple of the 64-token chunks): the state carried in
     float32 from one to the next, as inside one launch; only the last piece stores the final state (keyed
     by the store count the whole prefill would use). Same results as one launch up to float32 rounding."""
@@ -254,6 +253,6 @@ def _chunk_kda_pieces(q, k, v, g, beta, scale, initial_state, output_final_state
         _, final = launch_chunk(*part, scale, state, output_final_state or not last,
                                 final_format if last else "fp32", None, None, use_qk_l2norm, block_t, block_v,
                                 num_warps, num_stages, o[:, a:b], rounding if last else "nearest", seed, position,
-                                intra=intra, segments=segments)
+                                intra=intra)
         state = final
     return o, final
