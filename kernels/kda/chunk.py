@@ -195,7 +195,7 @@ def chunk_kda_triton(q, k, v, g, beta, scale: float | None = None, initial_state
                      output_final_state: bool = False, final_format: str = "fp32",
                      roundtrip: StateQuantizer | None = None, cu_seqlens: torch.Tensor | None = None,
                      use_qk_l2norm: bool = False, block_t: int = 16, block_v: int | None = None,
-                     num_warps: int = 4, num_stages: int = 1, out: torch.Tensor | None = None,
+                     num_warps: int = 4, num_stages: int | None = None, out: torch.Tensor | None = None,
                      rounding: str = "nearest", seed: int = 0, position: int | None = None):
     """Chunked KDA forward. q, k ``[B, T, Hk, K]``, v ``[B, T, Hv, V]`` (``Hv`` a multiple of
     ``Hk``), g (log-decay) ``[B, T, Hv, K]``, beta ``[B, T, Hv]``; ``cu_seqlens``, the state
