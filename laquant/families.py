@@ -118,7 +118,9 @@ class Family:
 def _minimax_cache():
     from transformers.models.minimax.modeling_minimax import MiniMaxCache
 
-    class LaquantMiniMaxCache(MiniMaxCache):  # MiniMaxModel accepts no other cache class
+    from laquant.models.cache import ContiguousKV
+
+    class LaquantMiniMaxCache(ContiguousKV, MiniMaxCache):  # MiniMaxModel accepts no other cache class
         """MiniMaxCache with the causal mask sized by a layer that holds keys. transformers (5.24) asks
         layer 0 for the cached length and the queries' offset; in MiniMax that is a linear layer, whose slot
         holds no keys, so a multi-token call that continues a cache (calibration's segments, a resumed

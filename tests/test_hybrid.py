@@ -768,6 +768,27 @@ def test_a_multi_token_continuation_through_the_cache_equals_one_prefill(family)
     assert rel_err(torch.cat(parts, 1), full) < 1e-5
 
 
+@pytest.mark.parametrize("family", ["nemotron_h", "minimax"])
+@torch.no_grad()
+def test_the_cache_concatenates_contiguous_keys(family, monkeypatch):
+    """A quantized model's k and v are column slices of one fused GEMM's output; laquant's caches copy a strided
+    slice to a contiguous tensor before transformers concatenates it (its strided cat kernel is unvectorized over
+    the whole cached length on the GPU). The cached values are the same."""
+    model = _model(family)
+    install(model)
+    cache = new_cache(model)
+    layer = 2 if family == "nemotron_h" else 1  # a softmax-attention layer (the test model's layer types)
+    fused = torch.randn(2, 4, 3, 5, 8)  # [B, H, T, parts, D]: k and v strided slices of one tensor
+    k, v = fused[..., 0, :], fused[..., 1, :]
+    assert not k.is_contiguous()
+    seen = []
+    cat = torch.cat
+    monkeypatch.setattr(torch, "cat", lambda xs, *a, **kw: seen.append([x.is_contiguous() for x in xs]) or cat(xs, *a, **kw))
+    keys, values = cache.update(k, v, layer)
+    assert seen and all(all(flags) for flags in seen), seen
+    assert torch.equal(keys, k) and torch.equal(values, v)
+
+
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "kimi_linear", "nemotron_h", "granitemoehybrid"])
 def test_eval_speed_spec_builds_a_random_hybrid_of_each_family(family):
     """``laquant eval speed --model FAMILY:{json}``: the spec names a family, its JSON the config's fields, and

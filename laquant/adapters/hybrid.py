@@ -361,9 +361,9 @@ class HybridAdapter(Adapter):
     def new_cache(self):
         if self.family.cache is not None:
             return self.family.cache()
-        from transformers import DynamicCache
+        from laquant.models.cache import dynamic_cache
 
-        return DynamicCache(config=self.model.config)
+        return dynamic_cache(self.model.config)
 
     # layer-by-layer calibration runs the whole model with layers onloaded by hooks (see run.py)
     def decoder_layers(self) -> list[tuple[str, nn.Module]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -315,3 +316,27 @@ def state_store(cache) -> GLAStateCache | HybridStates | None:
         store = HybridStates()
         cache.laquant_states = store
     return store
+
+
+class ContiguousKV:
+    """A mixin for transformers' caches (before the cache class): the new keys and values are made contiguous before
+    the cache concatenates them. A quantized model's k and v are column slices of one fused GEMM's output, and
+    ``torch.cat`` with a strided input runs its unvectorized kernel over the whole cached length: in a B = 64 eager
+    Nemotron-H step the 12 key / value concatenations took 1.26 ms against bf16's 0.21 ms
+    (``eval/results/weight_only_fallback_h200/run1/``). Copying the new tokens' slices costs one small copy each."""
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        return super().update(key_states.contiguous(), value_states.contiguous(), layer_idx, *args, **kwargs)
+
+
+@functools.cache
+def _dynamic_cache_class():
+    from transformers import DynamicCache
+
+    return type("LaquantDynamicCache", (ContiguousKV, DynamicCache), {"__module__": __name__})
+
+
+def dynamic_cache(config):
+    """transformers' ``DynamicCache`` for ``config`` with :class:`ContiguousKV`."""
+    return _dynamic_cache_class()(config=config)
+
