@@ -3,7 +3,8 @@ the layers ``projections.outlier_fallback: weight_only`` makes (the model runs t
 tiles matter above the M <= 16 that tools/sweep_gemm.py sweeps W8A16 at). cuBLAS bf16 on the same shape beside it,
 weights rotated so that they stream from device memory, CUDA-graph medians (tools/sweep_gemm.py's method).
 
-    python tools/sweep_w8a16.py --shapes 2048x4096,2048x5632 --out DIR   # DIR/w8a16_<device>.{json,md}, DIR/w8a16_table.py
+    python tools/sweep_w8a16.py --shapes 2048x4096,2048x5632 --out DIR
+        # writes DIR/w8a16_<device>.{json,md} and DIR/w8a16_table.py
     python tools/sweep_w8a16.py --apply DIR/w8a16_table.py   # those entries' "w8a16" tiles into kernels/gemm/configs.py
                                                                # (their "path" and "w8a8" tiles stay)
 """

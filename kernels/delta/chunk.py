@@ -179,8 +179,8 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
     ``roundtrip``: the state's storage format inside the prefill (a :class:`StateQuantizer`),
     applied every 64 tokens. ``final_format``: the final state's format (fresh per-row scales).
     ``use_qk_l2norm`` normalises q and k in the kernel (Qwen3-Next does). ``block_t`` (16, 32 or
-    64), ``block_v``, ``num_warps`` and ``num_stages`` are launch parameters; they do not change
-    the result beyond rounding (``num_stages``: :data:`WALK_STAGES` by default). ``rounding``, ``seed`` and ``position``: the final state's (and a
+    64), ``block_v``, ``num_warps`` and ``num_stages`` (:data:`WALK_STAGES` by default) are launch parameters;
+    they do not change the result beyond rounding. ``rounding``, ``seed`` and ``position``: the final state's (and a
     stochastic ``roundtrip``'s) stochastic rounding, as in :func:`~laquant.kernels.gla.chunk.chunk_gla_triton`.
     By default V is split over several programs (down to 32 columns)
     while the ``N * Hv`` sequence-heads alone cannot fill the GPU, unless a per-row state format
@@ -207,9 +207,9 @@ def check_launch(B: int, cu_seqlens, block_t: int) -> None:
         raise ValueError(f"block_t must be 16, 32 or 64; got {block_t}")
 
 
-# Pipeline stages of the walk by chunk size: at 16 tokens two stages load the next chunk during this one's products (H200,
-# bf16, 32 heads of 128: the delta rule 6-19% faster, KDA 4-6%, at 64 x 1K, 4 x 16K, 1 x 64K and 1 x 4K tokens; the
-# same outputs bit for bit; eval/results/walk_stages_h200/). Longer chunks keep one (their tiles fill shared memory).
+# Pipeline stages of the walk by chunk size: at 16 tokens two stages load the next chunk during this one's products
+# (H200, bf16, 32 heads of 128: the delta rule 6-19% faster, KDA 4-6%, at 64 x 1K, 4 x 16K, 1 x 64K and 1 x 4K tokens;
+# the same outputs bit for bit; eval/results/walk_stages_h200/). Longer chunks keep one (not timed with two).
 WALK_STAGES = {16: 2}
 
 

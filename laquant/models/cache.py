@@ -339,4 +339,3 @@ def _dynamic_cache_class():
 def dynamic_cache(config):
     """transformers' ``DynamicCache`` for ``config`` with :class:`ContiguousKV`."""
     return _dynamic_cache_class()(config=config)
-

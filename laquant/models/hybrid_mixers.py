@@ -435,16 +435,18 @@ class Mamba2Mixer(HybridMixer):
         writes its codes; else (bf16, or weight-only int8 under ``outlier_fallback``) out_proj reads the norm's
         output."""
         eps_name = MAMBA_GATED_NORMS.get(type(self.norm).__name__)
-        if eps_name is None or self.norm.weight.dtype != y.dtype or not use_triton(y):
+        norm = self.norm
+        if (eps_name is None or norm.weight.dtype != y.dtype or not use_triton(y) or norm._forward_hooks
+                or norm._forward_pre_hooks):  # a hooked norm runs its own forward
             return self.out_proj(self.gated_output(y, z).to(y.dtype))
         from laquant.kernels.rowwise.fused import gated_rms_norm_triton
 
         packed = w8a8_inputs(self, ("out_proj",), y)
         B, T, width = y.shape
-        group = getattr(self.norm, "group_size", width)  # transformers before the groups: one of the whole row
+        group = getattr(norm, "group_size", width)  # transformers before the groups: one of the whole row
         rows = (B * T, width // group, group)
-        out = gated_rms_norm_triton(y.reshape(rows), z.reshape(rows), self.norm.weight.view(rows[1:]),
-                                    getattr(self.norm, eps_name), packed, gate_first=True, round_normed=True)
+        out = gated_rms_norm_triton(y.reshape(rows), z.reshape(rows), norm.weight.view(rows[1:]),
+                                    getattr(norm, eps_name), packed, gate_first=True, round_normed=True)
         if packed is None:
             return self.out_proj(out.reshape(B, T, width))
         out, codes = out
