@@ -1,6 +1,8 @@
 """A laquant-quantized transformers hybrid written as a compressed-tensors W8A8 int8 checkpoint:
-the form transformers loads without laquant (``AutoModelForCausalLM.from_pretrained``, with
-``compressed-tensors`` installed) and vLLM's compressed-tensors loader serves.
+the form transformers loads without laquant (``AutoModelForCausalLM.from_pretrained``, or
+``AutoModelForImageTextToText`` for the vision-language models, with ``compressed-tensors`` installed) and
+vLLM's compressed-tensors loader serves. A vision-language model's vision tower (never quantized by laquant) is
+written as the checkpoint holds it, its linear layers in ``ignore``.
 
 What laquant's projections are, compressed-tensors' ``W8A8`` preset (as llm-compressor writes it)
 expresses exactly: int8 weights, symmetric, one static float32 scale per output channel
@@ -83,6 +85,11 @@ class Exported:
     def engine_state_dtype(self) -> str:
         return engine_state_dtype(self.state_formats)
 
+    @property
+    def auto_class(self) -> str:
+        """The transformers Auto class that loads the folder."""
+        return get_family(self.model_type).auto_class
+
 
 def engine_state_dtype(state_formats) -> str:
     """The ``--mamba-ssm-cache-dtype`` closest to laquant's state formats (float32 if any layer
@@ -100,13 +107,12 @@ def compressed_tensors_config(ignore: list[str]) -> dict:
 
 
 def _reference_model(model):
-    """transformers' own model of ``model``'s config, on the meta device: its module names, Linear
-    layers and state-dict keys are what the checkpoint must hold."""
-    from transformers import AutoModelForCausalLM
-
-    config = get_family(model.config.model_type).config(_plain_config(model))
+    """transformers' own model of ``model``'s config (its family's Auto class: the causal LM, or the
+    vision-language model whose language model laquant quantized), on the meta device: its module names,
+    Linear layers and state-dict keys are what the checkpoint must hold."""
+    family = get_family(model.config.model_type)
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
+        return family.model_class().from_config(family.config(_plain_config(model)))
 
 
 def _plain_config(model) -> dict:
@@ -297,8 +303,8 @@ def serving_markdown(summary: Exported, source: str, recipe_name: str, perplexit
         "vLLM reads the quantization from `config.json`. In Python, without laquant "
         "(`pip install compressed-tensors`):", "",
         "```python",
-        "from transformers import AutoModelForCausalLM",
-        "model = AutoModelForCausalLM.from_pretrained(\"THIS_FOLDER\")",
+        f"from transformers import {summary.auto_class}",
+        f"model = {summary.auto_class}.from_pretrained(\"THIS_FOLDER\")",
         "```", "",
         "## What carried over", "",
         f"- **{len(summary.int8)} projections as W8A8 int8**: int8 weights with one float32 scale per output channel, "

@@ -17,8 +17,3 @@ def check_exportable(model_type: str | None, source) -> None:
             f"{source}: model_type {model_type!r} is flash-linear-attention's GLA, which neither transformers nor "
             "vLLM has a model class for, so a compressed-tensors checkpoint of it could not be loaded anywhere; "
             "use the laquant checkpoint itself (laquant.load, or AutoModelForCausalLM after `import laquant`)")
-    if family.vision:
-        raise LaquantError(
-            f"{source}: model_type {model_type!r} is a vision-language model; its compressed-tensors export is not "
-            "built yet (the checked reference is transformers' causal LM); use the laquant checkpoint itself "
-            f"(laquant.load, or {family.auto_class} after `import laquant`)")
