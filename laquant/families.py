@@ -169,6 +169,8 @@ _FAMILIES = (
     # Granite 4: bamba's mixer; the MoE (block_sparse_moe) beside a shared MLP (shared_mlp); the
     # embedding / residual / attention / logits multipliers stay in transformers' decoder
     Family("granitemoehybrid", "gla", "mamba", "GraniteMoeHybridMambaLayer", "Mamba2Mixer"),
+    # Mamba2 language models (Mamba-2, Codestral Mamba): Mamba2 blocks alone, the decoder under `backbone`
+    Family("mamba2", "gla", "mixer", "Mamba2Mixer", "Mamba2Mixer", text_model="backbone"),
     # Falcon-H1: every block runs Mamba2 and softmax attention in parallel; muP multipliers
     Family("falcon_h1", "gla", "mamba", "FalconH1Mixer", "FalconH1Mamba2Mixer", parallel_layer_types=("hybrid",)),
     # Zamba2: Mamba2 layers; a "hybrid" layer runs a shared transformer block (attention + MLP, each

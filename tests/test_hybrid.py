@@ -18,7 +18,7 @@ from transformers import (AutoModelForCausalLM, BambaConfig, BambaForCausalLM, M
                           NemotronHConfig, NemotronHForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM)
 
 import laquant
-from laquant.adapters import get_adapter, install, new_cache
+from laquant.adapters import cache_kwargs, get_adapter, install, new_cache
 from laquant.calibration.run import collect_stats
 from laquant.cli import main
 from laquant.errors import LaquantError
@@ -186,11 +186,20 @@ def zamba2(**kw):
     return Zamba2ForCausalLM(Zamba2Config(**{**cfg, **kw}))
 
 
+def mamba2(**kw):
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+
+    # a Mamba2 language model (Mamba-2, Codestral Mamba): Mamba2 blocks alone, the decoder under `backbone`
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_heads=4, head_dim=32, state_size=16,
+               n_groups=2, expand=2, chunk_size=16, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return Mamba2ForCausalLM(Mamba2Config(**{**cfg, **kw}))
+
+
 FAMILIES = {"qwen3_next": qwen3_next, "minimax": minimax, "bamba": bamba, "qwen3_5": qwen3_5,
             "qwen3_5_moe": qwen3_5_moe, "qwen3_5_vl": qwen3_5_vl, "qwen3_5_moe_vl": qwen3_5_moe_vl,
             "olmo_hybrid": olmo_hybrid, "nemotron_h": nemotron_h,
             "kimi_linear": kimi_linear, "bailing_hybrid": bailing_hybrid,
-            "granitemoehybrid": granitemoehybrid, "falcon_h1": falcon_h1, "zamba2": zamba2}
+            "granitemoehybrid": granitemoehybrid, "falcon_h1": falcon_h1, "zamba2": zamba2, "mamba2": mamba2}
 
 
 def _model(family):
@@ -212,8 +221,9 @@ def family_dir(request, tmp_path_factory):
 def _prefill_vs_decode(model, ids, split):
     full = model(input_ids=ids).logits
     cache = new_cache(model)
-    parts = [model(input_ids=ids[:, :split], past_key_values=cache, use_cache=True).logits]
-    parts += [model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits
+    kw = cache_kwargs(model, cache)  # Mamba2's forward takes `cache` alone
+    parts = [model(input_ids=ids[:, :split], **kw, use_cache=True).logits]
+    parts += [model(input_ids=ids[:, t:t + 1], **kw, use_cache=True).logits
               for t in range(split, ids.shape[1])]
     return rel_err(torch.cat(parts, 1), full), cache
 
@@ -260,7 +270,17 @@ def test_roles(family):
         assert list(adapter.gates()) == [f"model.language_model.layers.{i}.linear_attn.in_proj_a" for i in range(3)]
         assert len(adapter.attention_projections()) == 4 and adapter.attention_layers() == [3]
         return
-    assert kept["decay"] and kept["norms"] and kept["embeddings"] == ["model.embed_tokens"]
+    if family == "mamba2":  # Mamba2 blocks alone under `backbone`: in_proj (its dt channels the gate), out_proj
+        assert kept["embeddings"] == ["backbone.embeddings"] and "backbone.norm_f" in kept["norms"]
+        assert not adapter.attention_layers() and not adapter.attention_projections()
+        assert sorted(adapter.projections()) == sorted(f"backbone.layers.{i}.mixer.{p}" for i in range(3)
+                                                       for p in ("in_proj", "out_proj"))
+        assert list(adapter.gates()) == [f"backbone.layers.{i}.mixer.in_proj" for i in range(3)]
+        assert adapter.mixer_name(0) == "backbone.layers.0.mixer"
+        return
+    embeddings = "model.embeddings" if family == "nemotron_h" else "model.embed_tokens"  # the module that exists
+    assert kept["decay"] and kept["norms"] and kept["embeddings"] == [embeddings]
+    assert isinstance(adapter.model.get_submodule(embeddings), nn.Embedding)
     mla = family in ("kimi_linear", "bailing_hybrid")  # their softmax attention is MLA
     attention = (".q_proj", ".kv_a_proj_with_mqa", ".kv_b_proj", ".o_proj") if mla else (
         ".q_proj", ".k_proj", ".v_proj", ".o_proj")
@@ -374,7 +394,8 @@ def test_hybrid_int8_calibrate_export_reload(family_dir, tmp_path):
     result = laquant.calibrate(model, "hybrid_int8", calib, progress=False)
     d = result.decisions
     roles = {dd.get("role") for dd in d["projections"].values()}
-    assert roles == {None, "softmax_attention"} and len(d["state"]) == len(get_adapter(model).linear_layers())
+    assert roles == ({None} if family == "mamba2" else {None, "softmax_attention"})  # Mamba2 LMs have no attention
+    assert len(d["state"]) == len(get_adapter(model).linear_layers())
     assert bool(d["gates"]) == (family != "minimax")  # minimax's family default keeps its (absent) gates
     assert result.recipe["families"] == {} and all(v["format"] == "int8_row" and v.get("rounding") == "stochastic"
                                                  for v in d["state"].values())
@@ -781,9 +802,10 @@ def test_a_multi_token_continuation_through_the_cache_equals_one_prefill(family)
     ids = torch.randint(0, VOCAB, (2, 45))
     full = model(input_ids=ids).logits
     cache = new_cache(model)
-    parts = [model(input_ids=ids[:, :16], past_key_values=cache, use_cache=True).logits,
-             model(input_ids=ids[:, 16:33], past_key_values=cache, use_cache=True).logits,
-             model(input_ids=ids[:, 33:], past_key_values=cache, use_cache=True).logits]
+    kw = cache_kwargs(model, cache)
+    parts = [model(input_ids=ids[:, :16], **kw, use_cache=True).logits,
+             model(input_ids=ids[:, 16:33], **kw, use_cache=True).logits,
+             model(input_ids=ids[:, 33:], **kw, use_cache=True).logits]
     assert rel_err(torch.cat(parts, 1), full) < 1e-5
 
 

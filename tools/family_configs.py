@@ -32,6 +32,10 @@ CONFIGS = {
         num_key_value_heads=4, mamba_n_heads=64, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128,
         mamba_chunk_size=128, num_local_experts=8, num_experts_per_tok=2, shared_intermediate_size=4096,
         position_embedding_type="rope", layer_types=pattern(["linear_attention"] * 7 + ["full_attention"], LAYERS)),
+    # Mamba-2-1.3B-style: Mamba2 blocks alone (48 of them, no MLPs, no attention)
+    "mamba2": dict(
+        vocab_size=32000, hidden_size=2048, num_hidden_layers=48, num_heads=64, head_dim=64, state_size=128, n_groups=1,
+        expand=2, chunk_size=128, **TOKENS),
     # Kimi-Linear-style: KDA layers, MLA every fourth, dense SwiGLU MLPs
     "kimi_linear": dict(
         vocab_size=32000, hidden_size=2048, num_hidden_layers=LAYERS, intermediate_size=5632, num_attention_heads=16,

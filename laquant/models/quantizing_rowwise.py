@@ -92,7 +92,8 @@ GATED_NORMS = {name: "variance_epsilon" for name in ("Qwen3NextRMSNormGated", "Q
 # name of its epsilon: laquant's norm kernel (gate first, a weight per group) replaces it before a W8A8 out_proj
 # (Mamba2Mixer.norm_and_out), bit for bit the same formula (Falcon-H1's differs: the norm may come first)
 MAMBA_GATED_NORMS = {name: "variance_epsilon" for name in ("BambaRMSNormGated", "NemotronHRMSNormGated",
-                                                           "GraniteMoeHybridRMSNormGated", "Zamba2RMSNormGated")}
+                                                           "GraniteMoeHybridRMSNormGated", "Zamba2RMSNormGated",
+                                                           "MambaRMSNormGated")}
 
 
 # MLP class -> its projections' and activation's names (gate, up, down, act): the SwiGLU ``down(act(gate(x)) *
