@@ -154,6 +154,19 @@ def _codes_model(family):
     return _model(family)
 
 
+def _projection_kernels_interpreted(monkeypatch) -> None:
+    """Send the projections, norms, SwiGLUs and mixers' norm / gate ops to their Triton path (run by Triton's
+    interpreter on the CPU); the state kernels keep the references."""
+    from laquant.models import hybrid_mixers
+    from laquant.quant import fused, modules
+
+    def interpreted(x, state_format=None):
+        return state_format is None and not (x.requires_grad and torch.is_grad_enabled())
+
+    for module in (quantizing_rowwise, fused, modules, hybrid_mixers):
+        monkeypatch.setattr(module, "use_triton", interpreted)
+
+
 def _with_codes(*args, packed=None, **kwargs) -> bool:
     """Whether a ``gated_rms_norm_triton`` call writes codes (``packed`` by keyword or as the fifth argument)."""
     return (args[4] if len(args) > 4 else packed) is not None
@@ -172,8 +185,7 @@ def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monk
     import laquant
     from laquant.kernels.delta import gating
     from laquant.kernels.rowwise import fused as rowwise_fused
-    from laquant.models import hybrid_mixers
-    from laquant.quant import fused, modules
+    from laquant.quant import fused
 
     torch.manual_seed(0)
     model = _codes_model(family).eval()
@@ -182,11 +194,7 @@ def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monk
     ids = torch.randint(0, VOCAB, (2, 11))
     reference = model(ids).logits
 
-    def interpreted(x, state_format=None):  # the projections' side only: the state kernels keep the references
-        return state_format is None and not (x.requires_grad and torch.is_grad_enabled())
-
-    for module in (quantizing_rowwise, fused, modules, hybrid_mixers):
-        monkeypatch.setattr(module, "use_triton", interpreted)
+    _projection_kernels_interpreted(monkeypatch)
     calls = {"gemm_on_codes": 0, "gated_norm_codes": 0, "swiglu_codes": 0, "gdn_gating": 0}
 
     def counted(name, fn, when=lambda *a, **k: True):
@@ -221,30 +229,23 @@ def test_mamba_gated_norm_is_one_kernel_without_codes(family, variant, monkeypat
     pytest.importorskip("triton")
     import laquant
     from laquant.kernels.rowwise import fused as rowwise_fused
-    from laquant.models import hybrid_mixers
     from laquant.models.hybrid_mixers import Mamba2Mixer
-    from laquant.quant import fused, modules
     from laquant.quant.modules import QuantLinear
 
     torch.manual_seed(0)
     model = _codes_model(family).eval()
     install(model)
     if variant == "weight_only":  # every input column an outlier: weight-only int8
-        laquant.calibrate(model, load_recipe("hybrid_int8", ["projections.outlier_threshold=0.001",
-                                                                     "projections.outlier_fallback=weight_only"]),
-                          torch.randint(0, VOCAB, (2, 64)), progress=False)
+        recipe = load_recipe("hybrid_int8", ["projections.outlier_threshold=0.001",
+                                             "projections.outlier_fallback=weight_only"])
+        laquant.calibrate(model, recipe, torch.randint(0, VOCAB, (2, 64)), progress=False)
     mixers = [m for m in model.modules() if isinstance(m, Mamba2Mixer)]
     assert mixers
     if variant == "weight_only":
         assert all(isinstance(m.out_proj, QuantLinear) and m.out_proj.act_granularity == "none" for m in mixers)
     ids = torch.randint(0, VOCAB, (2, 11))
     reference = model(ids).logits
-
-    def interpreted(x, state_format=None):
-        return state_format is None and not (x.requires_grad and torch.is_grad_enabled())
-
-    for module in (quantizing_rowwise, fused, modules, hybrid_mixers):
-        monkeypatch.setattr(module, "use_triton", interpreted)
+    _projection_kernels_interpreted(monkeypatch)
     calls = {"codes": 0, "plain": 0}
 
     def counted(*args, **kwargs):

@@ -351,8 +351,8 @@ class HybridAdapter(Adapter):
         experts = [n for n in named if n.endswith(".experts")]
         conv = [f"{self.mixer_name(i)}.conv1d" for i in self.linear_layers() if hasattr(self.mixer(i), "conv1d")]
         decay = [f"{self.mixer_name(i)}.{p}" for i in self.linear_layers() for p in self.mixer_class.DECAY]
-        embeddings = next(n for n in ("embed_tokens", "embeddings") if hasattr(_resolve(self.model, self.prefix), n))
-        out = {"embeddings": [f"{self.prefix}.{embeddings}"], "norms": norms, "lm_head": ["lm_head"],
+        embedding = self.model.get_input_embeddings()  # embed_tokens, or embeddings (Nemotron-H, Mamba2 LMs)
+        out = {"embeddings": [n for n, m in named.items() if m is embedding], "norms": norms, "lm_head": ["lm_head"],
                "routers": [r for i in range(len(self.layers)) for r in self._routers(i)], "experts": experts,
                "conv": conv, "decay": decay}
         if vision:

@@ -93,17 +93,18 @@ def ppl_row(model, ids, args: argparse.Namespace) -> dict:
     return {"prefill": res.ppl, "model_bytes": model_bytes(model)}
 
 
-def exported_row(folder: Path, ids, args: argparse.Namespace, auto_class: str = "AutoModelForCausalLM") -> dict:
-    """The exported folder loaded as a user without laquant would (transformers + compressed-tensors, through
-    ``auto_class``: the vision-language models' is ``AutoModelForImageTextToText``), float32 compute on the CPU like
-    laquant's row."""
+def exported_row(folder: Path, ids, args: argparse.Namespace, model_type: str) -> dict:
+    """The exported folder loaded as a user without laquant would (transformers + compressed-tensors, through the
+    family's Auto class: ``AutoModelForImageTextToText`` for the vision-language models), float32 compute on the CPU
+    like laquant's row."""
     import torch
-    import transformers
     from transformers.utils import logging as hf_logging
+
+    from laquant.families import get_family
 
     hf_logging.disable_progress_bar()
     try:
-        model = getattr(transformers, auto_class).from_pretrained(folder, dtype=torch.float32)
+        model = get_family(model_type).model_class().from_pretrained(folder, dtype=torch.float32)
     except ImportError as exc:
         raise LaquantError(f"loading the exported form needs compressed-tensors ({exc}); "
                            "pip install 'compressed-tensors>=0.20', or pass --no-eval") from None
@@ -123,7 +124,7 @@ def write_serving(folder: Path, summary, source: str, recipe_name: str, rows: li
 
     table, note, exported = None, "", None
     if eval_ids is not None:
-        exported = exported_row(folder, eval_ids, args, summary.auto_class)
+        exported = exported_row(folder, eval_ids, args, summary.model_type)
         table = ppl_table(rows + [("compressed-tensors export", exported)])
         note = (f"Prefill mode on `{args.eval_data}`, first {len(eval_ids)} tokens, context {args.eval_context}, "
                 f"stride {default_stride(args.eval_context)}, float32 compute (the export on the CPU). laquant's form runs its own "
