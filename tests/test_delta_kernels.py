@@ -11,6 +11,8 @@ from laquant.quant import State, StateFormat, StateQuantizer
 triton = require_triton_kernels()
 from laquant.kernels.delta.chunk import chunk_delta_reference, chunk_delta_triton  # noqa: E402
 from laquant.kernels.delta.decode import delta_decode_step, delta_decode_step_reference  # noqa: E402
+from laquant.kernels.delta.intra import delta_intra_chunk  # noqa: E402
+from laquant.kernels.kda.reference import intra_chunk_rows  # noqa: E402
 
 # the interpreter misrounds fp8/bf16 casts and its bf16 tl.dot is wrong (see test_decode_kernel)
 DTYPES = [torch.float32] if INTERPRETED else [torch.float32, torch.bfloat16]
@@ -117,7 +119,7 @@ def _tol(dtype, quantized=None):
 
 
 def _run_chunk(args, tol, **kwargs):
-    launch = {key: kwargs.pop(key) for key in ("block_t", "block_v") if key in kwargs}
+    launch = {key: kwargs.pop(key) for key in ("block_t", "block_v", "split_intra") if key in kwargs}
     poisoned = torch.full_like(args[2], float("nan"))
     o, final = chunk_delta_triton(*args, out=poisoned, **kwargs, **launch)
     o_ref, final_ref = chunk_delta_reference(*args, **kwargs)
@@ -129,11 +131,45 @@ def _run_chunk(args, tol, **kwargs):
     return o, final
 
 
+@pytest.mark.parametrize("split_intra", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,T,Hk,Hv,K,V", [(2, 150, 1, 2, 16, 32), (1, 64, 1, 1, 32, 16), (3, 37, 2, 4, 24, 40),
                                           (1, 1, 1, 1, 16, 16)])
-def test_prefill_matches_reference(dtype, B, T, Hk, Hv, K, V):
-    _run_chunk(_inputs(B, T, Hk, Hv, K, V, dtype), _tol(dtype), output_final_state=True, use_qk_l2norm=True)
+def test_prefill_matches_reference(dtype, B, T, Hk, Hv, K, V, split_intra):
+    _run_chunk(_inputs(B, T, Hk, Hv, K, V, dtype), _tol(dtype), output_final_state=True, use_qk_l2norm=True,
+               split_intra=split_intra)
+
+
+@pytest.mark.parametrize("block_t", [16, 32, 64])
+@pytest.mark.parametrize("decay", [0.5, 8.0])
+def test_intra_chunk_kernel_matches_its_reference(block_t, decay):
+    """Each chunk's q k^T * D, w and u against KDA's PyTorch form with the head's decay in every channel: odd
+    length (a partial last chunk), grouped heads, K and V not powers of two, log-decays down to about -20 a token."""
+    q, k, v, g, beta = _inputs(2, 3 * block_t - 5, 1, 2, 24, 20, seed=11, decay=decay)
+    got = delta_intra_chunk(q, k, v, g, beta, scale=0.3, use_qk_l2norm=True, block_t=block_t)
+    want = intra_chunk_rows(q, k, v, g.unsqueeze(-1).expand(*g.shape, 24), beta, scale=0.3, use_qk_l2norm=True,
+                            chunk_size=block_t)
+    for name, a, b in zip(("qk", "w", "u"), got, want):
+        assert a.shape == b.shape, name
+        assert rel_err(a, b) < 2e-5, name
+
+
+def test_intra_chunk_kernel_varlen():
+    """Packed sequences: each chunk is its own sequence's (an empty sequence and partial chunks included)."""
+    q, k, v, g, beta = _inputs(1, 150, 1, 2, 16, 16, seed=14)
+    cu = torch.tensor([0, 37, 37, 150], dtype=torch.int32, device=DEVICE)
+    got = delta_intra_chunk(q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm=True, block_t=32)
+    for a, b in ((0, 37), (37, 150)):
+        part = [x[:, a:b] for x in (q, k, v, g, beta)]
+        want = delta_intra_chunk(*part, use_qk_l2norm=True, block_t=32)
+        for x, y in zip(got, want):
+            assert torch.equal(x[:, a:b], y)
+
+
+def test_split_is_not_the_default_off_cuda():
+    from laquant.kernels.delta.chunk import splits_intra
+
+    assert not splits_intra(torch.zeros(1), 1, 1 << 20)
 
 
 def test_prefill_equals_the_token_by_token_recurrence():
@@ -153,41 +189,68 @@ def test_strong_decay_and_unnormalised_keys():
     _run_chunk(args, 2e-5, output_final_state=True, scale=0.5)
 
 
+@pytest.mark.parametrize("split_intra", [False, True])
 @pytest.mark.parametrize("block_t", [16, 32, 64])
 @pytest.mark.parametrize("block_v", [None, 16])
-def test_launch_parameters_do_not_change_the_result(block_t, block_v):
+def test_launch_parameters_do_not_change_the_result(block_t, block_v, split_intra):
     _run_chunk(_inputs(2, 150, 1, 2, 16, 32, seed=7), 2e-5, output_final_state=True, use_qk_l2norm=True,
-               block_t=block_t, block_v=block_v)
+               block_t=block_t, block_v=block_v, split_intra=split_intra)
 
 
 @pytest.mark.parametrize("in_fmt", ["fp32", "bf16", "fp8_row", "int8_row"])
 @pytest.mark.parametrize("out_fmt", ["fp32", "fp8_row", "int8_row"])
 def test_state_formats_in_and_out(in_fmt, out_fmt):
     h0 = _stored((2, 2, 16, 32), in_fmt)
+    split = in_fmt == "int8_row" or out_fmt == "int8_row"  # the split walk takes the same state arguments
     _run_chunk(_inputs(2, 100, 1, 2, 16, 32, seed=8), _tol(torch.float32, out_fmt if out_fmt != "fp32" else None) * 5,
-               initial_state=h0, output_final_state=True, final_format=out_fmt, use_qk_l2norm=True)
+               initial_state=h0, output_final_state=True, final_format=out_fmt, use_qk_l2norm=True, split_intra=split)
 
 
-@pytest.mark.parametrize("block_t", [16, 64])
+@pytest.mark.parametrize("block_t,split_intra", [(16, False), (64, False), (64, True)])
 @pytest.mark.parametrize("fmt,renorm", [("bf16", 1), ("fp8_row", 1), ("int8_row", 1), ("int8_row", 0)])
-def test_state_roundtrip_every_64_tokens(fmt, renorm, block_t):
+def test_state_roundtrip_every_64_tokens(fmt, renorm, block_t, split_intra):
     """The state stored in ``fmt`` every 64 tokens inside the prefill, as the model's recipe sets it."""
     static = torch.full((1, 2, 16, 1), 0.5 / StateFormat(fmt).qmax) if renorm == 0 else None
     quant = StateQuantizer(fmt, renorm, static)
     args = _inputs(2, 200, 1, 2, 16, 32, seed=9)
     o, _ = _run_chunk(args, _tol(torch.float32, fmt), output_final_state=True, roundtrip=quant, use_qk_l2norm=True,
-                      block_t=block_t)
+                      block_t=block_t, split_intra=split_intra)
     exact, _ = chunk_delta_reference(*args, use_qk_l2norm=True)
     assert rel_err(o, exact) > 1e-6  # the round trips did happen
 
 
-def test_varlen():
+@pytest.mark.parametrize("split_intra", [False, True])
+def test_varlen(split_intra):
     args = _inputs(1, 300, 1, 2, 16, 32, seed=10)
     cu = torch.tensor([0, 37, 37, 200, 300], dtype=torch.int32, device=DEVICE)
     h0 = _stored((4, 2, 16, 32), "fp8_row")
     _, final = _run_chunk(args, _tol(torch.float32, "fp8_row"), cu_seqlens=cu, initial_state=h0,
-                          output_final_state=True, final_format="fp8_row", use_qk_l2norm=True)
+                          output_final_state=True, final_format="fp8_row", use_qk_l2norm=True, split_intra=split_intra)
     assert final.data.shape == (4, 2, 16, 32)
+
+
+def test_a_long_prompt_runs_in_pieces_with_the_same_result(monkeypatch):
+    """Split, past the intra-chunk outputs' byte budget the prompt runs in 64-token-aligned pieces, the state
+    carried in float32: the same outputs and the same stochastically rounded final state as one launch, bit for
+    bit."""
+    from laquant.kernels.delta import chunk as delta_chunk
+    from laquant.kernels.delta import intra
+
+    args = _inputs(2, 150, 1, 2, 16, 16, seed=13)
+    h0 = _stored((2, 2, 16, 16), "int8_row")
+    kw = dict(initial_state=h0, output_final_state=True, final_format="int8_row", use_qk_l2norm=True,
+              rounding="stochastic", seed=5, split_intra=True)
+    o_one, s_one = chunk_delta_triton(*args, **kw)
+    launches = []
+    real = intra.delta_intra_chunk
+    monkeypatch.setattr(intra, "delta_intra_chunk", lambda *a: launches.append(a[0].shape[1]) or real(*a))
+    monkeypatch.setattr(delta_chunk, "INTRA_BUDGET_BYTES", 2 * 2 * (64 + 16 + 16) * 4 * 64)  # 64 tokens a piece
+    o, s = chunk_delta_triton(*args, **kw)
+    assert launches == [64, 64, 22]
+    assert torch.equal(o, o_one) and torch.equal(s.data, s_one.data) and torch.equal(s.row_scale, s_one.row_scale)
+    kw.pop("split_intra")
+    o_ref, _ = chunk_delta_reference(*args, **kw)
+    assert rel_err(o, o_ref) < 2e-5
 
 
 def test_non_contiguous_inputs():
@@ -212,8 +275,22 @@ def test_prefill_bad_shapes_are_named():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("split_intra", [False, True])
 @pytest.mark.parametrize("B,T", [(1, 32768), (32, 1000)])
-def test_model_sized_heads_on_gpu(B, T):
+def test_model_sized_heads_on_gpu(B, T, split_intra):
     """Qwen3-Next's head shape (K = V = 128, 2 value heads per key head), bf16, fp8 state round trips."""
     args = _inputs(B, T, 2, 4, 128, 128, torch.bfloat16, seed=12)
-    _run_chunk(args, 3e-2, output_final_state=True, roundtrip=StateQuantizer("fp8_row"), use_qk_l2norm=True)
+    _run_chunk(args, 3e-2, output_final_state=True, roundtrip=StateQuantizer("fp8_row"), use_qk_l2norm=True,
+               split_intra=split_intra)
+
+
+@pytest.mark.gpu
+def test_split_is_the_default_for_one_long_sequence_on_gpu():
+    """One long sequence splits by default (and gives the in-walk result); a full batch of short ones does not."""
+    from laquant.kernels.delta.chunk import splits_intra
+
+    args = _inputs(1, 20000, 2, 4, 128, 128, torch.bfloat16, seed=15)
+    assert splits_intra(args[0], 4, 20000) and not splits_intra(args[0], 64 * 32, 64 * 1024)
+    o_default, _ = chunk_delta_triton(*args, use_qk_l2norm=True)
+    o_split, _ = chunk_delta_triton(*args, use_qk_l2norm=True, split_intra=True)
+    assert torch.equal(o_default, o_split)

@@ -238,6 +238,7 @@ def test_varlen_with_grouped_heads():
 def test_a_long_prompt_runs_in_pieces_with_the_same_result(monkeypatch):
     """Past the intra-chunk outputs' byte budget the prompt runs in 64-token-aligned pieces, the state carried in
     float32: the same outputs and the same stochastically rounded final state as one launch, bit for bit."""
+    from laquant.kernels.delta import chunk as delta_chunk
     from laquant.kernels.kda import chunk as kda_chunk
 
     args = _inputs(2, 150, 1, 2, 16, 16, seed=13)
@@ -248,7 +249,7 @@ def test_a_long_prompt_runs_in_pieces_with_the_same_result(monkeypatch):
     launches = []
     real = kda_chunk.kda_intra_chunk
     monkeypatch.setattr(kda_chunk, "kda_intra_chunk", lambda *a: launches.append(a[0].shape[1]) or real(*a))
-    monkeypatch.setattr(kda_chunk, "INTRA_BUDGET_BYTES", 2 * 2 * (16 + 16 + 16) * 4 * 64)  # 64 tokens a piece
+    monkeypatch.setattr(delta_chunk, "INTRA_BUDGET_BYTES", 2 * 2 * (16 + 16 + 16) * 4 * 64)  # 64 tokens a piece
     o, s = chunk_kda_triton(*args, **kw)
     assert launches == [64, 64, 22]
     assert torch.equal(o, o_one) and torch.equal(s.data, s_one.data) and torch.equal(s.row_scale, s_one.row_scale)

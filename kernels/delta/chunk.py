@@ -93,7 +93,7 @@ if triton is not None:
         T, qk_scale,
         H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
         BK: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr, RT_EVERY: tl.constexpr,
-        LOW_PRECISION: tl.constexpr, L2NORM: tl.constexpr, PER_CHANNEL: tl.constexpr,
+        LOW_PRECISION: tl.constexpr, L2NORM: tl.constexpr, PER_CHANNEL: tl.constexpr, INTRA: tl.constexpr,
         # the state's formats in, inside and out (see laquant.kernels.common.state_io)
         h0_ptr, h0s_ptr, ht_ptr, hts_ptr, static_ptr,
         HAS_H0: tl.constexpr, IN_FMT: tl.constexpr, STORE_HT: tl.constexpr, OUT_FMT: tl.constexpr,
@@ -120,29 +120,31 @@ if triton is not None:
                 q = q * tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6)[:, None]
                 k = k * tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
             q = q * qk_scale
-            if PER_CHANNEL:  # KDA: G [BT, BK]; q k^T * D, w and u from kda_intra_chunk (0 on padded rows)
+            if PER_CHANNEL:  # KDA: G [BT, BK]
                 G = tl.cumsum(tl.load(g_ptr + b * s_gb + h * s_gh + offs_t[:, None] * s_gt + offs_k[None, :] * s_gk,
                                       mask=mtk, other=0.0).to(tl.float32), axis=0)
-                tok = (b * T + offs_t).to(tl.int64) * H + h  # the token's row of kda_intra_chunk's outputs
-                QK = tl.load(qk_ptr + tok[:, None] * BT + rows[None, :], mask=mt[:, None], other=0.0)
-                w = tl.load(w_ptr + tok[:, None] * K + offs_k[None, :], mask=mtk, other=0.0)
-                u = tl.load(u_ptr + tok[:, None] * V + offs_v[None, :], mask=mtv, other=0.0).to(tl.float32)
                 G_last = tile_row(G, rows, BT - 1)  # [BK]; padded rows have g = 0
                 decay_in = tl.exp(G)  # [BT, BK]: from the chunk's start to each row
                 decay_out = tl.exp(G_last[None, :] - G)  # from each row to the chunk's end
                 decay_chunk = tl.exp(G_last)[:, None]
-            else:  # a scalar log-decay per head: G [BT], exp(G_i - G_j) as one [BT, BT] tile
-                v = tl.load(v_base + offs_t[:, None] * s_vt + offs_v[None, :], mask=mtv, other=0.0).to(tl.float32)
-                beta = tl.load(beta_ptr + b * s_bb + h * s_bh + offs_t * s_bt, mask=mt, other=0.0).to(tl.float32)
+            else:  # a scalar log-decay per head: G [BT]
                 g = tl.load(g_ptr + b * s_gb + h * s_gh + offs_t * s_gt, mask=mt, other=0.0).to(tl.float32)
                 G = tl.cumsum(g, axis=0)
-                D = tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
-                A = tl.where(rows[:, None] > rows[None, :], mm(k, tl.trans(k), LOW_PRECISION) * D * beta[:, None], 0.0)
-                QK = tl.where(causal, mm(q, tl.trans(k), LOW_PRECISION) * D, 0.0)
                 G_last = tl.sum(tl.where(rows == BT - 1, G, 0.0), axis=0)  # padded rows have g = 0
                 decay_in = tl.exp(G)[:, None]
                 decay_out = tl.exp(G_last - G)[:, None]
                 decay_chunk = tl.exp(G_last)
+            if INTRA:  # q k^T * D, w and u from an intra-chunk launch (0 on padded rows)
+                tok = (b * T + offs_t).to(tl.int64) * H + h  # the token's row of the intra-chunk outputs
+                QK = tl.load(qk_ptr + tok[:, None] * BT + rows[None, :], mask=mt[:, None], other=0.0)
+                w = tl.load(w_ptr + tok[:, None] * K + offs_k[None, :], mask=mtk, other=0.0)
+                u = tl.load(u_ptr + tok[:, None] * V + offs_v[None, :], mask=mtv, other=0.0).to(tl.float32)
+            else:  # built here, exp(G_i - G_j) as one [BT, BT] tile
+                v = tl.load(v_base + offs_t[:, None] * s_vt + offs_v[None, :], mask=mtv, other=0.0).to(tl.float32)
+                beta = tl.load(beta_ptr + b * s_bb + h * s_bh + offs_t * s_bt, mask=mt, other=0.0).to(tl.float32)
+                D = tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
+                A = tl.where(rows[:, None] > rows[None, :], mm(k, tl.trans(k), LOW_PRECISION) * D * beta[:, None], 0.0)
+                QK = tl.where(causal, mm(q, tl.trans(k), LOW_PRECISION) * D, 0.0)
                 inv = unit_lower_inverse(A, rows, BT)
                 u = mm(inv, v * beta[:, None], LOW_PRECISION)
                 w = mm(inv, k * beta[:, None] * decay_in, LOW_PRECISION)
@@ -168,9 +170,10 @@ if triton is not None:
 def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_state: State | None = None,
                        output_final_state: bool = False, final_format: str = "fp32",
                        roundtrip: StateQuantizer | None = None, cu_seqlens: torch.Tensor | None = None,
-                       use_qk_l2norm: bool = False, block_t: int = 16, block_v: int | None = None,
+                       use_qk_l2norm: bool = False, block_t: int | None = None, block_v: int | None = None,
                        num_warps: int = 4, num_stages: int | None = None, out: torch.Tensor | None = None,
-                       rounding: str = "nearest", seed: int = 0, position: int | None = None):
+                       rounding: str = "nearest", seed: int = 0, position: int | None = None,
+                       split_intra: bool | None = None):
     """Chunked gated-delta-rule forward. q, k ``[B, T, Hk, K]``, v ``[B, T, Hv, V]`` (``Hv`` a
     multiple of ``Hk``), g (log-decay) and beta ``[B, T, Hv]``. With ``cu_seqlens`` (int32
     ``[N + 1]``), B is 1 and the N sequences lie back to back along T, as in fla.
@@ -178,9 +181,12 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
     ``initial_state``: :class:`State` ``[N, Hv, K, V]`` in fp32, bf16, fp8_row or int8_row.
     ``roundtrip``: the state's storage format inside the prefill (a :class:`StateQuantizer`),
     applied every 64 tokens. ``final_format``: the final state's format (fresh per-row scales).
-    ``use_qk_l2norm`` normalises q and k in the kernel (Qwen3-Next does). ``block_t`` (16, 32 or
-    64), ``block_v``, ``num_warps`` and ``num_stages`` (:data:`WALK_STAGES` by default) are launch parameters;
-    they do not change the result beyond rounding. ``rounding``, ``seed`` and ``position``: the final state's (and a
+    ``use_qk_l2norm`` normalises q and k in the kernel (Qwen3-Next does). ``split_intra``: the chunk-local
+    work (the WY form, ``q k^T * D``) in its own launch for all chunks at once
+    (:func:`~laquant.kernels.delta.intra.delta_intra_chunk`), the walk then taking ``block_t`` 64 by default;
+    else built in the walk (``block_t`` 16 by default); :func:`splits_intra` chooses by default. ``block_t``
+    (16, 32 or 64), ``block_v``, ``num_warps`` and ``num_stages`` (:data:`WALK_STAGES` by default) are launch
+    parameters; they do not change the result beyond rounding. ``rounding``, ``seed`` and ``position``: the final state's (and a
     stochastic ``roundtrip``'s) stochastic rounding, as in :func:`~laquant.kernels.gla.chunk.chunk_gla_triton`.
     By default V is split over several programs (down to 32 columns)
     while the ``N * Hv`` sequence-heads alone cannot fill the GPU, unless a per-row state format
@@ -189,14 +195,41 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
     if triton is None:
         raise RuntimeError("Triton is not installed; use chunk_delta_reference")
     B, T, Hk, K = q.shape
-    H, V = v.shape[2], v.shape[3]
+    H = v.shape[2]
     if (k.shape != q.shape or v.shape[:2] != q.shape[:2] or H % Hk or g.shape != v.shape[:3]
             or beta.shape != v.shape[:3]):
         raise ValueError(f"expected q, k [B, T, Hk, K], v [B, T, Hv, V] with Hv a multiple of Hk, g and beta "
                          f"[B, T, Hv]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"g {tuple(g.shape)}, beta {tuple(beta.shape)}")
-    return launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, final_format, roundtrip, cu_seqlens,
-                        use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding, seed, position)
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    if split_intra is None:
+        split_intra = splits_intra(q, N * H, B * T)
+    if not split_intra:
+        return launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, final_format, roundtrip,
+                            cu_seqlens, use_qk_l2norm, block_t or 16, block_v, num_warps, num_stages, out, rounding,
+                            seed, position)
+    from .intra import delta_intra_chunk
+    return launch_with_intra(delta_intra_chunk, q, k, v, g, beta, scale, initial_state, output_final_state,
+                             final_format, roundtrip, cu_seqlens, use_qk_l2norm, block_t or SPLIT_BLOCK_T, block_v,
+                             num_warps, num_stages, out, rounding, seed, position)
+
+
+# The chunk-parallel intra-chunk launch and a 64-token walk, chosen where the (sequence, head) programs are too few to
+# fill the GPU and the prompt is long (see splits_intra; the numbers are in eval/results/split_intra_h200/).
+SPLIT_BLOCK_T = 64
+SPLIT_MAX_HEADS_PER_SM = 1
+SPLIT_MIN_TOKENS = 8192
+
+
+def splits_intra(q: torch.Tensor, sequence_heads: int, tokens: int) -> bool:
+    """Whether :func:`chunk_delta_triton` runs the intra-chunk work in its own launch by default: on CUDA, for at
+    most :data:`SPLIT_MAX_HEADS_PER_SM` (sequence, head) pairs per SM and at least :data:`SPLIT_MIN_TOKENS` tokens.
+    Many sequences fill the GPU with walks whose 16-token steps build their own WY form; few long ones leave it
+    waiting on the walk's serial steps, which the split cuts to a quarter."""
+    if not q.is_cuda:
+        return False
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    return sequence_heads <= SPLIT_MAX_HEADS_PER_SM * sms and tokens >= SPLIT_MIN_TOKENS
 
 
 def check_launch(B: int, cu_seqlens, block_t: int) -> None:
@@ -217,15 +250,17 @@ def launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, fin
                  use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding="nearest", seed=0, position=None,
                  intra=None):
     """The chunk kernel on shape-checked arguments; g ``[B, T, Hv]`` (per head) or ``[B, T, Hv, K]``
-    (per channel, KDA's, with ``intra``: :func:`~laquant.kernels.kda.chunk.kda_intra_chunk`'s
-    ``(qk, w, u)`` at the same ``block_t``): the gated delta rule's and KDA's prefill share it."""
+    (per channel, KDA's, which needs ``intra``); ``intra``: an intra-chunk launch's ``(qk, w, u)`` at the same
+    ``block_t`` (:func:`~laquant.kernels.kda.chunk.kda_intra_chunk`,
+    :func:`~laquant.kernels.delta.intra.delta_intra_chunk`), else the walk builds them: the gated delta rule's
+    and KDA's prefill share it."""
     B, T, Hk, K = q.shape
     H, V = v.shape[2], v.shape[3]
     check_launch(B, cu_seqlens, block_t)
     num_stages = WALK_STAGES.get(block_t, 1) if num_stages is None else num_stages
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    if (g.dim() == 4) != (intra is not None):
-        raise ValueError("a per-channel decay needs the intra-chunk products (intra), a per-head one none")
+    if g.dim() == 4 and intra is None:
+        raise ValueError("a per-channel decay needs the intra-chunk products (intra)")
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     o = torch.empty_like(v) if out is None else out
     check_state_args(initial_state, final_format, (N, H, K, V), "[N, Hv, K, V]")
@@ -250,7 +285,53 @@ def launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, fin
         T, K ** -0.5 if scale is None else scale,
         H=H, GROUP=H // Hk, K=K, V=V, BT=block_t, BK=BK, BV=BV, VARLEN=cu_seqlens is not None,
         RT_EVERY=CHUNK // block_t, LOW_PRECISION=q.dtype != torch.float32, L2NORM=use_qk_l2norm,
-        PER_CHANNEL=g.dim() == 4,
+        PER_CHANNEL=g.dim() == 4, INTRA=intra is not None,
         num_warps=num_warps, num_stages=num_stages, **state_args,
     )
+    return o, final
+
+
+INTRA_BUDGET_BYTES = 1 << 30  # an intra-chunk launch's outputs: a longer prompt runs in pieces
+
+
+def piece_tokens(q, v, block_t: int) -> int:
+    """Tokens per piece such that an intra-chunk launch's outputs stay within :data:`INTRA_BUDGET_BYTES`
+    (a multiple of 64, at least 64)."""
+    B, _, _, K = q.shape
+    H, V = v.shape[2], v.shape[3]
+    per_token = B * H * (block_t + K + V) * (4 if q.dtype == torch.float32 else 2)
+    return max(CHUNK, INTRA_BUDGET_BYTES // per_token // CHUNK * CHUNK)
+
+
+def launch_with_intra(intra_fn, q, k, v, g, beta, scale, initial_state, output_final_state, final_format, roundtrip,
+                      cu_seqlens, use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding, seed,
+                      position):
+    """The prefill as ``intra_fn`` (an intra-chunk launch: ``(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm,
+    block_t) -> (qk, w, u)``) then the walk. A prompt whose intra-chunk outputs would pass
+    :data:`INTRA_BUDGET_BYTES` runs in pieces of :func:`piece_tokens` (a multiple of the 64-token chunks; not with
+    ``cu_seqlens`` or a ``roundtrip``): the state carried in float32 from one to the next, as inside one launch;
+    only the last piece stores the final state (keyed by the store count the whole prefill would use). Same
+    results as one launch up to float32 rounding."""
+    check_launch(q.shape[0], cu_seqlens, block_t)  # before the intra-chunk launch
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    T = q.shape[1]
+    piece = piece_tokens(q, v, block_t)
+    if piece >= T or cu_seqlens is not None or roundtrip is not None:
+        intra = intra_fn(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm, block_t)
+        return launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, final_format, roundtrip,
+                            cu_seqlens, use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding, seed,
+                            position, intra=intra)
+    o = torch.empty_like(v) if out is None else out
+    position = store_position(initial_state, position)
+    state, final = initial_state, None
+    for a in range(0, T, piece):
+        b = min(T, a + piece)
+        last = b == T
+        part = [x[:, a:b] for x in (q, k, v, g, beta)]
+        intra = intra_fn(*part, scale, None, use_qk_l2norm, block_t)
+        _, final = launch_chunk(*part, scale, state, output_final_state or not last,
+                                final_format if last else "fp32", None, None, use_qk_l2norm, block_t, block_v,
+                                num_warps, num_stages, o[:, a:b], rounding if last else "nearest", seed, position,
+                                intra=intra)
+        state = final
     return o, final

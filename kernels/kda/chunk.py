@@ -31,8 +31,8 @@ from __future__ import annotations
 import torch
 
 from ..common.state import State, StateQuantizer
-from ..common.state_io import CHUNK, store_position
-from ..delta.chunk import check_launch, launch_chunk, per_sequence_reference, triton
+from ..delta.chunk import launch_with_intra, per_sequence_reference, triton
+from ..delta.intra import intra_grid, intra_outputs
 from .reference import chunk_kda
 
 if triton is not None:
@@ -150,25 +150,10 @@ def kda_intra_chunk(q, k, v, g, beta, scale: float | None = None, cu_seqlens: to
     sub_block = intra_sub_block(block_t) if sub_block is None else sub_block
     if sub_block < 2 or sub_block > block_t or sub_block & (sub_block - 1):
         raise ValueError(f"sub_block must be a power of two from 2 to block_t ({block_t}); got {sub_block}")
-    dtype = torch.float32 if q.dtype == torch.float32 else torch.bfloat16
-    qk = torch.empty(B, T, H, block_t, dtype=dtype, device=q.device)
-    w = torch.empty(B, T, H, K, dtype=dtype, device=q.device)
-    u = torch.empty(B, T, H, V, dtype=dtype, device=q.device)
+    qk, w, u = intra_outputs(q, v, block_t)
     if T == 0:
         return qk, w, u
-    chunks = triton.cdiv(T, block_t)
-    if cu_seqlens is not None:  # chunk slots of the packed sequences, mapped on the device (no host sync)
-        N = cu_seqlens.numel() - 1
-        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-        ends = torch.cumsum((lengths + block_t - 1) // block_t, 0)
-        slots = torch.arange(chunks + N, device=q.device)
-        seq = torch.searchsorted(ends, slots, right=True).clamp_(max=N - 1)
-        first = ends[seq] - (lengths[seq] + block_t - 1) // block_t
-        slot_map = torch.stack((seq, slots - first), 1).to(torch.int32).contiguous()
-        grid = (chunks + N, H)
-    else:
-        slot_map = qk
-        grid = (chunks, B * H)
+    grid, slot_map = intra_grid(B, T, H, block_t, cu_seqlens, qk)
     BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
     _kda_intra_chunk_kernel[grid](
         q, k, v, g, beta, qk, w, u, cu_seqlens if cu_seqlens is not None else qk, slot_map,
@@ -211,48 +196,6 @@ def chunk_kda_triton(q, k, v, g, beta, scale: float | None = None, initial_state
         raise ValueError(f"expected q, k [B, T, Hk, K], v [B, T, Hv, V] with Hv a multiple of Hk, g [B, T, Hv, K] "
                          f"and beta [B, T, Hv]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"g {tuple(g.shape)}, beta {tuple(beta.shape)}")
-    check_launch(B, cu_seqlens, block_t)  # before the intra-chunk launch
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    piece = _piece_tokens(q, v, block_t)
-    if piece < T and cu_seqlens is None and roundtrip is None:
-        return _chunk_kda_pieces(q, k, v, g, beta, scale, initial_state, output_final_state, final_format,
-                                 use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding, seed, position,
-                                 piece)
-    intra = kda_intra_chunk(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm, block_t)
-    return launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, final_format, roundtrip, cu_seqlens,
-                        use_qk_l2norm, block_t, block_v, num_warps, num_stages, out, rounding, seed, position,
-                        intra=intra)
-
-
-INTRA_BUDGET_BYTES = 1 << 30  # kda_intra_chunk's outputs of one launch: a longer prompt runs in pieces
-
-
-def _piece_tokens(q, v, block_t: int) -> int:
-    """Tokens per piece such that :func:`kda_intra_chunk`'s outputs stay within :data:`INTRA_BUDGET_BYTES`
-    (a multiple of 64, at least 64)."""
-    B, _, _, K = q.shape
-    H, V = v.shape[2], v.shape[3]
-    per_token = B * H * (block_t + K + V) * (4 if q.dtype == torch.float32 else 2)
-    return max(CHUNK, INTRA_BUDGET_BYTES // per_token // CHUNK * CHUNK)
-
-
-def _chunk_kda_pieces(q, k, v, g, beta, scale, initial_state, output_final_state, final_format, use_qk_l2norm,
-                      block_t, block_v, num_warps, num_stages, out, rounding, seed, position, piece):
-    """A long prompt in pieces of ``piece`` tokens (a multiple of the 64-token chunks): the state carried in
-    float32 from one to the next, as inside one launch; only the last piece stores the final state (keyed
-    by the store count the whole prefill would use). Same results as one launch up to float32 rounding."""
-    T = q.shape[1]
-    o = torch.empty_like(v) if out is None else out
-    position = store_position(initial_state, position)
-    state, final = initial_state, None
-    for a in range(0, T, piece):
-        b = min(T, a + piece)
-        last = b == T
-        part = [x[:, a:b] for x in (q, k, v, g, beta)]
-        intra = kda_intra_chunk(*part, scale, None, use_qk_l2norm, block_t)
-        _, final = launch_chunk(*part, scale, state, output_final_state or not last,
-                                final_format if last else "fp32", None, None, use_qk_l2norm, block_t, block_v,
-                                num_warps, num_stages, o[:, a:b], rounding if last else "nearest", seed, position,
-                                intra=intra)
-        state = final
-    return o, final
+    return launch_with_intra(kda_intra_chunk, q, k, v, g, beta, scale, initial_state, output_final_state,
+                             final_format, roundtrip, cu_seqlens, use_qk_l2norm, block_t, block_v, num_warps,
+                             num_stages, out, rounding, seed, position)
