@@ -154,6 +154,22 @@ def test_intra_chunk_kernel_matches_its_reference(block_t, decay):
         assert rel_err(a, b) < 2e-5, name
 
 
+@pytest.mark.parametrize("block_t", [32, 64])
+def test_intra_chunk_kernel_with_repeated_keys(block_t):
+    """A chunk of one repeated key, no decay and beta near 1 (a repeated token): (I + A) far from the identity, its
+    inverse's entries of both signs; the blocked inverse (16-row blocks joined by products) as exact as the
+    reference's triangular solve."""
+    q, k, v, g, beta = _inputs(1, 2 * block_t, 1, 2, 16, 16, seed=16, decay=0.0)
+    k[:, :block_t] = k[:, :1]
+    beta = torch.full_like(beta, 0.98)
+    got = delta_intra_chunk(q, k, v, g, beta, use_qk_l2norm=True, block_t=block_t)
+    want = intra_chunk_rows(q, k, v, g.unsqueeze(-1).expand(*g.shape, 16), beta, use_qk_l2norm=True,
+                            chunk_size=block_t)
+    assert want[2].abs().max() > 0.1  # u is not vanishing
+    for name, a, b in zip(("qk", "w", "u"), got, want):
+        assert rel_err(a, b) < 2e-5, name
+
+
 def test_intra_chunk_kernel_varlen():
     """Packed sequences: each chunk is its own sequence's (an empty sequence and partial chunks included)."""
     q, k, v, g, beta = _inputs(1, 150, 1, 2, 16, 16, seed=14)

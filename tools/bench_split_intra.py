@@ -25,6 +25,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--splits", default="32,64:16,32,64:1,2",
+                    help="split launches timed: block_t values, block_v values and num_stages values, each product")
     ap.add_argument("--no-fla", action="store_true")
     args = ap.parse_args()
     fla = None
@@ -55,7 +57,8 @@ def main():
 
             timed("walk16", split_intra=False)
             timed("default")
-            for bt, bv, stages in itertools.product((32, 64), (16, 32, 64), (1, 2)):
+            grid = [[int(x) for x in part.split(",")] for part in args.splits.split(":")]
+            for bt, bv, stages in itertools.product(*grid):
                 timed(f"split_bt{bt}_bv{bv}_st{stages}", split_intra=True, block_t=bt, block_v=bv, num_stages=stages)
             for bt in (32, 64):
                 row[f"intra_bt{bt}_ms"] = median_ms(lambda: delta_intra_chunk(q, k, v, g, beta, None, None, True, bt),

@@ -75,15 +75,40 @@ if triton is not None:
         return tl.sum(tl.where((rows == r)[:, None], x, 0.0), axis=0)
 
     @triton.jit
-    def unit_lower_inverse(A, rows, BT: tl.constexpr):
-        """``(I + A)^-1`` of a strictly lower-triangular ``[BT, BT]`` tile ``A`` (float32), by forward
-        substitution: ``I + L`` with row i of L ``-a_i - a_i L`` (``a_i`` row i of A)."""
-        L = tl.zeros([BT, BT], dtype=tl.float32)
-        for i in tl.static_range(1, BT):
-            a_i = tile_row(A, rows, i)
-            l_i = -a_i - tl.sum(a_i[:, None] * L, axis=0)
-            L = tl.where((rows == i)[:, None], l_i[None, :], L)
-        return L + tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+    def unit_lower_inverse(A, rows, BT: tl.constexpr, LOW_PRECISION: tl.constexpr):
+        """``(I + A)^-1`` of a strictly lower-triangular ``[BT, BT]`` tile ``A`` (float32).
+
+        Up to 16 rows, by forward substitution: ``I + L`` with row i of L ``-a_i - a_i L`` (``a_i`` row i of A).
+        Larger tiles by 16-row blocks: the diagonal blocks' inverses ``Bd`` by forward substitution, all blocks
+        at once (``[BT / 16, 16, 16]``, each step's row reductions inside a block), then, with ``Al`` the part
+        of A below the diagonal blocks, ``(I + A) = (I + Ad)(I + M)``, ``M = Bd Al`` strictly block-lower (so
+        ``M^(BT / 16) = 0``): ``(I + A)^-1 = (I - M + M^2 - M^3) Bd`` as float32-accurate tensor-core products
+        (:func:`dot_f32`). A 64-row forward substitution row by row was 7x slower (H200)."""
+        if BT <= 16:
+            L = tl.zeros([BT, BT], dtype=tl.float32)
+            for i in tl.static_range(1, BT):
+                a_i = tile_row(A, rows, i)
+                l_i = -a_i - tl.sum(a_i[:, None] * L, axis=0)
+                L = tl.where((rows == i)[:, None], l_i[None, :], L)
+            X = L + tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+        else:
+            NB: tl.constexpr = BT // 16
+            same_block = tl.arange(0, NB)[:, None, None, None] == tl.arange(0, NB)[None, None, :, None]
+            A3 = tl.sum(tl.where(same_block, tl.reshape(A, [NB, 16, NB, 16]), 0.0), axis=2)  # the diagonal blocks
+            r3 = tl.arange(0, 16)[None, :, None]
+            L3 = tl.zeros([NB, 16, 16], dtype=tl.float32)
+            for i in tl.static_range(1, 16):
+                a_i = tl.sum(tl.where(r3 == i, A3, 0.0), axis=1)  # [NB, 16]: row i of every block
+                l_i = -a_i - tl.sum(a_i[:, :, None] * L3, axis=1)
+                L3 = tl.where(r3 == i, l_i[:, None, :], L3)
+            L3 = L3 + tl.where(r3 == tl.arange(0, 16)[None, None, :], 1.0, 0.0)
+            Bd = tl.reshape(tl.where(same_block, tl.broadcast_to(tl.reshape(L3, [NB, 16, 1, 16]), [NB, 16, NB, 16]),
+                                     0.0), [BT, BT])
+            M = dot_f32(Bd, tl.where((rows // 16)[:, None] > (rows // 16)[None, :], A, 0.0), LOW_PRECISION)
+            X = Bd - dot_f32(M, Bd, LOW_PRECISION)  # (I - M) Bd
+            if NB > 2:
+                X = X + dot_f32(dot_f32(M, M, LOW_PRECISION), X, LOW_PRECISION)  # (I + M^2)(I - M) Bd
+        return X
 
     @triton.jit
     def absmax_row_scale(x, QMAX: tl.constexpr):

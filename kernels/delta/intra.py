@@ -70,7 +70,7 @@ if triton is not None:
             D = tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
             A = tl.where(rows[:, None] > rows[None, :], mm(k, tl.trans(k), LOW_PRECISION) * D * beta[:, None], 0.0)
             QK = tl.where(causal, mm(q, tl.trans(k), LOW_PRECISION) * D, 0.0)
-            inv = unit_lower_inverse(A, rows, BT)
+            inv = unit_lower_inverse(A, rows, BT, LOW_PRECISION)
             u = mm(inv, v * beta[:, None], LOW_PRECISION)
             w = mm(inv, k * (beta * tl.exp(G))[:, None], LOW_PRECISION)
             tok = (b * T + offs_t).to(tl.int64) * H + h

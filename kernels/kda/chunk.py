@@ -118,7 +118,7 @@ if triton is not None:
                 QK = tl.where(block, QK + dot_f32(q_first, tl.trans(from_r), LOW_PRECISION), QK)
             A = tl.where(rows[:, None] > rows[None, :], A * (beta * k_row)[:, None] * k_row[None, :], 0.0)
             QK = QK * q_row[:, None] * k_row[None, :]
-            inv = unit_lower_inverse(A, rows, BT)
+            inv = unit_lower_inverse(A, rows, BT, LOW_PRECISION)
             mtv = mt[:, None] & mv[None, :]
             v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_t[:, None] * s_vt + offs_v[None, :], mask=mtv,
                         other=0.0).to(tl.float32)
