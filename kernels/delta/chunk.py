@@ -217,19 +217,19 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
 # The chunk-parallel intra-chunk launch and a 64-token walk, chosen where the (sequence, head) programs are too few to
 # fill the GPU and the prompt is long (see splits_intra; the numbers are in eval/results/split_intra_h200/).
 SPLIT_BLOCK_T = 64
-SPLIT_MAX_HEADS_PER_SM = 1
-SPLIT_MIN_TOKENS = 8192
+SPLIT_SMS_PER_HEAD = 2
+SPLIT_MIN_TOKENS = 4096
 
 
 def splits_intra(q: torch.Tensor, sequence_heads: int, tokens: int) -> bool:
     """Whether :func:`chunk_delta_triton` runs the intra-chunk work in its own launch by default: on CUDA, for at
-    most :data:`SPLIT_MAX_HEADS_PER_SM` (sequence, head) pairs per SM and at least :data:`SPLIT_MIN_TOKENS` tokens.
+    most one (sequence, head) pair per :data:`SPLIT_SMS_PER_HEAD` SMs and at least :data:`SPLIT_MIN_TOKENS` tokens.
     Many sequences fill the GPU with walks whose 16-token steps build their own WY form; few long ones leave it
     waiting on the walk's serial steps, which the split cuts to a quarter."""
     if not q.is_cuda:
         return False
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    return sequence_heads <= SPLIT_MAX_HEADS_PER_SM * sms and tokens >= SPLIT_MIN_TOKENS
+    return sequence_heads * SPLIT_SMS_PER_HEAD <= sms and tokens >= SPLIT_MIN_TOKENS
 
 
 def check_launch(B: int, cu_seqlens, block_t: int) -> None:
@@ -240,10 +240,11 @@ def check_launch(B: int, cu_seqlens, block_t: int) -> None:
         raise ValueError(f"block_t must be 16, 32 or 64; got {block_t}")
 
 
-# Pipeline stages of the walk by chunk size: at 16 tokens two stages load the next chunk during this one's products
-# (H200, bf16, 32 heads of 128: the delta rule 6-19% faster, KDA 4-6%, at 64 x 1K, 4 x 16K, 1 x 64K and 1 x 4K tokens;
-# the same outputs bit for bit; eval/results/walk_stages_h200/). Longer chunks keep one (not timed with two).
-WALK_STAGES = {16: 2}
+# Pipeline stages of the walk by chunk size: two stages load the next chunk during this one's products (H200, bf16, 32
+# heads of 128: at 16 tokens the delta rule 6-19% faster, KDA 4-6%, at 64 x 1K, 4 x 16K, 1 x 64K and 1 x 4K tokens, the
+# same outputs bit for bit, eval/results/walk_stages_h200/; the split walk of 32 / 64 tokens 3-19% faster at 1 x 64K,
+# eval/results/split_intra_h200/).
+WALK_STAGES = {16: 2, 32: 2, 64: 2}
 
 
 def launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, final_format, roundtrip, cu_seqlens,
