@@ -64,6 +64,9 @@ class Family:
     # modules kept as they are (the vision tower and its projector), and the Auto class that builds
     # the whole model (its config's layer_types are in text_config)
     text_model: str = "model"
+    # the type of every layer where the config lists none (transformers' Mamba2Config has layer_types only
+    # since 5.2x; every Mamba2 block is a linear mixer)
+    uniform_layer_type: str = ""
     vision: tuple[str, ...] = ()
     auto_class: str = "AutoModelForCausalLM"
 
@@ -170,7 +173,8 @@ _FAMILIES = (
     # embedding / residual / attention / logits multipliers stay in transformers' decoder
     Family("granitemoehybrid", "gla", "mamba", "GraniteMoeHybridMambaLayer", "Mamba2Mixer"),
     # Mamba2 language models (Mamba-2, Codestral Mamba): Mamba2 blocks alone, the decoder under `backbone`
-    Family("mamba2", "gla", "mixer", "Mamba2Mixer", "Mamba2Mixer", text_model="backbone"),
+    Family("mamba2", "gla", "mixer", "Mamba2Mixer", "Mamba2Mixer", text_model="backbone",
+           uniform_layer_type="linear_attention"),
     # Falcon-H1: every block runs Mamba2 and softmax attention in parallel; muP multipliers
     Family("falcon_h1", "gla", "mamba", "FalconH1Mixer", "FalconH1Mamba2Mixer", parallel_layer_types=("hybrid",)),
     # Zamba2: Mamba2 layers; a "hybrid" layer runs a shared transformer block (attention + MLP, each

@@ -886,3 +886,30 @@ def test_mamba2_in_proj_treats_its_dt_channels_alone(family, monkeypatch):
     for handle in handles:
         handle.remove()
     assert all(torch.equal(a, b) for a, b in zip(fast, slow))
+
+
+def _without_layer_types(config, monkeypatch):
+    if isinstance(getattr(type(config), "layer_types", None), property):  # derived from other fields
+        monkeypatch.setattr(type(config), "layer_types", None)
+    else:
+        config.layer_types = None
+
+
+def test_a_mamba2_config_without_layer_types_is_all_linear(monkeypatch):
+    """transformers' Mamba2Config lists no layer_types in some releases (the H200's 5.17 build): every block is
+    then a linear mixer, installed and run as with the list; another family without them still fails loudly."""
+    torch.manual_seed(0)
+    model = FAMILIES["mamba2"]().eval()
+    ids = torch.randint(0, VOCAB, (1, 12))
+    with torch.no_grad():
+        want = model(ids).logits
+    _without_layer_types(model.config, monkeypatch)
+    assert getattr(model.config, "layer_types", None) is None
+    adapter = install(model)
+    assert adapter.layer_types == ["linear_attention"] * 3
+    with torch.no_grad():
+        assert rel_err(model(ids).logits, want) < 1e-5
+    other = FAMILIES["qwen3_next"]()
+    _without_layer_types(other.config, monkeypatch)
+    with pytest.raises(LaquantError, match="cannot resolve the layer types"):
+        install(other)

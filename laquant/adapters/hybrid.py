@@ -158,6 +158,8 @@ class HybridAdapter(Adapter):
                                f"got {type(model).__name__}")
         self.layers = list(inner.layers)
         types = getattr(model.config.get_text_config(), "layer_types", None)
+        if types is None and family.uniform_layer_type:
+            types = [family.uniform_layer_type] * len(self.layers)
         if types is None or len(types) != len(self.layers):
             raise LaquantError(f"{self.model_type} adapter: cannot resolve the layer types: config.layer_types is "
                                f"{types!r}, expected one of {allowed} for each of the {len(self.layers)} layers")
