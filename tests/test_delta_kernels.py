@@ -250,7 +250,6 @@ def test_a_long_prompt_runs_in_pieces_with_the_same_result(monkeypatch):
     carried in float32: the same outputs and the same stochastically rounded final state as one launch, bit for
     bit."""
     from laquant.kernels.delta import chunk as delta_chunk
-    from laquant.kernels.delta import intra
 
     args = _inputs(2, 150, 1, 2, 16, 16, seed=13)
     h0 = _stored((2, 2, 16, 16), "int8_row")
@@ -258,8 +257,8 @@ def test_a_long_prompt_runs_in_pieces_with_the_same_result(monkeypatch):
               rounding="stochastic", seed=5, split_intra=True)
     o_one, s_one = chunk_delta_triton(*args, **kw)
     launches = []
-    real = intra.delta_intra_chunk
-    monkeypatch.setattr(intra, "delta_intra_chunk", lambda *a: launches.append(a[0].shape[1]) or real(*a))
+    real = delta_chunk.delta_intra_chunk
+    monkeypatch.setattr(delta_chunk, "delta_intra_chunk", lambda *a: launches.append(a[0].shape[1]) or real(*a))
     monkeypatch.setattr(delta_chunk, "INTRA_BUDGET_BYTES", 2 * 2 * (64 + 16 + 16) * 4 * 64)  # 64 tokens a piece
     o, s = chunk_delta_triton(*args, **kw)
     assert launches == [64, 64, 22]

@@ -39,6 +39,7 @@ import torch
 
 from ..common.state import State, StateQuantizer
 from ..common.state_io import CHUNK, check_state_args, sequence_bounds, state_io, store_position, store_states
+from .intra import chunk_warps, delta_intra_chunk
 from .reference import chunk_gated_delta_rule
 
 try:
@@ -171,7 +172,7 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
                        output_final_state: bool = False, final_format: str = "fp32",
                        roundtrip: StateQuantizer | None = None, cu_seqlens: torch.Tensor | None = None,
                        use_qk_l2norm: bool = False, block_t: int | None = None, block_v: int | None = None,
-                       num_warps: int = 4, num_stages: int | None = None, out: torch.Tensor | None = None,
+                       num_warps: int | None = None, num_stages: int | None = None, out: torch.Tensor | None = None,
                        rounding: str = "nearest", seed: int = 0, position: int | None = None,
                        split_intra: bool | None = None):
     """Chunked gated-delta-rule forward. q, k ``[B, T, Hk, K]``, v ``[B, T, Hv, V]`` (``Hv`` a
@@ -185,9 +186,10 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
     work (the WY form, ``q k^T * D``) in its own launch for all chunks at once
     (:func:`~laquant.kernels.delta.intra.delta_intra_chunk`), the walk then taking ``block_t`` 64 by default;
     else built in the walk (``block_t`` 16 by default); :func:`splits_intra` chooses by default. ``block_t``
-    (16, 32 or 64), ``block_v``, ``num_warps`` and ``num_stages`` (:data:`WALK_STAGES` by default) are launch
-    parameters; they do not change the result beyond rounding. ``rounding``, ``seed`` and ``position``: the final state's (and a
-    stochastic ``roundtrip``'s) stochastic rounding, as in :func:`~laquant.kernels.gla.chunk.chunk_gla_triton`.
+    (16, 32 or 64), ``block_v``, ``num_warps`` (4 by default, see :func:`~laquant.kernels.delta.intra.chunk_warps`)
+    and ``num_stages`` (:data:`WALK_STAGES` by default) are launch parameters; they do not change the result beyond
+    rounding. ``rounding``, ``seed`` and ``position``: the final state's (and a stochastic ``roundtrip``'s)
+    stochastic rounding, as in :func:`~laquant.kernels.gla.chunk.chunk_gla_triton`.
     By default V is split over several programs (down to 32 columns)
     while the ``N * Hv`` sequence-heads alone cannot fill the GPU, unless a per-row state format
     needs whole rows. Returns ``(o, final_state or None)``.
@@ -208,17 +210,17 @@ def chunk_delta_triton(q, k, v, g, beta, scale: float | None = None, initial_sta
         return launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, final_format, roundtrip,
                             cu_seqlens, use_qk_l2norm, block_t or 16, block_v, num_warps, num_stages, out, rounding,
                             seed, position)
-    from .intra import delta_intra_chunk
     return launch_with_intra(delta_intra_chunk, q, k, v, g, beta, scale, initial_state, output_final_state,
                              final_format, roundtrip, cu_seqlens, use_qk_l2norm, block_t or SPLIT_BLOCK_T, block_v,
                              num_warps, num_stages, out, rounding, seed, position)
 
 
 # The chunk-parallel intra-chunk launch and a 64-token walk, chosen where the (sequence, head) programs are too few to
-# fill the GPU and the prompt is long (see splits_intra; the numbers are in eval/results/split_intra_h200/).
+# fill the GPU (H200, 32 heads of 128, bf16: 2.0-2.4x the one-launch walk at 1 x 2K-64K and 1.8x at 2 x 16K, 0.85x at
+# 1 x 1K, 0.96-1.04x at 4 x 16K, slower from 8 sequences of 8K on; eval/results/split_intra_h200/).
 SPLIT_BLOCK_T = 64
 SPLIT_SMS_PER_HEAD = 2
-SPLIT_MIN_TOKENS = 4096
+SPLIT_MIN_TOKENS = 2048
 
 
 def splits_intra(q: torch.Tensor, sequence_heads: int, tokens: int) -> bool:
@@ -287,7 +289,8 @@ def launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, fin
         H=H, GROUP=H // Hk, K=K, V=V, BT=block_t, BK=BK, BV=BV, VARLEN=cu_seqlens is not None,
         RT_EVERY=CHUNK // block_t, LOW_PRECISION=q.dtype != torch.float32, L2NORM=use_qk_l2norm,
         PER_CHANNEL=g.dim() == 4, INTRA=intra is not None,
-        num_warps=num_warps, num_stages=num_stages, **state_args,
+        num_warps=chunk_warps(block_t, K, q.dtype != torch.float32, 4) if num_warps is None else num_warps,
+        num_stages=num_stages, **state_args,
     )
     return o, final
 

@@ -106,8 +106,15 @@ def intra_grid(B: int, T: int, H: int, block_t: int, cu_seqlens: torch.Tensor | 
     return (chunks + N, H), torch.stack((seq, slots - first), 1).to(torch.int32).contiguous()
 
 
-# Warps of the intra-chunk kernel by chunk size (not swept: the forward substitution's rows are what it waits on)
+# Warps of the intra-chunk kernel by chunk size (not swept)
 INTRA_WARPS = {16: 2, 32: 4, 64: 4}
+
+
+def chunk_warps(block_t: int, K: int, low_precision: bool, warps: int) -> int:
+    """``warps`` for a delta-rule chunk kernel, except 2 for bf16 64-token chunks of K <= 32: at 4 warps those
+    faulted with an illegal address on an H200 (Triton 3.6; the intra-chunk kernel at K = 16 and 32, 2 and 8
+    warps ran; K = 64 and 128 ran at 4)."""
+    return 2 if block_t == 64 and triton.next_power_of_2(K) <= 32 and low_precision else warps
 
 
 def delta_intra_chunk(q, k, v, g, beta, scale: float | None = None, cu_seqlens: torch.Tensor | None = None,
@@ -130,5 +137,5 @@ def delta_intra_chunk(q, k, v, g, beta, scale: float | None = None, cu_seqlens: 
         beta.stride(0), beta.stride(1), beta.stride(2), T, K ** -0.5 if scale is None else scale,
         H=H, GROUP=H // Hk, K=K, V=V, BT=block_t, BK=triton.next_power_of_2(K), BV=triton.next_power_of_2(V),
         VARLEN=cu_seqlens is not None, LOW_PRECISION=q.dtype != torch.float32, L2NORM=use_qk_l2norm,
-        num_warps=INTRA_WARPS[block_t])
+        num_warps=chunk_warps(block_t, K, q.dtype != torch.float32, INTRA_WARPS[block_t]))
     return qk, w, u

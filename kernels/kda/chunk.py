@@ -32,7 +32,7 @@ import torch
 
 from ..common.state import State, StateQuantizer
 from ..delta.chunk import launch_with_intra, per_sequence_reference, triton
-from ..delta.intra import intra_grid, intra_outputs
+from ..delta.intra import chunk_warps, intra_grid, intra_outputs
 from .reference import chunk_kda
 
 if triton is not None:
@@ -162,7 +162,7 @@ def kda_intra_chunk(q, k, v, g, beta, scale: float | None = None, cu_seqlens: to
         beta.stride(0), beta.stride(1), beta.stride(2), T, K ** -0.5 if scale is None else scale,
         H=H, GROUP=H // Hk, K=K, V=V, BT=block_t, BK=BK, SB=sub_block, BV=BV,
         VARLEN=cu_seqlens is not None, LOW_PRECISION=q.dtype != torch.float32, L2NORM=use_qk_l2norm,
-        num_warps=2 if block_t <= 16 else 4)  # tools/sweep_kda_intra.py, H200
+        num_warps=chunk_warps(block_t, K, q.dtype != torch.float32, 2 if block_t <= 16 else 4))  # sweep_kda_intra.py
     return qk, w, u
 
 
@@ -180,7 +180,7 @@ def chunk_kda_triton(q, k, v, g, beta, scale: float | None = None, initial_state
                      output_final_state: bool = False, final_format: str = "fp32",
                      roundtrip: StateQuantizer | None = None, cu_seqlens: torch.Tensor | None = None,
                      use_qk_l2norm: bool = False, block_t: int = 16, block_v: int | None = None,
-                     num_warps: int = 4, num_stages: int | None = None, out: torch.Tensor | None = None,
+                     num_warps: int | None = None, num_stages: int | None = None, out: torch.Tensor | None = None,
                      rounding: str = "nearest", seed: int = 0, position: int | None = None):
     """Chunked KDA forward. q, k ``[B, T, Hk, K]``, v ``[B, T, Hv, V]`` (``Hv`` a multiple of
     ``Hk``), g (log-decay) ``[B, T, Hv, K]``, beta ``[B, T, Hv]``; ``cu_seqlens``, the state
