@@ -913,3 +913,28 @@ def test_a_mamba2_config_without_layer_types_is_all_linear(monkeypatch):
     _without_layer_types(other.config, monkeypatch)
     with pytest.raises(LaquantError, match="cannot resolve the layer types"):
         install(other)
+
+
+def test_the_cache_keyword_of_each_transformers_release():
+    """A forward taking ``cache`` (transformers >= 5.24), ``cache_params`` (its Mamba-2 models before) or only
+    ``past_key_values``: laquant passes its cache by the keyword there is and finds it in the output and in a layer's
+    call (the H200's transformers 5.17 Mamba-2 model ignored a ``past_key_values`` and decoded without a cache)."""
+    from laquant.adapters import _cache_keyword, returned_cache
+    from laquant.models.cache import passed_cache
+
+    class New(nn.Module):
+        def forward(self, input_ids, cache=None, past_key_values=None, **kwargs): ...
+
+    class OldMamba2(nn.Module):
+        def forward(self, input_ids, cache_params=None, **kwargs): ...
+
+    class Old(nn.Module):
+        def forward(self, input_ids, past_key_values=None, **kwargs): ...
+
+    assert [_cache_keyword(c) for c in (New, OldMamba2, Old)] == ["cache", "cache_params", "past_key_values"]
+    cache = object()
+    for name in ("cache", "cache_params", "past_key_values"):
+        assert returned_cache({name: cache}) is cache
+        assert passed_cache({"input_ids": 1, name: cache}) is cache
+    assert passed_cache({"cache": None, "past_key_values": cache}) is cache
+    assert passed_cache({}) is None

@@ -110,11 +110,13 @@ def intra_grid(B: int, T: int, H: int, block_t: int, cu_seqlens: torch.Tensor | 
 INTRA_WARPS = {16: 2, 32: 4, 64: 4}
 
 
-def chunk_warps(block_t: int, K: int, low_precision: bool, warps: int) -> int:
-    """``warps`` for a delta-rule chunk kernel, except 2 for bf16 64-token chunks of K <= 32: at 4 warps those
-    faulted with an illegal address on an H200 (Triton 3.6; the intra-chunk kernel at K = 16 and 32, 2 and 8
-    warps ran; K = 64 and 128 ran at 4)."""
-    return 2 if block_t == 64 and triton.next_power_of_2(K) <= 32 and low_precision else warps
+def chunk_warps(block_t: int, K: int, low_precision: bool, warps: int, wy_in_walk: bool = False) -> int:
+    """``warps`` for a delta-rule chunk kernel, except 2 for bf16 64-token chunks that build their WY form in the walk
+    (``wy_in_walk``) or have K <= 32. At 4 warps those faulted with an illegal address or gave wrong outputs on an
+    H200 (Triton 3.6): the intra-chunk kernel at K = 16 and 32 (K = 64 and 128 ran right), the one-launch walk at
+    K = 48 and 128; every one of them ran right at 2 warps (eval/results/split_intra_h200/)."""
+    small = block_t == 64 and low_precision and (wy_in_walk or triton.next_power_of_2(K) <= 32)
+    return 2 if small else warps
 
 
 def delta_intra_chunk(q, k, v, g, beta, scale: float | None = None, cu_seqlens: torch.Tensor | None = None,

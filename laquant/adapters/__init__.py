@@ -51,20 +51,21 @@ def new_cache(model, seed: int = 0):
 
 def cache_kwargs(model, cache) -> dict:
     """``{keyword: cache}``, the keyword ``model``'s forward takes its cache by: ``cache`` (laquant's GLA,
-    and transformers from 5.24 on, where ``past_key_values`` is deprecated, to go in 5.40) or
-    ``past_key_values`` (transformers before 5.24)."""
+    and transformers from 5.24 on, where ``past_key_values`` is deprecated, to go in 5.40),
+    ``cache_params`` (transformers' Mamba-2 models before 5.24) or ``past_key_values`` (the others before 5.24)."""
     return {_cache_keyword(type(model)): cache}
 
 
 @functools.lru_cache(maxsize=None)
 def _cache_keyword(cls) -> str:
-    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+    params = inspect.signature(cls.forward).parameters
+    return next((name for name in ("cache", "cache_params") if name in params), "past_key_values")
 
 
 def returned_cache(out):
-    """The cache a forward returned: ``out.cache`` from transformers 5.24 on, ``out.past_key_values``
-    before (read as keys: the deprecated attribute logs a warning)."""
-    return out["cache"] if "cache" in out else out.get("past_key_values")
+    """The cache a forward returned: ``out.cache`` from transformers 5.24 on, ``out.cache_params`` (Mamba-2
+    models) or ``out.past_key_values`` before (read as keys: the deprecated attribute logs a warning)."""
+    return next((out[name] for name in ("cache", "cache_params") if name in out), None) or out.get("past_key_values")
 
 
 __all__ = ["Adapter", "MixerInfo", "cache_kwargs", "get_adapter", "install", "new_cache", "returned_cache"]

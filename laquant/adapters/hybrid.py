@@ -35,7 +35,7 @@ import torch.nn as nn
 from laquant.adapters.base import Adapter, MixerInfo
 from laquant.errors import LaquantError
 from laquant.models import gated_attention, mla_attention, quantizing_rowwise
-from laquant.models.cache import state_store
+from laquant.models.cache import passed_cache, state_store
 
 LAYER_TYPES = ("linear_attention", "full_attention")
 
@@ -76,7 +76,7 @@ def _positions_from_state_store(module, args, kwargs):
     layer of its cache for the length), so laquant counts the tokens in its state store: also those of
     calls that bring their own positions (transformers' generate does), so that a later call without
     them goes on where the cache is."""
-    cache = kwargs.get("cache", kwargs.get("past_key_values"))  # `cache` from transformers 5.24 on
+    cache = passed_cache(kwargs)
     if cache is None or kwargs.get("laquant_graph_step"):
         return None  # a marked step's positions: _graph_step_forward's, where it runs eagerly
     ids = args[0] if args else kwargs.get("input_ids")

@@ -306,6 +306,13 @@ def check_seed(seed: int) -> int:
     return seed
 
 
+def passed_cache(kwargs: dict):
+    """The cache a transformers forward was called with: ``cache`` from transformers 5.24 on, ``cache_params``
+    (Mamba-2 models) or ``past_key_values`` before."""
+    return next((kwargs[name] for name in ("cache", "cache_params", "past_key_values") if kwargs.get(name) is not None),
+                None)
+
+
 def state_store(cache) -> GLAStateCache | HybridStates | None:
     """Where the linear layers keep their states for ``cache``: a :class:`GLAStateCache` is its own
     store; any other (transformers) cache gets a :class:`HybridStates` attached on first use."""

@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 
 from laquant.kernels.common.dispatch import use_triton
+from laquant.models.cache import passed_cache
 from laquant.models.quantizing_rowwise import NORM_WEIGHTS, formula_weight, mix_into, original_class
 
 # attention classes whose forward is Qwen3-Next's: q_proj makes each head's query and output gate side by
@@ -74,7 +75,7 @@ class _StaticStepAttention:
     """Mixed into a gated attention's class by :func:`install` (the original class next in the MRO)."""
 
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, *args, **kwargs):
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        cache = passed_cache(kwargs)
         if not args and _takes_step(self, hidden_states, position_embeddings, cache, kwargs):
             return _static_step(self, hidden_states, position_embeddings, attention_mask, cache), None
         return super().forward(hidden_states, position_embeddings, attention_mask, *args, **kwargs)

@@ -47,7 +47,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from laquant.generate import (_state_tensors, capture_graph, static_cache, static_forward,
                               warm_up_outside_capture)
 from laquant.kernels.common.state import State
-from laquant.models.cache import GLAStateCache, state_layout, state_store
+from laquant.models.cache import GLAStateCache, passed_cache, state_layout, state_store
 
 _GRAPHS = "_laquant_step_graphs"
 ROOM = 1024  # a hybrid's static keys: room for this many more tokens, the whole rounded up to a multiple of it
@@ -89,7 +89,7 @@ def hybrid_graph_step(model, args: tuple, kwargs: dict):
     from laquant.models.static_hybrid import StaticHybridCache, kv_layers
 
     ids = kwargs.get("input_ids", args[0] if args else None)
-    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    cache = passed_cache(kwargs)
     if (len(args) > 1 or not _replayable_call(model, ids, kwargs.get("labels"), kwargs.get("logits_to_keep", 0))
             or cache is None or isinstance(cache, StaticHybridCache) or kwargs.get("inputs_embeds") is not None
             or kwargs.get("output_attentions") or kwargs.get("output_hidden_states")):

@@ -28,6 +28,7 @@ import sys
 import torch
 import torch.nn as nn
 
+from laquant.models.cache import passed_cache
 from laquant.models.quantizing_rowwise import mix_into, original_class
 
 # MLA classes: the function of their modeling module that rotates the rope part (None: no rotary), and the
@@ -120,7 +121,7 @@ class _AbsorbedStepAttention:
     """Mixed into an MLA attention's class by :func:`install` (the original class next in the MRO)."""
 
     def forward(self, hidden_states, *args, **kwargs):
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        cache = passed_cache(kwargs)
         if not args and _takes_step(self, hidden_states, cache, kwargs):
             return _absorbed_step(self, hidden_states, kwargs.get("attention_mask"), cache,
                                 kwargs.get("position_embeddings")), None
