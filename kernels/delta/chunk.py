@@ -27,10 +27,11 @@ kernel (:func:`~laquant.kernels.kda.chunk.kda_intra_chunk`) runs it for every ch
 writes each token's row of the masked ``q k^T * D`` and its ``w`` and ``u``; this kernel then walks
 the chunks with those (``PER_CHANNEL``), the decays applied per channel.
 
-Design note: fla splits this into a chunk-parallel WY pass (writing w and u) and a 64-token state
-pass. That layout, tried here too, was slower at B*T = 65,536 with T <= 16K (6.4 ms against this
-kernel's 3.9 ms at 16 x 4,096 on an H100) and faster only for one long sequence (8.2 against
-16.6 ms at 1 x 65,536), where too few programs run; ``eval/results/speed.md`` has the numbers.
+Where few long sequences leave most SMs idle, the chunk-local work runs instead as its own chunk-parallel launch
+(:func:`~laquant.kernels.delta.intra.delta_intra_chunk`, fla's split) and the walk reads it in 64-token steps
+(``INTRA``), a quarter of the serial steps: 2.0-2.3x at 1 x 2K-64K tokens on an H200, slower from 4 sequences of 16K
+on, where the walks fill the GPU and the split's extra memory traffic costs more (:func:`splits_intra`;
+``eval/results/split_intra_h200/``).
 """
 
 from __future__ import annotations
