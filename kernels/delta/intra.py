@@ -3,13 +3,14 @@
 With ``G`` a chunk's cumulative log-decay (one per head and token) and ``D_ij = exp(G_i - G_j)`` for
 ``j <= i``, everything that depends on the chunk's own tokens alone: the causal ``q k^T * D``, the
 unit-lower-triangular ``(I + A)``, ``A_ij = beta_i (k_i . k_j) D_ij`` (``j < i``), inverted by 16-row blocks
-(:func:`~laquant.kernels.common.triton_numerics.unit_lower_inverse`), and the WY form's ``u = (I + A)^-1 (beta v)`` and ``w = (I + A)^-1 (beta exp(G) k)``. One
-program per (chunk, sequence, head), all chunks in parallel; it writes each token's row of the three, in
-the layout of KDA's :func:`~laquant.kernels.kda.chunk.kda_intra_chunk` (whose per-channel decays need
-sub-blocks), so the delta rule's walk (:mod:`laquant.kernels.delta.chunk`) reads either. This is fla's
-``chunk_scaled_dot_kkt`` / ``solve_tril`` / ``recompute_w_u`` split: it lets one long sequence walk in
-64-token steps, a quarter of the serial steps, with the walk left only the products against the state.
-Spec: :func:`~laquant.kernels.kda.reference.intra_chunk_rows` with the decay broadcast over the channels.
+(:func:`~laquant.kernels.common.triton_numerics.unit_lower_inverse`), and the WY form's
+``u = (I + A)^-1 (beta v)`` and ``w = (I + A)^-1 (beta exp(G) k)``. One program per (chunk, sequence, head),
+all chunks in parallel; it writes each token's row of the three, in the layout of KDA's
+:func:`~laquant.kernels.kda.chunk.kda_intra_chunk` (whose per-channel decays need sub-blocks), so the delta
+rule's walk (:mod:`laquant.kernels.delta.chunk`) reads either. This is fla's ``chunk_scaled_dot_kkt`` /
+``solve_tril`` / ``recompute_w_u`` split: it lets one long sequence walk in 64-token steps, a quarter of the
+serial steps, with the walk left only the products against the state. Spec:
+:func:`~laquant.kernels.kda.reference.intra_chunk_rows` with the decay broadcast over the channels.
 """
 
 from __future__ import annotations

@@ -65,7 +65,8 @@ def _cache_keyword(cls) -> str:
 def returned_cache(out):
     """The cache a forward returned: ``out.cache`` from transformers 5.24 on, ``out.cache_params`` (Mamba-2
     models) or ``out.past_key_values`` before (read as keys: the deprecated attribute logs a warning)."""
-    return next((out[name] for name in ("cache", "cache_params") if name in out), None) or out.get("past_key_values")
+    name = next((name for name in ("cache", "cache_params") if name in out), "past_key_values")
+    return out.get(name)  # not `or`: an empty transformers cache is falsy
 
 
 __all__ = ["Adapter", "MixerInfo", "cache_kwargs", "get_adapter", "install", "new_cache", "returned_cache"]
