@@ -489,8 +489,8 @@ class FalconH1Mamba2Mixer(Mamba2Mixer):
         return self.split_in_proj(self.project(x))
 
     def gated_output(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        if self.mamba_rms_norm:
-            return self.norm(y, z)
+        if self.mamba_rms_norm:  # as rows: transformers 5.17's norm squeezed a [B, 1, I] y to [B, I], times z [B, 1, I]
+            return self.norm(y.reshape(-1, y.shape[-1]), z.reshape(-1, z.shape[-1])).reshape(y.shape)
         return y * F.silu(z)
 
 
