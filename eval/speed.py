@@ -242,15 +242,17 @@ def bench_delta_decode(batches=(1, 4, 16, 64, 256), Hk=16, Hv=32, K=128, bandwid
 def bench_delta_prefill(seq_lens=(1024, 4096, 16384, 65536), total=65536, Hk=16, Hv=32, K=128,
                         bandwidth=None, peak_tflops=None) -> list[dict]:
     """Chunked gated-delta-rule prefill, B * T = 65,536 tokens, Qwen3-Next's heads, bf16: laquant
-    (fp32 state; fp8 round trips every 64 tokens) vs fla ``chunk_gated_delta_rule`` (forward)."""
-    from laquant.kernels.delta.chunk import chunk_delta_triton
+    (fp32 state; fp8 round trips every 64 tokens) vs fla ``chunk_gated_delta_rule`` (forward). ``layout`` names
+    laquant's launch: ``split`` (the chunk-parallel WY form, a 64-token walk) or ``walk`` (one launch)."""
+    from laquant.kernels.delta.chunk import chunk_delta_triton, splits_intra
 
     fla_chunk = _fla_op("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
     V = K
     rows = []
     for B, T in _prefill_shapes(seq_lens, total):
         q, k, v, g, beta = _delta_inputs(B, T, Hk, Hv, K, V)
-        row = {"B": B, "T": T, "Hk": Hk, "Hv": Hv, "K": K, "V": V}
+        row = {"B": B, "T": T, "Hk": Hk, "Hv": Hv, "K": K, "V": V,
+               "layout": "split" if splits_intra(q, B * Hv, B * T) else "walk"}
         peer = None if fla_chunk is None else partial(fla_chunk, q, k, v, g, beta, output_final_state=True,
                                                       use_qk_l2norm_in_kernel=True)
         _time_chunked(row, partial(chunk_delta_triton, q, k, v, g, beta, output_final_state=True, use_qk_l2norm=True),
