@@ -367,6 +367,30 @@ if triton is not None:
         return decode_state(codes, new_scale, FMT), new_scale
 
     @triton.jit
+    def intra_chunk_tile(cu_ptr, slot_ptr, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                         BK: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr):
+        """What an intra-chunk kernel's program owns (grid and slot map:
+        :func:`laquant.kernels.delta.intra.intra_grid`): value head ``h``, its sequence's end ``eos`` and batch
+        row ``b``, the chunk's rows, K / V offsets and masks, and :func:`chunk_rows` of its chunk (``t0 >= eos``:
+        a spare varlen slot, nothing to do)."""
+        if VARLEN:
+            n = tl.load(slot_ptr + 2 * tl.program_id(0))
+            i_c = tl.load(slot_ptr + 2 * tl.program_id(0) + 1)
+            h = tl.program_id(1)
+        else:
+            n = tl.program_id(1) // H
+            i_c = tl.program_id(0)
+            h = tl.program_id(1) % H
+        bos, eos, b = sequence_span(cu_ptr, n, T, VARLEN)
+        rows = tl.arange(0, BT)
+        offs_k = tl.arange(0, BK)
+        offs_v = tl.arange(0, BV)
+        mk = offs_k < K
+        mv = offs_v < V
+        t0, offs_t, mt, mtk = chunk_rows(bos, eos, i_c, rows, mk, BT)
+        return h, eos, b, rows, offs_k, offs_v, mk, mv, t0, offs_t, mt, mtk
+
+    @triton.jit
     def program_tile(cu_ptr, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
                      BV: tl.constexpr, VARLEN: tl.constexpr):
         """What a chunked kernel's program owns (grid: ``N * H`` by V blocks): sequence ``n``, head

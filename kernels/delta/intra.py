@@ -21,7 +21,7 @@ try:
     import triton
     import triton.language as tl
 
-    from ..common.triton_numerics import chunk_rows, mm, sequence_span, unit_lower_inverse
+    from ..common.triton_numerics import intra_chunk_tile, mm, unit_lower_inverse
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -36,21 +36,8 @@ if triton is not None:
                                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr,
                                   LOW_PRECISION: tl.constexpr, L2NORM: tl.constexpr):
         """One chunk of one (sequence, value head); the grid as :func:`intra_grid` makes it."""
-        if VARLEN:
-            n = tl.load(slot_ptr + 2 * tl.program_id(0))
-            i_c = tl.load(slot_ptr + 2 * tl.program_id(0) + 1)
-            h = tl.program_id(1)
-        else:
-            n = tl.program_id(1) // H
-            i_c = tl.program_id(0)
-            h = tl.program_id(1) % H
-        bos, eos, b = sequence_span(cu_ptr, n, T, VARLEN)
-        rows = tl.arange(0, BT)
-        offs_k = tl.arange(0, BK)
-        offs_v = tl.arange(0, BV)
-        mk = offs_k < K
-        mv = offs_v < V
-        t0, offs_t, mt, mtk = chunk_rows(bos, eos, i_c, rows, mk, BT)
+        h, eos, b, rows, offs_k, offs_v, mk, mv, t0, offs_t, mt, mtk = intra_chunk_tile(
+            cu_ptr, slot_ptr, T, H, K, V, BT, BK, BV, VARLEN)
         if t0 < eos:
             hk = h // GROUP
             mtv = mt[:, None] & mv[None, :]

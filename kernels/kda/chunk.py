@@ -38,7 +38,7 @@ from .reference import chunk_kda
 if triton is not None:
     import triton.language as tl
 
-    from ..common.triton_numerics import chunk_rows, dot_f32, mm, sequence_span, tile_row, unit_lower_inverse
+    from ..common.triton_numerics import dot_f32, intra_chunk_tile, mm, tile_row, unit_lower_inverse
 
     @triton.jit
     def _kda_intra_chunk_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qk_ptr, w_ptr, u_ptr, cu_ptr, slot_ptr,
@@ -56,21 +56,8 @@ if triton is not None:
         ``G_i - G_j`` the sum of the ``d`` log-decays between them (shifted loads of g and k); below it, as
         matrix products through the sub-block's first row ``r``: ``(x_i exp(G_i - G_r)) . (k_j exp(G_r - G_j))``
         for ``j < r <= i``. Every exponent is <= 0, so strong decays cannot overflow."""
-        if VARLEN:
-            n = tl.load(slot_ptr + 2 * tl.program_id(0))
-            i_c = tl.load(slot_ptr + 2 * tl.program_id(0) + 1)
-            h = tl.program_id(1)
-        else:
-            n = tl.program_id(1) // H
-            i_c = tl.program_id(0)
-            h = tl.program_id(1) % H
-        bos, eos, b = sequence_span(cu_ptr, n, T, VARLEN)
-        rows = tl.arange(0, BT)
-        offs_k = tl.arange(0, BK)
-        offs_v = tl.arange(0, BV)
-        mk = offs_k < K
-        mv = offs_v < V
-        t0, offs_t, mt, mtk = chunk_rows(bos, eos, i_c, rows, mk, BT)
+        h, eos, b, rows, offs_k, offs_v, mk, mv, t0, offs_t, mt, mtk = intra_chunk_tile(
+            cu_ptr, slot_ptr, T, H, K, V, BT, BK, BV, VARLEN)
         if t0 < eos:
             hk = h // GROUP
             k_rows = k_ptr + b * s_kb + hk * s_kh + offs_k[None, :]
