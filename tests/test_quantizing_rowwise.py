@@ -154,6 +154,18 @@ def _codes_model(family):
     return _model(family)
 
 
+def _interpreted_codes_model(family):
+    """``_codes_model(family)`` with laquant's mixers installed, for a test of the kernels' wiring under Triton's
+    interpreter (skipped elsewhere: the GPU test covers CUDA)."""
+    if not INTERPRETED or os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("checks the kernels' wiring on the CPU under TRITON_INTERPRET=1 (the GPU test covers CUDA)")
+    pytest.importorskip("triton")
+    torch.manual_seed(0)
+    model = _codes_model(family).eval()
+    install(model)
+    return model
+
+
 def _projection_kernels_interpreted(monkeypatch) -> None:
     """Send the projections, norms, SwiGLUs and mixers' norm / gate ops to their Triton path (run by Triton's
     interpreter on the CPU); the state kernels keep the references."""
@@ -179,17 +191,12 @@ def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monk
     by Triton's interpreter, float32), every installed norm hands its codes to its group's one GEMM (none is
     computed in vain), the MLPs' SwiGLU and the mixers' gated norm write down_proj's / out_proj's, and the logits
     equal the reference path's (the gated delta rules' gate tail on its one kernel, too)."""
-    if not INTERPRETED or os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("checks the kernels' wiring on the CPU under TRITON_INTERPRET=1 (the GPU test covers CUDA)")
-    pytest.importorskip("triton")
     import laquant
     from laquant.kernels.delta import gating
     from laquant.kernels.rowwise import fused as rowwise_fused
     from laquant.quant import fused
 
-    torch.manual_seed(0)
-    model = _codes_model(family).eval()
-    install(model)
+    model = _interpreted_codes_model(family)
     laquant.calibrate(model, "hybrid_int8", torch.randint(0, VOCAB, (2, 64)), progress=False)
     ids = torch.randint(0, VOCAB, (2, 11))
     reference = model(ids).logits
@@ -224,17 +231,12 @@ def test_mamba_gated_norm_is_one_kernel_without_codes(family, variant, monkeypat
     """Where Mamba2's out_proj takes no codes (the unquantized model; a recipe that makes it weight-only int8), the
     grouped gated norm still runs as laquant's one kernel on the GPU path (checked on the CPU under Triton's
     interpreter, float32), once per Mamba2 layer and token batch, and the logits equal transformers' norm's."""
-    if not INTERPRETED or os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("checks the kernels' wiring on the CPU under TRITON_INTERPRET=1 (the GPU test covers CUDA)")
-    pytest.importorskip("triton")
     import laquant
     from laquant.kernels.rowwise import fused as rowwise_fused
     from laquant.models.hybrid_mixers import Mamba2Mixer
     from laquant.quant.modules import QuantLinear
 
-    torch.manual_seed(0)
-    model = _codes_model(family).eval()
-    install(model)
+    model = _interpreted_codes_model(family)
     if variant == "weight_only":  # every input column an outlier: weight-only int8
         recipe = load_recipe("hybrid_int8", ["projections.outlier_threshold=0.001",
                                              "projections.outlier_fallback=weight_only"])
