@@ -480,10 +480,11 @@ def hybrid_config(kind: str, fields: dict):
     another family's over transformers' defaults for it."""
     if kind == "qwen3_next":
         return qwen3_next_config(fields)
-    from transformers import CONFIG_MAPPING
+    from laquant.families import FAMILIES
 
+    config_class = FAMILIES[kind].config_class()
     try:
-        return CONFIG_MAPPING[kind](**fields)
+        return config_class(**fields)
     except Exception as exc:  # noqa: BLE001 - configs raise TypeError, ValueError or huggingface_hub's validation error
         raise LaquantError(f"--model {kind}:{json.dumps(fields)}: not a valid {kind} config ({exc})") from None
 
@@ -492,7 +493,7 @@ def hybrid_model(kind: str, cfg):
     """A random transformers model of a hybrid family's config (no laquant mixers)."""
     from laquant.families import FAMILIES
 
-    return FAMILIES[kind].model_class().from_config(cfg)
+    return FAMILIES[kind].from_config(cfg)
 
 
 def _random_model(build):

@@ -112,7 +112,7 @@ def _reference_model(model):
     Linear layers and state-dict keys are what the checkpoint must hold."""
     family = get_family(model.config.model_type)
     with torch.device("meta"):
-        return family.model_class().from_config(family.config(_plain_config(model)))
+        return family.from_config(family.config(_plain_config(model)))
 
 
 def _plain_config(model) -> dict:

@@ -102,20 +102,46 @@ class Family:
             config = module.CONFIG_CLASS.from_dict(cfg)
             module.check_supported(config)
             return config
-        from transformers import CONFIG_MAPPING
-
-        cls = CONFIG_MAPPING[self.model_type]
+        cls = self.config_class()
         # transformers writes inf/nan as {"__float__": "Infinity"} (e.g. bamba's time_step_limit)
         decode = getattr(cls, "_decode_special_floats", None)
         return cls.from_dict(decode(cfg) if decode is not None else cfg)
 
-    def model_class(self):
-        """The class whose ``from_pretrained`` / ``from_config`` builds the model."""
+    def config_class(self) -> type:
+        """The family's config class: transformers' own, looked up by name, never through ``AutoConfig``'s
+        registry, where another package may have put its own class for the same model type (fla registers its
+        Mamba2Config as ``mamba2`` when it is imported, and ``AutoConfig`` then builds fla's)."""
+        if self.native:
+            return self._native("models").CONFIG_CLASS
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+        return self._transformers_class(CONFIG_MAPPING_NAMES, "config")
+
+    def model_class(self) -> type:
+        """The class whose ``from_pretrained`` builds the model: transformers' own, by name (see
+        :meth:`config_class`), the causal LM or, for a vision-language family, what its Auto class builds."""
         if self.native:
             return self._native("models").MODEL_CLASS
+        from transformers.models.auto import modeling_auto
+
+        names = {"AutoModelForCausalLM": modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                 "AutoModelForImageTextToText": modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES}
+        return self._transformers_class(names[self.auto_class], "model")
+
+    def from_config(self, config):
+        """A randomly initialised model of ``config`` (what ``AutoModel*.from_config`` builds, by
+        :meth:`model_class`)."""
+        cls = self.model_class()
+        return cls(config) if self.native else cls._from_config(config)
+
+    def _transformers_class(self, names: dict, what: str) -> type:
         import transformers
 
-        return getattr(transformers, self.auto_class)
+        name = names.get(self.model_type)
+        if name is None or not hasattr(transformers, name):
+            raise LaquantError(f"transformers {transformers.__version__} has no {what} class for {self.model_type!r}: "
+                               "install a transformers version with this model")
+        return getattr(transformers, name)
 
 
 def _minimax_cache():

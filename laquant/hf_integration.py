@@ -157,10 +157,7 @@ def family_classes(model_type: str):
     if family.native:
         cls = family.model_class()
         return cls.config_class, cls
-    from transformers import CONFIG_MAPPING
-
-    config_class = CONFIG_MAPPING[model_type]
-    return config_class, family.model_class()._model_mapping[config_class]
+    return family.config_class(), family.model_class()
 
 
 def weight_count(model) -> int:

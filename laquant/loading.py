@@ -63,9 +63,8 @@ def empty_model(cfg: dict, source: Path | str, dtype: torch.dtype):
 
     config = model_config(cfg, source)
     family = get_family(config.model_type)
-    cls = family.model_class()
     with _skip_weight_init():  # every weight is overwritten by the checkpoint: no random init of each
-        model = (cls(config) if family.native else cls.from_config(config)).to(dtype)
+        model = family.from_config(config).to(dtype)
     model.tie_weights()  # skipped with the initialisation; tied tensors (zamba2's shared blocks) are stored once
     install(model)
     return model

@@ -79,3 +79,47 @@ def test_the_bench_configs_of_the_families_build():
         assert 1.0e9 < sum(p.numel() for p in model.parameters()) < 2.0e9, family
         install(model)
         assert get_adapter(model).linear_layers(), family
+
+
+def test_families_build_transformers_classes_when_another_package_took_the_model_type(monkeypatch, tmp_path):
+    """fla registers its own Mamba2Config / Mamba2ForCausalLM as ``mamba2`` in transformers' Auto mappings when it
+    is imported (``exist_ok=True``): laquant must still build transformers' Mamba-2, whose layout its adapter knows,
+    from a config, a checkpoint and an ``eval speed`` spec (found on the GPU, where ``eval speed`` imports fla)."""
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    from laquant.eval.speed import hybrid_config, hybrid_model
+    from laquant.loading import empty_model
+
+    class OtherMamba2Config(PretrainedConfig):
+        model_type = "mamba2"
+
+    class OtherMamba2ForCausalLM(PreTrainedModel):
+        config_class = OtherMamba2Config
+
+    monkeypatch.setattr(CONFIG_MAPPING, "_extra_content", dict(CONFIG_MAPPING._extra_content))
+    monkeypatch.setattr(MODEL_FOR_CAUSAL_LM_MAPPING, "_extra_content", dict(MODEL_FOR_CAUSAL_LM_MAPPING._extra_content))
+    AutoConfig.register("mamba2", OtherMamba2Config, exist_ok=True)
+    AutoModelForCausalLM.register(OtherMamba2Config, OtherMamba2ForCausalLM, exist_ok=True)
+    assert CONFIG_MAPPING["mamba2"] is OtherMamba2Config  # the situation fla makes
+
+    family = get_family("mamba2")
+    assert family.config_class() is transformers.Mamba2Config
+    assert family.model_class() is transformers.Mamba2ForCausalLM
+    fields = dict(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_heads=4, head_dim=32, state_size=16,
+                  n_groups=2, expand=2)
+    built = empty_model({"model_type": "mamba2", **fields}, tmp_path, torch.float32)
+    assert type(built).__name__ == "Mamba2ForCausalLM" and get_adapter(built).linear_layers()
+    random = hybrid_model("mamba2", hybrid_config("mamba2", fields))
+    assert type(random) is transformers.Mamba2ForCausalLM
+    assert random.config is not built.config and random.config.vocab_size == 64
+
+
+def test_a_family_missing_from_the_installed_transformers_is_named(monkeypatch):
+    from transformers.models.auto import configuration_auto
+
+    monkeypatch.delitem(configuration_auto.CONFIG_MAPPING_NAMES, "qwen3_next")
+    with pytest.raises(LaquantError, match=r"transformers \S+ has no config class for 'qwen3_next': install"):
+        get_family("qwen3_next").config_class()
