@@ -216,8 +216,10 @@ def _same_codes(codes, out, packed):
 
     rows = out.reshape(codes[0].shape[0], -1)
     xq, xs, xo = quantize_rows(rows, packed)
-    n_out = packed.outlier_idx.numel()  # without outliers the block is a placeholder, never read
+    n_out = packed.n_out  # without outliers the block is a placeholder, never read
     assert torch.equal(codes[0], xq) and torch.equal(codes[1], xs) and torch.equal(codes[2][:, :n_out], xo[:, :n_out])
+    # the block's padding to OUTLIER_ALIGN columns meets zero weights: any finite value (0 or a copy of the last)
+    assert torch.isfinite(codes[2][:, n_out:packed.outlier_idx.numel()]).all()
     n_keep = packed.n_keep
     kept = rows.float().cpu()[:, packed.source[:n_keep].long().cpu()]
     q, scale = quantize_int8(kept, dim=-1)
@@ -226,12 +228,24 @@ def _same_codes(codes, out, packed):
     assert (got[:, :n_keep] - q.int()).abs().max() <= (0 if INTERPRETED else 1)
     assert (got[:, :n_keep] != q.int()).float().mean() < 1e-3
     assert not got[:, n_keep:].any()  # the padding to 16 columns
-    assert torch.equal(codes[2][:, :n_out].cpu(), rows.cpu()[:, packed.outlier_idx.long().cpu()])
+    assert torch.equal(codes[2][:, :n_out].cpu(), rows.cpu()[:, packed.outlier_idx[:n_out].long().cpu()])
+
+
+@pytest.fixture(params=["scattered", "read back"])
+def codes_path(request, monkeypatch):
+    """The two ways a norm writes the codes of a GEMM with outlier columns: scattered from its registers
+    (decode sizes) and read back from its stored row (prefill sizes; SwiGLU's always), forced here at a few
+    tokens."""
+    from laquant.kernels.rowwise import fused
+
+    if request.param == "read back":
+        monkeypatch.setattr(fused, "SCATTER_MAX_TOKENS", 0)
+    return request.param
 
 
 @pytest.mark.parametrize("n_out", [0, 3])
 @pytest.mark.parametrize("with_residual", [False, True])
-def test_rms_norm_writes_the_gemms_codes(with_residual, n_out):
+def test_rms_norm_writes_the_gemms_codes(with_residual, n_out, codes_path):
     """With outlier columns (codes scattered to their packed positions) and without (in order)."""
     x, w = _randn(2, 5, 200, scale=3.0), _randn(200)
     residual = _randn(2, 5, 200) if with_residual else None
@@ -244,7 +258,7 @@ def test_rms_norm_writes_the_gemms_codes(with_residual, n_out):
 
 
 @pytest.mark.parametrize("n_out", [0, 5])
-def test_gated_norm_writes_codes_of_whole_tokens(n_out):
+def test_gated_norm_writes_codes_of_whole_tokens(n_out, codes_path):
     B, T, H, V = 2, 3, 3, 42  # three heads: rows per token not a power of two; 126 inputs: 2 columns of padding
     x, g, w = _randn(B, T, H, V), _randn(B, T, H, V), _randn(V)
     packed = _packed(H * V, 16, n_out)
@@ -253,7 +267,7 @@ def test_gated_norm_writes_codes_of_whole_tokens(n_out):
     _same_codes(codes, out, packed)
 
 
-def test_gated_norm_reads_a_grouped_gate_in_place():
+def test_gated_norm_reads_a_grouped_gate_in_place(codes_path):
     """qwen3_next: z read where in_proj_qkvz wrote it (per key head, G groups of R value heads, between other
     columns), a token's G * R rows spanning two strides; the codes are still per whole token."""
     T, G, R, V = 5, 3, 2, 24
@@ -270,7 +284,7 @@ def test_gated_norm_reads_a_grouped_gate_in_place():
 
 
 @pytest.mark.parametrize("n_out", [0, 5])
-def test_gate_first_grouped_norm_writes_codes_of_whole_tokens(n_out):
+def test_gate_first_grouped_norm_writes_codes_of_whole_tokens(n_out, codes_path):
     """Mamba2's gated norm (the gate first, groups of the token's row normalized apart, the normalized rows
     rounded before the weight), the gate read in place out of in_proj's output; the codes per whole token."""
     T, G, D = 5, 3, 40

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue #14: where the graphed B = 64 decode step of the 1.37B GLA spends its wall clock (scratch/graph_timeline.py:
+# Issue #14: where the graphed B = 64 decode step of the 1.37B GLA spends its wall clock (tools/graph_timeline.py:
 # each instant of N replays split among the kernels running then), then the GPU tests not yet run on a GPU (the delta
 # rule's bf16 64-token chunks, the intra kernels) and the mamba2 e2e.
 #   run: bash tools/device_kernels.sh 560 device_timeline_job.sh   (carry scratch)
 set -u
 . tools/device_job_env.sh "$@"
-timeout 300 python3 scratch/graph_timeline.py "$W/timeline.json" 24 ${TL_VARIANTS:-bf16,gla_int8_all} > "$W/timeline.log" 2>&1
+timeout 300 python3 tools/graph_timeline.py "$W/timeline.json" 24 ${TL_VARIANTS:-bf16,gla_int8_all} > "$W/timeline.log" 2>&1
 log "timeline rc $?"
 timeout 280 python3 -m pytest -q -x tests/test_delta_kernels.py tests/test_kda_kernels.py -p no:cacheprovider \
   -k "gpu or intra" > "$W/gpu_tests.log" 2>&1

@@ -83,7 +83,10 @@ class PackedOutlierWeight:
     ``outlier_idx`` ``[n_out]`` int32 and ``outlier_weight`` ``[N, n_out]`` (model dtype), ``n_out`` padded
     to a multiple of :data:`OUTLIER_ALIGN` (the last index again, with zero weights: the same sums; the
     outlier weight is then a padded copy of the module's). ``n_keep``: the kept columns; ``identity``:
-    no outliers, the columns in order (a row's codes are then its columns as they come)."""
+    no outliers, the columns in order (a row's codes are then its columns as they come). ``dest``
+    ``[in_features]`` int32: where each input column goes, its packed int8 column (>= 0) or ``-1 - slot``
+    of the outlier block (the producers that scatter a token's codes from registers); ``n_out``: the
+    outlier columns before the padding."""
 
     qweight: torch.Tensor
     scale: torch.Tensor
@@ -94,24 +97,30 @@ class PackedOutlierWeight:
     in_features: int
     n_keep: int
     identity: bool
+    dest: torch.Tensor
+    n_out: int
 
     @classmethod
     def pack(cls, qweight, weight_scale, keep_idx, outlier_idx, outlier_weight, bias, in_features):
         N = qweight.shape[0]
         if qweight.stride(0) % 16 or qweight.stride(1) != 1:
             raise ValueError("the int8 GEMM needs weight rows contiguous and padded to a multiple of 16")
+        n_keep, n_out = keep_idx.numel(), outlier_idx.numel()
+        if n_keep + n_out != in_features:
+            raise ValueError(f"{n_keep} kept and {n_out} outlier columns do not make the layer's {in_features} inputs")
         source = torch.full((qweight.shape[1],), -1, dtype=torch.int32, device=qweight.device)
-        source[:keep_idx.numel()] = keep_idx.to(torch.int32)
-        n_keep = keep_idx.numel()
-        identity = (outlier_idx.numel() == 0 and n_keep == in_features
-                    and torch.equal(keep_idx.cpu(), torch.arange(n_keep, dtype=keep_idx.dtype)))
-        pad = -outlier_idx.numel() % OUTLIER_ALIGN if outlier_idx.numel() else 0
+        source[:n_keep] = keep_idx.to(torch.int32)
+        identity = n_out == 0 and torch.equal(keep_idx.cpu(), torch.arange(n_keep, dtype=keep_idx.dtype))
+        dest = torch.empty(in_features, dtype=torch.int32, device=qweight.device)
+        dest[keep_idx] = torch.arange(n_keep, dtype=torch.int32, device=qweight.device)
+        dest[outlier_idx] = -1 - torch.arange(n_out, dtype=torch.int32, device=qweight.device)
+        pad = -n_out % OUTLIER_ALIGN if n_out else 0
         if pad:
             outlier_idx = torch.cat([outlier_idx, outlier_idx[-1:].expand(pad)])
             outlier_weight = torch.nn.functional.pad(outlier_weight, (0, pad))
         return cls(qweight, weight_scale.reshape(-1).float().expand(N).contiguous(), source,
                    outlier_idx.to(torch.int32).contiguous(), outlier_weight.contiguous(), bias, in_features, n_keep,
-                   identity)
+                   identity, dest, n_out)
 
 
 if triton is not None:

@@ -19,13 +19,17 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_prologue
-    from ..common.triton_numerics import rounded, store_codes, store_token_codes, token_code_map
+    from ..common.triton_numerics import (rounded, store_codes, store_scattered_codes, store_token_codes,
+                                          token_code_map)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
 MAX_ROW = 16384  # longer rows take the reference
 # a token's codes come from one program, its row in registers (store_codes): wider GEMMs quantize apart
 MAX_CODES_WIDTH = 16384
+# up to this many tokens a GEMM with outlier columns takes its codes scattered from the registers
+# (store_scattered_codes); more read the stored row back (byte scatters were 2-2.5x slower at 4,096 tokens)
+SCATTER_MAX_TOKENS = 256
 GLU_ACTIVATIONS = ("silu", "sigmoid")  # SwiGLU's; a gated attention output's ``o * sigmoid(gate)``
 
 
@@ -79,26 +83,33 @@ if triton is not None:
         return (r // inner) * s0 + (r % inner) * s1
 
     @triton.jit
-    def _code_map(src_ptr, oidx_ptr, KQ, NO, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr,
-                  QUANT: tl.constexpr, IDENTITY: tl.constexpr):
-        """The packed column map the codes of a GEMM with outlier columns are read back through, loaded
-        at the start of the kernel (:func:`token_code_map`); placeholders otherwise."""
+    def _code_map(src_ptr, oidx_ptr, dest_ptr, col, ok, KQ, NO, BQ: tl.constexpr, BNO: tl.constexpr,
+                  HAS_OUT: tl.constexpr, QUANT: tl.constexpr, IDENTITY: tl.constexpr, SCATTER: tl.constexpr):
+        """The packed column maps of a GEMM with outlier columns, loaded at the start of the kernel, before
+        its PDL wait: ``dest`` at the token's input columns ``col`` (``SCATTER``), else the map the codes
+        are read back through (:func:`token_code_map`); placeholders otherwise."""
+        src, idx, dest = tl.zeros([BQ], dtype=tl.int32), tl.zeros([BNO], dtype=tl.int32), col
         if QUANT and not IDENTITY:
-            src, idx = token_code_map(src_ptr, oidx_ptr, KQ, NO, BQ, BNO, HAS_OUT)
-        else:
-            src, idx = tl.zeros([BQ], dtype=tl.int32), tl.zeros([BNO], dtype=tl.int32)
-        return src, idx
+            if SCATTER:
+                dest = tl.load(dest_ptr + col, mask=ok, other=0)
+            else:
+                src, idx = token_code_map(src_ptr, oidx_ptr, KQ, NO, BQ, BNO, HAS_OUT)
+        return src, idx, dest
 
     @triton.jit
-    def _quant_epilogue(y, col, ok, y_ptr, width, src, oidx, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK,
-                        BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr, IDENTITY: tl.constexpr):
+    def _quant_epilogue(y, col, ok, y_ptr, width, src, oidx, dest, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, NOUT,
+                        BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr, IDENTITY: tl.constexpr,
+                        SCATTER: tl.constexpr):
         """This program's token as the next GEMM's W8A8 codes: from registers (``y``, float32 as stored,
-        at the token's input columns ``col``) where the GEMM keeps every column in order; else read back
-        from the token's ``width`` elements this program just stored at ``y_ptr``, through the packed
-        column map (``src``, ``oidx``: :func:`_code_map`; outlier columns)."""
+        at the token's input columns ``col``) where the GEMM keeps every column in order, or scattered
+        from them through ``dest`` (``SCATTER``: decode sizes); else read back from the token's ``width``
+        elements this program just stored at ``y_ptr``, through the packed column map (``src``, ``oidx``:
+        :func:`_code_map`; outlier columns)."""
         tok = tl.program_id(0).to(tl.int64)
         if IDENTITY:
             store_codes(y, col, ok, xq_ptr + tok * KQ, xs_ptr + tok, NK, KQ)
+        elif SCATTER:
+            store_scattered_codes(y, dest, ok, xq_ptr + tok * KQ, xs_ptr + tok, xo_ptr + tok * NO, NK, KQ, NO, NOUT)
         else:
             tl.debug_barrier()  # every thread's stores of y are visible to the whole program
             store_token_codes(y_ptr + tok * width, src, oidx, xq_ptr + tok * KQ, xs_ptr + tok,
@@ -107,23 +118,26 @@ if triton is not None:
     @triton.jit
     def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, g_ptr, y_ptr, ro_ptr, M, N, eps,
                          sx0, sx1, xin, sr0, sr1, rin, sg0, sg1, gin, sy0, sy1, yin, sro,
-                         src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, RPP,
+                         src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, dest_ptr, NOUT, RPP,
                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                          QUANT: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr,
-                         IDENTITY: tl.constexpr,
+                         IDENTITY: tl.constexpr, SCATTER: tl.constexpr,
                          ROUND_SUM: tl.constexpr = False, ROUND_NORMED: tl.constexpr = False,
                          GATE_FIRST: tl.constexpr = False, W_PER_ROW: tl.constexpr = False, PDL: tl.constexpr = False):
-        src, oidx = _code_map(src_ptr, oidx_ptr, KQ, NO, BQ, BNO, HAS_OUT, QUANT, IDENTITY)
-        pdl_prologue(PDL)
         if QUANT:  # one token (RPP rows of y) per program
             local = tl.arange(0, ROWS)
             rows = tl.program_id(0) * RPP + local
             row_ok = (local < RPP) & (rows < M)
         else:
-            rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+            local = tl.arange(0, ROWS)
+            rows = tl.program_id(0) * ROWS + local
             row_ok = rows < M
         cols = tl.arange(0, BLOCK_N)
         mask = row_ok[:, None] & (cols < N)[None, :]
+        token_col = local[:, None] * N + cols[None, :]
+        src, oidx, dest = _code_map(src_ptr, oidx_ptr, dest_ptr, token_col, mask, KQ, NO, BQ, BNO, HAS_OUT, QUANT,
+                                    IDENTITY, SCATTER)
+        pdl_prologue(PDL)
         h = tl.load(x_ptr + _row_offsets(rows, sx0, sx1, xin)[:, None] + cols[None, :], mask=mask, other=0.0)
         dtype = h.dtype
         h = h.to(tl.float32)
@@ -151,8 +165,8 @@ if triton is not None:
             y = y * (g * tl.sigmoid(g))
         tl.store(y_ptr + _row_offsets(rows, sy0, sy1, yin)[:, None] + cols[None, :], y.to(dtype), mask=mask)
         if QUANT:
-            _quant_epilogue(rounded(y, dtype), local[:, None] * N + cols[None, :], mask, y_ptr, RPP * N, src, oidx,
-                            xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, BQ, BNO, HAS_OUT, IDENTITY)
+            _quant_epilogue(rounded(y, dtype), token_col, mask, y_ptr, RPP * N, src, oidx, dest,
+                            xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, NOUT, BQ, BNO, HAS_OUT, IDENTITY, SCATTER)
 
     @triton.jit
     def _swiglu_kernel(a_ptr, b_ptr, y_ptr, M, N, sa0, sa1, ain, sb0, sb1, bin, sy,
@@ -161,7 +175,10 @@ if triton is not None:
                        QUANT: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr,
                        IDENTITY: tl.constexpr,
                        SIGMOID: tl.constexpr = False, PDL: tl.constexpr = False):
-        src, oidx = _code_map(src_ptr, oidx_ptr, KQ, NO, BQ, BNO, HAS_OUT, QUANT, IDENTITY)
+        # the codes of a GEMM with outlier columns are read back, never scattered: a token's whole SwiGLU row in
+        # one program scattered measured slower (5,632 columns: 6.7 -> 7.0 us, 11,008: 8.4 -> 11.4 us at 64 tokens)
+        src, oidx, dest = _code_map(src_ptr, oidx_ptr, src_ptr, 0, False, KQ, NO, BQ, BNO, HAS_OUT, QUANT, IDENTITY,
+                                    False)
         pdl_prologue(PDL)
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -175,12 +192,13 @@ if triton is not None:
         tl.store(y_ptr + rows.to(tl.int64)[:, None] * sy + cols[None, :], y.to(a.dtype), mask=mask)
         if QUANT:  # one row per program, the whole row in one block
             _quant_epilogue(rounded(y, a.dtype), tl.broadcast_to(cols[None, :], y.shape), mask, y_ptr, sy, src, oidx,
-                            xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, BQ, BNO, HAS_OUT, IDENTITY)
+                            dest, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, 0, BQ, BNO, HAS_OUT, IDENTITY, False)
 
 
-def _codes(M: int, packed, dtype, device):
+def _codes(M: int, packed, dtype, device, scatter: bool = False):
     """Empty W8A8 activation codes for ``packed`` (the GEMM's layout, as quantize_rows writes them)
-    and the kernel arguments that fill them; None: no codes wanted."""
+    and the kernel arguments that fill them; None: no codes wanted. ``scatter``: for a kernel that can
+    scatter them from its registers (the norms), which it does at up to :data:`SCATTER_MAX_TOKENS`."""
     if packed is None:
         return None, {}
     KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
@@ -189,6 +207,9 @@ def _codes(M: int, packed, dtype, device):
     args = dict(ptrs=(packed.source, packed.outlier_idx, *codes, KQ, NO, packed.n_keep),
                 consts=dict(QUANT=True, BQ=triton.next_power_of_2(KQ), BNO=max(16, triton.next_power_of_2(NO)),
                             HAS_OUT=NO > 0, IDENTITY=packed.identity))
+    if scatter:
+        args["ptrs"] += (packed.dest, packed.n_out)
+        args["consts"]["SCATTER"] = M <= SCATTER_MAX_TOKENS
     return codes, args
 
 
@@ -224,21 +245,22 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
                          f"column of each of a token's {heads} rows ({heads * N})")
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     ro = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else y
-    codes, q = _codes(M // heads, packed, x.dtype, x.device)
+    codes, q = _codes(M // heads, packed, x.dtype, x.device, scatter=True)
     if M:
         block_n, rows, warps = _rows_block(N)
         if packed is not None:
             rows = triton.next_power_of_2(heads)
         dummy = (0, 0, 1)
-        ptrs = q.get("ptrs", (x, x, x, x, x, 0, 0, 0))
+        ptrs = q.get("ptrs", (x, x, x, x, x, 0, 0, 0, x, 0))
+        consts = q["consts"] if q else dict(_NO_CODES["consts"], SCATTER=False)
         _rms_norm_kernel[(M // heads if packed is not None else triton.cdiv(M, rows),)](
             x, residual if residual is not None else x, weight, g if g is not None else x, y, ro, M, N, eps,
             *row_layout(x), *(row_layout(residual) if residual is not None else dummy),
             *(row_layout(g) if g is not None else dummy), *row_layout(y), N, *ptrs, heads,
             BLOCK_N=block_n, ROWS=rows, HAS_RES=residual is not None, GATED=g is not None, ROUND_SUM=round_sum,
             ROUND_NORMED=round_normed, GATE_FIRST=gate_first, W_PER_ROW=weight.numel() != N,
-            num_warps=warps if packed is None else _codes_warps(max(rows * block_n, q["consts"]["BQ"])),
-            **(q or _NO_CODES)["consts"], **pdl_launch(x.device, M // heads))
+            num_warps=warps if packed is None else _codes_warps(max(rows * block_n, consts["BQ"])),
+            **consts, **pdl_launch(x.device, M // heads))
     return y, (ro if residual is not None else None), codes
 
 
