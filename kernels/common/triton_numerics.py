@@ -188,7 +188,8 @@ if triton is not None:
         kept columns gives the scale; the codes are scattered to their packed positions (byte stores:
         faster than a read-back at decode sizes, 2-2.5x slower at 4,096 tokens), the outlier values to
         their slot of the dense block, whose padding slots (``n_out .. NO``) and the codes' (``n_keep ..
-        KQ``) get zeros. The same bytes as :func:`store_token_codes` gives."""
+        KQ``) get zeros. The same codes, scale and outlier values as :func:`store_token_codes` (which fills the
+        block's padding with copies of the last outlier column instead: their weights are zero either way)."""
         kept = ok & (dest >= 0)
         scale = tl.maximum(tl.max(tl.where(kept, tl.abs(y), 0.0)) / 127.0, 1.1754943508222875e-38)
         tl.store(xs_out, scale)
