@@ -144,6 +144,18 @@ def test_varlen_and_checkpoints(fmt):
     _check(out, ref, _tol(torch.float32, fmt if fmt != "fp32" else None))
 
 
+@pytest.mark.parametrize("segments", [1, 3])
+@pytest.mark.parametrize("scalar", [False, True])
+def test_float32_products_on_the_tensor_cores(scalar, segments):
+    """``fp32_dots="tf32x3"`` (what Mamba2's float32 scan runs with): float32 inputs multiplied as three TF32
+    products, float32's accuracy against the exact reference (as one piece and sequence-parallel)."""
+    q, k, v, g = _inputs(2, 300, 2, 32, 16, torch.float32, scalar=scalar, decay=0.5, seed=3)
+    out, ref = _run((q, k, v, g), dict(output_final_state=True), segments=segments, fp32_dots="tf32x3")
+    _check(out, ref, 5e-5)
+    with pytest.raises(ValueError, match="fp32_dots must be one of ieee, tf32x3; got 'tf32'"):
+        chunk_gla_triton(q, k, v, g, fp32_dots="tf32")
+
+
 @pytest.mark.parametrize("scalar", [False, True])
 @pytest.mark.parametrize("segments,T", [(3, 700), (2, 256), (5, 300)])
 def test_sequence_parallel_segments(scalar, segments, T):

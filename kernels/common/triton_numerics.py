@@ -50,11 +50,14 @@ if triton is not None:
         return out
 
     @triton.jit
-    def mm(a, b, LOW_PRECISION: tl.constexpr):
+    def mm(a, b, LOW_PRECISION: tl.constexpr, TF32X3: tl.constexpr = False):
         """``a @ b`` with float32 accumulation: bf16 operands (tensor cores, as fla) when
-        ``LOW_PRECISION``, else exact float32 products (``ieee``)."""
+        ``LOW_PRECISION``, else float32 products: on the tensor cores as three TF32 products (``tf32x3``,
+        float32's accuracy, not its exact rounding) when ``TF32X3``, else exact (``ieee``)."""
         if LOW_PRECISION:
             out = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+        elif TF32X3:
+            out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3")
         else:
             out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
         return out

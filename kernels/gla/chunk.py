@@ -39,6 +39,7 @@ except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
 SUB = 16  # rows per column block of the intra-chunk split
+FP32_DOTS = ("ieee", "tf32x3")  # chunk_gla_triton's products of float32 inputs: exact, or on the tensor cores
 MAX_STATE_TILE = 32768  # elements of a program's [BK, BV] state tile: V splits past it (rows in a row format: _store_after)
 
 
@@ -98,7 +99,7 @@ if triton is not None:
         T, n_ckpt, qk_scale, decay_ptr,
         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
         BK: tl.constexpr, BV: tl.constexpr, SCALAR_DECAY: tl.constexpr, VARLEN: tl.constexpr,
-        RT_EVERY: tl.constexpr, CKPT_EVERY: tl.constexpr, LOW_PRECISION: tl.constexpr,
+        RT_EVERY: tl.constexpr, CKPT_EVERY: tl.constexpr, LOW_PRECISION: tl.constexpr, TF32X3: tl.constexpr,
         STORE_O: tl.constexpr, STORE_DECAY: tl.constexpr,
         # the state's formats in, inside and out (see state_io)
         h0_ptr, h0s_ptr, ht_ptr, hts_ptr, static_ptr,
@@ -129,20 +130,20 @@ if triton is not None:
             if SCALAR_DECAY:
                 G = tl.cumsum(tl.load(g_base + offs_t * s_gt, mask=mt, other=0.0).to(tl.float32), axis=0)
                 if STORE_O:
-                    o = mm(q * tl.exp(G)[:, None], S, LOW_PRECISION)
+                    o = mm(q * tl.exp(G)[:, None], S, LOW_PRECISION, TF32X3)
                     causal = rows[:, None] >= rows[None, :]
                     decay = tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
-                    A = tl.where(causal, mm(q, tl.trans(k), LOW_PRECISION) * decay, 0.0)
-                    o += mm(A, v, LOW_PRECISION)
+                    A = tl.where(causal, mm(q, tl.trans(k), LOW_PRECISION, TF32X3) * decay, 0.0)
+                    o += mm(A, v, LOW_PRECISION, TF32X3)
                 G_last = tl.sum(tl.where(rows == BT - 1, G, 0.0), axis=0)
                 k_end = k * tl.exp(G_last - G)[:, None]
-                S = S * tl.exp(G_last) + mm(tl.trans(k_end), v, LOW_PRECISION)
+                S = S * tl.exp(G_last) + mm(tl.trans(k_end), v, LOW_PRECISION, TF32X3)
                 g_total += G_last
             else:
                 G = tl.cumsum(tl.load(g_base + offs_t[:, None] * s_gt + offs_k[None, :], mask=mtk,
                                       other=0.0).to(tl.float32), axis=0)
                 if STORE_O:
-                    o = mm(q * tl.exp(G), S, LOW_PRECISION)
+                    o = mm(q * tl.exp(G), S, LOW_PRECISION, TF32X3)
                     for c in tl.static_range(BT // BC):
                         offs_c = t0 + c * BC + sub
                         mc = offs_c < eos
@@ -156,12 +157,12 @@ if triton is not None:
                         k_side = kc.to(tl.float32) * tl.exp(tile_row(gc, sub, BC // 2)[None, :] - gc)
                         g_ref = tile_row(G, rows, c * BC + BC // 2)
                         q_side = q * tl.exp(tl.where((rows >= c * BC)[:, None], G - g_ref[None, :], 0.0))
-                        A = mm(q_side, tl.trans(k_side), LOW_PRECISION)
+                        A = mm(q_side, tl.trans(k_side), LOW_PRECISION, TF32X3)
                         A = tl.where(rows[:, None] >= (c * BC + sub)[None, :], A, 0.0)
-                        o += mm(A, vc, LOW_PRECISION)
+                        o += mm(A, vc, LOW_PRECISION, TF32X3)
                 G_last = tile_row(G, rows, BT - 1)  # padded rows have g = 0, so this is the last real row's
                 k_end = k * tl.exp(G_last[None, :] - G)
-                S = S * tl.exp(G_last)[:, None] + mm(tl.trans(k_end), v, LOW_PRECISION)
+                S = S * tl.exp(G_last)[:, None] + mm(tl.trans(k_end), v, LOW_PRECISION, TF32X3)
                 g_total += G_last
             if STORE_O:
                 tl.store(o_base + offs_t[:, None] * s_ot + offs_v[None, :], o.to(o_ptr.dtype.element_ty),
@@ -226,7 +227,7 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
                      cu_seqlens: torch.Tensor | None = None, block_t: int = 16, block_v: int | None = None,
                      num_warps: int = 4, num_stages: int = 1, segments: int | None = None,
                      out: torch.Tensor | None = None, rounding: str = "nearest", seed: int = 0,
-                     position: int | None = None):
+                     position: int | None = None, fp32_dots: str = "ieee"):
     """Chunked GLA forward. q, k ``[B, T, H, K]``, v ``[B, T, H, V]``, g the log-decay, ``[B, T, H, K]``
     per channel or ``[B, T, H]`` per head. With ``cu_seqlens`` (int32 ``[N + 1]``), B is 1 and the
     N sequences lie back to back along T, as in fla.
@@ -244,6 +245,8 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
     checkpoints are their chained start states, stored by
     :func:`~laquant.kernels.common.store.store_states_triton` (the same codes as the kernel's own stores
     up to the float32 order of the scan).
+    ``fp32_dots``: float32 inputs' products, exact (``ieee``, on the CUDA cores) or float32-accurate on the
+    tensor cores (``tf32x3``: several times faster, a few ulps apart); bf16 inputs take bf16 products.
     ``rounding`` (nearest or stochastic) rounds the final state and the checkpoints; a stochastic
     ``roundtrip`` quantizer rounds the round trips so. Their random bits are keyed by ``seed``,
     the sequence, ``position`` (default: the store after ``initial_state``'s) and the 64-token
@@ -265,6 +268,8 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
         raise ValueError(f"block_t must be 16, 32 or 64; got {block_t}")
     if checkpoint_every % CHUNK:
         raise ValueError(f"checkpoint_every must be a multiple of {CHUNK} tokens; got {checkpoint_every}")
+    if fp32_dots not in FP32_DOTS:
+        raise ValueError(f"fp32_dots must be one of {', '.join(FP32_DOTS)}; got {fp32_dots!r}")
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     q, k, v, g = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, g))
     o = torch.empty_like(v) if out is None else out
@@ -284,13 +289,13 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
         if sequential_state or cu_seqlens is not None:
             raise ValueError("segments > 1 needs float32 states (no round trips) and no cu_seqlens")
         return _segmented(q, k, v, g, scale, initial_state, output_final_state, final_format, segments, o,
-                          dict(block_t=block_t, block_v=block_v, num_warps=num_warps, num_stages=num_stages), rng,
+                          dict(block_t=block_t, block_v=block_v, num_warps=num_warps, num_stages=num_stages, fp32_dots=fp32_dots), rng,
                           checkpoint_every)
     if (get_format(final_format).is_scaled and (output_final_state or checkpoint_every)
             and _state_tile(K, V) > MAX_STATE_TILE):
         return _store_after(q, k, v, g, scale, initial_state, output_final_state, final_format, roundtrip,
                             checkpoint_every, cu_seqlens, o, rng,
-                            dict(block_t=block_t, block_v=block_v, num_warps=num_warps, num_stages=num_stages))
+                            dict(block_t=block_t, block_v=block_v, num_warps=num_warps, num_stages=num_stages, fp32_dots=fp32_dots))
     final = State.empty((N, H, K, V), final_format, q.device) if output_final_state else None
     longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
     n_ckpt = longest // checkpoint_every if checkpoint_every else 0
@@ -301,7 +306,7 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
             ckpt.scale.fill_(1.0)
     _launch(q, k, v, g, o, scale, N, initial_state, final, ckpt if n_ckpt else None, checkpoint_every, roundtrip,
             cu_seqlens, store_o=True, decay=None, block_t=block_t, block_v=block_v, num_warps=num_warps,
-            num_stages=num_stages, rng=rng)
+            num_stages=num_stages, rng=rng, fp32_dots=fp32_dots)
     return o, final, ckpt
 
 
@@ -375,7 +380,7 @@ def _segmented(q, k, v, g, scale, initial_state, output_final_state, final_forma
 
 
 def _launch(q, k, v, g, o, scale, N, initial_state, final, ckpt, checkpoint_every, roundtrip, cu_seqlens, store_o,
-            decay, block_t, block_v, num_warps, num_stages, rng=None):
+            decay, block_t, block_v, num_warps, num_stages, rng=None, fp32_dots="ieee"):
     B, T, H, K = q.shape
     V = v.shape[-1]
     final_format = final.format if final is not None else (ckpt.format if ckpt is not None else "fp32")
@@ -402,6 +407,6 @@ def _launch(q, k, v, g, o, scale, N, initial_state, final, ckpt, checkpoint_ever
         decay if decay is not None else dummy,
         H=H, K=K, V=V, BT=block_t, BC=SUB, BK=BK, BV=BV, SCALAR_DECAY=g.dim() == 3, VARLEN=cu_seqlens is not None,
         RT_EVERY=CHUNK // block_t, CKPT_EVERY=checkpoint_every // block_t if ckpt is not None else 0,
-        LOW_PRECISION=q.dtype != torch.float32, STORE_O=store_o, STORE_DECAY=decay is not None,
+        LOW_PRECISION=q.dtype != torch.float32, TF32X3=fp32_dots == "tf32x3", STORE_O=store_o, STORE_DECAY=decay is not None,
         num_warps=num_warps, num_stages=num_stages, **state_args,
     )

@@ -377,7 +377,9 @@ class Mamba2Mixer(HybridMixer):
         k = b.unflatten(-1, (G, N)).repeat_interleave(H // G, dim=2)
         q = c.unflatten(-1, (G, N)).repeat_interleave(H // G, dim=2)
         v = xs.float() * dt.unsqueeze(-1)
-        y = self.attend_gla(q.float(), k.float(), v, g, states, scale=1.0)
+        # float32 as transformers' scan, its products on the tensor cores (tf32x3): exact ones ran a 1.37B Mamba-2's
+        # 1K-token prefill at ~5,000 tokens/s on an H200 (eval/results/mamba2_prefill_h200/)
+        y = self.attend_gla(q.float(), k.float(), v, g, states, scale=1.0, fp32_dots="tf32x3")
         y = y + xs.float() * self.D.float()[:, None]
         return self.norm_and_out(y.reshape(B, T, -1).to(dtype), z)
 

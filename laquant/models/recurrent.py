@@ -56,10 +56,11 @@ class RecurrentMixer(nn.Module):
             new = self.state_quantizer.store_state(state, stored, _seed(states))
         states.update(self.layer_idx, new, new_tokens)
 
-    def attend_gla(self, q, k, v, g, states, scale: float | None = None) -> torch.Tensor:
+    def attend_gla(self, q, k, v, g, states, scale: float | None = None, fp32_dots: str = "ieee") -> torch.Tensor:
         """Gated linear attention over ``q, k [B, T, H, K]``, ``v [B, T, H, V]`` and the log-decay
         ``g`` (``[B, T, H, K]`` per channel or ``[B, T, H]`` per head), continuing the state held in
-        ``states`` (None: no cache) and storing the new one there."""
+        ``states`` (None: no cache) and storing the new one there. ``fp32_dots``: how the prefill kernel
+        multiplies float32 inputs (:func:`~laquant.kernels.gla.chunk.chunk_gla_triton`)."""
         k, g = _mask_padding(k, g, states)
         stored = states.get(self.layer_idx) if states is not None else None
         if getattr(states, "pending", None) is not None:  # speculative decoding's verify step
@@ -68,7 +69,7 @@ class RecurrentMixer(nn.Module):
             g = g if g.dim() == 4 else g.unsqueeze(-1).expand(*q.shape)
             return verify_mixer(self, states, stored, "gla", (q, k, v, g), qk_scale=scale)
         if use_triton(q, self.state_quantizer.format.name):
-            return self._attend_triton(q, k, v, g, states, stored, scale)
+            return self._attend_triton(q, k, v, g, states, stored, scale, fp32_dots)
         B, T, H, K = q.shape
         if g.dim() == 3:
             g = g.unsqueeze(-1).expand(B, T, H, K)
@@ -204,7 +205,7 @@ class RecurrentMixer(nn.Module):
     def _prefill_roundtrip(self) -> StateQuantizer | None:
         return None if self.state_quantizer.is_plain_fp32 or not self.prefill_roundtrip else self.state_quantizer
 
-    def _attend_triton(self, q, k, v, g, states, stored, scale):
+    def _attend_triton(self, q, k, v, g, states, stored, scale, fp32_dots="ieee"):
         from laquant.kernels.gla.chunk import chunk_gla_triton
         from laquant.kernels.gla.decode import gla_decode_step
 
@@ -218,7 +219,7 @@ class RecurrentMixer(nn.Module):
         every = _checkpoint_every(states, T)
         o, final, ckpt = chunk_gla_triton(q, k, v, g, scale=scale, initial_state=stored,
                                           output_final_state=states is not None, roundtrip=self._prefill_roundtrip,
-                                          checkpoint_every=every, seed=_seed(states))
+                                          checkpoint_every=every, seed=_seed(states), fp32_dots=fp32_dots)
         if every:
             self._keep_checkpoints(states, stored, ckpt)
         if states is not None:
