@@ -16,7 +16,8 @@ the optional states) touches memory. Per chunk:
 
 The spec is :func:`chunk_gla_reference` (laquant's :func:`~laquant.kernels.chunk_gla` per
 sequence, with the formats of :class:`~laquant.kernels.common.state.StateQuantizer`). Matmuls take bf16
-operands with float32 accumulation for bf16 inputs (as fla does), exact float32 for float32 inputs.
+operands with float32 accumulation for bf16 inputs (as fla does), exact float32 for float32 inputs, or
+float32-accurate TF32 products on the tensor cores where the caller asks (``fp32_dots="tf32x3"``: Mamba2's scan).
 """
 
 from __future__ import annotations
