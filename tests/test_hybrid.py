@@ -732,13 +732,13 @@ def test_a_recipe_for_a_role_the_model_lacks_is_an_error(tiny_model_dir):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["qwen3_next", "minimax", "bamba", "kimi_linear"])
+@pytest.mark.parametrize("family", ["qwen3_next", "minimax", "bamba", "kimi_linear", "mamba2", "nemotron_h"])
 @pytest.mark.parametrize("recipe", [None, "gla_fp8_state"])
 @torch.no_grad()
 def test_hybrid_state_paths_on_the_triton_kernels(family, recipe, monkeypatch):
     """On CUDA the state paths run on laquant's Triton kernels: Gated DeltaNet on the delta-rule
     kernels, KDA on its per-channel form, Lightning and Mamba2 on the GLA kernels (scalar decay; Mamba2's decode
-    step in their SSD mode); they match the references."""
+    step in their SSD mode, its float32 prefill's products on the tensor cores); they match the references."""
     import laquant.kernels.delta.chunk as delta_chunk
     import laquant.kernels.delta.decode as delta_decode
     import laquant.kernels.gla.chunk as gla_chunk
@@ -751,13 +751,15 @@ def test_hybrid_state_paths_on_the_triton_kernels(family, recipe, monkeypatch):
     if recipe is not None:
         laquant.calibrate(model, recipe, torch.randint(0, VOCAB, (4, 128)).cuda(), progress=False)
     ids = torch.randint(0, VOCAB, (3, 150)).cuda()
-    called = set()
+    called, fp32_dots = set(), set()
     for module, name in ((delta_chunk, "chunk_delta_triton"), (delta_decode, "delta_decode_step"),
                          (gla_chunk, "chunk_gla_triton"), (gla_decode, "gla_decode_step"),
                          (gla_decode, "ssd_decode_step"),
                          (kda_chunk, "chunk_kda_triton"), (kda_decode, "kda_decode_step")):
         def spy(*args, _fn=getattr(module, name), _name=name, **kwargs):
             called.add(_name)
+            if "fp32_dots" in kwargs:
+                fp32_dots.add(kwargs["fp32_dots"])
             return _fn(*args, **kwargs)
 
         monkeypatch.setattr(module, name, spy)
@@ -768,10 +770,12 @@ def test_hybrid_state_paths_on_the_triton_kernels(family, recipe, monkeypatch):
         return full, err
 
     fast, fast_err = run()
+    mamba2 = family in ("bamba", "mamba2", "nemotron_h")
     expected = {"qwen3_next": {"chunk_delta_triton", "delta_decode_step"},
                 "kimi_linear": {"chunk_kda_triton", "kda_decode_step"},
-                "bamba": {"chunk_gla_triton", "ssd_decode_step"}}.get(family, {"chunk_gla_triton", "gla_decode_step"})
+                }.get(family, {"chunk_gla_triton", "ssd_decode_step" if mamba2 else "gla_decode_step"})
     assert called == expected
+    assert fp32_dots == ({"tf32x3"} if mamba2 else {"ieee"} if "chunk_gla_triton" in called else set())
     monkeypatch.setenv("LAQUANT_KERNELS", "reference")
     slow, slow_err = run()
     # 8-bit state: the kernels scale by a reciprocal multiply, the reference divides (a code may differ)
