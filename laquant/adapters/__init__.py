@@ -58,14 +58,18 @@ def cache_kwargs(model, cache) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _cache_keyword(cls) -> str:
+    from laquant.models.cache import CACHE_KEYWORDS
+
     params = inspect.signature(cls.forward).parameters
-    return next((name for name in ("cache", "cache_params") if name in params), "past_key_values")
+    return next((name for name in CACHE_KEYWORDS[:-1] if name in params), CACHE_KEYWORDS[-1])
 
 
 def returned_cache(out):
     """The cache a forward returned: ``out.cache`` from transformers 5.24 on, ``out.cache_params`` (Mamba-2
     models) or ``out.past_key_values`` before (read as keys: the deprecated attribute logs a warning)."""
-    name = next((name for name in ("cache", "cache_params") if name in out), "past_key_values")
+    from laquant.models.cache import CACHE_KEYWORDS
+
+    name = next((name for name in CACHE_KEYWORDS[:-1] if name in out), CACHE_KEYWORDS[-1])
     return out.get(name)  # not `or`: an empty transformers cache is falsy
 
 

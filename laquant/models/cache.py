@@ -306,11 +306,14 @@ def check_seed(seed: int) -> int:
     return seed
 
 
+# the keywords a forward takes its cache by, and the output names it returns it under, in the order they are looked
+# for: ``cache`` from transformers 5.24 on, ``cache_params`` (Mamba-2 models) or ``past_key_values`` before
+CACHE_KEYWORDS = ("cache", "cache_params", "past_key_values")
+
+
 def passed_cache(kwargs: dict):
-    """The cache a transformers forward was called with: ``cache`` from transformers 5.24 on, ``cache_params``
-    (Mamba-2 models) or ``past_key_values`` before."""
-    return next((kwargs[name] for name in ("cache", "cache_params", "past_key_values") if kwargs.get(name) is not None),
-                None)
+    """The cache a transformers forward was called with (by one of :data:`CACHE_KEYWORDS`)."""
+    return next((kwargs[name] for name in CACHE_KEYWORDS if kwargs.get(name) is not None), None)
 
 
 def state_store(cache) -> GLAStateCache | HybridStates | None:
