@@ -17,13 +17,8 @@ bash tools/device_gla_e2e.sh "$W"
 PYTHONPATH="$BASE:$PYTHONPATH" E2E_TAG=_base bash tools/device_gla_e2e.sh "$W"
 timeout 200 python3 tools/graph_timeline.py "$W/timeline.json" 24 gla_int8_all > "$W/timeline.log" 2>&1
 log "timeline rc $?"
-CONFIG='{"hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 5632, "num_attention_heads": 16, "num_key_value_heads": 2, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "num_experts": 0}'
-for TAG in "" _base; do
-  ( [ -n "$TAG" ] && export PYTHONPATH="$BASE:$PYTHONPATH"
-    timeout 300 laquant eval speed --suite e2e --hybrid-recipe hybrid_int8 --batch 1 64 --prompt 1024 --gen 32 \
-      --model "qwen3_next:$CONFIG" --out "$W/e2e_hybrid$TAG" > "$W/e2e_hybrid$TAG.log" 2>&1 )
-  log "hybrid e2e$TAG rc $?"
-done
+E2E_PROFILE=0 bash tools/device_hybrid_e2e.sh "$W"
+PYTHONPATH="$BASE:$PYTHONPATH" E2E_TAG=_base E2E_PROFILE=0 bash tools/device_hybrid_e2e.sh "$W"
 timeout 240 laquant eval speed --suite e2e --hybrid-recipe hybrid_int8 --batch 1 64 --prompt 1024 --gen 32 \
   --model "mamba2:$(python3 tools/family_configs.py mamba2)" --out "$W/e2e_mamba2" > "$W/e2e_mamba2.log" 2>&1
 log "mamba2 e2e rc $?"
