@@ -70,6 +70,22 @@ def test_packing_shares_the_module_weight():
     assert mod.packed().qweight.data_ptr() == mod.qweight.data_ptr()  # no second copy of the weight
 
 
+def test_packing_maps_every_input_column_once():
+    """``dest``: each kept column's packed position, ``-1 - slot`` for an outlier; columns neither kept nor outliers
+    are refused by name."""
+    from laquant.kernels.gemm.int8 import PackedOutlierWeight
+
+    mod, _ = _module(96, 16, 5)
+    packed = mod.packed()
+    dest = packed.dest.cpu()
+    assert torch.equal(dest[mod.keep_idx.cpu()], torch.arange(91, dtype=torch.int32))
+    assert torch.equal(dest[mod.outlier_idx.cpu()], -1 - torch.arange(5, dtype=torch.int32))
+    assert packed.n_out == 5 and packed.outlier_idx.numel() == 16  # padded to OUTLIER_ALIGN
+    with pytest.raises(ValueError, match="90 kept and 5 outlier columns do not make the layer's 96 inputs"):
+        PackedOutlierWeight.pack(mod.qweight, mod.weight_scale, mod.keep_idx[:90], mod.outlier_idx,
+                                 mod.outlier_weight, None, 96)
+
+
 def test_batched_non_contiguous_input_and_repack_after_reload():
     mod, outliers = _module(64, 32, 4, bias=False)
     x = _x(2 * 7, 64 * 2, torch.tensor([], dtype=torch.long)).view(2, 7, 128)[..., ::2]  # strided last dim
