@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn as nn
 
 from conftest import DEVICE, INTERPRETED, greedy_decode_steps, rel_err, require_triton_kernels
 from laquant.quant import StateFormat, StateQuantizer
@@ -71,12 +72,30 @@ def test_non_contiguous_inputs():
     assert rel_err(out.float(), ref.float()) < 1e-2
 
 
+def _dt_treatment(H: int, kind: str | None, gen: torch.Generator) -> dict | None:
+    """A calibrated gate's treatment of H dt logits (QuantGate.logit_treatment's dict): clamped to per-head bounds
+    narrower than the logits' spread, int8 with a per-head or one scale; ``bounds-free``: no clamp."""
+    if kind is None:
+        return None
+    from laquant.quant.modules import QuantGate
+
+    gate = QuantGate(nn.Identity(), n_channels=H, scaling="per_tensor" if kind == "per_tensor" else "per_channel",
+                     clamp=kind != "bounds-free")
+    lo = -torch.rand(H, generator=gen) * 6 - 1
+    gate.calibrate(lo, lo + torch.rand(H, generator=gen) * 8 + 2)
+    return gate.logit_treatment()
+
+
 @pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8_row"])
-@pytest.mark.parametrize("B,H,G,N,P,limit", [(3, 4, 2, 16, 24, None), (2, 3, 1, 20, 8, (0.001, 0.5)),
-                                             (1, 2, 2, 32, 16, (0.0, 10.0))])
-def test_ssd_decode_kernel_matches_reference(fmt, B, H, G, N, P, limit):
-    """Mamba2's decode step in the GLA kernel's SSD mode (time step, decay, ``dt x``, grouped B / C read in
-    place, ``D x``) against its PyTorch spec, on dt logits past softplus's threshold and far below zero."""
+@pytest.mark.parametrize("B,H,G,N,P,limit,treatment", [(3, 4, 2, 16, 24, None, None),
+                                                       (2, 3, 1, 20, 8, (0.001, 0.5), "per_channel"),
+                                                       (1, 2, 2, 32, 16, (0.0, 10.0), None),
+                                                       (2, 5, 1, 16, 8, None, "per_tensor"),
+                                                       (3, 4, 4, 8, 16, None, "bounds-free")])
+def test_ssd_decode_kernel_matches_reference(fmt, B, H, G, N, P, limit, treatment):
+    """Mamba2's decode step in the GLA kernel's SSD mode (a calibrated gate's treatment of the dt logits, time
+    step, decay, ``dt x``, grouped B / C read in place, ``D x``) against its PyTorch spec, on dt logits past
+    softplus's threshold and far below zero (and past the treatment's bounds)."""
     from laquant.kernels.gla.decode import ssd_decode_step, ssd_decode_step_reference
 
     gen = torch.Generator().manual_seed(B * 100 + N + P)
@@ -84,9 +103,11 @@ def test_ssd_decode_kernel_matches_reference(fmt, B, H, G, N, P, limit):
     xbc = r(B, H * P + 2 * G * N).to(torch.bfloat16)  # x | B | C of one token, as the conv leaves them
     x = xbc[:, :H * P].unflatten(-1, (H, P))
     b_, c = (xbc[:, H * P + i * G * N:H * P + (i + 1) * G * N].unflatten(-1, (G, N)) for i in (0, 1))
-    dt_logits = (r(B, H) * 4).to(torch.bfloat16)
+    # the interpreter truncates float32 -> bf16 (the treatment rounds its output so): float32 logits there
+    dt_logits = (r(B, H) * 4).to(torch.float32 if INTERPRETED and treatment else torch.bfloat16)
     dt_logits[0, 0], dt_logits[-1, -1] = 25.0, -30.0
     dt_bias, A_log, D = r(H) * 0.5, r(H).abs().log(), r(H)
+    dt_treatment = _dt_treatment(H, treatment, gen)
     P_slots = B + 2
     quant = StateQuantizer(fmt)
     data, scale = quant.store(r(P_slots, H, N, P))
@@ -96,11 +117,18 @@ def test_ssd_decode_kernel_matches_reference(fmt, B, H, G, N, P, limit):
     to = lambda t: None if t is None else t.to(DEVICE)
     x, b_, c, dt_logits, dt_bias, A_log, D, data, scale, idx = map(to, (x, b_, c, dt_logits, dt_bias, A_log, D, data,
                                                                         scale, idx))
+    if dt_treatment is not None:
+        dt_treatment = {k: to(v) for k, v in dt_treatment.items()}
     data_ref, scale_ref = data.clone(), None if scale is None else scale.clone()
-    y_ref = ssd_decode_step_reference(c, b_, x, dt_logits, dt_bias, A_log, D, limit, data_ref, scale_ref, idx, quant)
+    start = data.clone(), None if scale is None else scale.clone()
+    y_ref = ssd_decode_step_reference(c, b_, x, dt_logits, dt_bias, A_log, D, limit, data_ref, scale_ref, idx, quant,
+                                      dt_treatment=dt_treatment)
     y = ssd_decode_step(c, b_, x, dt_logits, dt_bias, A_log, D, limit, data, scale, idx, quant,
-                        out=torch.full_like(y_ref, float("nan")))
+                        out=torch.full_like(y_ref, float("nan")), dt_treatment=dt_treatment)
     assert torch.isfinite(y).all() and rel_err(y, y_ref) < 1e-5
+    if dt_treatment is not None:  # the treatment matters here: without it the outputs differ
+        untreated = ssd_decode_step_reference(c, b_, x, dt_logits, dt_bias, A_log, D, limit, *start, idx, quant)
+        assert rel_err(untreated, y_ref) > 1e-3
     new, ref = data.float(), data_ref.float()
     if fmt == "fp32":
         assert rel_err(new, ref) < 1e-6
@@ -166,3 +194,40 @@ def test_mamba2_decode_steps_take_the_ssd_kernel(family, static, monkeypatch):
     assert len(calls) == 3 * len(mixers) and all(shape[1] == mixers[0].n_groups for shape in calls)
     want = reference(input_ids=seq).logits[:, ids.shape[1] - 1:]
     assert torch.isfinite(got).all() and rel_err(got, want) < 1e-4
+
+
+@pytest.mark.parametrize("family", ["bamba", "nemotron_h"])
+@torch.no_grad()
+def test_calibrated_mamba2_decode_treats_dt_in_the_ssd_kernel(family, monkeypatch):
+    """A calibrated Mamba2 hybrid (hybrid_int8: in_proj's dt channels a QuantGate): each decode token's SSD kernel
+    gets the dt logits untreated with its gate's treatment, and the logits equal those of the PyTorch path, which
+    treats them before the scan (float32 model, so both round alike under the interpreter). These tiny random
+    models' logits barely move with dt (1e-6 with the treatment dropped): that the kernel applies it is
+    test_ssd_decode_kernel_matches_reference's."""
+    import copy
+
+    import laquant
+    import laquant.kernels.gla.decode as module
+    import test_hybrid
+    from laquant.models import hybrid_mixers
+
+    torch.manual_seed(0)
+    model = test_hybrid.FAMILIES[family]().float().eval()
+    calib = torch.randint(0, test_hybrid.VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
+    model = laquant.calibrate(model, "hybrid_int8", calib, progress=False).model.to(DEVICE)
+    glue = copy.deepcopy(model)
+    ids = torch.randint(0, test_hybrid.VOCAB, (2, 9), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    treatments = []
+    real = module.ssd_decode_step
+    monkeypatch.setattr(module, "ssd_decode_step",
+                        lambda *a, **k: treatments.append(k.get("dt_treatment")) or real(*a, **k))
+    if INTERPRETED:  # the mixers' side only: the prompt's scan keeps the reference
+        monkeypatch.setattr(hybrid_mixers, "use_triton", lambda x, state_format=None: True)
+    got, seq = greedy_decode_steps(model, ids)
+    mixers = [m for m in model.modules() if isinstance(m, hybrid_mixers.Mamba2Mixer)]
+    assert len(treatments) == 3 * len(mixers)
+    assert all(t is not None and t["logit_scale"] is m.in_proj.logit_scale
+               for t, m in zip(treatments, mixers * 3))
+    monkeypatch.setattr(hybrid_mixers.Mamba2Mixer, "_one_kernel_state", lambda self, x, states: None)
+    want, _ = greedy_decode_steps(glue, ids)
+    assert torch.isfinite(got).all() and rel_err(got, want) < 1e-5

@@ -18,6 +18,7 @@ import torch
 from ..common.pdl import pdl_launch
 from ..common.state import StateQuantizer, load_pool_slots, store_pool_slots
 from ..common.state_io import pool_args
+from ..common.numerics import fake_quantize_int8 as fake_quantize_int8_reference
 from .reference import recurrent_gla_step
 
 try:
@@ -25,8 +26,8 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_release, pdl_wait
-    from ..common.triton_numerics import (decayed_update, load_state_rows, state_random_bytes, store_state_rows,
-                                          stored_row_scale)
+    from ..common.triton_numerics import (decayed_update, fake_quantize_int8, load_state_rows, state_random_bytes,
+                                          store_state_rows, stored_row_scale)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -46,15 +47,17 @@ if triton is not None:
         q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, state_ptr, scale_ptr, idx_ptr, nstore_ptr, static_ptr,
         s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_vb, s_vh, s_vv, s_gb, s_gh, s_gk, s_ob, s_oh,
         s_sp, s_sh, s_sk, s_cp, s_ch,
-        qk_scale, seed, dtb_ptr, alog_ptr, d_ptr, dt_lo, dt_hi,
+        qk_scale, seed, dtb_ptr, alog_ptr, d_ptr, dt_lo, dt_hi, tlo_ptr, thi_ptr, ts_ptr,
         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
         FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr, PDL: tl.constexpr,
-        SSD: tl.constexpr = False, HEADS_PER_GROUP: tl.constexpr = 1,
+        SSD: tl.constexpr = False, HEADS_PER_GROUP: tl.constexpr = 1, DT_QUANT: tl.constexpr = False,
+        DT_BOUNDS: tl.constexpr = False, DT_PER_CHANNEL: tl.constexpr = True,
     ):
         """``SSD`` (Mamba2's step, :func:`ssd_decode_step`): g holds the heads' dt logits ``[B, H]``, v their
         inputs x; the kernel takes dt = clamp(softplus(logit + dt_bias), dt_lo, dt_hi), the head's decay
         exp(-dt exp(A_log)), updates with ``k (dt x)^T`` and adds ``D x`` to the output. q and k (C and B)
-        are per group of ``HEADS_PER_GROUP`` heads."""
+        are per group of ``HEADS_PER_GROUP`` heads. ``DT_QUANT``: the logits get a calibrated gate's treatment
+        first (clamped to ``[tlo, thi]`` per head when ``DT_BOUNDS``, int8 with the head's (or one) static scale)."""
         pdl_wait(PDL)
         pid = tl.program_id(0)
         b = pid // H
@@ -67,7 +70,19 @@ if triton is not None:
         x = v
         decay = 0.0
         if SSD:  # the spec's op order: softplus, clamp, then dt * -exp(A_log); exp of that in the update
-            dt = tl.load(g_ptr + b * s_gb + h * s_gh).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32)
+            if DT_QUANT:  # the head's logit in every lane: the treatment's roundings are elementwise
+                lane0 = offs_v * 0
+                raw = tl.load(g_ptr + b * s_gb + h * s_gh + lane0)
+                lo = 0.0
+                hi = 0.0
+                if DT_BOUNDS:
+                    lo = tl.load(tlo_ptr + h + lane0)
+                    hi = tl.load(thi_ptr + h + lane0)
+                t_scale = tl.load(ts_ptr + (h if DT_PER_CHANNEL else 0) + lane0)
+                logit = tl.max(fake_quantize_int8(raw, lo, hi, t_scale, DT_BOUNDS), axis=0)
+            else:
+                logit = tl.load(g_ptr + b * s_gb + h * s_gh).to(tl.float32)
+            dt = logit + tl.load(dtb_ptr + h).to(tl.float32)
             dt = tl.minimum(tl.maximum(tl.where(dt > 20.0, dt, tl.log(1.0 + tl.exp(dt))), dt_lo), dt_hi)
             decay = tl.exp(dt * -tl.exp(tl.load(alog_ptr + h).to(tl.float32)))
             v = x * dt
@@ -130,19 +145,24 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
         q, k, v, g, o, *pool,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(),
         o.stride(0), o.stride(1), *pool_strides,
-        qk_scale, seed, o, o, o, 0.0, 0.0, H=H, K=K, V=V, BLOCK_V=triton.next_power_of_2(V), num_warps=num_warps,
+        qk_scale, seed, o, o, o, 0.0, 0.0, o, o, o, H=H, K=K, V=V, BLOCK_V=triton.next_power_of_2(V), num_warps=num_warps,
         **consts, **pdl_launch(v.device, B),
     )
     return o
 
 
 def ssd_decode_step_reference(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, state, scale, pool_idx,
-                              quantizer: StateQuantizer, n_stores: torch.Tensor | None = None, seed: int = 0):
+                              quantizer: StateQuantizer, n_stores: torch.Tensor | None = None, seed: int = 0,
+                              dt_treatment: dict | None = None):
     """Mamba2's (SSD) decode step in PyTorch, as laquant's Mamba2 mixer runs it through :func:`gla_decode_step`:
     C, B_ ``[B, G, N]`` (per group), x ``[B, H, P]``, the dt logits ``[B, H]``; ``dt = clamp(softplus(logit +
     dt_bias))``, decay ``exp(-dt exp(A_log))`` per head, ``S = decay S + B^T (dt x)``, ``y = C S + D x``.
-    Updates ``state``/``scale`` in place; returns ``y`` ``[B, H, P]`` in float32."""
+    ``dt_treatment``: a calibrated gate's (:meth:`~laquant.quant.modules.QuantGate.logit_treatment`), applied to the
+    logits first. Updates ``state``/``scale`` in place; returns ``y`` ``[B, H, P]`` in float32."""
     H, G = x.shape[1], C.shape[1]
+    if dt_treatment is not None:
+        dt_logits = fake_quantize_int8_reference(dt_logits, dt_treatment["logit_scale"], dt_treatment["logit_min"],
+                                       dt_treatment["logit_max"])
     lo, hi = time_step_limit if time_step_limit is not None else (0.0, float("inf"))
     dt = torch.nn.functional.softplus(dt_logits.float() + dt_bias.float()).clamp(lo, hi)
     g = (dt * -A_log.float().exp()).unsqueeze(-1).expand(*dt.shape, C.shape[-1])
@@ -152,12 +172,29 @@ def ssd_decode_step_reference(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_
     return y + x.float() * D.float()[:, None]
 
 
+def _dt_treatment_args(treatment: dict | None, H: int, dummy: torch.Tensor):
+    """(lo, hi, scale) pointers and the kernel's constexprs for a dt treatment (contiguous ``[H]`` bounds, an
+    ``[H]`` or ``[1]`` scale)."""
+    if treatment is None:
+        return dummy, dummy, dummy, {}
+    lo, hi, scale = treatment["logit_min"], treatment["logit_max"], treatment["logit_scale"]
+    bounds = lo is not None
+    for name, t in (("logit_min", lo), ("logit_max", hi)):
+        if bounds and (t.numel() != H or not t.is_contiguous()):
+            raise ValueError(f"the dt treatment's {name} must hold one contiguous value per head ({H}); got {tuple(t.shape)}")
+    if scale.numel() not in (1, H):
+        raise ValueError(f"the dt treatment's logit_scale must hold one value or one per head ({H}); got "
+                         f"{tuple(scale.shape)}")
+    return (lo if bounds else dummy, hi if bounds else dummy, scale.contiguous(),
+            {"DT_QUANT": True, "DT_BOUNDS": bounds, "DT_PER_CHANNEL": scale.numel() != 1})
+
+
 def ssd_decode_step(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, state, scale, pool_idx,
                     quantizer: StateQuantizer, n_stores: torch.Tensor | None = None, seed: int = 0,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`ssd_decode_step_reference` in one launch of the GLA decode kernel (its ``SSD`` mode): the time step,
-    the decay, ``dt x``, the groups' C and B (read in place: any strides) and ``D x`` inside. Returns ``y``
-    ``[B, H, P]`` float32."""
+                    out: torch.Tensor | None = None, dt_treatment: dict | None = None) -> torch.Tensor:
+    """:func:`ssd_decode_step_reference` in one launch of the GLA decode kernel (its ``SSD`` mode): the gate
+    treatment of the dt logits, the time step, the decay, ``dt x``, the groups' C and B (read in place: any
+    strides) and ``D x`` inside. Returns ``y`` ``[B, H, P]`` float32."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use ssd_decode_step_reference")
     Bsz, H, P = x.shape
@@ -167,11 +204,13 @@ def ssd_decode_step(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, sta
     lo, hi = time_step_limit if time_step_limit is not None else (0.0, float("inf"))
     pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, N, None, None)
     o = torch.empty(Bsz, H, P, dtype=torch.float32, device=x.device) if out is None else out
+    t_lo, t_hi, t_scale, t_consts = _dt_treatment_args(dt_treatment, H, o)
     _gla_decode_kernel[(Bsz * H,)](
         C, B_, x, dt_logits, o, *pool,
         *C.stride(), *B_.stride(), *x.stride(), dt_logits.stride(0), dt_logits.stride(1), 0,
         o.stride(0), o.stride(1), *pool_strides,
-        1.0, seed, dt_bias, A_log, D, float(lo), float(hi), H=H, K=N, V=P, BLOCK_V=triton.next_power_of_2(P),
-        num_warps=num_warps, SSD=True, HEADS_PER_GROUP=H // G, **consts, **pdl_launch(x.device, Bsz),
+        1.0, seed, dt_bias, A_log, D, float(lo), float(hi), t_lo, t_hi, t_scale, H=H, K=N, V=P,
+        BLOCK_V=triton.next_power_of_2(P), num_warps=num_warps, SSD=True, HEADS_PER_GROUP=H // G, **t_consts, **consts,
+        **pdl_launch(x.device, Bsz),
     )
     return o
