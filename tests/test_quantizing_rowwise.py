@@ -52,7 +52,7 @@ def test_install_points_each_norm_at_the_projections_after_it():
 
 
 def test_other_families_keep_their_norms():
-    model = _model("zamba2")  # its norms feed a Mamba2 in_proj (a QuantGate) or sit in the shared block
+    model = _model("zamba2")  # its norms (a class the tables do not hold) feed a Mamba2 in_proj or the shared block
     install(model)
     assert not any(isinstance(m, (quantizing_rowwise._QuantizingNorm, quantizing_rowwise._QuantizingSwiGLU))
                    for m in model.modules())
@@ -67,7 +67,7 @@ def test_table_formulas_equal_transformers_norms():
 
     seen = {}
     for family in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "kimi_linear", "bailing_hybrid", "minimax", "bamba",
-                   "granitemoehybrid", "falcon_h1", "nemotron_h", "olmo_hybrid"):
+                   "granitemoehybrid", "falcon_h1", "nemotron_h", "olmo_hybrid", "mamba2"):
         for module in _model(family).modules():
             if type(module).__name__ in NORM_WEIGHTS and type(module).__name__ not in seen:
                 seen[type(module).__name__] = module
@@ -108,7 +108,7 @@ CODES_PATHS = {"qwen3_next": ("swiglu_codes", "gated_norm_codes"), "qwen3_5": ("
                "bailing_hybrid": ("swiglu_codes",), "minimax": (), "bamba": ("swiglu_codes", "gated_norm_codes"),
                "granitemoehybrid": ("swiglu_codes", "gated_norm_codes"),
                "falcon_h1": (), "nemotron_h": ("gated_norm_codes",), "olmo_hybrid": ("swiglu_codes",),
-               "bamba_before_groups": ("swiglu_codes", "gated_norm_codes")}
+               "bamba_before_groups": ("swiglu_codes", "gated_norm_codes"), "mamba2": ("gated_norm_codes",)}
 # their gate tail: one kernel
 GATED_DELTA_NETS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "qwen3_next_grouped_heads")
 
@@ -202,7 +202,7 @@ def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monk
     reference = model(ids).logits
 
     _projection_kernels_interpreted(monkeypatch)
-    calls = {"gemm_on_codes": 0, "gated_norm_codes": 0, "swiglu_codes": 0, "gdn_gating": 0}
+    calls = {"gemm_on_codes": 0, "gated_norm_codes": 0, "swiglu_codes": 0, "gdn_gating": 0, "norm_codes": 0}
 
     def counted(name, fn, when=lambda *a, **k: True):
         def wrapper(*args, **kwargs):
@@ -215,10 +215,14 @@ def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monk
     monkeypatch.setattr(rowwise_fused, "gated_rms_norm_triton", counted(
         "gated_norm_codes", rowwise_fused.gated_rms_norm_triton, _with_codes))
     monkeypatch.setattr(gating, "gdn_gating_triton", counted("gdn_gating", gating.gdn_gating_triton))
+    monkeypatch.setattr(rowwise_fused, "rms_norm_triton", counted(
+        "norm_codes", rowwise_fused.rms_norm_triton, lambda *a, packed=None, **k: packed is not None))
     logits = model(ids).logits
     installed = sum(isinstance(m, (quantizing_rowwise._QuantizingNorm, quantizing_rowwise._QuantizingSwiGLU))
                     for m in model.modules())
     assert installed and calls["gemm_on_codes"] >= installed, (installed, calls)
+    norms = sum(isinstance(m, quantizing_rowwise._QuantizingNorm) for m in model.modules())
+    assert calls["norm_codes"] == norms, (norms, calls)  # each installed norm wrote its group's codes
     assert all(calls[name] for name in CODES_PATHS[family]), calls
     assert bool(calls["gdn_gating"]) == (family in GATED_DELTA_NETS), calls
     assert rel_err(logits, reference) < 1e-5

@@ -16,7 +16,7 @@ gives
   SwiGLU kernel writing ``down_proj``'s codes, where ``down_proj`` is W8A8 on the GPU.
 
 The tables hold the classes of qwen3_next, Qwen3.5 (dense and MoE), Kimi Linear, Ling / Ring, MiniMax,
-Bamba, Granite 4, Falcon-H1, Nemotron-H and OLMo hybrid. Anywhere else (CPU, bf16 projections, another
+Bamba, Granite 4, Falcon-H1, Nemotron-H, OLMo hybrid and Mamba-2. Anywhere else (CPU, bf16 projections, another
 layer layout or family) the module runs transformers' own forward, unchanged; the class changes (its
 name kept), not the module's parameters or names, so checkpoints are untouched.
 
@@ -32,6 +32,7 @@ import torch
 import torch.nn as nn
 
 from laquant.kernels.common.dispatch import use_triton
+from laquant.quant.modules import QuantGate
 
 # a decoder layer's norm -> where the groups of projections that read its output may sit: (owner, names),
 # the first whose owner has all the names (a linear-attention or softmax mixer; a dense MLP or an MoE's shared
@@ -46,14 +47,17 @@ NORM_CONSUMERS = {
                         ("self_attn", (*_QKV, "b_proj", "g_proj")),  # Ling / Ring's KDA
                         ("self_attn", ("q_proj", "kv_a_proj_with_mqa")),  # MLA (Kimi Linear, Ling / Ring)
                         ("self_attn", ("qkv_proj", "output_gate")),  # MiniMax's Lightning attention
-                        ("self_attn", _QKV)),
+                        ("self_attn", _QKV),
+                        ("mamba", ("in_proj",))),  # Bamba's and Granite 4's Mamba2 layers
     "post_attention_layernorm": (("mlp", ("gate_proj", "up_proj")), ("mlp.shared_expert", ("gate_proj", "up_proj")),
                                  ("mlp.shared_experts", ("gate_proj", "up_proj")),  # Kimi Linear, Ling / Ring
                                  ("shared_mlp", ("input_linear",))),  # Granite 4 (gate and up in one linear)
     "pre_ff_layernorm": (("feed_forward", ("gate_proj", "up_proj")),),  # Bamba, Falcon-H1
-    "norm": (("mixer", _QKV), ("mixer", ("up_proj",)), ("mixer.shared_experts", ("up_proj",))),  # Nemotron-H's block
+    "norm": (("mixer", _QKV), ("mixer", ("up_proj",)), ("mixer.shared_experts", ("up_proj",)),  # Nemotron-H's block
+             ("mixer", ("in_proj",))),  # Nemotron-H's and Mamba-2's Mamba2 blocks
 }
-# A Mamba2 mixer's in_proj holds its gate (dt) channels: a QuantGate, never a W8A8 group member.
+# A Mamba2 mixer's in_proj, once calibrated, is a QuantGate (of its dt channels) around the W8A8 linear: the norm
+# writes that linear's codes (_through_gate).
 # decoder layer class -> its norms whose output no projection reads as it is
 UNPROJECTED_NORMS = {
     "OlmoHybridAttentionDecoderLayer": ("post_attention_layernorm",),  # post-norm: added to the residual
@@ -80,7 +84,7 @@ NORM_WEIGHTS = {
     # w * x.to(dtype): Llama's
     **{name: (_weight, "variance_epsilon", True) for name in (
         "KimiLinearRMSNorm", "BailingHybridRMSNorm", "MiniMaxRMSNorm", "BambaRMSNorm", "GraniteMoeHybridRMSNorm",
-        "FalconH1RMSNorm")},
+        "FalconH1RMSNorm", "Mamba2RMSNorm")},
 }
 
 # gated norm class (``rmsnorm(x) * w * silu(g)``, a linear mixer's output norm) -> the name of its epsilon: laquant's
@@ -126,6 +130,7 @@ class _QuantizingNorm:
             from laquant.quant.fused import hand_over, w8a8_inputs
 
             for owner, names in self.__dict__["_laquant_consumers"]:
+                owner, names = _through_gate(owner, names)
                 packed = w8a8_inputs(owner, names, x)
                 if packed is not None:
                     from laquant.kernels.rowwise.fused import rms_norm_triton
@@ -134,6 +139,17 @@ class _QuantizingNorm:
                                                     round_normed=round_normed)
                     return hand_over(out, codes, owner, names, packed)
         return super().forward(x)
+
+
+def _through_gate(owner: nn.Module, names: tuple[str, ...]) -> tuple[nn.Module, tuple[str, ...]]:
+    """The consumer ``owner.names`` as the GEMM sees it: a lone member that calibration made a
+    :class:`~laquant.quant.modules.QuantGate` of one linear (a Mamba2 in_proj, its dt channels treated after the
+    linear) is that linear, ``gate.0``, whose output the gate then treats."""
+    if len(names) == 1:
+        member = owner._modules.get(names[0])
+        if isinstance(member, QuantGate) and len(member) == 1:
+            return member, ("0",)
+    return owner, names
 
 
 def formula_weight(norm: nn.Module) -> torch.Tensor:
