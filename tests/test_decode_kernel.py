@@ -120,14 +120,20 @@ def test_ssd_decode_kernel_matches_reference(fmt, B, H, G, N, P, limit, treatmen
     if dt_treatment is not None:
         dt_treatment = {k: to(v) for k, v in dt_treatment.items()}
     data_ref, scale_ref = data.clone(), None if scale is None else scale.clone()
-    start = data.clone(), None if scale is None else scale.clone()
+    original = data.clone(), None if scale is None else scale.clone()
+    start = lambda: [None if t is None else t.clone() for t in original]  # noqa: E731
     y_ref = ssd_decode_step_reference(c, b_, x, dt_logits, dt_bias, A_log, D, limit, data_ref, scale_ref, idx, quant,
                                       dt_treatment=dt_treatment)
     y = ssd_decode_step(c, b_, x, dt_logits, dt_bias, A_log, D, limit, data, scale, idx, quant,
                         out=torch.full_like(y_ref, float("nan")), dt_treatment=dt_treatment)
     assert torch.isfinite(y).all() and rel_err(y, y_ref) < 1e-5
+    if fmt == "fp32" and not INTERPRETED:  # bf16 out (the model's): y rounded once, as .to(bf16) rounds it
+        again = ssd_decode_step(c, b_, x, dt_logits, dt_bias, A_log, D, limit, *start(), idx, quant,
+                                out=torch.full(y.shape, float("nan"), dtype=torch.bfloat16, device=DEVICE),
+                                dt_treatment=dt_treatment)
+        assert torch.equal(again, y.to(torch.bfloat16))
     if dt_treatment is not None:  # the treatment matters here: without it the outputs differ
-        untreated = ssd_decode_step_reference(c, b_, x, dt_logits, dt_bias, A_log, D, limit, *start, idx, quant)
+        untreated = ssd_decode_step_reference(c, b_, x, dt_logits, dt_bias, A_log, D, limit, *start(), idx, quant)
         assert rel_err(untreated, y_ref) > 1e-3
     new, ref = data.float(), data_ref.float()
     if fmt == "fp32":

@@ -194,7 +194,8 @@ def ssd_decode_step(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, sta
                     out: torch.Tensor | None = None, dt_treatment: dict | None = None) -> torch.Tensor:
     """:func:`ssd_decode_step_reference` in one launch of the GLA decode kernel (its ``SSD`` mode): the gate
     treatment of the dt logits, the time step, the decay, ``dt x``, the groups' C and B (read in place: any
-    strides) and ``D x`` inside. Returns ``y`` ``[B, H, P]`` float32."""
+    strides) and ``D x`` inside. Returns ``y`` ``[B, H, P]`` float32, or in ``out``'s dtype (rounded once, to nearest
+    even, as ``.to(dtype)`` rounds the float32 spec)."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use ssd_decode_step_reference")
     Bsz, H, P = x.shape

@@ -370,8 +370,8 @@ class Mamba2Mixer(HybridMixer):
         xbc = mask_padding(xbc, attention_mask)
         xs, b, c = xbc.split([self.intermediate_size, G * N, G * N], dim=-1)
         if stored is not None:
-            y = self._ssd_step(xs, b, c, dt_logits, treatment, states, stored)
-            return self.norm_and_out(y.reshape(B, T, -1).to(dtype), z)
+            y = self._ssd_step(xs, b, c, dt_logits, treatment, states, stored, dtype)
+            return self.norm_and_out(y.reshape(B, T, -1), z)
         dt = self.time_step(dt_logits)
         g = dt * -self.A_log.float().exp()
         xs = xs.unflatten(-1, (H, P))
@@ -395,9 +395,10 @@ class Mamba2Mixer(HybridMixer):
             return None
         return states.get(self.layer_idx)
 
-    def _ssd_step(self, xs, b, c, dt_logits, treatment, states, stored) -> torch.Tensor:
-        """One decode token's scan, ``y [B, 1, H, P]`` float32, ``stored`` updated in place; ``treatment``: the
-        calibrated gate's, for dt logits :meth:`projected` left untreated."""
+    def _ssd_step(self, xs, b, c, dt_logits, treatment, states, stored, dtype: torch.dtype) -> torch.Tensor:
+        """One decode token's scan, ``y [B, 1, H, P]`` in ``dtype`` (the kernel rounds its float32 output once, as
+        ``.to(dtype)`` would), ``stored`` updated in place; ``treatment``: the calibrated gate's, for dt logits
+        :meth:`projected` left untreated."""
         from laquant.kernels.gla.decode import ssd_decode_step
         from laquant.models.recurrent import _seed
 
@@ -405,7 +406,7 @@ class Mamba2Mixer(HybridMixer):
         y = ssd_decode_step(c[:, 0].unflatten(-1, (G, N)), b[:, 0].unflatten(-1, (G, N)), xs[:, 0].unflatten(-1, (H, P)),
                             dt_logits[:, 0], self.dt_bias, self.A_log, self.D, self.time_step_limit, stored.data,
                             stored.row_scale, *self._pool_slots(stored, B, xs.device), seed=_seed(states),
-                            dt_treatment=treatment)
+                            dt_treatment=treatment, out=torch.empty(B, H, P, dtype=dtype, device=xs.device))
         self._count_decode_step(states, stored)
         return y.unsqueeze(1)
 
