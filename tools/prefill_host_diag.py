@@ -3,6 +3,7 @@ kept busy by a sleep kernel (the launches never wait), its split by module class
 and the host cost of one empty Triton launch and of one torch.empty.
 
     python3 tools/prefill_host_diag.py OUT.json
+    FAMILY=nemotron_h PROMPT=1024 python3 tools/prefill_host_diag.py OUT.json   # a hybrid of tools/family_configs.py
 """
 import collections
 import json
@@ -81,16 +82,42 @@ def by_module(model, fn):
     return [(k, calls[k], round(v * 1e3, 2)) for k, v in total.most_common(20)]
 
 
+SYNC_OPS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "aten::item",
+            "aten::_local_scalar_dense", "aten::nonzero")
+
+
+def sync_counts(fn) -> dict:
+    """The host ops of one call that wait for the GPU (or may), by name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        fn()
+        torch.cuda.synchronize()
+    counts = collections.Counter(e.name for e in p.events() if e.name in SYNC_OPS)
+    return dict(counts)
+
+
 @torch.no_grad()
 def main(out):
-    result = {}
-    for label, variant, make in recipe_variants([f"config:{CFG}"], "gla_int8_all"):
+    import os
+
+    family = os.environ.get("FAMILY")
+    prompt = int(os.environ.get("PROMPT", 4096))
+    if family:
+        sys.path.insert(0, "tools")
+        from family_configs import CONFIGS
+
+        model_id = f"{family}:{json.dumps(CONFIGS[family])}"
+    else:
+        model_id = f"config:{CFG}"
+    result = {"model": model_id, "prompt": prompt}
+    for label, variant, make in recipe_variants([model_id], "gla_int8_all"):
         model = make()
-        ids = torch.randint(0, 32000, (1, 4096), device="cuda")
+        ids = torch.randint(0, model.config.vocab_size, (1, prompt), device="cuda")
         fn = lambda model=model: model(ids, logits_to_keep=1)  # noqa: E731
         for _ in range(3):
             fn()
-        r = {"wall_ms": wall_ms(fn), "host_ms": host_ms(fn), "by_module": by_module(model, fn)}
+        r = {"wall_ms": wall_ms(fn), "host_ms": host_ms(fn), "syncs": sync_counts(fn), "by_module": by_module(model, fn)}
         import cProfile
         import io
         import pstats
@@ -107,7 +134,7 @@ def main(out):
         s = io.StringIO()
         pstats.Stats(p, stream=s).sort_stats("tottime").print_stats(40)
         r["cprofile_tot"] = s.getvalue().splitlines()
-        print(variant, r["wall_ms"], r["host_ms"], r["by_module"], flush=True)
+        print(variant, r["wall_ms"], r["host_ms"], r["syncs"], r["by_module"], flush=True)
         result[variant] = r
         del model, fn
     # launch floor: an empty Triton kernel with 16 args
