@@ -127,6 +127,10 @@ def test_ssd_decode_kernel_matches_reference(fmt, B, H, G, N, P, limit, treatmen
     y = ssd_decode_step(c, b_, x, dt_logits, dt_bias, A_log, D, limit, data, scale, idx, quant,
                         out=torch.full_like(y_ref, float("nan")), dt_treatment=dt_treatment)
     assert torch.isfinite(y).all() and rel_err(y, y_ref) < 1e-5
+    # these batches make few programs (SSD_FEW_PROGRAMS_LAUNCH's one block a head); the launch of larger ones too
+    many = ssd_decode_step(c, b_, x, dt_logits, dt_bias, A_log, D, limit, *start(), idx, quant,
+                           out=torch.full_like(y_ref, float("nan")), dt_treatment=dt_treatment, block_k=16, num_warps=1)
+    assert torch.isfinite(many).all() and rel_err(many, y_ref) < 1e-5
     if fmt == "fp32" and not INTERPRETED:  # bf16 out (the model's): y rounded once, as .to(bf16) rounds it
         again = ssd_decode_step(c, b_, x, dt_logits, dt_bias, A_log, D, limit, *start(), idx, quant,
                                 out=torch.full(y.shape, float("nan"), dtype=torch.bfloat16, device=DEVICE),

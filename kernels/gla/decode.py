@@ -17,7 +17,7 @@ import torch
 
 from ..common.pdl import pdl_launch
 from ..common.state import StateQuantizer, load_pool_slots, store_pool_slots
-from ..common.state_io import pool_args
+from ..common.state_io import SSD_FEW_PROGRAMS, SSD_FEW_PROGRAMS_LAUNCH, pool_args
 from ..common.numerics import fake_quantize_int8 as fake_quantize_int8_reference
 from .reference import recurrent_gla_step
 
@@ -191,7 +191,8 @@ def _dt_treatment_args(treatment: dict | None, H: int, dummy: torch.Tensor):
 
 def ssd_decode_step(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, state, scale, pool_idx,
                     quantizer: StateQuantizer, n_stores: torch.Tensor | None = None, seed: int = 0,
-                    out: torch.Tensor | None = None, dt_treatment: dict | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, dt_treatment: dict | None = None, block_k: int | None = None,
+                    num_warps: int | None = None) -> torch.Tensor:
     """:func:`ssd_decode_step_reference` in one launch of the GLA decode kernel (its ``SSD`` mode): the gate
     treatment of the dt logits, the time step, the decay, ``dt x``, the groups' C and B (read in place: any
     strides) and ``D x`` inside. Returns ``y`` ``[B, H, P]`` float32, or in ``out``'s dtype (rounded once, to nearest
@@ -203,7 +204,11 @@ def ssd_decode_step(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, sta
     if H % G:
         raise ValueError(f"{H} heads do not split into {G} groups")
     lo, hi = time_step_limit if time_step_limit is not None else (0.0, float("inf"))
-    pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, N, None, None)
+    few = SSD_FEW_PROGRAMS_LAUNCH.get(quantizer.format.name) if Bsz * H <= SSD_FEW_PROGRAMS else None
+    if few is not None and block_k is None and num_warps is None:
+        block_k, num_warps = few
+    pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, N, block_k,
+                                                      num_warps)
     o = torch.empty(Bsz, H, P, dtype=torch.float32, device=x.device) if out is None else out
     t_lo, t_hi, t_scale, t_consts = _dt_treatment_args(dt_treatment, H, o)
     _gla_decode_kernel[(Bsz * H,)](
