@@ -284,10 +284,11 @@ def _static_greedy(model, ids, n):
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "nemotron_h", "bamba", "mamba2"])
 @torch.no_grad()
 def test_gpu_codes_handed_over_match_the_unfused_path(family, monkeypatch):
-    """hybrid_int8 on qwen3_next, Qwen3.5, Nemotron-H, Bamba and Mamba-2, bf16 on the kernels: with the norms writing the codes
-    (and the MLPs' SwiGLU down_proj's, the mixer's gated norm out_proj's, Mamba2's gate-first grouped one too), the logits match the path that quantizes each projection's input on its own
-    (the norms' float32 formula, rounded once), with fewer quantization launches; graphed greedy decoding
-    equals the same static-cache steps run eagerly."""
+    """hybrid_int8 on qwen3_next, Qwen3.5, Nemotron-H, Bamba and Mamba-2, bf16 on the kernels: with the norms writing
+    the codes (and the MLPs' SwiGLU down_proj's, the mixer's gated norm out_proj's, Mamba2's gate-first grouped one
+    too), the logits match the path that quantizes each projection's input on its own (the norms' float32 formula,
+    rounded once), with fewer quantization launches; graphed greedy decoding equals the same static-cache steps run
+    eagerly."""
     import laquant
     from laquant.generate import generate
 

@@ -8,6 +8,7 @@ and of one replay of the graphed B = 1 and B = 64 steps (names, counts, GPU us),
 import collections
 import gc
 import json
+import os
 import sys
 import time
 
@@ -59,7 +60,6 @@ def model_bytes(model):
 
 @torch.no_grad()
 def main(out):
-    import os
     fam = os.environ.get("FAMILY", "mamba2")
     cfg = json.dumps(CONFIGS[fam])
     result = {}
@@ -70,8 +70,8 @@ def main(out):
         before_gc = torch.cuda.memory_allocated() / GiB
         gc.collect()
         torch.cuda.empty_cache()
-        r = {"before_gc_GiB": before_gc, "after_build_GiB": torch.cuda.memory_allocated() / GiB, "build_peak_GiB": torch.cuda.max_memory_allocated() / GiB,
-             "model_bytes_GiB": model_bytes(model) / GiB}
+        r = {"before_gc_GiB": before_gc, "after_build_GiB": torch.cuda.memory_allocated() / GiB,
+             "build_peak_GiB": torch.cuda.max_memory_allocated() / GiB, "model_bytes_GiB": model_bytes(model) / GiB}
         r["census_after_build"] = live_census(model)
         vocab = model.config.vocab_size
         prompt = torch.randint(0, vocab, (1, 1024), device="cuda")

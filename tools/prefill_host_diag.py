@@ -1,12 +1,17 @@
 """Host time of a 4K eager prefill, GLA 2048x24 (16 heads), bf16 vs gla_int8_all: the Python call's time with the GPU
-kept busy by a sleep kernel (the launches never wait), its split by module class (forward hooks), cProfile's view,
-and the host cost of one empty Triton launch and of one torch.empty.
+kept busy by a sleep kernel (no launch waits for a kernel, up to the launch queue's ~1,000 entries: past them the
+module that fills it is charged the wait), its split by module class (forward hooks), the host ops that wait for the
+GPU, cProfile's view, and the host cost of one empty Triton launch and of one torch.empty.
 
     python3 tools/prefill_host_diag.py OUT.json
     FAMILY=nemotron_h PROMPT=1024 python3 tools/prefill_host_diag.py OUT.json   # a hybrid of tools/family_configs.py
 """
+import cProfile
 import collections
+import io
 import json
+import os
+import pstats
 import sys
 import time
 
@@ -99,8 +104,6 @@ def sync_counts(fn) -> dict:
 
 @torch.no_grad()
 def main(out):
-    import os
-
     family = os.environ.get("FAMILY")
     prompt = int(os.environ.get("PROMPT", 4096))
     if family:
@@ -117,10 +120,8 @@ def main(out):
         fn = lambda model=model: model(ids, logits_to_keep=1)  # noqa: E731
         for _ in range(3):
             fn()
-        r = {"wall_ms": wall_ms(fn), "host_ms": host_ms(fn), "syncs": sync_counts(fn), "by_module": by_module(model, fn)}
-        import cProfile
-        import io
-        import pstats
+        r = {"wall_ms": wall_ms(fn), "host_ms": host_ms(fn), "syncs": sync_counts(fn),
+             "by_module": by_module(model, fn)}
         p = cProfile.Profile()
         torch.cuda.synchronize()
         torch.cuda._sleep(1_000_000_000)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
+from ..common.numerics import fake_quantize_int8 as fake_quantize_int8_reference
 from ..common.pdl import pdl_launch
 from ..common.state import StateQuantizer, load_pool_slots, store_pool_slots
 from ..common.state_io import SSD_FEW_PROGRAMS, SSD_FEW_PROGRAMS_LAUNCH, pool_args
-from ..common.numerics import fake_quantize_int8 as fake_quantize_int8_reference
 from .reference import recurrent_gla_step
 
 try:
@@ -145,8 +145,8 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
         q, k, v, g, o, *pool,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(),
         o.stride(0), o.stride(1), *pool_strides,
-        qk_scale, seed, o, o, o, 0.0, 0.0, o, o, o, H=H, K=K, V=V, BLOCK_V=triton.next_power_of_2(V), num_warps=num_warps,
-        **consts, **pdl_launch(v.device, B),
+        qk_scale, seed, o, o, o, 0.0, 0.0, o, o, o, H=H, K=K, V=V, BLOCK_V=triton.next_power_of_2(V),
+        num_warps=num_warps, **consts, **pdl_launch(v.device, B),
     )
     return o
 
@@ -162,7 +162,7 @@ def ssd_decode_step_reference(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_
     H, G = x.shape[1], C.shape[1]
     if dt_treatment is not None:
         dt_logits = fake_quantize_int8_reference(dt_logits, dt_treatment["logit_scale"], dt_treatment["logit_min"],
-                                       dt_treatment["logit_max"])
+                                                 dt_treatment["logit_max"])
     lo, hi = time_step_limit if time_step_limit is not None else (0.0, float("inf"))
     dt = torch.nn.functional.softplus(dt_logits.float() + dt_bias.float()).clamp(lo, hi)
     g = (dt * -A_log.float().exp()).unsqueeze(-1).expand(*dt.shape, C.shape[-1])
@@ -181,7 +181,8 @@ def _dt_treatment_args(treatment: dict | None, H: int, dummy: torch.Tensor):
     bounds = lo is not None
     for name, t in (("logit_min", lo), ("logit_max", hi)):
         if bounds and (t.numel() != H or not t.is_contiguous()):
-            raise ValueError(f"the dt treatment's {name} must hold one contiguous value per head ({H}); got {tuple(t.shape)}")
+            raise ValueError(f"the dt treatment's {name} must hold one contiguous value per head ({H}); got "
+                             f"{tuple(t.shape)}")
     if scale.numel() not in (1, H):
         raise ValueError(f"the dt treatment's logit_scale must hold one value or one per head ({H}); got "
                          f"{tuple(scale.shape)}")
