@@ -91,11 +91,14 @@ def _dt_treatment(H: int, kind: str | None, gen: torch.Generator) -> dict | None
                                                        (2, 3, 1, 20, 8, (0.001, 0.5), "per_channel"),
                                                        (1, 2, 2, 32, 16, (0.0, 10.0), None),
                                                        (2, 5, 1, 16, 8, None, "per_tensor"),
-                                                       (3, 4, 4, 8, 16, None, "bounds-free")])
+                                                       (3, 4, 4, 8, 16, None, "bounds-free"),
+                                                       (5, 16, 2, 16, 8, None, "per_channel")])
 def test_ssd_decode_kernel_matches_reference(fmt, B, H, G, N, P, limit, treatment):
     """Mamba2's decode step in the GLA kernel's SSD mode (a calibrated gate's treatment of the dt logits, time
     step, decay, ``dt x``, grouped B / C read in place, ``D x``) against its PyTorch spec, on dt logits past
-    softplus's threshold and far below zero (and past the treatment's bounds)."""
+    softplus's threshold and far below zero (and past the treatment's bounds), with the launch it picks for the
+    batch (one block a head up to SSD_FEW_PROGRAMS programs) and with the other one."""
+    from laquant.kernels.common.state_io import SSD_FEW_PROGRAMS
     from laquant.kernels.gla.decode import ssd_decode_step, ssd_decode_step_reference
 
     gen = torch.Generator().manual_seed(B * 100 + N + P)
@@ -127,10 +130,11 @@ def test_ssd_decode_kernel_matches_reference(fmt, B, H, G, N, P, limit, treatmen
     y = ssd_decode_step(c, b_, x, dt_logits, dt_bias, A_log, D, limit, data, scale, idx, quant,
                         out=torch.full_like(y_ref, float("nan")), dt_treatment=dt_treatment)
     assert torch.isfinite(y).all() and rel_err(y, y_ref) < 1e-5
-    # these batches make few programs (SSD_FEW_PROGRAMS_LAUNCH's one block a head); the launch of larger ones too
-    many = ssd_decode_step(c, b_, x, dt_logits, dt_bias, A_log, D, limit, *start(), idx, quant,
-                           out=torch.full_like(y_ref, float("nan")), dt_treatment=dt_treatment, block_k=16, num_warps=1)
-    assert torch.isfinite(many).all() and rel_err(many, y_ref) < 1e-5
+    other_launch = dict(block_k=16, num_warps=1) if B * H <= SSD_FEW_PROGRAMS else dict(block_k=128, num_warps=4)
+    other_state = start()
+    other = ssd_decode_step(c, b_, x, dt_logits, dt_bias, A_log, D, limit, *other_state, idx, quant,
+                            out=torch.full_like(y_ref, float("nan")), dt_treatment=dt_treatment, **other_launch)
+    assert torch.isfinite(other).all() and rel_err(other, y_ref) < 1e-5
     if fmt == "fp32" and not INTERPRETED:  # bf16 out (the model's): y rounded once, as .to(bf16) rounds it
         again = ssd_decode_step(c, b_, x, dt_logits, dt_bias, A_log, D, limit, *start(), idx, quant,
                                 out=torch.full(y.shape, float("nan"), dtype=torch.bfloat16, device=DEVICE),
@@ -139,13 +143,14 @@ def test_ssd_decode_kernel_matches_reference(fmt, B, H, G, N, P, limit, treatmen
     if dt_treatment is not None:  # the treatment matters here: without it the outputs differ
         untreated = ssd_decode_step_reference(c, b_, x, dt_logits, dt_bias, A_log, D, limit, *start(), idx, quant)
         assert rel_err(untreated, y_ref) > 1e-3
-    new, ref = data.float(), data_ref.float()
-    if fmt == "fp32":
-        assert rel_err(new, ref) < 1e-6
-    elif fmt == "int8_row":
-        assert (new != ref).float().mean().item() < 0.005 and (new - ref).abs().max() <= 1
-    else:
-        assert ((new - ref).abs() <= ref.abs() * 2**-7).all()
+    ref = data_ref.float()
+    for new in (data.float(), other_state[0].float()):
+        if fmt == "fp32":
+            assert rel_err(new, ref) < 1e-6
+        elif fmt == "int8_row":
+            assert (new != ref).float().mean().item() < 0.005 and (new - ref).abs().max() <= 1
+        else:
+            assert ((new - ref).abs() <= ref.abs() * 2**-7).all()
 
 
 def test_ssd_reference_is_the_mamba2_mixers_glue():
@@ -206,19 +211,20 @@ def test_mamba2_decode_steps_take_the_ssd_kernel(family, static, monkeypatch):
     assert torch.isfinite(got).all() and rel_err(got, want) < 1e-4
 
 
-@pytest.mark.parametrize("family", ["bamba", "nemotron_h"])
+@pytest.mark.parametrize("family", ["bamba", "nemotron_h", "mamba2"])
+@pytest.mark.parametrize("static", [False, True])
 @torch.no_grad()
-def test_calibrated_mamba2_decode_treats_dt_in_the_ssd_kernel(family, monkeypatch):
-    """A calibrated Mamba2 hybrid (hybrid_int8: in_proj's dt channels a QuantGate): each decode token's SSD kernel
-    gets the dt logits untreated with its gate's treatment, and the logits equal those of the PyTorch path, which
-    treats them before the scan (float32 model, so both round alike under the interpreter). These tiny random
-    models' logits barely move with dt (1e-6 with the treatment dropped): that the kernel applies it is
-    test_ssd_decode_kernel_matches_reference's."""
+def test_calibrated_mamba2_decode_treats_dt_in_the_ssd_kernel(family, static, monkeypatch):
+    """A calibrated Mamba2 model (hybrid_int8: in_proj's dt channels a QuantGate), on the dynamic cache and on the
+    static one a graph replays: each decode token's SSD kernel gets the dt logits untreated with its mixer's gate
+    treatment, which applied to them gives exactly the logits the PyTorch path's time step reads (it treats them
+    first); the model's logits equal that path's (float32 model: both round alike under the interpreter)."""
     import copy
 
     import laquant
     import laquant.kernels.gla.decode as module
     import test_hybrid
+    from laquant.kernels.common.numerics import fake_quantize_int8
     from laquant.models import hybrid_mixers
 
     torch.manual_seed(0)
@@ -227,17 +233,25 @@ def test_calibrated_mamba2_decode_treats_dt_in_the_ssd_kernel(family, monkeypatc
     model = laquant.calibrate(model, "hybrid_int8", calib, progress=False).model.to(DEVICE)
     glue = copy.deepcopy(model)
     ids = torch.randint(0, test_hybrid.VOCAB, (2, 9), generator=torch.Generator().manual_seed(0)).to(DEVICE)
-    treatments = []
+    kernel_calls = []
     real = module.ssd_decode_step
     monkeypatch.setattr(module, "ssd_decode_step",
-                        lambda *a, **k: treatments.append(k.get("dt_treatment")) or real(*a, **k))
+                        lambda *a, **k: kernel_calls.append((a[3].clone(), k.get("dt_treatment"))) or real(*a, **k))
     if INTERPRETED:  # the mixers' side only: the prompt's scan keeps the reference
         monkeypatch.setattr(hybrid_mixers, "use_triton", lambda x, state_format=None: True)
-    got, seq = greedy_decode_steps(model, ids)
+    got, _ = greedy_decode_steps(model, ids, static=static)
     mixers = [m for m in model.modules() if isinstance(m, hybrid_mixers.Mamba2Mixer)]
-    assert len(treatments) == 3 * len(mixers)
+    assert len(kernel_calls) == 3 * len(mixers)
     assert all(t is not None and t["logit_scale"] is m.in_proj.logit_scale
-               for t, m in zip(treatments, mixers * 3))
-    monkeypatch.setattr(hybrid_mixers.Mamba2Mixer, "_one_kernel_state", lambda self, x, states: None)
-    want, _ = greedy_decode_steps(glue, ids)
+               for (_, t), m in zip(kernel_calls, mixers * 3))
+
+    monkeypatch.setattr(hybrid_mixers.Mamba2Mixer, "_one_kernel_state", lambda self, xs, states: None)
+    read, time_step = [], hybrid_mixers.Mamba2Mixer.time_step
+    monkeypatch.setattr(hybrid_mixers.Mamba2Mixer, "time_step",
+                        lambda self, dt: (dt.shape[1] == 1 and read.append(dt[:, 0].clone())) or time_step(self, dt))
+    want, _ = greedy_decode_steps(glue, ids, static=static)
+    assert len(read) == len(kernel_calls)
+    for (dt, t), ref in zip(kernel_calls, read):
+        assert torch.equal(fake_quantize_int8(dt, t["logit_scale"], t["logit_min"], t["logit_max"]), ref)
+        assert not torch.equal(dt, ref)  # untreated: the kernel's treatment is not a second one
     assert torch.isfinite(got).all() and rel_err(got, want) < 1e-5

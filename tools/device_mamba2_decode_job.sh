@@ -13,8 +13,8 @@ log "tests rc $?"
 for fam in mamba2 nemotron_h; do
   FAMILY=$fam timeout 200 python3 tools/family_decode_diag.py "$W/diag_${fam}.json" > "$W/diag_${fam}.log" 2>&1
   log "$fam rc $?"
-  PYTHONPATH="$BASE:$PYTHONPATH" FAMILY=$fam timeout 200 python3 tools/family_decode_diag.py "$W/diag_${fam}_base.json" \
-    > "$W/diag_${fam}_base.log" 2>&1
+  PYTHONPATH="$BASE:$PYTHONPATH" FAMILY=$fam timeout 200 python3 tools/family_decode_diag.py \
+    "$W/diag_${fam}_base.json" > "$W/diag_${fam}_base.log" 2>&1
   log "$fam base rc $?"
 done
 timeout 300 laquant eval speed --suite e2e --hybrid-recipe hybrid_int8 --batch 1 64 --prompt 1024 --gen 32 \

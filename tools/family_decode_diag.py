@@ -63,7 +63,7 @@ def main(out):
     fam = os.environ.get("FAMILY", "mamba2")
     cfg = json.dumps(CONFIGS[fam])
     result = {}
-    for label, variant, make in recipe_variants([f"{fam}:{cfg}"], "gla_int8_all", "hybrid_int8"):
+    for _, variant, make in recipe_variants([f"{fam}:{cfg}"], "gla_int8_all", "hybrid_int8"):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         model = make()

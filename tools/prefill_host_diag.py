@@ -1,7 +1,8 @@
 """Host time of a 4K eager prefill, GLA 2048x24 (16 heads), bf16 vs gla_int8_all: the Python call's time with the GPU
 kept busy by a sleep kernel (no launch waits for a kernel, up to the launch queue's ~1,000 entries: past them the
-module that fills it is charged the wait), its split by module class (forward hooks), the host ops that wait for the
-GPU, cProfile's view, and the host cost of one empty Triton launch and of one torch.empty.
+module that fills it is charged the wait), its split by module class (forward hooks: a hooked module leaves laquant's
+fused paths, which honour hooks, so that split times a slower path than the wall clock's), the host ops that wait for
+the GPU, cProfile's view, and the host cost of one empty Triton launch and of one torch.empty.
 
     python3 tools/prefill_host_diag.py OUT.json
     FAMILY=nemotron_h PROMPT=1024 python3 tools/prefill_host_diag.py OUT.json   # a hybrid of tools/family_configs.py
@@ -23,8 +24,9 @@ from laquant.eval.speed import recipe_variants
 
 
 @triton.jit
-def _noop(a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p, BLOCK: tl.constexpr):
+def _noop(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, BLOCK: tl.constexpr):
     pass
+
 
 CFG = '{"hidden_size": 2048, "num_hidden_layers": 24, "num_heads": 16, "vocab_size": 32000}'
 
@@ -114,7 +116,7 @@ def main(out):
     else:
         model_id = f"config:{CFG}"
     result = {"model": model_id, "prompt": prompt}
-    for label, variant, make in recipe_variants([model_id], "gla_int8_all"):
+    for _, variant, make in recipe_variants([model_id], "gla_int8_all"):
         model = make()
         ids = torch.randint(0, model.config.vocab_size, (1, prompt), device="cuda")
         fn = lambda model=model: model(ids, logits_to_keep=1)  # noqa: E731

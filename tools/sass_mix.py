@@ -60,6 +60,9 @@ def compile_sass(kernel: str, fmt: str, block_k: int, num_warps: int, block_v: i
                   FMT=kernel_code(spec), RENORM=1, QMAX=spec.qmax if scaled else 1.0,  # as pool_args passes them
                   SR=rounding == "stochastic", L2NORM=True, PDL=False, BLOCK_T=1 << (tokens - 1).bit_length(),
                   KEEP=False, COMMIT=commit, PREFETCH=prefetch)
+    for p, param in inspect.signature(fn.fn).parameters.items():  # constexprs the call leaves at their defaults
+        if p not in consts and param.default is not inspect.Parameter.empty:  # (the GLA kernel's SSD, DT_*)
+            consts[p] = param.default
     state = {"fp32": "*fp32", "bf16": "*bf16", "fp8_row": "*fp8e4nv", "int8_row": "*i8"}[name]
     sig = {}
     for p in inspect.signature(fn.fn).parameters:

@@ -37,7 +37,7 @@ def main(out_path: str) -> None:
             for bk, w in CONFIGS:
                 def step(bk=bk, w=w):
                     return ssd_decode_step(c, b_, x, dt, dt_bias, A_log, D, None, data, scale, idx, quant,
-                                               n_stores, out=y, block_k=bk, num_warps=w)
+                                           n_stores, out=y, block_k=bk, num_warps=w)
                 try:
                     step()
                     us = do_bench_cudagraph(step, rep=50, return_mode="median") * 1e3

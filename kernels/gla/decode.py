@@ -154,7 +154,8 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
 def ssd_decode_step_reference(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, state, scale, pool_idx,
                               quantizer: StateQuantizer, n_stores: torch.Tensor | None = None, seed: int = 0,
                               dt_treatment: dict | None = None):
-    """Mamba2's (SSD) decode step in PyTorch, as laquant's Mamba2 mixer runs it through :func:`gla_decode_step`:
+    """Mamba2's (SSD) decode step in PyTorch, as laquant's Mamba2 mixer's glue runs it around
+    :func:`gla_decode_step_reference`:
     C, B_ ``[B, G, N]`` (per group), x ``[B, H, P]``, the dt logits ``[B, H]``; ``dt = clamp(softplus(logit +
     dt_bias))``, decay ``exp(-dt exp(A_log))`` per head, ``S = decay S + B^T (dt x)``, ``y = C S + D x``.
     ``dt_treatment``: a calibrated gate's (:meth:`~laquant.quant.modules.QuantGate.logit_treatment`), applied to the
@@ -196,8 +197,11 @@ def ssd_decode_step(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, sta
                     num_warps: int | None = None) -> torch.Tensor:
     """:func:`ssd_decode_step_reference` in one launch of the GLA decode kernel (its ``SSD`` mode): the gate
     treatment of the dt logits, the time step, the decay, ``dt x``, the groups' C and B (read in place: any
-    strides) and ``D x`` inside. Returns ``y`` ``[B, H, P]`` float32, or in ``out``'s dtype (rounded once, to nearest
-    even, as ``.to(dtype)`` rounds the float32 spec)."""
+    strides) and ``D x`` inside. Returns ``y`` ``[B, H, P]`` float32, or in ``out``'s dtype (on the GPU rounded
+    once, to nearest even, as ``.to(dtype)`` rounds the float32 spec; Triton's interpreter truncates).
+    ``block_k`` / ``num_warps``: the launch (rows a block, warps a program); by default
+    :data:`~..common.state_io.SSD_FEW_PROGRAMS_LAUNCH`'s where the batch makes at most
+    :data:`~..common.state_io.SSD_FEW_PROGRAMS` programs, else the decode table's."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use ssd_decode_step_reference")
     Bsz, H, P = x.shape
@@ -206,8 +210,8 @@ def ssd_decode_step(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, sta
         raise ValueError(f"{H} heads do not split into {G} groups")
     lo, hi = time_step_limit if time_step_limit is not None else (0.0, float("inf"))
     few = SSD_FEW_PROGRAMS_LAUNCH.get(quantizer.format.name) if Bsz * H <= SSD_FEW_PROGRAMS else None
-    if few is not None and block_k is None and num_warps is None:
-        block_k, num_warps = few
+    if few is not None:
+        block_k, num_warps = block_k or few[0], num_warps or few[1]
     pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, N, block_k,
                                                       num_warps)
     o = torch.empty(Bsz, H, P, dtype=torch.float32, device=x.device) if out is None else out

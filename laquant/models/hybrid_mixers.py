@@ -363,15 +363,16 @@ class Mamba2Mixer(HybridMixer):
         B, T, _ = x.shape
         H, P, N, G = self.num_heads, self.head_dim, self.ssm_state_size, self.n_groups
         states = layer_states(cache, cache_params)
-        stored = self._one_kernel_state(x, states)
-        # the one-kernel decode treats a calibrated gate's dt logits itself
-        z, xbc, dt_logits, treatment = self.projected(x, treat=stored is None)
+        z, xbc, dt_logits, treatment = self.projected(x)
         xbc = short_conv(xbc, states, self.layer_idx, self.conv1d, self.activation)
         xbc = mask_padding(xbc, attention_mask)
         xs, b, c = xbc.split([self.intermediate_size, G * N, G * N], dim=-1)
-        if stored is not None:
+        stored = self._one_kernel_state(xs, states)
+        if stored is not None:  # the kernel treats the dt logits itself
             y = self._ssd_step(xs, b, c, dt_logits, treatment, states, stored, dtype)
             return self.norm_and_out(y.reshape(B, T, -1), z)
+        if treatment is not None:
+            dt_logits = self.in_proj.treat(dt_logits)
         dt = self.time_step(dt_logits)
         g = dt * -self.A_log.float().exp()
         xs = xs.unflatten(-1, (H, P))
@@ -384,14 +385,15 @@ class Mamba2Mixer(HybridMixer):
         y = y + xs.float() * self.D.float()[:, None]
         return self.norm_and_out(y.reshape(B, T, -1).to(dtype), z)
 
-    def _one_kernel_state(self, x: torch.Tensor, states):
+    def _one_kernel_state(self, xs: torch.Tensor, states):
         """The stored state when a decode token's scan runs as one kernel
         (:func:`~laquant.kernels.gla.decode.ssd_decode_step`: the dt logits' treatment, the time step, decay,
-        ``dt x``, the groups' B and C and ``D x`` inside): one token (``x [B, 1, hidden]``) on the GPU with a stored
-        state, not a verify step nor a padded prefill. Else None: the PyTorch glue and :meth:`attend_gla`."""
-        if (x.shape[1] != 1 or states is None or getattr(states, "pending", None) is not None
+        ``dt x``, the groups' B and C and ``D x`` inside): one token on the GPU with a stored state, not a verify
+        step nor a padded prefill, no gradient wanted through ``xs``. Else None: the PyTorch glue and
+        :meth:`attend_gla`."""
+        if (xs.shape[1] != 1 or states is None or getattr(states, "pending", None) is not None
                 or getattr(states, "token_mask", None) is not None
-                or not use_triton(x, self.state_quantizer.format.name)):
+                or not use_triton(xs, self.state_quantizer.format.name)):
             return None
         return states.get(self.layer_idx)
 
@@ -403,7 +405,8 @@ class Mamba2Mixer(HybridMixer):
         from laquant.models.recurrent import _seed
 
         B, H, P, N, G = xs.shape[0], self.num_heads, self.head_dim, self.ssm_state_size, self.n_groups
-        y = ssd_decode_step(c[:, 0].unflatten(-1, (G, N)), b[:, 0].unflatten(-1, (G, N)), xs[:, 0].unflatten(-1, (H, P)),
+        y = ssd_decode_step(c[:, 0].unflatten(-1, (G, N)), b[:, 0].unflatten(-1, (G, N)),
+                            xs[:, 0].unflatten(-1, (H, P)),
                             dt_logits[:, 0], self.dt_bias, self.A_log, self.D, self.time_step_limit, stored.data,
                             stored.row_scale, *self._pool_slots(stored, B, xs.device), seed=_seed(states),
                             dt_treatment=treatment, out=torch.empty(B, H, P, dtype=dtype, device=xs.device))
@@ -414,22 +417,19 @@ class Mamba2Mixer(HybridMixer):
         """``in_proj``'s output as the scan reads it."""
         return self.in_proj(x)
 
-    def projected(self, x: torch.Tensor, treat: bool = True):
+    def projected(self, x: torch.Tensor):
         """``(z, x|B|C, dt logits, treatment)`` of ``in_proj(x)``. A calibrated ``in_proj`` (a :class:`QuantGate` of
-        its last ``H`` outputs, the dt channels) runs its linears and treats the dt channels alone: its forward
-        copies the whole output to put the treated channels back among the others (one ``cat`` a layer and token, 12
-        of the 24 in a quantized Nemotron-H's 1K-token prefill profile, ``eval/results/families_h200/profiles_b1/``).
-        The same values; a gate with hooks (calibration observing its output) runs its forward. ``treat=False``
-        leaves such a gate's dt logits untreated and returns its treatment (the SSD decode kernel applies it; six
-        PyTorch kernels a layer and token otherwise); ``treatment`` is None where the logits need none."""
+        its last ``H`` outputs, the dt channels) runs its linears alone and returns the dt logits untreated with its
+        treatment (:meth:`QuantGate.logit_treatment`), for the SSD decode kernel to apply or ``in_proj.treat``
+        (six PyTorch kernels a layer and token): its forward would copy the whole output to put the treated
+        channels back among the others (one ``cat`` a layer and token, 12 of the 24 in a quantized Nemotron-H's
+        1K-token prefill profile, ``eval/results/families_h200/profiles_b1/``). ``treatment`` None: the logits are
+        final (no gate, or a gate with hooks, calibration observing its output, which runs its forward)."""
         gate = self.in_proj
         first, count = self.gate_channels()
         if (isinstance(gate, QuantGate) and gate.channel_start == first and gate.logit_min.numel() == count
                 and not (gate._forward_hooks or gate._forward_pre_hooks)):
-            z, xbc, dt_logits = self.split_in_proj(gate.untreated(x))
-            if not treat:
-                return z, xbc, dt_logits, gate.logit_treatment()
-            return z, xbc, gate.treat(dt_logits), None
+            return *self.split_in_proj(gate.untreated(x)), gate.logit_treatment()
         return *self.split_in_proj(self.project(x)), None
 
     def gated_output(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -494,9 +494,9 @@ class FalconH1Mamba2Mixer(Mamba2Mixer):
     def project(self, x: torch.Tensor) -> torch.Tensor:
         return self.in_proj(x * self.ssm_in_multiplier) * self.mup_vector
 
-    def projected(self, x: torch.Tensor, treat: bool = True):
-        """``in_proj``'s output split, treated (the muP multipliers apply after the gate's treatment: through
-        forward)."""
+    def projected(self, x: torch.Tensor):
+        """``in_proj``'s output split, the dt logits final (treatment None: the muP multipliers apply after the
+        gate's treatment, so it runs in the gate's forward)."""
         return *self.split_in_proj(self.project(x)), None
 
     def gated_output(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

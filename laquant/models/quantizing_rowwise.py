@@ -37,7 +37,8 @@ from laquant.quant.modules import QuantGate
 # a decoder layer's norm -> where the groups of projections that read its output may sit: (owner, names),
 # the first whose owner has all the names (a linear-attention or softmax mixer; a dense MLP or an MoE's shared
 # expert). A group whose members are not all W8A8 per-token projections (a kept one, a gate) leaves the norm
-# on transformers' forward (w8a8_inputs).
+# on transformers' forward (w8a8_inputs); a lone member that is a QuantGate of one W8A8 linear is that linear
+# (_through_gate).
 _QKV = ("q_proj", "k_proj", "v_proj")
 NORM_CONSUMERS = {
     "input_layernorm": (("linear_attn", ("in_proj_qkvz",)),  # qwen3_next: q, k, v and z fused
