@@ -36,6 +36,17 @@ CONFIGS = {
     "mamba2": dict(
         vocab_size=32000, hidden_size=2048, num_hidden_layers=48, num_heads=64, head_dim=64, state_size=128, n_groups=1,
         expand=2, chunk_size=128, **TOKENS),
+    # Falcon-H1-style: Mamba2 and attention side by side in every block, then a SwiGLU MLP, muP multipliers at 1
+    "falcon_h1": dict(
+        vocab_size=32000, hidden_size=2048, num_hidden_layers=LAYERS, intermediate_size=5632, num_attention_heads=16,
+        num_key_value_heads=4, head_dim=128, mamba_d_ssm=4096, mamba_n_heads=64, mamba_d_head=64, mamba_n_groups=1,
+        mamba_d_state=128, mamba_chunk_size=128, mamba_rms_norm=True, **TOKENS),
+    # Zamba2-1.2B-style: Mamba2 layers, one shared attention + MLP block used every sixth layer (LoRA adapters)
+    "zamba2": dict(
+        vocab_size=32000, hidden_size=2048, num_hidden_layers=38, intermediate_size=8192, num_attention_heads=32,
+        num_key_value_heads=32, n_mamba_heads=64, mamba_d_state=128, mamba_ngroups=1, chunk_size=128,
+        num_mem_blocks=1, use_shared_attention_adapter=True, adapter_rank=128, use_mem_rope=True,
+        layers_block_type=pattern(["linear_attention"] * 5 + ["hybrid"], 38), **TOKENS),
     # Kimi-Linear-style: KDA layers, MLA every fourth, dense SwiGLU MLPs
     "kimi_linear": dict(
         vocab_size=32000, hidden_size=2048, num_hidden_layers=LAYERS, intermediate_size=5632, num_attention_heads=16,
