@@ -170,6 +170,25 @@ if triton is not None:
         return rounded(quantize_int8(x, scale).to(tl.float32) * scale, raw.dtype)
 
     @triton.jit
+    def load_treated_logits(ptr, lo_ptr, hi_ptr, s_ptr, offs, p_offs, mask, QUANT: tl.constexpr,
+                            BOUNDS: tl.constexpr, PER_CHANNEL: tl.constexpr):
+        """The logits at ``ptr + offs``, given a calibrated gate's treatment when ``QUANT`` (its parameters at
+        ``p_offs``; launch arguments: ``gate_treatment.treatment_args``), float32."""
+        raw = tl.load(ptr + offs, mask=mask, other=0.0)
+        if not QUANT:
+            return raw.to(tl.float32)
+        lo = 0.0
+        hi = 0.0
+        if BOUNDS:
+            lo = tl.load(lo_ptr + p_offs, mask=mask, other=0.0)
+            hi = tl.load(hi_ptr + p_offs, mask=mask, other=0.0)
+        if PER_CHANNEL:
+            s = tl.load(s_ptr + p_offs, mask=mask, other=1.0)
+        else:
+            s = tl.load(s_ptr)
+        return fake_quantize_int8(raw, lo, hi, s, BOUNDS)
+
+    @triton.jit
     def store_codes(y, col, ok, xq_row, xs_out, n_keep, KQ):
         """W8A8's activation codes of one token held in registers, for a GEMM that keeps every input
         column in order (no outliers: ``PackedOutlierWeight.identity``): ``y`` (float32, the values as

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..common.numerics import fake_quantize_int8
+from ..common.gate_treatment import treated, treatment_args
 from ..common.pdl import pdl_launch
 
 try:
@@ -25,15 +25,9 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_prologue
-    from ..common.triton_numerics import fake_quantize_int8 as tl_fake_quantize_int8
+    from ..common.triton_numerics import load_treated_logits
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
-
-
-def _treated(x: torch.Tensor, treatment: dict | None) -> torch.Tensor:
-    if treatment is None:
-        return x
-    return fake_quantize_int8(x, treatment["logit_scale"], treatment["logit_min"], treatment["logit_max"])
 
 
 def gdn_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, beta_scale: float = 1.0,
@@ -41,31 +35,13 @@ def gdn_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: t
     """``(g, beta)`` ``[..., G * R]`` float32 from ``a, b [..., G, R]`` (``A_log``, ``dt_bias`` ``[G * R]``).
     A treatment is :meth:`QuantGate.logit_treatment`'s dict with its tensors as ``[G, R]`` views (the
     scale may be one element: per-tensor), or None."""
-    a, b = _treated(a, a_treatment).flatten(-2), _treated(b, b_treatment).flatten(-2)
+    a, b = treated(a, a_treatment).flatten(-2), treated(b, b_treatment).flatten(-2)
     g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
     beta = b.float().sigmoid()
     return g, beta * beta_scale if beta_scale != 1.0 else beta
 
 
 if triton is not None:
-
-    @triton.jit
-    def _treat(ptr, lo_ptr, hi_ptr, s_ptr, offs, p_offs, mask, QUANT: tl.constexpr, BOUNDS: tl.constexpr,
-               PER_CHANNEL: tl.constexpr):
-        """The logits at ``ptr + offs``, treated (their parameters at ``p_offs``), float32."""
-        raw = tl.load(ptr + offs, mask=mask, other=0.0)
-        if not QUANT:
-            return raw.to(tl.float32)
-        lo = 0.0
-        hi = 0.0
-        if BOUNDS:
-            lo = tl.load(lo_ptr + p_offs, mask=mask, other=0.0)
-            hi = tl.load(hi_ptr + p_offs, mask=mask, other=0.0)
-        if PER_CHANNEL:
-            s = tl.load(s_ptr + p_offs, mask=mask, other=1.0)
-        else:
-            s = tl.load(s_ptr)
-        return tl_fake_quantize_int8(raw, lo, hi, s, BOUNDS)
 
     @triton.jit
     def _gdn_gating_kernel(a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, a_lo, a_hi, a_s, b_lo, b_hi, b_s, M,
@@ -80,10 +56,10 @@ if triton is not None:
         mask = (rows < M)[:, None] & (h < H)[None, :]
         grp, r = h // R, h % R
         rows64 = rows.to(tl.int64)[:, None]
-        a = _treat(a_ptr, a_lo, a_hi, a_s, rows64 * s_am + (grp * s_ag + r * s_ar)[None, :],
-                   (grp * p_ag + r * p_ar)[None, :], mask, A_QUANT, A_BOUNDS, A_PER_CHANNEL)
-        b = _treat(b_ptr, b_lo, b_hi, b_s, rows64 * s_bm + (grp * s_bg + r * s_br)[None, :],
-                   (grp * p_bg + r * p_br)[None, :], mask, B_QUANT, B_BOUNDS, B_PER_CHANNEL)
+        a = load_treated_logits(a_ptr, a_lo, a_hi, a_s, rows64 * s_am + (grp * s_ag + r * s_ar)[None, :],
+                                (grp * p_ag + r * p_ar)[None, :], mask, A_QUANT, A_BOUNDS, A_PER_CHANNEL)
+        b = load_treated_logits(b_ptr, b_lo, b_hi, b_s, rows64 * s_bm + (grp * s_bg + r * s_br)[None, :],
+                                (grp * p_bg + r * p_br)[None, :], mask, B_QUANT, B_BOUNDS, B_PER_CHANNEL)
         x = a + tl.load(dtb_ptr + h, mask=h < H, other=0.0).to(tl.float32)[None, :]
         softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))  # torch's (beta 1, threshold 20)
         g = -tl.exp(tl.load(alog_ptr + h, mask=h < H, other=0.0).to(tl.float32))[None, :] * softplus
@@ -91,22 +67,6 @@ if triton is not None:
         out = rows64 * H + h[None, :]
         tl.store(g_ptr + out, g, mask=mask)
         tl.store(beta_ptr + out, beta, mask=mask)
-
-
-def _treatment_args(treatment: dict | None, dummy: torch.Tensor, G: int, R: int):
-    """(pointers lo, hi, scale), parameter strides (per group, per head) and constexprs of a treatment."""
-    if treatment is None:
-        return (dummy, dummy, dummy), (0, 0), dict(QUANT=False, BOUNDS=False, PER_CHANNEL=False)
-    lo, hi, scale = treatment["logit_min"], treatment["logit_max"], treatment["logit_scale"]
-    per_channel = scale.numel() > 1
-    ref = scale if per_channel else lo
-    strides = tuple(ref.stride()) if ref is not None and ref.dim() == 2 else (0, 0)
-    for t in (lo, hi, scale if per_channel else None):
-        if t is not None and (tuple(t.shape) != (G, R) or tuple(t.stride()) != strides):
-            raise ValueError(f"a treatment's parameters must be [G, R] = [{G}, {R}] views of one layout; got "
-                             f"{tuple(t.shape)} with strides {tuple(t.stride())}")
-    return ((lo if lo is not None else dummy, hi if hi is not None else dummy, scale), strides,
-            dict(QUANT=True, BOUNDS=lo is not None, PER_CHANNEL=per_channel))
 
 
 def gdn_gating_triton(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
@@ -122,8 +82,8 @@ def gdn_gating_triton(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_
     g = torch.empty(*lead, H, dtype=torch.float32, device=a.device)
     beta = torch.empty_like(g)
     if M and H:
-        (alo, ahi, a_s), (p_ag, p_ar), aq = _treatment_args(a_treatment, g, G, R)
-        (blo, bhi, b_s), (p_bg, p_br), bq = _treatment_args(b_treatment, g, G, R)
+        (alo, ahi, a_s), (p_ag, p_ar), aq = treatment_args(a_treatment, g, G, R)
+        (blo, bhi, b_s), (p_bg, p_br), bq = treatment_args(b_treatment, g, G, R)
         block_h = triton.next_power_of_2(H)
         rows = max(1, min(64, 2048 // block_h))
         _gdn_gating_kernel[(triton.cdiv(M, rows),)](

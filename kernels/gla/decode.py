@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common.numerics import fake_quantize_int8 as fake_quantize_int8_reference
+from ..common.gate_treatment import treated, treatment_args
 from ..common.pdl import pdl_launch
 from ..common.state import StateQuantizer, load_pool_slots, store_pool_slots
 from ..common.state_io import SSD_FEW_PROGRAMS, SSD_FEW_PROGRAMS_LAUNCH, pool_args
@@ -26,7 +26,7 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_release, pdl_wait
-    from ..common.triton_numerics import (decayed_update, fake_quantize_int8, load_state_rows, state_random_bytes,
+    from ..common.triton_numerics import (decayed_update, load_state_rows, load_treated_logits, state_random_bytes,
                                           store_state_rows, stored_row_scale)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
@@ -47,17 +47,18 @@ if triton is not None:
         q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, state_ptr, scale_ptr, idx_ptr, nstore_ptr, static_ptr,
         s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_vb, s_vh, s_vv, s_gb, s_gh, s_gk, s_ob, s_oh,
         s_sp, s_sh, s_sk, s_cp, s_ch,
-        qk_scale, seed, dtb_ptr, alog_ptr, d_ptr, dt_lo, dt_hi, tlo_ptr, thi_ptr, ts_ptr,
+        qk_scale, seed, dtb_ptr, alog_ptr, d_ptr, dt_lo, dt_hi, tlo_ptr, thi_ptr, ts_ptr, s_t,
         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
         FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr, PDL: tl.constexpr,
         SSD: tl.constexpr = False, HEADS_PER_GROUP: tl.constexpr = 1, DT_QUANT: tl.constexpr = False,
-        DT_BOUNDS: tl.constexpr = False, DT_PER_CHANNEL: tl.constexpr = True,
+        DT_BOUNDS: tl.constexpr = False, DT_PER_CHANNEL: tl.constexpr = False,
     ):
         """``SSD`` (Mamba2's step, :func:`ssd_decode_step`): g holds the heads' dt logits ``[B, H]``, v their
         inputs x; the kernel takes dt = clamp(softplus(logit + dt_bias), dt_lo, dt_hi), the head's decay
         exp(-dt exp(A_log)), updates with ``k (dt x)^T`` and adds ``D x`` to the output. q and k (C and B)
         are per group of ``HEADS_PER_GROUP`` heads. ``DT_QUANT``: the logits get a calibrated gate's treatment
-        first (clamped to ``[tlo, thi]`` per head when ``DT_BOUNDS``, int8 with the head's (or one) static scale)."""
+        first (clamped to ``[tlo, thi]`` per head when ``DT_BOUNDS``, int8 with the head's (or one) static scale;
+        the parameters ``s_t`` apart)."""
         pdl_wait(PDL)
         pid = tl.program_id(0)
         b = pid // H
@@ -72,14 +73,9 @@ if triton is not None:
         if SSD:  # the spec's op order: softplus, clamp, then dt * -exp(A_log); exp of that in the update
             if DT_QUANT:  # the head's logit in every lane: the treatment's roundings are elementwise
                 lane0 = offs_v * 0
-                raw = tl.load(g_ptr + b * s_gb + h * s_gh + lane0)
-                lo = 0.0
-                hi = 0.0
-                if DT_BOUNDS:
-                    lo = tl.load(tlo_ptr + h + lane0)
-                    hi = tl.load(thi_ptr + h + lane0)
-                t_scale = tl.load(ts_ptr + (h if DT_PER_CHANNEL else 0) + lane0)
-                logit = tl.max(fake_quantize_int8(raw, lo, hi, t_scale, DT_BOUNDS), axis=0)
+                logit = tl.max(load_treated_logits(g_ptr + b * s_gb + h * s_gh, tlo_ptr, thi_ptr, ts_ptr, lane0,
+                                                   h * s_t + lane0, lane0 == 0, True, DT_BOUNDS, DT_PER_CHANNEL),
+                               axis=0)
             else:
                 logit = tl.load(g_ptr + b * s_gb + h * s_gh).to(tl.float32)
             dt = logit + tl.load(dtb_ptr + h).to(tl.float32)
@@ -145,7 +141,7 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
         q, k, v, g, o, *pool,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(),
         o.stride(0), o.stride(1), *pool_strides,
-        qk_scale, seed, o, o, o, 0.0, 0.0, o, o, o, H=H, K=K, V=V, BLOCK_V=triton.next_power_of_2(V),
+        qk_scale, seed, o, o, o, 0.0, 0.0, o, o, o, 0, H=H, K=K, V=V, BLOCK_V=triton.next_power_of_2(V),
         num_warps=num_warps, **consts, **pdl_launch(v.device, B),
     )
     return o
@@ -161,9 +157,7 @@ def ssd_decode_step_reference(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_
     ``dt_treatment``: a calibrated gate's (:meth:`~laquant.quant.modules.QuantGate.logit_treatment`), applied to the
     logits first. Updates ``state``/``scale`` in place; returns ``y`` ``[B, H, P]`` in float32."""
     H, G = x.shape[1], C.shape[1]
-    if dt_treatment is not None:
-        dt_logits = fake_quantize_int8_reference(dt_logits, dt_treatment["logit_scale"], dt_treatment["logit_min"],
-                                                 dt_treatment["logit_max"])
+    dt_logits = treated(dt_logits, dt_treatment)
     lo, hi = time_step_limit if time_step_limit is not None else (0.0, float("inf"))
     dt = torch.nn.functional.softplus(dt_logits.float() + dt_bias.float()).clamp(lo, hi)
     g = (dt * -A_log.float().exp()).unsqueeze(-1).expand(*dt.shape, C.shape[-1])
@@ -171,24 +165,6 @@ def ssd_decode_step_reference(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_
     y = gla_decode_step_reference(q, k, x.float() * dt.unsqueeze(-1), g, state, scale, pool_idx, quantizer, n_stores,
                                   1.0, seed)
     return y + x.float() * D.float()[:, None]
-
-
-def _dt_treatment_args(treatment: dict | None, H: int, dummy: torch.Tensor):
-    """(lo, hi, scale) pointers and the kernel's constexprs for a dt treatment (contiguous ``[H]`` bounds, an
-    ``[H]`` or ``[1]`` scale)."""
-    if treatment is None:
-        return dummy, dummy, dummy, {}
-    lo, hi, scale = treatment["logit_min"], treatment["logit_max"], treatment["logit_scale"]
-    bounds = lo is not None
-    for name, t in (("logit_min", lo), ("logit_max", hi)):
-        if bounds and (t.numel() != H or not t.is_contiguous()):
-            raise ValueError(f"the dt treatment's {name} must hold one contiguous value per head ({H}); got "
-                             f"{tuple(t.shape)}")
-    if scale.numel() not in (1, H):
-        raise ValueError(f"the dt treatment's logit_scale must hold one value or one per head ({H}); got "
-                         f"{tuple(scale.shape)}")
-    return (lo if bounds else dummy, hi if bounds else dummy, scale.contiguous(),
-            {"DT_QUANT": True, "DT_BOUNDS": bounds, "DT_PER_CHANNEL": scale.numel() != 1})
 
 
 def ssd_decode_step(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, state, scale, pool_idx,
@@ -215,13 +191,15 @@ def ssd_decode_step(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, sta
     pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, N, block_k,
                                                       num_warps)
     o = torch.empty(Bsz, H, P, dtype=torch.float32, device=x.device) if out is None else out
-    t_lo, t_hi, t_scale, t_consts = _dt_treatment_args(dt_treatment, H, o)
+    per_head = None if dt_treatment is None else {k: None if t is None else t.reshape(1, -1)
+                                                  for k, t in dt_treatment.items()}
+    (t_lo, t_hi, t_scale), (_, s_t), t_consts = treatment_args(per_head, o, 1, H)
     _gla_decode_kernel[(Bsz * H,)](
         C, B_, x, dt_logits, o, *pool,
         *C.stride(), *B_.stride(), *x.stride(), dt_logits.stride(0), dt_logits.stride(1), 0,
         o.stride(0), o.stride(1), *pool_strides,
-        1.0, seed, dt_bias, A_log, D, float(lo), float(hi), t_lo, t_hi, t_scale, H=H, K=N, V=P,
-        BLOCK_V=triton.next_power_of_2(P), num_warps=num_warps, SSD=True, HEADS_PER_GROUP=H // G, **t_consts, **consts,
-        **pdl_launch(x.device, Bsz),
+        1.0, seed, dt_bias, A_log, D, float(lo), float(hi), t_lo, t_hi, t_scale, s_t, H=H, K=N, V=P,
+        BLOCK_V=triton.next_power_of_2(P), num_warps=num_warps, SSD=True, HEADS_PER_GROUP=H // G,
+        **{f"DT_{k}": v for k, v in t_consts.items()}, **consts, **pdl_launch(x.device, Bsz),
     )
     return o
