@@ -277,6 +277,7 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
     check_state_args(initial_state, final_format, (N, H, K, V), "[N, H, K, V]")
     sequential_state = roundtrip is not None and not roundtrip.is_plain_fp32
     rng = dict(rounding=rounding, seed=seed, position=store_position(initial_state, position))
+    launch = dict(block_t=block_t, block_v=block_v, num_warps=num_warps, num_stages=num_stages, fp32_dots=fp32_dots)
     if segments is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
         # below one program per SM, split; the split costs a state-only pass over k, v, g
@@ -289,14 +290,12 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
     if segments > 1:
         if sequential_state or cu_seqlens is not None:
             raise ValueError("segments > 1 needs float32 states (no round trips) and no cu_seqlens")
-        return _segmented(q, k, v, g, scale, initial_state, output_final_state, final_format, segments, o,
-                          dict(block_t=block_t, block_v=block_v, num_warps=num_warps, num_stages=num_stages, fp32_dots=fp32_dots), rng,
-                          checkpoint_every)
+        return _segmented(q, k, v, g, scale, initial_state, output_final_state, final_format, segments, o, launch,
+                          rng, checkpoint_every)
     if (get_format(final_format).is_scaled and (output_final_state or checkpoint_every)
             and _state_tile(K, V) > MAX_STATE_TILE):
         return _store_after(q, k, v, g, scale, initial_state, output_final_state, final_format, roundtrip,
-                            checkpoint_every, cu_seqlens, o, rng,
-                            dict(block_t=block_t, block_v=block_v, num_warps=num_warps, num_stages=num_stages, fp32_dots=fp32_dots))
+                            checkpoint_every, cu_seqlens, o, rng, launch)
     final = State.empty((N, H, K, V), final_format, q.device) if output_final_state else None
     longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
     n_ckpt = longest // checkpoint_every if checkpoint_every else 0
@@ -306,8 +305,7 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
         if ckpt.scale is not None:
             ckpt.scale.fill_(1.0)
     _launch(q, k, v, g, o, scale, N, initial_state, final, ckpt if n_ckpt else None, checkpoint_every, roundtrip,
-            cu_seqlens, store_o=True, decay=None, block_t=block_t, block_v=block_v, num_warps=num_warps,
-            num_stages=num_stages, rng=rng, fp32_dots=fp32_dots)
+            cu_seqlens, store_o=True, decay=None, rng=rng, **launch)
     return o, final, ckpt
 
 
@@ -408,6 +406,7 @@ def _launch(q, k, v, g, o, scale, N, initial_state, final, ckpt, checkpoint_ever
         decay if decay is not None else dummy,
         H=H, K=K, V=V, BT=block_t, BC=SUB, BK=BK, BV=BV, SCALAR_DECAY=g.dim() == 3, VARLEN=cu_seqlens is not None,
         RT_EVERY=CHUNK // block_t, CKPT_EVERY=checkpoint_every // block_t if ckpt is not None else 0,
-        LOW_PRECISION=q.dtype != torch.float32, TF32X3=fp32_dots == "tf32x3", STORE_O=store_o, STORE_DECAY=decay is not None,
+        LOW_PRECISION=q.dtype != torch.float32, TF32X3=fp32_dots == "tf32x3", STORE_O=store_o,
+        STORE_DECAY=decay is not None,
         num_warps=num_warps, num_stages=num_stages, **state_args,
     )
