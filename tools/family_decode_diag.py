@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, "tools")
 from family_configs import CONFIGS  # noqa: E402
 
-from laquant.eval.speed import recipe_variants  # noqa: E402
+from laquant.eval.speed import cuda_kernels, recipe_variants  # noqa: E402
 from laquant.generate import DecodeSession  # noqa: E402
 
 GiB = 2**30
@@ -30,10 +30,9 @@ def kernel_counts(fn):
         torch.cuda.synchronize()
     c = collections.Counter()
     t = collections.Counter()
-    for e in p.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            c[e.name[:90]] += 1
-            t[e.name[:90]] += e.device_time
+    for name, _, us in cuda_kernels(p):
+        c[name[:90]] += 1
+        t[name[:90]] += us
     return [(k, c[k], round(t[k], 1)) for k, _ in c.most_common(40)], sum(c.values()), sum(t.values())
 
 

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from profile_prefill import SYNC_OPS, wall_ms
+
 from laquant.eval.speed import recipe_variants
 
 
@@ -41,17 +43,6 @@ def host_ms(fn, reps=10):
         fn()
         out.append(time.perf_counter() - t0)
         torch.cuda.synchronize()
-    return sorted(out)[len(out) // 2] * 1e3
-
-
-def wall_ms(fn, reps=10):
-    out = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append(time.perf_counter() - t0)
     return sorted(out)[len(out) // 2] * 1e3
 
 
@@ -89,10 +80,6 @@ def by_module(model, fn):
     return [(k, calls[k], round(v * 1e3, 2)) for k, v in total.most_common(20)]
 
 
-SYNC_OPS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "aten::item",
-            "aten::_local_scalar_dense", "aten::nonzero")
-
-
 def sync_counts(fn) -> dict:
     """The host ops of one call that wait for the GPU (or may), by name."""
     from torch.profiler import ProfilerActivity, profile
@@ -109,7 +96,6 @@ def main(out):
     family = os.environ.get("FAMILY")
     prompt = int(os.environ.get("PROMPT", 4096))
     if family:
-        sys.path.insert(0, "tools")
         from family_configs import CONFIGS
 
         model_id = f"{family}:{json.dumps(CONFIGS[family])}"
