@@ -62,6 +62,47 @@ def test_decode_kernel_matches_reference(fmt, renorm, B, H, K, V, P):
         assert mismatched < 0.005  # only rounding-boundary flips from fused multiply-adds
 
 
+def test_decode_launch_table_is_well_formed():
+    """Every kernel's table has fp32 and the 8-bit formats, each a run of buckets with growing bounds ending in a
+    catch-all; the lookup takes the first bucket holding the launch, and an unlisted format takes fp32's."""
+    from laquant.kernels.common.state_io import DECODE_LAUNCH, bucket_launch, decode_launch
+
+    assert set(DECODE_LAUNCH) == {"gla", "delta", "ssd"}
+    for kernel, formats in DECODE_LAUNCH.items():
+        assert {"fp32", "int8_row", "fp8_row"} <= set(formats), kernel
+        for buckets in formats.values():
+            bounds = [b[0] for b in buckets]
+            assert bounds[-1] is None and None not in bounds[:-1] and bounds[:-1] == sorted(set(bounds[:-1]))
+            assert all(bk & (bk - 1) == 0 and w in (1, 2, 4, 8) for _, bk, w in buckets)
+    table = ((16, 64, 4), (256, 32, 2), (None, 16, 1))
+    assert [bucket_launch(table, p) for p in (1, 16, 17, 256, 257, 10**6)] == [(64, 4)] * 2 + [(32, 2)] * 2 + [(16, 1)] * 2
+    with pytest.raises(ValueError, match="catch-all"):
+        bucket_launch(((16, 64, 4),), 17)
+    assert decode_launch("gla", "not_a_format", 1) == decode_launch("gla", "fp32", 1)
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "int8_row"])
+def test_every_tabled_launch_matches_reference(fmt):
+    """Each (block_k, num_warps) the GLA decode table holds for the format gives the reference's output and state
+    (the small-batch launches take a whole head in one block, the large-batch ones walk its rows)."""
+    from laquant.kernels.common.state_io import DECODE_LAUNCH
+
+    launches = sorted({(bk, w) for _, bk, w in DECODE_LAUNCH["gla"][fmt]})
+    assert len(launches) > 1
+    for block_k, num_warps in launches:
+        (q, k, v, g), data, scale, idx, quant, n_stores = _case(3, 2, 64, 40, 5, fmt)
+        data_ref, scale_ref = data.clone(), None if scale is None else scale.clone()
+        o_ref = gla_decode_step_reference(q, k, v, g, data_ref, scale_ref, idx, quant, n_stores)
+        o = gla_decode_step(q, k, v, g, data, scale, idx, quant, n_stores, block_k=block_k, num_warps=num_warps,
+                            out=torch.full_like(o_ref, float("nan")))
+        assert torch.isfinite(o.float()).all() and rel_err(o.float(), o_ref.float()) < 1e-2, (block_k, num_warps)
+        new, ref = data[idx.long()].float(), data_ref[idx.long()].float()
+        if fmt == "fp32":
+            assert rel_err(new, ref) < 1e-6, (block_k, num_warps)
+        else:
+            assert (new != ref).float().mean() < 0.005 and (new - ref).abs().max() <= 1, (block_k, num_warps)
+
+
 def test_non_contiguous_inputs():
     (q, k, v, g), data, scale, idx, quant, n_stores = _case(2, 2, 16, 32, 3, "fp8_row")
     qt = torch.empty(2, 16, 2, dtype=q.dtype, device=q.device).transpose(1, 2)  # strided [B, H, K]
@@ -96,9 +137,9 @@ def _dt_treatment(H: int, kind: str | None, gen: torch.Generator) -> dict | None
 def test_ssd_decode_kernel_matches_reference(fmt, B, H, G, N, P, limit, treatment):
     """Mamba2's decode step in the GLA kernel's SSD mode (a calibrated gate's treatment of the dt logits, time
     step, decay, ``dt x``, grouped B / C read in place, ``D x``) against its PyTorch spec, on dt logits past
-    softplus's threshold and far below zero (and past the treatment's bounds), with the launch it picks for the
-    batch (one block a head up to SSD_FEW_PROGRAMS programs) and with the other one."""
-    from laquant.kernels.common.state_io import SSD_FEW_PROGRAMS
+    softplus's threshold and far below zero (and past the treatment's bounds), with the launch the decode table
+    picks for the batch and with another one (one warp walking 16 rows, or one block a head over four warps)."""
+    from laquant.kernels.common.state_io import decode_launch
     from laquant.kernels.gla.decode import ssd_decode_step, ssd_decode_step_reference
 
     gen = torch.Generator().manual_seed(B * 100 + N + P)
@@ -130,7 +171,8 @@ def test_ssd_decode_kernel_matches_reference(fmt, B, H, G, N, P, limit, treatmen
     y = ssd_decode_step(c, b_, x, dt_logits, dt_bias, A_log, D, limit, data, scale, idx, quant,
                         out=torch.full_like(y_ref, float("nan")), dt_treatment=dt_treatment)
     assert torch.isfinite(y).all() and rel_err(y, y_ref) < 1e-5
-    other_launch = dict(block_k=16, num_warps=1) if B * H <= SSD_FEW_PROGRAMS else dict(block_k=128, num_warps=4)
+    other_launch = next(dict(block_k=bk, num_warps=w) for bk, w in ((16, 1), (128, 4))
+                        if (bk, w) != decode_launch("ssd", quant.format.name, B * H))
     other_state = start()
     other = ssd_decode_step(c, b_, x, dt_logits, dt_bias, A_log, D, limit, *other_state, idx, quant,
                             out=torch.full_like(y_ref, float("nan")), dt_treatment=dt_treatment, **other_launch)

@@ -1,7 +1,8 @@
 """Launch-parameter sweep for the decode and prefill kernels (GLA and the gated delta rule) (H100 numbers set the defaults).
 
-    python tools/sweep_kernels.py state_decode [--write]   (both decode kernels, every state format;
-        --write: the fastest launch blocks into kernels/common/state_io.py's tables)
+    python tools/sweep_kernels.py state_decode [--write] [--out FILE]   (the decode kernels, every state format,
+        batches of 1-64; --write: the fastest launch per launch size into kernels/common/state_io.py's table)
+    python tools/sweep_kernels.py state_decode --write --from FILE[,FILE]   (the table from a sweep's JSON lines)
     python tools/sweep_kernels.py verify [--write] [--jobs N] [--out FILE] [--steps verify commit]
         (both verify kernels' verify step and commit, every state format, 4 tokens, over blocks, warps and
         prefetch, compiled by N processes first; --write: the fastest into kernels/common/state_io.py)
@@ -29,74 +30,159 @@ from laquant.kernels.common.state import StateQuantizer
 
 
 STATE_FORMATS = ("fp32", "bf16", "fp8_row:stochastic", "int8_row:stochastic")  # the recipes' roundings
-# (B, Hk, Hv, K, V) of the e2e models: the 1.37B GLA (issue #14's) and the 1.14B qwen3_next's Gated DeltaNet
-STATE_SHAPES = {"gla": (64, 16, 16, 64, 128), "delta": (64, 16, 32, 128, 128)}
-STATE_CONFIGS = [(bk, w) for bk in (4, 8, 16, 32, 64, 128) for w in (1, 2, 4, 8)]
+# (Hk, Hv, K, V) of the e2e models: the 1.37B GLA (issue #14's), the 1.14B qwen3_next's Gated DeltaNet, and the
+# Mamba2 families' SSD heads (64 heads of 128 state rows by 64, one group)
+STATE_SHAPES = {"gla": (16, 16, 64, 128), "delta": (16, 32, 128, 128), "ssd": (1, 64, 128, 64)}
+STATE_BATCHES = (1, 4, 16, 64)
+STATE_CONFIGS = [(bk, w) for bk in (8, 16, 32, 64, 128) for w in (1, 2, 4, 8)]
+NEAR_FASTEST = 1.03  # a bucket keeps the next bucket's launch when that is this close to its fastest
+
+
+def _decode_step(kernel, B, Hk, H, K, V):
+    """A closure ``step(data, scale, quant, block_k, num_warps)`` running ``kernel``'s decode step on fixed random
+    inputs of batch B."""
+    from laquant.kernels.gla.decode import ssd_decode_step
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    idx = torch.arange(B, device="cuda", dtype=torch.int32)
+    n_stores = torch.zeros(B, device="cuda", dtype=torch.int32)
+    if kernel == "ssd":
+        x = torch.randn(B, H, V, device="cuda", generator=gen).bfloat16()
+        b_, c = (torch.randn(B, Hk, K, device="cuda", generator=gen).bfloat16() for _ in range(2))
+        dt = torch.randn(B, H, device="cuda", generator=gen).bfloat16()
+        dt_bias, A_log, D = (torch.randn(H, device="cuda", generator=gen) for _ in range(3))
+        y = torch.empty(B, H, V, device="cuda", dtype=torch.bfloat16)
+        return lambda data, scale, quant, bk, w: ssd_decode_step(  # noqa: E731
+            c, b_, x, dt, dt_bias, A_log, D, None, data, scale, idx, quant, n_stores, seed=1, out=y, block_k=bk,
+            num_warps=w)
+    q, k = (torch.randn(B, Hk, K, device="cuda", generator=gen).bfloat16() for _ in range(2))
+    v = torch.randn(B, H, V, device="cuda", generator=gen).bfloat16()
+    if kernel == "gla":
+        g = (F.logsigmoid(torch.randn(B, H, K, device="cuda", generator=gen)) / 16).bfloat16()
+        return lambda data, scale, quant, bk, w: gla_decode_step(  # noqa: E731
+            q, k, v, g, data, scale, idx, quant, n_stores, block_k=bk, num_warps=w, seed=1)
+    g, beta = -F.softplus(torch.randn(B, H, device="cuda", generator=gen)), torch.rand(B, H, device="cuda")
+    return lambda data, scale, quant, bk, w: delta_decode_step(  # noqa: E731
+        q, k, v, g, beta, data, scale, idx, quant, n_stores, use_qk_l2norm=True, block_k=bk, num_warps=w, seed=1)
 
 
 def state_decode(*flags):
-    """Both decode kernels per state format (``:stochastic`` with the store counts) over (block_k,
-    num_warps), CUDA-graph median, as JSON lines; ``--write`` puts each kernel's fastest per format
-    (stochastic rounding's for the 8-bit formats: the recipes') into ``kernels/common/state_io.py``.
-    ``--kernels gla`` sweeps one kernel (the other's table stays), ``--blocks 4 8 16`` some K blocks."""
+    """The decode kernels (GLA's, the delta rule's, GLA's SSD mode) per state format (``:stochastic`` with the
+    store counts) and batch over (block_k, num_warps), CUDA-graph medians, as JSON lines (``--out FILE`` too).
+    ``--write`` puts the fastest per format and launch size (stochastic rounding's for the 8-bit formats: the
+    recipes') into ``kernels/common/state_io.py`` (``--from FILE[,FILE]``: from a sweep's lines);
+    ``--kernels gla``, ``--batches 1 64``, ``--blocks 8 16`` narrow the sweep; ``--jobs N`` processes compile
+    every launch first (``--compile-only I N``: launch shard I of N, run once untimed)."""
     flags = list(flags)
-    listed = lambda name, cast: [cast(x) for x in itertools.takewhile(  # noqa: E731
-        lambda x: not x.startswith("--"), flags[flags.index(name) + 1:])]
-    kernels = listed("--kernels", str) if "--kernels" in flags else list(STATE_SHAPES)
-    blocks = listed("--blocks", int) if "--blocks" in flags else sorted({bk for bk, _ in STATE_CONFIGS})
-    rows = []
-    for kernel, (B, Hk, H, K, V) in ((name, STATE_SHAPES[name]) for name in kernels):
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k = (torch.randn(B, Hk, K, device="cuda", generator=gen).bfloat16() for _ in range(2))
-        v = torch.randn(B, H, V, device="cuda", generator=gen).bfloat16()
-        idx = torch.arange(B, device="cuda", dtype=torch.int32)
-        n_stores = torch.zeros(B, device="cuda", dtype=torch.int32)
-        if kernel == "gla":
-            g = (F.logsigmoid(torch.randn(B, H, K, device="cuda", generator=gen)) / 16).bfloat16()
-            step = lambda data, scale, quant, bk, w: gla_decode_step(  # noqa: E731
-                q, k, v, g, data, scale, idx, quant, n_stores, block_k=bk, num_warps=w, seed=1)
-        else:
-            g, beta = -F.softplus(torch.randn(B, H, device="cuda", generator=gen)), torch.rand(B, H, device="cuda")
-            step = lambda data, scale, quant, bk, w: delta_decode_step(  # noqa: E731
-                q, k, v, g, beta, data, scale, idx, quant, n_stores, use_qk_l2norm=True, block_k=bk, num_warps=w,
-                seed=1)
-        for name in STATE_FORMATS:
-            fmt, _, rounding = name.partition(":")
-            quant = StateQuantizer(fmt, rounding=rounding or "nearest")
-            data, scale = StateQuantizer(fmt).store(torch.randn(B, H, K, V, device="cuda", generator=gen) * 0.1)
-            scale = scale.squeeze(-1).contiguous() if scale is not None else None
-            moved = 2 * data.numel() * data.element_size() + (2 * scale.numel() * 4 if scale is not None else 0)
-            for bk, w in STATE_CONFIGS:
-                if bk not in blocks or bk > K or bk * V // (32 * w) < 4:
-                    continue
-                us = do_bench_cudagraph(lambda: step(data, scale, quant, bk, w), rep=100) * 1e3
-                row = dict(kernel=kernel, shape=[B, Hk, H, K, V], format=name, block_k=bk, num_warps=w,
-                           us=round(us, 2), state_GBps=round(moved / us / 1e3, 1))
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-    best = {}
+    listed = lambda name, cast, default: [cast(x) for x in itertools.takewhile(  # noqa: E731
+        lambda x: not x.startswith("--"), flags[flags.index(name) + 1:])] if name in flags else list(default)
+    if "--from" in flags:
+        rows = [json.loads(line) for name in listed("--from", str, [])[0].split(",") for line in open(name)
+                if line.startswith("{")]
+        return _write_state_tables(rows)
+    kernels = listed("--kernels", str, STATE_SHAPES)
+    batches = listed("--batches", int, STATE_BATCHES)
+    blocks = listed("--blocks", int, sorted({bk for bk, _ in STATE_CONFIGS}))
+    out = open(listed("--out", str, [])[0], "w") if "--out" in flags else None
+    shard, shards = listed("--compile-only", int, [0, 1]) if "--compile-only" in flags else (None, 1)
+    jobs = listed("--jobs", int, [1])[0]
+    if jobs > 1:  # each process compiles a share of the launches, so that the timing finds them in Triton's cache
+        import subprocess
+
+        narrowed = [f for name in ("--kernels", "--batches", "--blocks") if name in flags
+                    for f in [name, *map(str, listed(name, str, []))]]
+        procs = [subprocess.Popen([sys.executable, __file__, "state_decode", "--compile-only", str(i), str(jobs),
+                                   *narrowed]) for i in range(jobs)]
+        print(f"compiled in {jobs} processes (exit codes {[p.wait() for p in procs]})", flush=True)
+    rows, n = [], 0
+    for kernel in kernels:
+        Hk, H, K, V = STATE_SHAPES[kernel]
+        for B in batches[:1] if shard is not None else batches:
+            step = _decode_step(kernel, B, Hk, H, K, V)
+            for name in STATE_FORMATS:
+                fmt, _, rounding = name.partition(":")
+                quant = StateQuantizer(fmt, rounding=rounding or "nearest")
+                data, scale = StateQuantizer(fmt).store(torch.randn(B, H, K, V, device="cuda") * 0.1)
+                scale = scale.squeeze(-1).contiguous() if scale is not None else None
+                moved = 2 * data.numel() * data.element_size() + (2 * scale.numel() * 4 if scale is not None else 0)
+                for bk, w in STATE_CONFIGS:
+                    if bk not in blocks or bk > K or bk * V // (32 * w) < 4:
+                        continue
+                    n += 1
+                    if shard is not None:
+                        if n % shards == shard:
+                            step(data, scale, quant, bk, w)
+                        continue
+                    us = do_bench_cudagraph(lambda: step(data, scale, quant, bk, w), rep=30) * 1e3
+                    row = dict(device=torch.cuda.get_device_name(), kernel=kernel, shape=[B, Hk, H, K, V], B=B,
+                               programs=B * H, format=name, block_k=bk, num_warps=w, us=round(us, 2),
+                               state_GBps=round(moved / us / 1e3, 1))
+                    rows.append(row)
+                    print(json.dumps(row), file=out, flush=True)
+                    print(json.dumps(row), flush=True)
+    if shard is not None:
+        torch.cuda.synchronize()
+    elif "--write" in flags:
+        _write_state_tables(rows)
+
+
+def _state_buckets(rows):
+    """``{kernel: {format: ((max_programs, block_k, num_warps), ..., (None, block_k, num_warps))}}`` from a sweep's
+    rows: per swept batch the fastest launch, good up to that batch's programs (the last bucket: any more); a
+    bucket whose fastest is within :data:`NEAR_FASTEST` of the next bucket's launch takes that one, and equal
+    neighbours merge."""
+    timed = {}
     for row in rows:
         key = (row["kernel"], row["format"].partition(":")[0])
-        if key not in best or row["us"] < best[key]["us"]:
-            best[key] = row
-    for (kernel, fmt), row in sorted(best.items()):
-        print(f"fastest {kernel} {fmt}: block_k={row['block_k']} warps={row['num_warps']} {row['us']} us", flush=True)
-    if "--write" in flags:
-        _write_state_tables(best)
+        timed.setdefault(key, {}).setdefault(row["programs"], {})[row["block_k"], row["num_warps"]] = row["us"]
+    tables = {}
+    for (kernel, fmt), by_programs in sorted(timed.items()):
+        sizes = sorted(by_programs)
+        chosen = [min(by_programs[p], key=by_programs[p].get) for p in sizes]
+        for i in range(len(sizes) - 2, -1, -1):
+            here, nxt = by_programs[sizes[i]], chosen[i + 1]
+            if nxt in here and here[nxt] <= NEAR_FASTEST * here[chosen[i]]:
+                chosen[i] = nxt
+        buckets = []
+        for i, (p, c) in enumerate(zip(sizes, chosen)):
+            if i + 1 < len(sizes) and chosen[i + 1] == c:
+                continue
+            buckets.append((p if i + 1 < len(sizes) else None, *c))
+        tables.setdefault(kernel, {})[fmt] = tuple(buckets)
+    return tables
 
 
-def _write_state_tables(best):
-    """The decode tables between their markers; a kernel the sweep left out keeps its table."""
+def _write_state_tables(rows):
+    """The decode launch table between its markers; a kernel or format the rows do not cover keeps its entry."""
     from laquant.kernels.common import state_io
 
-    names = (("DECODE_LAUNCH", "gla"), ("DELTA_DECODE_LAUNCH", "delta"))
-    tables = {kernel: dict(getattr(state_io, name)) for name, kernel in names}
-    for (kernel, fmt), row in best.items():
-        tables[kernel][fmt] = (row["block_k"], row["num_warps"])
-    lines = [f"# {torch.cuda.get_device_name()}\n"]
-    for name, kernel in names:
-        lines.append(f"{name} = {json.dumps(tables[kernel]).replace('[', '(').replace(']', ')')}\n")
+    tables = {kernel: dict(formats) for kernel, formats in getattr(state_io, "DECODE_LAUNCH", {}).items()}
+    for kernel, formats in _state_buckets(rows).items():
+        tables.setdefault(kernel, {}).update(formats)
+    lines = [f"# {' / '.join(sorted({row.get('device', 'GPU not recorded') for row in rows}))}\n",
+             "DECODE_LAUNCH = {\n"]
+    for kernel, formats in tables.items():
+        lines.append(f'    "{kernel}": {{\n')
+        lines += [f'        "{fmt}": {tuple(tuple(b) for b in buckets)!r},\n' for fmt, buckets in formats.items()]
+        lines.append("    },\n")
+    lines.append("}\n")
+    for row in _state_summary(rows, tables):
+        print(row, flush=True)
     _write_generated("state_decode", lines)
+
+
+def _state_summary(rows, tables):
+    """A line per (kernel, format, batch): the table's launch and its time against the fastest."""
+    from laquant.kernels.common.state_io import bucket_launch
+
+    timed = {}
+    for row in rows:
+        timed.setdefault((row["kernel"], row["format"].partition(":")[0], row["B"], row["programs"]), {})[
+            row["block_k"], row["num_warps"]] = row["us"]
+    for (kernel, fmt, B, programs), by_cfg in sorted(timed.items()):
+        best = min(by_cfg, key=by_cfg.get)
+        pick = bucket_launch(tables[kernel][fmt], programs)
+        yield (f"{kernel} {fmt} B={B}: table {pick} {by_cfg.get(pick)} us, fastest {best} {by_cfg[best]} us")
 
 
 def _write_generated(mode, lines):
@@ -140,7 +226,8 @@ def _verify_cases(steps):
     from laquant.kernels.delta.verify import delta_commit
     from laquant.kernels.gla.verify import gla_commit
 
-    for kernel, (B, Hk, H, K, V) in STATE_SHAPES.items():
+    for kernel in ("gla", "delta"):
+        B, (Hk, H, K, V) = 64, STATE_SHAPES[kernel]
         gen = torch.Generator(device="cuda").manual_seed(0)
         for name in STATE_FORMATS:
             fmt, _, rounding = name.partition(":")

@@ -23,7 +23,7 @@ import torch
 
 from ..common.pdl import pdl_launch
 from ..common.state import StateQuantizer, load_pool_slots, store_pool_slots
-from ..common.state_io import DELTA_DECODE_LAUNCH, pool_args
+from ..common.state_io import pool_args
 from .reference import l2_normalize, recurrent_gated_delta_rule_step
 
 try:
@@ -192,7 +192,7 @@ def delta_decode_step(q, k, v, g, beta, state, scale, pool_idx, quantizer: State
     if triton is None:
         raise RuntimeError("Triton is not installed; use delta_decode_step_reference")
     B, Hk, K = q.shape
-    H, V = v.shape[1], v.shape[2]
+    H = v.shape[1]
     if k.shape != q.shape or v.shape[0] != B or H % Hk or g.shape != (B, H) or beta.shape != (B, H):
         raise ValueError(f"expected q, k [B, Hk, K], v [B, Hv, V] with Hv a multiple of Hk, g and beta [B, Hv]; "
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, g {tuple(g.shape)}, "
@@ -210,7 +210,7 @@ def launch_decode(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores,
     if tuple(state.shape[1:]) != (H, K, V):
         raise ValueError(f"state pool must be [P, Hv, K, V] = [P, {H}, {K}, {V}]; got {tuple(state.shape)}")
     pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K, block_k,
-                                                      num_warps, DELTA_DECODE_LAUNCH)
+                                                      num_warps, "delta")
     o = torch.empty(B, H, V, dtype=v.dtype, device=v.device) if out is None else out
     _delta_decode_kernel[(B * H,)](
         q, k, v, g, beta, o, *pool,

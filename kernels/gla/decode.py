@@ -18,7 +18,7 @@ import torch
 from ..common.gate_treatment import treated, treatment_args
 from ..common.pdl import pdl_launch
 from ..common.state import StateQuantizer, load_pool_slots, store_pool_slots
-from ..common.state_io import SSD_FEW_PROGRAMS, SSD_FEW_PROGRAMS_LAUNCH, pool_args
+from ..common.state_io import pool_args
 from .reference import recurrent_gla_step
 
 try:
@@ -175,9 +175,8 @@ def ssd_decode_step(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, sta
     treatment of the dt logits, the time step, the decay, ``dt x``, the groups' C and B (read in place: any
     strides) and ``D x`` inside. Returns ``y`` ``[B, H, P]`` float32, or in ``out``'s dtype (on the GPU rounded
     once, to nearest even, as ``.to(dtype)`` rounds the float32 spec; Triton's interpreter truncates).
-    ``block_k`` / ``num_warps``: the launch (rows a block, warps a program); by default
-    :data:`~..common.state_io.SSD_FEW_PROGRAMS_LAUNCH`'s where the batch makes at most
-    :data:`~..common.state_io.SSD_FEW_PROGRAMS` programs, else the decode table's."""
+    ``block_k`` / ``num_warps``: the launch (rows a block, warps a program); by default the decode table's
+    (:data:`~..common.state_io.DECODE_LAUNCH`, ``"ssd"``) for this many programs."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use ssd_decode_step_reference")
     Bsz, H, P = x.shape
@@ -185,11 +184,8 @@ def ssd_decode_step(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, sta
     if H % G:
         raise ValueError(f"{H} heads do not split into {G} groups")
     lo, hi = time_step_limit if time_step_limit is not None else (0.0, float("inf"))
-    few = SSD_FEW_PROGRAMS_LAUNCH.get(quantizer.format.name) if Bsz * H <= SSD_FEW_PROGRAMS else None
-    if few is not None:
-        block_k, num_warps = block_k or few[0], num_warps or few[1]
     pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, N, block_k,
-                                                      num_warps)
+                                                      num_warps, "ssd")
     o = torch.empty(Bsz, H, P, dtype=torch.float32, device=x.device) if out is None else out
     per_head = None if dt_treatment is None else {k: None if t is None else t.reshape(1, -1)
                                                   for k, t in dt_treatment.items()}
