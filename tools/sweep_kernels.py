@@ -126,19 +126,18 @@ def state_decode(*flags):
         _write_state_tables(rows)
 
 
-def _state_buckets(rows):
-    """``{kernel: {format: ((max_programs, block_k, num_warps), ..., (None, block_k, num_warps))}}`` from a sweep's
-    rows: per swept batch the fastest launch, good up to that batch's programs (the last bucket: any more); a
-    bucket whose fastest is within :data:`NEAR_FASTEST` of the next bucket's launch takes that one, and equal
-    neighbours merge."""
-    timed = {}
-    for row in rows:
-        key = (row["kernel"], row["format"].partition(":")[0])
-        timed.setdefault(key, {}).setdefault(row["programs"], {})[row["block_k"], row["num_warps"]] = row["us"]
+def _buckets(timed, tails=None):
+    """``{key: ((max_programs, *launch), ..., (None, *launch))}`` from ``{key: {programs: {launch: us}}}``: per swept
+    launch size its fastest launch, good up to that many programs (the largest: any more, unless ``tails`` holds a
+    catch-all bucket for the key, which then follows); a bucket whose fastest is within :data:`NEAR_FASTEST` of the
+    next bucket's launch takes that one, and equal neighbours merge."""
     tables = {}
-    for (kernel, fmt), by_programs in sorted(timed.items()):
+    for key, by_programs in sorted(timed.items(), key=lambda kv: str(kv[0])):
         sizes = sorted(by_programs)
         chosen = [min(by_programs[p], key=by_programs[p].get) for p in sizes]
+        tail = (tails or {}).get(key)
+        if tail is not None:
+            sizes, chosen = sizes + [None], chosen + [tuple(tail[1:])]
         for i in range(len(sizes) - 2, -1, -1):
             here, nxt = by_programs[sizes[i]], chosen[i + 1]
             if nxt in here and here[nxt] <= NEAR_FASTEST * here[chosen[i]]:
@@ -148,7 +147,19 @@ def _state_buckets(rows):
             if i + 1 < len(sizes) and chosen[i + 1] == c:
                 continue
             buckets.append((p if i + 1 < len(sizes) else None, *c))
-        tables.setdefault(kernel, {})[fmt] = tuple(buckets)
+        tables[key] = tuple(buckets)
+    return tables
+
+
+def _state_buckets(rows):
+    """``{kernel: {format: buckets}}`` (:func:`_buckets`) from a decode sweep's rows."""
+    timed = {}
+    for row in rows:
+        key = (row["kernel"], row["format"].partition(":")[0])
+        timed.setdefault(key, {}).setdefault(row["programs"], {})[row["block_k"], row["num_warps"]] = row["us"]
+    tables = {}
+    for (kernel, fmt), buckets in _buckets(timed).items():
+        tables.setdefault(kernel, {})[fmt] = buckets
     return tables
 
 
@@ -198,62 +209,65 @@ def _write_generated(mode, lines):
 
 
 VERIFY_TOKENS = (4, 8)  # the tables take the fastest at 4; 8 is timed for the winner and today's default
-VERIFY_TABLES = {("gla", "verify"): "VERIFY_LAUNCH", ("gla", "commit"): "COMMIT_LAUNCH",
-                 ("delta", "verify"): "DELTA_VERIFY_LAUNCH", ("delta", "commit"): "DELTA_COMMIT_LAUNCH"}
+VERIFY_BATCHES = (1, 8, 64)
+FULL_BATCH = 64  # a sweep up to this batch makes the tables' catch-all; a narrower one keeps theirs
 
 
-def _verify_configs(kernel, fmt, K, V):
+def _verify_configs(kernel, fmt, K, V, programs):
     """(block_k, block_v, num_warps, prefetch) to try: GLA's K rows in blocks, the delta rule's whole K;
     V in blocks for the plain formats (a scaled one's row scale spans the row); 2-32 state elements a
-    thread (64 where one program takes the whole state)."""
+    thread (64 where one program takes the whole state, or where the launch has at most 128 programs)."""
     scaled = fmt.partition(":")[0] in ("fp8_row", "int8_row")
-    bks = (4, 8, 16, 32) if kernel == "gla" else (None,)
+    bks = tuple(bk for bk in (4, 8, 16, 32, 64) if bk <= K) if kernel == "gla" else (None,)
     bvs = (None,) if scaled else (16, 32, 64, 128) if kernel == "gla" else (8, 16, 32, 64, 128)
     out = []
     for bk in bks:
         for bv in bvs:
             for w in (1, 2, 4, 8, 16):
                 per_thread = (bk or K) * (bv or V) / (32 * w)
-                if 2 <= per_thread <= (64 if bk == bv is None else 32) and (bv or V) <= V:
+                most = 64 if bk == bv is None or programs <= 128 else 32
+                if 2 <= per_thread <= most and (bv or V) <= V:
                     out += [(bk, bv, w, p) for p in (0, 1)]
     return out
 
 
-def _verify_cases(steps):
+def _verify_cases(steps, batches, formats):
     """(kernel, format, shape, T, step, run(config), the table's config) of the sweep: the e2e models'
-    shapes, B = 64; ``steps`` of verify (T tokens) and commit (of T / 2, recomputed)."""
-    from laquant.kernels.common import state_io
+    shapes at each batch; ``steps`` of verify (T tokens) and commit (of T / 2, recomputed)."""
+    from laquant.kernels.common.state_io import verify_launch
     from laquant.kernels.delta.verify import delta_commit
     from laquant.kernels.gla.verify import gla_commit
 
     for kernel in ("gla", "delta"):
-        B, (Hk, H, K, V) = 64, STATE_SHAPES[kernel]
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        for name in STATE_FORMATS:
-            fmt, _, rounding = name.partition(":")
-            quant = StateQuantizer(fmt, rounding=rounding or "nearest")
-            data, scale = StateQuantizer(fmt).store(torch.randn(B, H, K, V, device="cuda", generator=gen) * 0.1)
-            scale = scale.squeeze(-1).contiguous() if scale is not None else None
-            idx = torch.arange(B, device="cuda", dtype=torch.int32)
-            n_stores = torch.zeros(B, device="cuda", dtype=torch.int32)
-            for T in VERIFY_TOKENS:
-                q, k = (torch.randn(B, T, Hk, K, device="cuda", generator=gen).bfloat16() for _ in range(2))
-                v = torch.randn(B, T, H, V, device="cuda", generator=gen).bfloat16()
-                half = torch.full((B,), T // 2, dtype=torch.int32, device="cuda")
-                if kernel == "gla":
-                    g = (F.logsigmoid(torch.randn(B, T, H, K, device="cuda", generator=gen)) / 16).bfloat16()
-                    ins, kw = (q, k, v, g), {}
-                    fns = {"verify": gla_verify, "commit": gla_commit}
-                else:
-                    g = -F.softplus(torch.randn(B, T, H, device="cuda", generator=gen))
-                    ins, kw = (q, k, v, g, torch.rand(B, T, H, device="cuda", generator=gen)), {"use_qk_l2norm": True}
-                    fns = {"verify": delta_verify, "commit": delta_commit}
-                pool = (data, scale, idx, quant)
-                for step in steps:
-                    counts = (half,) if step == "commit" else ()
-                    run = _launcher(fns[step], ins, pool, counts, n_stores, kw, kernel == "gla")
-                    default = getattr(state_io, VERIFY_TABLES[kernel, step])[fmt]
-                    yield kernel, name, [B, Hk, H, K, V], T, step, run, tuple(default)
+        Hk, H, K, V = STATE_SHAPES[kernel]
+        for B in batches:
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            for name in formats:
+                fmt, _, rounding = name.partition(":")
+                quant = StateQuantizer(fmt, rounding=rounding or "nearest")
+                data, scale = StateQuantizer(fmt).store(torch.randn(B, H, K, V, device="cuda", generator=gen) * 0.1)
+                scale = scale.squeeze(-1).contiguous() if scale is not None else None
+                idx = torch.arange(B, device="cuda", dtype=torch.int32)
+                n_stores = torch.zeros(B, device="cuda", dtype=torch.int32)
+                for T in VERIFY_TOKENS:
+                    q, k = (torch.randn(B, T, Hk, K, device="cuda", generator=gen).bfloat16() for _ in range(2))
+                    v = torch.randn(B, T, H, V, device="cuda", generator=gen).bfloat16()
+                    half = torch.full((B,), T // 2, dtype=torch.int32, device="cuda")
+                    if kernel == "gla":
+                        g = (F.logsigmoid(torch.randn(B, T, H, K, device="cuda", generator=gen)) / 16).bfloat16()
+                        ins, kw = (q, k, v, g), {}
+                        fns = {"verify": gla_verify, "commit": gla_commit}
+                    else:
+                        g = -F.softplus(torch.randn(B, T, H, device="cuda", generator=gen))
+                        ins, kw = ((q, k, v, g, torch.rand(B, T, H, device="cuda", generator=gen)),
+                                   {"use_qk_l2norm": True})
+                        fns = {"verify": delta_verify, "commit": delta_commit}
+                    pool = (data, scale, idx, quant)
+                    for step in steps:
+                        counts = (half,) if step == "commit" else ()
+                        run = _launcher(fns[step], ins, pool, counts, n_stores, kw, kernel == "gla")
+                        default = verify_launch(kernel, step, fmt, B * H)
+                        yield kernel, name, [B, Hk, H, K, V], T, step, run, tuple(default)
 
 
 def _launcher(fn, ins, pool, counts, n_stores, kw, has_block_k):
@@ -263,25 +277,33 @@ def _launcher(fn, ins, pool, counts, n_stores, kw, has_block_k):
 
 
 def verify(*flags):
-    """Both verify kernels' verify step (4 tokens) and commit (2 of them) per state format over
+    """Both verify kernels' verify step (4 tokens) and commit (2 of them) per state format and batch over
     :func:`_verify_configs` (CUDA-graph medians, JSON lines), then the fastest and the table's current
-    entry at 8 tokens too. ``--steps verify commit`` picks which. ``--jobs N`` processes compile every
-    config first (``--compile-only I N``: config shard I of N, run once untimed), so the timing process
-    finds them in Triton's cache. ``--write`` puts the fastest per format (stochastic rounding's for the
-    8-bit formats) into ``kernels/common/state_io.py``'s tables (``--from FILE``: from a sweep's lines)."""
+    entry at 8 tokens too. ``--steps verify commit``, ``--batches 1 8``, ``--formats fp32 int8_row:stochastic``
+    narrow it. ``--jobs N`` processes compile every config first (``--compile-only I N``: config shard I of N, run
+    once untimed), so the timing process finds them in Triton's cache. ``--write`` puts the fastest per format
+    (stochastic rounding's for the 8-bit formats) and launch size into ``kernels/common/state_io.py``'s table
+    (``--from FILE``: from a sweep's lines); a sweep without B = 64 keeps the table's catch-alls."""
     flags = list(flags)
     opt = lambda name, default=None: flags[flags.index(name) + 1] if name in flags else default  # noqa: E731
+    listed = lambda name, default: list(itertools.takewhile(  # noqa: E731
+        lambda x: not x.startswith("--"), flags[flags.index(name) + 1:])) if name in flags else list(default)
     steps = [s for s in ("verify", "commit") if "--steps" not in flags or s in flags]
+    batches = [int(b) for b in listed("--batches", VERIFY_BATCHES)]
+    formats = listed("--formats", STATE_FORMATS)
     if "--from" in flags:
         rows = [json.loads(line) for name in opt("--from").split(",") for line in open(name) if line.startswith("{")]
-        return _write_verify_tables(_fastest(rows))
+        return _write_verify_tables(rows)
     if "--compile-only" in flags:
         shard, shards = int(opt("--compile-only")), int(flags[flags.index("--compile-only") + 2])
-        i = 0
-        for kernel, name, shape, T, step, run, _ in _verify_cases(steps):
+        i, seen = 0, set()
+        for kernel, name, shape, T, step, run, _ in _verify_cases(steps, batches, formats):
             if T != VERIFY_TOKENS[0]:
                 continue
-            for c in _verify_configs(kernel, name, shape[3], shape[4]):
+            for c in _verify_configs(kernel, name, shape[3], shape[4], shape[0] * shape[2]):
+                if (kernel, name, step, c) in seen:  # compiled at another batch
+                    continue
+                seen.add((kernel, name, step, c))
                 if i % shards == shard:
                     run(c)
                 i += 1
@@ -292,21 +314,23 @@ def verify(*flags):
         import subprocess
 
         procs = [subprocess.Popen([sys.executable, __file__, "verify", "--compile-only", str(i), str(jobs),
-                                   "--steps", *steps]) for i in range(jobs)]
+                                   "--steps", *steps, "--batches", *map(str, batches), "--formats", *formats])
+                 for i in range(jobs)]
         codes = [p.wait() for p in procs]
         print(f"compiled in {jobs} processes (exit codes {codes})", flush=True)
     out = open(opt("--out"), "w") if opt("--out") else None
     rows, bests = [], {}
-    for kernel, name, shape, T, step, run, default in _verify_cases(steps):
-        key = (kernel, name, step)
-        configs = (_verify_configs(kernel, name, shape[3], shape[4]) if T == VERIFY_TOKENS[0]
+    for kernel, name, shape, T, step, run, default in _verify_cases(steps, batches, formats):
+        B, programs = shape[0], shape[0] * shape[2]
+        key = (kernel, name, step, B)
+        configs = (_verify_configs(kernel, name, shape[3], shape[4], programs) if T == VERIFY_TOKENS[0]
                    else list(dict.fromkeys([bests[key], default])))
         timed = []
         for c in configs:
             us = do_bench_cudagraph(lambda: run(c), rep=50) * 1e3
-            row = dict(device=torch.cuda.get_device_name(), kernel=kernel, shape=shape, format=name, tokens=T,
-                       step=step, block_k=c[0], block_v=c[1], num_warps=c[2], prefetch=c[3], default=c == default,
-                       us=round(us, 2))
+            row = dict(device=torch.cuda.get_device_name(), kernel=kernel, shape=shape, B=B, programs=programs,
+                       format=name, tokens=T, step=step, block_k=c[0], block_v=c[1], num_warps=c[2], prefetch=c[3],
+                       default=c == default, us=round(us, 2))
             timed.append(row)
             print(json.dumps(row), file=out, flush=True)
         rows += timed
@@ -314,35 +338,44 @@ def verify(*flags):
             best = min(timed, key=lambda r: r["us"])
             bests[key] = (best["block_k"], best["block_v"], best["num_warps"], best["prefetch"])
             was = next((r["us"] for r in timed if r["default"]), None)
-            print(f"fastest {kernel} {step} {name} T={T}: {bests[key]} {best['us']} us (table's {default}: {was} us)",
-                  flush=True)
+            print(f"fastest {kernel} {step} {name} B={B} T={T}: {bests[key]} {best['us']} us "
+                  f"(table's {default}: {was} us)", flush=True)
     if "--write" in flags:
-        _write_verify_tables(_fastest(rows))
+        _write_verify_tables(rows)
 
 
-def _fastest(rows):
-    """The fastest row per (kernel, step, format) at the sweep's token count (rows from before the
-    commit sweep count as verify rows)."""
-    best = {}
-    for row in rows:
-        key = (row["kernel"], row.get("step", "verify"), row["format"].partition(":")[0])
-        if row["tokens"] == VERIFY_TOKENS[0] and (key not in best or row["us"] < best[key]["us"]):
-            best[key] = row
-    return best
-
-
-def _write_verify_tables(best):
-    """The verify and commit tables between their markers in ``kernels/common/state_io.py``; a table the
-    rows do not cover keeps its entries."""
+def _write_verify_tables(rows):
+    """The verify table between its markers in ``kernels/common/state_io.py`` from a sweep's rows (at
+    :data:`VERIFY_TOKENS`' first count; rows without a batch are B = 64's); a kernel, step or format the rows
+    do not cover keeps its entry, and so does a catch-all when the rows stop short of :data:`FULL_BATCH`."""
     from laquant.kernels.common import state_io
 
-    tables = {key: dict(getattr(state_io, name)) for key, name in VERIFY_TABLES.items()}
-    for (kernel, step, fmt), row in best.items():
-        tables[kernel, step][fmt] = (row["block_k"], row["block_v"], row["num_warps"], row["prefetch"])
-    lines = [f"# {' / '.join(sorted({row.get('device', 'GPU not recorded') for row in best.values()}))}\n"]
-    for key, name in VERIFY_TABLES.items():
-        entries = [f'"{fmt}": ({", ".join(str(x) for x in cfg)})' for fmt, cfg in tables[key].items()]
-        lines.append(f"{name} = {{{', '.join(entries[:2])},\n{' ' * (len(name) + 4)}{', '.join(entries[2:])}}}\n")
+    if not rows:
+        raise SystemExit("no sweep rows: the verify table stays as it is")
+    timed, full = {}, {}
+    for row in rows:
+        if row["tokens"] != VERIFY_TOKENS[0]:
+            continue
+        key = (row["kernel"], row.get("step", "verify"), row["format"].partition(":")[0])
+        B = row.get("B", row["shape"][0])
+        full[key] = full.get(key, False) or B >= FULL_BATCH
+        timed.setdefault(key, {}).setdefault(B * row["shape"][2], {})[
+            row["block_k"], row["block_v"], row["num_warps"], int(row["prefetch"])] = row["us"]
+    table = {kernel: {step: dict(formats) for step, formats in steps.items()}
+             for kernel, steps in state_io.VERIFY_LAUNCH.items()}
+    tails = {key: table[key[0]][key[1]][key[2]][-1] for key in timed if not full[key]}
+    for (kernel, step, fmt), buckets in _buckets(timed, tails).items():
+        table[kernel][step][fmt] = buckets
+    devices = sorted({row.get("device", "GPU not recorded") for row in rows})
+    lines = [f"# {' / '.join(devices)}\n", "VERIFY_LAUNCH = {\n"]
+    for kernel, steps in table.items():
+        lines.append(f'    "{kernel}": {{\n')
+        for step, formats in steps.items():
+            lines.append(f'        "{step}": {{\n')
+            lines += [f'            "{fmt}": {tuple(map(tuple, buckets))!r},\n' for fmt, buckets in formats.items()]
+            lines.append("        },\n")
+        lines.append("    },\n")
+    lines.append("}\n")
     _write_generated("verify", lines)
 
 

@@ -18,7 +18,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from .state import StateQuantizer, load_pool_slots, store_slot_states
-from .state_io import pool_args
+from .state_io import pool_args, verify_launch
 
 MAX_VERIFY_TOKENS = 16
 
@@ -100,15 +100,16 @@ def _pow2(n: int) -> int:
     return 1 << (int(n) - 1).bit_length()
 
 
-def launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V, table, block_k=None, block_v=None,
+def launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V, kernel, step, block_k=None, block_v=None,
                 num_warps=None, prefetch=None):
-    """The pool's pointers, strides and constexprs for a verify kernel (GLA's, the delta rule's), with
-    ``block_k``, ``block_v``, ``num_warps`` and ``prefetch`` (the next token's inputs loaded during this
-    token's arithmetic) defaulting to the kernel's ``table`` entry for the format
-    (:data:`~laquant.kernels.common.state_io.VERIFY_LAUNCH`); a block of None is the whole dimension,
+    """The pool's pointers, strides and constexprs for a verify kernel (``kernel``: GLA's, the delta rule's;
+    ``step``: ``"verify"`` or ``"commit"``), with ``block_k``, ``block_v``, ``num_warps`` and ``prefetch`` (the
+    next token's inputs loaded during this token's arithmetic) defaulting to the table's entry for the format and
+    launch size (:data:`~laquant.kernels.common.state_io.VERIFY_LAUNCH`); a block of None is the whole dimension,
     and a scaled format always takes the whole V (its row scale spans the row). Also the V grid."""
     fmt = quantizer.format
-    default_k, default_v, default_warps, default_prefetch = table[fmt.name]
+    default_k, default_v, default_warps, default_prefetch = verify_launch(kernel, step, fmt.name,
+                                                                          pool_idx.numel() * H)
     block_k = min(block_k or default_k or _pow2(K), _pow2(K))
     pool, pool_strides, consts, _ = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K, block_k, 1)
     full_v = _pow2(V)

@@ -22,7 +22,6 @@ import torch
 
 from ..common.pool_steps import Kept, accepted_counts, check_tokens, kept_args, launch_args, pool_steps_reference
 from ..common.state import StateQuantizer
-from ..common.state_io import DELTA_COMMIT_LAUNCH, DELTA_VERIFY_LAUNCH
 from ..kda.reference import recurrent_kda_step
 from .decode import prepared_step
 from .reference import recurrent_gated_delta_rule_step
@@ -145,7 +144,7 @@ def delta_verify(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuant
                  prefetch: bool | None = None):
     """Triton verify step (shapes above, ``T`` in 1..16); the pool as the decode kernel takes it, left
     unchanged. Returns ``o`` ``[B, T, Hv, V]``; ``kept`` receives the state after each token. The launch
-    defaults to :data:`~laquant.kernels.common.state_io.DELTA_VERIFY_LAUNCH`."""
+    defaults to :data:`~laquant.kernels.common.state_io.VERIFY_LAUNCH`'s."""
     return _launch(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_scale, use_qk_l2norm, seed,
                    kept, None, out, dict(block_v=block_v, num_warps=num_warps, prefetch=prefetch))
 
@@ -177,9 +176,9 @@ def _launch(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_sc
         raise ValueError(f"state pool must be [P, Hv, K, V] = [P, {H}, {K}, {V}]; got {tuple(state.shape)}")
     if not per_channel:
         g = g.unsqueeze(-1).expand(B, T, H, K)  # stride 0 over K: one decay per head
-    table = DELTA_VERIFY_LAUNCH if steps is None and kept is None else DELTA_COMMIT_LAUNCH
+    step = "verify" if steps is None and kept is None else "commit"
     pool, pool_strides, consts, num_warps, n_v = launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V,
-                                                             table, **launch)
+                                                             "delta", step, **launch)
     o = out if out is not None else (v.new_empty(B, T, H, V) if steps is None else v)
     keep_ptrs, keep_strides = kept_args(kept, state, B, T, state)
     _delta_verify_kernel[(B * H, n_v)](

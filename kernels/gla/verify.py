@@ -25,7 +25,6 @@ import torch
 
 from ..common.pool_steps import Kept, accepted_counts, check_tokens, kept_args, launch_args, pool_steps_reference
 from ..common.state import StateQuantizer
-from ..common.state_io import COMMIT_LAUNCH, VERIFY_LAUNCH
 from .reference import recurrent_gla_step
 
 try:
@@ -132,8 +131,8 @@ def gla_verify(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer, n_
     """Triton verify step: q, k, g ``[B, T, H, K]``, v ``[B, T, H, V]``, ``T`` in 1..16; the pool as
     :func:`~laquant.kernels.gla.decode.gla_decode_step` takes it (left unchanged). Returns ``o``
     ``[B, T, H, V]``; ``kept`` (optional, :class:`Kept`) receives the state after each token. The
-    launch (blocks, warps, prefetch) defaults to :data:`~laquant.kernels.common.state_io.VERIFY_LAUNCH`
-    (:data:`~laquant.kernels.common.state_io.COMMIT_LAUNCH` for the commit)."""
+    launch (blocks, warps, prefetch) defaults to :data:`~laquant.kernels.common.state_io.VERIFY_LAUNCH`'s
+    (its commit entry for the commit) for this many programs."""
     return _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, seed, kept, None, out,
                    dict(block_v=block_v, num_warps=num_warps, block_k=block_k, prefetch=prefetch))
 
@@ -159,9 +158,9 @@ def _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, s
                          f"k {tuple(k.shape)}, g {tuple(g.shape)}, v {tuple(v.shape)}")
     if tuple(state.shape[1:]) != (H, K, V):
         raise ValueError(f"state pool must be [P, H, K, V] = [P, {H}, {K}, {V}]; got {tuple(state.shape)}")
-    table = VERIFY_LAUNCH if steps is None and kept is None else COMMIT_LAUNCH
+    step = "verify" if steps is None and kept is None else "commit"
     pool, pool_strides, consts, num_warps, n_v = launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V,
-                                                             table, **launch)
+                                                             "gla", step, **launch)
     o = out if out is not None else (v.new_empty(B, T, H, V) if steps is None else v)
     keep_ptrs, keep_strides = kept_args(kept, state, B, T, state)
     _gla_verify_kernel[(B * H, n_v)](
