@@ -228,6 +228,52 @@ def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monk
     assert rel_err(logits, reference) < 1e-5
 
 
+@torch.no_grad()
+def test_falcon_h1_attention_runs_its_projections_as_one_gemm(monkeypatch):
+    """Falcon-H1 multiplies the norm's output by attention_in_multiplier before its attention, so no codes reach
+    q/k/v: the attention (GROUPED_INPUTS) quantizes its input once and runs their one GEMM ahead of transformers'
+    forward (under Triton's interpreter, float32): one GEMM an attention instead of three, none computed in vain,
+    the logits the reference path's; without the mixin, three."""
+    import laquant
+    from laquant.kernels.gemm import int8
+    from laquant.quant import fused
+
+    model = _interpreted_codes_model("falcon_h1")
+    laquant.calibrate(model, "hybrid_int8", torch.randint(0, VOCAB, (2, 64)), progress=False)
+    attentions = [layer.self_attn for layer in model.model.layers]
+    assert all(type(a).__mro__[1] is quantizing_rowwise._GroupedInputs for a in attentions)
+    qkv = sum(getattr(attentions[0], n).out_features for n in quantizing_rowwise._QKV)
+    ids = torch.randint(0, VOCAB, (2, 11))
+    reference = model(ids).logits
+
+    _projection_kernels_interpreted(monkeypatch)
+    members = {getattr(a, n): n for a in attentions for n in quantizing_rowwise._QKV}
+    widths, taken = [], []
+
+    def counted(x, packed, *args, **kwargs):
+        widths.append(packed.qweight.shape[0])
+        return linear_triton(x, packed, *args, **kwargs)
+
+    def took(module, x):
+        out = take_output(module, x)
+        if module in members:
+            taken.append(out is not None)
+        return out
+
+    linear_triton, take_output = int8.linear_triton, fused.take_output
+    monkeypatch.setattr(int8, "linear_triton", counted)
+    monkeypatch.setattr(fused, "take_output", took)
+    logits = model(ids).logits
+    assert rel_err(logits, reference) < 1e-5
+    assert widths.count(qkv) == len(attentions), widths  # one GEMM an attention, on its quantized input
+    assert taken == [True] * len(members)  # each member took its columns of it, none ran its own
+    for attention in attentions:  # the plain forward: each projection on its own
+        attention.__class__ = attention._laquant_base
+    widths.clear(), taken.clear()
+    assert rel_err(model(ids).logits, reference) < 1e-5
+    assert widths.count(qkv) == 0 and taken == [False] * len(members)
+
+
 @pytest.mark.parametrize("family", ["bamba", "nemotron_h", "bamba_before_groups"])
 @pytest.mark.parametrize("variant", ["bf16", "weight_only"])
 @torch.no_grad()

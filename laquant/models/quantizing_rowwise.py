@@ -13,7 +13,9 @@ gives
   the codes over with its output (:func:`~laquant.quant.fused.hand_over`): the first projection
   transformers calls then runs the group's one GEMM, the others take their columns;
 * each MLP of a class in :data:`SWIGLU_MLPS` a forward that runs ``silu(gate) * up`` as laquant's
-  SwiGLU kernel writing ``down_proj``'s codes, where ``down_proj`` is W8A8 on the GPU.
+  SwiGLU kernel writing ``down_proj``'s codes, where ``down_proj`` is W8A8 on the GPU;
+* each attention of a class in :data:`GROUPED_INPUTS`, whose input no norm's codes reach, a forward that
+  quantizes that input once and runs its q/k/v projections' one GEMM ahead of transformers' forward.
 
 The tables hold the classes of qwen3_next, Qwen3.5 (dense and MoE), Kimi Linear, Ling / Ring, MiniMax,
 Bamba, Granite 4, Falcon-H1, Nemotron-H, OLMo hybrid and Mamba-2. Anywhere else (CPU, bf16 projections, another
@@ -110,6 +112,13 @@ SWIGLU_MLPS = {
     "GraniteMoeHybridMLP": ("input_linear", None, "output_linear", "activation"),  # Granite 4's shared MLP
 }
 SWIGLU_PATHS = ("mlp", "mlp.shared_expert", "mlp.shared_experts", "feed_forward", "shared_mlp")
+
+# attention class -> the projections that read its ``hidden_states`` argument where no norm's codes reach them
+# (Falcon-H1's layer multiplies the norm's output by attention_in_multiplier first): on the GPU where they run as
+# one packed GEMM, the attention quantizes hidden_states once and runs that GEMM before transformers' forward calls
+# them one by one (:func:`~laquant.quant.fused.run_group_ahead`), instead of three quantization passes and GEMMs
+GROUPED_INPUTS = {"FalconH1Attention": _QKV}
+GROUPED_INPUT_PATHS = ("self_attn",)
 SILU_CLASSES = ("SiLU", "SiLUActivation")  # torch's, transformers' (its forward is F.silu)
 
 
@@ -182,6 +191,18 @@ class _QuantizingSwiGLU:
         return super().forward(x)
 
 
+class _GroupedInputs:
+    """Mixed into an attention's class by :func:`install` (the original class next in the MRO)."""
+
+    def forward(self, *args, **kwargs):
+        x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        if use_triton(x):
+            from laquant.quant.fused import run_group_ahead
+
+            run_group_ahead(self, GROUPED_INPUTS[self._laquant_base.__name__], x)
+        return super().forward(*args, **kwargs)
+
+
 _CLASSES: dict[tuple[type, type], type] = {}
 
 
@@ -215,8 +236,9 @@ def mix_into(modules, mixin: type, class_names) -> int:
 def install(layers) -> int:
     """Give the norms of ``layers`` (a model's decoder layers) listed in :data:`NORM_CONSUMERS`, of a
     class in :data:`NORM_WEIGHTS`, the quantizing forward, pointed at the projections after them in
-    their layer, and the layers' MLPs (or MoE shared experts) of a class in :data:`SWIGLU_MLPS` the
-    SwiGLU one; returns how many modules. Idempotent."""
+    their layer, the layers' MLPs (or MoE shared experts) of a class in :data:`SWIGLU_MLPS` the
+    SwiGLU one, and their attentions of a class in :data:`GROUPED_INPUTS` the one running their projections'
+    GEMM ahead; returns how many modules. Idempotent."""
     count = 0
     for layer in layers:
         unprojected = UNPROJECTED_NORMS.get(type(layer).__name__, ())
@@ -237,4 +259,5 @@ def install(layers) -> int:
             if mlp is not None and original_class(mlp).__name__ in SWIGLU_MLPS:
                 mlp.__class__ = mixin_class(_QuantizingSwiGLU, original_class(mlp))
                 count += 1
+        count += mix_into([_submodule(layer, path) for path in GROUPED_INPUT_PATHS], _GroupedInputs, GROUPED_INPUTS)
     return count

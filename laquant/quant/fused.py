@@ -197,7 +197,8 @@ class CodesHandoff:
     :meth:`QuantLinear.forward <laquant.quant.modules.QuantLinear.forward>` takes its output from it
     (:func:`take_output`). The first member to run computes the whole group's GEMM in one launch;
     each member then takes its columns, once. A tensor changed in place since (its version moved),
-    a module not in the group or a second call of a member computes as usual."""
+    a module not in the group or a second call of a member computes as usual. ``codes`` None: the outputs
+    were computed ahead from x itself (:func:`run_group_ahead`)."""
 
     __slots__ = ("version", "codes", "packed", "members", "outputs")
 
@@ -224,6 +225,25 @@ def _handoff(x: torch.Tensor) -> CodesHandoff | None:
                                   and x.shape[-1] == base.shape[-1] and x.is_contiguous() and base.is_contiguous()):
             h = None
     return h if h is not None and x._version == h.version else None
+
+
+def run_group_ahead(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor) -> None:
+    """Run the group ``owner.names``' one GEMM on x now, quantizing x once, and hand its outputs over with x
+    (:class:`CodesHandoff`): for projections that read the same tensor but get no codes from the kernel that made it
+    (transformers multiplied it by a scalar first), called before transformers' code calls them one by one. Nothing
+    where the members do not run as one packed GEMM (CPU, different columns, hooks) or x already carries codes."""
+    if len(names) < 2 or _handoff(x) is not None:
+        return
+    packed = packed_group(owner, names, x)
+    if packed is None:
+        return
+    from laquant.kernels.gemm.int8 import linear_triton
+
+    members = tuple(_members(owner, names))
+    handoff = CodesHandoff(x._version, None, packed, members)
+    handoff.outputs = list(linear_triton(x, packed, GPU_MODES[members[0].act_granularity]).split(
+        [m.out_features for m in members], dim=-1))
+    x._laquant_codes = handoff
 
 
 def take_output(module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
