@@ -112,6 +112,7 @@ SWIGLU_MLPS = {
     "GraniteMoeHybridMLP": ("input_linear", None, "output_linear", "activation"),  # Granite 4's shared MLP
 }
 SWIGLU_PATHS = ("mlp", "mlp.shared_expert", "mlp.shared_experts", "feed_forward", "shared_mlp")
+SILU_CLASSES = ("SiLU", "SiLUActivation")  # torch's, transformers' (its forward is F.silu)
 
 # attention class -> the projections that read its ``hidden_states`` argument where no norm's codes reach them
 # (Falcon-H1's layer multiplies the norm's output by attention_in_multiplier first): on the GPU where they run as
@@ -119,7 +120,6 @@ SWIGLU_PATHS = ("mlp", "mlp.shared_expert", "mlp.shared_experts", "feed_forward"
 # them one by one (:func:`~laquant.quant.fused.run_group_ahead`), instead of three quantization passes and GEMMs
 GROUPED_INPUTS = {"FalconH1Attention": _QKV}
 GROUPED_INPUT_PATHS = ("self_attn",)
-SILU_CLASSES = ("SiLU", "SiLUActivation")  # torch's, transformers' (its forward is F.silu)
 
 
 def _submodule(layer: nn.Module, path: str) -> nn.Module | None:
