@@ -79,6 +79,27 @@ def test_decode_matches_reference(fmt, renorm, B, Hk, Hv, K, V, P, block_k):
         assert mismatched < 0.01
 
 
+@pytest.mark.parametrize("fmt", ["fp32", "int8_row"])
+def test_every_tabled_decode_launch_matches_reference(fmt):
+    """Each (block_k, num_warps) the delta rule's decode table holds for the format (a whole head in one block at
+    small batches, row blocks at large ones) gives the reference's output and state."""
+    from laquant.kernels.common.state_io import DECODE_LAUNCH
+
+    launches = sorted({(bk, w) for _, bk, w in DECODE_LAUNCH["delta"][fmt]})
+    for block_k, num_warps in launches:
+        args, data, scale, idx, quant, n_stores = _decode_case(2, 1, 2, 64, 40, 3, fmt)
+        data_ref, scale_ref = data.clone(), None if scale is None else scale.clone()
+        o_ref = delta_decode_step_reference(*args, data_ref, scale_ref, idx, quant, n_stores, use_qk_l2norm=True)
+        o = delta_decode_step(*args, data, scale, idx, quant, n_stores, use_qk_l2norm=True, block_k=block_k,
+                              num_warps=num_warps, out=torch.full_like(o_ref, float("nan")))
+        assert torch.isfinite(o.float()).all() and rel_err(o.float(), o_ref.float()) < 1e-2, (block_k, num_warps)
+        new, ref = data[idx.long()].float(), data_ref[idx.long()].float()
+        if fmt == "fp32":
+            assert rel_err(new, ref) < 1e-6, (block_k, num_warps)
+        else:
+            assert (new != ref).float().mean() < 0.01 and (new - ref).abs().max() <= 1, (block_k, num_warps)
+
+
 def test_decode_without_l2norm_and_with_a_qk_scale():
     args, data, scale, idx, quant, n_stores = _decode_case(2, 2, 2, 16, 32, 3, "fp32", dtype=torch.float32)
     ref = delta_decode_step_reference(*args, data.clone(), None, idx, quant, qk_scale=0.3)

@@ -126,18 +126,23 @@ def state_decode(*flags):
         _write_state_tables(rows)
 
 
-def _buckets(timed, tails=None):
+def _buckets(timed, tails=None, incumbents=None):
     """``{key: ((max_programs, *launch), ..., (None, *launch))}`` from ``{key: {programs: {launch: us}}}``: per swept
     launch size its fastest launch, good up to that many programs (the largest: any more, unless ``tails`` holds a
-    catch-all bucket for the key, which then follows); a bucket whose fastest is within :data:`NEAR_FASTEST` of the
-    next bucket's launch takes that one, and equal neighbours merge."""
+    catch-all bucket for the key, which then follows); the largest keeps ``incumbents[key]`` (today's catch-all
+    launch) where that is within :data:`NEAR_FASTEST` of its fastest, a bucket whose fastest is within it of the next
+    bucket's launch takes that one, and equal neighbours merge."""
     tables = {}
     for key, by_programs in sorted(timed.items(), key=lambda kv: str(kv[0])):
         sizes = sorted(by_programs)
         chosen = [min(by_programs[p], key=by_programs[p].get) for p in sizes]
         tail = (tails or {}).get(key)
+        incumbent = (incumbents or {}).get(key)
         if tail is not None:
             sizes, chosen = sizes + [None], chosen + [tuple(tail[1:])]
+        elif incumbent in by_programs[sizes[-1]] and \
+                by_programs[sizes[-1]][incumbent] <= NEAR_FASTEST * by_programs[sizes[-1]][chosen[-1]]:
+            chosen[-1] = incumbent  # a noisy few percent do not move the catch-all
         for i in range(len(sizes) - 2, -1, -1):
             here, nxt = by_programs[sizes[i]], chosen[i + 1]
             if nxt in here and here[nxt] <= NEAR_FASTEST * here[chosen[i]]:
@@ -151,24 +156,53 @@ def _buckets(timed, tails=None):
     return tables
 
 
-def _state_buckets(rows):
-    """``{kernel: {format: buckets}}`` (:func:`_buckets`) from a decode sweep's rows."""
-    timed = {}
+def _batch_and_programs(row):
+    """A sweep row's batch and programs (rows from before the batches were swept: its shape's, [B, Hk, H, K, V])."""
+    B = row.get("B", row["shape"][0])
+    return B, row.get("programs", B * row["shape"][2])
+
+
+def _state_buckets(rows, table=None):
+    """``{kernel: {format: buckets}}`` (:func:`_buckets`) from a decode sweep's rows; where they stop short of
+    :data:`FULL_BATCH`, ``table``'s catch-all (today's decode table by default) stays the last bucket."""
+    if table is None:
+        from laquant.kernels.common.state_io import DECODE_LAUNCH as table
+    timed, full = {}, {}
     for row in rows:
         key = (row["kernel"], row["format"].partition(":")[0])
-        timed.setdefault(key, {}).setdefault(row["programs"], {})[row["block_k"], row["num_warps"]] = row["us"]
+        B, programs = _batch_and_programs(row)
+        full[key] = full.get(key, False) or B >= FULL_BATCH
+        timed.setdefault(key, {}).setdefault(programs, {})[row["block_k"], row["num_warps"]] = row["us"]
+    current = lambda key: table.get(key[0], {}).get(key[1])  # noqa: E731
     tables = {}
-    for (kernel, fmt), buckets in _buckets(timed).items():
+    for (kernel, fmt), buckets in _buckets(timed, _tails(timed, full, current), _incumbents(timed, current)).items():
         tables.setdefault(kernel, {})[fmt] = buckets
     return tables
+
+
+def _incumbents(timed, current):
+    """Each key's catch-all launch today (``current(key)``'s last bucket), where it has one."""
+    return {key: tuple(current(key)[-1][1:]) for key in timed if current(key)}
+
+
+def _tails(timed, full, current):
+    """The catch-all buckets to keep: ``current(key)``'s last where the sweep of ``key`` stopped short of
+    :data:`FULL_BATCH`; a key without one gets none (its largest swept size becomes its catch-all)."""
+    tails = {}
+    for key in timed:
+        buckets = current(key)
+        if not full[key] and buckets:
+            tails[key] = buckets[-1]
+    return tails
 
 
 def _write_state_tables(rows):
     """The decode launch table between its markers; a kernel or format the rows do not cover keeps its entry."""
     from laquant.kernels.common import state_io
 
-    tables = {kernel: dict(formats) for kernel, formats in getattr(state_io, "DECODE_LAUNCH", {}).items()}
-    for kernel, formats in _state_buckets(rows).items():
+    current = getattr(state_io, "DECODE_LAUNCH", {})
+    tables = {kernel: dict(formats) for kernel, formats in current.items()}
+    for kernel, formats in _state_buckets(rows, current).items():
         tables.setdefault(kernel, {}).update(formats)
     lines = [f"# {' / '.join(sorted({row.get('device', 'GPU not recorded') for row in rows}))}\n",
              "DECODE_LAUNCH = {\n"]
@@ -188,7 +222,7 @@ def _state_summary(rows, tables):
 
     timed = {}
     for row in rows:
-        timed.setdefault((row["kernel"], row["format"].partition(":")[0], row["B"], row["programs"]), {})[
+        timed.setdefault((row["kernel"], row["format"].partition(":")[0], *_batch_and_programs(row)), {})[
             row["block_k"], row["num_warps"]] = row["us"]
     for (kernel, fmt, B, programs), by_cfg in sorted(timed.items()):
         best = min(by_cfg, key=by_cfg.get)
@@ -357,15 +391,16 @@ def _write_verify_tables(rows):
         if row["tokens"] != VERIFY_TOKENS[0]:
             continue
         key = (row["kernel"], row.get("step", "verify"), row["format"].partition(":")[0])
-        B = row.get("B", row["shape"][0])
+        B, programs = _batch_and_programs(row)
         full[key] = full.get(key, False) or B >= FULL_BATCH
-        timed.setdefault(key, {}).setdefault(B * row["shape"][2], {})[
+        timed.setdefault(key, {}).setdefault(programs, {})[
             row["block_k"], row["block_v"], row["num_warps"], int(row["prefetch"])] = row["us"]
     table = {kernel: {step: dict(formats) for step, formats in steps.items()}
              for kernel, steps in state_io.VERIFY_LAUNCH.items()}
-    tails = {key: table[key[0]][key[1]][key[2]][-1] for key in timed if not full[key]}
-    for (kernel, step, fmt), buckets in _buckets(timed, tails).items():
-        table[kernel][step][fmt] = buckets
+    current = lambda key: table.get(key[0], {}).get(key[1], {}).get(key[2])  # noqa: E731
+    for (kernel, step, fmt), buckets in _buckets(timed, _tails(timed, full, current),
+                                                 _incumbents(timed, current)).items():
+        table.setdefault(kernel, {}).setdefault(step, {})[fmt] = buckets
     devices = sorted({row.get("device", "GPU not recorded") for row in rows})
     lines = [f"# {' / '.join(devices)}\n", "VERIFY_LAUNCH = {\n"]
     for kernel, steps in table.items():
