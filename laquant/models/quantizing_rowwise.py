@@ -18,8 +18,8 @@ gives
   quantizes that input once and runs its q/k/v projections' one GEMM ahead of transformers' forward.
 
 The tables hold the classes of qwen3_next, Qwen3.5 (dense and MoE), Kimi Linear, Ling / Ring, MiniMax,
-Bamba, Granite 4, Falcon-H1, Nemotron-H, OLMo hybrid and Mamba-2. Anywhere else (CPU, bf16 projections, another
-layer layout or family) the module runs transformers' own forward, unchanged; the class changes (its
+Bamba, Granite 4, Falcon-H1, Nemotron-H, OLMo hybrid, Mamba-2 and Zamba2. Anywhere else (CPU, bf16 projections,
+another layer layout or family) the module runs transformers' own forward, unchanged; the class changes (its
 name kept), not the module's parameters or names, so checkpoints are untouched.
 
 The fused norm normalizes in float32 exactly as these classes' formulas: the weight applied in float32
@@ -55,12 +55,16 @@ NORM_CONSUMERS = {
     "post_attention_layernorm": (("mlp", ("gate_proj", "up_proj")), ("mlp.shared_expert", ("gate_proj", "up_proj")),
                                  ("mlp.shared_experts", ("gate_proj", "up_proj")),  # Kimi Linear, Ling / Ring
                                  ("shared_mlp", ("input_linear",))),  # Granite 4 (gate and up in one linear)
-    "pre_ff_layernorm": (("feed_forward", ("gate_proj", "up_proj")),),  # Bamba, Falcon-H1
+    "pre_ff_layernorm": (("feed_forward", ("gate_proj", "up_proj")),  # Bamba, Falcon-H1
+                         ("feed_forward", ("gate_up_proj",))),  # Zamba2's shared block (gate and up in one linear)
     "norm": (("mixer", _QKV), ("mixer", ("up_proj",)), ("mixer.shared_experts", ("up_proj",)),  # Nemotron-H's block
              ("mixer", ("in_proj",))),  # Nemotron-H's and Mamba-2's Mamba2 blocks
 }
 # A Mamba2 mixer's in_proj, once calibrated, is a QuantGate (of its dt channels) around the W8A8 linear: the norm
 # writes that linear's codes (_through_gate).
+# decoder layer class -> the decoder layers inside it, whose norms the tables treat as a layer's (Zamba2's hybrid layer:
+# the shared attention block, then a Mamba layer)
+NESTED_LAYERS = {"Zamba2HybridLayer": ("shared_transformer", "mamba_decoder")}
 # decoder layer class -> its norms whose output no projection reads as it is
 UNPROJECTED_NORMS = {
     "OlmoHybridAttentionDecoderLayer": ("post_attention_layernorm",),  # post-norm: added to the residual
@@ -87,7 +91,7 @@ NORM_WEIGHTS = {
     # w * x.to(dtype): Llama's
     **{name: (_weight, "variance_epsilon", True) for name in (
         "KimiLinearRMSNorm", "BailingHybridRMSNorm", "MiniMaxRMSNorm", "BambaRMSNorm", "GraniteMoeHybridRMSNorm",
-        "FalconH1RMSNorm", "Mamba2RMSNorm")},
+        "FalconH1RMSNorm", "Mamba2RMSNorm", "Zamba2RMSNorm")},
 }
 
 # gated norm class (``rmsnorm(x) * w * silu(g)``, a linear mixer's output norm) -> the name of its epsilon: laquant's
@@ -233,6 +237,17 @@ def mix_into(modules, mixin: type, class_names) -> int:
     return count
 
 
+def _with_nested(layers) -> list[nn.Module]:
+    """``layers`` and the decoder layers inside them (:data:`NESTED_LAYERS`), each once (a block shared by several
+    layers is one module)."""
+    out = []
+    for layer in layers:
+        for module in (layer, *(_submodule(layer, p) for p in NESTED_LAYERS.get(original_class(layer).__name__, ()))):
+            if module is not None and not any(module is seen for seen in out):
+                out.append(module)
+    return out
+
+
 def install(layers) -> int:
     """Give the norms of ``layers`` (a model's decoder layers) listed in :data:`NORM_CONSUMERS`, of a
     class in :data:`NORM_WEIGHTS`, the quantizing forward, pointed at the projections after them in
@@ -240,7 +255,7 @@ def install(layers) -> int:
     SwiGLU one, and their attentions of a class in :data:`GROUPED_INPUTS` the one running their projections'
     GEMM ahead; returns how many modules. Idempotent."""
     count = 0
-    for layer in layers:
+    for layer in _with_nested(layers):
         unprojected = UNPROJECTED_NORMS.get(type(layer).__name__, ())
         for norm_name, candidates in NORM_CONSUMERS.items():
             norm = getattr(layer, norm_name, None) if norm_name not in unprojected else None
