@@ -114,7 +114,11 @@ SWIGLU_MLPS = {
     **{name: ("gate_proj", "up_proj", "down_proj", "act_fn") for name in (
         "Qwen3NextMLP", "Qwen3_5MLP", "Qwen3_5MoeMLP", "KimiLinearMLP", "BailingHybridMLP", "BambaMLP", "OlmoHybridMLP")},
     "GraniteMoeHybridMLP": ("input_linear", None, "output_linear", "activation"),  # Granite 4's shared MLP
+    "FalconH1MLP": ("gate_proj", "up_proj", "down_proj", "act_fn"),  # with muP multipliers (MLP_MULTIPLIERS)
 }
+# MLP class -> the names of its scalar multipliers: of the gate projection's output before the activation, and of
+# the MLP's output (Falcon-H1's ``mlp_multipliers``); applied as transformers applies them, the SwiGLU kernel between
+MLP_MULTIPLIERS = {"FalconH1MLP": ("gate_multiplier", "down_multiplier")}
 SWIGLU_PATHS = ("mlp", "mlp.shared_expert", "mlp.shared_experts", "feed_forward", "shared_mlp")
 SILU_CLASSES = ("SiLU", "SiLUActivation")  # torch's, transformers' (its forward is F.silu)
 
@@ -191,7 +195,11 @@ class _QuantizingSwiGLU:
                     gate, up = project(self, (gate_name,), x)[0].chunk(2, dim=-1)
                 else:  # x's handed-over codes serve both, in one GEMM
                     gate, up = project(self, (gate_name, up_name), x)
-                return glu_w8a8(self, down_name, gate, up)
+                gate_multiplier, out_multiplier = MLP_MULTIPLIERS.get(self._laquant_base.__name__, (None, None))
+                if gate_multiplier is not None:
+                    gate = gate * getattr(self, gate_multiplier)
+                out = glu_w8a8(self, down_name, gate, up)
+                return out if out_multiplier is None else out * getattr(self, out_multiplier)
         return super().forward(x)
 
 
