@@ -356,14 +356,14 @@ def _static_greedy(model, ids, n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "nemotron_h", "bamba", "mamba2"])
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "nemotron_h", "bamba", "mamba2", "zamba2", "falcon_h1"])
 @torch.no_grad()
 def test_gpu_codes_handed_over_match_the_unfused_path(family, monkeypatch):
-    """hybrid_int8 on qwen3_next, Qwen3.5, Nemotron-H, Bamba and Mamba-2, bf16 on the kernels: with the norms writing
-    the codes (and the MLPs' SwiGLU down_proj's, the mixer's gated norm out_proj's, Mamba2's gate-first grouped one
-    too), the logits match the path that quantizes each projection's input on its own (the norms' float32 formula,
-    rounded once), with fewer quantization launches; graphed greedy decoding equals the same static-cache steps run
-    eagerly."""
+    """hybrid_int8 on qwen3_next, Qwen3.5, Nemotron-H, Bamba, Mamba-2, Zamba2 and Falcon-H1, bf16 on the kernels: with
+    the norms writing the codes (and the MLPs' SwiGLU down_proj's, the mixer's gated norm out_proj's, Mamba2's
+    gate-first grouped one too, Falcon-H1's attention its q/k/v's in one pass), the logits match the path that
+    quantizes each projection's input on its own (the norms' float32 formula, rounded once), with fewer quantization
+    launches; graphed greedy decoding equals the same static-cache steps run eagerly."""
     import laquant
     from laquant.generate import generate
 
@@ -383,7 +383,8 @@ def test_gpu_codes_handed_over_match_the_unfused_path(family, monkeypatch):
     assert torch.isfinite(fused).all()
     assert torch.equal(generate(model, ids[:, :9], 12), _static_greedy(model, ids[:, :9], 12))
     for module in model.modules():
-        if isinstance(module, (quantizing_rowwise._QuantizingNorm, quantizing_rowwise._QuantizingSwiGLU)):
+        if isinstance(module, (quantizing_rowwise._QuantizingNorm, quantizing_rowwise._QuantizingSwiGLU,
+                               quantizing_rowwise._GroupedInputs)):
             monkeypatch.setattr(module, "__class__", module._laquant_base)
     for table in (GATED_NORMS, MAMBA_GATED_NORMS):
         for name in list(table):

@@ -1,11 +1,24 @@
 #!/usr/bin/env bash
-# The two Mamba2 families never timed on a GPU, Falcon-H1 (1.83B) and Zamba2 (1.2B-style), tools/family_configs.py:
-# e2e decode (bf16 vs hybrid_int8, graphed, B = 1 and 64, prompt 1,024). Carry .whl (eval speed imports fla).
+# The two Mamba2 families first timed on 2026-11-29, Falcon-H1 (1.83B) and Zamba2 (1.2B-style), tools/family_configs.py:
+# the GPU tests of their codes paths (Falcon-H1's grouped q/k/v and muP SwiGLU, Zamba2's norms), then the e2e decode
+# (bf16 vs hybrid_int8, graphed, B = 1 and 64, prompt 1,024); with scratch/base_pkg present (a checkout carried as
+# scratch, first on PYTHONPATH) that checkout too, *_base, in the same job. Carry .whl (eval speed imports fla).
 set -u
 . tools/device_job_env.sh "$@"
-for fam in falcon_h1 zamba2; do
+BASE="$PWD/scratch/base_pkg"
+timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_quantizing_rowwise.py -k "gpu and (zamba2 or falcon_h1)" \
+  > "$W/gpu_tests.log" 2>&1
+log "tests rc $?"
+e2e() {  # family, output tag
   timeout 150 laquant eval speed --suite e2e --hybrid-recipe hybrid_int8 --batch 1 64 --prompt 1024 --gen 32 \
-    --model "$fam:$(python3 tools/family_configs.py "$fam")" --out "$W/e2e_$fam" > "$W/e2e_$fam.log" 2>&1
-  log "$fam e2e rc $?"
+    --model "$1:$(python3 tools/family_configs.py "$1")" --out "$W/e2e_$1$2" > "$W/e2e_$1$2.log" 2>&1
+  log "$1$2 e2e rc $?"
+}
+for fam in falcon_h1 zamba2; do
+  e2e "$fam" ""
+  if [ -d "$BASE/laquant" ]; then
+    [ -d "$BASE/laquant/assets" ] || cp -r laquant/assets "$BASE/laquant/assets"
+    PYTHONPATH="$BASE:$PYTHONPATH" e2e "$fam" _base
+  fi
 done
 touch "$W/job.done"
