@@ -33,7 +33,8 @@ def main(argv=None) -> int:
     ids = tok((assets / "wikitext-2-raw/wiki.test.raw").read_text(), return_tensors="pt").input_ids[0]
     ids = ids[: args.context * args.windows]
     fused_modules = [m for m in model.modules()
-                     if isinstance(m, (quantizing_rowwise._QuantizingNorm, quantizing_rowwise._QuantizingSwiGLU))]
+                     if isinstance(m, (quantizing_rowwise._QuantizingNorm, quantizing_rowwise._QuantizingSwiGLU,
+                                       quantizing_rowwise._GroupedInputs))]
     result = {"model": args.model, "modules_writing_codes": len(fused_modules), "context": args.context,
               "tokens": int(ids.numel()), "device": torch.cuda.get_device_name(), "torch": torch.__version__}
     for fused in (True, False):

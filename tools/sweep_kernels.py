@@ -128,25 +128,26 @@ def state_decode(*flags):
 
 def _buckets(timed, tails=None, incumbents=None):
     """``{key: ((max_programs, *launch), ..., (None, *launch))}`` from ``{key: {programs: {launch: us}}}``: per swept
-    launch size its fastest launch, good up to that many programs (the largest: any more, unless ``tails`` holds a
-    catch-all bucket for the key, which then follows); the largest keeps ``incumbents[key]`` (today's catch-all
-    launch) where that is within :data:`NEAR_FASTEST` of its fastest, a bucket whose fastest is within it of the next
-    bucket's launch takes that one, and equal neighbours merge."""
+    launch size its fastest launch, good up to that many programs (the largest: any more, unless ``tails`` holds
+    today's buckets past the sweep for the key, which then follow); the largest keeps ``incumbents[key]`` (today's
+    catch-all launch) where that is within :data:`NEAR_FASTEST` of its fastest, a swept bucket whose fastest is
+    within it of the next bucket's launch takes that one, and equal neighbours merge."""
     tables = {}
     for key, by_programs in sorted(timed.items(), key=lambda kv: str(kv[0])):
         sizes = sorted(by_programs)
         chosen = [min(by_programs[p], key=by_programs[p].get) for p in sizes]
         tail = (tails or {}).get(key)
         incumbent = (incumbents or {}).get(key)
-        if tail is not None:
-            sizes, chosen = sizes + [None], chosen + [tuple(tail[1:])]
+        if tail:
+            sizes, chosen = sizes + [b[0] for b in tail], chosen + [tuple(b[1:]) for b in tail]
         elif incumbent in by_programs[sizes[-1]] and \
                 by_programs[sizes[-1]][incumbent] <= NEAR_FASTEST * by_programs[sizes[-1]][chosen[-1]]:
             chosen[-1] = incumbent  # a noisy few percent do not move the catch-all
-        for i in range(len(sizes) - 2, -1, -1):
-            here, nxt = by_programs[sizes[i]], chosen[i + 1]
-            if nxt in here and here[nxt] <= NEAR_FASTEST * here[chosen[i]]:
-                chosen[i] = nxt
+        for i in range(len(by_programs) - 1, -1, -1):
+            if i + 1 < len(sizes):
+                here, nxt = by_programs[sizes[i]], chosen[i + 1]
+                if nxt in here and here[nxt] <= NEAR_FASTEST * here[chosen[i]]:
+                    chosen[i] = nxt
         buckets = []
         for i, (p, c) in enumerate(zip(sizes, chosen)):
             if i + 1 < len(sizes) and chosen[i + 1] == c:
@@ -186,13 +187,14 @@ def _incumbents(timed, current):
 
 
 def _tails(timed, full, current):
-    """The catch-all buckets to keep: ``current(key)``'s last where the sweep of ``key`` stopped short of
-    :data:`FULL_BATCH`; a key without one gets none (its largest swept size becomes its catch-all)."""
+    """The buckets to keep where the sweep of a key stopped short of :data:`FULL_BATCH`: ``current(key)``'s past the
+    largest swept launch size, the catch-all last; a key without a table gets none (its largest swept size becomes its
+    catch-all)."""
     tails = {}
-    for key in timed:
+    for key, by_programs in timed.items():
         buckets = current(key)
         if not full[key] and buckets:
-            tails[key] = buckets[-1]
+            tails[key] = tuple(b for b in buckets if b[0] is None or b[0] > max(by_programs))
     return tails
 
 

@@ -230,8 +230,10 @@ def _handoff(x: torch.Tensor) -> CodesHandoff | None:
 def run_group_ahead(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor) -> None:
     """Run the group ``owner.names``' one GEMM on x now, quantizing x once, and hand its outputs over with x
     (:class:`CodesHandoff`): for projections that read the same tensor but get no codes from the kernel that made it
-    (transformers multiplied it by a scalar first), called before transformers' code calls them one by one. Nothing
-    where the members do not run as one packed GEMM (CPU, different columns, hooks) or x already carries codes."""
+    (transformers multiplied it by a scalar first), called before transformers' code calls them one by one. Per-token
+    members run W8A8 at every token count, as the groups whose codes a producer writes do (:func:`w8a8_inputs`).
+    Nothing where the members do not run as one packed GEMM (CPU, different columns, hooks) or x already carries
+    codes."""
     if len(names) < 2 or _handoff(x) is not None:
         return
     packed = packed_group(owner, names, x)
@@ -241,8 +243,8 @@ def run_group_ahead(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor) -
 
     members = tuple(_members(owner, names))
     handoff = CodesHandoff(x._version, None, packed, members)
-    handoff.outputs = list(linear_triton(x, packed, GPU_MODES[members[0].act_granularity]).split(
-        [m.out_features for m in members], dim=-1))
+    mode = "w8a8" if members[0].act_granularity == "per_token" else GPU_MODES[members[0].act_granularity]
+    handoff.outputs = list(linear_triton(x, packed, mode).split([m.out_features for m in members], dim=-1))
     x._laquant_codes = handoff
 
 
