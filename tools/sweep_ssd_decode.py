@@ -3,6 +3,9 @@ N = 128 state rows, P = 64 head dims, one group), B = 1 and 64, fp32 and int8_ro
 hybrid_int8's states): microseconds per call (CUDA-graph median) per (block_k, num_warps), as JSON lines.
 
     python3 tools/sweep_ssd_decode.py OUT.jsonl
+
+The decode table's ``ssd`` entry is made by ``tools/sweep_kernels.py state_decode`` (every batch bucket and state
+format, ``--write``); this script is the first sweep's, kept for eval/results/mamba2_decode_h200/run4_ssd_sweep/.
 """
 import json
 import sys
