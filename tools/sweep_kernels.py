@@ -38,6 +38,13 @@ STATE_CONFIGS = [(bk, w) for bk in (8, 16, 32, 64, 128) for w in (1, 2, 4, 8)]
 NEAR_FASTEST = 1.03  # a bucket keeps the next bucket's launch when that is this close to its fastest
 
 
+def _flag_values(flags, name, default, cast=str):
+    """The values after ``--name`` in ``flags`` (up to the next flag), cast; ``default`` (a list) without the flag."""
+    if name not in flags:
+        return list(default)
+    return [cast(x) for x in itertools.takewhile(lambda x: not x.startswith("--"), flags[flags.index(name) + 1:])]
+
+
 def _decode_step(kernel, B, Hk, H, K, V):
     """A closure ``step(data, scale, quant, block_k, num_warps)`` running ``kernel``'s decode step on fixed random
     inputs of batch B."""
@@ -74,8 +81,7 @@ def state_decode(*flags):
     ``--kernels gla``, ``--batches 1 64``, ``--blocks 8 16`` narrow the sweep; ``--jobs N`` processes compile
     every launch first (``--compile-only I N``: launch shard I of N, run once untimed)."""
     flags = list(flags)
-    listed = lambda name, cast, default: [cast(x) for x in itertools.takewhile(  # noqa: E731
-        lambda x: not x.startswith("--"), flags[flags.index(name) + 1:])] if name in flags else list(default)
+    listed = lambda name, cast, default: _flag_values(flags, name, default, cast)  # noqa: E731
     if "--from" in flags:
         rows = [json.loads(line) for name in listed("--from", str, [])[0].split(",") for line in open(name)
                 if line.startswith("{")]
@@ -163,22 +169,48 @@ def _batch_and_programs(row):
     return B, row.get("programs", B * row["shape"][2])
 
 
-def _state_buckets(rows, table=None):
-    """``{kernel: {format: buckets}}`` (:func:`_buckets`) from a decode sweep's rows; where they stop short of
-    :data:`FULL_BATCH`, ``table``'s catch-all (today's decode table by default) stays the last bucket."""
-    if table is None:
-        from laquant.kernels.common.state_io import DECODE_LAUNCH as table
+def _bucket_tables(rows, key_of, launch_of, current):
+    """``{key: buckets}`` (:func:`_buckets`) from a sweep's rows, keyed by ``key_of(row)`` (a tuple of the table's
+    levels), each row's launch ``launch_of(row)``; where the rows of a key stop short of :data:`FULL_BATCH`, the
+    buckets of ``current(key)`` (today's table) past the largest swept launch size stay (:func:`_tails`)."""
     timed, full = {}, {}
     for row in rows:
-        key = (row["kernel"], row["format"].partition(":")[0])
+        key = key_of(row)
         B, programs = _batch_and_programs(row)
         full[key] = full.get(key, False) or B >= FULL_BATCH
-        timed.setdefault(key, {}).setdefault(programs, {})[row["block_k"], row["num_warps"]] = row["us"]
-    current = lambda key: table.get(key[0], {}).get(key[1])  # noqa: E731
-    tables = {}
-    for (kernel, fmt), buckets in _buckets(timed, _tails(timed, full, current), _incumbents(timed, current)).items():
-        tables.setdefault(kernel, {})[fmt] = buckets
-    return tables
+        timed.setdefault(key, {}).setdefault(programs, {})[launch_of(row)] = row["us"]
+    return _buckets(timed, _tails(timed, full, current), _incumbents(timed, current))
+
+
+def _nested_get(table, key):
+    """``table[key[0]][key[1]]...``, None where a level is missing."""
+    for level in key:
+        table = table.get(level) if isinstance(table, dict) else None
+    return table
+
+
+def _nested_set(table, key, value):
+    for level in key[:-1]:
+        table = table.setdefault(level, {})
+    table[key[-1]] = value
+
+
+def _table_lines(name, table, rows):
+    """The generated lines of a launch table ``name = {...}`` (nested dicts of bucket tuples, four spaces a level),
+    under a comment naming the sweep's devices."""
+    devices = sorted({row.get("device", "GPU not recorded") for row in rows})
+
+    def body(d, depth):
+        pad = "    " * depth
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield f'{pad}"{k}": {{\n'
+                yield from body(v, depth + 1)
+                yield f"{pad}}},\n"
+            else:
+                yield f'{pad}"{k}": {tuple(map(tuple, v))!r},\n'
+
+    return [f"# {' / '.join(devices)}\n", f"{name} = {{\n", *body(table, 1), "}\n"]
 
 
 def _incumbents(timed, current):
@@ -202,20 +234,14 @@ def _write_state_tables(rows):
     """The decode launch table between its markers; a kernel or format the rows do not cover keeps its entry."""
     from laquant.kernels.common import state_io
 
-    current = getattr(state_io, "DECODE_LAUNCH", {})
-    tables = {kernel: dict(formats) for kernel, formats in current.items()}
-    for kernel, formats in _state_buckets(rows, current).items():
-        tables.setdefault(kernel, {}).update(formats)
-    lines = [f"# {' / '.join(sorted({row.get('device', 'GPU not recorded') for row in rows}))}\n",
-             "DECODE_LAUNCH = {\n"]
-    for kernel, formats in tables.items():
-        lines.append(f'    "{kernel}": {{\n')
-        lines += [f'        "{fmt}": {tuple(tuple(b) for b in buckets)!r},\n' for fmt, buckets in formats.items()]
-        lines.append("    },\n")
-    lines.append("}\n")
+    tables = {kernel: dict(formats) for kernel, formats in state_io.DECODE_LAUNCH.items()}
+    built = _bucket_tables(rows, lambda row: (row["kernel"], row["format"].partition(":")[0]),
+                           lambda row: (row["block_k"], row["num_warps"]), lambda key: _nested_get(tables, key))
+    for key, buckets in built.items():
+        _nested_set(tables, key, buckets)
     for row in _state_summary(rows, tables):
         print(row, flush=True)
-    _write_generated("state_decode", lines)
+    _write_generated("state_decode", _table_lines("DECODE_LAUNCH", tables, rows))
 
 
 def _state_summary(rows, tables):
@@ -322,11 +348,9 @@ def verify(*flags):
     (``--from FILE``: from a sweep's lines); a sweep without B = 64 keeps the table's catch-alls."""
     flags = list(flags)
     opt = lambda name, default=None: flags[flags.index(name) + 1] if name in flags else default  # noqa: E731
-    listed = lambda name, default: list(itertools.takewhile(  # noqa: E731
-        lambda x: not x.startswith("--"), flags[flags.index(name) + 1:])) if name in flags else list(default)
     steps = [s for s in ("verify", "commit") if "--steps" not in flags or s in flags]
-    batches = [int(b) for b in listed("--batches", VERIFY_BATCHES)]
-    formats = listed("--formats", STATE_FORMATS)
+    batches = _flag_values(flags, "--batches", VERIFY_BATCHES, int)
+    formats = _flag_values(flags, "--formats", STATE_FORMATS)
     if "--from" in flags:
         rows = [json.loads(line) for name in opt("--from").split(",") for line in open(name) if line.startswith("{")]
         return _write_verify_tables(rows)
@@ -388,32 +412,15 @@ def _write_verify_tables(rows):
 
     if not rows:
         raise SystemExit("no sweep rows: the verify table stays as it is")
-    timed, full = {}, {}
-    for row in rows:
-        if row["tokens"] != VERIFY_TOKENS[0]:
-            continue
-        key = (row["kernel"], row.get("step", "verify"), row["format"].partition(":")[0])
-        B, programs = _batch_and_programs(row)
-        full[key] = full.get(key, False) or B >= FULL_BATCH
-        timed.setdefault(key, {}).setdefault(programs, {})[
-            row["block_k"], row["block_v"], row["num_warps"], int(row["prefetch"])] = row["us"]
     table = {kernel: {step: dict(formats) for step, formats in steps.items()}
              for kernel, steps in state_io.VERIFY_LAUNCH.items()}
-    current = lambda key: table.get(key[0], {}).get(key[1], {}).get(key[2])  # noqa: E731
-    for (kernel, step, fmt), buckets in _buckets(timed, _tails(timed, full, current),
-                                                 _incumbents(timed, current)).items():
-        table.setdefault(kernel, {}).setdefault(step, {})[fmt] = buckets
-    devices = sorted({row.get("device", "GPU not recorded") for row in rows})
-    lines = [f"# {' / '.join(devices)}\n", "VERIFY_LAUNCH = {\n"]
-    for kernel, steps in table.items():
-        lines.append(f'    "{kernel}": {{\n')
-        for step, formats in steps.items():
-            lines.append(f'        "{step}": {{\n')
-            lines += [f'            "{fmt}": {tuple(map(tuple, buckets))!r},\n' for fmt, buckets in formats.items()]
-            lines.append("        },\n")
-        lines.append("    },\n")
-    lines.append("}\n")
-    _write_generated("verify", lines)
+    built = _bucket_tables([row for row in rows if row["tokens"] == VERIFY_TOKENS[0]],
+                           lambda row: (row["kernel"], row.get("step", "verify"), row["format"].partition(":")[0]),
+                           lambda row: (row["block_k"], row["block_v"], row["num_warps"], int(row["prefetch"])),
+                           lambda key: _nested_get(table, key))
+    for key, buckets in built.items():
+        _nested_set(table, key, buckets)
+    _write_generated("verify", _table_lines("VERIFY_LAUNCH", table, rows))
 
 
 def prefill(T, bt, bv, w):
