@@ -1,12 +1,14 @@
-"""Where a graphed B = 64 decode step's wall clock goes, kernel by kernel (issue #14): a random GLA (bf16 and the
-given recipes) decodes through laquant.generate's captured step; 10 replays run under torch.profiler, and each
-instant of them is split among the kernels running then (two at a time where the gate's side stream overlaps the
-q/k/v/g GEMM), the rest counted idle.
+"""Where a graphed decode step's wall clock goes, kernel by kernel (issue #14): a random GLA (bf16 and the
+given recipes) or a random transformers hybrid (bf16 and a hybrid recipe, as ``laquant eval speed`` builds them)
+decodes through laquant.generate's captured step; 10 replays run under torch.profiler, and each instant of them is
+split among the kernels running then (two at a time where the gate's side stream overlaps the q/k/v/g GEMM), the
+rest counted idle.
 
     python3 tools/graph_timeline.py OUT.json [LAYERS] [VARIANTS]      # VARIANTS: bf16,gla_int8_all (default)
+    python3 tools/graph_timeline.py OUT.json --model 'zamba2:{...}' [--hybrid-recipe hybrid_int8] [--prompt 1024]
 """
+import argparse
 import json
-import sys
 import time
 
 import torch
@@ -59,13 +61,24 @@ def timeline(session: DecodeSession, reps: int = 10) -> dict:
                           timeline_us=round(share.get(n, 0.0) / reps, 1)) for n in rows]}
 
 
-@torch.no_grad()
-def main(out: str, layers: int = 24, variants: str = "bf16,gla_int8_all") -> None:
+def gla_variants(layers: int, variants: str):
     cfg = GLAConfig(hidden_size=2048, num_hidden_layers=layers, num_heads=16, vocab_size=32000)
+    return [(variant, lambda variant=variant: random_gla(cfg, variant)) for variant in variants.split(",")]
+
+
+def hybrid_variants(model_id: str, hybrid_recipe: str):
+    from laquant.eval.speed import recipe_variants
+
+    return [(variant, make) for _, variant, make in recipe_variants([model_id], "gla_int8", hybrid_recipe)]
+
+
+@torch.no_grad()
+def main(out: str, variants, batch: int = 64, prompt: int = 512) -> None:
     result = {}
-    for variant in variants.split(","):
-        model = random_gla(cfg, variant)
-        session = DecodeSession(model, torch.randint(0, 32000, (64, 512), device="cuda"), 64, graphed=True)
+    for variant, make in variants:
+        model = make()
+        ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device="cuda")
+        session = DecodeSession(model, ids, 64, graphed=True)
         row = timeline(session)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -73,7 +86,7 @@ def main(out: str, layers: int = 24, variants: str = "bf16,gla_int8_all") -> Non
             session.step()
         torch.cuda.synchronize()
         row["replay_us_per_step_noprof"] = (time.perf_counter() - t0) / 20 * 1e6
-        result[f"{variant}_B64"] = row
+        result[f"{variant}_B{batch}"] = row
         print(variant, json.dumps(row)[:3000], flush=True)
         del model, session
         torch.cuda.empty_cache()
@@ -82,4 +95,14 @@ def main(out: str, layers: int = 24, variants: str = "bf16,gla_int8_all") -> Non
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], *(int(a) if i == 0 else a for i, a in enumerate(sys.argv[2:])))
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out")
+    p.add_argument("layers", nargs="?", type=int, default=24, help="the random GLA's layers")
+    p.add_argument("variants", nargs="?", default="bf16,gla_int8_all", help="the random GLA's variants")
+    p.add_argument("--model", help="a hybrid instead, as eval speed's --model FAMILY:{json} (bf16 and --hybrid-recipe)")
+    p.add_argument("--hybrid-recipe", default="hybrid_int8")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--prompt", type=int, default=512)
+    args = p.parse_args()
+    main(args.out, hybrid_variants(args.model, args.hybrid_recipe) if args.model else gla_variants(args.layers, args.variants),
+         args.batch, args.prompt)

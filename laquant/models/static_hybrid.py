@@ -19,8 +19,11 @@ changes from step to step to live on the device:
   call (``repeat_kv``), which over the whole capacity was most of a B = 64 step (4.8 of 9.5 ms on the
   1.14B qwen3_next, ``eval/results/graphed_hybrid_h200.md``). :func:`static_decode_attention` (registered
   with transformers as ``laquant_static_decode`` and switched on by :func:`static_attention` for the
-  static steps only) is transformers' eager attention with the query heads grouped by their key head,
-  so each key and value is read once.
+  static steps only) runs laquant's decode attention kernel on CUDA
+  (:func:`~laquant.kernels.attention.decode.decode_attention_triton`: one launch, the query heads grouped
+  by their key head so each key and value is read once, the scores and softmax in float32 as SDPA's
+  kernels compute them, and the positions the mask hides from every row, the room not yet written,
+  skipped unread), else transformers' eager attention with the query heads grouped the same way.
 
 :meth:`StaticHybridCache.begin_step` (inside the captured step, before the forward) opens position
 ``pos`` in the mask and returns the forward's extra arguments; :meth:`end_step` moves ``pos`` on. The
@@ -35,6 +38,9 @@ import torch
 from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from laquant.kernels.attention import decode as attention_kernels
+from laquant.kernels.attention.decode import fits
+from laquant.kernels.common.dispatch import use_triton
 from laquant.models.cache import HybridStates, state_store
 
 ATTENTION = "laquant_static_decode"
@@ -42,18 +48,23 @@ _UNSUPPORTED = ("softcap", "s_aux", "sliding_window", "position_bias")  # left t
 
 
 def static_decode_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """transformers' eager attention (scores in the input dtype, the mask added, softmax in float32) over
-    ``query [B, Hq, T, D]`` and ``key``, ``value [B, Hkv, S, D]``, the query heads grouped by their key
-    head instead of the keys repeated per query head; returns ``([B, T, Hq, Dv], None)`` as transformers'
+    """Attention over ``query [B, Hq, T, D]`` and ``key``, ``value [B, Hkv, S, D]`` with the query heads
+    grouped by their key head instead of the keys repeated per query head: laquant's decode attention
+    kernel where Triton runs and it takes the inputs, else transformers' eager attention (scores in the
+    input dtype, the mask added, softmax in float32); returns ``([B, T, Hq, Dv], None)`` as transformers'
     attention functions do."""
     if any(kwargs.get(k) is not None for k in _UNSUPPORTED):
         return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, scaling=scaling,
                                                dropout=dropout, **kwargs)
     B, Hq, T, D = query.shape
+    if scaling is None:
+        scaling = D ** -0.5
+    if use_triton(query) and (dropout == 0.0 or not module.training) and fits(query, key, value, attention_mask):
+        return attention_kernels.decode_attention_triton(query, key, value, attention_mask, scaling), None
     Hkv, S = key.shape[1], key.shape[-2]
     G = Hq // Hkv
     scores = torch.matmul(query.reshape(B, Hkv, G * T, D), key.transpose(-1, -2))
-    scores = scores * (scaling if scaling is not None else D ** -0.5)
+    scores = scores * scaling
     if attention_mask is not None:  # [B, 1, T, S']: broadcast over the key heads and their groups
         scores = (scores.view(B, Hkv, G, T, S) + attention_mask[:, :, None, :, :S]).view(B, Hkv, G * T, S)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)

@@ -1,0 +1,219 @@
+"""Softmax attention of a few query tokens over a static key / value cache (the graphed decode steps of the
+transformers hybrids), flash-decoding style.
+
+transformers' eager attention over a static cache (``laquant.models.static_hybrid``) is six launches a layer
+(the scores' GEMM, the scaling, the mask, the softmax, its cast, the values' GEMM), and reads every position
+of the cache's capacity, written or not: a graphed step pays for the room it was captured with (1,024 more
+tokens in ``model.generate``). :func:`decode_attention_triton` is one launch (two where the positions are split):
+
+* a program takes one sequence, one key head with its group of query heads and their ``T`` tokens (the rows of
+  one tensor-core tile), and a span of positions; the scores ``q k^T`` in float32, scaled, the additive mask
+  added, an online softmax in float32, the probabilities rounded to the values' dtype for their product with
+  ``v`` (as the flash kernels behind PyTorch's SDPA do);
+* a position whose mask is ``finfo(dtype).min`` (or ``-inf``) is hidden (no weight; in transformers' softmax its
+  weight underflows to zero the same way), and a block of positions hidden from every row (a static cache's
+  unwritten room) is skipped before its keys and values are read;
+* where the programs would leave SMs idle (few sequences or key heads), the positions split into spans whose
+  partial results (running maximum, sum and output) a second launch combines.
+
+Spec: :func:`decode_attention`, the same formula in float32 (the probabilities unrounded). A row whose every
+position is masked gets zeros (transformers' eager softmax would average the values); a decode step's row always
+sees its own token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # laquant's CPU path needs no Triton
+    triton = None
+
+BLOCK_S = 64  # positions a program's loop step reads
+MIN_SPAN = 256  # positions a split covers at least
+MAX_ROWS = 128  # query heads of a group times tokens: one program's rows
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                     scaling: float) -> torch.Tensor:
+    """``softmax(q k^T * scaling + mask) v`` in float32 for ``q [B, Hq, T, D]``, ``k [B, Hkv, S, D]``,
+    ``v [B, Hkv, S, Dv]`` (the query heads grouped by key head, ``Hq / Hkv`` each) and an additive ``mask``
+    broadcastable to ``[B, 1, T, S]`` (or None); returns ``[B, T, Hq, Dv]`` in q's dtype. Fully masked rows: zeros."""
+    B, Hq, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[-2]
+    G = Hq // Hkv
+    scores = torch.matmul(q.float().reshape(B, Hkv, G * T, D), k.float().transpose(-1, -2)) * scaling
+    if mask is not None:  # a position whose mask is the dtype's minimum (or -inf) is hidden
+        add = mask[..., :S].float().masked_fill(mask[..., :S] <= torch.finfo(mask.dtype).min, float("-inf"))
+        scores = (scores.view(B, Hkv, G, T, S) + add[:, :, None]).view(B, Hkv, G * T, S)
+    dead = scores.amax(-1, keepdim=True) == float("-inf")
+    probs = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
+    out = torch.matmul(probs, v.float()).view(B, Hq, T, v.shape[-1])
+    return out.transpose(1, 2).to(q.dtype).contiguous()
+
+
+if triton is not None:
+
+    @triton.jit
+    def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, part_o_ptr, part_ml_ptr,
+                                 s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_mb, s_mt, s_ob, s_ot, s_oh,
+                                 Hkv, S, span, scaling, mask_min,
+                                 T: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+                                 BR: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BS: tl.constexpr,
+                                 SPLITS: tl.constexpr, HAS_MASK: tl.constexpr, IEEE: tl.constexpr):
+        bh = tl.program_id(0)
+        sp = tl.program_id(1)
+        b = (bh // Hkv).to(tl.int64)
+        h = (bh % Hkv).to(tl.int64)
+        rows = tl.arange(0, BR)  # row r: query head h * G + r // T, token r % T
+        head = h * G + rows // T
+        t = rows % T
+        mr = rows < G * T
+        offs_d = tl.arange(0, BD)
+        offs_dv = tl.arange(0, BDV)
+        md = offs_d < D
+        mdv = offs_dv < DV
+        q = tl.load(q_ptr + b * s_qb + head[:, None] * s_qh + t[:, None] * s_qt + offs_d[None, :],
+                    mask=mr[:, None] & md[None, :], other=0.0)
+        k_rows = k_ptr + b * s_kb + h * s_kh
+        v_rows = v_ptr + b * s_vb + h * s_vh
+        m_i = tl.full([BR], float("-inf"), tl.float32)
+        l_i = tl.zeros([BR], dtype=tl.float32)
+        acc = tl.zeros([BR, BDV], dtype=tl.float32)
+        lo = sp * span
+        hi = tl.minimum(S, lo + span)
+        for s0 in range(lo, hi, BS):
+            offs_s = s0 + tl.arange(0, BS)
+            ms = offs_s < hi
+            if HAS_MASK:
+                add = tl.load(mask_ptr + b * s_mb + t[:, None] * s_mt + offs_s[None, :], mask=mr[:, None] & ms[None, :],
+                              other=float("-inf")).to(tl.float32)
+                add = tl.where(add > mask_min, add, float("-inf"))  # hidden: no weight, whatever the row sees
+                live = tl.max(tl.max(add, axis=1), axis=0) > float("-inf")
+            else:
+                add = tl.zeros([BR, BS], dtype=tl.float32)
+                live = s0 < hi
+            if live:  # a block the mask hides from every row is not read
+                kt = tl.load(k_rows + offs_s[None, :].to(tl.int64) * s_ks + offs_d[:, None],
+                             mask=md[:, None] & ms[None, :], other=0.0)
+                if IEEE:
+                    scores = tl.dot(q, kt, input_precision="ieee")
+                else:
+                    scores = tl.dot(q, kt)
+                scores = tl.where(ms[None, :], scores * scaling + add, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet
+                alpha = tl.exp(m_i - m_safe)
+                p = tl.exp(scores - m_safe[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                vv = tl.load(v_rows + offs_s[:, None].to(tl.int64) * s_vs + offs_dv[None, :],
+                             mask=ms[:, None] & mdv[None, :], other=0.0)
+                if IEEE:
+                    acc = acc * alpha[:, None] + tl.dot(p, vv, input_precision="ieee")
+                else:
+                    acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv)
+                m_i = m_new
+        if SPLITS == 1:
+            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a row that sees nothing: zeros
+            tl.store(o_ptr + b * s_ob + t[:, None] * s_ot + head[:, None] * s_oh + offs_dv[None, :],
+                     out.to(o_ptr.dtype.element_ty), mask=mr[:, None] & mdv[None, :])
+        else:
+            part = (bh * SPLITS + sp).to(tl.int64)
+            tl.store(part_o_ptr + (part * BR + rows[:, None]) * BDV + offs_dv[None, :], acc)
+            tl.store(part_ml_ptr + (part * 2) * BR + rows, m_i)
+            tl.store(part_ml_ptr + (part * 2 + 1) * BR + rows, l_i)
+
+    @triton.jit
+    def _combine_kernel(part_o_ptr, part_ml_ptr, o_ptr, s_ob, s_ot, s_oh, Hkv,
+                        T: tl.constexpr, G: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr, BDV: tl.constexpr,
+                        SPLITS: tl.constexpr, BSP: tl.constexpr):
+        bh = tl.program_id(0)
+        b = (bh // Hkv).to(tl.int64)
+        h = (bh % Hkv).to(tl.int64)
+        rows = tl.arange(0, BR)
+        head = h * G + rows // T
+        t = rows % T
+        offs_dv = tl.arange(0, BDV)
+        splits = tl.arange(0, BSP)
+        parts = (bh * SPLITS + splits).to(tl.int64)
+        live = splits < SPLITS
+        m = tl.load(part_ml_ptr + (parts[:, None] * 2) * BR + rows[None, :], mask=live[:, None], other=float("-inf"))
+        l_part = tl.load(part_ml_ptr + (parts[:, None] * 2 + 1) * BR + rows[None, :], mask=live[:, None], other=0.0)
+        m_max = tl.max(m, axis=0)
+        w = tl.exp(m - tl.where(m_max == float("-inf"), 0.0, m_max)[None, :])  # [BSP, BR]
+        l_i = tl.sum(w * l_part, axis=0)
+        acc = tl.zeros([BR, BDV], dtype=tl.float32)
+        for s in range(0, SPLITS):
+            ws = tl.sum(tl.where(splits[:, None] == s, w, 0.0), axis=0)
+            part = (bh * SPLITS + s).to(tl.int64)
+            acc += ws[:, None] * tl.load(part_o_ptr + (part * BR + rows[:, None]) * BDV + offs_dv[None, :])
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a row that sees nothing: zeros
+        tl.store(o_ptr + b * s_ob + t[:, None] * s_ot + head[:, None] * s_oh + offs_dv[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=(rows < G * T)[:, None] & (offs_dv < DV)[None, :])
+
+
+def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    """Whether :func:`decode_attention_triton` takes these inputs (else the caller runs its own attention)."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return False
+    B, Hq, T, D = q.shape
+    Hkv = k.shape[1]
+    if Hkv == 0 or Hq % Hkv or (Hq // Hkv) * T > MAX_ROWS or max(D, v.shape[-1]) > 256:
+        return False
+    if k.shape[:2] != (B, Hkv) or k.shape[-1] != D or v.shape[:3] != k.shape[:3]:
+        return False
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or not q.dtype == k.dtype == v.dtype:
+        return False
+    if mask is not None:
+        if mask.dim() != 4 or not mask.is_floating_point() or mask.shape[1] != 1 or mask.shape[0] not in (1, B) \
+                or mask.shape[2] not in (1, T) or mask.shape[3] < k.shape[-2] or mask.stride(-1) != 1:
+            return False
+    return True
+
+
+def decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                            scaling: float, splits: int | None = None) -> torch.Tensor:
+    """The Triton twin of :func:`decode_attention` (see the module docstring); ``splits``: spans of positions
+    (default: enough programs to fill the GPU, each span at least :data:`MIN_SPAN` positions)."""
+    if triton is None:
+        raise RuntimeError("Triton is not installed; use decode_attention")
+    if not fits(q, k, v, mask):
+        raise ValueError(f"decode attention takes q [B, Hq, T, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv] (last dimension "
+                         f"contiguous, Hq a multiple of Hkv, Hq / Hkv * T <= {MAX_ROWS}, D, Dv <= 256) and a float "
+                         f"mask [B or 1, 1, T or 1, >= S]; got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}, mask {None if mask is None else tuple(mask.shape)}")
+    B, Hq, T, D = q.shape
+    Hkv, S, DV = k.shape[1], k.shape[-2], v.shape[-1]
+    G = Hq // Hkv
+    programs = B * Hkv
+    if splits is None:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
+        splits = min(triton.cdiv(2 * sms, programs), triton.cdiv(S, MIN_SPAN))
+    span = triton.cdiv(triton.cdiv(S, max(1, splits)), BLOCK_S) * BLOCK_S
+    splits = max(1, triton.cdiv(S, span))
+    BR = max(16, triton.next_power_of_2(G * T))
+    BD, BDV = max(16, triton.next_power_of_2(D)), max(16, triton.next_power_of_2(DV))
+    out = torch.empty(B, T, Hq, DV, dtype=q.dtype, device=q.device)
+    if splits > 1:
+        part_o = torch.empty(programs * splits, BR, BDV, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(programs * splits, 2, BR, dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_ml = out
+    has_mask = mask is not None
+    m = mask if has_mask else q
+    s_mb = mask.stride(0) if has_mask and mask.shape[0] > 1 else 0
+    s_mt = mask.stride(2) if has_mask and mask.shape[2] > 1 else 0
+    mask_min = torch.finfo(mask.dtype).min if has_mask else 0.0
+    warps = 4 if BR * max(BD, BDV) <= 64 * 128 else 8
+    _decode_attention_kernel[(programs, splits)](
+        q, k, v, m, out, part_o, part_ml, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), s_mb, s_mt, out.stride(0), out.stride(1), out.stride(2), Hkv, S, span,
+        float(scaling), mask_min, T=T, G=G, D=D, DV=DV, BR=BR, BD=BD, BDV=BDV, BS=BLOCK_S, SPLITS=splits,
+        HAS_MASK=has_mask, IEEE=q.dtype == torch.float32, num_warps=warps)
+    if splits > 1:
+        _combine_kernel[(programs,)](part_o, part_ml, out, out.stride(0), out.stride(1), out.stride(2), Hkv, T=T, G=G,
+                                     DV=DV, BR=BR, BDV=BDV, SPLITS=splits, BSP=triton.next_power_of_2(splits),
+                                     num_warps=4)
+    return out

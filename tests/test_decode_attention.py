@@ -1,0 +1,147 @@
+"""The static decode steps' attention kernel (kernels/attention/decode.py): its spec against transformers' eager
+attention, the kernel against the spec on odd shapes (interpreted on CPU, float32; bf16 on the GPU), split and
+unsplit, masked blocks never read, and static_decode_attention taking it."""
+
+import pytest
+import torch
+
+from conftest import DEVICE, INTERPRETED, rel_err, require_triton_kernels
+
+from laquant.kernels.attention.decode import decode_attention, fits
+
+DTYPE = torch.float32 if INTERPRETED else torch.bfloat16
+MIN = torch.finfo(torch.float32).min
+
+
+def _inputs(B, Hq, Hkv, T, S, D, DV, gen, dtype=DTYPE, device=DEVICE):
+    q = torch.randn(B, Hq, T, D, generator=gen)
+    k = torch.randn(B, Hkv, S, D, generator=gen)
+    v = torch.randn(B, Hkv, S, DV, generator=gen)
+    return tuple(x.to(dtype).to(device) for x in (q, k, v))
+
+
+def _static_mask(B, T, S, seen, dtype=DTYPE, device=DEVICE):
+    """A static cache's mask after ``seen`` tokens, T new ones causal (position seen + t sees up to itself), padded
+    past S by three columns as transformers may pass it."""
+    pos = torch.arange(S + 3)
+    allowed = pos[None, :] <= (seen + torch.arange(T))[:, None]
+    mask = torch.where(allowed, 0.0, torch.finfo(dtype).min).to(dtype)
+    return mask.expand(B, 1, T, S + 3).contiguous().to(device)
+
+
+def test_spec_is_transformers_eager_attention():
+    from transformers.models.qwen3_next.modeling_qwen3_next import eager_attention_forward
+
+    gen = torch.Generator().manual_seed(0)
+    for T, D, DV, masked in ((1, 32, 32, True), (3, 24, 24, True), (1, 48, 32, False)):
+        q, k, v = _inputs(2, 6, 2, T, 19, D, DV, gen, torch.float32, "cpu")
+        mask = torch.where(torch.rand(2, 1, T, 19, generator=gen) < 0.3, MIN, 0.0) if masked else None
+        module = torch.nn.Module()
+        module.num_key_value_groups, module.training = 3, False
+        want, _ = eager_attention_forward(module, q, k, v, mask, scaling=0.7)
+        torch.testing.assert_close(decode_attention(q, k, v, mask, 0.7), want, atol=1e-5, rtol=1e-5)
+
+
+def test_spec_gives_zeros_to_a_row_that_sees_nothing():
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = _inputs(1, 2, 1, 2, 5, 16, 16, gen, torch.float32, "cpu")
+    mask = torch.zeros(1, 1, 2, 5)
+    mask[:, :, 1] = float("-inf")
+    out = decode_attention(q, k, v, mask, 0.25)
+    assert torch.equal(out[:, 1], torch.zeros_like(out[:, 1])) and out[:, 0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("B,Hq,Hkv,T,S,seen,D,DV,splits", [
+    (2, 6, 2, 1, 19, 11, 32, 32, None),      # groups of 3, one block
+    (3, 4, 4, 1, 300, 200, 48, 32, 1),       # no groups, D no power of two, blocks past the written ones
+    (3, 4, 4, 1, 300, 200, 48, 32, 3),       # the same split in three spans, combined
+    (1, 16, 2, 3, 257, 130, 64, 64, 2),      # three tokens (a verify step), groups of 8
+    (2, 8, 1, 1, 130, 129, 16, 24, 4),       # the last position written; more spans than blocks need
+])
+def test_kernel_matches_the_spec(B, Hq, Hkv, T, S, seen, D, DV, splits):
+    require_triton_kernels()
+    from laquant.kernels.attention.decode import decode_attention_triton
+
+    gen = torch.Generator().manual_seed(B * S + T)
+    q, k, v = _inputs(B, Hq, Hkv, T, S, D, DV, gen)
+    mask = _static_mask(B, T, S, min(seen, S - T))
+    want = decode_attention(q, k, v, mask, D ** -0.5)
+    got = decode_attention_triton(q, k, v, mask, D ** -0.5, splits=splits)
+    assert got.shape == (B, T, Hq, DV) and got.dtype == q.dtype and torch.isfinite(got).all()
+    assert rel_err(got.float().cpu(), want.float().cpu()) < (1e-5 if INTERPRETED else 1e-2)
+    # no mask: every position
+    assert rel_err(decode_attention_triton(q, k, v, None, 0.3, splits=splits).float().cpu(),
+                   decode_attention(q, k, v, None, 0.3).float().cpu()) < (1e-5 if INTERPRETED else 1e-2)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_kernel_does_not_read_hidden_blocks(splits):
+    """Keys and values past the written positions are NaN: a kernel that read them would return NaN; the result
+    equals attention over the written positions alone."""
+    require_triton_kernels()
+    from laquant.kernels.attention.decode import decode_attention_triton
+
+    gen = torch.Generator().manual_seed(3)
+    B, Hq, Hkv, S, seen, D = 2, 4, 2, 400, 70, 32
+    q, k, v = _inputs(B, Hq, Hkv, 1, S, D, D, gen)
+    mask = _static_mask(B, 1, S, seen)
+    k[:, :, 128:] = float("nan")  # blocks of 64: 128 on is hidden from every row
+    v[:, :, 128:] = float("nan")
+    got = decode_attention_triton(q, k, v, mask, 0.2, splits=splits)
+    want = decode_attention(q, k[:, :, :seen + 1], v[:, :, :seen + 1], None, 0.2)
+    assert torch.isfinite(got).all()
+    assert rel_err(got.float().cpu(), want.float().cpu()) < (1e-5 if INTERPRETED else 1e-2)
+
+
+def test_fits_refuses_what_the_kernel_does_not_take():
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = _inputs(2, 6, 2, 1, 10, 16, 16, gen, torch.float32, "cpu")
+    assert fits(q, k, v, None) and fits(q, k, v, torch.zeros(2, 1, 1, 12))
+    assert not fits(q[:, :5], k, v, None)  # 5 query heads over 2 key heads
+    assert not fits(q, k, v, torch.zeros(2, 6, 1, 10))  # a mask per head
+    assert not fits(q, k, v, torch.zeros(2, 1, 1, 9))  # shorter than the keys
+    assert not fits(q, k, v, torch.zeros(2, 1, 1, 10, dtype=torch.bool))
+    assert not fits(q, k.half(), v.half(), None)
+    assert not fits(q.expand(2, 6, 200, 16), k, v, None)  # 600 rows a group
+
+
+def test_static_decode_attention_takes_the_kernel(monkeypatch):
+    """Where Triton runs, static_decode_attention calls the kernel (here under the interpreter, made to think it
+    may) and agrees with its eager formula; more query rows a key head than one program holds stay on the eager
+    formula."""
+    require_triton_kernels()
+    import laquant.kernels.attention.decode as dec
+    import laquant.models.static_hybrid as sh
+
+    calls = []
+    kernel = dec.decode_attention_triton
+    monkeypatch.setattr(dec, "decode_attention_triton", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = _inputs(2, 6, 2, 1, 70, 32, 32, gen, torch.float32, DEVICE)
+    mask = _static_mask(2, 1, 70, 40, torch.float32)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.training = 3, False
+    eager, _ = sh.static_decode_attention(module, q.cpu(), k.cpu(), v.cpu(), mask.cpu(), scaling=0.5)
+    assert not calls  # CPU tensors: the eager formula
+    monkeypatch.setattr(sh, "use_triton", lambda x: True)
+    got, _ = sh.static_decode_attention(module, q, k, v, mask, scaling=0.5)
+    assert calls == [1] and rel_err(got.float().cpu(), eager) < (1e-5 if INTERPRETED else 1e-2)
+    long_q = torch.randn(2, 6, 50, 32, generator=gen).to(DEVICE)  # 3 heads x 50 tokens
+    sh.static_decode_attention(module, long_q, k, v, _static_mask(2, 50, 70, 10, torch.float32), scaling=0.5)
+    assert calls == [1]
+
+
+@pytest.mark.gpu
+def test_gpu_decode_attention_at_model_shapes():
+    """bf16 at a Zamba2-like (32 key heads) and a Falcon-H1-like (4 key heads, groups of 4) layer, B = 1 and 64, a
+    static cache of 2,048 positions with 1,030 written: the spec's result to bf16 rounding, both split choices."""
+    from laquant.kernels.attention.decode import decode_attention_triton
+
+    gen = torch.Generator().manual_seed(6)
+    for B, Hq, Hkv in ((64, 32, 32), (64, 16, 4), (1, 16, 4)):
+        q, k, v = _inputs(B, Hq, Hkv, 1, 2048, 128, 128, gen, torch.bfloat16, "cuda")
+        mask = _static_mask(B, 1, 2048, 1030, torch.bfloat16, "cuda")
+        want = decode_attention(q, k, v, mask, 128 ** -0.5).float()
+        for splits in (None, 1):
+            got = decode_attention_triton(q, k, v, mask, 128 ** -0.5, splits=splits).float()
+            assert torch.isfinite(got).all() and rel_err(got, want) < 1e-2, (B, Hq, Hkv, splits)
