@@ -1,6 +1,6 @@
 """The static decode steps' attention kernel (kernels/attention/decode.py): its spec against transformers' eager
 attention, the kernel against the spec on odd shapes (interpreted on CPU, float32; bf16 on the GPU), split and
-unsplit, masked blocks never read, and static_decode_attention taking it."""
+unsplit, hidden positions weighed zero and the unwritten room never read, and static_decode_attention taking it."""
 
 import pytest
 import torch
@@ -76,8 +76,8 @@ def test_kernel_matches_the_spec(B, Hq, Hkv, T, S, seen, D, DV, splits):
 
 @pytest.mark.parametrize("splits", [1, 3])
 def test_kernel_does_not_read_hidden_blocks(splits):
-    """Keys and values past the written positions are NaN: a kernel that read them would return NaN; the result
-    equals attention over the written positions alone."""
+    """Keys and values past the last position the mask shows are NaN: a kernel that read them would return NaN; the
+    result equals attention over the written positions alone."""
     require_triton_kernels()
     from laquant.kernels.attention.decode import decode_attention_triton
 
@@ -85,11 +85,33 @@ def test_kernel_does_not_read_hidden_blocks(splits):
     B, Hq, Hkv, S, seen, D = 2, 4, 2, 400, 70, 32
     q, k, v = _inputs(B, Hq, Hkv, 1, S, D, D, gen)
     mask = _static_mask(B, 1, S, seen)
-    k[:, :, 128:] = float("nan")  # blocks of 64: 128 on is hidden from every row
-    v[:, :, 128:] = float("nan")
+    k[:, :, seen + 1:] = float("nan")
+    v[:, :, seen + 1:] = float("nan")
     got = decode_attention_triton(q, k, v, mask, 0.2, splits=splits)
     want = decode_attention(q, k[:, :, :seen + 1], v[:, :, :seen + 1], None, 0.2)
     assert torch.isfinite(got).all()
+    assert rel_err(got.float().cpu(), want.float().cpu()) < (1e-5 if INTERPRETED else 1e-2)
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_kernel_weighs_hidden_positions_zero(splits):
+    """A mask with random holes, a block hidden from every row in the middle, -inf and the dtype's minimum both
+    hiding, and one token's row hidden everywhere (zeros, as the spec gives it)."""
+    require_triton_kernels()
+    from laquant.kernels.attention.decode import decode_attention_triton
+
+    gen = torch.Generator().manual_seed(7)
+    B, Hq, Hkv, T, S, D = 2, 6, 3, 2, 200, 32
+    q, k, v = _inputs(B, Hq, Hkv, T, S, D, D, gen)
+    holes = torch.rand(B, 1, T, S, generator=gen) < 0.3
+    holes[..., 64:128] = True
+    mask = torch.where(holes, torch.finfo(DTYPE).min, 0.0).to(DTYPE)
+    mask[..., 150:160] = float("-inf")
+    mask[:, :, 1] = torch.finfo(DTYPE).min
+    mask = mask.to(DEVICE)
+    want = decode_attention(q, k, v, mask, 0.3)
+    got = decode_attention_triton(q, k, v, mask, 0.3, splits=splits)
+    assert torch.isfinite(got).all() and torch.equal(got[:, 1].cpu(), torch.zeros_like(got[:, 1]).cpu())
     assert rel_err(got.float().cpu(), want.float().cpu()) < (1e-5 if INTERPRETED else 1e-2)
 
 

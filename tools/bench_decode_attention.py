@@ -3,7 +3,7 @@ the grouped eager formula it replaced (laquant.models.static_hybrid, transformer
 keys), bf16, CUDA-graph medians, at the attention shapes of the e2e hybrids; a static cache of CAPACITY positions
 with SEEN written (laquant's own loop keeps ~prompt + steps, transformers' generate 1,024 of room more).
 
-    python3 tools/bench_decode_attention.py OUT.json
+    python3 tools/bench_decode_attention.py OUT.json [--splits 1 2 4 8]   # also the kernel at each split count
 """
 import json
 import sys
@@ -27,7 +27,7 @@ def eager(q, k, v, mask, scaling):
     return torch.matmul(probs, v).view(B, Hq, T, v.shape[-1]).transpose(1, 2).contiguous()
 
 
-def main(out: str) -> None:
+def main(out: str, split_counts=()) -> None:
     rows = []
     for name, (Hq, Hkv, D) in SHAPES.items():
         for B in (1, 64):
@@ -44,9 +44,11 @@ def main(out: str) -> None:
                 t_eager = triton.testing.do_bench_cudagraph(lambda: eager(q, k, v, mask, s), rep=50) * 1e3
                 t_kernel = triton.testing.do_bench_cudagraph(lambda: decode_attention_triton(q, k, v, mask, s), rep=50) * 1e3
                 read = 2 * B * Hkv * (seen + 1) * D * 2  # the written keys and values, bf16
+                by_splits = {n: round(triton.testing.do_bench_cudagraph(
+                    lambda n=n: decode_attention_triton(q, k, v, mask, s, splits=n), rep=30) * 1e3, 2) for n in split_counts}
                 row = dict(shape=name, B=B, capacity=capacity, seen=seen, eager_us=round(t_eager, 2),
                            kernel_us=round(t_kernel, 2), speedup=round(t_eager / t_kernel, 2), rel_err=err,
-                           kernel_GBps_of_written_kv=round(read / (t_kernel * 1e-6) / 1e9))
+                           kernel_GBps_of_written_kv=round(read / (t_kernel * 1e-6) / 1e9), kernel_us_by_splits=by_splits)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     with open(out, "w") as f:
@@ -55,4 +57,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], [int(a) for a in sys.argv[3:]] if sys.argv[2:3] == ["--splits"] else ())

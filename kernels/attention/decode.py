@@ -11,8 +11,9 @@ tokens in ``model.generate``). :func:`decode_attention_triton` is one launch (tw
   added, an online softmax in float32, the probabilities rounded to the values' dtype for their product with
   ``v`` (as the flash kernels behind PyTorch's SDPA do);
 * a position whose mask is ``finfo(dtype).min`` (or ``-inf``) is hidden (no weight; in transformers' softmax its
-  weight underflows to zero the same way), and a block of positions hidden from every row (a static cache's
-  unwritten room) is skipped before its keys and values are read;
+  weight underflows to zero the same way); a first pass over the mask finds the last position some row sees, and
+  the positions after it (a static cache's unwritten room) are not read. Hidden positions before it are read
+  with weight zero (their keys and values must be finite, as a static cache's zeros and written tokens are);
 * where the programs would leave SMs idle (few sequences or key heads), the positions split into spans whose
   partial results (running maximum, sum and output) a second launch combines.
 
@@ -23,6 +24,8 @@ sees its own token.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 try:
@@ -32,7 +35,7 @@ except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
 BLOCK_S = 64  # positions a program's loop step reads
-MIN_SPAN = 256  # positions a split covers at least
+MIN_SPAN = 128  # positions a split covers at least
 MAX_ROWS = 128  # query heads of a group times tokens: one program's rows
 
 
@@ -84,37 +87,42 @@ if triton is not None:
         acc = tl.zeros([BR, BDV], dtype=tl.float32)
         lo = sp * span
         hi = tl.minimum(S, lo + span)
-        for s0 in range(lo, hi, BS):
+        if HAS_MASK:  # the span ends after the last position some row sees: the room not yet written is not read
+            end = lo
+            for s0 in range(lo, hi, BS):
+                offs_s = s0 + tl.arange(0, BS)
+                add = tl.load(mask_ptr + b * s_mb + t[:, None] * s_mt + offs_s[None, :],
+                              mask=mr[:, None] & (offs_s < hi)[None, :], other=float("-inf")).to(tl.float32)
+                seen = tl.max(tl.where(add > mask_min, offs_s[None, :] + 1, 0), axis=1)
+                end = tl.maximum(end, tl.max(seen, axis=0))
+            hi = end
+        for s0 in range(lo, hi, BS):  # no branch inside: Triton pipelines the loads
             offs_s = s0 + tl.arange(0, BS)
             ms = offs_s < hi
-            if HAS_MASK:
+            kt = tl.load(k_rows + offs_s[None, :].to(tl.int64) * s_ks + offs_d[:, None],
+                         mask=md[:, None] & ms[None, :], other=0.0)
+            if IEEE:
+                scores = tl.dot(q, kt, input_precision="ieee")
+            else:
+                scores = tl.dot(q, kt)
+            if HAS_MASK:  # a hidden position (the mask's minimum or -inf) gets no weight, whatever its score
                 add = tl.load(mask_ptr + b * s_mb + t[:, None] * s_mt + offs_s[None, :], mask=mr[:, None] & ms[None, :],
                               other=float("-inf")).to(tl.float32)
-                add = tl.where(add > mask_min, add, float("-inf"))  # hidden: no weight, whatever the row sees
-                live = tl.max(tl.max(add, axis=1), axis=0) > float("-inf")
+                scores = tl.where(add > mask_min, scores * scaling + add, float("-inf"))
             else:
-                add = tl.zeros([BR, BS], dtype=tl.float32)
-                live = s0 < hi
-            if live:  # a block the mask hides from every row is not read
-                kt = tl.load(k_rows + offs_s[None, :].to(tl.int64) * s_ks + offs_d[:, None],
-                             mask=md[:, None] & ms[None, :], other=0.0)
-                if IEEE:
-                    scores = tl.dot(q, kt, input_precision="ieee")
-                else:
-                    scores = tl.dot(q, kt)
-                scores = tl.where(ms[None, :], scores * scaling + add, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet
-                alpha = tl.exp(m_i - m_safe)
-                p = tl.exp(scores - m_safe[:, None])
-                l_i = l_i * alpha + tl.sum(p, axis=1)
-                vv = tl.load(v_rows + offs_s[:, None].to(tl.int64) * s_vs + offs_dv[None, :],
-                             mask=ms[:, None] & mdv[None, :], other=0.0)
-                if IEEE:
-                    acc = acc * alpha[:, None] + tl.dot(p, vv, input_precision="ieee")
-                else:
-                    acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv)
-                m_i = m_new
+                scores = tl.where(ms[None, :], scores * scaling, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet
+            alpha = tl.exp(m_i - m_safe)
+            p = tl.exp(scores - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            vv = tl.load(v_rows + offs_s[:, None].to(tl.int64) * s_vs + offs_dv[None, :],
+                         mask=ms[:, None] & mdv[None, :], other=0.0)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p, vv, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv)
+            m_i = m_new
         if SPLITS == 1:
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a row that sees nothing: zeros
             tl.store(o_ptr + b * s_ob + t[:, None] * s_ot + head[:, None] * s_oh + offs_dv[None, :],
@@ -154,6 +162,11 @@ if triton is not None:
                  out.to(o_ptr.dtype.element_ty), mask=(rows < G * T)[:, None] & (offs_dv < DV)[None, :])
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
 def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> bool:
     """Whether :func:`decode_attention_triton` takes these inputs (else the caller runs its own attention)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -176,7 +189,8 @@ def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
 def decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                             scaling: float, splits: int | None = None) -> torch.Tensor:
     """The Triton twin of :func:`decode_attention` (see the module docstring); ``splits``: spans of positions
-    (default: enough programs to fill the GPU, each span at least :data:`MIN_SPAN` positions)."""
+    (default: one where the sequences' key heads fill half the SMs, else about two programs an SM, each span at
+    least :data:`MIN_SPAN` positions)."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use decode_attention")
     if not fits(q, k, v, mask):
@@ -188,9 +202,10 @@ def decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m
     Hkv, S, DV = k.shape[1], k.shape[-2], v.shape[-1]
     G = Hq // Hkv
     programs = B * Hkv
-    if splits is None:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
-        splits = min(triton.cdiv(2 * sms, programs), triton.cdiv(S, MIN_SPAN))
+    if splits is None:  # swept on an H200 (eval/results/hybrid_decode_h200/run5_splits/): from half an SM's worth
+        # of programs on, one span; below, ~2 programs an SM, spans of >= MIN_SPAN positions
+        sms = _sm_count(q.device)
+        splits = 1 if 2 * programs >= sms else min(triton.cdiv(2 * sms, programs), triton.cdiv(S, MIN_SPAN))
     span = triton.cdiv(triton.cdiv(S, max(1, splits)), BLOCK_S) * BLOCK_S
     splits = max(1, triton.cdiv(S, span))
     BR = max(16, triton.next_power_of_2(G * T))
