@@ -75,7 +75,7 @@ def test_kernel_matches_the_spec(B, Hq, Hkv, T, S, seen, D, DV, splits):
 
 
 @pytest.mark.parametrize("splits", [1, 3])
-def test_kernel_does_not_read_hidden_blocks(splits):
+def test_kernel_does_not_read_the_unwritten_room(splits):
     """Keys and values past the last position the mask shows are NaN: a kernel that read them would return NaN; the
     result equals attention over the written positions alone."""
     require_triton_kernels()

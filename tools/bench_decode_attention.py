@@ -12,19 +12,10 @@ import torch
 import triton
 
 from laquant.kernels.attention.decode import decode_attention, decode_attention_triton
+from laquant.models.static_hybrid import grouped_eager_attention as eager
 
 SHAPES = {"zamba2 (MHA, 32 heads)": (32, 32, 128), "falcon_h1 (GQA 16/4)": (16, 4, 128),
           "qwen3_next-style (GQA 16/2, D 256)": (16, 2, 256)}
-
-
-def eager(q, k, v, mask, scaling):
-    B, Hq, T, D = q.shape
-    Hkv, S = k.shape[1], k.shape[-2]
-    G = Hq // Hkv
-    scores = torch.matmul(q.reshape(B, Hkv, G * T, D), k.transpose(-1, -2)) * scaling
-    scores = (scores.view(B, Hkv, G, T, S) + mask[:, :, None, :, :S]).view(B, Hkv, G * T, S)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
-    return torch.matmul(probs, v).view(B, Hq, T, v.shape[-1]).transpose(1, 2).contiguous()
 
 
 def main(out: str, split_counts=()) -> None:

@@ -22,8 +22,9 @@ changes from step to step to live on the device:
   static steps only) runs laquant's decode attention kernel on CUDA
   (:func:`~laquant.kernels.attention.decode.decode_attention_triton`: one launch, the query heads grouped
   by their key head so each key and value is read once, the scores and softmax in float32 as SDPA's
-  kernels compute them, and the positions the mask hides from every row, the room not yet written,
-  skipped unread), else transformers' eager attention with the query heads grouped the same way.
+  kernels compute them, and the positions after the last one the mask shows, the room not yet written,
+  left unread), else transformers' eager attention with the query heads grouped the same way
+  (:func:`grouped_eager_attention`).
 
 :meth:`StaticHybridCache.begin_step` (inside the captured step, before the forward) opens position
 ``pos`` in the mask and returns the forward's extra arguments; :meth:`end_step` moves ``pos`` on. The
@@ -56,20 +57,25 @@ def static_decode_attention(module, query, key, value, attention_mask, scaling=N
     if any(kwargs.get(k) is not None for k in _UNSUPPORTED):
         return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, scaling=scaling,
                                                dropout=dropout, **kwargs)
-    B, Hq, T, D = query.shape
     if scaling is None:
-        scaling = D ** -0.5
+        scaling = query.shape[-1] ** -0.5
     if use_triton(query) and (dropout == 0.0 or not module.training) and fits(query, key, value, attention_mask):
         return attention_kernels.decode_attention_triton(query, key, value, attention_mask, scaling), None
+    return grouped_eager_attention(query, key, value, attention_mask, scaling), None
+
+
+def grouped_eager_attention(query, key, value, attention_mask, scaling: float) -> torch.Tensor:
+    """transformers' eager attention (scores in the input dtype, the mask ``[B, 1, T, S']`` added, softmax in
+    float32) with the query heads grouped by their key head; ``[B, T, Hq, Dv]``."""
+    B, Hq, T, D = query.shape
     Hkv, S = key.shape[1], key.shape[-2]
     G = Hq // Hkv
-    scores = torch.matmul(query.reshape(B, Hkv, G * T, D), key.transpose(-1, -2))
-    scores = scores * scaling
-    if attention_mask is not None:  # [B, 1, T, S']: broadcast over the key heads and their groups
+    scores = torch.matmul(query.reshape(B, Hkv, G * T, D), key.transpose(-1, -2)) * scaling
+    if attention_mask is not None:  # broadcast over the key heads and their groups
         scores = (scores.view(B, Hkv, G, T, S) + attention_mask[:, :, None, :, :S]).view(B, Hkv, G * T, S)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     out = torch.matmul(probs, value).view(B, Hq, T, value.shape[-1])
-    return out.transpose(1, 2).contiguous(), None
+    return out.transpose(1, 2).contiguous()
 
 
 AttentionInterface.register(ATTENTION, static_decode_attention)
@@ -181,4 +187,4 @@ class StaticHybridCache:
         return self.laquant_states.sync_counters()
 
 
-__all__ = ["StaticHybridCache", "kv_layers", "static_attention", "static_decode_attention"]
+__all__ = ["StaticHybridCache", "grouped_eager_attention", "kv_layers", "static_attention", "static_decode_attention"]
