@@ -108,6 +108,39 @@ def test_table_formulas_equal_transformers_norms():
             assert torch.equal(norm(x), ref), (name, dtype)
 
 
+@torch.no_grad()
+def test_mamba_gated_norm_table_formulas_equal_transformers_norms():
+    """Each gated norm class in MAMBA_GATED_NORMS computes what the fused kernel's reference does with the table's
+    gate order and rounding and the groups norm_and_out reads off the module, bit for bit on the CPU, in float32
+    and bfloat16; Falcon-H1's with the gate after the norm (its default) and before it."""
+    from test_hybrid import falcon_h1
+
+    from laquant.kernels.rowwise.reference import gated_rms_norm
+
+    seen = {}
+    models = [_model(f) for f in ("bamba", "granitemoehybrid", "nemotron_h", "mamba2", "zamba2", "falcon_h1")]
+    models.append(falcon_h1(mamba_norm_before_gate=False))
+    for model in models:
+        for module in model.modules():
+            name = type(module).__name__
+            if name in MAMBA_GATED_NORMS:
+                seen.setdefault((name, getattr(module, "norm_before_gate", None)), module)
+    assert sorted({name for name, _ in seen}) == sorted(MAMBA_GATED_NORMS)  # every row is checked
+    assert {False, True} <= {before for name, before in seen if name == "FalconH1RMSNormGated"}
+    for (name, _), norm in seen.items():
+        eps_name, gate_first, round_normed = MAMBA_GATED_NORMS[name]
+        norm.weight.normal_(1.0, 0.5)
+        width = norm.weight.shape[0]
+        group = getattr(norm, "group_size", None) or width // getattr(norm, "n_groups", 1)
+        for dtype in (torch.float32, torch.bfloat16):
+            norm = norm.to(dtype)
+            x, z = ((torch.randn(2, 3, width) * 3).to(dtype) for _ in range(2))
+            rows = (6, width // group, group)
+            ref = gated_rms_norm(x.reshape(rows), z.reshape(rows), norm.weight.view(rows[1:]), getattr(norm, eps_name),
+                                 gate_first=gate_first(norm), round_normed=round_normed).reshape(x.shape)
+            assert torch.equal(norm(x, z).to(dtype), ref), (name, dtype, gate_first(norm))
+
+
 def test_handed_over_codes_follow_a_view_of_the_same_rows():
     """transformers' MoE blocks flatten the tokens (view(-1, hidden)) before the shared expert: the codes handed
     over with the norm's output serve that view, not a view of other rows, and not after an in-place change."""
@@ -132,7 +165,8 @@ CODES_PATHS = {"qwen3_next": ("swiglu_codes", "gated_norm_codes"), "qwen3_5": ("
                "qwen3_5_moe": ("swiglu_codes", "gated_norm_codes"), "kimi_linear": ("swiglu_codes",),
                "bailing_hybrid": ("swiglu_codes",), "minimax": (), "bamba": ("swiglu_codes", "gated_norm_codes"),
                "granitemoehybrid": ("swiglu_codes", "gated_norm_codes"),
-               "falcon_h1": ("swiglu_codes",), "nemotron_h": ("gated_norm_codes",), "olmo_hybrid": ("swiglu_codes",),
+               "falcon_h1": ("swiglu_codes", "gated_norm_codes"), "falcon_h1_gate_first": ("swiglu_codes", "gated_norm_codes"),
+               "nemotron_h": ("gated_norm_codes",), "olmo_hybrid": ("swiglu_codes",),
                "bamba_before_groups": ("swiglu_codes", "gated_norm_codes"), "mamba2": ("gated_norm_codes",),
                "zamba2": ("gated_norm_codes",)}
 # their gate tail: one kernel
@@ -162,7 +196,8 @@ _BambaRMSNormGatedBeforeGroups.__name__ = "BambaRMSNormGated"
 def _codes_model(family):
     """``_model(family)``; ``qwen3_next_grouped_heads``: two key heads of two value heads each, so that the gated norm
     reads z out of in_proj_qkvz's per-key-head layout through two strides; ``bamba_before_groups``: one group, its
-    gated norms without ``group_size``, as transformers' classes were before the groups (5.17 on the lent GPU)."""
+    gated norms without ``group_size``, as transformers' classes were before the groups (5.17 on the lent GPU);
+    ``falcon_h1_gate_first``: Falcon-H1 with its gated norm's gate before the norm."""
     if family == "bamba_before_groups":
         from test_hybrid import bamba
 
@@ -172,6 +207,11 @@ def _codes_model(family):
             if type(getattr(module, "norm", None)).__name__ == "BambaRMSNormGated":
                 module.norm = _BambaRMSNormGatedBeforeGroups(module.norm.weight, module.norm.variance_epsilon)
         return model
+    if family == "falcon_h1_gate_first":  # its gated norm multiplies by silu(z) before normalizing
+        from test_hybrid import falcon_h1
+
+        torch.manual_seed(3)
+        return falcon_h1(mamba_norm_before_gate=False).float().eval()
     if family == "qwen3_next_grouped_heads":
         from test_hybrid import qwen3_next
 
@@ -303,7 +343,7 @@ def test_falcon_h1_attention_runs_its_projections_as_one_gemm(monkeypatch):
     assert widths.count(qkv) == 0 and taken == [False] * len(members)
 
 
-@pytest.mark.parametrize("family", ["bamba", "nemotron_h", "bamba_before_groups"])
+@pytest.mark.parametrize("family", ["bamba", "nemotron_h", "bamba_before_groups", "falcon_h1", "falcon_h1_gate_first"])
 @pytest.mark.parametrize("variant", ["bf16", "weight_only"])
 @torch.no_grad()
 def test_mamba_gated_norm_is_one_kernel_without_codes(family, variant, monkeypatch):
@@ -395,7 +435,7 @@ def test_gpu_codes_handed_over_match_the_unfused_path(family, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["bamba", "nemotron_h"])
+@pytest.mark.parametrize("family", ["bamba", "nemotron_h", "falcon_h1"])
 @torch.no_grad()
 def test_gpu_mamba_gated_norm_without_codes_matches_transformers(family, monkeypatch):
     """The unquantized bf16 model on the GPU: Mamba2's gated norm runs as laquant's one kernel (no codes to write), once

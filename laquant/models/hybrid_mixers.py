@@ -438,25 +438,29 @@ class Mamba2Mixer(HybridMixer):
 
     def norm_and_out(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """``out_proj(gated_output(y, z))`` over the scan's output ``y [B, T, I]`` in the model's dtype. On the GPU,
-        where the norm is transformers' Mamba2 grouped gated norm
-        (:data:`~laquant.models.quantizing_rowwise.MAMBA_GATED_NORMS`, with its weight in y's dtype), laquant's
-        norm kernel computes it (gate first, one weight row per group, the same bits), z read in place out of
-        in_proj's output: one kernel where transformers' norm takes ten. Where out_proj is W8A8 the same launch
+        where the norm is a grouped gated norm of :data:`~laquant.models.quantizing_rowwise.MAMBA_GATED_NORMS`
+        (Mamba2's with its weight in y's dtype, or Falcon-H1's), laquant's norm kernel computes it (the gate
+        before or after the norm as the table says, one weight row per group, the same formula), z read in place
+        out of in_proj's output: one kernel where transformers' norm takes ten. Where out_proj is W8A8 the same launch
         writes its codes; else (bf16, or weight-only int8 under ``outlier_fallback``) out_proj reads the norm's
         output."""
-        eps_name = MAMBA_GATED_NORMS.get(type(self.norm).__name__)
+        entry = MAMBA_GATED_NORMS.get(type(self.norm).__name__)
         norm = self.norm
-        if (eps_name is None or norm.weight.dtype != y.dtype or not use_triton(y) or norm._forward_hooks
+        if (entry is None or (entry[2] and norm.weight.dtype != y.dtype) or not use_triton(y) or norm._forward_hooks
                 or norm._forward_pre_hooks):  # a hooked norm runs its own forward
             return self.out_proj(self.gated_output(y, z).to(y.dtype))
         from laquant.kernels.rowwise.fused import gated_rms_norm_triton
 
+        eps_name, gate_first, round_normed = entry
         packed = w8a8_inputs(self, ("out_proj",), y)
         B, T, width = y.shape
-        group = getattr(norm, "group_size", width)  # transformers before the groups: one of the whole row
+        # Mamba2's norms name their group's width (before the groups, transformers' normalized the whole row),
+        # Falcon-H1's their number
+        group = getattr(norm, "group_size", None) or width // getattr(norm, "n_groups", 1)
         rows = (B * T, width // group, group)
         out = gated_rms_norm_triton(y.reshape(rows), z.reshape(rows), norm.weight.view(rows[1:]),
-                                    getattr(norm, eps_name), packed, gate_first=True, round_normed=True)
+                                    getattr(norm, eps_name), packed, gate_first=gate_first(norm),
+                                    round_normed=round_normed)
         if packed is None:
             return self.out_proj(out.reshape(B, T, width))
         out, codes = out

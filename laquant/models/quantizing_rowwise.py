@@ -99,12 +99,17 @@ NORM_WEIGHTS = {
 # (GatedDeltaNetMixer.norm_and_out); transformers rounds ``w * x`` to the model's dtype first, one rounding more
 GATED_NORMS = {name: "variance_epsilon" for name in ("Qwen3NextRMSNormGated", "Qwen3_5RMSNormGated",
                                                      "Qwen3_5MoeRMSNormGated")}
-# Mamba2's grouped gated norm (``w * rmsnorm_per_group(x * silu(z)).to(dtype)``, the weight in its dtype) -> the
-# name of its epsilon: laquant's norm kernel (gate first, a weight per group) replaces it before a W8A8 out_proj
-# (Mamba2Mixer.norm_and_out), bit for bit the same formula (Falcon-H1's differs: the norm may come first)
-MAMBA_GATED_NORMS = {name: "variance_epsilon" for name in ("BambaRMSNormGated", "NemotronHRMSNormGated",
-                                                           "GraniteMoeHybridRMSNormGated", "Zamba2RMSNormGated",
-                                                           "MambaRMSNormGated")}
+# Mamba2's grouped gated norm class -> (the name of its epsilon, whether the gate multiplies before the norm (of the
+# module), whether the normalized rows are rounded to the input's dtype before the weight): laquant's norm kernel
+# (a weight per group) replaces it before out_proj (Mamba2Mixer.norm_and_out), bit for bit the same formula but for
+# the order of the mean's sum. Mamba2's: ``w * rmsnorm_per_group(x * silu(z)).to(dtype)``, the weight in its dtype;
+# Falcon-H1's: float32 throughout and one rounding, the gate before the norm or after it (``norm_before_gate``)
+MAMBA_GATED_NORMS = {
+    **{name: ("variance_epsilon", lambda norm: True, True) for name in (
+        "BambaRMSNormGated", "NemotronHRMSNormGated", "GraniteMoeHybridRMSNormGated", "Zamba2RMSNormGated",
+        "MambaRMSNormGated")},
+    "FalconH1RMSNormGated": ("variance_epsilon", lambda norm: not norm.norm_before_gate, False),
+}
 
 
 # MLP class -> its projections' and activation's names (gate, up, down, act): the SwiGLU ``down(act(gate(x)) *
