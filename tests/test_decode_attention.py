@@ -56,7 +56,8 @@ def test_spec_gives_zeros_to_a_row_that_sees_nothing():
     (3, 4, 4, 1, 300, 200, 48, 32, 1),       # no groups, D no power of two, blocks past the written ones
     (3, 4, 4, 1, 300, 200, 48, 32, 3),       # the same split in three spans, combined
     (1, 16, 2, 3, 257, 130, 64, 64, 2),      # three tokens (a verify step), groups of 8
-    (2, 8, 1, 1, 130, 129, 16, 24, 4),       # the last position written; more spans than blocks need
+    (2, 8, 1, 1, 130, 129, 16, 24, 4),       # the last position written; 4 spans asked, 3 of one block each
+    (2, 4, 2, 1, 1, 0, 32, 32, None),        # one position
 ])
 def test_kernel_matches_the_spec(B, Hq, Hkv, T, S, seen, D, DV, splits):
     require_triton_kernels()
@@ -64,7 +65,7 @@ def test_kernel_matches_the_spec(B, Hq, Hkv, T, S, seen, D, DV, splits):
 
     gen = torch.Generator().manual_seed(B * S + T)
     q, k, v = _inputs(B, Hq, Hkv, T, S, D, DV, gen)
-    mask = _static_mask(B, T, S, min(seen, S - T))
+    mask = _static_mask(B, T, S, max(0, min(seen, S - T)))
     want = decode_attention(q, k, v, mask, D ** -0.5)
     got = decode_attention_triton(q, k, v, mask, D ** -0.5, splits=splits)
     assert got.shape == (B, T, Hq, DV) and got.dtype == q.dtype and torch.isfinite(got).all()
@@ -115,6 +116,44 @@ def test_kernel_weighs_hidden_positions_zero(splits):
     assert rel_err(got.float().cpu(), want.float().cpu()) < (1e-5 if INTERPRETED else 1e-2)
 
 
+def test_kernel_takes_strided_inputs_and_broadcast_masks():
+    """q in transformers' layout (``[B, T, H, D]`` transposed), keys and values slices of a longer cache, a mask of one
+    row for every sequence and token (``[1, 1, 1, S']``), a float32 mask for another dtype's scores; and the default
+    split rule at an H100's SM count (132 here too), split and unsplit."""
+    require_triton_kernels()
+    import laquant.kernels.attention.decode as dec
+
+    gen = torch.Generator().manual_seed(8)
+    B, Hq, Hkv, T, S, D = 3, 6, 2, 2, 150, 32
+    q = torch.randn(B, T, Hq, D, generator=gen).to(DTYPE).to(DEVICE).transpose(1, 2)
+    cache_k, cache_v = (torch.randn(B, Hkv, S + 40, D, generator=gen).to(DTYPE).to(DEVICE) for _ in range(2))
+    k, v = cache_k[:, :, 10:10 + S], cache_v[:, :, 10:10 + S]
+    mask = torch.zeros(1, 1, 1, S + 5, device=DEVICE)
+    mask[..., 100:] = torch.finfo(torch.float32).min
+    want = decode_attention(q, k, v, mask, 0.4)
+    for programs_an_sm in (False, True):
+        sms = B * Hkv * (2 if programs_an_sm else 40)  # 12: one span; 240: ~2 programs an SM
+        dec._sm_count.cache_clear()
+        original = dec._sm_count
+        try:
+            dec._sm_count = lambda device, sms=sms: sms
+            got = dec.decode_attention_triton(q, k, v, mask, 0.4)
+        finally:
+            dec._sm_count = original
+        assert rel_err(got.float().cpu(), want.float().cpu()) < (1e-5 if INTERPRETED else 1e-2), sms
+
+
+def test_kernel_refuses_what_it_does_not_take():
+    require_triton_kernels()
+    from laquant.kernels.attention.decode import decode_attention_triton
+
+    q, k, v = _inputs(2, 6, 2, 1, 10, 16, 16, torch.Generator().manual_seed(9))
+    with pytest.raises(ValueError, match="Hq a multiple of Hkv"):
+        decode_attention_triton(q[:, :5], k, v, None, 0.5)
+    with pytest.raises(ValueError, match="mask"):
+        decode_attention_triton(q, k, v, torch.zeros(2, 1, 1, 9, dtype=DTYPE, device=DEVICE), 0.5)
+
+
 def test_fits_refuses_what_the_kernel_does_not_take():
     gen = torch.Generator().manual_seed(4)
     q, k, v = _inputs(2, 6, 2, 1, 10, 16, 16, gen, torch.float32, "cpu")
@@ -125,6 +164,10 @@ def test_fits_refuses_what_the_kernel_does_not_take():
     assert not fits(q, k, v, torch.zeros(2, 1, 1, 10, dtype=torch.bool))
     assert not fits(q, k.half(), v.half(), None)
     assert not fits(q.expand(2, 6, 200, 16), k, v, None)  # 600 rows a group
+    assert not fits(q[:, :, :0], k, v, None) and not fits(q, k[:, :, :0], v[:, :, :0], None)  # nothing to attend
+    assert not fits(q[:0], k[:0], v[:0], None)
+    assert not fits(q.double(), k.double(), v.double(), None) and not fits(q, k, v, torch.zeros(2, 1, 1, 10).double())
+    assert not fits(*(x.to(torch.int8) for x in (q, k, v)), None)
 
 
 def test_static_decode_attention_takes_the_kernel(monkeypatch):
@@ -149,7 +192,16 @@ def test_static_decode_attention_takes_the_kernel(monkeypatch):
     got, _ = sh.static_decode_attention(module, q, k, v, mask, scaling=0.5)
     assert calls == [1] and rel_err(got.float().cpu(), eager) < (1e-5 if INTERPRETED else 1e-2)
     long_q = torch.randn(2, 6, 50, 32, generator=gen).to(DEVICE)  # 3 heads x 50 tokens
-    sh.static_decode_attention(module, long_q, k, v, _static_mask(2, 50, 70, 10, torch.float32), scaling=0.5)
+    long_mask = _static_mask(2, 50, 70, 10, torch.float32)
+    got, _ = sh.static_decode_attention(module, long_q, k, v, long_mask, scaling=0.5)
+    assert calls == [1]
+    torch.testing.assert_close(got, sh.grouped_eager_attention(long_q, k, v, long_mask, 0.5))
+    module.training = True  # dropout in training: the eager formula (which drops nothing either; as before)
+    sh.static_decode_attention(module, q, k, v, mask, scaling=0.5, dropout=0.1)
+    module.training = False
+    with torch.enable_grad():  # a gradient wanted through the values: the differentiable formula
+        sh.static_decode_attention(module, q, k, v.clone().requires_grad_(), mask, scaling=0.5)
+    sh.static_decode_attention(module, q, k, v, mask == 0, scaling=0.5)  # a bool mask: the eager formula, as before
     assert calls == [1]
 
 

@@ -165,7 +165,8 @@ CODES_PATHS = {"qwen3_next": ("swiglu_codes", "gated_norm_codes"), "qwen3_5": ("
                "qwen3_5_moe": ("swiglu_codes", "gated_norm_codes"), "kimi_linear": ("swiglu_codes",),
                "bailing_hybrid": ("swiglu_codes",), "minimax": (), "bamba": ("swiglu_codes", "gated_norm_codes"),
                "granitemoehybrid": ("swiglu_codes", "gated_norm_codes"),
-               "falcon_h1": ("swiglu_codes", "gated_norm_codes"), "falcon_h1_gate_first": ("swiglu_codes", "gated_norm_codes"),
+               "falcon_h1": ("swiglu_codes", "gated_norm_codes"),
+               "falcon_h1_gate_first": ("swiglu_codes", "gated_norm_codes"),
                "nemotron_h": ("gated_norm_codes",), "olmo_hybrid": ("swiglu_codes",),
                "bamba_before_groups": ("swiglu_codes", "gated_norm_codes"), "mamba2": ("gated_norm_codes",),
                "zamba2": ("gated_norm_codes",)}

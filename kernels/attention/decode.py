@@ -37,13 +37,16 @@ except ImportError:  # laquant's CPU path needs no Triton
 BLOCK_S = 64  # positions a program's loop step reads
 MIN_SPAN = 128  # positions a split covers at least
 MAX_ROWS = 128  # query heads of a group times tokens: one program's rows
+FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+STAGED_BYTES = 64 * 1024  # a loop step's keys and values up to this size are pipelined three deep, larger ones not
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                      scaling: float) -> torch.Tensor:
     """``softmax(q k^T * scaling + mask) v`` in float32 for ``q [B, Hq, T, D]``, ``k [B, Hkv, S, D]``,
     ``v [B, Hkv, S, Dv]`` (the query heads grouped by key head, ``Hq / Hkv`` each) and an additive ``mask``
-    broadcastable to ``[B, 1, T, S]`` (or None); returns ``[B, T, Hq, Dv]`` in q's dtype. Fully masked rows: zeros."""
+    ``[B or 1, 1, T or 1, S' >= S]`` (its first S positions read; or None); returns ``[B, T, Hq, Dv]`` in q's
+    dtype. Fully masked rows: zeros."""
     B, Hq, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[-2]
     G = Hq // Hkv
@@ -172,16 +175,19 @@ def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return False
     B, Hq, T, D = q.shape
-    Hkv = k.shape[1]
-    if Hkv == 0 or Hq % Hkv or (Hq // Hkv) * T > MAX_ROWS or max(D, v.shape[-1]) > 256:
+    Hkv, S, DV = k.shape[1], k.shape[-2], v.shape[-1]
+    if min(B, Hq, T, D, Hkv, S, DV) == 0 or Hq % Hkv or (Hq // Hkv) * T > MAX_ROWS or max(D, DV) > 256:
         return False
     if k.shape[:2] != (B, Hkv) or k.shape[-1] != D or v.shape[:3] != k.shape[:3]:
         return False
-    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or not q.dtype == k.dtype == v.dtype:
+    if q.dtype not in FLOATS or not q.dtype == k.dtype == v.dtype or not q.device == k.device == v.device:
+        return False
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         return False
     if mask is not None:
-        if mask.dim() != 4 or not mask.is_floating_point() or mask.shape[1] != 1 or mask.shape[0] not in (1, B) \
-                or mask.shape[2] not in (1, T) or mask.shape[3] < k.shape[-2] or mask.stride(-1) != 1:
+        if mask.dim() != 4 or mask.dtype not in FLOATS or mask.device != q.device or mask.shape[1] != 1 \
+                or mask.shape[0] not in (1, B) or mask.shape[2] not in (1, T) or mask.shape[3] < S \
+                or mask.stride(-1) != 1:
             return False
     return True
 
@@ -189,8 +195,9 @@ def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
 def decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                             scaling: float, splits: int | None = None) -> torch.Tensor:
     """The Triton twin of :func:`decode_attention` (see the module docstring); ``splits``: spans of positions
-    (default: one where the sequences' key heads fill half the SMs, else about two programs an SM, each span at
-    least :data:`MIN_SPAN` positions)."""
+    (default: one where the sequences' key heads fill half the SMs, else about two programs an SM, every span but
+    the last at least :data:`MIN_SPAN` positions). Each launch's shape and split count compile a variant of their
+    own: a CUDA graph captures it after a warm-up run (``laquant.generate.warm_up_outside_capture``)."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use decode_attention")
     if not fits(q, k, v, mask):
@@ -222,11 +229,13 @@ def decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m
     s_mt = mask.stride(2) if has_mask and mask.shape[2] > 1 else 0
     mask_min = torch.finfo(mask.dtype).min if has_mask else 0.0
     warps = 4 if BR * max(BD, BDV) <= 64 * 128 else 8
+    step_bytes = BLOCK_S * (BD + BDV) * k.element_size()  # float32 at D = 256 would not fit three in shared memory
+    stages = 3 if step_bytes <= STAGED_BYTES else 1
     _decode_attention_kernel[(programs, splits)](
         q, k, v, m, out, part_o, part_ml, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), s_mb, s_mt, out.stride(0), out.stride(1), out.stride(2), Hkv, S, span,
         float(scaling), mask_min, T=T, G=G, D=D, DV=DV, BR=BR, BD=BD, BDV=BDV, BS=BLOCK_S, SPLITS=splits,
-        HAS_MASK=has_mask, IEEE=q.dtype == torch.float32, num_warps=warps)
+        HAS_MASK=has_mask, IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
     if splits > 1:
         _combine_kernel[(programs,)](part_o, part_ml, out, out.stride(0), out.stride(1), out.stride(2), Hkv, T=T, G=G,
                                      DV=DV, BR=BR, BDV=BDV, SPLITS=splits, BSP=triton.next_power_of_2(splits),

@@ -49,17 +49,18 @@ _UNSUPPORTED = ("softcap", "s_aux", "sliding_window", "position_bias")  # left t
 
 
 def static_decode_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Attention over ``query [B, Hq, T, D]`` and ``key``, ``value [B, Hkv, S, D]`` with the query heads
-    grouped by their key head instead of the keys repeated per query head: laquant's decode attention
-    kernel where Triton runs and it takes the inputs, else transformers' eager attention (scores in the
-    input dtype, the mask added, softmax in float32); returns ``([B, T, Hq, Dv], None)`` as transformers'
-    attention functions do."""
+    """Attention over ``query [B, Hq, T, D]``, ``key [B, Hkv, S, D]`` and ``value [B, Hkv, S, Dv]`` with the
+    query heads grouped by their key head instead of the keys repeated per query head: laquant's decode
+    attention kernel where Triton runs, it takes the inputs and no gradient is wanted, else transformers'
+    eager attention (scores in the input dtype, the mask added, softmax in float32); returns
+    ``([B, T, Hq, Dv], None)`` as transformers' attention functions do."""
     if any(kwargs.get(k) is not None for k in _UNSUPPORTED):
         return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, scaling=scaling,
                                                dropout=dropout, **kwargs)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    if use_triton(query) and (dropout == 0.0 or not module.training) and fits(query, key, value, attention_mask):
+    if (use_triton(query) and (dropout == 0.0 or not module.training) and fits(query, key, value, attention_mask)
+            and not (torch.is_grad_enabled() and (key.requires_grad or value.requires_grad))):  # forward-only
         return attention_kernels.decode_attention_triton(query, key, value, attention_mask, scaling), None
     return grouped_eager_attention(query, key, value, attention_mask, scaling), None
 
