@@ -35,7 +35,7 @@ except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
 BLOCK_S = 64  # positions a program's loop step reads
-MIN_SPAN = 128  # positions a split covers at least
+MIN_SPAN = 128  # positions every split but the last covers at least
 MAX_ROWS = 128  # query heads of a group times tokens: one program's rows
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 STAGED_BYTES = 64 * 1024  # a loop step's keys and values up to this size are pipelined three deep, larger ones not
