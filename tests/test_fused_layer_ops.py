@@ -284,20 +284,22 @@ def test_gated_norm_reads_a_grouped_gate_in_place(codes_path):
 
 
 @pytest.mark.parametrize("n_out", [0, 5])
-def test_gate_first_grouped_norm_writes_codes_of_whole_tokens(n_out, codes_path):
+@pytest.mark.parametrize("round_normed", [True, False])
+def test_gate_first_grouped_norm_writes_codes_of_whole_tokens(n_out, round_normed, codes_path):
     """Mamba2's gated norm (the gate first, groups of the token's row normalized apart, the normalized rows
-    rounded before the weight), the gate read in place out of in_proj's output; the codes per whole token."""
+    rounded before the weight) and Falcon-H1's gate-first one (no rounding before the weight), the gate read in
+    place out of in_proj's output; the codes per whole token."""
     T, G, D = 5, 3, 40
     x, w = _randn(T, G, D), _randn(G, D)
     proj = _randn(T, 3 * G * D)  # in_proj: z first, then other columns
     z = proj[:, :G * D].unflatten(-1, (G, D))
     packed = _packed(G * D, 16, n_out)
-    out, codes = gated_rms_norm_triton(x, z, w, 1e-5, packed=packed, gate_first=True, round_normed=True)
-    ref = gated_rms_norm(x.cpu(), z.contiguous().cpu(), w.cpu(), 1e-5, gate_first=True, round_normed=True)
+    out, codes = gated_rms_norm_triton(x, z, w, 1e-5, packed=packed, gate_first=True, round_normed=round_normed)
+    ref = gated_rms_norm(x.cpu(), z.contiguous().cpu(), w.cpu(), 1e-5, gate_first=True, round_normed=round_normed)
     assert rel_err(out.float().cpu(), ref.float()) < TOL
     assert rel_err(ref.float(), gated_rms_norm(x.cpu(), z.cpu(), w.cpu(), 1e-5).float()) > 0.05  # not fla's form
     _same_codes(codes, out, packed)
-    plain = gated_rms_norm_triton(x, z, w, 1e-5, gate_first=True, round_normed=True)  # no codes: rows per program
+    plain = gated_rms_norm_triton(x, z, w, 1e-5, gate_first=True, round_normed=round_normed)  # no codes
     assert rel_err(plain.float().cpu(), ref.float()) < TOL
     with pytest.raises(ValueError, match="weight has 7 elements"):
         gated_rms_norm_triton(x, z, w.flatten()[:7], 1e-5, gate_first=True)

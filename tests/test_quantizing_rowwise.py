@@ -12,7 +12,7 @@ from test_hybrid import VOCAB, _model
 
 from laquant.adapters import install
 from laquant.models import quantizing_rowwise
-from laquant.models.quantizing_rowwise import GATED_NORMS, MAMBA_GATED_NORMS
+from laquant.models.quantizing_rowwise import GATED_NORMS, MAMBA_GATED_NORMS, mamba_norm_group
 from laquant.recipe import load_recipe
 
 
@@ -128,17 +128,20 @@ def test_mamba_gated_norm_table_formulas_equal_transformers_norms():
     assert sorted({name for name, _ in seen}) == sorted(MAMBA_GATED_NORMS)  # every row is checked
     assert {False, True} <= {before for name, before in seen if name == "FalconH1RMSNormGated"}
     for (name, _), norm in seen.items():
-        eps_name, gate_first, round_normed = MAMBA_GATED_NORMS[name]
+        formula = MAMBA_GATED_NORMS[name]
         norm.weight.normal_(1.0, 0.5)
         width = norm.weight.shape[0]
-        group = getattr(norm, "group_size", None) or width // getattr(norm, "n_groups", 1)
-        for dtype in (torch.float32, torch.bfloat16):
-            norm = norm.to(dtype)
+        group = mamba_norm_group(norm, width)
+        # Falcon-H1's weight may be in another dtype than x (it is upcast either way; Mamba2's must match)
+        weight_dtypes = (None, torch.float32) if not formula.round_normed else (None,)
+        for dtype, weight_dtype in ((d, w) for d in (torch.float32, torch.bfloat16) for w in weight_dtypes):
+            norm = norm.to(weight_dtype or dtype)
             x, z = ((torch.randn(2, 3, width) * 3).to(dtype) for _ in range(2))
             rows = (6, width // group, group)
-            ref = gated_rms_norm(x.reshape(rows), z.reshape(rows), norm.weight.view(rows[1:]), getattr(norm, eps_name),
-                                 gate_first=gate_first(norm), round_normed=round_normed).reshape(x.shape)
-            assert torch.equal(norm(x, z).to(dtype), ref), (name, dtype, gate_first(norm))
+            ref = gated_rms_norm(x.reshape(rows), z.reshape(rows), norm.weight.view(rows[1:]),
+                                 getattr(norm, formula.eps_name), gate_first=formula.gate_first(norm),
+                                 round_normed=formula.round_normed).reshape(x.shape)
+            assert torch.equal(norm(x, z).to(dtype), ref), (name, dtype, weight_dtype, formula.gate_first(norm))
 
 
 def test_handed_over_codes_follow_a_view_of_the_same_rows():
@@ -397,7 +400,8 @@ def _static_greedy(model, ids, n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "nemotron_h", "bamba", "mamba2", "zamba2", "falcon_h1"])
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "nemotron_h", "bamba", "mamba2", "zamba2", "falcon_h1",
+                                    "falcon_h1_gate_first"])
 @torch.no_grad()
 def test_gpu_codes_handed_over_match_the_unfused_path(family, monkeypatch):
     """hybrid_int8 on qwen3_next, Qwen3.5, Nemotron-H, Bamba, Mamba-2, Zamba2 and Falcon-H1, bf16 on the kernels: with
@@ -409,7 +413,7 @@ def test_gpu_codes_handed_over_match_the_unfused_path(family, monkeypatch):
     from laquant.generate import generate
 
     torch.manual_seed(0)
-    model = _model(family).to("cuda", torch.bfloat16).eval()
+    model = _codes_model(family).to("cuda", torch.bfloat16).eval()
     install(model)
     laquant.calibrate(model, "hybrid_int8", torch.randint(0, VOCAB, (2, 128), device="cuda"), progress=False)
     ids = torch.randint(0, VOCAB, (3, 37), device="cuda")
@@ -436,7 +440,7 @@ def test_gpu_codes_handed_over_match_the_unfused_path(family, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["bamba", "nemotron_h", "falcon_h1"])
+@pytest.mark.parametrize("family", ["bamba", "nemotron_h", "falcon_h1", "falcon_h1_gate_first"])
 @torch.no_grad()
 def test_gpu_mamba_gated_norm_without_codes_matches_transformers(family, monkeypatch):
     """The unquantized bf16 model on the GPU: Mamba2's gated norm runs as laquant's one kernel (no codes to write), once
@@ -446,7 +450,7 @@ def test_gpu_mamba_gated_norm_without_codes_matches_transformers(family, monkeyp
     from laquant.models.hybrid_mixers import Mamba2Mixer
 
     torch.manual_seed(0)
-    model = _model(family).to("cuda", torch.bfloat16).eval()
+    model = _codes_model(family).to("cuda", torch.bfloat16).eval()
     install(model)
     mixers = sum(isinstance(m, Mamba2Mixer) for m in model.modules())
     ids = torch.randint(0, VOCAB, (3, 37), device="cuda")

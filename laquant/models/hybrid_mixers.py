@@ -28,7 +28,7 @@ from transformers.activations import ACT2FN
 from laquant.kernels.common.dispatch import use_triton
 from laquant.kernels.conv.short_conv import ACTIVATIONS as ONE_KERNEL_ACTIVATIONS
 from laquant.models.cache import state_store
-from laquant.models.quantizing_rowwise import GATED_NORMS, MAMBA_GATED_NORMS
+from laquant.models.quantizing_rowwise import GATED_NORMS, MAMBA_GATED_NORMS, mamba_norm_group
 from laquant.models.recurrent import RecurrentMixer
 from laquant.models.side_stream import fork
 from laquant.quant.fused import project, w8a8_inputs
@@ -441,26 +441,23 @@ class Mamba2Mixer(HybridMixer):
         where the norm is a grouped gated norm of :data:`~laquant.models.quantizing_rowwise.MAMBA_GATED_NORMS`
         (Mamba2's with its weight in y's dtype, or Falcon-H1's), laquant's norm kernel computes it (the gate
         before or after the norm as the table says, one weight row per group, the same formula), z read in place
-        out of in_proj's output: one kernel where transformers' norm takes ten. Where out_proj is W8A8 the same launch
+        out of in_proj's output: one kernel where transformers' norm takes about ten. Where out_proj is W8A8 the same launch
         writes its codes; else (bf16, or weight-only int8 under ``outlier_fallback``) out_proj reads the norm's
         output."""
-        entry = MAMBA_GATED_NORMS.get(type(self.norm).__name__)
+        formula = MAMBA_GATED_NORMS.get(type(self.norm).__name__) if getattr(self, "mamba_rms_norm", True) else None
         norm = self.norm
-        if (entry is None or (entry[2] and norm.weight.dtype != y.dtype) or not use_triton(y) or norm._forward_hooks
-                or norm._forward_pre_hooks):  # a hooked norm runs its own forward
+        if (formula is None or (formula.round_normed and norm.weight.dtype != y.dtype) or not use_triton(y)
+                or norm._forward_hooks or norm._forward_pre_hooks):  # a hooked norm runs its own forward
             return self.out_proj(self.gated_output(y, z).to(y.dtype))
         from laquant.kernels.rowwise.fused import gated_rms_norm_triton
 
-        eps_name, gate_first, round_normed = entry
         packed = w8a8_inputs(self, ("out_proj",), y)
         B, T, width = y.shape
-        # Mamba2's norms name their group's width (before the groups, transformers' normalized the whole row),
-        # Falcon-H1's their number
-        group = getattr(norm, "group_size", None) or width // getattr(norm, "n_groups", 1)
+        group = mamba_norm_group(norm, width)
         rows = (B * T, width // group, group)
         out = gated_rms_norm_triton(y.reshape(rows), z.reshape(rows), norm.weight.view(rows[1:]),
-                                    getattr(norm, eps_name), packed, gate_first=gate_first(norm),
-                                    round_normed=round_normed)
+                                    getattr(norm, formula.eps_name), packed, gate_first=formula.gate_first(norm),
+                                    round_normed=formula.round_normed)
         if packed is None:
             return self.out_proj(out.reshape(B, T, width))
         out, codes = out

@@ -30,6 +30,8 @@ PyTorch's two ops do.
 
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import torch
 import torch.nn as nn
 
@@ -99,17 +101,30 @@ NORM_WEIGHTS = {
 # (GatedDeltaNetMixer.norm_and_out); transformers rounds ``w * x`` to the model's dtype first, one rounding more
 GATED_NORMS = {name: "variance_epsilon" for name in ("Qwen3NextRMSNormGated", "Qwen3_5RMSNormGated",
                                                      "Qwen3_5MoeRMSNormGated")}
-# Mamba2's grouped gated norm class -> (the name of its epsilon, whether the gate multiplies before the norm (of the
-# module), whether the normalized rows are rounded to the input's dtype before the weight): laquant's norm kernel
-# (a weight per group) replaces it before out_proj (Mamba2Mixer.norm_and_out), bit for bit the same formula but for
-# the order of the mean's sum. Mamba2's: ``w * rmsnorm_per_group(x * silu(z)).to(dtype)``, the weight in its dtype;
+class MambaGatedNorm(NamedTuple):
+    """A grouped gated norm's formula as laquant's norm kernel takes it (a row in :data:`MAMBA_GATED_NORMS`)."""
+
+    eps_name: str  # the attribute holding its epsilon
+    gate_first: Callable[[nn.Module], bool]  # whether silu(z) multiplies before the norm (of the module)
+    round_normed: bool  # whether the normalized rows are rounded to the input's dtype before the weight
+
+
+# Mamba2's grouped gated norm class -> its formula: laquant's norm kernel (a weight per group) replaces it before
+# out_proj (Mamba2Mixer.norm_and_out), the same formula with float32 rounding of its own (the mean's summation
+# order, silu, rsqrt). Mamba2's: ``w * rmsnorm_per_group(x * silu(z)).to(dtype)``, the weight in its dtype;
 # Falcon-H1's: float32 throughout and one rounding, the gate before the norm or after it (``norm_before_gate``)
 MAMBA_GATED_NORMS = {
-    **{name: ("variance_epsilon", lambda norm: True, True) for name in (
+    **{name: MambaGatedNorm("variance_epsilon", lambda norm: True, True) for name in (
         "BambaRMSNormGated", "NemotronHRMSNormGated", "GraniteMoeHybridRMSNormGated", "Zamba2RMSNormGated",
         "MambaRMSNormGated")},
-    "FalconH1RMSNormGated": ("variance_epsilon", lambda norm: not norm.norm_before_gate, False),
+    "FalconH1RMSNormGated": MambaGatedNorm("variance_epsilon", lambda norm: not norm.norm_before_gate, False),
 }
+
+
+def mamba_norm_group(norm: nn.Module, width: int) -> int:
+    """The width of a group of a grouped gated norm over rows of ``width``: Mamba2's norms name it
+    (``group_size``; before the groups, transformers' normalized the whole row), Falcon-H1's their number."""
+    return getattr(norm, "group_size", None) or width // getattr(norm, "n_groups", 1)
 
 
 # MLP class -> its projections' and activation's names (gate, up, down, act): the SwiGLU ``down(act(gate(x)) *
