@@ -28,7 +28,8 @@ changes from step to step to live on the device:
 
 :meth:`StaticHybridCache.begin_step` (inside the captured step, before the forward) opens position
 ``pos`` in the mask and returns the forward's extra arguments; :meth:`end_step` moves ``pos`` on. The
-attention of a step reads all ``capacity`` positions, masked: one graph serves the whole decode.
+attention of a step is captured over all ``capacity`` positions, masked, so one graph serves the whole
+decode; the kernel reads the positions up to ``pos`` (the eager formula all of them).
 """
 
 from __future__ import annotations
