@@ -116,7 +116,7 @@ def test_kernel_weighs_hidden_positions_zero(splits):
     assert rel_err(got.float().cpu(), want.float().cpu()) < (1e-5 if INTERPRETED else 1e-2)
 
 
-def test_kernel_takes_strided_inputs_and_broadcast_masks():
+def test_kernel_takes_strided_inputs_and_broadcast_masks(monkeypatch):
     """q in transformers' layout (``[B, T, H, D]`` transposed), keys and values slices of a longer cache, a mask of one
     row for every sequence and token (``[1, 1, 1, S']``), a float32 mask for another dtype's scores; and the default
     split rule at an H100's SM count (132 here too), split and unsplit."""
@@ -133,13 +133,8 @@ def test_kernel_takes_strided_inputs_and_broadcast_masks():
     want = decode_attention(q, k, v, mask, 0.4)
     for programs_an_sm in (False, True):
         sms = B * Hkv * (2 if programs_an_sm else 40)  # 12: one span; 240: ~2 programs an SM
-        dec._sm_count.cache_clear()
-        original = dec._sm_count
-        try:
-            dec._sm_count = lambda device, sms=sms: sms
-            got = dec.decode_attention_triton(q, k, v, mask, 0.4)
-        finally:
-            dec._sm_count = original
+        monkeypatch.setattr(dec, "_sm_count", lambda device, sms=sms: sms)
+        got = dec.decode_attention_triton(q, k, v, mask, 0.4)
         assert rel_err(got.float().cpu(), want.float().cpu()) < (1e-5 if INTERPRETED else 1e-2), sms
 
 

@@ -11,11 +11,16 @@ import sys
 import torch
 import triton
 
+from laquant.eval.speed import versions
 from laquant.kernels.attention.decode import decode_attention, decode_attention_triton
 from laquant.models.static_hybrid import grouped_eager_attention as eager
 
 SHAPES = {"zamba2 (MHA, 32 heads)": (32, 32, 128), "falcon_h1 (GQA 16/4)": (16, 4, 128),
           "qwen3_next-style (GQA 16/2, D 256)": (16, 2, 256)}
+
+
+def graph_us(fn, rep: int = 50) -> float:
+    return triton.testing.do_bench_cudagraph(fn, rep=rep) * 1e3
 
 
 def main(out: str, split_counts=()) -> None:
@@ -26,25 +31,26 @@ def main(out: str, split_counts=()) -> None:
                 q = torch.randn(B, Hq, 1, D, device="cuda", dtype=torch.bfloat16)
                 k = torch.randn(B, Hkv, capacity, D, device="cuda", dtype=torch.bfloat16)
                 v = torch.randn_like(k)
-                mask = torch.full((B, 1, 1, capacity), torch.finfo(torch.bfloat16).min, device="cuda", dtype=torch.bfloat16)
+                mask = torch.full((B, 1, 1, capacity), torch.finfo(torch.bfloat16).min, device="cuda",
+                                  dtype=torch.bfloat16)
                 mask[..., :seen + 1] = 0
                 s = D ** -0.5
                 want = decode_attention(q, k, v, mask, s).float()
                 got = decode_attention_triton(q, k, v, mask, s).float()
                 err = ((got - want).norm() / want.norm()).item()
-                t_eager = triton.testing.do_bench_cudagraph(lambda: eager(q, k, v, mask, s), rep=50) * 1e3
-                t_kernel = triton.testing.do_bench_cudagraph(lambda: decode_attention_triton(q, k, v, mask, s), rep=50) * 1e3
+                t_eager = graph_us(lambda: eager(q, k, v, mask, s))
+                t_kernel = graph_us(lambda: decode_attention_triton(q, k, v, mask, s))
                 read = 2 * B * Hkv * (seen + 1) * D * 2  # the written keys and values, bf16
-                by_splits = {n: round(triton.testing.do_bench_cudagraph(
-                    lambda n=n: decode_attention_triton(q, k, v, mask, s, splits=n), rep=30) * 1e3, 2) for n in split_counts}
+                by_splits = {n: round(graph_us(lambda n=n: decode_attention_triton(q, k, v, mask, s, splits=n), 30), 2)
+                             for n in split_counts}
                 row = dict(shape=name, B=B, capacity=capacity, seen=seen, eager_us=round(t_eager, 2),
                            kernel_us=round(t_kernel, 2), speedup=round(t_eager / t_kernel, 2), rel_err=err,
-                           kernel_GBps_of_written_kv=round(read / (t_kernel * 1e-6) / 1e9), kernel_us_by_splits=by_splits)
+                           kernel_GBps_of_written_kv=round(read / (t_kernel * 1e-6) / 1e9),
+                           kernel_us_by_splits=by_splits)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     with open(out, "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                       rows=rows), f, indent=1)
+        json.dump(dict(**versions(), rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

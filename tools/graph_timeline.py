@@ -104,5 +104,6 @@ if __name__ == "__main__":
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--prompt", type=int, default=512)
     args = p.parse_args()
-    main(args.out, hybrid_variants(args.model, args.hybrid_recipe) if args.model else gla_variants(args.layers, args.variants),
-         args.batch, args.prompt)
+    variants = (hybrid_variants(args.model, args.hybrid_recipe) if args.model
+                else gla_variants(args.layers, args.variants))
+    main(args.out, variants, args.batch, args.prompt)

@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from laquant.eval.speed import versions
+
 SHAPES = ((2048, 2048), (6144, 2048), (11264, 2048), (2048, 5632))  # (N, K): q/k/v/g, o, gate/up, down
 M = 64
 
@@ -85,8 +87,7 @@ def main(out: str) -> None:
         print(json.dumps(row), flush=True)
         rows.append(row)
     with open(out, "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                       rows=rows), f, indent=1)
+        json.dump(dict(**versions(), rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

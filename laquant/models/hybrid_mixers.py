@@ -441,10 +441,10 @@ class Mamba2Mixer(HybridMixer):
         where the norm is a grouped gated norm of :data:`~laquant.models.quantizing_rowwise.MAMBA_GATED_NORMS`
         (Mamba2's with its weight in y's dtype, or Falcon-H1's), laquant's norm kernel computes it (the gate
         before or after the norm as the table says, one weight row per group, the same formula), z read in place
-        out of in_proj's output: one kernel where transformers' norm takes about ten. Where out_proj is W8A8 the same launch
-        writes its codes; else (bf16, or weight-only int8 under ``outlier_fallback``) out_proj reads the norm's
-        output."""
-        formula = MAMBA_GATED_NORMS.get(type(self.norm).__name__) if getattr(self, "mamba_rms_norm", True) else None
+        out of in_proj's output: one kernel where transformers' norm takes about ten. Where out_proj is W8A8 the
+        same launch writes its codes; else (bf16, or weight-only int8 under ``outlier_fallback``) out_proj reads
+        the norm's output."""
+        formula = MAMBA_GATED_NORMS.get(type(self.norm).__name__)  # Falcon-H1 without its norm: nn.Identity
         norm = self.norm
         if (formula is None or (formula.round_normed and norm.weight.dtype != y.dtype) or not use_triton(y)
                 or norm._forward_hooks or norm._forward_pre_hooks):  # a hooked norm runs its own forward

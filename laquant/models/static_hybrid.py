@@ -41,7 +41,6 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from laquant.kernels.attention import decode as attention_kernels
-from laquant.kernels.attention.decode import fits
 from laquant.kernels.common.dispatch import use_triton
 from laquant.models.cache import HybridStates, state_store
 
@@ -60,7 +59,8 @@ def static_decode_attention(module, query, key, value, attention_mask, scaling=N
                                                dropout=dropout, **kwargs)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    if (use_triton(query) and (dropout == 0.0 or not module.training) and fits(query, key, value, attention_mask)
+    if (use_triton(query) and (dropout == 0.0 or not module.training)
+            and attention_kernels.fits(query, key, value, attention_mask)
             and not (torch.is_grad_enabled() and (key.requires_grad or value.requires_grad))):  # forward-only
         return attention_kernels.decode_attention_triton(query, key, value, attention_mask, scaling), None
     return grouped_eager_attention(query, key, value, attention_mask, scaling), None
