@@ -69,6 +69,31 @@ def test_separate_projections_and_beta_scale():
     assert beta.max() > 1.0  # doubled
 
 
+@pytest.mark.parametrize("quant", [None, "per_channel"])
+def test_kda_forget_gate_per_channel_with_a_rate_per_head(quant):
+    """Kimi Delta Attention's forget gate: decay logits [..., H, K] read out of a wider tensor, dt_bias per channel,
+    A_log per head (broadcast over its K channels), no beta; the treatment per channel viewed [H, K]."""
+    gen = torch.Generator().manual_seed(5)
+    H, K = 3, 24
+    wide = (torch.randn(2, 5, H * K + 7, generator=gen) * 4).to(DEVICE, DTYPE)
+    a = wide[..., 7:].unflatten(-1, (H, K))
+    A_log, dt_bias = torch.randn(H, generator=gen).to(DEVICE), torch.randn(H * K, generator=gen).to(DEVICE)
+    t = None if quant is None else {k: None if v is None else v.view(H, K)
+                                    for k, v in _treatment(H * K, True, True, gen).items()}
+    g, beta = gdn_gating_triton(a, None, A_log, dt_bias, a_treatment=t)
+    cpu = None if t is None else {k: v.cpu() for k, v in t.items()}
+    g_ref, beta_ref = gdn_gating(a.cpu(), None, A_log.cpu(), dt_bias.cpu(), a_treatment=cpu)
+    assert beta is None and beta_ref is None and g.shape == (2, 5, H * K) and g.dtype == torch.float32
+    assert torch.isfinite(g).all() and (g <= 0).all()
+    assert rel_err(g.cpu(), g_ref) < 1e-5
+    # the per-head rate is each head's exp(A_log) on all its channels
+    untreated = gdn_gating(a.cpu(), None, A_log.cpu(), dt_bias.cpu())[0].unflatten(-1, (H, K))
+    expected = -A_log.cpu().exp()[:, None] * torch.nn.functional.softplus(a.cpu().float() + dt_bias.cpu().view(H, K))
+    assert torch.equal(untreated, expected)
+    with pytest.raises(ValueError, match="one value per group"):
+        gdn_gating_triton(a, None, torch.zeros(H + 1, device=DEVICE), dt_bias)
+
+
 def test_refuses_mismatched_shapes():
     a = torch.randn(2, 3, 4, device=DEVICE)
     with pytest.raises(ValueError, match="one shape"):

@@ -267,6 +267,39 @@ def test_gated_norm_writes_codes_of_whole_tokens(n_out, codes_path):
     _same_codes(codes, out, packed)
 
 
+@pytest.mark.parametrize("n_out", [0, 5])
+def test_sigmoid_gated_norm_writes_codes_of_whole_tokens(n_out, codes_path):
+    """Kimi Delta Attention's output norm, ``rmsnorm(o) * w * sigmoid(g)`` (the gate read in place out of a wider
+    tensor), with its codes and without; the activation changes the output (not silu's form)."""
+    B, T, H, V = 2, 3, 3, 40
+    x, w = _randn(B, T, H, V), _randn(V)
+    g = _randn(B, T, H, 2 * V)[..., V:]
+    packed = _packed(H * V, 16, n_out)
+    out, codes = gated_rms_norm_triton(x, g, w, 1e-5, packed=packed, activation="sigmoid")
+    ref = gated_rms_norm(x.cpu(), g.contiguous().cpu(), w.cpu(), 1e-5, activation="sigmoid")
+    assert rel_err(out.float().cpu(), ref.float()) < TOL
+    assert rel_err(ref.float(), gated_rms_norm(x.cpu(), g.contiguous().cpu(), w.cpu(), 1e-5).float()) > 0.05
+    _same_codes(codes, out, packed)
+    plain = gated_rms_norm_triton(x, g, w, 1e-5, activation="sigmoid")
+    assert rel_err(plain.float().cpu(), ref.float()) < TOL
+    with pytest.raises(ValueError, match="activation must be one of"):
+        gated_rms_norm_triton(x, g, w, 1e-5, activation="tanh")
+
+
+@pytest.mark.parametrize("family", ["kimi_linear", "bailing_hybrid"])
+def test_sigmoid_gated_reference_is_transformers_kda_output_norm(family):
+    """The reference with the sigmoid gate is transformers' KDA output norm of Kimi Linear and Ling / Ring, bit for
+    bit on the CPU (float32 and bf16 inputs)."""
+    module = pytest.importorskip(f"transformers.models.{family}.modeling_{family}")  # 5.17 has no bailing_hybrid
+    cls = next(getattr(module, n) for n in dir(module) if n.endswith("RMSNormGated"))
+    norm = cls(64, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.normal_(1.0, 0.5)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, z = (torch.randn(3, 5, 4, 64) * 3).to(dtype), (torch.randn(3, 5, 4, 64) * 2).to(dtype)
+        assert torch.equal(gated_rms_norm(x, z, norm.weight, 1e-6, activation="sigmoid"), norm(x, z)), dtype
+
+
 def test_gated_norm_reads_a_grouped_gate_in_place(codes_path):
     """qwen3_next: z read where in_proj_qkvz wrote it (per key head, G groups of R value heads, between other
     columns), a token's G * R rows spanning two strides; the codes are still per whole token."""

@@ -117,15 +117,20 @@ def test_mamba_gated_norm_table_formulas_equal_transformers_norms():
 
     from laquant.kernels.rowwise.reference import gated_rms_norm
 
+    import importlib
+
     seen = {}
-    models = [_model(f) for f in ("bamba", "granitemoehybrid", "nemotron_h", "mamba2", "zamba2", "falcon_h1")]
+    families = ("bamba", "granitemoehybrid", "nemotron_h", "mamba2", "zamba2", "falcon_h1")
+    models = [_model(f) for f in families]
     models.append(falcon_h1(mamba_norm_before_gate=False))
     for model in models:
         for module in model.modules():
             name = type(module).__name__
             if name in MAMBA_GATED_NORMS:
                 seen.setdefault((name, getattr(module, "norm_before_gate", None)), module)
-    assert sorted({name for name, _ in seen}) == sorted(MAMBA_GATED_NORMS)  # every row is checked
+    unseen = set(MAMBA_GATED_NORMS) - {name for name, _ in seen}
+    defined = {n for f in families for n in dir(importlib.import_module(f"transformers.models.{f}.modeling_{f}"))}
+    assert not unseen & defined, unseen  # every row this transformers has is checked (5.17's Nemotron-H: Zamba2's)
     assert {False, True} <= {before for name, before in seen if name == "FalconH1RMSNormGated"}
     for (name, _), norm in seen.items():
         formula = MAMBA_GATED_NORMS[name]
@@ -161,20 +166,38 @@ def test_handed_over_codes_follow_a_view_of_the_same_rows():
     assert fused._handoff(x) is None and fused._handoff(x.view(-1, 8)) is None
 
 
+def test_joined_columns_is_a_view_of_consecutive_slices_else_a_copy():
+    """q, k and v split out of one GEMM's output reach the short conv as one view of their columns; slices that are
+    not consecutive columns of one tensor (another order, a gap, another tensor, another dtype) are concatenated."""
+    from laquant.quant.fused import joined_columns
+
+    y = torch.randn(2, 3, 20)
+    q, k, v, rest = y.split([4, 4, 6, 6], dim=-1)
+    joined = joined_columns((q, k, v))
+    assert joined.data_ptr() == y.data_ptr() and joined.stride() == y.stride()  # no copy
+    assert torch.equal(joined, torch.cat([q, k, v], -1))
+    assert torch.equal(joined_columns((k, v, rest)), y[..., 4:])
+    for parts in ((k, q, v), (q, v), (q, torch.randn(2, 3, 4), v), (q, k.double(), v)):
+        out = joined_columns(parts)
+        assert out.data_ptr() != y.data_ptr() and torch.equal(out, torch.cat(parts, -1))
+    flat = torch.randn(12)  # one row's worth: not column slices of rows
+    assert joined_columns((flat[:4], flat[4:8])).data_ptr() != flat.data_ptr()
+
+
 # what the codes path covers per family: the norms' groups always; the SwiGLU's down_proj and the gated norm's
 # out_proj where the family's classes have them
 CODES_PATHS = {"qwen3_next": ("swiglu_codes", "gated_norm_codes"), "qwen3_5": ("swiglu_codes", "gated_norm_codes"),
                "qwen3_next_grouped_heads": ("swiglu_codes", "gated_norm_codes"),
-               "qwen3_5_moe": ("swiglu_codes", "gated_norm_codes"), "kimi_linear": ("swiglu_codes",),
-               "bailing_hybrid": ("swiglu_codes",), "minimax": (), "bamba": ("swiglu_codes", "gated_norm_codes"),
+               "qwen3_5_moe": ("swiglu_codes", "gated_norm_codes"), "kimi_linear": ("swiglu_codes", "gated_norm_codes"),
+               "bailing_hybrid": ("swiglu_codes", "gated_norm_codes"), "minimax": (), "bamba": ("swiglu_codes", "gated_norm_codes"),
                "granitemoehybrid": ("swiglu_codes", "gated_norm_codes"),
                "falcon_h1": ("swiglu_codes", "gated_norm_codes"),
                "falcon_h1_gate_first": ("swiglu_codes", "gated_norm_codes"),
                "nemotron_h": ("gated_norm_codes",), "olmo_hybrid": ("swiglu_codes",),
                "bamba_before_groups": ("swiglu_codes", "gated_norm_codes"), "mamba2": ("gated_norm_codes",),
                "zamba2": ("gated_norm_codes",)}
-# their gate tail: one kernel
-GATED_DELTA_NETS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "qwen3_next_grouped_heads")
+# their gate tail: one kernel (Kimi Delta Attention's forget gate too; Ling / Ring's bounded one is not that formula)
+GATED_DELTA_NETS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "qwen3_next_grouped_heads", "kimi_linear")
 
 
 class _BambaRMSNormGatedBeforeGroups(torch.nn.Module):
@@ -384,6 +407,41 @@ def test_mamba_gated_norm_is_one_kernel_without_codes(family, variant, monkeypat
     assert rel_err(logits, reference) < 1e-5
 
 
+@pytest.mark.parametrize("family", ["kimi_linear", "bailing_hybrid"])
+@torch.no_grad()
+def test_kda_output_norm_and_forget_gate_without_codes(family, monkeypatch):
+    """The unquantized KDA hybrids on the GPU path (Triton's interpreter, float32): the sigmoid-gated output norm is
+    laquant's one kernel (no codes to write) once per KDA layer, Kimi Linear's forget gate tail one kernel (Ling /
+    Ring's bounded gate keeps PyTorch's), q / k / v reach the conv as they are, and the logits equal transformers'."""
+    from laquant.kernels.delta import gating
+    from laquant.kernels.rowwise import fused as rowwise_fused
+    from laquant.models.hybrid_mixers import KimiDeltaAttentionMixer
+
+    model = _interpreted_codes_model(family)
+    mixers = [m for m in model.modules() if isinstance(m, KimiDeltaAttentionMixer)]
+    assert mixers
+    ids = torch.randint(0, VOCAB, (2, 11))
+    reference = model(ids).logits
+    _projection_kernels_interpreted(monkeypatch)
+    calls = {"codes": 0, "plain": 0, "gating": 0}
+
+    def norm(*args, **kwargs):
+        calls["codes" if _with_codes(*args, **kwargs) else "plain"] += 1
+        assert kwargs["activation"] == "sigmoid"
+        return gated_rms_norm_triton(*args, **kwargs)
+
+    def gate(*args, **kwargs):
+        calls["gating"] += 1
+        return gdn_gating_triton(*args, **kwargs)
+
+    gated_rms_norm_triton, gdn_gating_triton = rowwise_fused.gated_rms_norm_triton, gating.gdn_gating_triton
+    monkeypatch.setattr(rowwise_fused, "gated_rms_norm_triton", norm)
+    monkeypatch.setattr(gating, "gdn_gating_triton", gate)
+    logits = model(ids).logits
+    assert calls == {"codes": 0, "plain": len(mixers), "gating": len(mixers) if family == "kimi_linear" else 0}, calls
+    assert rel_err(logits, reference) < 1e-5
+
+
 @torch.no_grad()
 def _static_greedy(model, ids, n):
     """Greedy decoding on the static cache the captured loop replays, its steps run eagerly. In bf16 the
@@ -401,12 +459,13 @@ def _static_greedy(model, ids, n):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "nemotron_h", "bamba", "mamba2", "zamba2", "falcon_h1",
-                                    "falcon_h1_gate_first"])
+                                    "falcon_h1_gate_first", "kimi_linear", "bailing_hybrid"])
 @torch.no_grad()
 def test_gpu_codes_handed_over_match_the_unfused_path(family, monkeypatch):
-    """hybrid_int8 on qwen3_next, Qwen3.5, Nemotron-H, Bamba, Mamba-2, Zamba2 and Falcon-H1, bf16 on the kernels: with
-    the norms writing the codes (and the MLPs' SwiGLU down_proj's, the mixer's gated norm out_proj's, Mamba2's
-    gate-first grouped one too, Falcon-H1's attention its q/k/v's in one pass), the logits match the path that
+    """hybrid_int8 on qwen3_next, Qwen3.5, Nemotron-H, Bamba, Mamba-2, Zamba2, Falcon-H1, Kimi Linear and Ling / Ring,
+    bf16 on the kernels: with the norms writing the codes (and the MLPs' SwiGLU down_proj's, the mixer's gated norm
+    out_proj's, Mamba2's gate-first grouped one and KDA's sigmoid-gated one too, Falcon-H1's attention its q/k/v's
+    in one pass), the logits match the path that
     quantizes each projection's input on its own (the norms' float32 formula, rounded once), with fewer quantization
     launches; graphed greedy decoding equals the same static-cache steps run eagerly."""
     import laquant

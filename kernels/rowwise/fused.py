@@ -2,7 +2,8 @@
 
 Each replaces a chain of PyTorch elementwise and reduction launches with one: fla-style RMSNorm
 with the residual add (the float32 upcasts, square, mean, rsqrt, scale, downcast and add of the
-unfused module), the gated RMSNorm of a linear-attention output (``rmsnorm(o) * w * silu(g)``),
+unfused module), the gated RMSNorm of a linear-attention output (``rmsnorm(o) * w * silu(g)``, or
+``sigmoid(g)``: Kimi Delta Attention's),
 and the gated products ``act(gate) * up``: SwiGLU's (SiLU) and a gated softmax attention's output
 (sigmoid). Rows may be strided views (a slice of a fused projection's output): a row ``r`` starts
 at ``(r // inner) * s0 + (r % inner) * s1``, the last dimension contiguous.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..common.pdl import pdl_launch
+from .reference import GATE_ACTIVATIONS
 
 try:
     import triton
@@ -123,7 +125,8 @@ if triton is not None:
                          QUANT: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr,
                          IDENTITY: tl.constexpr, SCATTER: tl.constexpr,
                          ROUND_SUM: tl.constexpr = False, ROUND_NORMED: tl.constexpr = False,
-                         GATE_FIRST: tl.constexpr = False, W_PER_ROW: tl.constexpr = False, PDL: tl.constexpr = False):
+                         GATE_FIRST: tl.constexpr = False, W_PER_ROW: tl.constexpr = False,
+                         SIGMOID_GATE: tl.constexpr = False, PDL: tl.constexpr = False):
         if QUANT:  # one token (RPP rows of y) per program
             local = tl.arange(0, ROWS)
             rows = tl.program_id(0) * RPP + local
@@ -150,8 +153,9 @@ if triton is not None:
         if GATED:
             g = tl.load(g_ptr + _row_offsets(rows, sg0, sg1, gin)[:, None] + cols[None, :], mask=mask,
                         other=0.0).to(tl.float32)
+            gate = tl.sigmoid(g) if SIGMOID_GATE else g * tl.sigmoid(g)
             if GATE_FIRST:  # Mamba2's: the gated rows are normalized
-                h = h * (g * tl.sigmoid(g))
+                h = h * gate
         rstd = tl.rsqrt(tl.sum(h * h, axis=1) / N + eps)
         y = h * rstd[:, None]
         if ROUND_NORMED:  # Llama's rounding: the normalized rows in x's dtype, then the weight
@@ -162,7 +166,7 @@ if triton is not None:
         else:
             y = y * tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
         if GATED and not GATE_FIRST:
-            y = y * (g * tl.sigmoid(g))
+            y = y * gate
         tl.store(y_ptr + _row_offsets(rows, sy0, sy1, yin)[:, None] + cols[None, :], y.to(dtype), mask=mask)
         if QUANT:
             _quant_epilogue(rounded(y, dtype), token_col, mask, y_ptr, RPP * N, src, oidx, dest,
@@ -234,7 +238,7 @@ def _check_codes(packed, width: int) -> None:
 
 
 def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int = 1, round_sum: bool = False,
-                 round_normed: bool = False, gate_first: bool = False):
+                 round_normed: bool = False, gate_first: bool = False, gate_activation: str = "silu"):
     """``heads``: rows per token (the gated norm's heads), for the codes of a whole token."""
     x, residual, g = (addressable_rows(t) for t in (x, residual, g))
     N = x.shape[-1]
@@ -259,7 +263,7 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
             *(row_layout(g) if g is not None else dummy), *row_layout(y), N, *ptrs, heads,
             BLOCK_N=block_n, ROWS=rows, HAS_RES=residual is not None, GATED=g is not None, ROUND_SUM=round_sum,
             ROUND_NORMED=round_normed, GATE_FIRST=gate_first, W_PER_ROW=weight.numel() != N,
-            num_warps=warps if packed is None else _codes_warps(max(rows * block_n, consts["BQ"])),
+            SIGMOID_GATE=gate_activation == "sigmoid", num_warps=warps if packed is None else _codes_warps(max(rows * block_n, consts["BQ"])),
             **consts, **pdl_launch(x.device, M // heads))
     return y, (ro if residual is not None else None), codes
 
@@ -278,20 +282,23 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual:
 
 
 def gated_rms_norm_triton(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, eps: float, packed=None,
-                          token_rows: int | None = None, gate_first: bool = False, round_normed: bool = False):
-    """Twin of :func:`.reference.gated_rms_norm` over ``x [..., H, D]`` (``gate_first``, ``round_normed``
-    as there; ``weight`` ``[D]``, or ``[H, D]``: one per row of a token); with ``packed``, also the W8A8
+                          token_rows: int | None = None, gate_first: bool = False, round_normed: bool = False,
+                          activation: str = "silu"):
+    """Twin of :func:`.reference.gated_rms_norm` over ``x [..., H, D]`` (``gate_first``, ``round_normed``,
+    ``activation`` as there; ``weight`` ``[D]``, or ``[H, D]``: one per row of a token); with ``packed``, also the W8A8
     codes of each token's ``H * D`` outputs for that GEMM: ``(out, (xq, xs, xo))``. ``token_rows``: the
     rows of one token where they span more than the last-but-one dimension (x and g ``[T, G, R, D]``,
     ``G * R`` rows a token: a gate whose rows only two strides address, such as qwen3_next's z read
     in place out of its fused projection)."""
     if g.shape != x.shape:
         raise ValueError(f"gate shape {tuple(g.shape)} differs from x's {tuple(x.shape)}")
+    if activation not in GATE_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {GATE_ACTIVATIONS}; got {activation!r}")
     heads = token_rows if token_rows is not None else x.shape[-2]
     if packed is not None and x.numel() % (heads * x.shape[-1]):
         raise ValueError(f"{heads} rows a token do not divide x {tuple(x.shape)} into whole tokens")
     out, _, codes = _launch_norm(x, weight, eps, g=g, packed=packed, heads=heads, round_normed=round_normed,
-                                 gate_first=gate_first)
+                                 gate_first=gate_first, gate_activation=activation)
     return out if packed is None else (out, codes)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+GATE_ACTIVATIONS = ("silu", "sigmoid")  # a gated norm's gate activations
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
              round_sum: bool = False, round_normed: bool = False):
@@ -28,19 +30,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
 
 
 def gated_rms_norm(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, eps: float, gate_first: bool = False,
-                   round_normed: bool = False) -> torch.Tensor:
+                   round_normed: bool = False, activation: str = "silu") -> torch.Tensor:
     """``rmsnorm(x) * weight * silu(g)`` over the last dimension, in x's dtype (fla's); with ``gate_first``,
     Mamba2's ``rmsnorm(x * silu(g)) * weight`` (transformers' ``MambaRMSNormGated`` with x ``[..., groups, D]``
     and weight ``[groups, D]``: the normalized rows rounded to x's dtype before the weight with ``round_normed``,
-    as its ``w * h.to(dtype)``)."""
+    as its ``w * h.to(dtype)``). ``activation``: the gate's, ``silu`` or ``sigmoid`` (Kimi Delta Attention's
+    output norm, ``rmsnorm(x) * weight * sigmoid(g)``)."""
+    if activation not in GATE_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {GATE_ACTIVATIONS}; got {activation!r}")
+    act = F.silu if activation == "silu" else torch.sigmoid
     h = x.float()
     if gate_first:
-        h = h * F.silu(g.float())
+        h = h * act(g.float())
     h = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + eps)
     if round_normed:
         h = h.to(x.dtype).float()
     h = h * weight.float()
-    return (h if gate_first else h * F.silu(g.float())).to(x.dtype)
+    return (h if gate_first else h * act(g.float())).to(x.dtype)
 
 
 def glu(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu") -> torch.Tensor:

@@ -31,7 +31,7 @@ from laquant.models.cache import state_store
 from laquant.models.quantizing_rowwise import GATED_NORMS, MAMBA_GATED_NORMS, mamba_norm_group
 from laquant.models.recurrent import RecurrentMixer
 from laquant.models.side_stream import fork
-from laquant.quant.fused import project, w8a8_inputs
+from laquant.quant.fused import joined_columns, project, w8a8_inputs
 from laquant.quant.modules import QuantGate
 
 
@@ -264,14 +264,15 @@ class GatedDeltaNetMixer(HybridMixer):
         :data:`~laquant.models.quantizing_rowwise.GATED_NORMS` knows, laquant's gated norm (float32
         throughout) writes out_proj's codes in the same kernel, reading z where it lies."""
         B, T = o.shape[:2]
-        eps_name = GATED_NORMS.get(type(self.norm).__name__)
-        packed = w8a8_inputs(self, ("out_proj",), o) if eps_name is not None else None
+        formula = GATED_NORMS.get(type(self.norm).__name__)
+        packed = w8a8_inputs(self, ("out_proj",), o) if formula is not None else None
         if packed is not None:
             from laquant.kernels.rowwise.fused import gated_rms_norm_triton
 
             g = z.reshape(B * T, *z.shape[2:-1], -1, self.head_v_dim)  # [B * T, G, R, V]: a view
-            out, codes = gated_rms_norm_triton(o.reshape(g.shape), g, self.norm.weight, getattr(self.norm, eps_name),
-                                               packed, token_rows=self.num_v_heads)
+            out, codes = gated_rms_norm_triton(o.reshape(g.shape), g, self.norm.weight,
+                                               getattr(self.norm, formula.eps_name), packed,
+                                               token_rows=self.num_v_heads, activation=formula.activation)
             return project(self, ("out_proj",), out.reshape(B, T, -1), codes)[0]
         o = self.norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
         return self.out_proj(o.reshape(B, T, -1))
@@ -598,7 +599,7 @@ class OlmoGatedDeltaNetMixer(SplitGatedDeltaNetMixer):
         x = mask_padding(hidden_states, attention_mask)
         B, T, _ = x.shape
         gates = fork(self.gates, x)  # in a captured step, beside the GEMMs
-        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1)
+        qkv = joined_columns((self.q_proj(x), self.k_proj(x), self.v_proj(x)))
         g, beta = gates.join()
         o = self.conv_and_attend(qkv, g, beta, layer_states(cache, cache_params))
         o = self.o_norm(o.reshape(-1, self.head_v_dim), self.g_proj(x).reshape(-1, self.head_v_dim))
@@ -653,8 +654,20 @@ class KimiDeltaAttentionMixer(HybridMixer):
         return self.log_decay(logits).flatten(-2)
 
     def forget_log_decay(self, x: torch.Tensor) -> torch.Tensor:
-        """The forget gate's per-channel log-decay ``[..., H, K]`` of the layer's input."""
-        return self.log_decay(self.forget_gate.f_b_proj(self.forget_gate.f_a_proj(x)))
+        """The forget gate's per-channel log-decay ``[..., H, K]`` of the layer's input; on the GPU the tail after
+        ``f_b_proj`` (its logit treatment when calibrated, ``dt_bias``, softplus, the per-head rate) is one kernel."""
+        gate = self.forget_gate
+        hidden = gate.f_a_proj(x)
+        fused = gate_logits(gate.f_b_proj, hidden)
+        if fused is None:
+            return self.log_decay(gate.f_b_proj(hidden))
+        from laquant.kernels.delta.gating import gdn_gating_triton
+
+        logits, treatment = fused
+        heads = (self.num_heads, self.head_dim)
+        g, _ = gdn_gating_triton(logits.unflatten(-1, heads), None, gate.A_log.view(-1), gate.dt_bias,
+                                 a_treatment=treatment_view(treatment, lambda t: t.view(heads)))
+        return g.unflatten(-1, heads)
 
     def output_gate(self, x: torch.Tensor) -> torch.Tensor:
         return self.g_b_proj(self.g_a_proj(x))
@@ -664,12 +677,31 @@ class KimiDeltaAttentionMixer(HybridMixer):
         B, T, _ = x.shape
         states = layer_states(cache, cache_params)
         decay = fork(self.forget_log_decay, x)  # in a captured step, beside the q/k/v GEMMs and the conv
-        qkv = short_conv(torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1), states, self.layer_idx,
+        qkv = short_conv(joined_columns((self.q_proj(x), self.k_proj(x), self.v_proj(x))), states, self.layer_idx,
                          self.conv1d, self.activation)
         q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in qkv.split(self.qkv_dim, -1))
         o = self.attend_delta(q, k, v, decay.join(), self.b_proj(x).float().sigmoid(), states)
-        gate = self.output_gate(x).unflatten(-1, (self.num_heads, self.head_dim))
-        return self.o_proj(self.o_norm(o, gate).reshape(B, T, -1))
+        return self.norm_and_out(o, self.output_gate(x).unflatten(-1, (self.num_heads, self.head_dim)))
+
+    def norm_and_out(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """``o_proj(o_norm(o, gate))`` over ``o`` and the output gate ``[B, T, H, D]``. On the GPU, where o_norm's
+        class is in :data:`~laquant.models.quantizing_rowwise.GATED_NORMS` (KDA's sigmoid-gated norm, float32
+        throughout), laquant's gated norm kernel computes it in one launch where transformers' takes about ten,
+        writing o_proj's codes too where o_proj is W8A8."""
+        B, T = o.shape[:2]
+        norm = self.o_norm
+        formula = GATED_NORMS.get(type(norm).__name__)
+        if formula is None or not use_triton(o) or norm._forward_hooks or norm._forward_pre_hooks:
+            return self.o_proj(norm(o, gate).reshape(B, T, -1))
+        from laquant.kernels.rowwise.fused import gated_rms_norm_triton
+
+        packed = w8a8_inputs(self, ("o_proj",), o)
+        out = gated_rms_norm_triton(o, gate, norm.weight, getattr(norm, formula.eps_name), packed,
+                                    activation=formula.activation)
+        if packed is None:
+            return self.o_proj(out.reshape(B, T, -1))
+        out, codes = out
+        return project(self, ("o_proj",), out.reshape(B, T, -1), codes)[0]
 
 
 class BailingKDAMixer(KimiDeltaAttentionMixer):

@@ -96,11 +96,24 @@ NORM_WEIGHTS = {
         "FalconH1RMSNorm", "Mamba2RMSNorm", "Zamba2RMSNorm")},
 }
 
-# gated norm class (``rmsnorm(x) * w * silu(g)``, a linear mixer's output norm) -> the name of its epsilon: laquant's
-# gated norm kernel, weight applied in float32, replaces it before a W8A8 out_proj
-# (GatedDeltaNetMixer.norm_and_out); transformers rounds ``w * x`` to the model's dtype first, one rounding more
-GATED_NORMS = {name: "variance_epsilon" for name in ("Qwen3NextRMSNormGated", "Qwen3_5RMSNormGated",
-                                                     "Qwen3_5MoeRMSNormGated")}
+class GatedNorm(NamedTuple):
+    """A linear mixer's output norm ``rmsnorm(x) * w * act(g)`` as laquant's gated norm kernel takes it (a row in
+    :data:`GATED_NORMS`)."""
+
+    eps_name: str  # the attribute holding its epsilon
+    activation: str  # the gate's: silu or sigmoid
+
+
+# gated norm class -> its formula: laquant's gated norm kernel, weight applied in float32, replaces it. qwen3_next's
+# and Qwen3.5's (silu) before a W8A8 out_proj (GatedDeltaNetMixer.norm_and_out), where transformers rounds ``w * x``
+# to the model's dtype first, one rounding more; Kimi Delta Attention's (sigmoid; Kimi Linear, Ling / Ring), float32
+# throughout as transformers computes it, before o_proj whatever it is (KimiDeltaAttentionMixer.norm_and_out)
+GATED_NORMS = {
+    **{name: GatedNorm("variance_epsilon", "silu") for name in (
+        "Qwen3NextRMSNormGated", "Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated")},
+    **{name: GatedNorm("variance_epsilon", "sigmoid") for name in (
+        "KimiLinearRMSNormGated", "BailingHybridRMSNormGated")},
+}
 class MambaGatedNorm(NamedTuple):
     """A grouped gated norm's formula as laquant's norm kernel takes it (a row in :data:`MAMBA_GATED_NORMS`)."""
 

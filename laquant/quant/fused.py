@@ -148,6 +148,24 @@ def project(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor, codes=Non
     return list(y.split([m.out_features for m in members], dim=-1)) if len(members) > 1 else [y]
 
 
+def joined_columns(parts) -> torch.Tensor:
+    """``torch.cat(parts, -1)``, as a view where ``parts`` are consecutive column slices of one tensor (the outputs
+    of one packed GEMM, :func:`project`, handed over or not): a mixer's q, k and v then reach its short conv
+    without a copy."""
+    first = parts[0]
+    size, rows, strides = first.element_size(), first.shape[:-1], first.stride()
+    end = first.data_ptr()
+    for p in parts:
+        if (p.data_ptr() != end or p.shape[:-1] != rows or p.stride() != strides or p.dtype != first.dtype
+                or p.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()):
+            return torch.cat(parts, -1)
+        end += p.shape[-1] * size
+    width = sum(p.shape[-1] for p in parts)
+    if first.dim() < 2 or strides[-1] != 1 or width > strides[-2]:
+        return torch.cat(parts, -1)
+    return first.as_strided((*rows, width), strides)
+
+
 def _gemm_on_codes(x: torch.Tensor, codes: tuple, packed) -> torch.Tensor:
     """The W8A8 GEMM of ``packed`` on x's codes ``(xq, xs, xo)``: ``[*x.shape[:-1], N]``."""
     from laquant.kernels.gemm.int8 import choose_config, device_name, int8_gemm
