@@ -193,7 +193,7 @@ CODES_PATHS = {"qwen3_next": ("swiglu_codes", "gated_norm_codes"), "qwen3_5": ("
                "granitemoehybrid": ("swiglu_codes", "gated_norm_codes"),
                "falcon_h1": ("swiglu_codes", "gated_norm_codes"),
                "falcon_h1_gate_first": ("swiglu_codes", "gated_norm_codes"),
-               "nemotron_h": ("gated_norm_codes",), "olmo_hybrid": ("swiglu_codes",),
+               "nemotron_h": ("gated_norm_codes",), "olmo_hybrid": ("swiglu_codes", "gated_norm_codes"),
                "bamba_before_groups": ("swiglu_codes", "gated_norm_codes"), "mamba2": ("gated_norm_codes",),
                "zamba2": ("gated_norm_codes",)}
 # their gate tail: one kernel (Kimi Delta Attention's forget gate too; Ling / Ring's bounded one is not that formula)
@@ -459,10 +459,10 @@ def _static_greedy(model, ids, n):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "nemotron_h", "bamba", "mamba2", "zamba2", "falcon_h1",
-                                    "falcon_h1_gate_first", "kimi_linear", "bailing_hybrid"])
+                                    "falcon_h1_gate_first", "kimi_linear", "bailing_hybrid", "olmo_hybrid"])
 @torch.no_grad()
 def test_gpu_codes_handed_over_match_the_unfused_path(family, monkeypatch):
-    """hybrid_int8 on qwen3_next, Qwen3.5, Nemotron-H, Bamba, Mamba-2, Zamba2, Falcon-H1, Kimi Linear and Ling / Ring,
+    """hybrid_int8 on qwen3_next, Qwen3.5, Nemotron-H, Bamba, Mamba-2, Zamba2, Falcon-H1, Kimi Linear, Ling / Ring and OLMo,
     bf16 on the kernels: with the norms writing the codes (and the MLPs' SwiGLU down_proj's, the mixer's gated norm
     out_proj's, Mamba2's gate-first grouped one and KDA's sigmoid-gated one too, Falcon-H1's attention its q/k/v's
     in one pass), the logits match the path that

@@ -176,6 +176,7 @@ class GatedDeltaNetMixer(HybridMixer):
     PROJECTIONS = ("in_proj_qkvz", "out_proj")
     GATE = "in_proj_ba"
     DECAY = ("A_log", "dt_bias")
+    NORM, OUT = "norm", "out_proj"  # the gated output norm and the projection after it
 
     @staticmethod
     def fused_splits(src: nn.Module) -> dict[str, dict[str, int]]:
@@ -258,24 +259,24 @@ class GatedDeltaNetMixer(HybridMixer):
         return cols
 
     def norm_and_out(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """``out_proj(norm(o, z))`` over ``o [B, T, Hv, V]`` and the gate z ``[B, T, Hv, V]``, or
-        ``[B, T, Hk, r * V]`` grouped per key head (qwen3_next's, a view into its fused projection). Where
-        out_proj is W8A8 on the GPU and the norm's formula is one
+        """``out_proj(norm(o, z))`` (the modules :attr:`NORM`, :attr:`OUT`) over ``o [B, T, Hv, V]`` and the gate z
+        ``[B, T, Hv, V]``, or ``[B, T, Hk, r * V]`` grouped per key head (qwen3_next's, a view into its fused
+        projection). Where out_proj is W8A8 on the GPU and the norm's formula is one
         :data:`~laquant.models.quantizing_rowwise.GATED_NORMS` knows, laquant's gated norm (float32
         throughout) writes out_proj's codes in the same kernel, reading z where it lies."""
         B, T = o.shape[:2]
-        formula = GATED_NORMS.get(type(self.norm).__name__)
-        packed = w8a8_inputs(self, ("out_proj",), o) if formula is not None else None
+        norm = getattr(self, self.NORM)
+        formula = GATED_NORMS.get(type(norm).__name__)
+        packed = w8a8_inputs(self, (self.OUT,), o) if formula is not None else None
         if packed is not None:
             from laquant.kernels.rowwise.fused import gated_rms_norm_triton
 
             g = z.reshape(B * T, *z.shape[2:-1], -1, self.head_v_dim)  # [B * T, G, R, V]: a view
-            out, codes = gated_rms_norm_triton(o.reshape(g.shape), g, self.norm.weight,
-                                               getattr(self.norm, formula.eps_name), packed,
-                                               token_rows=self.num_v_heads, activation=formula.activation)
-            return project(self, ("out_proj",), out.reshape(B, T, -1), codes)[0]
-        o = self.norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
-        return self.out_proj(o.reshape(B, T, -1))
+            out, codes = gated_rms_norm_triton(o.reshape(g.shape), g, norm.weight, getattr(norm, formula.eps_name),
+                                               packed, token_rows=self.num_v_heads, activation=formula.activation)
+            return project(self, (self.OUT,), out.reshape(B, T, -1), codes)[0]
+        o = norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+        return getattr(self, self.OUT)(o.reshape(B, T, -1))
 
 
 class LightningMixer(HybridMixer):
@@ -582,6 +583,7 @@ class OlmoGatedDeltaNetMixer(SplitGatedDeltaNetMixer):
     PROJECTIONS = ("q_proj", "k_proj", "v_proj", "b_proj", "g_proj", "o_proj")
     GATE = "a_proj"
     BETA = "b_proj"
+    NORM, OUT = "o_norm", "o_proj"
 
     @staticmethod
     def fused_splits(src: nn.Module) -> dict[str, dict[str, int]]:
@@ -602,8 +604,7 @@ class OlmoGatedDeltaNetMixer(SplitGatedDeltaNetMixer):
         qkv = joined_columns((self.q_proj(x), self.k_proj(x), self.v_proj(x)))
         g, beta = gates.join()
         o = self.conv_and_attend(qkv, g, beta, layer_states(cache, cache_params))
-        o = self.o_norm(o.reshape(-1, self.head_v_dim), self.g_proj(x).reshape(-1, self.head_v_dim))
-        return self.o_proj(o.reshape(B, T, -1))
+        return self.norm_and_out(o, self.g_proj(x).unflatten(-1, (self.num_v_heads, self.head_v_dim)))
 
 
 class KimiDeltaAttentionMixer(HybridMixer):

@@ -104,13 +104,14 @@ class GatedNorm(NamedTuple):
     activation: str  # the gate's: silu or sigmoid
 
 
-# gated norm class -> its formula: laquant's gated norm kernel, weight applied in float32, replaces it. qwen3_next's
-# and Qwen3.5's (silu) before a W8A8 out_proj (GatedDeltaNetMixer.norm_and_out), where transformers rounds ``w * x``
-# to the model's dtype first, one rounding more; Kimi Delta Attention's (sigmoid; Kimi Linear, Ling / Ring), float32
-# throughout as transformers computes it, before o_proj whatever it is (KimiDeltaAttentionMixer.norm_and_out)
+# gated norm class -> its formula: laquant's gated norm kernel, weight applied in float32, replaces it. qwen3_next's,
+# Qwen3.5's and OLMo hybrid's (silu) before a W8A8 out_proj (GatedDeltaNetMixer.norm_and_out), where transformers
+# rounds the normalized rows and ``w * x`` to the model's dtype first, roundings more; Kimi Delta Attention's (sigmoid;
+# Kimi Linear, Ling / Ring), float32 throughout as transformers computes it, before o_proj whatever it is
+# (KimiDeltaAttentionMixer.norm_and_out)
 GATED_NORMS = {
     **{name: GatedNorm("variance_epsilon", "silu") for name in (
-        "Qwen3NextRMSNormGated", "Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated")},
+        "Qwen3NextRMSNormGated", "Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated", "OlmoHybridRMSNormGated")},
     **{name: GatedNorm("variance_epsilon", "sigmoid") for name in (
         "KimiLinearRMSNormGated", "BailingHybridRMSNormGated")},
 }
