@@ -60,6 +60,36 @@ def test_static_steps_take_the_absorbed_form(family, kw, monkeypatch):
 
 @pytest.mark.parametrize("family", ["kimi_linear", "bailing_hybrid"])
 @torch.no_grad()
+def test_static_steps_run_the_latent_attention_kernel(family, monkeypatch):
+    """On the GPU path (Triton's interpreter on the CPU, float32) the absorbed static step's attention over the
+    latents is laquant's one kernel, once per MLA layer and step, and the logits stay transformers'."""
+    from conftest import INTERPRETED, require_triton_kernels
+
+    require_triton_kernels()
+    if not INTERPRETED:
+        pytest.skip("checks the kernel's wiring on the CPU under TRITON_INTERPRET=1 (the GPU test covers CUDA)")
+    from laquant.kernels.attention import latent
+
+    model = _model(family)
+    install(model)
+    gen = torch.Generator().manual_seed(4)
+    ids, steps = torch.randint(0, VOCAB, (3, 10), generator=gen), torch.randint(0, VOCAB, (3, 4), generator=gen)
+    plain = static_cache(_prefilled(model, ids), 16)
+    want = [static_forward(model, steps[:, t:t + 1], plain) for t in range(4)]
+    monkeypatch.setattr(mla_attention, "use_triton", lambda x, fmt=None: not (x.requires_grad and
+                                                                                torch.is_grad_enabled()))
+    calls = []
+    kernel = latent.latent_attention_triton
+    monkeypatch.setattr(latent, "latent_attention_triton", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    cache = static_cache(_prefilled(model, ids), 16)
+    got = [static_forward(model, steps[:, t:t + 1], cache) for t in range(4)]
+    assert len(calls) == 4 * len(cache.kv) > 0
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["kimi_linear", "bailing_hybrid"])
+@torch.no_grad()
 def test_eager_decode_steps_match_transformers(family, monkeypatch):
     """Decode steps on transformers' own cache (eager decoding), a left-padded batch among them, take the
     absorbed form and give transformers' forward's logits."""

@@ -11,7 +11,9 @@ rotary embedding (Ling's; Kimi's MLA has none) touches only the shared rope part
     sum_t p_h(t) v_h(t) = W_v[h] (sum_t p_h(t) c(t))
 
 so the step attends over the cached latents themselves, one key "head" shared by all query heads, and
-projects each head's weighted latent once (then Ling's head-wise output gate). :func:`install`'s forward
+projects each head's weighted latent once (then Ling's head-wise output gate). On the GPU that attention is one
+kernel (:mod:`laquant.kernels.attention.latent`: each block of latents read once, the scores in float32, the
+unwritten room of a static cache not read); elsewhere, with a boolean mask or under autograd, PyTorch's ops. :func:`install`'s forward
 runs it on every one-token step on a cache: the static cache of the graphed loops, and transformers'
 own cache (eager decoding, ``eval ppl --mode decode``), so that both decode alike. Its scores follow
 transformers' eager attention (in the input dtype, the mask added, softmax in float32); the result equals
@@ -28,6 +30,8 @@ import sys
 import torch
 import torch.nn as nn
 
+from laquant.kernels.attention import latent as latent_kernels
+from laquant.kernels.common.dispatch import use_triton
 from laquant.models.cache import passed_cache
 from laquant.models.quantizing_rowwise import mix_into, original_class
 
@@ -103,13 +107,19 @@ def _absorbed_step(attn: nn.Module, x: torch.Tensor, attention_mask, cache,
     latents, k_ropes = latents[:, 0], k_ropes[:, 0]  # [B, S, R], [B, S, rope]
     w_k, w_v = absorbed_weights(attn, x.dtype)
     q_latent = torch.bmm(q[:, :, 0, :nope].transpose(0, 1), w_k).transpose(0, 1)  # [B, H, R]
-    scores = torch.baddbmm(torch.bmm(q_latent, latents.transpose(1, 2)), q_rope[:, :, 0], k_ropes.transpose(1, 2))
-    scores = scores * attn.scaling
-    if attention_mask is not None:  # [B, 1, 1, S']: additive, or where to attend
-        mask = attention_mask[:, 0, :, :scores.shape[-1]]
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(x.dtype)
-    context = torch.bmm(probs, latents)  # [B, H, R]: each head's weighted latent
+    q_rope = q_rope[:, :, 0]
+    if use_triton(q_latent) and latent_kernels.fits(q_latent, q_rope, latents, k_ropes, attention_mask):
+        context = latent_kernels.latent_attention_triton(q_latent, q_rope, latents, k_ropes, attention_mask,
+                                                         attn.scaling)
+    else:
+        scores = torch.baddbmm(torch.bmm(q_latent, latents.transpose(1, 2)), q_rope, k_ropes.transpose(1, 2))
+        scores = scores * attn.scaling
+        if attention_mask is not None:  # [B, 1, 1, S']: additive, or where to attend
+            mask = attention_mask[:, 0, :, :scores.shape[-1]]
+            scores = (scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool
+                      else scores + mask)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(x.dtype)
+        context = torch.bmm(probs, latents)  # [B, H, R]: each head's weighted latent
     out = torch.bmm(context.transpose(0, 1), w_v).transpose(0, 1)  # [B, H, v_head_dim]
     gate = MLA_ATTENTIONS[original_class(attn).__name__][1]
     if gate is not None:  # the head-wise output gate, rounded as transformers rounds it
