@@ -33,7 +33,9 @@ try:
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
-BLOCK_S = 32  # positions a loop step reads (R = 512: 32 KB of latents, pipelined three deep)
+# positions a loop step reads: 64 in 16-bit dtypes (R = 512: 64 KB of latents, two stages), 32 in float32 (the same
+# bytes); swept on an H200 at Kimi Linear's shape (eval/results/kda_glue_h200/run5_latent_sweep/)
+BLOCK_S = 64
 MAX_HEADS = 128
 MAX_WIDTH = 512  # the latent's and the rope part's widths, each
 
@@ -169,7 +171,8 @@ def latent_attention_triton(q_latent: torch.Tensor, q_rope: torch.Tensor, latent
     if splits is None:
         sms = _sm_count(q_latent.device)
         splits = 1 if 2 * B >= sms else min(triton.cdiv(2 * sms, B), triton.cdiv(S, MIN_SPAN))
-    span = triton.cdiv(triton.cdiv(S, max(1, splits)), BLOCK_S) * BLOCK_S
+    block = BLOCK_S if latents.element_size() <= 2 else BLOCK_S // 2
+    span = triton.cdiv(triton.cdiv(S, max(1, splits)), block) * block
     splits = max(1, triton.cdiv(S, span))
     BR = max(16, triton.next_power_of_2(H))
     BDR, BP = max(16, triton.next_power_of_2(R)), max(16, triton.next_power_of_2(P))
@@ -183,12 +186,12 @@ def latent_attention_triton(q_latent: torch.Tensor, q_rope: torch.Tensor, latent
     m = mask if has_mask else q_latent
     s_mb = mask.stride(0) if has_mask and mask.shape[0] > 1 else 0
     mask_min = torch.finfo(mask.dtype).min if has_mask else 0.0
-    step_bytes = BLOCK_S * (BDR + BP) * latents.element_size()
+    step_bytes = block * (BDR + BP) * latents.element_size()
     _latent_attention_kernel[(B, splits)](
         q_latent, q_rope, latents, k_ropes, m, out, part_o, part_ml, q_latent.stride(0), q_latent.stride(1),
         q_rope.stride(0), q_rope.stride(1), latents.stride(0), latents.stride(1), k_ropes.stride(0), k_ropes.stride(1),
         s_mb, out.stride(0), out.stride(1), S, span, float(scaling), mask_min, H=H, R=R, P=P, BR=BR, BDR=BDR, BP=BP,
-        BS=BLOCK_S, SPLITS=splits, HAS_MASK=has_mask, IEEE=q_latent.dtype == torch.float32,
+        BS=block, SPLITS=splits, HAS_MASK=has_mask, IEEE=q_latent.dtype == torch.float32,
         num_warps=4 if BR * BDR <= 64 * 128 else 8, num_stages=3 if step_bytes <= 48 * 1024 else 2)
     if splits > 1:  # decode's combine: one key head of H query heads, one token
         _combine_kernel[(B,)](part_o, part_ml, out, out.stride(0), 0, out.stride(1), 1, T=1, G=H, DV=R, BR=BR,
