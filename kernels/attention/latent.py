@@ -4,9 +4,9 @@ Ling / Ring's), flash-decoding style.
 In the absorbed form (``laquant.models.mla_attention``) every query head attends over the same cached rows: a
 latent ``c(t)`` (``R`` wide, ``kv_lora_rank``) that is both the key's main part and the value, and a shared rope part
 ``k_rope(t)`` (``P`` wide). Its scores are ``q_latent . c(t) + q_rope . k_rope(t)``; its output each head's weighted
-latent ``sum_t p(t) c(t)``, which the caller projects through ``W_v``. As PyTorch ops (two batched GEMMs, a third for the
-rope part, the scaling, the mask, the softmax and its cast) the latents are read twice and the scores make a round trip
-through memory. :func:`latent_attention_triton` is one launch (two where the positions are split):
+latent ``sum_t p(t) c(t)``, which the caller projects through ``W_v``. As PyTorch ops (two batched GEMMs, a third
+for the rope part, the scaling, the mask, the softmax and its cast) the latents are read twice and the scores make a
+round trip through memory. :func:`latent_attention_triton` is one launch (two where the positions are split):
 
 * a program takes one sequence, all its query heads (the rows of one tensor-core tile) and a span of positions; each
   step loads a block of latents once and uses it for the scores (transposed) and for the output; the scores in

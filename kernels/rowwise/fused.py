@@ -263,7 +263,8 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
             *(row_layout(g) if g is not None else dummy), *row_layout(y), N, *ptrs, heads,
             BLOCK_N=block_n, ROWS=rows, HAS_RES=residual is not None, GATED=g is not None, ROUND_SUM=round_sum,
             ROUND_NORMED=round_normed, GATE_FIRST=gate_first, W_PER_ROW=weight.numel() != N,
-            SIGMOID_GATE=gate_activation == "sigmoid", num_warps=warps if packed is None else _codes_warps(max(rows * block_n, consts["BQ"])),
+            SIGMOID_GATE=gate_activation == "sigmoid",
+            num_warps=warps if packed is None else _codes_warps(max(rows * block_n, consts["BQ"])),
             **consts, **pdl_launch(x.device, M // heads))
     return y, (ro if residual is not None else None), codes
 

@@ -115,6 +115,8 @@ GATED_NORMS = {
     **{name: GatedNorm("variance_epsilon", "sigmoid") for name in (
         "KimiLinearRMSNormGated", "BailingHybridRMSNormGated")},
 }
+
+
 class MambaGatedNorm(NamedTuple):
     """A grouped gated norm's formula as laquant's norm kernel takes it (a row in :data:`MAMBA_GATED_NORMS`)."""
 
