@@ -69,7 +69,7 @@ def test_separate_projections_and_beta_scale():
     assert beta.max() > 1.0  # doubled
 
 
-@pytest.mark.parametrize("quant", [None, "per_channel"])
+@pytest.mark.parametrize("quant", [None, "per_channel", "per_tensor"])
 def test_kda_forget_gate_per_channel_with_a_rate_per_head(quant):
     """Kimi Delta Attention's forget gate: decay logits [..., H, K] read out of a wider tensor, dt_bias per channel,
     A_log per head (broadcast over its K channels), no beta; the treatment per channel viewed [H, K]."""
@@ -78,8 +78,8 @@ def test_kda_forget_gate_per_channel_with_a_rate_per_head(quant):
     wide = (torch.randn(2, 5, H * K + 7, generator=gen) * 4).to(DEVICE, DTYPE)
     a = wide[..., 7:].unflatten(-1, (H, K))
     A_log, dt_bias = torch.randn(H, generator=gen).to(DEVICE), torch.randn(H * K, generator=gen).to(DEVICE)
-    t = None if quant is None else {k: None if v is None else v.view(H, K)
-                                    for k, v in _treatment(H * K, True, True, gen).items()}
+    t = None if quant is None else {k: None if v is None else v if v.numel() == 1 else v.view(H, K)
+                                    for k, v in _treatment(H * K, quant == "per_channel", True, gen).items()}
     g, beta = gdn_gating_triton(a, None, A_log, dt_bias, a_treatment=t)
     cpu = None if t is None else {k: v.cpu() for k, v in t.items()}
     g_ref, beta_ref = gdn_gating(a.cpu(), None, A_log.cpu(), dt_bias.cpu(), a_treatment=cpu)
@@ -92,6 +92,11 @@ def test_kda_forget_gate_per_channel_with_a_rate_per_head(quant):
     assert torch.equal(untreated, expected)
     with pytest.raises(ValueError, match="one value per group"):
         gdn_gating_triton(a, None, torch.zeros(H + 1, device=DEVICE), dt_bias)
+    with pytest.raises(ValueError, match="one value per group"):
+        gdn_gating(a.cpu(), None, torch.zeros(H + 1), dt_bias.cpu())
+    with pytest.raises(ValueError, match="without them"):
+        gdn_gating_triton(a, None, A_log, dt_bias, b_treatment={"logit_min": None, "logit_max": None,
+                                                                 "logit_scale": torch.ones(1, device=DEVICE)})
 
 
 def test_refuses_mismatched_shapes():

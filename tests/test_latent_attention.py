@@ -57,6 +57,23 @@ def test_kernel_matches_the_spec(B, H, S, seen, R, P, splits):
         (1e-5 if INTERPRETED else 1e-2)
 
 
+def test_kernel_takes_a_broadcast_mask_and_strided_queries():
+    """A mask [1, 1, 1, S'] shared by the batch, and q_latent as the absorbed step makes it (a transposed bmm output:
+    heads strided by the batch)."""
+    require_triton_kernels()
+    from laquant.kernels.attention.latent import latent_attention_triton
+
+    gen = torch.Generator().manual_seed(11)
+    B, H, S, R, P = 3, 5, 90, 40, 8
+    _, qr, c, kr = _inputs(B, H, S, R, P, gen)
+    ql = torch.randn(H, B, R, generator=gen).to(DTYPE).to(DEVICE).transpose(0, 1)  # [B, H, R], strides (R, B R, 1)
+    mask = _static_mask(1, S, 60)
+    for splits in (1, 3):
+        got = latent_attention_triton(ql, qr, c, kr, mask, 0.3, splits=splits)
+        want = latent_attention(ql, qr, c, kr, mask.expand(B, 1, 1, -1), 0.3)
+        assert rel_err(got.float().cpu(), want.float().cpu()) < (1e-5 if INTERPRETED else 1e-2)
+
+
 @pytest.mark.parametrize("splits", [1, 4])
 def test_kernel_does_not_read_the_unwritten_room(splits):
     """Latents and rope parts past the last position the mask shows are NaN: read, they would make the output NaN;

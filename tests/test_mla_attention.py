@@ -62,7 +62,8 @@ def test_static_steps_take_the_absorbed_form(family, kw, monkeypatch):
 @torch.no_grad()
 def test_static_steps_run_the_latent_attention_kernel(family, monkeypatch):
     """On the GPU path (Triton's interpreter on the CPU, float32) the absorbed static step's attention over the
-    latents is laquant's one kernel, once per MLA layer and step, and the logits stay transformers'."""
+    latents is laquant's one kernel, once per MLA layer and step, and the logits stay the absorbed PyTorch ops' (which
+    test_static_steps_take_the_absorbed_form holds to transformers' forward)."""
     from conftest import INTERPRETED, require_triton_kernels
 
     require_triton_kernels()

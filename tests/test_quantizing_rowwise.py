@@ -288,6 +288,7 @@ def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monk
     import laquant
     from laquant.kernels.delta import gating
     from laquant.kernels.rowwise import fused as rowwise_fused
+    from laquant.models import hybrid_mixers
     from laquant.quant import fused
 
     model = _interpreted_codes_model(family)
@@ -311,6 +312,15 @@ def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monk
     monkeypatch.setattr(gating, "gdn_gating_triton", counted("gdn_gating", gating.gdn_gating_triton))
     monkeypatch.setattr(rowwise_fused, "rms_norm_triton", counted(
         "norm_codes", rowwise_fused.rms_norm_triton, lambda *a, packed=None, **k: packed is not None))
+    joined = []  # q / k / v of one GEMM reach the conv as a view of its output, not a copy
+
+    def join(parts):
+        out = joined_columns(parts)
+        joined.append(out.data_ptr() == parts[0].data_ptr())
+        return out
+
+    joined_columns = hybrid_mixers.joined_columns
+    monkeypatch.setattr(hybrid_mixers, "joined_columns", join)
     norm_calls = []  # a norm of a block that several layers share (Zamba2's) runs once a use
     for m in model.modules():
         if isinstance(m, quantizing_rowwise._QuantizingNorm):
@@ -322,6 +332,7 @@ def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monk
     assert calls["norm_codes"] == len(norm_calls), (norm_calls, calls)  # each installed norm wrote its group's codes
     assert all(calls[name] for name in CODES_PATHS[family]), calls
     assert bool(calls["gdn_gating"]) == (family in GATED_DELTA_NETS), calls
+    assert all(joined) and bool(joined) == (family in ("kimi_linear", "bailing_hybrid", "olmo_hybrid")), joined
     assert rel_err(logits, reference) < 1e-5
 
 
@@ -413,7 +424,7 @@ def test_mamba_gated_norm_is_one_kernel_without_codes(family, variant, monkeypat
 def test_kda_output_norm_and_forget_gate_without_codes(family, monkeypatch):
     """The unquantized KDA hybrids on the GPU path (Triton's interpreter, float32): the sigmoid-gated output norm is
     laquant's one kernel (no codes to write) once per KDA layer, Kimi Linear's forget gate tail one kernel (Ling /
-    Ring's bounded gate keeps PyTorch's), q / k / v reach the conv as they are, and the logits equal transformers'."""
+    Ring's bounded gate keeps PyTorch's), and the logits equal the CPU path's (transformers' norm and gate tail)."""
     from laquant.kernels.delta import gating
     from laquant.kernels.rowwise import fused as rowwise_fused
     from laquant.models.hybrid_mixers import KimiDeltaAttentionMixer

@@ -42,13 +42,22 @@ def gdn_gating(a: torch.Tensor, b: torch.Tensor | None, A_log: torch.Tensor, dt_
     :meth:`QuantGate.logit_treatment`'s dict with its tensors as ``[G, R]`` views (the scale may be one element:
     per-tensor), or None."""
     G, R = a.shape[-2:]
-    rate = A_log.float().exp()
-    rate = rate.reshape(G, 1).expand(G, R).flatten() if A_log.numel() == G and R > 1 else rate
+    _check_rates(A_log, dt_bias, G, R)
+    rate = A_log.float().exp().reshape(-1)
+    rate = rate.reshape(G, 1).expand(G, R).flatten() if rate.numel() == G and R > 1 else rate
     g = -rate * F.softplus(treated(a, a_treatment).flatten(-2).float() + dt_bias.float())
     if b is None:
+        if b_treatment is not None:
+            raise ValueError("a treatment of the beta logits was given without them")
         return g, None
     beta = treated(b, b_treatment).flatten(-2).float().sigmoid()
     return g, beta * beta_scale if beta_scale != 1.0 else beta
+
+
+def _check_rates(A_log: torch.Tensor, dt_bias: torch.Tensor, G: int, R: int) -> None:
+    if A_log.numel() not in (G, G * R) or dt_bias.numel() != G * R:
+        raise ValueError(f"A_log must hold one value per group ({G}) or per channel ({G * R}) and dt_bias one per "
+                         f"channel; got {A_log.numel()} and {dt_bias.numel()}")
 
 
 if triton is not None:
@@ -87,11 +96,11 @@ def gdn_gating_triton(a: torch.Tensor, b: torch.Tensor | None, A_log: torch.Tens
     if a.dim() < 2 or (b is not None and a.shape != b.shape):
         raise ValueError(f"expected a and b of one shape [..., G, R]; got {tuple(a.shape)} and "
                          f"{None if b is None else tuple(b.shape)}")
+    if b is None and b_treatment is not None:
+        raise ValueError("a treatment of the beta logits was given without them")
     G, R = a.shape[-2:]
     H = G * R
-    if A_log.numel() not in (G, H) or dt_bias.numel() != H:
-        raise ValueError(f"A_log must hold one value per group ({G}) or per channel ({H}) and dt_bias one per channel; "
-                         f"got {A_log.numel()} and {dt_bias.numel()}")
+    _check_rates(A_log, dt_bias, G, R)
     lead = a.shape[:-2]
     a3 = a.reshape(-1, G, R)  # a view where the leading dims have one stride
     b3 = b.reshape(-1, G, R) if b is not None else a3

@@ -267,7 +267,8 @@ class GatedDeltaNetMixer(HybridMixer):
         B, T = o.shape[:2]
         norm = getattr(self, self.NORM)
         formula = GATED_NORMS.get(type(norm).__name__)
-        packed = w8a8_inputs(self, (self.OUT,), o) if formula is not None else None
+        hooked = norm._forward_hooks or norm._forward_pre_hooks  # a hooked norm runs its own forward
+        packed = w8a8_inputs(self, (self.OUT,), o) if formula is not None and not hooked else None
         if packed is not None:
             from laquant.kernels.rowwise.fused import gated_rms_norm_triton
 

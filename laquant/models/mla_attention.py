@@ -17,10 +17,11 @@ unwritten room of a static cache not read); elsewhere, with a boolean mask or un
 :func:`install`'s forward runs it on every one-token step on a cache: the static cache of the graphed loops,
 and transformers' own cache (eager decoding, ``eval ppl --mode decode``), so that both decode alike. PyTorch's
 ops take the scores as transformers' eager attention does (in the input dtype, the mask added, softmax in float32),
-the kernel in float32; either equals transformers' up to rounding. A quantized ``kv_b_proj`` enters with its dequantized weight (the int8 codes
-times their scales, the outlier columns as stored): the latents are not quantized as its W8A8 call would,
-the one numerics difference of these steps. Prompts (several tokens), attention weights wanted, hooks on
-``kv_b_proj`` (calibration's observers) or another attention implementation run transformers' forward.
+the kernel in float32; either equals transformers' up to rounding. A quantized ``kv_b_proj`` enters with its
+dequantized weight (the int8 codes times their scales, the outlier columns as stored): the latents are not
+quantized as its W8A8 call would, the one numerics difference of these steps. Prompts (several tokens), attention
+weights wanted, hooks on ``kv_b_proj`` (calibration's observers) or another attention implementation run
+transformers' forward.
 """
 
 from __future__ import annotations
