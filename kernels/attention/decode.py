@@ -170,6 +170,36 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
+def split_positions(S: int, programs: int, block: int, splits: int | None, device: torch.device) -> tuple[int, int]:
+    """``(splits, span)``: the spans S positions split into for ``programs`` programs, each span a multiple of
+    ``block`` positions, none empty. ``splits`` None: one span from half an SM's worth of programs on, below about two
+    programs an SM, every span but the last at least :data:`MIN_SPAN` positions (swept on an H200,
+    eval/results/hybrid_decode_h200/run5_splits/)."""
+    if splits is None:
+        sms = _sm_count(device)
+        splits = 1 if 2 * programs >= sms else min(triton.cdiv(2 * sms, programs), triton.cdiv(S, MIN_SPAN))
+    span = triton.cdiv(triton.cdiv(S, max(1, splits)), block) * block
+    return max(1, triton.cdiv(S, span)), span
+
+
+def split_buffers(programs: int, splits: int, BR: int, BDV: int, out: torch.Tensor):
+    """``(part_o, part_ml)``: each span's output rows and running maximum and sum, which :func:`_combine_kernel`
+    reads; ``out`` stands in for both where there is one span (the kernel then writes the output itself)."""
+    if splits == 1:
+        return out, out
+    return (torch.empty(programs * splits, BR, BDV, dtype=torch.float32, device=out.device),
+            torch.empty(programs * splits, 2, BR, dtype=torch.float32, device=out.device))
+
+
+def mask_args(mask: torch.Tensor | None, stand_in: torch.Tensor):
+    """``(pointer, batch stride, token stride, hidden value)`` of an additive mask ``[B or 1, 1, T or 1, S']`` (its
+    broadcast dimensions stride 0); ``stand_in`` is passed where there is no mask."""
+    if mask is None:
+        return stand_in, 0, 0, 0.0
+    return (mask, mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(2) if mask.shape[2] > 1 else 0,
+            torch.finfo(mask.dtype).min)
+
+
 def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> bool:
     """Whether :func:`decode_attention_triton` takes these inputs (else the caller runs its own attention)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -209,25 +239,12 @@ def decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m
     Hkv, S, DV = k.shape[1], k.shape[-2], v.shape[-1]
     G = Hq // Hkv
     programs = B * Hkv
-    if splits is None:  # swept on an H200 (eval/results/hybrid_decode_h200/run5_splits/): from half an SM's worth
-        # of programs on, one span; below, ~2 programs an SM, spans of >= MIN_SPAN positions
-        sms = _sm_count(q.device)
-        splits = 1 if 2 * programs >= sms else min(triton.cdiv(2 * sms, programs), triton.cdiv(S, MIN_SPAN))
-    span = triton.cdiv(triton.cdiv(S, max(1, splits)), BLOCK_S) * BLOCK_S
-    splits = max(1, triton.cdiv(S, span))
+    splits, span = split_positions(S, programs, BLOCK_S, splits, q.device)
     BR = max(16, triton.next_power_of_2(G * T))
     BD, BDV = max(16, triton.next_power_of_2(D)), max(16, triton.next_power_of_2(DV))
     out = torch.empty(B, T, Hq, DV, dtype=q.dtype, device=q.device)
-    if splits > 1:
-        part_o = torch.empty(programs * splits, BR, BDV, dtype=torch.float32, device=q.device)
-        part_ml = torch.empty(programs * splits, 2, BR, dtype=torch.float32, device=q.device)
-    else:
-        part_o = part_ml = out
-    has_mask = mask is not None
-    m = mask if has_mask else q
-    s_mb = mask.stride(0) if has_mask and mask.shape[0] > 1 else 0
-    s_mt = mask.stride(2) if has_mask and mask.shape[2] > 1 else 0
-    mask_min = torch.finfo(mask.dtype).min if has_mask else 0.0
+    part_o, part_ml = split_buffers(programs, splits, BR, BDV, out)
+    m, s_mb, s_mt, mask_min = mask_args(mask, q)
     warps = 4 if BR * max(BD, BDV) <= 64 * 128 else 8
     step_bytes = BLOCK_S * (BD + BDV) * k.element_size()  # float32 at D = 256 would not fit three in shared memory
     stages = 3 if step_bytes <= STAGED_BYTES else 1
@@ -235,7 +252,7 @@ def decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m
         q, k, v, m, out, part_o, part_ml, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), s_mb, s_mt, out.stride(0), out.stride(1), out.stride(2), Hkv, S, span,
         float(scaling), mask_min, T=T, G=G, D=D, DV=DV, BR=BR, BD=BD, BDV=BDV, BS=BLOCK_S, SPLITS=splits,
-        HAS_MASK=has_mask, IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
+        HAS_MASK=mask is not None, IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
     if splits > 1:
         _combine_kernel[(programs,)](part_o, part_ml, out, out.stride(0), out.stride(1), out.stride(2), Hkv, T=T, G=G,
                                      DV=DV, BR=BR, BDV=BDV, SPLITS=splits, BSP=triton.next_power_of_2(splits),

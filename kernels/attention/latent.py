@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .decode import FLOATS, MIN_SPAN, _sm_count
+from .decode import FLOATS, mask_args, split_buffers, split_positions
 
 try:
     import triton
@@ -168,30 +168,19 @@ def latent_attention_triton(q_latent: torch.Tensor, q_rope: torch.Tensor, latent
                          f"{None if mask is None else tuple(mask.shape)}")
     B, H, R = q_latent.shape
     S, P = latents.shape[1], k_ropes.shape[-1]
-    if splits is None:
-        sms = _sm_count(q_latent.device)
-        splits = 1 if 2 * B >= sms else min(triton.cdiv(2 * sms, B), triton.cdiv(S, MIN_SPAN))
     block = BLOCK_S if latents.element_size() <= 2 else BLOCK_S // 2
-    span = triton.cdiv(triton.cdiv(S, max(1, splits)), block) * block
-    splits = max(1, triton.cdiv(S, span))
+    splits, span = split_positions(S, B, block, splits, q_latent.device)
     BR = max(16, triton.next_power_of_2(H))
     BDR, BP = max(16, triton.next_power_of_2(R)), max(16, triton.next_power_of_2(P))
     out = torch.empty(B, H, R, dtype=q_latent.dtype, device=q_latent.device)
-    if splits > 1:
-        part_o = torch.empty(B * splits, BR, BDR, dtype=torch.float32, device=q_latent.device)
-        part_ml = torch.empty(B * splits, 2, BR, dtype=torch.float32, device=q_latent.device)
-    else:
-        part_o = part_ml = out
-    has_mask = mask is not None
-    m = mask if has_mask else q_latent
-    s_mb = mask.stride(0) if has_mask and mask.shape[0] > 1 else 0
-    mask_min = torch.finfo(mask.dtype).min if has_mask else 0.0
+    part_o, part_ml = split_buffers(B, splits, BR, BDR, out)
+    m, s_mb, _, mask_min = mask_args(mask, q_latent)  # one token: no token stride
     step_bytes = block * (BDR + BP) * latents.element_size()
     _latent_attention_kernel[(B, splits)](
         q_latent, q_rope, latents, k_ropes, m, out, part_o, part_ml, q_latent.stride(0), q_latent.stride(1),
         q_rope.stride(0), q_rope.stride(1), latents.stride(0), latents.stride(1), k_ropes.stride(0), k_ropes.stride(1),
         s_mb, out.stride(0), out.stride(1), S, span, float(scaling), mask_min, H=H, R=R, P=P, BR=BR, BDR=BDR, BP=BP,
-        BS=block, SPLITS=splits, HAS_MASK=has_mask, IEEE=q_latent.dtype == torch.float32,
+        BS=block, SPLITS=splits, HAS_MASK=mask is not None, IEEE=q_latent.dtype == torch.float32,
         num_warps=4 if BR * BDR <= 64 * 128 else 8, num_stages=3 if step_bytes <= 48 * 1024 else 2)
     if splits > 1:  # decode's combine: one key head of H query heads, one token
         _combine_kernel[(B,)](part_o, part_ml, out, out.stride(0), 0, out.stride(1), 1, T=1, G=H, DV=R, BR=BR,
