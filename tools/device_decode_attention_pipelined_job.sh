@@ -5,20 +5,13 @@
 #   run: bash tools/device_kernels.sh 540 device_decode_attention_pipelined_job.sh   (carry .whl and scratch)
 set -u
 . tools/device_job_env.sh "$@"
-BASE="$PWD/scratch/base_pkg"
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_decode_attention.py > "$W/gpu_tests_kernel.log" 2>&1
 log "kernel tests rc $?"
 timeout 120 python3 tools/bench_decode_attention.py "$W/bench_decode_attention.json" > "$W/bench_decode_attention.log" 2>&1
 log "bench rc $?"
 QWEN='{"hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 5632, "num_attention_heads": 16, "num_key_value_heads": 2, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "num_experts": 0}'
-e2e() {  # family, config, output tag
-  timeout 150 laquant eval speed --suite e2e --hybrid-recipe hybrid_int8 --batch 1 64 --prompt 1024 --gen 32 \
-    --no-profile --model "$1:$2" --out "$W/e2e_$1$3" > "$W/e2e_$1$3.log" 2>&1
-  log "$1$3 e2e rc $?"
-}
-[ -d "$BASE/laquant/assets" ] || cp -r laquant/assets "$BASE/laquant/assets"
-e2e zamba2 "$(python3 tools/family_configs.py zamba2)" ""
-PYTHONPATH="$BASE:$PYTHONPATH" e2e zamba2 "$(python3 tools/family_configs.py zamba2)" _base
-e2e qwen3_next "$QWEN" ""
-PYTHONPATH="$BASE:$PYTHONPATH" e2e qwen3_next "$QWEN" _base
+for tag in "" _base; do
+  hybrid_e2e zamba2 "$tag" "" --no-profile
+  hybrid_e2e qwen3_next "$tag" "$QWEN" --no-profile
+done
 touch "$W/job.done"

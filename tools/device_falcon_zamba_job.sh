@@ -5,20 +5,11 @@
 # scratch, first on PYTHONPATH) that checkout too, *_base, in the same job. Carry .whl (eval speed imports fla).
 set -u
 . tools/device_job_env.sh "$@"
-BASE="$PWD/scratch/base_pkg"
 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_quantizing_rowwise.py -k "gpu and (zamba2 or falcon_h1)" \
   > "$W/gpu_tests.log" 2>&1
 log "tests rc $?"
-e2e() {  # family, output tag
-  timeout 150 laquant eval speed --suite e2e --hybrid-recipe hybrid_int8 --batch 1 64 --prompt 1024 --gen 32 \
-    --model "$1:$(python3 tools/family_configs.py "$1")" --out "$W/e2e_$1$2" > "$W/e2e_$1$2.log" 2>&1
-  log "$1$2 e2e rc $?"
-}
 for fam in falcon_h1 zamba2; do
-  e2e "$fam" ""
-  if [ -d "$BASE/laquant" ]; then
-    [ -d "$BASE/laquant/assets" ] || cp -r laquant/assets "$BASE/laquant/assets"
-    PYTHONPATH="$BASE:$PYTHONPATH" e2e "$fam" _base
-  fi
+  hybrid_e2e "$fam" ""
+  [ -d "$BASE/laquant" ] && hybrid_e2e "$fam" _base
 done
 touch "$W/job.done"

@@ -1,8 +1,24 @@
 # Sourced first by the device jobs (`. tools/device_job_env.sh "$@"`, from the repository root): sets W, the work
 # folder ($1, else $OUT), defines log (a line and the time into $W/status.log), writes $W/versions.txt (GPU, torch,
-# Triton, transformers) and logs the start.
+# Triton, transformers) and logs the start; defines BASE and hybrid_e2e (below).
 W=${1:-$OUT}
 log() { echo "$* $(date +%T)" >> "$W/status.log"; }
 python3 -c "import torch, triton, transformers; print(torch.cuda.get_device_name(), 'torch', torch.__version__, \
 'triton', triton.__version__, 'transformers', transformers.__version__)" > "$W/versions.txt" 2>&1
 log start
+BASE="$PWD/scratch/base_pkg"  # a checkout carried as scratch (laquant/ inside): the "before" of a timed pair
+# hybrid_e2e FAMILY TAG [CONFIG [FLAGS...]]: `laquant eval speed`'s e2e of a transformers hybrid (bf16 and hybrid_int8,
+# B = 1 and 64, prompt 1,024, 32 decode steps; CONFIG, JSON fields, default tools/family_configs.py's) into
+# $W/e2e_FAMILY$TAG; TAG _base runs the checkout in $BASE, first on PYTHONPATH. E2E_TIMEOUT: seconds (default 150).
+hybrid_e2e() {
+  local fam=$1 tag=$2 cfg path=$PYTHONPATH
+  cfg=${3:-$(python3 tools/family_configs.py "$fam")}
+  shift $(($# < 3 ? $# : 3))
+  if [ "$tag" = _base ]; then
+    [ -d "$BASE/laquant/assets" ] || cp -r laquant/assets "$BASE/laquant/assets"
+    path="$BASE:$PYTHONPATH"
+  fi
+  PYTHONPATH="$path" timeout "${E2E_TIMEOUT:-150}" laquant eval speed --suite e2e --hybrid-recipe hybrid_int8 \
+    --batch 1 64 --prompt 1024 --gen 32 "$@" --model "$fam:$cfg" --out "$W/e2e_$fam$tag" > "$W/e2e_$fam$tag.log" 2>&1
+  log "$fam$tag e2e rc $?"
+}

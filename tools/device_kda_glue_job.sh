@@ -6,20 +6,13 @@
 #   run: bash tools/device_kernels.sh 560 device_kda_glue_job.sh   (carry .whl and scratch)
 set -u
 . tools/device_job_env.sh "$@"
-BASE="$PWD/scratch/base_pkg"
 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_fused_layer_ops.py tests/test_delta_gating.py \
   tests/test_quantizing_rowwise.py tests/test_static_hybrid.py \
   -k "sigmoid or gated or gating or kda or (gpu and kimi) or (graphed and kimi)" > "$W/gpu_tests.log" 2>&1
 log "tests rc $?"
-e2e() {  # family, output tag
-  timeout 150 laquant eval speed --suite e2e --hybrid-recipe hybrid_int8 --batch 1 64 --prompt 1024 --gen 32 \
-    --model "$1:$(python3 tools/family_configs.py "$1")" --out "$W/e2e_$1$2" > "$W/e2e_$1$2.log" 2>&1
-  log "$1$2 e2e rc $?"
-}
-[ -d "$BASE/laquant/assets" ] || cp -r laquant/assets "$BASE/laquant/assets"
 for fam in kimi_linear olmo_hybrid; do
-  e2e "$fam" ""
-  PYTHONPATH="$BASE:$PYTHONPATH" e2e "$fam" _base
+  hybrid_e2e "$fam" ""
+  hybrid_e2e "$fam" _base
 done
 timeout 200 python3 tools/graph_timeline.py "$W/timeline_kimi_linear.json" --prompt 1024 \
   --model "kimi_linear:$(python3 tools/family_configs.py kimi_linear)" > "$W/timeline_kimi_linear.log" 2>&1

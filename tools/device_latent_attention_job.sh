@@ -5,19 +5,11 @@
 #   run: bash tools/device_kernels.sh 560 device_latent_attention_job.sh   (carry .whl and scratch)
 set -u
 . tools/device_job_env.sh "$@"
-BASE="$PWD/scratch/base_pkg"
 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_latent_attention.py tests/test_static_hybrid.py \
   -k "latent or kimi" > "$W/gpu_tests.log" 2>&1
 log "tests rc $?"
-[ -d "$BASE/laquant/assets" ] || cp -r laquant/assets "$BASE/laquant/assets"
-for tag in "" _base; do
-  [ -n "$tag" ] && export PYTHONPATH="$BASE:$PYTHONPATH"
-  timeout 150 laquant eval speed --suite e2e --hybrid-recipe hybrid_int8 --batch 1 64 --prompt 1024 --gen 32 \
-    --model "kimi_linear:$(python3 tools/family_configs.py kimi_linear)" --out "$W/e2e_kimi_linear$tag" \
-    > "$W/e2e_kimi_linear$tag.log" 2>&1
-  log "kimi_linear$tag e2e rc $?"
-done
-export PYTHONPATH="${PYTHONPATH#$BASE:}"
+hybrid_e2e kimi_linear ""
+hybrid_e2e kimi_linear _base
 timeout 150 python3 tools/graph_timeline.py "$W/timeline_kimi_linear.json" --prompt 1024 \
   --model "kimi_linear:$(python3 tools/family_configs.py kimi_linear)" > "$W/timeline_kimi_linear.log" 2>&1
 log "kimi timeline rc $?"

@@ -5,17 +5,11 @@
 # job; the mamba2 graphed step's kernels (tools/family_decode_diag.py). Carry scratch and .whl.
 set -u
 . tools/device_job_env.sh "$@"
-BASE="$PWD/scratch/base_pkg"
-[ -d "$BASE/laquant/assets" ] || cp -r laquant/assets "$BASE/laquant/assets"
 timeout 200 python3 -m pytest -q tests/test_decode_kernel.py -p no:cacheprovider > "$W/gpu_tests.log" 2>&1
 log "tests rc $?"
-e2e() {  # family, output tag
-  timeout 300 laquant eval speed --suite e2e --hybrid-recipe hybrid_int8 --batch 1 64 --prompt 1024 --gen 32 \
-    --model "$1:$(python3 tools/family_configs.py "$1")" --out "$W/e2e_$1$2" > "$W/e2e_$1$2.log" 2>&1
-  log "$1$2 e2e rc $?"
-}
-for fam in mamba2 nemotron_h bamba granitemoehybrid; do e2e $fam ""; done
-for fam in bamba granitemoehybrid; do PYTHONPATH="$BASE:$PYTHONPATH" e2e $fam _base; done
+export E2E_TIMEOUT=300
+for fam in mamba2 nemotron_h bamba granitemoehybrid; do hybrid_e2e $fam ""; done
+for fam in bamba granitemoehybrid; do hybrid_e2e $fam _base; done
 FAMILY=mamba2 timeout 200 python3 tools/family_decode_diag.py "$W/diag_mamba2.json" > "$W/diag_mamba2.log" 2>&1
 log "diag rc $?"
 touch "$W/job.done"
