@@ -28,6 +28,8 @@ import functools
 
 import torch
 
+from ..common.sizes import cdiv, next_power_of_2
+
 try:
     import triton
     import triton.language as tl
@@ -177,9 +179,9 @@ def split_positions(S: int, programs: int, block: int, splits: int | None, devic
     eval/results/hybrid_decode_h200/run5_splits/)."""
     if splits is None:
         sms = _sm_count(device)
-        splits = 1 if 2 * programs >= sms else min(triton.cdiv(2 * sms, programs), triton.cdiv(S, MIN_SPAN))
-    span = triton.cdiv(triton.cdiv(S, max(1, splits)), block) * block
-    return max(1, triton.cdiv(S, span)), span
+        splits = 1 if 2 * programs >= sms else min(cdiv(2 * sms, programs), cdiv(S, MIN_SPAN))
+    span = cdiv(cdiv(S, max(1, splits)), block) * block
+    return max(1, cdiv(S, span)), span
 
 
 def split_buffers(programs: int, splits: int, BR: int, BDV: int, out: torch.Tensor):
@@ -240,8 +242,8 @@ def decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m
     G = Hq // Hkv
     programs = B * Hkv
     splits, span = split_positions(S, programs, BLOCK_S, splits, q.device)
-    BR = max(16, triton.next_power_of_2(G * T))
-    BD, BDV = max(16, triton.next_power_of_2(D)), max(16, triton.next_power_of_2(DV))
+    BR = max(16, next_power_of_2(G * T))
+    BD, BDV = max(16, next_power_of_2(D)), max(16, next_power_of_2(DV))
     out = torch.empty(B, T, Hq, DV, dtype=q.dtype, device=q.device)
     part_o, part_ml = split_buffers(programs, splits, BR, BDV, out)
     m, s_mb, s_mt, mask_min = mask_args(mask, q)
@@ -255,6 +257,6 @@ def decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m
         HAS_MASK=mask is not None, IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
     if splits > 1:
         _combine_kernel[(programs,)](part_o, part_ml, out, out.stride(0), out.stride(1), out.stride(2), Hkv, T=T, G=G,
-                                     DV=DV, BR=BR, BDV=BDV, SPLITS=splits, BSP=triton.next_power_of_2(splits),
+                                     DV=DV, BR=BR, BDV=BDV, SPLITS=splits, BSP=next_power_of_2(splits),
                                      num_warps=4)
     return out

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.sizes import next_power_of_2
 from .decode import FLOATS, mask_args, split_buffers, split_positions
 
 try:
@@ -170,8 +171,8 @@ def latent_attention_triton(q_latent: torch.Tensor, q_rope: torch.Tensor, latent
     S, P = latents.shape[1], k_ropes.shape[-1]
     block = BLOCK_S if latents.element_size() <= 2 else BLOCK_S // 2
     splits, span = split_positions(S, B, block, splits, q_latent.device)
-    BR = max(16, triton.next_power_of_2(H))
-    BDR, BP = max(16, triton.next_power_of_2(R)), max(16, triton.next_power_of_2(P))
+    BR = max(16, next_power_of_2(H))
+    BDR, BP = max(16, next_power_of_2(R)), max(16, next_power_of_2(P))
     out = torch.empty(B, H, R, dtype=q_latent.dtype, device=q_latent.device)
     part_o, part_ml = split_buffers(B, splits, BR, BDR, out)
     m, s_mb, _, mask_min = mask_args(mask, q_latent)  # one token: no token stride
@@ -184,5 +185,5 @@ def latent_attention_triton(q_latent: torch.Tensor, q_rope: torch.Tensor, latent
         num_warps=4 if BR * BDR <= 64 * 128 else 8, num_stages=3 if step_bytes <= 48 * 1024 else 2)
     if splits > 1:  # decode's combine: one key head of H query heads, one token
         _combine_kernel[(B,)](part_o, part_ml, out, out.stride(0), 0, out.stride(1), 1, T=1, G=H, DV=R, BR=BR,
-                              BDV=BDR, SPLITS=splits, BSP=triton.next_power_of_2(splits), num_warps=4)
+                              BDV=BDR, SPLITS=splits, BSP=next_power_of_2(splits), num_warps=4)
     return out

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..common.pdl import pdl_launch
+from ..common.sizes import next_power_of_2
 from ..rowwise.reference import rms_norm
 
 try:
@@ -159,6 +160,6 @@ def qk_norm_rope_step_triton(q: torch.Tensor, gate: torch.Tensor | None, k: torc
             cos.stride(0) if B > 1 and cos.shape[0] > 1 else 0, sin.stride(0) if B > 1 and sin.shape[0] > 1 else 0,
             keys.stride(0), keys.stride(1), keys.stride(2),
             values.stride(0), values.stride(1), values.stride(2),
-            BLOCK_D=triton.next_power_of_2(max(D, Dv)), HAS_GATE=gate is not None, num_warps=1 if D <= 128 else 2,
+            BLOCK_D=next_power_of_2(max(D, Dv)), HAS_GATE=gate is not None, num_warps=1 if D <= 128 else 2,
             **pdl_launch(q.device, B))
     return query, gate_out

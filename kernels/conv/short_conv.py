@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..common.pdl import pdl_launch
+from ..common.sizes import cdiv, next_power_of_2
 
 try:
     import triton
@@ -120,11 +121,11 @@ def short_conv_step_triton(x: torch.Tensor, state: torch.Tensor, weight: torch.T
     so = state if state_out is None else state_out
     out = torch.empty(B, C, dtype=x.dtype, device=x.device)
     if B and C:
-        block = min(512, triton.next_power_of_2(C))
-        _short_conv_step_kernel[(B, triton.cdiv(C, block))](
+        block = min(512, next_power_of_2(C))
+        _short_conv_step_kernel[(B, cdiv(C, block))](
             x, cols if cols is not None else x, state, so, weight, bias if bias is not None else weight, out, C,
             *x.stride(), state.stride(0), state.stride(1), so.stride(0), so.stride(1), W=Wm1 + 1,
-            BLOCK_W=triton.next_power_of_2(Wm1 + 1),
+            BLOCK_W=next_power_of_2(Wm1 + 1),
             GATHER=cols is not None, HAS_BIAS=bias is not None, SILU=activation is not None, BLOCK_C=block,
             num_warps=4, **pdl_launch(x.device, B))
     return out

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.sizes import cdiv, next_power_of_2
 from ..common.state import State, StateQuantizer
 from ..common.state_io import CHUNK, check_state_args, sequence_bounds, state_io, store_position, store_states
 from .intra import chunk_warps, delta_intra_chunk
@@ -272,15 +273,15 @@ def launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, fin
     dummy = o
     state_args, needs_rows = state_io(initial_state, final, final_format, roundtrip, H, K, dummy, rounding, seed,
                                       store_position(initial_state, position))
-    BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
+    BK, BV = next_power_of_2(K), next_power_of_2(V)
     if not needs_rows:  # per-row scales need whole rows in one program
         if block_v is not None:
             BV = min(BV, block_v)
         elif q.is_cuda:  # too few (sequence, head) programs to fill the GPU: split V as well
             sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-            while N * H * triton.cdiv(V, BV) < sms and BV > 32:
+            while N * H * cdiv(V, BV) < sms and BV > 32:
                 BV //= 2
-    _chunk_delta_fwd_kernel[(N * H, triton.cdiv(V, BV))](
+    _chunk_delta_fwd_kernel[(N * H, cdiv(V, BV))](
         q, k, v, g, beta, o, cu_seqlens if cu_seqlens is not None else dummy, *(intra or (dummy,) * 3),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2),

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..common.pdl import pdl_launch
+from ..common.sizes import next_power_of_2
 from ..common.state import StateQuantizer, load_pool_slots, store_pool_slots
 from ..common.state_io import pool_args
 from .reference import l2_normalize, recurrent_gated_delta_rule_step
@@ -217,7 +218,7 @@ def launch_decode(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
         o.stride(0), o.stride(1), *pool_strides,
         K ** -0.5 if qk_scale is None else qk_scale, seed, H=H, GROUP=H // Hk, K=K, V=V,
-        BLOCK_V=triton.next_power_of_2(V), L2NORM=use_qk_l2norm, num_warps=num_warps, **consts,
+        BLOCK_V=next_power_of_2(V), L2NORM=use_qk_l2norm, num_warps=num_warps, **consts,
         enable_fp_fusion=False, **pdl_launch(v.device, B),
     )
     return o

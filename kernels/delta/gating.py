@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from ..common.gate_treatment import treated, treatment_args
 from ..common.pdl import pdl_launch
+from ..common.sizes import cdiv, next_power_of_2
 
 try:
     import triton
@@ -110,9 +111,9 @@ def gdn_gating_triton(a: torch.Tensor, b: torch.Tensor | None, A_log: torch.Tens
     if M and H:
         (alo, ahi, a_s), (p_ag, p_ar), aq = treatment_args(a_treatment, g, G, R)
         (blo, bhi, b_s), (p_bg, p_br), bq = treatment_args(b_treatment, g, G, R)
-        block_h = triton.next_power_of_2(H)
+        block_h = next_power_of_2(H)
         rows = max(1, min(64, 2048 // block_h))
-        _gdn_gating_kernel[(triton.cdiv(M, rows),)](
+        _gdn_gating_kernel[(cdiv(M, rows),)](
             a3, b3, A_log, dt_bias, g, beta if beta is not None else g, alo, ahi, a_s, blo, bhi, b_s, M,
             *a3.stride(), *b3.stride(), p_ag, p_ar, p_bg, p_br, float(beta_scale), H=H, R=R, ROWS=rows,
             BLOCK_H=block_h, **{f"A_{k}": v for k, v in aq.items()}, **{f"B_{k}": v for k, v in bq.items()},

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from ..common.sizes import cdiv, next_power_of_2
+
 try:
     import triton
     import triton.language as tl
@@ -82,7 +84,7 @@ def intra_grid(B: int, T: int, H: int, block_t: int, cu_seqlens: torch.Tensor | 
     """``(grid, slot_map)`` of an intra-chunk kernel: ``(chunks, B * H)``, or with ``cu_seqlens`` one slot
     per chunk of the packed sequences (each slot's sequence and chunk, mapped on the device: no host sync;
     ``N`` spare slots cover the sequences' partial chunks) by ``H``. ``like`` stands in for an absent map."""
-    chunks = triton.cdiv(T, block_t)
+    chunks = cdiv(T, block_t)
     if cu_seqlens is None:
         return (chunks, B * H), like
     N = cu_seqlens.numel() - 1
@@ -103,7 +105,7 @@ def chunk_warps(block_t: int, K: int, low_precision: bool, warps: int, wy_in_wal
     (``wy_in_walk``) or have K <= 32. At 4 warps those faulted with an illegal address or gave wrong outputs on an
     H200 (Triton 3.6): the intra-chunk kernel at K = 16 and 32 (K = 64 and 128 ran right), the one-launch walk at
     K = 48 and 128; every one of them ran right at 2 warps (eval/results/split_intra_h200/)."""
-    small = block_t == 64 and low_precision and (wy_in_walk or triton.next_power_of_2(K) <= 32)
+    small = block_t == 64 and low_precision and (wy_in_walk or next_power_of_2(K) <= 32)
     return 2 if small else warps
 
 
@@ -125,7 +127,7 @@ def delta_intra_chunk(q, k, v, g, beta, scale: float | None = None, cu_seqlens: 
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2),
         beta.stride(0), beta.stride(1), beta.stride(2), T, K ** -0.5 if scale is None else scale,
-        H=H, GROUP=H // Hk, K=K, V=V, BT=block_t, BK=triton.next_power_of_2(K), BV=triton.next_power_of_2(V),
+        H=H, GROUP=H // Hk, K=K, V=V, BT=block_t, BK=next_power_of_2(K), BV=next_power_of_2(V),
         VARLEN=cu_seqlens is not None, LOW_PRECISION=q.dtype != torch.float32, L2NORM=use_qk_l2norm,
         num_warps=chunk_warps(block_t, K, q.dtype != torch.float32, INTRA_WARPS[block_t]))
     return qk, w, u

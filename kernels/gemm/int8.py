@@ -56,6 +56,7 @@ from dataclasses import dataclass
 import torch
 
 from ..common.pdl import pdl_launch
+from ..common.sizes import cdiv, next_power_of_2
 from .configs import choose_config, choose_gemm, tiled_config  # noqa: F401  (re-exported)
 
 try:
@@ -379,8 +380,8 @@ def quantize_rows(x2: torch.Tensor, packed: PackedOutlierWeight):
     if M:
         one_tile = KQ <= 16384  # the row in registers of one program (16 warps above 8192)
         _quantize_rows_kernel[(M,)](x2, packed.source, packed.outlier_idx, xq, xs, xo, K, KQ, NO, packed.n_keep,
-                                    x2.stride(0), BK=triton.next_power_of_2(KQ) if one_tile else 2048,
-                                    BNO=max(16, triton.next_power_of_2(NO)), HAS_OUT=NO > 0, ONE_TILE=one_tile,
+                                    x2.stride(0), BK=next_power_of_2(KQ) if one_tile else 2048,
+                                    BNO=max(16, next_power_of_2(NO)), HAS_OUT=NO > 0, ONE_TILE=one_tile,
                                     IDENTITY=packed.identity,  # K <= KQ: the row fits the tile
                                     num_warps=4 if K <= 2048 else 8 if KQ <= 8192 or not one_tile else 16)
     return xq, xs, xo
@@ -411,7 +412,7 @@ def int8_gemm(xq: torch.Tensor, xs: torch.Tensor, xo: torch.Tensor, packed: Pack
         cfg = dict(cfg)
         warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
         KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
-        grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]),)
+        grid = (cdiv(M, cfg["BM"]) * cdiv(N, cfg["BN"]),)
         _int8_gemm_kernel[grid](xq, packed.qweight, xs, packed.scale, xo, packed.outlier_weight,
                                 packed.bias if packed.bias is not None else xs, y, M, N, KQ, NO, y.stride(0),
                                 BNO=_bno(NO, y.dtype), HAS_OUT=NO > 0,
@@ -475,7 +476,7 @@ def _prepare(x, packed):
 
 
 def _bno(NO, dtype):
-    return min(64 if dtype != torch.float32 else 32, max(16, triton.next_power_of_2(NO)))
+    return min(64 if dtype != torch.float32 else 32, max(16, next_power_of_2(NO)))
 
 
 _COUNTERS: dict = {}
@@ -513,8 +514,8 @@ def _launch_splitk(a8: bool, a, s_am, xs, xo, packed, y, cfg, fuse_q=False):
     KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
     BM, BN = cfg["BM"], cfg["BN"]
     BK, stages = _fit_smem(cfg, 1 if a8 and not fuse_q else a.element_size())
-    n_m, n_n = triton.cdiv(M, BM), triton.cdiv(N, BN)
-    split = max(1, min(int(cfg["SPLIT_K"]), triton.cdiv(KQ, BK)))
+    n_m, n_n = cdiv(M, BM), cdiv(N, BN)
+    split = max(1, min(int(cfg["SPLIT_K"]), cdiv(KQ, BK)))
     fixup = bool(cfg.get("FIXUP", True)) and n_m * n_n <= _N_COUNTERS
     part = torch.empty((split, M, N), dtype=torch.float32, device=y.device) if split > 1 else y
     cnt = _tile_counters(y.device) if split > 1 and fixup else packed.source
@@ -528,4 +529,4 @@ def _launch_splitk(a8: bool, a, s_am, xs, xo, packed, y, cfg, fuse_q=False):
         SWAP_AB=bool(cfg.get("SWAP_AB")) and a8 and not fuse_q, num_warps=cfg["num_warps"], num_stages=stages,
         **pdl_launch(y.device, M))
     if split > 1 and not fixup:
-        _splitk_reduce_kernel[(triton.cdiv(M * N, 1024),)](part, y, M * N, split, BLOCK=1024, num_warps=4)
+        _splitk_reduce_kernel[(cdiv(M * N, 1024),)](part, y, M * N, split, BLOCK=1024, num_warps=4)

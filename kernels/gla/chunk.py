@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from ..common.formats import get_format
+from ..common.sizes import cdiv, next_power_of_2
 from ..common.state import State, StateQuantizer
 from ..common.state_io import CHUNK, check_state_args, sequence_bounds, state_io, store_position, store_states
 from ..common.store import store_states_triton
@@ -284,9 +285,9 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
         if cu_seqlens is not None or sequential_state or N * H >= sms:
             segments = 1
         elif checkpoint_every:  # the pieces' start states are the checkpoints
-            segments = triton.cdiv(T, checkpoint_every)
+            segments = cdiv(T, checkpoint_every)
         else:
-            segments = min(triton.cdiv(2 * sms, N * H), triton.cdiv(T, 4 * CHUNK))
+            segments = min(cdiv(2 * sms, N * H), cdiv(T, 4 * CHUNK))
     if segments > 1:
         if sequential_state or cu_seqlens is not None:
             raise ValueError("segments > 1 needs float32 states (no round trips) and no cu_seqlens")
@@ -310,7 +311,7 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
 
 
 def _state_tile(K: int, V: int) -> int:
-    return triton.next_power_of_2(K) * triton.next_power_of_2(V)
+    return next_power_of_2(K) * next_power_of_2(V)
 
 
 def _store_after(q, k, v, g, scale, initial_state, output_final_state, final_format, roundtrip, checkpoint_every,
@@ -345,8 +346,8 @@ def _segmented(q, k, v, g, scale, initial_state, output_final_state, final_forma
     piece from it, writing o. The checkpoints are the pieces' initial states (and the final one)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    length = checkpoint_every or CHUNK * triton.cdiv(triton.cdiv(T, segments), CHUNK)
-    segments = triton.cdiv(T, length)
+    length = checkpoint_every or CHUNK * cdiv(cdiv(T, segments), CHUNK)
+    segments = cdiv(T, length)
     # the piece boundaries made on the device: a copy from host memory would wait for the GPU
     piece = (torch.arange(segments, dtype=torch.int32, device=q.device) * length).clamp_max(T)
     starts = (torch.arange(B, dtype=torch.int32, device=q.device)[:, None] * T + piece).flatten()
@@ -362,9 +363,9 @@ def _segmented(q, k, v, g, scale, initial_state, output_final_state, final_forma
     starts_state = torch.empty_like(local.data)
     final = torch.empty(B, H, K, V, device=q.device)
     h0 = initial_state.load().contiguous() if initial_state is not None else final
-    BKs = min(32, triton.next_power_of_2(K))
-    _segment_scan_kernel[(B * H, triton.cdiv(K, BKs))](local.data, decay, h0, starts_state, final, segments, H=H, K=K,
-                                                       V=V, BK=BKs, BV=triton.next_power_of_2(V),
+    BKs = min(32, next_power_of_2(K))
+    _segment_scan_kernel[(B * H, cdiv(K, BKs))](local.data, decay, h0, starts_state, final, segments, H=H, K=K,
+                                                       V=V, BK=BKs, BV=next_power_of_2(V),
                                                        HAS_H0=initial_state is not None)
     _launch(qf, kf, vf, gf, of, scale, n_pieces, State(starts_state, None, "fp32"), None, None, 0, None, cu,
             store_o=True, decay=None, **launch)
@@ -385,7 +386,7 @@ def _launch(q, k, v, g, o, scale, N, initial_state, final, ckpt, checkpoint_ever
     final_format = final.format if final is not None else (ckpt.format if ckpt is not None else "fp32")
     dummy = o
     state_args, needs_rows = state_io(initial_state, final, final_format, roundtrip, H, K, dummy, **(rng or {}))
-    BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
+    BK, BV = next_power_of_2(K), next_power_of_2(V)
     if not needs_rows:  # per-row scales need whole rows in one program
         # a [BK, BV] state tile past 32K elements does not fit shared memory (K = 256, V = 512 asked
         # for 296 KiB on an H100); V splits across programs
@@ -396,7 +397,7 @@ def _launch(q, k, v, g, o, scale, N, initial_state, final, ckpt, checkpoint_ever
                          f"(prefill_roundtrip) needs a head's whole [K, V] = [{K}, {V}] state in one program, more "
                          f"than its {MAX_STATE_TILE} elements fit: use static scales (renorm_interval 0), or "
                          "prefill_roundtrip false")
-    _chunk_gla_fwd_kernel[(N * H, triton.cdiv(V, BV))](
+    _chunk_gla_fwd_kernel[(N * H, cdiv(V, BV))](
         q, k, v, g, o,
         ckpt.data if ckpt is not None else dummy, ckpt.scale if ckpt is not None and ckpt.scale is not None else dummy,
         cu_seqlens if cu_seqlens is not None else dummy,

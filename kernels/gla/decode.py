@@ -17,6 +17,7 @@ import torch
 
 from ..common.gate_treatment import treated, treatment_args
 from ..common.pdl import pdl_launch
+from ..common.sizes import next_power_of_2
 from ..common.state import StateQuantizer, load_pool_slots, store_pool_slots
 from ..common.state_io import pool_args
 from .reference import recurrent_gla_step
@@ -141,7 +142,7 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
         q, k, v, g, o, *pool,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(),
         o.stride(0), o.stride(1), *pool_strides,
-        qk_scale, seed, o, o, o, 0.0, 0.0, o, o, o, 0, H=H, K=K, V=V, BLOCK_V=triton.next_power_of_2(V),
+        qk_scale, seed, o, o, o, 0.0, 0.0, o, o, o, 0, H=H, K=K, V=V, BLOCK_V=next_power_of_2(V),
         num_warps=num_warps, **consts, **pdl_launch(v.device, B),
     )
     return o
@@ -195,7 +196,7 @@ def ssd_decode_step(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, sta
         *C.stride(), *B_.stride(), *x.stride(), dt_logits.stride(0), dt_logits.stride(1), 0,
         o.stride(0), o.stride(1), *pool_strides,
         1.0, seed, dt_bias, A_log, D, float(lo), float(hi), t_lo, t_hi, t_scale, s_t, H=H, K=N, V=P,
-        BLOCK_V=triton.next_power_of_2(P), num_warps=num_warps, SSD=True, HEADS_PER_GROUP=H // G,
+        BLOCK_V=next_power_of_2(P), num_warps=num_warps, SSD=True, HEADS_PER_GROUP=H // G,
         **{f"DT_{k}": v for k, v in t_consts.items()}, **consts, **pdl_launch(x.device, Bsz),
     )
     return o

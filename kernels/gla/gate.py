@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from ..common.numerics import fake_quantize_int8
 from ..common.pdl import pdl_launch
+from ..common.sizes import cdiv, next_power_of_2
 
 try:
     import triton
@@ -94,10 +95,10 @@ def gate_log_decay_triton(logits: torch.Tensor, normalizer: float, clamp_min: fl
     M = x.shape[0]
     y = torch.empty(*logits.shape[:-1], C, dtype=torch.float32, device=logits.device)
     if M and C:
-        block_c = min(1024, triton.next_power_of_2(C))
+        block_c = min(1024, next_power_of_2(C))
         rows = max(1, 2048 // block_c)
         ptrs, clamp, consts = _tail_args(y, clamp_min, logit_min, logit_max, logit_scale)
-        _gate_log_decay_kernel[(triton.cdiv(M, rows), triton.cdiv(C, block_c))](
+        _gate_log_decay_kernel[(cdiv(M, rows), cdiv(C, block_c))](
             x, *ptrs, y, M, C, x.stride(0), float(normalizer), clamp, BLOCK_C=block_c, ROWS=rows, num_warps=4, **consts,
             **pdl_launch(x.device, M))
     return y
@@ -189,12 +190,12 @@ def low_rank_gate_log_decay_triton(x: torch.Tensor, first, second, normalizer: f
     y = torch.empty(*x.shape[:-1], C, dtype=torch.float32, device=x.device)
     if M and C:
         cfg = dict(config or low_rank_gate_config(M, x2.dtype))
-        rows, block_c = cfg.pop("ROWS"), min(cfg.pop("BLOCK_C"), max(16, triton.next_power_of_2(C)))
+        rows, block_c = cfg.pop("ROWS"), min(cfg.pop("BLOCK_C"), max(16, next_power_of_2(C)))
         ptrs, clamp, consts = _tail_args(y, clamp_min, logit_min, logit_max, logit_scale)
-        _low_rank_gate_kernel[(triton.cdiv(M, rows), triton.cdiv(C, block_c))](
+        _low_rank_gate_kernel[(cdiv(M, rows), cdiv(C, block_c))](
             x2, first.qweight, first.scale, second.qweight, second.scale,
             second.bias if second.bias is not None else y, *ptrs, y,
             M, K, R, C, x2.stride(0), first.qweight.shape[1], second.qweight.shape[1], float(normalizer), clamp,
-            ROWS=rows, BR=max(16, triton.next_power_of_2(R)), BLOCK_C=block_c, HAS_BIAS=second.bias is not None,
+            ROWS=rows, BR=max(16, next_power_of_2(R)), BLOCK_C=block_c, HAS_BIAS=second.bias is not None,
             **consts, **cfg, **pdl_launch(x.device, M))
     return y

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from ..common.sizes import cdiv, next_power_of_2
+
 try:
     import triton
     import triton.language as tl
@@ -75,19 +77,19 @@ def noncausal_linear_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     low = q.dtype != torch.float32
-    BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
+    BK, BV = next_power_of_2(K), next_power_of_2(V)
     # enough T-slices that B * H * splits programs cover the GPU a few times over
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
-    splits = max(1, min(triton.cdiv(T, block_t), triton.cdiv(4 * sms, B * H)))
-    per_split = block_t * triton.cdiv(triton.cdiv(T, splits), block_t)
-    splits = triton.cdiv(T, per_split) if T else 1
+    splits = max(1, min(cdiv(T, block_t), cdiv(4 * sms, B * H)))
+    per_split = block_t * cdiv(cdiv(T, splits), block_t)
+    splits = cdiv(T, per_split) if T else 1
     partial = torch.empty(B * H, splits, K, V, dtype=torch.float32, device=q.device)
     _kv_summary_kernel[(B * H, splits)](k, v, partial, k.stride(0), k.stride(1), k.stride(2), v.stride(0),
                                         v.stride(1), v.stride(2), T, per_split, H=H, K=K, V=V, BT=block_t,
                                         BK=BK, BV=BV, LOW_PRECISION=low)
     kv = partial.sum(1)
     o = torch.empty_like(v)
-    _apply_summary_kernel[(B * H, triton.cdiv(T, block_t))](
+    _apply_summary_kernel[(B * H, cdiv(T, block_t))](
         q, kv, o, q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2), T,
         K ** -0.5 if scale is None else scale, H=H, K=K, V=V, BT=block_t, BK=BK, BV=BV, LOW_PRECISION=low)
     return o

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.sizes import next_power_of_2
 from ..common.state import State, StateQuantizer
 from ..delta.chunk import launch_with_intra, per_sequence_reference, triton
 from ..delta.intra import chunk_warps, intra_grid, intra_outputs
@@ -141,7 +142,7 @@ def kda_intra_chunk(q, k, v, g, beta, scale: float | None = None, cu_seqlens: to
     if T == 0:
         return qk, w, u
     grid, slot_map = intra_grid(B, T, H, block_t, cu_seqlens, qk)
-    BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
+    BK, BV = next_power_of_2(K), next_power_of_2(V)
     _kda_intra_chunk_kernel[grid](
         q, k, v, g, beta, qk, w, u, cu_seqlens if cu_seqlens is not None else qk, slot_map,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..common.pdl import pdl_launch
+from ..common.sizes import cdiv, next_power_of_2
 from .reference import GATE_ACTIVATIONS
 
 try:
@@ -72,7 +73,7 @@ def addressable_rows(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _rows_block(n: int) -> tuple[int, int, int]:
-    block_n = triton.next_power_of_2(n)
+    block_n = next_power_of_2(n)
     rows = max(1, min(64, 4096 // block_n))
     return block_n, rows, 4 if block_n * rows <= 4096 else 8
 
@@ -209,7 +210,7 @@ def _codes(M: int, packed, dtype, device, scatter: bool = False):
     codes = (torch.empty(M, KQ, dtype=torch.int8, device=device), torch.empty(M, dtype=torch.float32, device=device),
              torch.empty(M, max(NO, 1), dtype=dtype, device=device))
     args = dict(ptrs=(packed.source, packed.outlier_idx, *codes, KQ, NO, packed.n_keep),
-                consts=dict(QUANT=True, BQ=triton.next_power_of_2(KQ), BNO=max(16, triton.next_power_of_2(NO)),
+                consts=dict(QUANT=True, BQ=next_power_of_2(KQ), BNO=max(16, next_power_of_2(NO)),
                             HAS_OUT=NO > 0, IDENTITY=packed.identity))
     if scatter:
         args["ptrs"] += (packed.dest, packed.n_out)
@@ -253,11 +254,11 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
     if M:
         block_n, rows, warps = _rows_block(N)
         if packed is not None:
-            rows = triton.next_power_of_2(heads)
+            rows = next_power_of_2(heads)
         dummy = (0, 0, 1)
         ptrs = q.get("ptrs", (x, x, x, x, x, 0, 0, 0, x, 0))
         consts = q["consts"] if q else dict(_NO_CODES["consts"], SCATTER=False)
-        _rms_norm_kernel[(M // heads if packed is not None else triton.cdiv(M, rows),)](
+        _rms_norm_kernel[(M // heads if packed is not None else cdiv(M, rows),)](
             x, residual if residual is not None else x, weight, g if g is not None else x, y, ro, M, N, eps,
             *row_layout(x), *(row_layout(residual) if residual is not None else dummy),
             *(row_layout(g) if g is not None else dummy), *row_layout(y), N, *ptrs, heads,
@@ -318,12 +319,12 @@ def glu_triton(gate: torch.Tensor, up: torch.Tensor, packed=None, activation: st
     codes, q = _codes(M, packed, gate.dtype, gate.device)
     if M:
         if packed is None:
-            block_n = min(1024, triton.next_power_of_2(N))
+            block_n = min(1024, next_power_of_2(N))
             rows = max(1, 2048 // block_n)
         else:  # a token's whole row in one program
-            block_n, rows = triton.next_power_of_2(N), 1
+            block_n, rows = next_power_of_2(N), 1
         ptrs = q.get("ptrs", (gate, gate, gate, gate, gate, 0, 0, 0))
-        _swiglu_kernel[(triton.cdiv(M, rows), triton.cdiv(N, block_n))](
+        _swiglu_kernel[(cdiv(M, rows), cdiv(N, block_n))](
             gate, up, y, M, N, *row_layout(gate), *row_layout(up), N, *ptrs, BLOCK_N=block_n, ROWS=rows,
             num_warps=_codes_warps(block_n) if packed is not None else 4 if block_n <= 2048 else 8,
             SIGMOID=activation == "sigmoid", **(q or _NO_CODES)["consts"],

@@ -1,0 +1,18 @@
+"""The host-side launch arithmetic equals Triton's ``cdiv`` / ``next_power_of_2``, which it replaces on the host."""
+
+import pytest
+
+from laquant.kernels.common.sizes import cdiv, next_power_of_2
+
+triton = pytest.importorskip("triton")
+
+
+def test_next_power_of_2_matches_triton():
+    for n in [-3, 0, 1, 2, 3, 5, 16, 17, 63, 64, 65, 1000, 4096, 4097, 2**20 + 1]:
+        assert next_power_of_2(n) == triton.next_power_of_2(n), n
+
+
+def test_cdiv_matches_triton():
+    for x in [0, 1, 15, 16, 17, 4095, 4096, 4097]:
+        for y in [1, 3, 16, 64, 1024]:
+            assert cdiv(x, y) == triton.cdiv(x, y), (x, y)
