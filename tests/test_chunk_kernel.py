@@ -212,3 +212,14 @@ def test_long_and_wide_on_gpu(B, T):
     q, k, v, g = _inputs(B, T, 2, 128, 128, torch.bfloat16, seed=5)
     out, ref = _run((q, k, v, g), dict(output_final_state=True, roundtrip=StateQuantizer("fp8_row")))
     _check(out, ref, 3e-2)
+
+
+def test_piece_bounds_made_once_per_shape():
+    """The sequence-parallel prefill's piece boundaries (cu_seqlens of the pieces): their values, and one
+    tensor per shape kept across calls (they cost eight small kernels a layer when made at every call)."""
+    from laquant.kernels.gla.chunk import _piece_bounds
+
+    cu = _piece_bounds(2, 300, 128, torch.device("cpu"))
+    assert cu.dtype == torch.int32 and cu.tolist() == [0, 128, 256, 300, 428, 556, 600]
+    assert _piece_bounds(2, 300, 128, torch.device("cpu")) is cu
+    assert _piece_bounds(1, 300, 128, torch.device("cpu")).tolist() == [0, 128, 256, 300]

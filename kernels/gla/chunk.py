@@ -338,6 +338,28 @@ def _store_after(q, k, v, g, scale, initial_state, output_final_state, final_for
     return o, final, ckpt
 
 
+_PIECE_BOUNDS: dict = {}  # (device, stream, B, T, length) -> the pieces' cu_seqlens
+
+
+def _piece_bounds(B: int, T: int, length: int, device: torch.device) -> torch.Tensor:
+    """The cu_seqlens (int32 ``[B * pieces + 1]``) of B sequences of T tokens cut into pieces of ``length``, made on
+    the device (a copy from host memory would wait for the GPU) and kept per shape and stream: their eight small
+    kernels and their host time ran in every layer of every prefill. Not kept when made inside a CUDA graph
+    capture (the tensor would live in the graph's memory, its values only written by a replay)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    key = (device, stream, B, T, length)
+    cu = _PIECE_BOUNDS.get(key)
+    if cu is None:
+        piece = (torch.arange(cdiv(T, length), dtype=torch.int32, device=device) * length).clamp_max(T)
+        starts = (torch.arange(B, dtype=torch.int32, device=device)[:, None] * T + piece).flatten()
+        cu = torch.cat([starts, starts.new_full((1,), B * T)])
+        if stream is None or not torch.cuda.is_current_stream_capturing():
+            if len(_PIECE_BOUNDS) >= 64:
+                _PIECE_BOUNDS.clear()
+            _PIECE_BOUNDS[key] = cu
+    return cu
+
+
 def _segmented(q, k, v, g, scale, initial_state, output_final_state, final_format, segments, o, launch, rng,
                checkpoint_every: int = 0):
     """Sequence-parallel prefill: each sequence cut into ``segments`` pieces (of ``checkpoint_every``
@@ -348,10 +370,7 @@ def _segmented(q, k, v, g, scale, initial_state, output_final_state, final_forma
     V = v.shape[-1]
     length = checkpoint_every or CHUNK * cdiv(cdiv(T, segments), CHUNK)
     segments = cdiv(T, length)
-    # the piece boundaries made on the device: a copy from host memory would wait for the GPU
-    piece = (torch.arange(segments, dtype=torch.int32, device=q.device) * length).clamp_max(T)
-    starts = (torch.arange(B, dtype=torch.int32, device=q.device)[:, None] * T + piece).flatten()
-    cu = torch.cat([starts, starts.new_full((1,), B * T)])
+    cu = _piece_bounds(B, T, length, q.device)
     flat = lambda x: x.reshape(1, B * T, *x.shape[2:])  # noqa: E731 - [B, T, ...] -> packed [1, B*T, ...]
     qf, kf, vf, gf, of = (flat(x) for x in (q, k, v, g, o))
     n_pieces = B * segments
