@@ -188,6 +188,29 @@ def test_group_is_kept_until_a_member_changes(monkeypatch):
     assert fused.packed_group(owner, names, x) is None
 
 
+def test_codes_hand_over_their_packed_weight(monkeypatch):
+    """A norm's codes carry the packed weight they were made for (still unpacked as ``(xq, xs, xo)``), and the
+    GEMM on them takes it without looking the group up again: the outputs equal the members'."""
+    from laquant.quant import fused
+
+    monkeypatch.setattr(fused, "use_triton", lambda x: True)
+    owner, names, outliers = _group()
+    x, w = _randn(4, 96, scale=3.0), _randn(96)
+    x[:, outliers] *= 20
+    packed = fused.w8a8_inputs(owner, names, x)
+    normed, _, codes = rms_norm_triton(x, w, 1e-6, packed=packed)
+    xq, xs, xo = codes
+    assert codes.packed is packed and isinstance(codes, tuple) and xq.dtype == torch.int8
+
+    def no_lookup(*args):
+        raise AssertionError("the group was looked up again")
+
+    monkeypatch.setattr(fused, "packed_group", no_lookup)
+    outs = fused.project(owner, names, normed, codes)
+    for a, n in zip(outs, names):
+        assert rel_err(a.float().cpu(), getattr(owner, n)(normed).float().cpu()) < TOL
+
+
 def test_members_with_different_outliers_run_alone(monkeypatch):
     from laquant.quant import fused
 

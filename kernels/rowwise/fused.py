@@ -60,16 +60,29 @@ def row_layout(t: torch.Tensor) -> tuple[int, int, int]:
     raise ValueError("rows of this view cannot be addressed with two strides")
 
 
-def addressable_rows(t: torch.Tensor | None) -> torch.Tensor | None:
-    """``t`` itself where :func:`row_layout` addresses its rows, else a contiguous copy (a view such
-    as a transposed head dimension's needs three strides)."""
-    if t is None:
-        return None
+def addressable_rows(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """``(t, row_layout(t))`` where :func:`row_layout` addresses t's rows, else the same of a contiguous copy
+    of t (a view such as a transposed head dimension's needs three strides)."""
     try:
-        row_layout(t)
-        return t
+        return t, row_layout(t)
     except ValueError:
-        return t.contiguous()
+        t = t.contiguous()
+        return t, row_layout(t)
+
+
+_NO_ROWS = (0, 0, 1)  # the row layout passed for an absent tensor
+
+
+class GemmCodes(tuple):
+    """A GEMM's W8A8 activation codes ``(xq, xs, xo)`` (a tuple: unpacked as before) with the packed weight
+    they were made for (``packed``), so the GEMM that takes them need not look its weight up again."""
+
+    packed = None
+
+    def __new__(cls, codes, packed):
+        out = super().__new__(cls, codes)
+        out.packed = packed
+        return out
 
 
 def _rows_block(n: int) -> tuple[int, int, int]:
@@ -207,8 +220,9 @@ def _codes(M: int, packed, dtype, device, scatter: bool = False):
     if packed is None:
         return None, {}
     KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
-    codes = (torch.empty(M, KQ, dtype=torch.int8, device=device), torch.empty(M, dtype=torch.float32, device=device),
-             torch.empty(M, max(NO, 1), dtype=dtype, device=device))
+    codes = GemmCodes((torch.empty(M, KQ, dtype=torch.int8, device=device),
+                       torch.empty(M, dtype=torch.float32, device=device),
+                       torch.empty(M, max(NO, 1), dtype=dtype, device=device)), packed)
     args = dict(ptrs=(packed.source, packed.outlier_idx, *codes, KQ, NO, packed.n_keep),
                 consts=dict(QUANT=True, BQ=next_power_of_2(KQ), BNO=max(16, next_power_of_2(NO)),
                             HAS_OUT=NO > 0, IDENTITY=packed.identity))
@@ -241,7 +255,9 @@ def _check_codes(packed, width: int) -> None:
 def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int = 1, round_sum: bool = False,
                  round_normed: bool = False, gate_first: bool = False, gate_activation: str = "silu"):
     """``heads``: rows per token (the gated norm's heads), for the codes of a whole token."""
-    x, residual, g = (addressable_rows(t) for t in (x, residual, g))
+    x, x_rows = addressable_rows(x)
+    residual, res_rows = addressable_rows(residual) if residual is not None else (None, _NO_ROWS)
+    g, g_rows = addressable_rows(g) if g is not None else (None, _NO_ROWS)
     N = x.shape[-1]
     M = x.numel() // N if N else 0
     _check_codes(packed, heads * N)
@@ -255,13 +271,11 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
         block_n, rows, warps = _rows_block(N)
         if packed is not None:
             rows = next_power_of_2(heads)
-        dummy = (0, 0, 1)
         ptrs = q.get("ptrs", (x, x, x, x, x, 0, 0, 0, x, 0))
         consts = q["consts"] if q else dict(_NO_CODES["consts"], SCATTER=False)
         _rms_norm_kernel[(M // heads if packed is not None else cdiv(M, rows),)](
             x, residual if residual is not None else x, weight, g if g is not None else x, y, ro, M, N, eps,
-            *row_layout(x), *(row_layout(residual) if residual is not None else dummy),
-            *(row_layout(g) if g is not None else dummy), *row_layout(y), N, *ptrs, heads,
+            *x_rows, *res_rows, *g_rows, *row_layout(y), N, *ptrs, heads,
             BLOCK_N=block_n, ROWS=rows, HAS_RES=residual is not None, GATED=g is not None, ROUND_SUM=round_sum,
             ROUND_NORMED=round_normed, GATE_FIRST=gate_first, W_PER_ROW=weight.numel() != N,
             SIGMOID_GATE=gate_activation == "sigmoid",
@@ -311,7 +325,7 @@ def glu_triton(gate: torch.Tensor, up: torch.Tensor, packed=None, activation: st
         raise ValueError(f"activation must be one of {GLU_ACTIVATIONS}; got {activation!r}")
     if gate.shape != up.shape:
         raise ValueError(f"gate shape {tuple(gate.shape)} differs from up's {tuple(up.shape)}")
-    gate, up = addressable_rows(gate), addressable_rows(up)
+    (gate, gate_rows), (up, up_rows) = addressable_rows(gate), addressable_rows(up)
     N = gate.shape[-1]
     M = gate.numel() // N if N else 0
     _check_codes(packed, N)
@@ -325,7 +339,7 @@ def glu_triton(gate: torch.Tensor, up: torch.Tensor, packed=None, activation: st
             block_n, rows = next_power_of_2(N), 1
         ptrs = q.get("ptrs", (gate, gate, gate, gate, gate, 0, 0, 0))
         _swiglu_kernel[(cdiv(M, rows), cdiv(N, block_n))](
-            gate, up, y, M, N, *row_layout(gate), *row_layout(up), N, *ptrs, BLOCK_N=block_n, ROWS=rows,
+            gate, up, y, M, N, *gate_rows, *up_rows, N, *ptrs, BLOCK_N=block_n, ROWS=rows,
             num_warps=_codes_warps(block_n) if packed is not None else 4 if block_n <= 2048 else 8,
             SIGMOID=activation == "sigmoid", **(q or _NO_CODES)["consts"],
             **pdl_launch(gate.device, M))

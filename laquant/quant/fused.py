@@ -129,8 +129,11 @@ def w8a8_inputs(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor):
 def project(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor, codes=None) -> list[torch.Tensor]:
     """``[getattr(owner, n)(x) for n in names]``, as one GEMM where the members allow it (the
     outputs are then column slices of one tensor). ``codes``: x's W8A8 codes ``(xq, xs, xo)``
-    for the packed weight :func:`w8a8_inputs` returned, written by the kernel that made x."""
-    packed = packed_group(owner, names, x)
+    for the packed weight :func:`w8a8_inputs` returned, written by the kernel that made x (which hands that
+    weight over with them, ``codes.packed``: it is not looked up again)."""
+    packed = getattr(codes, "packed", None)
+    if packed is None:
+        packed = packed_group(owner, names, x)
     members = _members(owner, names)
     if packed is None:
         if codes is not None:
