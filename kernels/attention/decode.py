@@ -65,6 +65,30 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
 if triton is not None:
 
     @triton.jit
+    def online_softmax_step(scores, v, m_i, l_i, acc, IEEE: tl.constexpr):
+        """One block of positions into a running softmax: ``scores`` ``[rows, block]`` (float32, -inf where hidden) and
+        the block's values ``v`` ``[block, width]`` update the running max ``m_i``, sum ``l_i`` and weighted values
+        ``acc`` (float32), returned in that order."""
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(scores - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        return m_new, l_i, acc
+
+    @triton.jit
+    def store_partials(part_o_ptr, part_ml_ptr, part, rows, cols, acc, m_i, l_i, BR: tl.constexpr, BD: tl.constexpr):
+        """A span's unnormalized output ``acc`` and its running max / sum, in the layout :func:`_combine_kernel` reads:
+        ``part`` the (program, span) index, ``rows`` the tile's rows, ``cols`` the output's columns."""
+        tl.store(part_o_ptr + (part * BR + rows[:, None]) * BD + cols[None, :], acc)
+        tl.store(part_ml_ptr + (part * 2) * BR + rows, m_i)
+        tl.store(part_ml_ptr + (part * 2 + 1) * BR + rows, l_i)
+
+    @triton.jit
     def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, part_o_ptr, part_ml_ptr,
                                  s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_mb, s_mt, s_ob, s_ot, s_oh,
                                  Hkv, S, span, scaling, mask_min,
@@ -116,27 +140,16 @@ if triton is not None:
                 scores = tl.where(add > mask_min, scores * scaling + add, float("-inf"))
             else:
                 scores = tl.where(ms[None, :], scores * scaling, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet
-            alpha = tl.exp(m_i - m_safe)
-            p = tl.exp(scores - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
             vv = tl.load(v_rows + offs_s[:, None].to(tl.int64) * s_vs + offs_dv[None, :],
                          mask=ms[:, None] & mdv[None, :], other=0.0)
-            if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(p, vv, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv)
-            m_i = m_new
+            m_i, l_i, acc = online_softmax_step(scores, vv, m_i, l_i, acc, IEEE)
         if SPLITS == 1:
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a row that sees nothing: zeros
             tl.store(o_ptr + b * s_ob + t[:, None] * s_ot + head[:, None] * s_oh + offs_dv[None, :],
                      out.to(o_ptr.dtype.element_ty), mask=mr[:, None] & mdv[None, :])
         else:
-            part = (bh * SPLITS + sp).to(tl.int64)
-            tl.store(part_o_ptr + (part * BR + rows[:, None]) * BDV + offs_dv[None, :], acc)
-            tl.store(part_ml_ptr + (part * 2) * BR + rows, m_i)
-            tl.store(part_ml_ptr + (part * 2 + 1) * BR + rows, l_i)
+            store_partials(part_o_ptr, part_ml_ptr, (bh * SPLITS + sp).to(tl.int64), rows, offs_dv, acc, m_i, l_i,
+                           BR, BDV)
 
     @triton.jit
     def _combine_kernel(part_o_ptr, part_ml_ptr, o_ptr, s_ob, s_ot, s_oh, Hkv,

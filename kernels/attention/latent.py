@@ -30,7 +30,7 @@ try:
     import triton
     import triton.language as tl
 
-    from .decode import _combine_kernel
+    from .decode import _combine_kernel, online_softmax_step, store_partials
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -110,25 +110,14 @@ if triton is not None:
                 scores = tl.where((add > mask_min)[None, :], scores * scaling + add[None, :], float("-inf"))
             else:
                 scores = tl.where(ms[None, :], scores * scaling, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet
-            alpha = tl.exp(m_i - m_safe)
-            p = tl.exp(scores - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(p, c, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c)
-            m_i = m_new
+            m_i, l_i, acc = online_softmax_step(scores, c, m_i, l_i, acc, IEEE)
         if SPLITS == 1:
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a row that sees nothing: zeros
             tl.store(o_ptr + b * s_ob + rows[:, None] * s_oh + offs_r[None, :], out.to(o_ptr.dtype.element_ty),
                      mask=mr[:, None] & mdr[None, :])
-        else:  # the layout decode's _combine_kernel reads (one key head, one token)
-            part = (b * SPLITS + sp).to(tl.int64)
-            tl.store(part_o_ptr + (part * BR + rows[:, None]) * BDR + offs_r[None, :], acc)
-            tl.store(part_ml_ptr + (part * 2) * BR + rows, m_i)
-            tl.store(part_ml_ptr + (part * 2 + 1) * BR + rows, l_i)
+        else:  # decode's _combine_kernel sums the spans (one key head, one token)
+            store_partials(part_o_ptr, part_ml_ptr, (b * SPLITS + sp).to(tl.int64), rows, offs_r, acc, m_i, l_i,
+                           BR, BDR)
 
 
 def fits(q_latent: torch.Tensor, q_rope: torch.Tensor, latents: torch.Tensor, k_ropes: torch.Tensor,
