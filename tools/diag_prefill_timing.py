@@ -13,8 +13,8 @@ import torch
 from triton.testing import do_bench
 
 import laquant.kernels.gla.chunk as chunk
-from laquant.api import calibrate
-from laquant.models import GLAConfig, GLAForCausalLM
+from laquant.models import GLAConfig
+from profile_prefill import random_gla  # tools/ is on sys.path when run as a script
 
 
 def host_and_wall(fn, reps=15):
@@ -43,11 +43,7 @@ def main(out):
     for heads in (16, 4):
         cfg = GLAConfig(hidden_size=2048, num_hidden_layers=24, num_heads=heads, vocab_size=32000)
         for variant in ("bf16", "gla_int8_all"):
-            torch.manual_seed(0)
-            model = GLAForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
-            if variant != "bf16":
-                model = calibrate(model, variant, data=torch.randint(0, 32000, (4, 512), device="cuda"),
-                                  progress=False).model
+            model = random_gla(cfg, variant)
             ids = torch.randint(0, 32000, (1, 4096), device="cuda")
             for use_cache in (False, True):
                 fn = lambda: model(ids, logits_to_keep=1, use_cache=use_cache)  # noqa: E731
