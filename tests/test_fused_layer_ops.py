@@ -266,6 +266,31 @@ def codes_path(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture
+def tiled_codes(monkeypatch):
+    """The prefill sizes' codes path (several tokens a program; SwiGLU in column blocks), forced at a few
+    tokens, with blocks small enough that a row spans several and a program's last tokens are past the end."""
+    from laquant.kernels.rowwise import fused
+
+    monkeypatch.setattr(fused, "TILED_CODES_MIN_TOKENS", 0)
+    monkeypatch.setattr(fused, "TILED_CODES", dict(glu=(4, 128, 4), norm=(4, None, None)))
+
+
+@pytest.mark.parametrize("n_out", [0, 3])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_writes_the_gemms_codes_of_several_tokens_a_program(with_residual, n_out, tiled_codes):
+    x, w = _randn(2, 5, 200, scale=3.0), _randn(200)
+    x[1, 2, 7] = 40.0  # a token whose absmax sits in one column (an outlier column when there are some)
+    residual = _randn(2, 5, 200) if with_residual else None
+    packed = _packed(200, 24, n_out)
+    out, summed, codes = rms_norm_triton(x, w, 1e-6, residual, packed=packed)
+    ref, ref_sum = rms_norm(x.cpu(), w.cpu(), 1e-6, None if residual is None else residual.cpu())
+    assert rel_err(out.float().cpu(), ref.float()) < TOL
+    if residual is not None:
+        assert rel_err(summed.float().cpu(), ref_sum.float()) < TOL
+    _same_codes(codes, out, packed)
+
+
 @pytest.mark.parametrize("n_out", [0, 3])
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rms_norm_writes_the_gemms_codes(with_residual, n_out, codes_path):
@@ -390,6 +415,45 @@ def test_swiglu_writes_the_down_projections_codes(n_out):
     out, codes = swiglu_triton(gate, up, packed)
     assert rel_err(out.float().cpu(), swiglu(gate.cpu(), up.cpu()).float()) < TOL
     _same_codes(codes, out, packed)
+
+
+@pytest.mark.parametrize("n_out", [0, 7])
+@pytest.mark.parametrize("activation", ["silu", "sigmoid"])
+def test_glu_writes_the_codes_of_several_tokens_a_program(n_out, activation, tiled_codes):
+    """Rows of 300 in blocks of 128 (the last one partial), 7 tokens four a program (the last program's
+    fourth past the end), the up half read in place out of a wider tensor."""
+    from laquant.kernels.rowwise.fused import glu_triton
+    from laquant.kernels.rowwise.reference import glu
+
+    y = _randn(7, 2 * 300, scale=2.0)
+    y[3, 5] = 30.0
+    gate, up = y.split(300, dim=-1)
+    packed = _packed(300, 40, n_out)
+    out, codes = glu_triton(gate, up, packed, activation)
+    assert rel_err(out.float().cpu(), glu(gate.cpu(), up.cpu(), activation).float()) < TOL
+    _same_codes(codes, out, packed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_out", [0, 16])
+def test_prefill_sized_codes_are_a_quantization_pass(n_out):
+    """At a prefill's token count (above TILED_CODES_MIN_TOKENS, as the model runs them, bf16): the norm's
+    and SwiGLU's codes equal quantize_rows' of their output, GLA 1.37B's widths and a 7B's."""
+    from laquant.kernels.rowwise.fused import TILED_CODES_MIN_TOKENS
+
+    M = TILED_CODES_MIN_TOKENS + 261
+    for width in (2048, 4096):
+        x, r, w = _randn(M, width, scale=2.0), _randn(M, width), _randn(width)
+        packed = _packed(width, 64, n_out)
+        out, _, codes = rms_norm_triton(x, w, 1e-6, r, packed=packed)
+        _same_codes(codes, out, packed)
+    for width in (5632, 11008):
+        y = _randn(M, 2 * width, scale=2.0)
+        gate, up = y.split(width, dim=-1)
+        packed = _packed(width, 64, n_out)
+        out, codes = swiglu_triton(gate, up, packed)
+        assert rel_err(out.float().cpu(), swiglu(gate.cpu(), up.cpu()).float()) < TOL
+        _same_codes(codes, out, packed)
 
 
 def test_codes_of_a_7b_wide_row():

@@ -58,16 +58,52 @@ def runner(name: str, M: int, width: int, packed):
     return lambda: quantize_rows(x, packed)
 
 
+# --sweep-tiled: the prefill sizes' codes path (kernels/rowwise/fused.py TILED_CODES), its launch choices against
+# the one-token-a-program path ("off"), in one process
+TILED_GLU = ((1, 2048, 4), (2, 1024, 4), (4, 512, 4), (4, 1024, 4), (4, 1024, 8), (4, 2048, 8), (8, 1024, 8))
+TILED_NORM = (2, 4, 8)
+
+
+def sweep_tiled(do_bench) -> list:
+    from laquant.kernels.rowwise import fused
+
+    base_min, base_tiles = fused.TILED_CODES_MIN_TOKENS, dict(fused.TILED_CODES)
+    rows = []
+    for M in (1024, 4096):
+        for n_out in (0, 16):
+            for name, width in (("rms_norm+res", 2048), ("rms_norm+res", 4096), ("swiglu", 5632),
+                                ("swiglu", 11008)):
+                fn = runner(name, M, width, packed_for(width, n_out))
+                key = "glu" if name == "swiglu" else "norm"
+                variants = [("off", None)] + [(str(v), v) for v in (TILED_GLU if key == "glu" else TILED_NORM)]
+                for label, v in variants:
+                    fused.TILED_CODES_MIN_TOKENS = 10 ** 9 if v is None else base_min
+                    if v is not None:
+                        fused.TILED_CODES = dict(base_tiles, **{key: v if key == "glu" else (v, None, None)})
+                    fn()
+                    us = do_bench(fn, rep=100) * 1e3
+                    rows.append(dict(kernel=name, M=M, width=width, n_out=n_out, tiled=label, us=us))
+                    print(json.dumps(rows[-1]), flush=True)
+                fused.TILED_CODES_MIN_TOKENS, fused.TILED_CODES = base_min, dict(base_tiles)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--label", default="")
+    ap.add_argument("--sweep-tiled", action="store_true", help="time the prefill codes path's launch choices")
     args = ap.parse_args()
     from triton.testing import do_bench_cudagraph
 
     import laquant
 
     torch.manual_seed(0)
+    if args.sweep_tiled:
+        rows = sweep_tiled(do_bench_cudagraph)
+        with open(args.out, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)
+        return
     rows = []
     for name, M, width, n_out in cases():
         fn = runner(name, M, width, packed_for(width, n_out))

@@ -4,6 +4,7 @@ GLA, bf16 and quantized, the wall time of a T-token prefill against the GPU time
 wait for the GPU (``aten::item``, synchronisations) with their counts.
 
     python tools/profile_prefill.py OUT.json [T ...]          # VARIANTS="gla_int8" for the quantized one only
+    NUM_HEADS=16 python tools/profile_prefill.py ...           # the heads of the 2048 x 24 GLA (default 4)
     CPROFILE=1 python tools/profile_prefill.py ...             # adds each call's top Python functions (cProfile)
 """
 import cProfile
@@ -80,7 +81,8 @@ def host_profile(fn, reps: int = 5) -> list:
 
 @torch.no_grad()
 def main(out_path: str, lengths=(64, 256, 4096)) -> None:
-    cfg = GLAConfig(hidden_size=2048, num_hidden_layers=24, num_heads=4, vocab_size=32000)
+    cfg = GLAConfig(hidden_size=2048, num_hidden_layers=24, num_heads=int(os.environ.get("NUM_HEADS", 4)),
+                    vocab_size=32000)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     for variant in os.environ.get("VARIANTS", "bf16 gla_int8").split():
         model = random_gla(cfg, variant)
