@@ -20,6 +20,32 @@ from laquant.quant.modules import QuantLinear
 
 
 @triton.jit
+def _one_token(a_ptr, b_ptr, y_ptr, N, sa, sy, xq_ptr, xs_ptr, KQ, BLOCK_N: tl.constexpr, RECIP: tl.constexpr,
+               BITS: tl.constexpr, STORE_Y: tl.constexpr):
+    """The one-token-a-program path without outlier columns (codes from registers, in order): the division and
+    the float -> int conversion swapped for a reciprocal and float32's bits; y's store left out."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    ok = cols < N
+    a = tl.load(a_ptr + row * sa + cols, mask=ok, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + row * sa + cols, mask=ok, other=0.0).to(tl.float32)
+    y = rounded(rounded(a * tl.sigmoid(a), tl.bfloat16) * b, tl.bfloat16)
+    if STORE_Y:
+        tl.store(y_ptr + row * sy + cols, y.to(tl.bfloat16), mask=ok)
+    scale = tl.maximum(tl.max(tl.abs(y)) / 127.0, 1.1754943508222875e-38)
+    tl.store(xs_ptr + row, scale)
+    if RECIP:
+        v = y * tl.math.div_rn(1.0, scale)
+    else:
+        v = tl.math.div_rn(y, scale)
+    if BITS:
+        q = ((tl.minimum(tl.maximum(v, -127.0), 127.0) + 12582912.0).to(tl.int32, bitcast=True) - 0x4B400000).to(tl.int8)
+    else:
+        q = int8_codes(v)
+    tl.store(xq_ptr + row * KQ + cols, q, mask=ok)
+
+
+@triton.jit
 def _stages(a_ptr, b_ptr, y_ptr, M, N, sa, sy, src_ptr, dest_ptr, xq_ptr, xs_ptr, KQ,
             TOKENS: tl.constexpr, BLOCK_C: tl.constexpr, ABSMAX: tl.constexpr, CODES: tl.constexpr,
             GATHER: tl.constexpr, RECIP: tl.constexpr, STORE_Y: tl.constexpr, SIGMOID_FAST: tl.constexpr):
@@ -97,6 +123,15 @@ def main(out: str) -> None:
             us = do_bench_cudagraph(fn, rep=100) * 1e3
             rows.append(dict(tokens=tokens, block=block, warps=warps, variant=name, us=us))
             print(json.dumps(rows[-1]), flush=True)
+    for recip in (False, True):
+        for bits in (False, True):
+            for store_y in (True, False):
+                fn = lambda: _one_token[(M,)](gate, up, y, N, gate.stride(0), y.stride(0), xq, xs, KQ,  # noqa: E731
+                                              BLOCK_N=8192, RECIP=recip, BITS=bits, STORE_Y=store_y, num_warps=16)
+                fn()
+                us = do_bench_cudagraph(fn, rep=100) * 1e3
+                rows.append(dict(variant=f"one token a program, recip {recip}, bits {bits}, store y {store_y}", us=us))
+                print(json.dumps(rows[-1]), flush=True)
     plain = torch.empty_like(y)
     from laquant.kernels.rowwise.fused import swiglu_triton
     rows.append(dict(variant="laquant swiglu_triton, no codes", us=do_bench_cudagraph(lambda: swiglu_triton(gate, up),
