@@ -58,33 +58,29 @@ def runner(name: str, M: int, width: int, packed):
     return lambda: quantize_rows(x, packed)
 
 
-# --sweep-tiled: the prefill sizes' codes path (kernels/rowwise/fused.py TILED_CODES), its launch choices against
-# the one-token-a-program path ("off"), in one process
-TILED_GLU = ((1, 2048, 4), (2, 1024, 4), (4, 512, 4), (4, 1024, 4), (4, 1024, 8), (4, 2048, 8), (8, 1024, 8))
+# --sweep-tiled: the norms' prefill codes path (kernels/rowwise/fused.py TILED_TOKENS) at a few token counts a
+# program, against one token a program ("off"), in one process
 TILED_NORM = (2, 4, 8)
 
 
 def sweep_tiled(do_bench) -> list:
     from laquant.kernels.rowwise import fused
 
-    base_min, base_tiles = fused.TILED_CODES_MIN_TOKENS, dict(fused.TILED_CODES)
+    base_min, base_tokens = fused.TILED_CODES_MIN_TOKENS, fused.TILED_TOKENS
     rows = []
     for M in (1024, 4096):
         for n_out in (0, 16):
-            for name, width in (("rms_norm+res", 2048), ("rms_norm+res", 4096), ("swiglu", 5632),
-                                ("swiglu", 11008)):
-                fn = runner(name, M, width, packed_for(width, n_out))
-                key = "glu" if name == "swiglu" else "norm"
-                variants = [("off", None)] + [(str(v), v) for v in (TILED_GLU if key == "glu" else TILED_NORM)]
-                for label, v in variants:
-                    fused.TILED_CODES_MIN_TOKENS = 10 ** 9 if v is None else base_min
-                    if v is not None:
-                        fused.TILED_CODES = dict(base_tiles, **{key: v if key == "glu" else (v, None, None)})
+            for width in (2048, 4096):
+                fn = runner("rms_norm+res", M, width, packed_for(width, n_out))
+                for tokens in (None, *TILED_NORM):
+                    fused.TILED_CODES_MIN_TOKENS = 10 ** 9 if tokens is None else base_min
+                    fused.TILED_TOKENS = tokens or base_tokens
                     fn()
                     us = do_bench(fn, rep=100) * 1e3
-                    rows.append(dict(kernel=name, M=M, width=width, n_out=n_out, tiled=label, us=us))
+                    rows.append(dict(kernel="rms_norm+res", M=M, width=width, n_out=n_out,
+                                     tiled="off" if tokens is None else tokens, us=us))
                     print(json.dumps(rows[-1]), flush=True)
-                fused.TILED_CODES_MIN_TOKENS, fused.TILED_CODES = base_min, dict(base_tiles)
+                fused.TILED_CODES_MIN_TOKENS, fused.TILED_TOKENS = base_min, base_tokens
     return rows
 
 

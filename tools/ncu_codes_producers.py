@@ -24,7 +24,7 @@ def packed_for(width: int, n_out: int):
 def run(label: str, fn, tiled=None) -> None:
     fused.TILED_CODES_MIN_TOKENS = 10 ** 9 if tiled is None else 0
     if tiled is not None:
-        fused.TILED_CODES = dict(fused.TILED_CODES, **tiled)
+        fused.TILED_TOKENS = tiled
     torch.cuda.nvtx.range_push(label)
     for _ in range(2):
         fn()
@@ -44,12 +44,10 @@ def main() -> None:
     run("swiglu plain", lambda: fused.swiglu_triton(gate, up))
     run("swiglu codes n_out 0, one token a program", lambda: fused.swiglu_triton(gate, up, p0))
     run("swiglu codes n_out 16, one token a program", lambda: fused.swiglu_triton(gate, up, p16))
-    run("swiglu codes n_out 16, tiled (2, 1024, 4)", lambda: fused.swiglu_triton(gate, up, p16), dict(glu=(2, 1024, 4)))
-    run("swiglu codes n_out 0, tiled (2, 1024, 4)", lambda: fused.swiglu_triton(gate, up, p0), dict(glu=(2, 1024, 4)))
     run("rms_norm plain", lambda: fused.rms_norm_triton(x, w, 1e-6, r))
     run("rms_norm codes n_out 16, one token a program", lambda: fused.rms_norm_triton(x, w, 1e-6, r, packed=n16))
     run("rms_norm codes n_out 16, tiled 2", lambda: fused.rms_norm_triton(x, w, 1e-6, r, packed=n16),
-        dict(norm=(2, None, None)))
+        2)
     run("quantize_rows n_out 16", lambda: quantize_rows(x, n16))
 
 

@@ -64,7 +64,8 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_release, pdl_wait
-    from ..common.triton_numerics import quantize_int8, store_codes, store_token_codes, token_code_map
+    from ..common.triton_numerics import (quantize_int8, store_codes, store_token_codes, stored_int8_codes,
+                                          token_code_map)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -163,7 +164,7 @@ if triton is not None:
             offs = k0 + tl.arange(0, BK)
             src = tl.load(source_ptr + offs, mask=offs < KQ, other=-1)
             x = tl.load(row + src, mask=src >= 0, other=0.0).to(tl.float32)
-            tl.store(out + offs, quantize_int8(x, scale), mask=offs < KQ)
+            tl.store(out + offs, stored_int8_codes(x, scale), mask=offs < KQ)
 
     @triton.jit
     def _add_outliers(y, xo, wo_ptr, offs_n, mn, offs_o, mo, NO):

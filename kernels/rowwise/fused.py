@@ -22,8 +22,8 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_prologue
-    from ..common.triton_numerics import (quantize_int8, rounded, store_codes, store_scattered_codes,
-                                          store_token_codes, token_code_map)
+    from ..common.triton_numerics import (rounded, store_codes, store_scattered_codes, store_token_codes,
+                                          stored_int8_codes, token_code_map)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -33,12 +33,12 @@ MAX_CODES_WIDTH = 16384
 # up to this many tokens a GEMM with outlier columns takes its codes scattered from the registers
 # (store_scattered_codes); more read the stored row back (byte scatters were 2-2.5x slower at 4,096 tokens)
 SCATTER_MAX_TOKENS = 256
-# more tokens than this (prefill): a program writes the codes of several tokens (TILED_CODES's count), so the
-# packed column maps load once for all of them, and SwiGLU walks its rows in column blocks; one token a program,
-# a whole row in registers, took SwiGLU's 4,096 x 5,632 codes 80-89 us against 33 us for its bf16 output alone
+# more tokens than this (prefill): a norm writes the codes of a GEMM with outlier columns for several tokens a
+# program (TILED_TOKENS), the packed column map loaded once for them (H200, 4,096 x 2,048, 16 outliers: 36.5 ->
+# 28.3 us at 2 tokens; without outliers one token a program stays faster). SwiGLU keeps one token a program:
+# its rows walked in column blocks, several tokens a program, measured 0.7-1.4x (eval/results/prefill_codes_h200/)
 TILED_CODES_MIN_TOKENS = 256
-# (tokens a program, SwiGLU's column block, warps) of the tiled codes path; the norms take the tokens only
-TILED_CODES = dict(glu=(4, 1024, 4), norm=(4, None, None))
+TILED_TOKENS = 2
 GLU_ACTIVATIONS = ("silu", "sigmoid")  # SwiGLU's; a gated attention output's ``o * sigmoid(gate)``
 
 
@@ -138,29 +138,20 @@ if triton is not None:
                               xo_ptr + tok * NO, KQ, NO, BQ, BNO, HAS_OUT)
 
     @triton.jit
-    def _tokens_codes(y, rows, row_ok, cols, N, y_ptr, src, oidx, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK,
-                      BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr, IDENTITY: tl.constexpr):
-        """The codes of a program's tokens, one row of ``N`` each: ``y`` ``[TOKENS, BLOCK_N]`` (float32 as
-        stored, zeros outside the rows), stored contiguously at ``y_ptr``. Per token what :func:`store_codes`
-        (``IDENTITY``) or :func:`store_token_codes` (read back through ``src``, ``oidx``) writes."""
+    def _tokens_codes(rows, row_ok, N, y_ptr, src, oidx, xq_ptr, xs_ptr, xo_ptr, KQ, NO, BQ: tl.constexpr,
+                      BNO: tl.constexpr, HAS_OUT: tl.constexpr):
+        """The codes of a program's tokens, one row of ``N`` each, stored contiguously at ``y_ptr``: per token what
+        :func:`store_token_codes` writes, read back through the packed column map ``src`` and the outlier
+        columns ``oidx``, loaded once for all of them."""
         r64 = rows.to(tl.int64)
-        if IDENTITY:
-            x = y
-            offs = cols
-            ok = row_ok[:, None] & (cols < N)[None, :]
-        else:
-            tl.debug_barrier()  # every thread's stores of y are visible to the whole program
-            x = tl.load(y_ptr + r64[:, None] * N + src[None, :], mask=row_ok[:, None] & (src >= 0)[None, :],
-                        other=0.0).to(tl.float32)
-            offs = tl.arange(0, BQ)
-            ok = row_ok[:, None] & (offs < KQ)[None, :]
+        tl.debug_barrier()  # every thread's stores of y are visible to the whole program
+        x = tl.load(y_ptr + r64[:, None] * N + src[None, :], mask=row_ok[:, None] & (src >= 0)[None, :],
+                    other=0.0).to(tl.float32)
+        offs = tl.arange(0, BQ)
         scale = tl.maximum(tl.max(tl.abs(x), axis=1) / 127.0, 1.1754943508222875e-38)
         tl.store(xs_ptr + rows, scale, mask=row_ok)
-        tl.store(xq_ptr + r64[:, None] * KQ + offs[None, :], quantize_int8(x, scale[:, None]), mask=ok)
-        if IDENTITY:  # the padding after the row, up to KQ
-            pad = NK + tl.arange(0, 16)
-            tl.store(xq_ptr + r64[:, None] * KQ + pad[None, :], tl.zeros([16], dtype=tl.int8)[None, :],
-                     mask=row_ok[:, None] & (pad < KQ)[None, :])
+        tl.store(xq_ptr + r64[:, None] * KQ + offs[None, :], stored_int8_codes(x, scale[:, None]),
+                 mask=row_ok[:, None] & (offs < KQ)[None, :])
         if HAS_OUT:
             offs_o = tl.arange(0, BNO)
             mo = row_ok[:, None] & (offs_o < NO)[None, :]
@@ -219,9 +210,8 @@ if triton is not None:
             y = y * gate
         tl.store(y_ptr + _row_offsets(rows, sy0, sy1, yin)[:, None] + cols[None, :], y.to(dtype), mask=mask)
         if QUANT:
-            if TOKENS > 1:
-                _tokens_codes(rounded(y, dtype), rows, row_ok, cols, N, y_ptr, src, oidx, xq_ptr, xs_ptr, xo_ptr, KQ,
-                              NO, NK, BQ, BNO, HAS_OUT, IDENTITY)
+            if TOKENS > 1:  # a GEMM with outlier columns (the packed map), one row a token
+                _tokens_codes(rows, row_ok, N, y_ptr, src, oidx, xq_ptr, xs_ptr, xo_ptr, KQ, NO, BQ, BNO, HAS_OUT)
             else:
                 _quant_epilogue(rounded(y, dtype), token_col, mask, y_ptr, RPP * N, src, oidx, dest,
                                 xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, NOUT, BQ, BNO, HAS_OUT, IDENTITY, SCATTER)
@@ -251,57 +241,6 @@ if triton is not None:
         if QUANT:  # one row per program, the whole row in one block
             _quant_epilogue(rounded(y, a.dtype), tl.broadcast_to(cols[None, :], y.shape), mask, y_ptr, sy, src, oidx,
                             dest, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, 0, BQ, BNO, HAS_OUT, IDENTITY, False)
-
-
-    @triton.jit
-    def _glu_codes_kernel(a_ptr, b_ptr, y_ptr, M, N, sa0, sa1, ain, sb0, sb1, bin, sy,
-                          src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, dest_ptr,
-                          TOKENS: tl.constexpr, BLOCK_C: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr,
-                          IDENTITY: tl.constexpr, SIGMOID: tl.constexpr = False):
-        """:func:`_swiglu_kernel` with codes at prefill sizes: ``TOKENS`` rows a program, walked in blocks of
-        ``BLOCK_C`` columns twice. First the gated product, stored, and each token's absmax over the kept
-        columns (``dest >= 0``); then the codes, read back from the stored rows through the packed column
-        map ``src`` (loaded once for the program's tokens), and the outlier columns. The same codes, scale
-        and outlier block as :func:`store_token_codes` of each row."""
-        rows = tl.program_id(0) * TOKENS + tl.arange(0, TOKENS)
-        row_ok = rows < M
-        a_rows = a_ptr + _row_offsets(rows, sa0, sa1, ain)
-        b_rows = b_ptr + _row_offsets(rows, sb0, sb1, bin)
-        y_rows = y_ptr + rows.to(tl.int64) * sy
-        amax = tl.zeros([TOKENS], dtype=tl.float32)
-        for c0 in range(0, N, BLOCK_C):
-            cols = c0 + tl.arange(0, BLOCK_C)
-            col_ok = cols < N
-            mask = row_ok[:, None] & col_ok[None, :]
-            a = tl.load(a_rows[:, None] + cols[None, :], mask=mask, other=0.0)
-            b = tl.load(b_rows[:, None] + cols[None, :], mask=mask, other=0.0)
-            af = a.to(tl.float32)
-            s = rounded(tl.sigmoid(af) if SIGMOID else af * tl.sigmoid(af), a.dtype)
-            y = rounded(s * b.to(tl.float32), a.dtype)  # as stored
-            tl.store(y_rows[:, None] + cols[None, :], y.to(a.dtype), mask=mask)
-            kept = col_ok
-            if not IDENTITY:
-                kept = col_ok & (tl.load(dest_ptr + cols, mask=col_ok, other=-1) >= 0)
-            amax = tl.maximum(amax, tl.max(tl.where(kept[None, :], tl.abs(y), 0.0), axis=1))
-        scale = tl.maximum(amax / 127.0, 1.1754943508222875e-38)
-        tl.store(xs_ptr + rows, scale, mask=row_ok)
-        tl.debug_barrier()  # every thread's stores of y are visible to the whole program
-        q_rows = xq_ptr + rows.to(tl.int64) * KQ
-        for j0 in range(0, KQ, BLOCK_C):
-            j = j0 + tl.arange(0, BLOCK_C)
-            if IDENTITY:
-                src = tl.where(j < N, j, -1)
-            else:
-                src = tl.load(src_ptr + j, mask=j < KQ, other=-1)
-            x = tl.load(y_rows[:, None] + src[None, :], mask=row_ok[:, None] & (src >= 0)[None, :], other=0.0)
-            tl.store(q_rows[:, None] + j[None, :], quantize_int8(x.to(tl.float32), scale[:, None]),
-                     mask=row_ok[:, None] & (j < KQ)[None, :])
-        if HAS_OUT:
-            offs_o = tl.arange(0, BNO)
-            mo = row_ok[:, None] & (offs_o < NO)[None, :]
-            idx = tl.load(oidx_ptr + offs_o, mask=offs_o < NO, other=0)
-            tl.store(xo_ptr + rows.to(tl.int64)[:, None] * NO + offs_o[None, :],
-                     tl.load(y_rows[:, None] + idx[None, :], mask=mo, other=0.0), mask=mo)
 
 
 def _codes(M: int, packed, dtype, device, scatter: bool = False):
@@ -365,8 +304,8 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
         tokens = 1
         if packed is not None:
             rows = next_power_of_2(heads)
-            if heads == 1 and M > TILED_CODES_MIN_TOKENS:  # several tokens a program, their tiles within 8K elements
-                tokens = max(1, min(TILED_CODES["norm"][0], 8192 // max(block_n, consts["BQ"])))
+            if heads == 1 and M > TILED_CODES_MIN_TOKENS and not packed.identity:  # tiles within 8K elements
+                tokens = max(1, min(TILED_TOKENS, 8192 // max(block_n, consts["BQ"])))
                 rows, consts = tokens, dict(consts, SCATTER=False)
         _rms_norm_kernel[(cdiv(M // heads, tokens) if packed is not None else cdiv(M, rows),)](
             x, residual if residual is not None else x, weight, g if g is not None else x, y, ro, M, N, eps,
@@ -426,13 +365,7 @@ def glu_triton(gate: torch.Tensor, up: torch.Tensor, packed=None, activation: st
     _check_codes(packed, N)
     y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     codes, q = _codes(M, packed, gate.dtype, gate.device)
-    if M > TILED_CODES_MIN_TOKENS and packed is not None:
-        tokens, block_c, warps = TILED_CODES["glu"]
-        _glu_codes_kernel[(cdiv(M, tokens),)](
-            gate, up, y, M, N, *gate_rows, *up_rows, N, *q["ptrs"], packed.dest, TOKENS=tokens,
-            BLOCK_C=block_c, BNO=q["consts"]["BNO"], HAS_OUT=q["consts"]["HAS_OUT"],
-            IDENTITY=q["consts"]["IDENTITY"], SIGMOID=activation == "sigmoid", num_warps=warps)
-    elif M:
+    if M:
         if packed is None:
             block_n = min(1024, next_power_of_2(N))
             rows = max(1, 2048 // block_n)
