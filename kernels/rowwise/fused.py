@@ -36,7 +36,8 @@ SCATTER_MAX_TOKENS = 256
 # more tokens than this (prefill): a norm writes the codes of a GEMM with outlier columns for several tokens a
 # program (TILED_TOKENS), the packed column map loaded once for them (H200, 4,096 x 2,048, 16 outliers: 36.5 ->
 # 28.3 us at 2 tokens; without outliers one token a program stays faster). SwiGLU keeps one token a program:
-# its rows walked in column blocks, several tokens a program, measured 0.7-1.4x (eval/results/prefill_codes_h200/)
+# its rows walked in column blocks, several tokens a program, measured 0.72-1.33x by launch and shape, slower in
+# the model (eval/results/prefill_codes_h200/)
 TILED_CODES_MIN_TOKENS = 256
 TILED_TOKENS = 2
 GLU_ACTIVATIONS = ("silu", "sigmoid")  # SwiGLU's; a gated attention output's ``o * sigmoid(gate)``
