@@ -292,6 +292,18 @@ def test_rms_norm_writes_the_gemms_codes_of_several_tokens_a_program(with_residu
     _same_codes(codes, out, packed)
 
 
+@pytest.mark.parametrize("activation", ["silu", "sigmoid"])
+def test_gated_norm_of_one_row_a_token_writes_codes_of_several_tokens_a_program(activation, tiled_codes):
+    """A gated norm whose token is one row (heads 1) takes the norms' prefill path too: the gate applied before
+    the row is stored and read back."""
+    x, g, w = _randn(3, 3, 1, 200, scale=2.0), _randn(3, 3, 1, 200), _randn(200)
+    packed = _packed(200, 16, 4)
+    out, codes = gated_rms_norm_triton(x, g, w, 1e-5, packed=packed, activation=activation)
+    ref = gated_rms_norm(x.cpu(), g.cpu(), w.cpu(), 1e-5, activation=activation)
+    assert rel_err(out.float().cpu(), ref.float()) < TOL
+    _same_codes(codes, out, packed)
+
+
 @pytest.mark.parametrize("n_out", [0, 3])
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rms_norm_writes_the_gemms_codes(with_residual, n_out, codes_path):

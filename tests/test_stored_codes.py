@@ -72,6 +72,19 @@ def test_codes_equal_the_division_near_every_rounding_boundary():
     assert torch.equal(got, _expected(x, scale))
 
 
+def test_codes_equal_the_division_at_the_smallest_scales():
+    """Scales just above float32's tiny (the absmax of rows of ~1e-36..1e-32), where the residual of an unscaled
+    quotient would fall among the subnormals: the rows scaled by 2**64 first."""
+    g = torch.Generator().manual_seed(5)
+    n = 48 if INTERPRETED else 4096
+    exponent = torch.randint(1, 15, (n,), generator=g, dtype=torch.int64)  # 2**-126 .. 2**-112
+    bits = (exponent << 23) | torch.randint(0, 1 << 23, (n,), generator=g, dtype=torch.int64)
+    scale = bits.to(torch.int32).view(torch.float32)
+    x = _near_half_integers(scale, 1024)
+    got = _codes(x.to(DEVICE), scale.to(DEVICE)).cpu()
+    assert torch.equal(got, _expected(x, scale))
+
+
 def test_codes_equal_the_division_for_every_bf16_value():
     """Every finite bf16 value as x (the producers' rows hold bf16 values) against scales of each kind; elements whose
     quotient passes 127 clamp, as the division's."""

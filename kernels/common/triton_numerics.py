@@ -162,9 +162,14 @@ if triton is not None:
 
     @triton.jit
     def stored_int8_codes(x, scale):
-        """:func:`quantize_int8`'s codes, bit for bit, in about a third of its instructions, for a kernel that
-        stores them (``scale`` a scalar, or per row broadcastable to ``x``, e.g. ``[R, 1]``): a 4,096 x 5,632
-        SwiGLU writing its codes spent ~30% of its time in ``div_rn`` and the float -> int conversion.
+        """The codes of PyTorch's ``round(x / scale).clamp(-127, 127)``, bit for bit, as :func:`quantize_int8`
+        gives them, in about a third of its instructions, for a kernel that stores them (``scale`` a scalar, or
+        per row broadcastable to ``x``, e.g. ``[R, 1]``; an absmax scale, at most float32's max / 127): a 4,096 x
+        5,632 SwiGLU writing its codes spent ~30% of its time in ``div_rn`` and the float -> int conversion.
+        Two differences from :func:`quantize_int8`, neither in a finite model's rows: on the GPU ``div_rn`` flushes
+        subnormal ``x`` to zero (Triton's ftz) where this keeps PyTorch's code (rows with absmax under ~3e-36); and
+        a row with an infinite scale (an inf among its kept columns) gets -127 everywhere here, 0 for its finite
+        elements there, its GEMM output not finite either way.
 
         The quotient is the exactly rounded ``x / scale`` from the row's reciprocal ``r = RN(1 / d)``: ``q = RN(x
         r)`` is within an ulp of ``x / d``, the residual ``x - d q`` is exact in an fma, and ``RN(q + (x - d q)
