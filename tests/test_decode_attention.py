@@ -133,7 +133,7 @@ def test_kernel_takes_strided_inputs_and_broadcast_masks(monkeypatch):
     want = decode_attention(q, k, v, mask, 0.4)
     for programs_an_sm in (False, True):
         sms = B * Hkv * (2 if programs_an_sm else 40)  # 12: one span; 240: ~2 programs an SM
-        monkeypatch.setattr(dec, "_sm_count", lambda device, sms=sms: sms)
+        monkeypatch.setattr(dec, "sm_count", lambda device, sms=sms: sms)
         got = dec.decode_attention_triton(q, k, v, mask, 0.4)
         assert rel_err(got.float().cpu(), want.float().cpu()) < (1e-5 if INTERPRETED else 1e-2), sms
 

@@ -24,11 +24,9 @@ sees its own token.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from ..common.sizes import cdiv, next_power_of_2
+from ..common.sizes import cdiv, next_power_of_2, sm_count
 
 try:
     import triton
@@ -180,18 +178,13 @@ if triton is not None:
                  out.to(o_ptr.dtype.element_ty), mask=(rows < G * T)[:, None] & (offs_dv < DV)[None, :])
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-
-
 def split_positions(S: int, programs: int, block: int, splits: int | None, device: torch.device) -> tuple[int, int]:
     """``(splits, span)``: the spans S positions split into for ``programs`` programs, each span a multiple of
     ``block`` positions, none empty. ``splits`` None: one span from half an SM's worth of programs on, below about two
     programs an SM, every span but the last at least :data:`MIN_SPAN` positions (swept on an H200,
     eval/results/hybrid_decode_h200/run5_splits/)."""
     if splits is None:
-        sms = _sm_count(device)
+        sms = sm_count(device)
         splits = 1 if 2 * programs >= sms else min(cdiv(2 * sms, programs), cdiv(S, MIN_SPAN))
     span = cdiv(cdiv(S, max(1, splits)), block) * block
     return max(1, cdiv(S, span)), span

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common.sizes import cdiv, next_power_of_2
+from ..common.sizes import cdiv, next_power_of_2, sm_count
 from ..common.state import State, StateQuantizer
 from ..common.state_io import CHUNK, check_state_args, sequence_bounds, state_io, store_position, store_states
 from .intra import chunk_warps, delta_intra_chunk
@@ -232,7 +232,7 @@ def splits_intra(q: torch.Tensor, sequence_heads: int, tokens: int) -> bool:
     waiting on the walk's serial steps, which the split cuts to a quarter."""
     if not q.is_cuda:
         return False
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    sms = sm_count(q.device)
     return sequence_heads * SPLIT_SMS_PER_HEAD <= sms and tokens >= SPLIT_MIN_TOKENS
 
 
@@ -278,7 +278,7 @@ def launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, fin
         if block_v is not None:
             BV = min(BV, block_v)
         elif q.is_cuda:  # too few (sequence, head) programs to fill the GPU: split V as well
-            sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+            sms = sm_count(q.device)
             while N * H * cdiv(V, BV) < sms and BV > 32:
                 BV //= 2
     _chunk_delta_fwd_kernel[(N * H, cdiv(V, BV))](

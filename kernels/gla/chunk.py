@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from ..common.formats import get_format
-from ..common.sizes import cdiv, next_power_of_2
+from ..common.sizes import cdiv, next_power_of_2, sm_count
 from ..common.state import State, StateQuantizer
 from ..common.state_io import CHUNK, check_state_args, sequence_bounds, state_io, store_position, store_states
 from ..common.store import store_states_triton
@@ -280,7 +280,7 @@ def chunk_gla_triton(q, k, v, g, scale: float | None = None, initial_state: Stat
     rng = dict(rounding=rounding, seed=seed, position=store_position(initial_state, position))
     launch = dict(block_t=block_t, block_v=block_v, num_warps=num_warps, num_stages=num_stages, fp32_dots=fp32_dots)
     if segments is None:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
+        sms = sm_count(q.device)
         # below one program per SM, split; the split costs a state-only pass over k, v, g
         if cu_seqlens is not None or sequential_state or N * H >= sms:
             segments = 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common.sizes import cdiv, next_power_of_2
+from ..common.sizes import cdiv, next_power_of_2, sm_count
 
 try:
     import triton
@@ -79,7 +79,7 @@ def noncausal_linear_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch
     low = q.dtype != torch.float32
     BK, BV = next_power_of_2(K), next_power_of_2(V)
     # enough T-slices that B * H * splits programs cover the GPU a few times over
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+    sms = sm_count(q.device, elsewhere=4)
     splits = max(1, min(cdiv(T, block_t), cdiv(4 * sms, B * H)))
     per_split = block_t * cdiv(cdiv(T, splits), block_t)
     splits = cdiv(T, per_split) if T else 1
