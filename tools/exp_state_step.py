@@ -135,7 +135,7 @@ def main() -> None:
                     if bk > K // split:
                         continue
                     bench(f"exp split={split} rng={rng} clamp={clamp} block_k={bk} warps={w}",
-                          lambda: _exp_kernel[(B * H, split)](q, k, v, g, o, data, scale, 1, 1, H=H, K=K, V=V,
+                          lambda: _exp_kernel[(B * H, split)](q, k, v, g, o, data, scale, 12345, 7, H=H, K=K, V=V,
                                                                BLOCK_K=bk, CLAMP=clamp, RNG=rng, SPLIT=split,
                                                                num_warps=w), moved)
     if not once:

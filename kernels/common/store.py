@@ -67,7 +67,7 @@ if triton is not None:
         rbits = 0
         if SR:
             rbits = state_random_bytes(seed, n, position, (c + 1) * sub_step, h, offs_k, 0, K, V, BLOCK_K, BLOCK_V)
-        store_state_rows(st, data_ptr + tile, scale_ptr + rows, mask_k, mask, scale, FMT, SR, rbits)
+        store_state_rows(st, data_ptr + tile, scale_ptr + rows, mask_k, mask, scale, FMT, SR, rbits, RENORM > 0)
 
 
 def store_rows_triton(state: torch.Tensor, quantizer: StateQuantizer, position: int, seed: int = 0,

@@ -113,7 +113,7 @@ if triton is not None:
             rbits = 0
             if SR:
                 rbits = state_random_bytes(seed, slot, position, 0, h, offs_k, 0, K, V, BLOCK_K, BLOCK_V)
-            store_state_rows(st, ptrs, sc_ptrs, mask_k, mask, new_scale, FMT, SR, rbits)
+            store_state_rows(st, ptrs, sc_ptrs, mask_k, mask, new_scale, FMT, SR, rbits, RENORM > 0)
         pdl_release(PDL)
         o = tl.sum(readout, axis=0)
         if SSD:
