@@ -387,7 +387,7 @@ def trim_after_eos(new: torch.Tensor, eos: int | None) -> torch.Tensor:
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, eos_token_id: int | None = None,
              graphed: bool | None = None, generator: torch.Generator | None = None, draft_model=None,
-             num_draft_tokens: int = 4) -> torch.Tensor:
+             num_draft_tokens: int = 4, verify_numerics: str = "decode") -> torch.Tensor:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids [B, T]`` (unpadded prompts of one
     length); returns ``[B, T + n]``. ``graphed``: None graphs on CUDA (laquant's GLA, the hybrids) and decodes
     eagerly elsewhere (and where the model's decode step cannot be captured, or a ``generator`` is
@@ -395,14 +395,16 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: 
     sampling in the eager loop only (the graph draws from the default CUDA generator).
     ``draft_model``: greedy speculative decoding, ``num_draft_tokens`` proposed a round by this model,
     or by prompt lookup with ``"ngram"`` (:mod:`laquant.serving.speculative`: each round one CUDA graph
-    where the caches allow it, unless ``graphed=False``; the same tokens as without it)."""
+    where the caches allow it, unless ``graphed=False``; the same tokens as without it; ``verify_numerics="prefill"``:
+    faster verify steps with 8- and 16-bit states, the tokens up to near-ties, see
+    :func:`~laquant.serving.speculative.speculative_generate`)."""
     if draft_model is not None:
         if do_sample:
             raise LaquantError("speculative decoding (draft_model) is greedy only: drop do_sample / temperature")
         from laquant.serving.speculative import speculative_generate
 
         return speculative_generate(model, draft_model, input_ids, max_new_tokens, num_draft_tokens, eos_token_id,
-                                    graphed=graphed)
+                                    graphed=graphed, verify_numerics=verify_numerics)
     return DecodeSession(model, input_ids, max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                          eos_token_id=eos_token_id, graphed=graphed, generator=generator).run()
 

@@ -368,6 +368,9 @@ def test_speculative_on_the_gpu(trained_model_dir, recipe):
             got = speculative_generate(target, draft, ids, 64, k, stats=stats, graphed=graphed)
             _assert_same_up_to_near_ties(target, got, want, ids.shape[1], (B, k, graphed))
             assert stats.accepted > 0 and stats.round_graphed == (graphed is None), (B, k, graphed)
+        # the verify steps holding the state in float32 between the tokens: near-ties of the 8-bit state's rounding
+        got = speculative_generate(target, draft, ids, 64, 4, verify_numerics="prefill")
+        _assert_same_up_to_near_ties(target, got, want, ids.shape[1], (B, "prefill"))
 
 
 @pytest.mark.gpu
@@ -410,3 +413,64 @@ def _assert_same_up_to_near_ties(model, got, want, prompt_len, what, rel_gap=1e-
     for b, p, gap in parting_gaps(model, got, want):
         assert p >= prompt_len, what
         assert gap <= rel_gap, (what, b, p, gap)
+
+
+@pytest.mark.parametrize("make,state", [(_gla, "int8_row"), (_delta, "int8_row"), (_gla, None)])
+@torch.no_grad()
+def test_verify_with_prefill_numerics_commits_as_decode_steps(make, state):
+    """numerics="prefill": the first position's logits are the decode numerics' (the stored state), the later
+    ones differ by the state format's rounding (not at all for fp32). The commit stores each mixer's state as its
+    decode steps would from the inputs it saw: the first mixer's as plain decoding's, bit for bit, the later ones'
+    from inputs that the float32 states below them changed a little (as a prefill's would)."""
+    model = make(state=state).to(torch.bfloat16)
+    ids, new = torch.randint(1, VOCAB, (2, 7)), torch.randint(1, VOCAB, (2, 5))
+    exact_cache = model(input_ids=ids, use_cache=True).past_key_values
+    exact = verify(model, new, exact_cache)
+    commit(exact_cache, 3)
+    cache = model(input_ids=ids, use_cache=True).past_key_values
+    fast = verify(model, new, cache, numerics="prefill")
+    assert torch.isfinite(fast.float()).all()
+    assert torch.equal(fast[:, 0], exact[:, 0])
+    assert torch.equal(fast, exact) == (state is None)
+    assert torch.allclose(fast.float(), exact.float(), atol=0.1)
+    commit(cache, 3)
+    if state is None:
+        _assert_same_cache(cache, exact_cache, exact=True)
+    assert cache.seen_tokens == exact_cache.seen_tokens
+    states = [(a, b) for a, b in zip(_states(cache), _states(exact_cache)) if a is not None]
+    assert torch.equal(states[0][0][0], states[0][1][0])  # the first mixer's inputs are the same
+    for (data, scale, n), (want, want_scale, want_n) in states[1:]:
+        got, ref = data.float() * (1 if scale is None else scale), want.float() * (1 if want_scale is None else
+                                                                                   want_scale)
+        assert n == want_n and (got - ref).norm() <= 3e-2 * ref.norm()
+    with pytest.raises(LaquantError, match="numerics must be one of"):
+        verify(model, new, cache, numerics="chunk")
+
+
+@pytest.mark.parametrize("state", ["int8_row", None])
+@torch.no_grad()
+def test_speculative_with_prefill_numerics(state):
+    """verify_numerics="prefill": plain greedy decoding's tokens up to near-ties (exactly with an fp32 state)."""
+    target, draft = _gla(state=state), _gla()
+    ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(4))
+    want = generate(target, ids, 23)
+    stats = SpeculativeStats()
+    got = speculative_generate(target, draft, ids, 23, num_draft_tokens=4, stats=stats, verify_numerics="prefill")
+    assert stats.accepted > 0
+    if state is None:
+        assert torch.equal(got, want)
+    # where a row parts, its two tokens' logits were within the state's rounding: a code step of the int8 state is
+    # 1/127 of its row's absmax, and this random model's logits lie close together (the trained model's, on the GPU,
+    # within 1%: test_speculative_on_the_gpu)
+    _assert_same_up_to_near_ties(target, got, want, ids.shape[1], state, rel_gap=5e-2)
+    assert torch.equal(generate(target, ids, 23, draft_model=draft, verify_numerics="prefill"), got)
+    with pytest.raises(LaquantError, match="verify_numerics"):
+        speculative_generate(target, draft, ids, 4, verify_numerics="exact")
+
+
+def test_cli_generate_verify_numerics(tiny_model_dir, capsys):
+    args = ["generate", str(tiny_model_dir), "--prompt", "Hello", "--max-new-tokens", "6", "--device", "cpu", "--no-eos"]
+    assert main([*args, "--draft", str(tiny_model_dir), "--verify-numerics", "prefill"]) == 0
+    assert "speculative" in capsys.readouterr().out
+    assert main([*args, "--verify-numerics", "prefill"]) == 2  # without --draft
+    assert "--verify-numerics needs --draft" in capsys.readouterr().err

@@ -229,3 +229,66 @@ def test_triton_verify_prefetch_changes_nothing(name, fmt, renorm, rounding):
     _same_pool(kept0, kept1)
     _same_pool(pool0, pool1)
     assert not torch.equal(pool0[0].view(torch.uint8), data.view(torch.uint8))  # the commit did write
+
+
+@pytest.mark.parametrize("name", ["gla", "delta", "kda"])
+@pytest.mark.parametrize("fmt,renorm,rounding", [("fp32", 1, "nearest"), ("bf16", 1, "nearest"),
+                                                 ("int8_row", 1, "stochastic"), ("fp8_row", 3, "stochastic")])
+def test_reference_verify_with_prefill_numerics(name, fmt, renorm, rounding):
+    """numerics="prefill": the T states held in float32 from the stored one, as a prefill chunk holds them; the
+    first output is the decode step's, the later ones differ by the format's rounding (none for fp32)."""
+    from laquant.kernels.common.state import load_pool_slots
+
+    family = Family(name, triton_kernels=False)
+    ins, data, scale, idx, quant, n_stores, _ = _case(family, fmt, renorm, rounding, *SHAPES[0])
+    T = SHAPES[0][1]
+    mod = gla_verify if name == "gla" else delta_verify
+    fn = getattr(mod, f"{'gla' if name == 'gla' else 'delta'}_verify_reference")
+    d, s = _clone(data, scale)
+    o = fn(*ins, d, s, idx, quant, n_stores, numerics="prefill", **family.kw())
+    _same_pool((d, s), (data, scale))
+    exact = family.verify(ins, d, s, idx, quant, n_stores)
+    h = load_pool_slots(data, scale, idx, quant)
+    rows = torch.arange(ins[0].shape[0])
+    for t in range(T):  # the float32 recurrence, never stored
+        o_t = family.decode(ins, t, rows, h, None, torch.arange(h.shape[0], dtype=torch.int32),
+                            StateQuantizer("fp32"), None)
+        assert torch.equal(o[:, t], o_t)
+    assert torch.isfinite(o.float()).all()
+    assert torch.equal(o[:, 0], exact[:, 0])
+    assert torch.equal(o, exact) == (fmt == "fp32")
+    with pytest.raises(ValueError, match="numerics='decode'"):
+        fn(*ins, d, s, idx, quant, n_stores, numerics="prefill", kept=Kept.empty_like_pool(d, s, *ins[0].shape[:2]),
+           **family.kw())
+    with pytest.raises(ValueError, match="numerics must be one of"):
+        fn(*ins, d, s, idx, quant, n_stores, numerics="chunk", **family.kw())
+
+
+@pytest.mark.parametrize("name", ["gla", "delta", "kda"])
+@pytest.mark.parametrize("fmt,renorm,rounding", [("fp32", 1, "nearest"), ("int8_row", 1, "stochastic"),
+                                                 ("fp8_row", 3, "stochastic")])
+def test_triton_verify_with_prefill_numerics(name, fmt, renorm, rounding):
+    """The kernels' numerics="prefill" against the reference's: the pool untouched, the outputs to float32
+    rounding (no state rounding inside), V in blocks for the scaled formats too (no row scale to take)."""
+    pytest.importorskip("triton")
+    from conftest import require_triton_kernels
+
+    require_triton_kernels()
+    family, ref = Family(name, triton_kernels=True), Family(name, triton_kernels=False)
+    shape = SHAPES[2]
+    ins, data, scale, idx, quant, n_stores, accepted = _case(family, fmt, renorm, rounding, *shape)
+    mod = gla_verify if name == "gla" else delta_verify
+    prefix = "gla" if name == "gla" else "delta"
+    d, s = _clone(data, scale)
+    want = getattr(mod, f"{prefix}_verify_reference")(*ins, d, s, idx, quant, n_stores, numerics="prefill",
+                                                      **ref.kw())
+    kw = {k: v for k, v in family.kw(ins[2]).items() if k != "block_v"}
+    for block_v in (None, 16):
+        o = getattr(mod, f"{prefix}_verify")(*ins, d, s, idx, quant, n_stores, numerics="prefill", block_v=block_v,
+                                             **kw)
+        _same_pool((d, s), (data, scale))
+        assert torch.isfinite(o.float()).all()
+        assert rel_err(o.float(), want.float()) < 1e-5
+    # the commit after it is the decode steps', whatever the verify's numerics
+    getattr(mod, f"{prefix}_commit")(*ins, d, s, idx, quant, accepted, n_stores, **family.kw(ins[2]))
+    _same_pool((d, s), _decode_run(family, ins, data, scale, idx, quant, n_stores, accepted)[:2])

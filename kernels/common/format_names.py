@@ -4,3 +4,6 @@
 STATE_FORMATS = ("fp32", "bf16", "fp8_row", "fp8_head", "fp8_tensor", "int8_row", "int4_row")
 SCALED_STATE_FORMATS = ("fp8_row", "fp8_head", "fp8_tensor", "int8_row", "int4_row")  # those with float32 scales
 ROUNDINGS = ("nearest", "stochastic")  # how a state is rounded to its format when stored
+# a verify step's outputs (speculative decoding, kernels/common/pool_steps.py): the state rounded to its format
+# after every token as the decode steps round it, or held in float32 between the tokens as a prefill holds it
+VERIFY_NUMERICS = ("decode", "prefill")

@@ -9,6 +9,15 @@ state after the ``n``-th token into the slot, which leaves the pool bit-identica
 steps: from the kept states (:func:`commit_kept`, when the verify step kept them, ``[B, T, H, K, V]``
 in the state format) or by running the first ``n`` tokens again (the kernels' commit mode, no side
 buffer). ``n_stores`` is read, never incremented: the caller counts, as for the decode kernels.
+
+The verify step's outputs follow ``numerics`` (:data:`VERIFY_NUMERICS`): ``"decode"`` (the default) rounds
+the state to its format after every token, so each output is bit for bit what that decode step would
+give (up to the float32 order of the readout's sum); ``"prefill"`` holds the ``T`` states in float32
+between the tokens, as a chunked prefill holds them inside a chunk, so the outputs after the first
+differ from the decode steps' by the state format's rounding. With an 8- or 16-bit state that rounding
+is most of a verify step's arithmetic (the row's absmax, the stochastic bits, the codes and back, every
+token): "prefill" costs about the fp32 state's verify. The commit is the decode steps' either way, for the
+inputs it is given (in a model, the mixers above the first get inputs that the float32 states moved).
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from .format_names import VERIFY_NUMERICS
 from .state import StateQuantizer, load_pool_slots, store_slot_states
 from .state_io import pool_args, verify_launch
 
@@ -41,6 +51,16 @@ def check_tokens(T: int) -> None:
         raise ValueError(f"a verify step takes 1 to {MAX_VERIFY_TOKENS} tokens per sequence; got {T}")
 
 
+def rounds_each_token(numerics: str, kept) -> bool:
+    """Whether a verify step with these ``numerics`` stores the state after every token (checked)."""
+    if numerics not in VERIFY_NUMERICS:
+        raise ValueError(f"numerics must be one of {', '.join(VERIFY_NUMERICS)}; got {numerics!r}")
+    if numerics == "prefill" and kept is not None:
+        raise ValueError("kept states are the decode steps' states: keep them with numerics='decode' (or commit "
+                         "by recomputing, which any numerics allows)")
+    return numerics == "decode"
+
+
 def accepted_counts(accepted, batch: int, tokens: int, device) -> torch.Tensor:
     """``accepted`` (an int or ``[B]``) as an int32 ``[B]`` tensor, each in ``0..tokens`` (checked on
     the host except inside a CUDA graph capture, where a check would sync: the caller's counts
@@ -53,12 +73,23 @@ def accepted_counts(accepted, batch: int, tokens: int, device) -> torch.Tensor:
 
 
 def pool_steps_reference(step: Callable, T: int, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None,
-                         seed: int = 0, kept: Kept | None = None, accepted: torch.Tensor | None = None) -> list:
+                         seed: int = 0, kept: Kept | None = None, accepted: torch.Tensor | None = None,
+                         numerics: str = "decode") -> list:
     """``step(t, h) -> (o_t, new h)`` for ``t < T`` from the pool slots ``pool_idx``, the state stored
-    (and loaded back) after every token as decode step ``t`` would store it. ``kept``: each stored
-    state written there. ``accepted`` ``[B]`` (commit): slot ``b`` gets its state after
-    ``accepted[b]`` tokens (none: unchanged). Returns the outputs ``o_t``."""
+    (and loaded back) after every token as decode step ``t`` would store it (``numerics="prefill"``:
+    held in float32 instead, outputs only). ``kept``: each stored state written there. ``accepted``
+    ``[B]`` (commit): slot ``b`` gets its state after ``accepted[b]`` tokens (none: unchanged).
+    Returns the outputs ``o_t``."""
     check_tokens(T)
+    if not rounds_each_token(numerics, kept):
+        if accepted is not None:
+            raise ValueError("a commit stores the decode steps' states: numerics='decode'")
+        h = load_pool_slots(state, scale, pool_idx, quantizer)
+        outs = []
+        for t in range(T):
+            o, h = step(t, h)
+            outs.append(o)
+        return outs
     idx = pool_idx.long()
     data, sc = state[idx], scale[idx] if scale is not None else None
     h = load_pool_slots(state, scale, pool_idx, quantizer)
@@ -101,20 +132,23 @@ def _pow2(n: int) -> int:
 
 
 def launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V, kernel, step, block_k=None, block_v=None,
-                num_warps=None, prefetch=None):
+                num_warps=None, prefetch=None, round_each: bool = True):
     """The pool's pointers, strides and constexprs for a verify kernel (``kernel``: GLA's, the delta rule's;
     ``step``: ``"verify"`` or ``"commit"``), with ``block_k``, ``block_v``, ``num_warps`` and ``prefetch`` (the
     next token's inputs loaded during this token's arithmetic) defaulting to the table's entry for the format and
     launch size (:data:`~laquant.kernels.common.state_io.VERIFY_LAUNCH`); a block of None is the whole dimension,
-    and a scaled format always takes the whole V (its row scale spans the row). Also the V grid."""
+    and a scaled format storing its state (``round_each``) takes the whole V (its row scale spans the row). A
+    verify step that does not (``numerics="prefill"``) computes as the fp32 state's does and takes its entry.
+    Also the V grid."""
     fmt = quantizer.format
-    default_k, default_v, default_warps, default_prefetch = verify_launch(kernel, step, fmt.name,
-                                                                          pool_idx.numel() * H)
+    default_k, default_v, default_warps, default_prefetch = verify_launch(kernel, step, fmt.name if round_each
+                                                                          else "fp32", pool_idx.numel() * H)
     block_k = min(block_k or default_k or _pow2(K), _pow2(K))
     pool, pool_strides, consts, _ = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K, block_k, 1)
     full_v = _pow2(V)
-    block_v = full_v if fmt.is_scaled else min(full_v, _pow2(block_v or default_v or full_v))
+    block_v = full_v if fmt.is_scaled and round_each else min(full_v, _pow2(block_v or default_v or full_v))
     consts["BLOCK_V"] = block_v
+    consts["ROUND_EACH"] = round_each
     consts["PREFETCH"] = default_prefetch if prefetch is None else bool(prefetch)
     return pool, pool_strides, consts, num_warps or default_warps, -(-V // block_v)
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from ..common.pool_steps import Kept, accepted_counts, check_tokens, kept_args, launch_args, pool_steps_reference
+from ..common.pool_steps import (Kept, accepted_counts, check_tokens, kept_args, launch_args,
+                                 pool_steps_reference, rounds_each_token)
 from ..common.state import StateQuantizer
 from ..kda.reference import recurrent_kda_step
 from .decode import prepared_step
@@ -43,11 +44,11 @@ def _step(q, k, v, g, beta, qk_scale, use_qk_l2norm):
 
 def delta_verify_reference(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None,
                            qk_scale: float | None = None, use_qk_l2norm: bool = False, seed: int = 0,
-                           kept: Kept | None = None) -> torch.Tensor:
+                           kept: Kept | None = None, numerics: str = "decode") -> torch.Tensor:
     """What :func:`delta_verify` computes, in PyTorch: ``o`` ``[B, T, Hv, V]``; the pool untouched."""
     step = _step(q, k, v, g, beta, qk_scale, use_qk_l2norm)
     return torch.stack(pool_steps_reference(step, q.shape[1], state, scale, pool_idx, quantizer, n_stores, seed,
-                                            kept), 1)
+                                            kept, numerics=numerics), 1)
 
 
 def delta_commit_reference(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer, accepted,
@@ -76,7 +77,7 @@ if triton is not None:
         T, qk_scale, seed,
         H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr,
         BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr,
-        L2NORM: tl.constexpr, KEEP: tl.constexpr, COMMIT: tl.constexpr, PREFETCH: tl.constexpr,
+        L2NORM: tl.constexpr, KEEP: tl.constexpr, COMMIT: tl.constexpr, PREFETCH: tl.constexpr, ROUND_EACH: tl.constexpr,
     ):
         pid = tl.program_id(0)
         b = pid // H
@@ -130,23 +131,28 @@ if triton is not None:
                 o = tl.sum(qq[:, None] * st, axis=0)
                 tl.store(o_ptr + b * s_ob + t * s_ot + h * s_oh + offs_v,
                          o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_v)
-            S, old_scale = store_verified_state(
-                st, old_scale, t, steps, position, seed, slot, h, offs_k, mask_k, mask_v,
-                static_ptr + h * K + offs_k, ptrs, sc_ptrs,
-                kept_ptr + b * s_eb + t * s_et + h * s_eh + offs_k[:, None] * s_ek + offs_v[None, :],
-                kept_scale_ptr + b * s_fb + t * s_ft + h * s_fh + offs_k,
-                K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR, KEEP, COMMIT)
+            if ROUND_EACH:  # as the decode steps store it; else held in float32 (numerics="prefill")
+                S, old_scale = store_verified_state(
+                    st, old_scale, t, steps, position, seed, slot, h, offs_k, mask_k, mask_v,
+                    static_ptr + h * K + offs_k, ptrs, sc_ptrs,
+                    kept_ptr + b * s_eb + t * s_et + h * s_eh + offs_k[:, None] * s_ek + offs_v[None, :],
+                    kept_scale_ptr + b * s_fb + t * s_ft + h * s_fh + offs_k,
+                    K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR, KEEP, COMMIT)
+            else:
+                S = st
 
 
 def delta_verify(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None,
                  qk_scale: float | None = None, use_qk_l2norm: bool = False, seed: int = 0, kept: Kept | None = None,
                  out: torch.Tensor | None = None, block_v: int | None = None, num_warps: int | None = None,
-                 prefetch: bool | None = None):
+                 prefetch: bool | None = None, numerics: str = "decode"):
     """Triton verify step (shapes above, ``T`` in 1..16); the pool as the decode kernel takes it, left
-    unchanged. Returns ``o`` ``[B, T, Hv, V]``; ``kept`` receives the state after each token. The launch
-    defaults to :data:`~laquant.kernels.common.state_io.VERIFY_LAUNCH`'s."""
+    unchanged. Returns ``o`` ``[B, T, Hv, V]``; ``kept`` receives the state after each token. ``numerics``:
+    ``"decode"`` or ``"prefill"`` (:mod:`~laquant.kernels.common.pool_steps`). The launch defaults to
+    :data:`~laquant.kernels.common.state_io.VERIFY_LAUNCH`'s."""
     return _launch(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_scale, use_qk_l2norm, seed,
-                   kept, None, out, dict(block_v=block_v, num_warps=num_warps, prefetch=prefetch))
+                   kept, None, out, dict(block_v=block_v, num_warps=num_warps, prefetch=prefetch,
+                                         round_each=rounds_each_token(numerics, kept)))
 
 
 def delta_commit(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer, accepted, n_stores=None,

@@ -16,14 +16,16 @@ each row on its own), each block held in registers across the ``T`` tokens: the 
 and written once per kept token (never without ``kept``), the outputs of all tokens summed in
 registers over the blocks. The state bits do not depend on the blocking; the outputs sum in
 another order than the decode kernel's, so they match it to float32 rounding, not bit for bit.
-Scaled formats (per-row scales over the whole V row) take the whole V row per program.
+Scaled formats (per-row scales over the whole V row) take the whole V row per program when they store
+after every token (``numerics="decode"``; :mod:`~laquant.kernels.common.pool_steps`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..common.pool_steps import Kept, accepted_counts, check_tokens, kept_args, launch_args, pool_steps_reference
+from ..common.pool_steps import (Kept, accepted_counts, check_tokens, kept_args, launch_args,
+                                 pool_steps_reference, rounds_each_token)
 from ..common.state import StateQuantizer
 from .reference import recurrent_gla_step
 
@@ -37,11 +39,12 @@ except ImportError:  # laquant's CPU path needs no Triton
 
 
 def gla_verify_reference(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None,
-                         qk_scale: float | None = None, seed: int = 0, kept: Kept | None = None) -> torch.Tensor:
+                         qk_scale: float | None = None, seed: int = 0, kept: Kept | None = None,
+                         numerics: str = "decode") -> torch.Tensor:
     """What :func:`gla_verify` computes, in PyTorch: ``o`` ``[B, T, H, V]``; the pool untouched."""
     step = lambda t, h: recurrent_gla_step(q[:, t], k[:, t], v[:, t], g[:, t], h, qk_scale)  # noqa: E731
     return torch.stack(pool_steps_reference(step, q.shape[1], state, scale, pool_idx, quantizer, n_stores, seed,
-                                            kept), 1)
+                                            kept, numerics=numerics), 1)
 
 
 def gla_commit_reference(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer, accepted, n_stores=None,
@@ -69,7 +72,7 @@ if triton is not None:
         T, qk_scale, seed,
         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
         BLOCK_T: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr,
-        KEEP: tl.constexpr, COMMIT: tl.constexpr, PREFETCH: tl.constexpr,
+        KEEP: tl.constexpr, COMMIT: tl.constexpr, PREFETCH: tl.constexpr, ROUND_EACH: tl.constexpr,
     ):
         pid = tl.program_id(0)
         b = pid // H
@@ -112,12 +115,15 @@ if triton is not None:
                 if not COMMIT:
                     out += tl.where(rows_t[:, None] == t, tl.sum((q * qk_scale)[:, None] * st, axis=0)[None, :],
                                     0.0)
-                S, old_scale = store_verified_state(
-                    st, old_scale, t, steps, position, seed, slot, h, offs_k, mask_k, mask_v,
-                    static_ptr + h * K + offs_k, ptrs, sc_ptrs,
-                    kept_ptr + b * s_eb + t * s_et + h * s_eh + offs_k[:, None] * s_ek + offs_v[None, :],
-                    kept_scale_ptr + b * s_fb + t * s_ft + h * s_fh + offs_k,
-                    K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR, KEEP, COMMIT)
+                if ROUND_EACH:  # as the decode steps store it; else held in float32 (numerics="prefill")
+                    S, old_scale = store_verified_state(
+                        st, old_scale, t, steps, position, seed, slot, h, offs_k, mask_k, mask_v,
+                        static_ptr + h * K + offs_k, ptrs, sc_ptrs,
+                        kept_ptr + b * s_eb + t * s_et + h * s_eh + offs_k[:, None] * s_ek + offs_v[None, :],
+                        kept_scale_ptr + b * s_fb + t * s_ft + h * s_fh + offs_k,
+                        K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR, KEEP, COMMIT)
+                else:
+                    S = st
         if not COMMIT:
             tl.store(o_ptr + b * s_ob + rows_t[:, None] * s_ot + h * s_oh + offs_v[None, :],
                      out.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
@@ -127,14 +133,16 @@ if triton is not None:
 def gla_verify(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None,
                qk_scale: float | None = None, seed: int = 0, kept: Kept | None = None,
                out: torch.Tensor | None = None, block_v: int | None = None, num_warps: int | None = None,
-               block_k: int | None = None, prefetch: bool | None = None):
+               block_k: int | None = None, prefetch: bool | None = None, numerics: str = "decode"):
     """Triton verify step: q, k, g ``[B, T, H, K]``, v ``[B, T, H, V]``, ``T`` in 1..16; the pool as
     :func:`~laquant.kernels.gla.decode.gla_decode_step` takes it (left unchanged). Returns ``o``
-    ``[B, T, H, V]``; ``kept`` (optional, :class:`Kept`) receives the state after each token. The
+    ``[B, T, H, V]``; ``kept`` (optional, :class:`Kept`) receives the state after each token.
+    ``numerics``: ``"decode"`` or ``"prefill"`` (:mod:`~laquant.kernels.common.pool_steps`). The
     launch (blocks, warps, prefetch) defaults to :data:`~laquant.kernels.common.state_io.VERIFY_LAUNCH`'s
     (its commit entry for the commit) for this many programs."""
     return _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, seed, kept, None, out,
-                   dict(block_v=block_v, num_warps=num_warps, block_k=block_k, prefetch=prefetch))
+                   dict(block_v=block_v, num_warps=num_warps, block_k=block_k, prefetch=prefetch,
+                        round_each=rounds_each_token(numerics, kept)))
 
 
 def gla_commit(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer, accepted, n_stores=None,

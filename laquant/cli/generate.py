@@ -7,6 +7,7 @@ import time
 
 from laquant.cli.common import pick_device
 from laquant.errors import LaquantError
+from laquant.kernels.common.format_names import VERIFY_NUMERICS
 from laquant.paths import DEFAULT_MODEL_NAME, check_model_dir
 
 MAX_DRAFT_TOKENS = 15  # laquant.serving.speculative's (test_speculative checks), here without importing torch
@@ -33,6 +34,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "without")
     p.add_argument("--draft-tokens", type=int, default=None,
                    help=f"tokens the draft proposes per round, 1..{MAX_DRAFT_TOKENS} (default: 4; with --draft)")
+    p.add_argument("--verify-numerics", choices=VERIFY_NUMERICS, default=None,
+                   help="with --draft: 'decode' (the default) verifies the proposals with the logits the decode steps "
+                        "give, so the output is plain greedy decoding's; 'prefill' holds the state in float32 between "
+                        "the verified tokens (faster with the 8-bit states; the output may part from plain greedy "
+                        "decoding's where two tokens nearly tie)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,8 +50,9 @@ def run(args: argparse.Namespace) -> int:
         raise LaquantError("--top-k needs --temperature and must be >= 1")
     if not args.prompt:
         raise LaquantError("--prompt is empty; give the text to continue")
-    if args.draft_tokens is not None and args.draft is None:
-        raise LaquantError("--draft-tokens needs --draft (the draft model)")
+    for flag, value in (("--draft-tokens", args.draft_tokens), ("--verify-numerics", args.verify_numerics)):
+        if value is not None and args.draft is None:
+            raise LaquantError(f"{flag} needs --draft (the draft model)")
     draft_tokens = 4 if args.draft_tokens is None else args.draft_tokens
     if args.draft is not None and not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
         raise LaquantError(f"--draft-tokens must be in 1..{MAX_DRAFT_TOKENS}, got {draft_tokens}")
@@ -107,7 +114,8 @@ def _speculative(args, model, tokenizer, ids, eos, draft_dir, draft_tokens, devi
     stats = SpeculativeStats()
     t0 = time.perf_counter()
     graphed = False if args.no_graph else None
-    out = speculative_generate(model, draft, ids, args.max_new_tokens, draft_tokens, eos, stats, graphed=graphed)
+    out = speculative_generate(model, draft, ids, args.max_new_tokens, draft_tokens, eos, stats, graphed=graphed,
+                               verify_numerics=args.verify_numerics or "decode")
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0

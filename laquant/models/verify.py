@@ -24,6 +24,7 @@ import torch
 from laquant.adapters import cache_kwargs
 from laquant.errors import LaquantError
 from laquant.kernels.common.dispatch import use_triton
+from laquant.kernels.common.format_names import VERIFY_NUMERICS
 from laquant.kernels.common.pool_steps import MAX_VERIFY_TOKENS
 from laquant.kernels.common.state import State
 from laquant.models.cache import GLAStateCache
@@ -38,14 +39,25 @@ class PendingVerify:
     tokens: int
     seen: int
     kv_len: dict
+    numerics: str = "decode"
     mixers: dict = field(default_factory=dict)
     conv: dict = field(default_factory=dict)
 
 
-def verify(model, input_ids: torch.Tensor, cache: GLAStateCache, logits_to_keep: int = 0) -> torch.Tensor:
+def verify(model, input_ids: torch.Tensor, cache: GLAStateCache, logits_to_keep: int = 0,
+           numerics: str = "decode") -> torch.Tensor:
     """The logits ``[B, T, vocab]`` of ``input_ids [B, T]`` (``T`` in 1..16) continuing ``cache``,
     which keeps its states until :func:`commit` (one verify pending at a time). ``logits_to_keep``:
-    only the last that many positions' logits (0: all)."""
+    only the last that many positions' logits (0: all). ``numerics``: ``"decode"`` (each position's
+    logits as that decode step would give them: the mixers round their state to its format after every
+    token) or ``"prefill"`` (the states held in float32 between the tokens, as a prefill holds them:
+    faster with 8- and 16-bit states, the logits after the first position differing by the format's
+    rounding; :mod:`laquant.kernels.common.pool_steps`). The commit stores each mixer's state as its decode
+    steps would from the inputs it saw: with "prefill", the mixers after the first saw inputs that the float32
+    states below them moved a little, so the cache is then as after a prefill of those tokens, not bit for bit
+    plain decoding's."""
+    if numerics not in VERIFY_NUMERICS:
+        raise LaquantError(f"numerics must be one of {', '.join(VERIFY_NUMERICS)}; got {numerics!r}")
     if not isinstance(cache, GLAStateCache):
         raise LaquantError("verify needs laquant's GLAStateCache (laquant's GLA or Gated DeltaNet model), "
                            f"not {type(cache).__name__}")
@@ -56,7 +68,7 @@ def verify(model, input_ids: torch.Tensor, cache: GLAStateCache, logits_to_keep:
     T = input_ids.shape[1]
     if not 1 <= T <= MAX_VERIFY_TOKENS:
         raise LaquantError(f"a verify step takes 1 to {MAX_VERIFY_TOKENS} tokens per sequence; got {T}")
-    cache.pending = PendingVerify(T, cache.seen_tokens, {i: kv[0].shape[1] for i, kv in cache.kv.items()})
+    cache.pending = PendingVerify(T, cache.seen_tokens, {i: kv[0].shape[1] for i, kv in cache.kv.items()}, numerics)
     try:
         return model(input_ids=input_ids, **cache_kwargs(model, cache), use_cache=True,
                      logits_to_keep=logits_to_keep).logits
@@ -125,7 +137,7 @@ def verify_mixer(mixer, states: GLAStateCache, stored: State | None, kind: str, 
     pool_idx, _, n_stores = mixer._pool_slots(stored, inputs[0].shape[0], inputs[0].device)
     pool = (stored.data, stored.row_scale, pool_idx, quant)
     kw["seed"] = states.seed
-    o = verify_fn(*inputs, *pool, n_stores, **kw)
+    o = verify_fn(*inputs, *pool, n_stores, numerics=states.pending.numerics, **kw)
 
     def accept(n: int | torch.Tensor) -> None:
         if isinstance(n, torch.Tensor):  # a static cache: in place, counted by commit on the device

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from laquant.errors import LaquantError
+from laquant.kernels.common.format_names import VERIFY_NUMERICS
 from laquant.kernels.common.pool_steps import MAX_VERIFY_TOKENS
 from laquant.serving.ngram import NgramDraft, as_draft
 
@@ -145,7 +146,7 @@ class _RoundGraph:
     made (``length`` of them valid), which it looks the proposals up in (``draft_cache`` is then None)."""
 
     def __init__(self, model, draft_model, target_cache, draft_cache, k: int, eos: int | None, capacity: int,
-                 capture: bool = True, context_room: int = 0):
+                 capture: bool = True, context_room: int = 0, numerics: str = "decode"):
         from laquant.generate import (_CaptureRefused, _NotInPlace, _state_tensors, capture_failure, capture_graph,
                                       warm_up_outside_capture)
 
@@ -153,7 +154,7 @@ class _RoundGraph:
         # after ``del model``; the draft is held (its weights are read by the graph) but holds nothing of ours
         self._model, self.draft_model = weakref.ref(model), draft_model
         self.ngram = draft_model if isinstance(draft_model, NgramDraft) else None
-        self.k, self.eos, self.capacity = k, eos, capacity
+        self.k, self.eos, self.capacity, self.numerics = k, eos, capacity, numerics
         self.target = target_cache.static_copy()
         self.draft = self.scratch = None
         if self.ngram is None:
@@ -202,14 +203,15 @@ class _RoundGraph:
                 proposals.append(tok)
             drafted = torch.cat(proposals, 1)
         ids = torch.cat([self.last[:, None], drafted], 1)
-        preds = verify(self.model, ids, self.target).argmax(-1)  # [B, k + 1]
+        preds = verify(self.model, ids, self.target, numerics=self.numerics).argmax(-1)  # [B, k + 1]
         agree = (preds[:, :k] == drafted).int().cummin(1).values.sum(1)
         if self.eos is not None:
             agree = torch.where(self.done, k, agree)  # a finished row's tokens are EOS whatever it predicts
         n = agree.min()
         commit(self.target, n + 1)
         if self.ngram is None:
-            verify(self.draft_model, ids, self.draft, logits_to_keep=1)  # the draft's rollback: the same tokens
+            # the draft's rollback: the same tokens (their outputs unused, so float32 states between them)
+            verify(self.draft_model, ids, self.draft, logits_to_keep=1, numerics="prefill")
             commit(self.draft, n + 1)
         new = preds  # up to n, every row's prediction is the proposal it agreed with; n: its own next token
         if self.eos is not None:  # after a row's EOS it gets EOS, as plain decoding's output
@@ -268,7 +270,7 @@ class _RoundGraph:
 
 
 def _round_graph_for(model, draft_model, target_cache, draft_cache, k: int, eos: int | None,
-                     max_new_tokens: int, context: torch.Tensor | None = None) -> _RoundGraph:
+                     max_new_tokens: int, context: torch.Tensor | None = None, numerics: str = "decode") -> _RoundGraph:
     """The captured round for this target, draft, batch, ``k``, EOS and state layouts, captured on
     first use (or for more tokens than the last capture's history holds, or, n-gram drafts, a longer
     ``context`` than its buffer holds); kept with the target's decode graphs
@@ -281,7 +283,7 @@ def _round_graph_for(model, draft_model, target_cache, draft_cache, k: int, eos:
     ngram = isinstance(draft_model, NgramDraft)
     drafter = ((draft_model,) if ngram else
                (id(draft_model), draft_cache.seed, state_layout(_state_tensors(draft_cache))))
-    key = ("speculative", *drafter, target_cache.states[0].data.shape[0], k, eos, target_cache.seed,
+    key = ("speculative", *drafter, target_cache.states[0].data.shape[0], k, eos, target_cache.seed, numerics,
            state_layout(_state_tensors(target_cache)))
     # an n-gram draft's context holds the prompt, the tokens made and a round's overshoot (rounded up to 1,024
     # when captured, for later prompts)
@@ -297,7 +299,8 @@ def _round_graph_for(model, draft_model, target_cache, draft_cache, k: int, eos:
             # without autograd: with it, a model whose weights require gradients runs the differentiable
             # references, which a CUDA graph cannot capture (the rounds then ran eagerly, 20-40x slower)
             with torch.inference_mode(False), torch.no_grad():
-                g = _RoundGraph(model, draft_model, target_cache, draft_cache, k, eos, capacity, context_room=room)
+                g = _RoundGraph(model, draft_model, target_cache, draft_cache, k, eos, capacity, context_room=room,
+                                numerics=numerics)
         except _NotInPlace as exc:
             graphs[key] = exc
             raise
@@ -305,13 +308,14 @@ def _round_graph_for(model, draft_model, target_cache, draft_cache, k: int, eos:
     return g
 
 
-def _speculate_graphed(model, draft_model, target_cache, draft_cache, last, max_new_tokens, k, eos, stats, context):
+def _speculate_graphed(model, draft_model, target_cache, draft_cache, last, max_new_tokens, k, eos, stats, context,
+                       numerics):
     """:func:`_speculate` as CUDA-graphed rounds; None where a round cannot be captured (a warning
     where the GPU refused it)."""
     from laquant.generate import EOS_CHECK_EVERY, _CaptureRefused, _NotInPlace, trim_after_eos
 
     try:
-        g = _round_graph_for(model, draft_model, target_cache, draft_cache, k, eos, max_new_tokens, context)
+        g = _round_graph_for(model, draft_model, target_cache, draft_cache, k, eos, max_new_tokens, context, numerics)
     except (_NotInPlace, ValueError) as exc:  # in-place steps, or a cache a static one cannot hold
         if isinstance(exc, _CaptureRefused):
             warnings.warn(f"speculative rounds run eagerly: {exc}", stacklevel=4)
@@ -323,13 +327,18 @@ def _speculate_graphed(model, draft_model, target_cache, draft_cache, last, max_
 
 def speculative_generate(model, draft_model, input_ids: torch.Tensor, max_new_tokens: int, num_draft_tokens: int = 4,
                          eos_token_id: int | None = None, stats: SpeculativeStats | None = None,
-                         graphed: bool | None = None) -> torch.Tensor:
+                         graphed: bool | None = None, verify_numerics: str = "decode") -> torch.Tensor:
     """Greedy decoding of ``model`` with ``draft_model`` (a model, or ``"ngram"`` / an
     :class:`NgramDraft`: prompt lookup) proposing ``num_draft_tokens`` a round: ``[B, T + n]``, equal
     to ``laquant.generate.generate(model, input_ids, max_new_tokens, eos_token_id=...)``. ``stats``
     (optional) counts rounds and proposed / accepted tokens. ``graphed``: None replays each round as
     one CUDA graph where the caches allow it (else, with a draft model, its graphed decode step for its
-    proposals, where :mod:`laquant.generate` graphs it); False runs everything eagerly."""
+    proposals, where :mod:`laquant.generate` graphs it); False runs everything eagerly.
+    ``verify_numerics``: the target's verify steps' (:func:`laquant.models.verify.verify`): ``"decode"``
+    keeps the output plain greedy decoding's; ``"prefill"`` verifies faster with an 8- or 16-bit state, its
+    verdicts from logits that differ from the decode steps' by the state format's rounding, so the output
+    may part from plain greedy decoding's where two tokens nearly tie, and the caches hold what a prefill of
+    the accepted tokens would (:func:`laquant.models.verify.verify`)."""
     from laquant.generate import _check_args, _forward, _fresh_cache
 
     _check_args(model, input_ids, max_new_tokens, False, 1.0, None)
@@ -343,20 +352,21 @@ def speculative_generate(model, draft_model, input_ids: torch.Tensor, max_new_to
         if not isinstance(draft_model, NgramDraft):
             _, draft_cache = _forward(draft_model, input_ids, _fresh_cache(draft_model))
     new = _speculate(model, draft_model, target_cache, draft_cache, logits.argmax(-1), max_new_tokens,
-                     num_draft_tokens, eos_token_id, stats, graphed, input_ids)
+                     num_draft_tokens, eos_token_id, stats, graphed, input_ids, verify_numerics)
     return torch.cat([input_ids, new], 1)
 
 
 def speculative_continue(model, draft_model, target_cache, draft_cache, last: torch.Tensor, max_new_tokens: int,
                          num_draft_tokens: int = 4, eos_token_id: int | None = None,
                          stats: SpeculativeStats | None = None, graphed: bool | None = None,
-                         context: torch.Tensor | None = None) -> torch.Tensor:
+                         context: torch.Tensor | None = None, verify_numerics: str = "decode") -> torch.Tensor:
     """The decoding part of :func:`speculative_generate`, from two caches that have run the same
     prompt (a served request's, e.g. resumed from a prefix cache) and ``last`` ``[B]``, the target's
     next token (run through neither): ``[B, n <= max_new_tokens]`` new tokens, ``last`` first. The
     caches are not for further use: graphed rounds run on static copies and leave them as they were,
     eager rounds advance them. An n-gram draft has no cache (``draft_cache`` None) and needs ``context
-    [B, T]``, the tokens the target's cache has run, to look its proposals up in."""
+    [B, T]``, the tokens the target's cache has run, to look its proposals up in. ``verify_numerics``: as
+    :func:`speculative_generate`'s."""
     draft_model = as_draft(draft_model)
     check_draft(model, draft_model, num_draft_tokens)
     if isinstance(draft_model, NgramDraft) and (context is None or context.dim() != 2 or
@@ -364,12 +374,15 @@ def speculative_continue(model, draft_model, target_cache, draft_cache, last: to
         raise LaquantError("an n-gram draft looks its proposals up in the tokens so far: pass context [B, T], the "
                            "tokens the target's cache has run")
     return _speculate(model, draft_model, target_cache, draft_cache, last, max_new_tokens, num_draft_tokens,
-                      eos_token_id, stats, graphed, context)
+                      eos_token_id, stats, graphed, context, verify_numerics)
 
 
 def _speculate(model, draft_model, target_cache, draft_cache, last, max_new_tokens, num_draft_tokens, eos_token_id,
-               stats, graphed, context=None):
+               stats, graphed, context=None, numerics="decode"):
     """:func:`speculative_continue` on checked arguments."""
+    if numerics not in VERIFY_NUMERICS:
+        raise LaquantError(f"verify_numerics (--verify-numerics) must be one of {', '.join(VERIFY_NUMERICS)}; got "
+                           f"{numerics!r}")
     from laquant.generate import graphable_cache, is_graphable
 
     stats = stats if stats is not None else SpeculativeStats()
@@ -378,23 +391,24 @@ def _speculate(model, draft_model, target_cache, draft_cache, last, max_new_toke
     if graphed is not False and max_new_tokens > 1 and all(is_graphable(m) for m in models) and \
             all(graphable_cache(c) for c in caches):
         out = _speculate_graphed(model, draft_model, target_cache, draft_cache, last, max_new_tokens,
-                                 num_draft_tokens, eos_token_id, stats, context)
+                                 num_draft_tokens, eos_token_id, stats, context, numerics)
         if out is not None:
             return out
     if ngram:
         return _speculate_ngram_eager(model, draft_model, target_cache, last, max_new_tokens, num_draft_tokens,
-                                      eos_token_id, stats, context)
+                                      eos_token_id, stats, context, numerics)
     return _speculate_eager(model, draft_model, target_cache, draft_cache, last, max_new_tokens, num_draft_tokens,
-                            eos_token_id, stats, graphed)
+                            eos_token_id, stats, graphed, numerics)
 
 
-def _accept(model, target_cache, last, drafted, k, done, eos_token_id):
+def _accept(model, target_cache, last, drafted, k, done, eos_token_id, numerics):
     """One eager round's verdict on ``drafted [B, k]``: the target's verify, the accepted count ``n`` (the
     fewest proposals any row agreed with), its commit, and the round's ``n + 1`` new tokens ``[B, n + 1]``
     (EOS after a row's EOS) with the rows now done."""
     from laquant.models.verify import commit, verify
 
-    preds = verify(model, torch.cat([last[:, None], drafted], 1), target_cache).argmax(-1)  # [B, k + 1]
+    preds = verify(model, torch.cat([last[:, None], drafted], 1), target_cache,
+                   numerics=numerics).argmax(-1)  # [B, k + 1]
     agree = (preds[:, :k] == drafted).int().cummin(1).values.sum(1)  # the leading proposals it agrees with
     if done is not None:
         agree = torch.where(done, k, agree)  # a finished row's tokens are EOS whatever it predicts
@@ -409,7 +423,7 @@ def _accept(model, target_cache, last, drafted, k, done, eos_token_id):
 
 
 def _speculate_ngram_eager(model, ngram, target_cache, last, max_new_tokens, num_draft_tokens, eos_token_id, stats,
-                           context):
+                           context, numerics):
     """Eager rounds with proposals looked up in ``context`` and the tokens made (:class:`NgramDraft`)."""
     from laquant.generate import trim_after_eos
 
@@ -421,7 +435,7 @@ def _speculate_ngram_eager(model, ngram, target_cache, last, max_new_tokens, num
             k = min(num_draft_tokens, max_new_tokens - made - 1)
             drafted = ngram.propose(seq, torch.tensor(seq.shape[1], device=seq.device), k) if k else \
                 last.new_empty(last.shape[0], 0)
-            n, new, done = _accept(model, target_cache, last, drafted, k, done, eos_token_id)
+            n, new, done = _accept(model, target_cache, last, drafted, k, done, eos_token_id, numerics)
             out.append(new)
             seq = torch.cat([seq, new], 1)
             made += n + 1
@@ -433,7 +447,7 @@ def _speculate_ngram_eager(model, ngram, target_cache, last, max_new_tokens, num
 
 
 def _speculate_eager(model, draft_model, target_cache, draft_cache, last, max_new_tokens, num_draft_tokens,
-                     eos_token_id, stats, graphed):
+                     eos_token_id, stats, graphed, numerics):
     """Eager rounds with a draft model (its proposals from its graphed decode step where it has one)."""
     from laquant.generate import _forward, graphable_cache, is_graphable, trim_after_eos
     from laquant.models.verify import commit, verify
@@ -459,7 +473,7 @@ def _speculate_eager(model, draft_model, target_cache, draft_cache, last, max_ne
                         draft_logits, scratch = _forward(draft_model, proposals[-1][:, None], scratch)
                         proposals.append(draft_logits.argmax(-1))
             drafted = torch.stack(proposals, 1) if proposals else last.new_empty(last.shape[0], 0)
-            n, new, done = _accept(model, target_cache, last, drafted, k, done, eos_token_id)
+            n, new, done = _accept(model, target_cache, last, drafted, k, done, eos_token_id, numerics)
             out.append(new)
             made += n + 1
             last = new[:, -1]  # what plain decoding runs next (EOS on a finished row)
