@@ -90,6 +90,8 @@ def kernel_rows(args, cuda: bool) -> list[dict]:
                     row["decode_K"] = ms(lambda: [decode(*[x[:, t] for x in ins], d, s, idx, quant, n_stores, **kw)
                                                   for t in range(T)])
                     row["verify"] = ms(lambda: verify(*ins, d, s, idx, quant, n_stores, **kw))
+                    row["verify_prefill"] = ms(lambda: verify(*ins, d, s, idx, quant, n_stores, numerics="prefill",
+                                                              **kw))
                     kept = Kept.empty_like_pool(d, s, B, T)
                     row["verify_keep"] = ms(lambda: verify(*ins, d, s, idx, quant, n_stores, kept=kept, **kw))
                     half = torch.full((B,), max(1, T // 2), dtype=torch.int32, device=device)
@@ -102,6 +104,9 @@ def kernel_rows(args, cuda: bool) -> list[dict]:
                     if row["decode_1"]:
                         row["verify_over_decode"] = row["verify"] / row["decode_1"]
                         row["verify_commit_over_decode"] = (row["verify"] + row["commit"]) / row["decode_1"]
+                        row["verify_prefill_over_decode"] = row["verify_prefill"] / row["decode_1"]
+                        row["verify_prefill_commit_over_decode"] = (row["verify_prefill"] + row["commit"]) / \
+                            row["decode_1"]
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     return rows
@@ -198,23 +203,24 @@ def _speculative_rows_of(args, cuda, name, target, draft, ids) -> list[dict]:
         plain, plain_rate, _ = rate(lambda: generate(target, ids, n))
         _, eager_rate, _ = rate(lambda: generate(target, ids, n, graphed=False))
         draft_rate = None if isinstance(draft, str) else rate(lambda: generate(draft, ids, n))[1]
-        for k in args.draft_tokens:
-            speculative_generate(target, draft, ids, n, k)  # warm up: the round's capture, autotuning
+        for k, numerics in ((k, v) for k in args.draft_tokens for v in args.verify_numerics):
+            spec = lambda **kw: speculative_generate(target, draft, ids, n, k, verify_numerics=numerics, **kw)  # noqa
+            spec()  # warm up: the round's capture, autotuning
             stats = SpeculativeStats()
             if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            out = speculative_generate(target, draft, ids, n, k, stats=stats)
+            out = spec(stats=stats)
             if cuda:
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - t0
             spec_rate, round_ms = out.shape[0] * (out.shape[1] - ids.shape[1]) / seconds, seconds * 1e3 / stats.rounds
-            _, spec_eager_rate, _ = rate(lambda: speculative_generate(target, draft, ids, n, k, graphed=False))
+            _, spec_eager_rate, _ = rate(lambda: spec(graphed=False))
             step_ms = 1e3 * ids.shape[0] / plain_rate
             projected = {f"{a:.1f}": (1 - a ** (k + 1)) / (1 - a) / round_ms * step_ms
                          for a in (0.6, 0.8, 0.9)}  # tokens/round at i.i.d. acceptance a, over plain tokens a step
             row = dict(model=name, recipe=args.recipe, draft=args.draft or "gla-small", batch=ids.shape[0],
-                       draft_tokens=k,
+                       draft_tokens=k, verify_numerics=numerics,
                        new_tokens=n, equal_to_greedy=bool(torch.equal(out, plain)),
                        parting_gap=next(parting_gaps(target, out, plain), (None, None, None))[2],
                        round_graphed=stats.round_graphed, draft_graphed=stats.draft_graphed,
@@ -245,16 +251,20 @@ def markdown(kernels: list[dict], spec: list[dict], device: str) -> str:
     us = lambda x: "-" if x is None else f"{x * 1e3:.1f}"  # noqa: E731
     lines = [f"# Verify step and speculative decoding ({device})", "",
              "Times in us (median, triton do_bench). verify/decode: the verify step over one decode step (target: "
-             "<= 1.5 at K = 4-8, B = 64); +commit: with the commit of K/2 tokens recomputed.", "",
-             "| family | format | B | K | decode | K decodes | verify | verify+kept | commit | commit kept | prefill "
-             "chunk | verify/decode | +commit | rollback bit-identical |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "<= 1.5 at K = 4-8, B = 64); +commit: with the commit of K/2 tokens recomputed. prefill: the verify "
+             "step with numerics=\"prefill\" (the state held in float32 between the tokens).", "",
+             "| family | format | B | K | decode | K decodes | verify | verify prefill | verify+kept | commit | "
+             "commit kept | prefill chunk | verify/decode | +commit | prefill/decode | +commit | "
+             "rollback bit-identical |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in kernels:
         ratio = lambda key: f"{r[key]:.2f}" if key in r else "-"  # noqa: E731
         lines.append(f"| {r['family']} | {r['format']} | {r['B']} | {r['K_tokens']} | {us(r['decode_1'])} | "
-                     f"{us(r['decode_K'])} | {us(r['verify'])} | {us(r['verify_keep'])} | {us(r['commit'])} | "
-                     f"{us(r['commit_kept'])} | {us(r.get('prefill_chunk'))} | {ratio('verify_over_decode')} | "
-                     f"{ratio('verify_commit_over_decode')} | {r['bit_identical']} |")
+                     f"{us(r['decode_K'])} | {us(r['verify'])} | {us(r['verify_prefill'])} | {us(r['verify_keep'])} | "
+                     f"{us(r['commit'])} | {us(r['commit_kept'])} | {us(r.get('prefill_chunk'))} | "
+                     f"{ratio('verify_over_decode')} | {ratio('verify_commit_over_decode')} | "
+                     f"{ratio('verify_prefill_over_decode')} | {ratio('verify_prefill_commit_over_decode')} | "
+                     f"{r['bit_identical']} |")
     if spec:
         lines += ["", "## Speculative decoding (target >= 1.5x plain at B = 1)", "",
                   "tokens/s: each round one CUDA graph where round graphed (else the verify steps eager, the draft's "
@@ -263,13 +273,14 @@ def markdown(kernels: list[dict], spec: list[dict], device: str) -> str:
                   "round / step: a round's time over a plain graphed step's. Projected: the same round time with "
                   "tokens/round (1 - a^(k+1)) / (1 - a) at i.i.d. acceptance a, over plain graphed tokens/s (a "
                   "random-weight target's own acceptance means nothing).", "",
-                  "| target | recipe | draft | B | k | acceptance | tokens/round | tokens/s | all eager | round graphed | "
+                  "| target | recipe | draft | B | k | verify numerics | acceptance | tokens/round | tokens/s | all eager | round graphed | "
                   "plain graphed | plain eager | draft alone | round ms | round / step | vs graphed | vs eager | "
                   "projected at a = 0.6 / 0.8 / 0.9 | = greedy |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in spec:
             proj = " / ".join(f"{v:.2f}x" for v in r["projected_speedup_at_acceptance"].values())
             lines.append(f"| {r['model']} | {r['recipe']} | {r['draft']} | {r.get('batch', 1)} | {r['draft_tokens']} | "
+                         f"{r.get('verify_numerics', 'decode')} | "
                          f"{r['acceptance']:.0%} | "
                          f"{r['tokens_per_round']:.2f} | {r['tokens_per_s']:.1f} | {r['all_eager_tokens_per_s']:.1f} | "
                          f"{r['round_graphed']} | {r['plain_graphed_tokens_per_s']:.1f} | "
@@ -298,6 +309,8 @@ def main(argv=None) -> int:
                    help="one prompt per offset (characters into WikiText-2's test text; default: 0)")
     p.add_argument("--draft-tokens", nargs="+", type=int, default=[2, 4, 8])
     p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--verify-numerics", nargs="+", default=["decode"], choices=["decode", "prefill"],
+                   help="the target's verify steps' numerics to time (laquant.models.verify.verify)")
     p.add_argument("--spec-batch", type=int, default=1,
                    help="speculative decoding at this batch (each prompt repeated; the rows accept alike)")
     p.add_argument("--prompt-tokens", type=int, default=64)

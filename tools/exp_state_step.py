@@ -7,7 +7,7 @@ its arithmetic, one change at a time, at the 1.37B GLA's shape (16 heads, K 64, 
   ``RNG`` (0 Philox-10 as shipped, 1 a PCG hash a word of four bytes, 2 Philox-7, 3 none: nearest),
   ``SPLIT`` (the K rows split over this many programs a head, each writing its partial output).
 
-    python tools/exp_state_step.py OUT.json          (timing)
+    python tools/exp_state_step.py OUT.json [--shipped]   (timing; --shipped: the shipped kernel's rows only)
     ncu ... -k regex:_gla_decode_kernel python tools/exp_state_step.py --once   (one launch each, for ncu)
 """
 
@@ -127,7 +127,7 @@ def main() -> None:
     data, scale = StateQuantizer("int8_row").store(init)
     scale = scale.squeeze(-1).contiguous()
     moved = 2 * data.numel() + 2 * scale.numel() * 4
-    for split in (1, 2, 4):
+    for split in () if "--shipped" in sys.argv else (1, 2, 4):
         o = torch.empty(B, H, split, V, device="cuda")
         for rng in (0, 1, 2, 3):
             for clamp in (1, 0):
