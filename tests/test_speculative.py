@@ -368,9 +368,10 @@ def test_speculative_on_the_gpu(trained_model_dir, recipe):
             got = speculative_generate(target, draft, ids, 64, k, stats=stats, graphed=graphed)
             _assert_same_up_to_near_ties(target, got, want, ids.shape[1], (B, k, graphed))
             assert stats.accepted > 0 and stats.round_graphed == (graphed is None), (B, k, graphed)
-        # the verify steps holding the state in float32 between the tokens: near-ties of the 8-bit state's rounding
+        # the verify steps holding the state in float32 between the tokens: near-ties of the 8-bit state's rounding,
+        # which moves the logits more than the GEMMs' tiles do (on an H200 a row parted at a gap of 1.03%)
         got = speculative_generate(target, draft, ids, 64, 4, verify_numerics="prefill")
-        _assert_same_up_to_near_ties(target, got, want, ids.shape[1], (B, "prefill"))
+        _assert_same_up_to_near_ties(target, got, want, ids.shape[1], (B, "prefill"), rel_gap=3e-2)
 
 
 @pytest.mark.gpu

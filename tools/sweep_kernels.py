@@ -11,6 +11,7 @@
         a config that faults must not take the others down with it)
     python tools/sweep_kernels.py delta_prefill T BLOCK_T BLOCK_V WARPS
 """
+import functools
 import itertools
 import json
 import os
@@ -293,6 +294,12 @@ def _verify_configs(kernel, fmt, K, V, programs):
     return out
 
 
+def _config_format(name, step):
+    """The format whose launches :func:`_verify_configs` tries for ``step``: a verify step with numerics "prefill"
+    stores nothing, so a scaled format's V may be cut into blocks as a plain one's."""
+    return "fp32" if step == "verify_prefill" else name
+
+
 def _verify_cases(steps, batches, formats):
     """(kernel, format, shape, T, step, run(config), the table's config) of the sweep: the e2e models'
     shapes at each batch; ``steps`` of verify (T tokens) and commit (of T / 2, recomputed)."""
@@ -318,12 +325,14 @@ def _verify_cases(steps, batches, formats):
                     if kernel == "gla":
                         g = (F.logsigmoid(torch.randn(B, T, H, K, device="cuda", generator=gen)) / 16).bfloat16()
                         ins, kw = (q, k, v, g), {}
-                        fns = {"verify": gla_verify, "commit": gla_commit}
+                        fns = {"verify": gla_verify, "commit": gla_commit,
+                               "verify_prefill": functools.partial(gla_verify, numerics="prefill")}
                     else:
                         g = -F.softplus(torch.randn(B, T, H, device="cuda", generator=gen))
                         ins, kw = ((q, k, v, g, torch.rand(B, T, H, device="cuda", generator=gen)),
                                    {"use_qk_l2norm": True})
-                        fns = {"verify": delta_verify, "commit": delta_commit}
+                        fns = {"verify": delta_verify, "commit": delta_commit,
+                               "verify_prefill": functools.partial(delta_verify, numerics="prefill")}
                     pool = (data, scale, idx, quant)
                     for step in steps:
                         counts = (half,) if step == "commit" else ()
@@ -341,14 +350,15 @@ def _launcher(fn, ins, pool, counts, n_stores, kw, has_block_k):
 def verify(*flags):
     """Both verify kernels' verify step (4 tokens) and commit (2 of them) per state format and batch over
     :func:`_verify_configs` (CUDA-graph medians, JSON lines), then the fastest and the table's current
-    entry at 8 tokens too. ``--steps verify commit``, ``--batches 1 8``, ``--formats fp32 int8_row:stochastic``
+    entry at 8 tokens too. ``--steps verify commit`` (and ``verify_prefill``: the verify step with
+    ``numerics="prefill"``, V in blocks for every format), ``--batches 1 8``, ``--formats fp32 int8_row:stochastic``
     narrow it. ``--jobs N`` processes compile every config first (``--compile-only I N``: config shard I of N, run
     once untimed), so the timing process finds them in Triton's cache. ``--write`` puts the fastest per format
     (stochastic rounding's for the 8-bit formats) and launch size into ``kernels/common/state_io.py``'s table
     (``--from FILE``: from a sweep's lines); a sweep without B = 64 keeps the table's catch-alls."""
     flags = list(flags)
     opt = lambda name, default=None: flags[flags.index(name) + 1] if name in flags else default  # noqa: E731
-    steps = [s for s in ("verify", "commit") if "--steps" not in flags or s in flags]
+    steps = _flag_values(flags, "--steps", ["verify", "commit"])
     batches = _flag_values(flags, "--batches", VERIFY_BATCHES, int)
     formats = _flag_values(flags, "--formats", STATE_FORMATS)
     if "--from" in flags:
@@ -360,7 +370,7 @@ def verify(*flags):
         for kernel, name, shape, T, step, run, _ in _verify_cases(steps, batches, formats):
             if T != VERIFY_TOKENS[0]:
                 continue
-            for c in _verify_configs(kernel, name, shape[3], shape[4], shape[0] * shape[2]):
+            for c in _verify_configs(kernel, _config_format(name, step), shape[3], shape[4], shape[0] * shape[2]):
                 if (kernel, name, step, c) in seen:  # compiled at another batch
                     continue
                 seen.add((kernel, name, step, c))
@@ -383,7 +393,8 @@ def verify(*flags):
     for kernel, name, shape, T, step, run, default in _verify_cases(steps, batches, formats):
         B, programs = shape[0], shape[0] * shape[2]
         key = (kernel, name, step, B)
-        configs = (_verify_configs(kernel, name, shape[3], shape[4], programs) if T == VERIFY_TOKENS[0]
+        configs = (_verify_configs(kernel, _config_format(name, step), shape[3], shape[4], programs)
+                   if T == VERIFY_TOKENS[0]
                    else list(dict.fromkeys([bests[key], default])))
         timed = []
         for c in configs:

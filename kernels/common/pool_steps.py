@@ -137,12 +137,14 @@ def launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V, kernel, st
     ``step``: ``"verify"`` or ``"commit"``), with ``block_k``, ``block_v``, ``num_warps`` and ``prefetch`` (the
     next token's inputs loaded during this token's arithmetic) defaulting to the table's entry for the format and
     launch size (:data:`~laquant.kernels.common.state_io.VERIFY_LAUNCH`); a block of None is the whole dimension,
-    and a scaled format storing its state (``round_each``) takes the whole V (its row scale spans the row). A
-    verify step that does not (``numerics="prefill"``) computes as the fp32 state's does and takes its entry.
+    and a scaled format storing its state (``round_each``) takes the whole V (its row scale spans the row); a
+    verify step that does not (``numerics="prefill"``) takes the table's ``"verify_prefill"`` entry, V in blocks.
     Also the V grid."""
     fmt = quantizer.format
-    default_k, default_v, default_warps, default_prefetch = verify_launch(kernel, step, fmt.name if round_each
-                                                                          else "fp32", pool_idx.numel() * H)
+    if not round_each and step == "verify":
+        step = "verify_prefill"
+    default_k, default_v, default_warps, default_prefetch = verify_launch(kernel, step, fmt.name,
+                                                                          pool_idx.numel() * H)
     block_k = min(block_k or default_k or _pow2(K), _pow2(K))
     pool, pool_strides, consts, _ = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K, block_k, 1)
     full_v = _pow2(V)

@@ -179,11 +179,13 @@ VERIFY_LAUNCH = {
 
 
 def verify_launch(kernel: str, step: str, fmt: str, programs: int) -> tuple:
-    """The table's ``(block_k, block_v, num_warps, prefetch)`` for ``kernel``'s verify ``step`` (``"verify"`` or
-    ``"commit"``) in state format ``fmt`` over ``programs`` programs (sequences x heads); a format the sweep left
-    out takes fp32's."""
-    formats = VERIFY_LAUNCH[kernel][step]
-    return bucket_launch(formats.get(fmt, formats["fp32"]), programs)
+    """The table's ``(block_k, block_v, num_warps, prefetch)`` for ``kernel``'s verify ``step`` (``"verify"``,
+    ``"commit"``, or ``"verify_prefill"``: a verify step with ``numerics="prefill"``, no store between the tokens) in
+    state format ``fmt`` over ``programs`` programs (sequences x heads); a format the sweep left out takes fp32's, a
+    step it left out the fp32 verify step's."""
+    steps = VERIFY_LAUNCH[kernel]
+    formats = steps.get(step, steps["verify"])
+    return bucket_launch(formats.get(fmt, formats.get("fp32", steps["verify"]["fp32"])), programs)
 
 
 def pool_args(state: torch.Tensor, scale: torch.Tensor | None, pool_idx: torch.Tensor,
