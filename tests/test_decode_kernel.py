@@ -83,21 +83,26 @@ def test_decode_launch_table_is_well_formed():
 
 def test_verify_launch_table_is_well_formed():
     """The verify table: per kernel and step, every format's buckets grow to a catch-all of four-field launches
-    (block_k, block_v, num_warps, prefetch), a scaled format's block_v None (its row scale spans the row)."""
+    (block_k, block_v, num_warps, prefetch), a scaled format's block_v None where the step stores the state (its
+    row scale spans the row); the steps with numerics "prefill" ("verify_prefill", no store) fall back to the fp32
+    verify step's launch where the sweep left a format out."""
     from laquant.kernels.common.state_io import VERIFY_LAUNCH, verify_launch
 
     assert set(VERIFY_LAUNCH) == {"gla", "delta"}
     for kernel, steps in VERIFY_LAUNCH.items():
-        assert set(steps) == {"verify", "commit"}
+        assert {"verify", "commit"} <= set(steps) <= {"verify", "commit", "verify_prefill"}
         for step, formats in steps.items():
-            assert {"fp32", "bf16", "fp8_row", "int8_row"} <= set(formats)
+            if step != "verify_prefill":
+                assert {"fp32", "bf16", "fp8_row", "int8_row"} <= set(formats)
             for fmt, buckets in formats.items():
                 bounds = [b[0] for b in buckets]
                 assert bounds[-1] is None and None not in bounds[:-1] and bounds[:-1] == sorted(set(bounds[:-1]))
                 assert all(len(b) == 5 and b[4] in (0, 1) for b in buckets)
-                if fmt in ("fp8_row", "int8_row"):
+                if fmt in ("fp8_row", "int8_row") and step != "verify_prefill":
                     assert all(b[2] is None for b in buckets), (kernel, step, fmt)
-            assert verify_launch(kernel, step, "fp32", 10**6) == tuple(formats["fp32"][-1][1:])
+            want = formats.get("fp32", steps["verify"]["fp32"])
+            assert verify_launch(kernel, step, "fp32", 10**6) == tuple(want[-1][1:])
+        assert verify_launch(kernel, "verify_prefill", "int4_row", 1) == verify_launch(kernel, "verify", "fp32", 1)
 
 
 @pytest.mark.parametrize("fmt", ["fp32", "int8_row"])
