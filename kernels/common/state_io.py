@@ -159,6 +159,11 @@ VERIFY_LAUNCH = {
             "fp8_row": ((None, 32, None, 4, 1),),
             "int8_row": ((128, 64, None, 8, 1), (None, 32, None, 4, 1)),
         },
+        "verify_prefill": {
+            "bf16": ((None, 16, 64, 1, 1),),
+            "fp8_row": ((None, 16, 64, 1, 1),),
+            "int8_row": ((None, 16, 64, 1, 1),),
+        },
     },
     "delta": {
         "verify": {
@@ -172,6 +177,11 @@ VERIFY_LAUNCH = {
             "bf16": ((None, None, 32, 4, 1),),
             "fp8_row": ((None, None, None, 8, 1),),
             "int8_row": ((None, None, None, 8, 0),),
+        },
+        "verify_prefill": {
+            "bf16": ((None, None, 8, 1, 1),),
+            "fp8_row": ((None, None, 8, 1, 1),),
+            "int8_row": ((None, None, 8, 1, 1),),
         },
     },
 }
