@@ -470,7 +470,8 @@ def test_speculative_with_prefill_numerics(state):
 
 
 def test_cli_generate_verify_numerics(tiny_model_dir, capsys):
-    args = ["generate", str(tiny_model_dir), "--prompt", "Hello", "--max-new-tokens", "6", "--device", "cpu", "--no-eos"]
+    args = ["generate", str(tiny_model_dir), "--prompt", "Hello", "--max-new-tokens", "6", "--device", "cpu",
+            "--no-eos"]
     assert main([*args, "--draft", str(tiny_model_dir), "--verify-numerics", "prefill"]) == 0
     assert "speculative" in capsys.readouterr().out
     assert main([*args, "--verify-numerics", "prefill"]) == 2  # without --draft

@@ -273,7 +273,8 @@ def markdown(kernels: list[dict], spec: list[dict], device: str) -> str:
                   "round / step: a round's time over a plain graphed step's. Projected: the same round time with "
                   "tokens/round (1 - a^(k+1)) / (1 - a) at i.i.d. acceptance a, over plain graphed tokens/s (a "
                   "random-weight target's own acceptance means nothing).", "",
-                  "| target | recipe | draft | B | k | verify numerics | acceptance | tokens/round | tokens/s | all eager | round graphed | "
+                  "| target | recipe | draft | B | k | verify numerics | acceptance | tokens/round | tokens/s | all eager | "
+                  "round graphed | "
                   "plain graphed | plain eager | draft alone | round ms | round / step | vs graphed | vs eager | "
                   "projected at a = 0.6 / 0.8 / 0.9 | = greedy |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

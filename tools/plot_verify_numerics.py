@@ -1,7 +1,8 @@
 """The verify step's cost over one decode step by state format, with numerics "decode" and "prefill" (issue #19's
 target: <= 1.5 at K = 4-8, B = 64), from a tools/bench_verify.py run's verify.json:
 
-    python tools/plot_verify_numerics.py eval/results/verify_numerics_h200/run2_prefill_sweep/verify_bench/verify.json OUT.png
+    python tools/plot_verify_numerics.py \
+        eval/results/verify_numerics_h200/run2_prefill_sweep/verify_bench/verify.json OUT.png
 """
 
 from __future__ import annotations

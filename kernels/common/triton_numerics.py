@@ -340,7 +340,7 @@ if triton is not None:
 
         ``BOUNDED`` (int8): the scale is at least the row's absmax / 127 (dynamic scales), so ``|x * (1 / scale)|``
         exceeds 127 by three float32 roundings at most (< 127 + 2**-9), which both roundings take to 127 as
-        the clamp would: the clamp is left out (two instructions of the int8 decode step's ~25 an element, 8%
+        the clamp would: the clamp is left out (two instructions of the int8 decode step's ~25 an element, 7-8%
         of its time on an H200, eval/results/verify_numerics_h200/)."""
         if FMT == 0:
             out = st

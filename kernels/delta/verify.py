@@ -77,7 +77,8 @@ if triton is not None:
         T, qk_scale, seed,
         H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr,
         BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr,
-        L2NORM: tl.constexpr, KEEP: tl.constexpr, COMMIT: tl.constexpr, PREFETCH: tl.constexpr, ROUND_EACH: tl.constexpr,
+        L2NORM: tl.constexpr, KEEP: tl.constexpr, COMMIT: tl.constexpr, PREFETCH: tl.constexpr,
+        ROUND_EACH: tl.constexpr,
     ):
         pid = tl.program_id(0)
         b = pid // H
