@@ -214,3 +214,11 @@ def test_serving_replay_with_ngram_drafts_gives_the_greedy_replies(tmp_path):
                  "--out", str(out)]) == 0
     res = json.loads((out / "serve.json").read_text())["results"][0]
     assert res["speculation"]["replies_equal_greedy"] and res["speculation"]["rounds"] > 0
+    assert res["speculation"]["verify_numerics"] == "decode"
+    # the verify steps with numerics "prefill": an fp32 state has no rounding between tokens to skip, the same replies
+    assert main(["eval", "serve", str(folder), "--draft", "ngram", "--verify-numerics", "prefill", "--system", "70",
+                 "--conversations", "2", "--turns", "1", "--user", "8", "--reply", "6", "--block-size", "64",
+                 "--reps", "1", "--device", "cpu", "--formats", "fp32", "--no-accuracy", "--quiet",
+                 "--out", str(tmp_path / "serve_prefill")]) == 0
+    res = json.loads((tmp_path / "serve_prefill" / "serve.json").read_text())["results"][0]
+    assert res["speculation"]["verify_numerics"] == "prefill" and res["speculation"]["replies_equal_greedy"]

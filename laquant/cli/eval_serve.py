@@ -12,7 +12,7 @@ from pathlib import Path
 from laquant.cli.common import pick_device, versions, write_atomic
 from laquant.errors import LaquantError
 from laquant.families import FAMILIES
-from laquant.kernels.common.format_names import STATE_FORMATS
+from laquant.kernels.common.format_names import STATE_FORMATS, VERIFY_NUMERICS
 
 CHUNK = 64  # laquant.kernels.common.state_io.CHUNK, named here so the parser needs no torch
 MAX_DRAFT_TOKENS = 15  # laquant.serving.speculative.MAX_DRAFT_TOKENS, likewise
@@ -33,6 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(prompt lookup in the request's tokens, no draft model)")
     p.add_argument("--draft-tokens", type=int, default=4,
                    help=f"tokens the draft proposes a round, 1..{MAX_DRAFT_TOKENS} (default: 4)")
+    p.add_argument("--verify-numerics", choices=VERIFY_NUMERICS, default="decode",
+                   help="with --draft: the model's verify steps' numerics, 'decode' (the output is plain greedy "
+                        "decoding's) or 'prefill' (the state in float32 between the verified tokens: faster with "
+                        "8-bit states, the output equal up to near-ties); default: decode")
     p.add_argument("--system", type=int, default=4096, help="shared system-prompt tokens (default: 4096)")
     p.add_argument("--conversations", type=int, default=4, help="conversations replayed (default: 4)")
     p.add_argument("--turns", type=int, default=3, help="turns per conversation (default: 3)")
@@ -173,12 +177,12 @@ def run(args: argparse.Namespace) -> int:
     text = load_text(args.text) if accuracy else None
     speculative = None
     if args.draft == "ngram":
-        speculative = SpeculativeDecode("ngram", args.draft_tokens)
+        speculative = SpeculativeDecode("ngram", args.draft_tokens, verify_numerics=args.verify_numerics)
     elif draft_dir is not None:
         from laquant.api import load
 
         speculative = SpeculativeDecode(load(draft_dir, device=device, dtype=dtype)[0], args.draft_tokens,
-                                        args.block_size)
+                                        args.block_size, args.verify_numerics)
     results = []
     for label, make in _variants(kind, what, args.recipe, device, dtype, not args.quiet):
         model, tok = make()

@@ -76,12 +76,15 @@ class SpeculativeDecode:
     ``draft`` prefills the request's prompt (through its own prefix cache with ``block_size``, as a
     server would keep one; that time counts as the decode's), then proposes ``num_draft_tokens`` a
     round, which the model verifies from its cache. ``draft="ngram"`` looks the proposals up in the
-    request's tokens instead (no draft model, nothing to prefill). ``stats`` sums the rounds."""
+    request's tokens instead (no draft model, nothing to prefill). ``verify_numerics``: the model's verify
+    steps' (:func:`~laquant.serving.speculative.speculative_generate`). ``stats`` sums the rounds."""
 
-    def __init__(self, draft, num_draft_tokens: int = 4, block_size: int | None = None):
+    def __init__(self, draft, num_draft_tokens: int = 4, block_size: int | None = None,
+                 verify_numerics: str = "decode"):
         from laquant.serving.ngram import NgramDraft, as_draft
 
         self.draft, self.num_draft_tokens = as_draft(draft), num_draft_tokens
+        self.verify_numerics = verify_numerics
         self.ngram = isinstance(self.draft, NgramDraft)
         self.block_size = None if self.ngram else block_size
         self.reset()
@@ -101,7 +104,8 @@ class SpeculativeDecode:
             return first.new_zeros(1, 0)
         if self.ngram:
             new = speculative_continue(model, self.draft, cache, None, first, steps + 1, self.num_draft_tokens,
-                                       stats=self.stats, context=prompt.to(first.device)[None])
+                                       stats=self.stats, context=prompt.to(first.device)[None],
+                                       verify_numerics=self.verify_numerics)
             return new[:, 1:]
         with torch.no_grad():
             if self.prefix_cache is not None:
@@ -109,7 +113,7 @@ class SpeculativeDecode:
             else:
                 _, draft_cache = _forward(self.draft, prompt.to(first.device)[None], _fresh_cache(self.draft))
         new = speculative_continue(model, self.draft, cache, draft_cache, first, steps + 1, self.num_draft_tokens,
-                                   stats=self.stats)
+                                   stats=self.stats, verify_numerics=self.verify_numerics)
         return new[:, 1:]
 
 
@@ -294,7 +298,8 @@ def serve_eval(model, workload: Workload, block_size: int, budget_bytes: int, fo
         parted = [i for i, (a, b) in enumerate(zip(cached, spec)) if a["reply"] != b["reply"]]
         st = speculative.stats
         extra.update(speculative=summarize(spec), speculation=dict(
-            num_draft_tokens=speculative.num_draft_tokens, rounds=st.rounds, proposed=st.proposed,
+            num_draft_tokens=speculative.num_draft_tokens, verify_numerics=speculative.verify_numerics,
+            rounds=st.rounds, proposed=st.proposed,
             accepted=st.accepted, acceptance=st.acceptance if st.proposed else None,
             tokens_per_round=st.tokens_per_round if st.rounds else None, draft_graphed=st.draft_graphed,
             round_graphed=st.round_graphed, replies_equal_greedy=not parted, requests_parted=parted,
