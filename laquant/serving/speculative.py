@@ -210,8 +210,7 @@ class _RoundGraph:
         n = agree.min()
         commit(self.target, n + 1)
         if self.ngram is None:
-            # the draft's rollback: the same tokens (their outputs unused, so float32 states between them)
-            verify(self.draft_model, ids, self.draft, logits_to_keep=1, numerics="prefill")
+            verify(self.draft_model, ids, self.draft, logits_to_keep=1)  # the draft's rollback: the same tokens
             commit(self.draft, n + 1)
         new = preds  # up to n, every row's prediction is the proposal it agreed with; n: its own next token
         if self.eos is not None:  # after a row's EOS it gets EOS, as plain decoding's output
