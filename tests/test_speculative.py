@@ -461,8 +461,8 @@ def test_speculative_with_prefill_numerics(state):
     if state is None:
         assert torch.equal(got, want)
     # where a row parts, its two tokens' logits were within the state's rounding: a code step of the int8 state is
-    # 1/127 of its row's absmax, and this random model's logits lie close together (the trained model's, on the GPU,
-    # within 1%: test_speculative_on_the_gpu)
+    # 1/127 of its row's absmax, and this random model's logits lie close together (the trained model's on the GPU:
+    # within 3% in test_speculative_on_the_gpu, a row parted at 1.03% on an H200)
     _assert_same_up_to_near_ties(target, got, want, ids.shape[1], state, rel_gap=5e-2)
     assert torch.equal(generate(target, ids, 23, draft_model=draft, verify_numerics="prefill"), got)
     with pytest.raises(LaquantError, match="verify_numerics"):
