@@ -396,7 +396,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: 
     ``draft_model``: greedy speculative decoding, ``num_draft_tokens`` proposed a round by this model,
     or by prompt lookup with ``"ngram"`` (:mod:`laquant.serving.speculative`: each round one CUDA graph
     where the caches allow it, unless ``graphed=False``; the same tokens as without it; ``verify_numerics="prefill"``:
-    faster verify steps with 8- and 16-bit states, the tokens up to near-ties, see
+    faster verify steps with 8-bit states, the tokens up to near-ties, see
     :func:`~laquant.serving.speculative.speculative_generate`)."""
     if draft_model is not None:
         if do_sample:

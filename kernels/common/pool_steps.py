@@ -14,7 +14,7 @@ The verify step's outputs follow ``numerics`` (:data:`VERIFY_NUMERICS`): ``"deco
 the state to its format after every token, so each output is bit for bit what that decode step would
 give (up to the float32 order of the readout's sum); ``"prefill"`` holds the ``T`` states in float32
 between the tokens, as a chunked prefill holds them inside a chunk, so the outputs after the first
-differ from the decode steps' by the state format's rounding. With an 8- or 16-bit state that rounding
+differ from the decode steps' by the state format's rounding. With an 8-bit state that rounding
 is most of a verify step's arithmetic (the row's absmax, the stochastic bits, the codes and back, every
 token): "prefill" costs about the fp32 state's verify. The commit is the decode steps' either way, for the
 inputs it is given (in a model, the mixers above the first get inputs that the float32 states moved).

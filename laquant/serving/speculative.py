@@ -334,7 +334,7 @@ def speculative_generate(model, draft_model, input_ids: torch.Tensor, max_new_to
     one CUDA graph where the caches allow it (else, with a draft model, its graphed decode step for its
     proposals, where :mod:`laquant.generate` graphs it); False runs everything eagerly.
     ``verify_numerics``: the target's verify steps' (:func:`laquant.models.verify.verify`): ``"decode"``
-    keeps the output plain greedy decoding's; ``"prefill"`` verifies faster with an 8- or 16-bit state, its
+    keeps the output plain greedy decoding's; ``"prefill"`` verifies faster with an 8-bit state, its
     verdicts from logits that differ from the decode steps' by the state format's rounding, so the output
     may part from plain greedy decoding's where two tokens nearly tie, and the caches hold what a prefill of
     the accepted tokens would (:func:`laquant.models.verify.verify`)."""
