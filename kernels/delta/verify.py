@@ -132,15 +132,12 @@ if triton is not None:
                 o = tl.sum(qq[:, None] * st, axis=0)
                 tl.store(o_ptr + b * s_ob + t * s_ot + h * s_oh + offs_v,
                          o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_v)
-            if ROUND_EACH:  # as the decode steps store it; else held in float32 (numerics="prefill")
-                S, old_scale = store_verified_state(
-                    st, old_scale, t, steps, position, seed, slot, h, offs_k, mask_k, mask_v,
-                    static_ptr + h * K + offs_k, ptrs, sc_ptrs,
-                    kept_ptr + b * s_eb + t * s_et + h * s_eh + offs_k[:, None] * s_ek + offs_v[None, :],
-                    kept_scale_ptr + b * s_fb + t * s_ft + h * s_fh + offs_k,
-                    K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR, KEEP, COMMIT)
-            else:
-                S = st
+            S, old_scale = store_verified_state(  # numerics="prefill" (not ROUND_EACH): st, unrounded
+                st, old_scale, t, steps, position, seed, slot, h, offs_k, mask_k, mask_v,
+                static_ptr + h * K + offs_k, ptrs, sc_ptrs,
+                kept_ptr + b * s_eb + t * s_et + h * s_eh + offs_k[:, None] * s_ek + offs_v[None, :],
+                kept_scale_ptr + b * s_fb + t * s_ft + h * s_fh + offs_k,
+                K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR, KEEP, COMMIT, ROUND_EACH)
 
 
 def delta_verify(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None,
