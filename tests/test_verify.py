@@ -292,3 +292,31 @@ def test_triton_verify_with_prefill_numerics(name, fmt, renorm, rounding):
     # the commit after it is the decode steps', whatever the verify's numerics
     getattr(mod, f"{prefix}_commit")(*ins, d, s, idx, quant, accepted, n_stores, **family.kw(ins[2]))
     _same_pool((d, s), _decode_run(family, ins, data, scale, idx, quant, n_stores, accepted)[:2])
+
+
+@pytest.mark.parametrize("name", ["gla", "delta", "kda"])
+@pytest.mark.parametrize("T,extreme", [(16, False), (1, True), (7, True), (16, True)])
+def test_triton_verify_prefill_chunk_with_extreme_decays(name, T, extreme):
+    """numerics="prefill" runs the tokens as one prefill chunk whose decay splits around its middle row; where a
+    channel decays by more than exp(-60) inside the chunk (a split factor would overflow float32: inf, then NaN)
+    the kernel sums the scores pair by pair: finite, and the reference's float32 recurrence to float32 accuracy."""
+    pytest.importorskip("triton")
+    from conftest import require_triton_kernels
+
+    require_triton_kernels()
+    family = Family(name, triton_kernels=True)
+    B, H, K, V, P = 2, 4, 12, 40, 5
+    gen = torch.Generator().manual_seed(T)
+    ins = family.inputs(B, T, H, K, V, gen, DEVICE)
+    if extreme:  # one token erases half the heads' state in a few channels (per-head decay: the whole head)
+        ins[3][:, T // 2, : H // 2] = -100.0
+    data, scale, quant, n_stores = _pool(P, H, K, V, "int8_row", 1, "stochastic", gen, DEVICE)
+    idx = torch.randperm(P, generator=gen)[:B].to(torch.int32).to(DEVICE)
+    mod = gla_verify if name == "gla" else delta_verify
+    prefix = "gla" if name == "gla" else "delta"
+    kw = {k: v for k, v in family.kw(ins[2]).items() if k != "block_v"}
+    want = getattr(mod, f"{prefix}_verify_reference")(*ins, data, scale, idx, quant, n_stores, numerics="prefill",
+                                                      **Family(name, triton_kernels=False).kw())
+    o = getattr(mod, f"{prefix}_verify")(*ins, data, scale, idx, quant, n_stores, numerics="prefill", **kw)
+    assert torch.isfinite(o.float()).all()
+    assert rel_err(o.float(), want.float()) < 1e-5

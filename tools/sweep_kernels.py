@@ -276,10 +276,15 @@ VERIFY_BATCHES = (1, 8, 64)
 FULL_BATCH = 64  # a sweep up to this batch makes the tables' catch-all; a narrower one keeps theirs
 
 
-def _verify_configs(kernel, fmt, K, V, programs):
+def _verify_configs(kernel, fmt, K, V, programs, step="verify"):
     """(block_k, block_v, num_warps, prefetch) to try: GLA's K rows in blocks, the delta rule's whole K;
     V in blocks for the plain formats (a scaled one's row scale spans the row); 2-32 state elements a
-    thread (64 where one program takes the whole state, or where the launch has at most 128 programs)."""
+    thread (64 where one program takes the whole state, or where the launch has at most 128 programs).
+    The verify step with numerics "prefill" runs the tokens as one chunk: the whole K, V blocks of 16 and more
+    (tensor-core products), nothing to prefetch."""
+    if step == "verify_prefill":
+        return [(None, bv, w, 0) for bv in (16, 32, 64, 128) if bv <= max(16, V) for w in (1, 2, 4, 8)
+                if K * bv / (32 * w) <= 128]
     scaled = fmt.partition(":")[0] in ("fp8_row", "int8_row")
     bks = tuple(bk for bk in (4, 8, 16, 32, 64) if bk <= K) if kernel == "gla" else (None,)
     bvs = (None,) if scaled else (16, 32, 64, 128) if kernel == "gla" else (8, 16, 32, 64, 128)
@@ -292,12 +297,6 @@ def _verify_configs(kernel, fmt, K, V, programs):
                 if 2 <= per_thread <= most and (bv or V) <= V:
                     out += [(bk, bv, w, p) for p in (0, 1)]
     return out
-
-
-def _config_format(name, step):
-    """The format whose launches :func:`_verify_configs` tries for ``step``: a verify step with numerics "prefill"
-    stores nothing, so a scaled format's V may be cut into blocks as a plain one's."""
-    return "fp32" if step == "verify_prefill" else name
 
 
 def _verify_cases(steps, batches, formats):
@@ -370,7 +369,7 @@ def verify(*flags):
         for kernel, name, shape, T, step, run, _ in _verify_cases(steps, batches, formats):
             if T != VERIFY_TOKENS[0]:
                 continue
-            for c in _verify_configs(kernel, _config_format(name, step), shape[3], shape[4], shape[0] * shape[2]):
+            for c in _verify_configs(kernel, name, shape[3], shape[4], shape[0] * shape[2], step):
                 if (kernel, name, step, c) in seen:  # compiled at another batch
                     continue
                 seen.add((kernel, name, step, c))
@@ -393,7 +392,7 @@ def verify(*flags):
     for kernel, name, shape, T, step, run, default in _verify_cases(steps, batches, formats):
         B, programs = shape[0], shape[0] * shape[2]
         key = (kernel, name, step, B)
-        configs = (_verify_configs(kernel, _config_format(name, step), shape[3], shape[4], programs)
+        configs = (_verify_configs(kernel, name, shape[3], shape[4], programs, step)
                    if T == VERIFY_TOKENS[0]
                    else list(dict.fromkeys([bests[key], default])))
         timed = []

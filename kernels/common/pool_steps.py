@@ -16,7 +16,11 @@ give (up to the float32 order of the readout's sum); ``"prefill"`` holds the ``T
 between the tokens, as a chunked prefill holds them inside a chunk, so the outputs after the first
 differ from the decode steps' by the state format's rounding. With an 8-bit state that rounding
 is most of a verify step's arithmetic (the row's absmax, the stochastic bits, the codes and back, every
-token): "prefill" costs about the fp32 state's verify. The commit is the decode steps' either way, for the
+token). The kernels compute "prefill" as a prefill computes a chunk: the stored state read once, the
+``T`` tokens' outputs from tensor-core products with it and with the tokens' decayed scores
+(:func:`~.triton_numerics.decayed_scores`; the delta rule's updates by a ``T x T`` forward substitution), no
+pass over the state per token; their outputs agree with the reference's float32 recurrence to float32
+accuracy (the first one too), not bit for bit. The commit is the decode steps' either way, for the
 inputs it is given (in a model, the mixers above the first get inputs that the float32 states moved).
 """
 
@@ -131,6 +135,12 @@ def _pow2(n: int) -> int:
     return 1 << (int(n) - 1).bit_length()
 
 
+def chunk_rows(T: int) -> int:
+    """The token rows of a verify step run as one chunk (``numerics="prefill"``): ``T`` padded to a power of two,
+    at least 16 (a tensor-core product's least rows)."""
+    return max(16, _pow2(T))
+
+
 def launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V, kernel, step, block_k=None, block_v=None,
                 num_warps=None, prefetch=None, round_each: bool = True):
     """The pool's pointers, strides and constexprs for a verify kernel (``kernel``: GLA's, the delta rule's;
@@ -149,6 +159,8 @@ def launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V, kernel, st
     pool, pool_strides, consts, _ = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K, block_k, 1)
     full_v = _pow2(V)
     block_v = full_v if fmt.is_scaled and round_each else min(full_v, _pow2(block_v or default_v or full_v))
+    if step == "verify_prefill":  # one chunk: its V block is a tensor-core product's side
+        block_v = max(16, block_v)
     consts["BLOCK_V"] = block_v
     consts["ROUND_EACH"] = round_each
     consts["PREFETCH"] = default_prefetch if prefetch is None else bool(prefetch)

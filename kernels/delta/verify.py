@@ -13,14 +13,15 @@ across the tokens (V columns are independent in the delta rule too: ``k^T S`` is
 delta rule's update reads ``k^T S``, a sum over K: this kernel sums the whole K at once, so its
 states are bit-identical to the decode kernel's when that one runs with ``block_k = K`` and the
 same ``num_warps`` (its tuned blocks sum in another order: the states then agree to float32
-rounding, which the format's rounding mostly absorbs).
+rounding, which the format's rounding mostly absorbs). A verify step with ``numerics="prefill"`` runs its own
+kernel, the tokens as one chunk (``_delta_verify_chunk_kernel``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..common.pool_steps import (Kept, accepted_counts, check_tokens, kept_args, launch_args,
+from ..common.pool_steps import (Kept, accepted_counts, check_tokens, chunk_rows, kept_args, launch_args,
                                  pool_steps_reference, rounds_each_token)
 from ..common.state import StateQuantizer
 from ..kda.reference import recurrent_kda_step
@@ -31,7 +32,8 @@ try:
     import triton
     import triton.language as tl
 
-    from ..common.triton_numerics import decayed_update, load_state_rows, store_verified_state, token_row
+    from ..common.triton_numerics import (decayed_scores, decayed_update, load_state_rows, mm, store_verified_state,
+                                          token_row, unit_lower_inverse)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -140,6 +142,58 @@ if triton is not None:
                 K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR, KEEP, COMMIT, ROUND_EACH)
 
 
+    @triton.jit
+    def _delta_verify_chunk_kernel(
+        q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, scale_ptr, idx_ptr,
+        s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk, s_vb, s_vt, s_vh, s_vv, s_gb, s_gt, s_gh, s_gk,
+        s_bb, s_bt, s_bh, s_ob, s_ot, s_oh, s_sp, s_sh, s_sk, s_cp, s_ch, T, qk_scale,
+        H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr, FMT: tl.constexpr, L2NORM: tl.constexpr,
+    ):
+        """numerics="prefill": the T tokens as one chunk of a prefill, from the stored state ``S0``. With
+        ``G`` the cumulative log-decays and ``k``, ``q`` normalized as the decode step's: the updates
+        ``u = (I + A)^-1 beta (v - (k * exp(G)) S0)``, ``A`` the strictly causal decayed ``k k^T`` scores times
+        beta (the delta rule's recurrence solved by forward substitution), then
+        ``o = (q * exp(G)) S0 + (causal decayed q k^T scores) u``; float32-accurate tensor-core products."""
+        pid = tl.program_id(0)
+        b = pid // H
+        h = pid % H
+        hk = h // GROUP
+        slot = tl.load(idx_ptr + b).to(tl.int64)
+        offs_k = tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+        mask_v = offs_v < V
+        rows = tl.arange(0, BLOCK_T)
+        mask_t = rows < T
+        S0, _ = load_state_rows(state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :],
+                                scale_ptr + slot * s_cp + h * s_ch + offs_k, mask_k, mask_k[:, None] & mask_v[None, :],
+                                FMT, BLOCK_K)
+        mtk = mask_t[:, None] & mask_k[None, :]
+        q = tl.load(q_ptr + b * s_qb + hk * s_qh + rows[:, None] * s_qt + offs_k[None, :] * s_qk, mask=mtk,
+                    other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + b * s_kb + hk * s_kh + rows[:, None] * s_kt + offs_k[None, :] * s_kk, mask=mtk,
+                    other=0.0).to(tl.float32)
+        G = tl.cumsum(tl.load(g_ptr + b * s_gb + h * s_gh + rows[:, None] * s_gt + offs_k[None, :] * s_gk, mask=mtk,
+                              other=0.0).to(tl.float32), axis=0)
+        v = tl.load(v_ptr + b * s_vb + h * s_vh + rows[:, None] * s_vt + offs_v[None, :] * s_vv,
+                    mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+        beta = tl.load(beta_ptr + b * s_bb + h * s_bh + rows * s_bt, mask=mask_t, other=0.0).to(tl.float32)
+        if L2NORM:  # as the decode step: x * rsqrt(sum(x^2) + 1e-6)
+            q = q * (qk_scale * tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6))[:, None]
+            k = k * tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
+        else:
+            q = q * qk_scale
+        Akk, Aqk = decayed_scores(k, q, k, G, rows, T, BLOCK_T, True)
+        Akk = tl.where(rows[:, None] > rows[None, :], Akk, 0.0) * beta[:, None]
+        decay = tl.exp(G)
+        u = beta[:, None] * (v - mm(k * decay, S0, False, True))
+        u = mm(unit_lower_inverse(Akk, rows, BLOCK_T, True), u, False, True)
+        o = mm(q * decay, S0, False, True) + mm(Aqk, u, False, True)
+        tl.store(o_ptr + b * s_ob + rows[:, None] * s_ot + h * s_oh + offs_v[None, :],
+                 o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_t[:, None] & mask_v[None, :])
+
+
 def delta_verify(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None,
                  qk_scale: float | None = None, use_qk_l2norm: bool = False, seed: int = 0, kept: Kept | None = None,
                  out: torch.Tensor | None = None, block_v: int | None = None, num_warps: int | None = None,
@@ -184,6 +238,13 @@ def _launch(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_sc
     pool, pool_strides, consts, num_warps, n_v = launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V,
                                                              "delta", step, **launch)
     o = out if out is not None else (v.new_empty(B, T, H, V) if steps is None else v)
+    if step == "verify" and not consts["ROUND_EACH"]:  # numerics="prefill": one chunk
+        _delta_verify_chunk_kernel[(B * H, n_v)](
+            q, k, v, g, beta, o, *pool[:3], *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
+            *o.stride()[:3], *pool_strides, T, K ** -0.5 if qk_scale is None else qk_scale, H=H, GROUP=H // Hk, K=K,
+            V=V, BLOCK_K=max(16, 1 << (K - 1).bit_length()), BLOCK_V=consts["BLOCK_V"], BLOCK_T=chunk_rows(T),
+            FMT=consts["FMT"], L2NORM=use_qk_l2norm, num_warps=num_warps)
+        return o
     keep_ptrs, keep_strides = kept_args(kept, state, B, T, state)
     _delta_verify_kernel[(B * H, n_v)](
         q, k, v, g, beta, o, *pool, *keep_ptrs, steps if steps is not None else pool_idx,

@@ -17,14 +17,16 @@ and written once per kept token (never without ``kept``), the outputs of all tok
 registers over the blocks. The state bits do not depend on the blocking; the outputs sum in
 another order than the decode kernel's, so they match it to float32 rounding, not bit for bit.
 Scaled formats (per-row scales over the whole V row) take the whole V row per program when they store
-after every token (``numerics="decode"``; :mod:`~laquant.kernels.common.pool_steps`).
+after every token (``numerics="decode"``; :mod:`~laquant.kernels.common.pool_steps`). A verify step with
+``numerics="prefill"`` runs its own kernel, the tokens as one chunk of the chunked prefill
+(``_gla_verify_chunk_kernel``, V in blocks, the whole K a program).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..common.pool_steps import (Kept, accepted_counts, check_tokens, kept_args, launch_args,
+from ..common.pool_steps import (Kept, accepted_counts, check_tokens, chunk_rows, kept_args, launch_args,
                                  pool_steps_reference, rounds_each_token)
 from ..common.state import StateQuantizer
 from .reference import recurrent_gla_step
@@ -33,7 +35,8 @@ try:
     import triton
     import triton.language as tl
 
-    from ..common.triton_numerics import decayed_update, load_state_rows, store_verified_state, token_row
+    from ..common.triton_numerics import (decayed_scores, decayed_update, load_state_rows, mm, store_verified_state,
+                                          token_row)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -127,6 +130,44 @@ if triton is not None:
                      mask=(rows_t < T)[:, None] & mask_v[None, :])
 
 
+    @triton.jit
+    def _gla_verify_chunk_kernel(
+        q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, state_ptr, scale_ptr, idx_ptr,
+        s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk, s_vb, s_vt, s_vh, s_vv, s_gb, s_gt, s_gh, s_gk,
+        s_ob, s_ot, s_oh, s_sp, s_sh, s_sk, s_cp, s_ch, T, qk_scale,
+        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+        BLOCK_T: tl.constexpr, FMT: tl.constexpr,
+    ):
+        """numerics="prefill": the T tokens as one chunk of a prefill, from the stored state ``S0``:
+        ``o = (q * exp(G)) S0 + (causal decayed scores) v``, float32-accurate tensor-core products."""
+        pid = tl.program_id(0)
+        b = pid // H
+        h = pid % H
+        slot = tl.load(idx_ptr + b).to(tl.int64)
+        offs_k = tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+        mask_v = offs_v < V
+        rows = tl.arange(0, BLOCK_T)
+        mask_t = rows < T
+        S0, _ = load_state_rows(state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :],
+                                scale_ptr + slot * s_cp + h * s_ch + offs_k, mask_k, mask_k[:, None] & mask_v[None, :],
+                                FMT, BLOCK_K)
+        mtk = mask_t[:, None] & mask_k[None, :]
+        q = tl.load(q_ptr + b * s_qb + h * s_qh + rows[:, None] * s_qt + offs_k[None, :] * s_qk, mask=mtk,
+                    other=0.0).to(tl.float32) * qk_scale
+        k = tl.load(k_ptr + b * s_kb + h * s_kh + rows[:, None] * s_kt + offs_k[None, :] * s_kk, mask=mtk,
+                    other=0.0).to(tl.float32)
+        G = tl.cumsum(tl.load(g_ptr + b * s_gb + h * s_gh + rows[:, None] * s_gt + offs_k[None, :] * s_gk, mask=mtk,
+                              other=0.0).to(tl.float32), axis=0)
+        v = tl.load(v_ptr + b * s_vb + h * s_vh + rows[:, None] * s_vt + offs_v[None, :] * s_vv,
+                    mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+        A, _ = decayed_scores(q, q, k, G, rows, T, BLOCK_T, False)
+        o = mm(q * tl.exp(G), S0, False, True) + mm(A, v, False, True)
+        tl.store(o_ptr + b * s_ob + rows[:, None] * s_ot + h * s_oh + offs_v[None, :],
+                 o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_t[:, None] & mask_v[None, :])
+
+
 def gla_verify(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None,
                qk_scale: float | None = None, seed: int = 0, kept: Kept | None = None,
                out: torch.Tensor | None = None, block_v: int | None = None, num_warps: int | None = None,
@@ -167,6 +208,13 @@ def _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, s
     pool, pool_strides, consts, num_warps, n_v = launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V,
                                                              "gla", step, **launch)
     o = out if out is not None else (v.new_empty(B, T, H, V) if steps is None else v)
+    if step == "verify" and not consts["ROUND_EACH"]:  # numerics="prefill": one chunk
+        _gla_verify_chunk_kernel[(B * H, n_v)](
+            q, k, v, g, o, *pool[:3], *q.stride(), *k.stride(), *v.stride(), *g.stride(), *o.stride()[:3],
+            *pool_strides, T, K ** -0.5 if qk_scale is None else qk_scale, H=H, K=K, V=V,
+            BLOCK_K=max(16, 1 << (K - 1).bit_length()), BLOCK_V=consts["BLOCK_V"], BLOCK_T=chunk_rows(T),
+            FMT=consts["FMT"], num_warps=num_warps)
+        return o
     keep_ptrs, keep_strides = kept_args(kept, state, B, T, state)
     _gla_verify_kernel[(B * H, n_v)](
         q, k, v, g, o, *pool, *keep_ptrs, steps if steps is not None else pool_idx,
