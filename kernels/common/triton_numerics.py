@@ -108,6 +108,22 @@ if triton is not None:
         return tl.where(causal, A, 0.0), tl.where(causal, A2, 0.0)
 
     @triton.jit
+    def unit_lower_inverse_by_squaring(A, rows, T):
+        """``(I + A)^-1`` of a strictly lower-triangular ``[BT, BT]`` tile ``A`` nonzero in its first ``T`` rows only
+        (so ``A^T = 0``): ``(I - A)(I + A^2)(I + A^4)...``, the factors up to ``A^(T/2)``, float32-accurate
+        tensor-core products (:func:`dot_f32`). For one chunk of a few tokens: 2 (T <= 4) to 6 (T <= 16) products,
+        where :func:`unit_lower_inverse`'s forward substitution takes BT - 1 dependent steps of row reductions."""
+        eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+        X = eye - A
+        power = A
+        span = 2
+        while span < T:
+            power = dot_f32(power, power, True)
+            X = dot_f32(X, eye + power, True)
+            span *= 2
+        return X
+
+    @triton.jit
     def unit_lower_inverse(A, rows, BT: tl.constexpr, LOW_PRECISION: tl.constexpr):
         """``(I + A)^-1`` of a strictly lower-triangular ``[BT, BT]`` tile ``A`` (float32).
 

@@ -33,7 +33,7 @@ try:
     import triton.language as tl
 
     from ..common.triton_numerics import (decayed_scores, decayed_update, load_state_rows, mm, store_verified_state,
-                                          token_row, unit_lower_inverse)
+                                          token_row, unit_lower_inverse_by_squaring)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -153,7 +153,7 @@ if triton is not None:
         """numerics="prefill": the T tokens as one chunk of a prefill, from the stored state ``S0``. With
         ``G`` the cumulative log-decays and ``k``, ``q`` normalized as the decode step's: the updates
         ``u = (I + A)^-1 beta (v - (k * exp(G)) S0)``, ``A`` the strictly causal decayed ``k k^T`` scores times
-        beta (the delta rule's recurrence solved by forward substitution), then
+        beta (the delta rule's recurrence solved for all tokens at once), then
         ``o = (q * exp(G)) S0 + (causal decayed q k^T scores) u``; float32-accurate tensor-core products."""
         pid = tl.program_id(0)
         b = pid // H
@@ -188,7 +188,7 @@ if triton is not None:
         Akk = tl.where(rows[:, None] > rows[None, :], Akk, 0.0) * beta[:, None]
         decay = tl.exp(G)
         u = beta[:, None] * (v - mm(k * decay, S0, False, True))
-        u = mm(unit_lower_inverse(Akk, rows, BLOCK_T, True), u, False, True)
+        u = mm(unit_lower_inverse_by_squaring(Akk, rows, T), u, False, True)
         o = mm(q * decay, S0, False, True) + mm(Aqk, u, False, True)
         tl.store(o_ptr + b * s_ob + rows[:, None] * s_ot + h * s_oh + offs_v[None, :],
                  o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_t[:, None] & mask_v[None, :])
