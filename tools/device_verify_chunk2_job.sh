@@ -29,8 +29,10 @@ for v in nofb lowp; do
     --formats int8_row:stochastic > "$W/$v.log" 2>&1
   log "$v rc $?"
 done
-timeout 150 ncu --clock-control none --set full -k regex:_verify_chunk_kernel -c 2 -o "$W/ncu_chunk" \
-  python3 tools/exp_verify_chunk.py --once --formats int8_row:stochastic > "$W/ncu.log" 2>&1
-log "ncu rc $?"
-ncu --import "$W/ncu_chunk.ncu-rep" --page details > "$W/ncu_details.txt" 2>&1
+for kern in gla delta; do
+  timeout 100 ncu --clock-control none --set full -k regex:_${kern}_verify_chunk_kernel -c 1 -o "$W/ncu_$kern" \
+    python3 tools/exp_verify_chunk.py --once --formats int8_row:stochastic > "$W/ncu_$kern.log" 2>&1
+  log "ncu $kern rc $?"
+  ncu --import "$W/ncu_$kern.ncu-rep" --page details > "$W/ncu_${kern}_details.txt" 2>&1
+done
 touch "$W/job.done"
