@@ -299,7 +299,8 @@ def test_triton_verify_with_prefill_numerics(name, fmt, renorm, rounding):
 def test_triton_verify_prefill_chunk_with_extreme_decays(name, T, extreme):
     """numerics="prefill" runs the tokens as one prefill chunk whose decay splits around its middle row; where a
     channel decays by more than exp(-60) inside the chunk (a split factor would overflow float32: inf, then NaN)
-    the kernel sums the scores pair by pair: finite, and the reference's float32 recurrence to float32 accuracy."""
+    the kernel runs the tokens one by one instead: finite, and the reference's float32 recurrence to float32
+    accuracy either way."""
     pytest.importorskip("triton")
     from conftest import require_triton_kernels
 

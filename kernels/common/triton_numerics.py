@@ -79,33 +79,29 @@ if triton is not None:
         return tl.sum(tl.where((rows == r)[:, None], x, 0.0), axis=0)
 
     @triton.jit
-    def decayed_scores(a, a2, b, G, rows, T, BT: tl.constexpr, PAIR: tl.constexpr):
+    def chunk_decay_splits(G, rows, T):
+        """Whether :func:`decayed_scores` may split this chunk's decays around its middle row: each factor is at
+        most the chunk's whole decay ``exp(G_0 - G_last)`` in a channel, which must stay within ``exp(60)`` (else a
+        factor could overflow float32: inf, then NaN)."""
+        return tl.max(tile_row(G, rows, 0) - tile_row(G, rows, T - 1), axis=0) <= 60.0
+
+    @triton.jit
+    def decayed_scores(a, a2, b, G, rows, T, BT: tl.constexpr, PAIR: tl.constexpr, LOW_PRECISION: tl.constexpr):
         """``[BT, BT]`` tiles ``sum_k a[t, k] b[s, k] exp(G[t, k] - G[s, k])`` for ``s <= t < T`` (0 elsewhere), and
         the same with ``a2`` for ``a`` when ``PAIR`` (else zeros): the decayed scores of one chunk of ``T`` tokens,
         ``G`` their cumulative log-decays (non-increasing down the rows; the padding rows repeat row ``T - 1``'s).
         As in a prefill chunk, ``exp(G_t - G_s)`` splits around the row ``r = T // 2`` into ``exp(G_t - G_r)`` on the
-        ``a`` side and ``exp(G_r - G_s)`` on the ``b`` side, float32-accurate products on the tensor cores. Each
-        factor is at most the chunk's whole decay ``exp(G_0 - G_last)``; where that exceeds ``exp(60)`` in a channel
-        (a factor could overflow float32) the scores are summed pair by pair instead (``exp(G_t - G_s) <= 1``, one
-        ``[BT, K]`` pass per column: slower, never inf)."""
-        if tl.max(tile_row(G, rows, 0) - tile_row(G, rows, T - 1), axis=0) <= 60.0:
-            g_ref = tile_row(G, rows, T // 2)
-            b_side = tl.trans(b * tl.exp(g_ref[None, :] - G))
-            up = tl.exp(G - g_ref[None, :])
-            A = mm(a * up, b_side, False, True)
-            A2 = tl.zeros([BT, BT], dtype=tl.float32)
-            if PAIR:
-                A2 = mm(a2 * up, b_side, False, True)
-        else:
-            A = tl.zeros([BT, BT], dtype=tl.float32)
-            A2 = tl.zeros([BT, BT], dtype=tl.float32)
-            for s in tl.static_range(BT):
-                decay = tile_row(b, rows, s)[None, :] * tl.exp(tl.minimum(G - tile_row(G, rows, s)[None, :], 0.0))
-                A = tl.where(rows[None, :] == s, tl.sum(a * decay, axis=1)[:, None], A)
-                if PAIR:
-                    A2 = tl.where(rows[None, :] == s, tl.sum(a2 * decay, axis=1)[:, None], A2)
+        ``a`` side and ``exp(G_r - G_s)`` on the ``b`` side, products on the tensor cores (:func:`mm`). Only where
+        :func:`chunk_decay_splits`."""
+        g_ref = tile_row(G, rows, T // 2)
+        b_side = tl.trans(b * tl.exp(g_ref[None, :] - G))
+        up = tl.exp(G - g_ref[None, :])
         causal = (rows[:, None] >= rows[None, :]) & (rows < T)[:, None]
-        return tl.where(causal, A, 0.0), tl.where(causal, A2, 0.0)
+        A = tl.where(causal, mm(a * up, b_side, LOW_PRECISION, True), 0.0)
+        A2 = tl.zeros([BT, BT], dtype=tl.float32)
+        if PAIR:
+            A2 = tl.where(causal, mm(a2 * up, b_side, LOW_PRECISION, True), 0.0)
+        return A, A2
 
     @triton.jit
     def unit_lower_inverse_by_squaring(A, rows, T):

@@ -32,8 +32,8 @@ try:
     import triton
     import triton.language as tl
 
-    from ..common.triton_numerics import (decayed_scores, decayed_update, load_state_rows, mm, store_verified_state,
-                                          token_row, unit_lower_inverse_by_squaring)
+    from ..common.triton_numerics import (chunk_decay_splits, decayed_scores, decayed_update, load_state_rows, mm,
+                                          store_verified_state, token_row, unit_lower_inverse_by_squaring)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -119,19 +119,8 @@ if triton is not None:
             else:
                 qq, kk, g, v, beta = _delta_token(q_rows, k_rows, g_rows, v_row, beta_at, s_qt, s_kt, s_gt, s_vt, s_bt,
                                                   t, mask_k, mask_v, T)
-            decay = tl.exp(g)
-            q_mul = qk_scale
-            k_mul = 1.0
-            if L2NORM:  # as fla and transformers: x * rsqrt(sum(x^2) + 1e-6)
-                q_mul = qk_scale * tl.rsqrt(tl.sum(qq * qq, axis=0) + 1e-6)
-                k_mul = tl.rsqrt(tl.sum(kk * kk, axis=0) + 1e-6)
-            kS = (kk * decay)[:, None] * S
-            delta = beta * (v - k_mul * tl.sum(kS, axis=0))
-            kk = kk * k_mul
-            qq = qq * q_mul
-            st = decayed_update(S, decay, kk, delta)
+            st, o = _delta_step(S, qq, kk, g, v, beta, qk_scale, L2NORM)
             if not COMMIT:
-                o = tl.sum(qq[:, None] * st, axis=0)
                 tl.store(o_ptr + b * s_ob + t * s_ot + h * s_oh + offs_v,
                          o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_v)
             S, old_scale = store_verified_state(  # numerics="prefill" (not ROUND_EACH): st, unrounded
@@ -143,18 +132,36 @@ if triton is not None:
 
 
     @triton.jit
+    def _delta_step(S, qq, kk, g, v, beta, qk_scale, L2NORM: tl.constexpr):
+        """One token of the delta rule on the float32 state tile ``S``, the decode kernel's expressions
+        (``kernels/delta/decode.py``): the new state and the token's output."""
+        decay = tl.exp(g)
+        q_mul = qk_scale
+        k_mul = 1.0
+        if L2NORM:  # as fla and transformers: x * rsqrt(sum(x^2) + 1e-6)
+            q_mul = qk_scale * tl.rsqrt(tl.sum(qq * qq, axis=0) + 1e-6)
+            k_mul = tl.rsqrt(tl.sum(kk * kk, axis=0) + 1e-6)
+        kS = (kk * decay)[:, None] * S
+        delta = beta * (v - k_mul * tl.sum(kS, axis=0))
+        st = decayed_update(S, decay, kk * k_mul, delta)
+        return st, tl.sum((qq * q_mul)[:, None] * st, axis=0)
+
+    @triton.jit
     def _delta_verify_chunk_kernel(
         q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, scale_ptr, idx_ptr,
         s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk, s_vb, s_vt, s_vh, s_vv, s_gb, s_gt, s_gh, s_gk,
         s_bb, s_bt, s_bh, s_ob, s_ot, s_oh, s_sp, s_sh, s_sk, s_cp, s_ch, T, qk_scale,
         H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr,
         BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr, FMT: tl.constexpr, L2NORM: tl.constexpr,
+        LOW_PRECISION: tl.constexpr,
     ):
         """numerics="prefill": the T tokens as one chunk of a prefill, from the stored state ``S0``. With
         ``G`` the cumulative log-decays and ``k``, ``q`` normalized as the decode step's: the updates
         ``u = (I + A)^-1 beta (v - (k * exp(G)) S0)``, ``A`` the strictly causal decayed ``k k^T`` scores times
         beta (the delta rule's recurrence solved for all tokens at once), then
-        ``o = (q * exp(G)) S0 + (causal decayed q k^T scores) u``; float32-accurate tensor-core products."""
+        ``o = (q * exp(G)) S0 + (causal decayed q k^T scores) u``; products on the tensor cores (bf16 operands for
+        bf16 inputs, as the chunked prefill; the unit triangle's inverse and else float32-accurate). A chunk whose
+        decay does not split (:func:`chunk_decay_splits`) runs its tokens one by one from ``S0`` instead."""
         pid = tl.program_id(0)
         b = pid // H
         h = pid % H
@@ -169,30 +176,40 @@ if triton is not None:
         S0, _ = load_state_rows(state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :],
                                 scale_ptr + slot * s_cp + h * s_ch + offs_k, mask_k, mask_k[:, None] & mask_v[None, :],
                                 FMT, BLOCK_K)
+        q_rows = q_ptr + b * s_qb + hk * s_qh + offs_k * s_qk
+        k_rows = k_ptr + b * s_kb + hk * s_kh + offs_k * s_kk
+        g_rows = g_ptr + b * s_gb + h * s_gh + offs_k * s_gk
+        v_row = v_ptr + b * s_vb + h * s_vh + offs_v * s_vv
+        beta_at = beta_ptr + b * s_bb + h * s_bh
+        o_row = o_ptr + b * s_ob + h * s_oh + offs_v
         mtk = mask_t[:, None] & mask_k[None, :]
-        q = tl.load(q_ptr + b * s_qb + hk * s_qh + rows[:, None] * s_qt + offs_k[None, :] * s_qk, mask=mtk,
-                    other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + b * s_kb + hk * s_kh + rows[:, None] * s_kt + offs_k[None, :] * s_kk, mask=mtk,
-                    other=0.0).to(tl.float32)
-        G = tl.cumsum(tl.load(g_ptr + b * s_gb + h * s_gh + rows[:, None] * s_gt + offs_k[None, :] * s_gk, mask=mtk,
-                              other=0.0).to(tl.float32), axis=0)
-        v = tl.load(v_ptr + b * s_vb + h * s_vh + rows[:, None] * s_vt + offs_v[None, :] * s_vv,
-                    mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-        beta = tl.load(beta_ptr + b * s_bb + h * s_bh + rows * s_bt, mask=mask_t, other=0.0).to(tl.float32)
-        if L2NORM:  # as the decode step: x * rsqrt(sum(x^2) + 1e-6)
-            q = q * (qk_scale * tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6))[:, None]
-            k = k * tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
-        else:
-            q = q * qk_scale
-        Akk, Aqk = decayed_scores(k, q, k, G, rows, T, BLOCK_T, True)
-        Akk = tl.where(rows[:, None] > rows[None, :], Akk, 0.0) * beta[:, None]
-        decay = tl.exp(G)
-        u = beta[:, None] * (v - mm(k * decay, S0, False, True))
-        u = mm(unit_lower_inverse_by_squaring(Akk, rows, T), u, False, True)
-        o = mm(q * decay, S0, False, True) + mm(Aqk, u, False, True)
-        tl.store(o_ptr + b * s_ob + rows[:, None] * s_ot + h * s_oh + offs_v[None, :],
-                 o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_t[:, None] & mask_v[None, :])
-
+        G = tl.cumsum(tl.load(g_rows[None, :] + rows[:, None] * s_gt, mask=mtk, other=0.0).to(tl.float32), axis=0)
+        if chunk_decay_splits(G, rows, T):
+            q = tl.load(q_rows[None, :] + rows[:, None] * s_qt, mask=mtk, other=0.0).to(tl.float32)
+            k = tl.load(k_rows[None, :] + rows[:, None] * s_kt, mask=mtk, other=0.0).to(tl.float32)
+            v = tl.load(v_row[None, :] + rows[:, None] * s_vt, mask=mask_t[:, None] & mask_v[None, :],
+                        other=0.0).to(tl.float32)
+            beta = tl.load(beta_at + rows * s_bt, mask=mask_t, other=0.0).to(tl.float32)
+            if L2NORM:  # as the decode step: x * rsqrt(sum(x^2) + 1e-6)
+                q = q * (qk_scale * tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6))[:, None]
+                k = k * tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
+            else:
+                q = q * qk_scale
+            Akk, Aqk = decayed_scores(k, q, k, G, rows, T, BLOCK_T, True, LOW_PRECISION)
+            Akk = tl.where(rows[:, None] > rows[None, :], Akk, 0.0) * beta[:, None]
+            decay = tl.exp(G)
+            u = beta[:, None] * (v - mm(k * decay, S0, LOW_PRECISION, True))
+            u = mm(unit_lower_inverse_by_squaring(Akk, rows, T), u, LOW_PRECISION, True)
+            o = mm(q * decay, S0, LOW_PRECISION, True) + mm(Aqk, u, LOW_PRECISION, True)
+            tl.store(o_row[None, :] + rows[:, None] * s_ot, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
+                     mask=mask_t[:, None] & mask_v[None, :])
+        else:  # the recurrence token by token (every decay factor <= 1)
+            S = S0
+            for t in range(0, T):
+                qq, kk, g, v, beta = _delta_token(q_rows, k_rows, g_rows, v_row, beta_at, s_qt, s_kt, s_gt, s_vt, s_bt,
+                                                  t, mask_k, mask_v, T)
+                S, o = _delta_step(S, qq, kk, g, v, beta, qk_scale, L2NORM)
+                tl.store(o_row + t * s_ot, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_v)
 
 def delta_verify(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None,
                  qk_scale: float | None = None, use_qk_l2norm: bool = False, seed: int = 0, kept: Kept | None = None,
@@ -243,7 +260,8 @@ def _launch(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_sc
             q, k, v, g, beta, o, *pool[:3], *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
             *o.stride()[:3], *pool_strides, T, K ** -0.5 if qk_scale is None else qk_scale, H=H, GROUP=H // Hk, K=K,
             V=V, BLOCK_K=max(16, 1 << (K - 1).bit_length()), BLOCK_V=consts["BLOCK_V"], BLOCK_T=chunk_rows(T),
-            FMT=consts["FMT"], L2NORM=use_qk_l2norm, num_warps=num_warps)
+            FMT=consts["FMT"], L2NORM=use_qk_l2norm, LOW_PRECISION=q.dtype in (torch.bfloat16, torch.float16),
+            num_warps=num_warps)
         return o
     keep_ptrs, keep_strides = kept_args(kept, state, B, T, state)
     _delta_verify_kernel[(B * H, n_v)](

@@ -35,8 +35,8 @@ try:
     import triton
     import triton.language as tl
 
-    from ..common.triton_numerics import (decayed_scores, decayed_update, load_state_rows, mm, store_verified_state,
-                                          token_row)
+    from ..common.triton_numerics import (chunk_decay_splits, decayed_scores, decayed_update, load_state_rows, mm,
+                                          store_verified_state, token_row)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -136,10 +136,12 @@ if triton is not None:
         s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk, s_vb, s_vt, s_vh, s_vv, s_gb, s_gt, s_gh, s_gk,
         s_ob, s_ot, s_oh, s_sp, s_sh, s_sk, s_cp, s_ch, T, qk_scale,
         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-        BLOCK_T: tl.constexpr, FMT: tl.constexpr,
+        BLOCK_T: tl.constexpr, FMT: tl.constexpr, LOW_PRECISION: tl.constexpr,
     ):
         """numerics="prefill": the T tokens as one chunk of a prefill, from the stored state ``S0``:
-        ``o = (q * exp(G)) S0 + (causal decayed scores) v``, float32-accurate tensor-core products."""
+        ``o = (q * exp(G)) S0 + (causal decayed scores) v`` on the tensor cores (bf16 operands for bf16 inputs, as
+        the chunked prefill; else float32-accurate); a chunk whose decay does not split (:func:`chunk_decay_splits`)
+        runs its tokens one by one from ``S0`` instead."""
         pid = tl.program_id(0)
         b = pid // H
         h = pid % H
@@ -153,20 +155,29 @@ if triton is not None:
         S0, _ = load_state_rows(state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :],
                                 scale_ptr + slot * s_cp + h * s_ch + offs_k, mask_k, mask_k[:, None] & mask_v[None, :],
                                 FMT, BLOCK_K)
+        q_rows = q_ptr + b * s_qb + h * s_qh + offs_k * s_qk
+        k_rows = k_ptr + b * s_kb + h * s_kh + offs_k * s_kk
+        g_rows = g_ptr + b * s_gb + h * s_gh + offs_k * s_gk
+        v_row = v_ptr + b * s_vb + h * s_vh + offs_v * s_vv
+        o_row = o_ptr + b * s_ob + h * s_oh + offs_v
         mtk = mask_t[:, None] & mask_k[None, :]
-        q = tl.load(q_ptr + b * s_qb + h * s_qh + rows[:, None] * s_qt + offs_k[None, :] * s_qk, mask=mtk,
-                    other=0.0).to(tl.float32) * qk_scale
-        k = tl.load(k_ptr + b * s_kb + h * s_kh + rows[:, None] * s_kt + offs_k[None, :] * s_kk, mask=mtk,
-                    other=0.0).to(tl.float32)
-        G = tl.cumsum(tl.load(g_ptr + b * s_gb + h * s_gh + rows[:, None] * s_gt + offs_k[None, :] * s_gk, mask=mtk,
-                              other=0.0).to(tl.float32), axis=0)
-        v = tl.load(v_ptr + b * s_vb + h * s_vh + rows[:, None] * s_vt + offs_v[None, :] * s_vv,
-                    mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-        A, _ = decayed_scores(q, q, k, G, rows, T, BLOCK_T, False)
-        o = mm(q * tl.exp(G), S0, False, True) + mm(A, v, False, True)
-        tl.store(o_ptr + b * s_ob + rows[:, None] * s_ot + h * s_oh + offs_v[None, :],
-                 o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_t[:, None] & mask_v[None, :])
-
+        G = tl.cumsum(tl.load(g_rows[None, :] + rows[:, None] * s_gt, mask=mtk, other=0.0).to(tl.float32), axis=0)
+        if chunk_decay_splits(G, rows, T):
+            q = tl.load(q_rows[None, :] + rows[:, None] * s_qt, mask=mtk, other=0.0).to(tl.float32) * qk_scale
+            k = tl.load(k_rows[None, :] + rows[:, None] * s_kt, mask=mtk, other=0.0).to(tl.float32)
+            v = tl.load(v_row[None, :] + rows[:, None] * s_vt, mask=mask_t[:, None] & mask_v[None, :],
+                        other=0.0).to(tl.float32)
+            A, _ = decayed_scores(q, q, k, G, rows, T, BLOCK_T, False, LOW_PRECISION)
+            o = mm(q * tl.exp(G), S0, LOW_PRECISION, True) + mm(A, v, LOW_PRECISION, True)
+            tl.store(o_row[None, :] + rows[:, None] * s_ot, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
+                     mask=mask_t[:, None] & mask_v[None, :])
+        else:  # the recurrence token by token (every decay factor <= 1)
+            S = S0
+            for t in range(0, T):
+                q, kk, g, v = _gla_token(q_rows, k_rows, g_rows, v_row, s_qt, s_kt, s_gt, s_vt, t, mask_k, mask_v, T)
+                S = decayed_update(S, tl.exp(g), kk, v)
+                tl.store(o_row + t * s_ot, tl.sum((q * qk_scale)[:, None] * S, axis=0).to(
+                    o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_v)
 
 def gla_verify(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None,
                qk_scale: float | None = None, seed: int = 0, kept: Kept | None = None,
@@ -213,7 +224,7 @@ def _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, s
             q, k, v, g, o, *pool[:3], *q.stride(), *k.stride(), *v.stride(), *g.stride(), *o.stride()[:3],
             *pool_strides, T, K ** -0.5 if qk_scale is None else qk_scale, H=H, K=K, V=V,
             BLOCK_K=max(16, 1 << (K - 1).bit_length()), BLOCK_V=consts["BLOCK_V"], BLOCK_T=chunk_rows(T),
-            FMT=consts["FMT"], num_warps=num_warps)
+            FMT=consts["FMT"], LOW_PRECISION=q.dtype in (torch.bfloat16, torch.float16), num_warps=num_warps)
         return o
     keep_ptrs, keep_strides = kept_args(kept, state, B, T, state)
     _gla_verify_kernel[(B * H, n_v)](
