@@ -280,10 +280,10 @@ def _verify_configs(kernel, fmt, K, V, programs, step="verify"):
     """(block_k, block_v, num_warps, prefetch) to try: GLA's K rows in blocks, the delta rule's whole K;
     V in blocks for the plain formats (a scaled one's row scale spans the row); 2-32 state elements a
     thread (64 where one program takes the whole state, or where the launch has at most 128 programs).
-    The verify step with numerics "prefill" runs the tokens as one chunk: the whole K, V blocks of 16 and more
-    (tensor-core products), nothing to prefetch."""
+    The verify step with numerics "prefill" runs the tokens as one chunk: the whole K, V blocks of 32 and more
+    (tensor-core products; 1 warp or 16-column blocks measured slower or spilled on an H200), nothing to prefetch."""
     if step == "verify_prefill":
-        return [(None, bv, w, 0) for bv in (16, 32, 64, 128) if bv <= max(16, V) for w in (1, 2, 4, 8)
+        return [(None, bv, w, 0) for bv in (32, 64, 128) if bv <= max(32, V) for w in (2, 4, 8)
                 if K * bv / (32 * w) <= 128]
     scaled = fmt.partition(":")[0] in ("fp8_row", "int8_row")
     bks = tuple(bk for bk in (4, 8, 16, 32, 64) if bk <= K) if kernel == "gla" else (None,)
