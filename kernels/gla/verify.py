@@ -167,7 +167,7 @@ if triton is not None:
             k = tl.load(k_rows[None, :] + rows[:, None] * s_kt, mask=mtk, other=0.0).to(tl.float32)
             v = tl.load(v_row[None, :] + rows[:, None] * s_vt, mask=mask_t[:, None] & mask_v[None, :],
                         other=0.0).to(tl.float32)
-            A, _ = decayed_scores(q, q, k, G, rows, T, BLOCK_T, False, LOW_PRECISION)
+            A = decayed_scores(q, q, k, G, rows, T, BLOCK_T, False, LOW_PRECISION)[0]
             o = mm(q * tl.exp(G), S0, LOW_PRECISION, True) + mm(A, v, LOW_PRECISION, True)
             tl.store(o_row[None, :] + rows[:, None] * s_ot, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
                      mask=mask_t[:, None] & mask_v[None, :])
