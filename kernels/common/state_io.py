@@ -160,9 +160,10 @@ VERIFY_LAUNCH = {
             "int8_row": ((128, 64, None, 8, 1), (None, 32, None, 4, 1)),
         },
         "verify_prefill": {
-            "bf16": ((None, 16, 64, 1, 1),),
-            "fp8_row": ((None, 16, 64, 1, 1),),
-            "int8_row": ((None, 16, 64, 1, 1),),
+            "bf16": ((128, None, 128, 4, 0), (None, None, 128, 2, 0)),
+            "fp8_row": ((16, None, 32, 2, 0), (128, None, 128, 4, 0), (None, None, 128, 2, 0)),
+            "int8_row": ((16, None, 32, 2, 0), (128, None, 64, 2, 0), (None, None, 128, 2, 0)),
+            "fp32": ((16, None, 32, 2, 0), (128, None, 64, 2, 0), (None, None, 128, 2, 0)),
         },
     },
     "delta": {
@@ -179,9 +180,10 @@ VERIFY_LAUNCH = {
             "int8_row": ((None, None, None, 8, 0),),
         },
         "verify_prefill": {
-            "bf16": ((None, None, 8, 1, 1),),
-            "fp8_row": ((None, None, 8, 1, 1),),
-            "int8_row": ((None, None, 8, 1, 1),),
+            "bf16": ((32, None, 64, 8, 0), (None, None, 128, 4, 0)),
+            "fp8_row": ((32, None, 64, 8, 0), (None, None, 128, 4, 0)),
+            "int8_row": ((32, None, 32, 8, 0), (None, None, 128, 4, 0)),
+            "fp32": ((32, None, 32, 4, 0), (None, None, 128, 4, 0)),
         },
     },
 }
