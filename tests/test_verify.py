@@ -321,3 +321,27 @@ def test_triton_verify_prefill_chunk_with_extreme_decays(name, T, extreme):
     o = getattr(mod, f"{prefix}_verify")(*ins, data, scale, idx, quant, n_stores, numerics="prefill", **kw)
     assert torch.isfinite(o.float()).all()
     assert rel_err(o.float(), want.float()) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gla", "delta", "kda"])
+@pytest.mark.parametrize("T", [4, 8])
+def test_triton_verify_prefill_chunk_with_bf16_inputs(name, T):
+    """The model's bf16 inputs: the one-chunk verify multiplies bf16 operands on the tensor cores, as the chunked
+    prefill does; its outputs are the float32 recurrence's on the same inputs to bf16 products' accuracy."""
+    pytest.importorskip("triton")
+    family = Family(name, triton_kernels=True)
+    B, H, K, V, P = 4, 4, 64, 128, 6
+    gen = torch.Generator().manual_seed(T)
+    ins = [x.to(torch.bfloat16) if x.dim() == 4 else x for x in family.inputs(B, T, H, K, V, gen, DEVICE)]
+    data, scale, quant, n_stores = _pool(P, H, K, V, "int8_row", 1, "stochastic", gen, DEVICE)
+    idx = torch.randperm(P, generator=gen)[:B].to(torch.int32).to(DEVICE)
+    mod = gla_verify if name == "gla" else delta_verify
+    prefix = "gla" if name == "gla" else "delta"
+    kw = {k: v for k, v in family.kw(ins[2]).items() if k != "block_v"}
+    want = getattr(mod, f"{prefix}_verify_reference")(*[x.float() for x in ins], data, scale, idx, quant, n_stores,
+                                                      numerics="prefill", **Family(name, triton_kernels=False).kw())
+    o = getattr(mod, f"{prefix}_verify")(*ins, data, scale, idx, quant, n_stores, numerics="prefill", **kw)
+    assert o.dtype == torch.bfloat16
+    assert rel_err(o.float(), want.float()) < 1e-2
+
