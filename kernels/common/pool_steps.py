@@ -18,9 +18,10 @@ differ from the decode steps' by the state format's rounding. With an 8-bit stat
 is most of a verify step's arithmetic (the row's absmax, the stochastic bits, the codes and back, every
 token). The kernels compute "prefill" as a prefill computes a chunk: the stored state read once, the
 ``T`` tokens' outputs from tensor-core products with it and with the tokens' decayed scores
-(:func:`~.triton_numerics.decayed_scores`; the delta rule's updates through the inverse of a ``T x T`` unit triangle), no
-pass over the state per token; their outputs agree with the reference's float32 recurrence to float32
-accuracy (the first one too), not bit for bit. The commit is the decode steps' either way, for the
+(:func:`~.triton_numerics.decayed_scores`; the delta rule's updates through the inverse of a ``T x T``
+unit triangle), no pass over the state per token, with bf16 operands for bf16 inputs as the chunked
+prefill takes them; their outputs agree with the reference's float32 recurrence to float32 accuracy for
+float32 inputs, to bf16 products' for bf16 ones (the first output too), not bit for bit. The commit is the decode steps' either way, for the
 inputs it is given (in a model, the mixers above the first get inputs that the float32 states moved).
 """
 

@@ -130,7 +130,6 @@ if triton is not None:
                 kept_scale_ptr + b * s_fb + t * s_ft + h * s_fh + offs_k,
                 K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR, KEEP, COMMIT, ROUND_EACH)
 
-
     @triton.jit
     def _delta_step(S, qq, kk, g, v, beta, qk_scale, L2NORM: tl.constexpr):
         """One token of the delta rule on the float32 state tile ``S``, the decode kernel's expressions
@@ -210,6 +209,7 @@ if triton is not None:
                                                   t, mask_k, mask_v, T)
                 S, o = _delta_step(S, qq, kk, g, v, beta, qk_scale, L2NORM)
                 tl.store(o_row + t * s_ot, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_v)
+
 
 def delta_verify(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None,
                  qk_scale: float | None = None, use_qk_l2norm: bool = False, seed: int = 0, kept: Kept | None = None,

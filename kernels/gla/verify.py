@@ -129,7 +129,6 @@ if triton is not None:
                      out.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
                      mask=(rows_t < T)[:, None] & mask_v[None, :])
 
-
     @triton.jit
     def _gla_verify_chunk_kernel(
         q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, state_ptr, scale_ptr, idx_ptr,
@@ -178,6 +177,7 @@ if triton is not None:
                 S = decayed_update(S, tl.exp(g), kk, v)
                 tl.store(o_row + t * s_ot, tl.sum((q * qk_scale)[:, None] * S, axis=0).to(
                     o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_v)
+
 
 def gla_verify(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None,
                qk_scale: float | None = None, seed: int = 0, kept: Kept | None = None,

@@ -52,8 +52,8 @@ def verify(model, input_ids: torch.Tensor, cache: GLAStateCache, logits_to_keep:
     logits as that decode step would give them: the mixers round their state to its format after every
     token) or ``"prefill"`` (the states held in float32 between the tokens, as a prefill holds them:
     faster, the logits after the first position differing by the format's rounding; the GPU kernels compute
-    the tokens as one prefill chunk, so there the first position's too agree with "decode" to float32 rounding
-    only; :mod:`laquant.kernels.common.pool_steps`). The commit stores each mixer's state as its decode
+    the tokens as one prefill chunk, with a bf16 model's bf16 products, so there the first position's too agree
+    with "decode" to that rounding only; :mod:`laquant.kernels.common.pool_steps`). The commit stores each mixer's state as its decode
     steps would from the inputs it saw: with "prefill", the mixers after the first saw inputs that the float32
     states below them moved a little, so the cache is then as after a prefill of those tokens, not bit for bit
     plain decoding's."""
