@@ -84,8 +84,9 @@ def test_decode_launch_table_is_well_formed():
 def test_verify_launch_table_is_well_formed():
     """The verify table: per kernel and step, every format's buckets grow to a catch-all of four-field launches
     (block_k, block_v, num_warps, prefetch), a scaled format's block_v None where the step stores the state (its
-    row scale spans the row); the steps with numerics "prefill" ("verify_prefill", no store) fall back to the fp32
-    verify step's launch where the sweep left a format out."""
+    row scale spans the row); the steps with numerics "prefill" ("verify_prefill": the one-chunk kernels, no store)
+    have an fp32 entry, which a format the sweep left out takes, of chunk launches (the whole K, V blocks of at least
+    16, nothing to prefetch)."""
     from laquant.kernels.common.state_io import VERIFY_LAUNCH, verify_launch
 
     assert set(VERIFY_LAUNCH) == {"gla", "delta"}
@@ -102,7 +103,12 @@ def test_verify_launch_table_is_well_formed():
                     assert all(b[2] is None for b in buckets), (kernel, step, fmt)
             want = formats.get("fp32", steps["verify"]["fp32"])
             assert verify_launch(kernel, step, "fp32", 10**6) == tuple(want[-1][1:])
-        assert verify_launch(kernel, "verify_prefill", "int4_row", 1) == verify_launch(kernel, "verify", "fp32", 1)
+        chunk = steps["verify_prefill"]
+        assert "fp32" in chunk
+        assert all(b[1] is None and b[2] >= 16 and b[4] == 0 for buckets in chunk.values() for b in buckets)
+        for programs in (1, 100, 10**6):
+            assert verify_launch(kernel, "verify_prefill", "int4_row", programs) == \
+                verify_launch(kernel, "verify_prefill", "fp32", programs)
 
 
 @pytest.mark.parametrize("fmt", ["fp32", "int8_row"])
