@@ -33,8 +33,7 @@ MS = (1, 16, 64)
 STREAM_BYTES = 160 << 20  # weight copies per shape: > 2 x the H200's L2
 # (BN, BK, SPLIT_K, stages, warps, swap): the weight tile's rows, the K step, splits, pipeline depth
 CONFIGS = [(bn, bk, sk, st, w, swap) for bn, swap in ((16, False), (32, False), (64, False), (64, True), (128, True))
-           for bk in (128, 256) for sk in (1, 2, 4, 8) for st in (3, 4, 6) for w in (4,)
-           if bn * bk * st <= 160 * 1024]
+           for bk in (128, 256) for sk in (1, 2, 4, 8) for st in (4,) for w in (4,)]
 
 
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
