@@ -57,13 +57,23 @@ def check_tokens(T: int) -> None:
 
 
 def rounds_each_token(numerics: str, kept) -> bool:
-    """Whether a verify step with these ``numerics`` stores the state after every token (checked)."""
+    """Whether a verify step with these ``numerics`` stores the state after every token (checked): ``"decode"``;
+    ``"prefill"`` runs the one-chunk kernels (the ``"verify_prefill"`` step of :func:`launch_args`)."""
     if numerics not in VERIFY_NUMERICS:
         raise ValueError(f"numerics must be one of {', '.join(VERIFY_NUMERICS)}; got {numerics!r}")
     if numerics == "prefill" and kept is not None:
         raise ValueError("kept states are the decode steps' states: keep them with numerics='decode' (or commit "
                          "by recomputing, which any numerics allows)")
     return numerics == "decode"
+
+
+def verify_step(numerics: str, kept) -> str:
+    """The launch-table step (:func:`launch_args`) of a verify step with these ``numerics`` (checked): the one-chunk
+    kernels' ``"verify_prefill"``, or the token-by-token kernel's ``"verify"`` (``"commit"``'s entry when it keeps
+    every token's state: it stores like a commit)."""
+    if not rounds_each_token(numerics, kept):
+        return "verify_prefill"
+    return "verify" if kept is None else "commit"
 
 
 def accepted_counts(accepted, batch: int, tokens: int, device) -> torch.Tensor:
@@ -143,27 +153,25 @@ def chunk_rows(T: int) -> int:
 
 
 def launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V, kernel, step, block_k=None, block_v=None,
-                num_warps=None, prefetch=None, round_each: bool = True):
+                num_warps=None, prefetch=None):
     """The pool's pointers, strides and constexprs for a verify kernel (``kernel``: GLA's, the delta rule's;
-    ``step``: ``"verify"`` or ``"commit"``), with ``block_k``, ``block_v``, ``num_warps`` and ``prefetch`` (the
-    next token's inputs loaded during this token's arithmetic) defaulting to the table's entry for the format and
-    launch size (:data:`~laquant.kernels.common.state_io.VERIFY_LAUNCH`); a block of None is the whole dimension,
-    and a scaled format storing its state (``round_each``) takes the whole V (its row scale spans the row); a
-    verify step that does not (``numerics="prefill"``) takes the table's ``"verify_prefill"`` entry, V in blocks.
-    Also the V grid."""
+    ``step``: ``"verify"``, ``"commit"`` or ``"verify_prefill"``, the one-chunk kernels of ``numerics="prefill"``),
+    with ``block_k``, ``block_v``, ``num_warps`` and ``prefetch`` (the next token's inputs loaded during this token's
+    arithmetic) defaulting to the table's entry for the format and launch size
+    (:data:`~laquant.kernels.common.state_io.VERIFY_LAUNCH`); a block of None is the whole dimension, and a scaled
+    format storing its state takes the whole V (its row scale spans the row), the one-chunk kernels V blocks of at
+    least 16. Also the V grid."""
     fmt = quantizer.format
-    if not round_each and step == "verify":
-        step = "verify_prefill"
     default_k, default_v, default_warps, default_prefetch = verify_launch(kernel, step, fmt.name,
                                                                           pool_idx.numel() * H)
     block_k = min(block_k or default_k or _pow2(K), _pow2(K))
     pool, pool_strides, consts, _ = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K, block_k, 1)
     full_v = _pow2(V)
-    block_v = full_v if fmt.is_scaled and round_each else min(full_v, _pow2(block_v or default_v or full_v))
     if step == "verify_prefill":  # one chunk: its V block is a tensor-core product's side
-        block_v = max(16, block_v)
+        block_v = max(16, min(full_v, _pow2(block_v or default_v or full_v)))
+    else:
+        block_v = full_v if fmt.is_scaled else min(full_v, _pow2(block_v or default_v or full_v))
     consts["BLOCK_V"] = block_v
-    consts["ROUND_EACH"] = round_each
     consts["PREFETCH"] = default_prefetch if prefetch is None else bool(prefetch)
     return pool, pool_strides, consts, num_warps or default_warps, -(-V // block_v)
 

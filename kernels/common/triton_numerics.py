@@ -459,37 +459,31 @@ if triton is not None:
     def store_verified_state(st, old_scale, t, steps, position, seed, slot, h, offs_k, mask_k, mask_v, static_ptrs,
                              ptrs, sc_ptrs, kept_ptrs, kept_sc_ptrs, K: tl.constexpr, V: tl.constexpr,
                              BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr,
-                             QMAX: tl.constexpr, SR: tl.constexpr, KEEP: tl.constexpr, COMMIT: tl.constexpr,
-                             ROUND_EACH: tl.constexpr):
+                             QMAX: tl.constexpr, SR: tl.constexpr, KEEP: tl.constexpr, COMMIT: tl.constexpr):
         """A verify kernel's store of token ``t``'s state tile ``st`` (rows ``offs_k`` of head ``h``), as
         decode step ``t`` would store it (store count ``position + t``): kept at ``kept_ptrs`` with
         ``KEEP``; written into the pool slot (``ptrs``) with ``COMMIT`` when ``t`` is the last of
-        ``steps``. Returns the state as loaded back, and its row scales (the next token's). Without
-        ``ROUND_EACH`` (a verify step with ``numerics="prefill"``: neither kept nor committed) nothing is
-        stored and ``st`` goes on in float32."""
-        out = st
+        ``steps``. Returns the state as loaded back, and its row scales (the next token's)."""
         new_scale = old_scale
-        if ROUND_EACH:
+        if FMT >= 2:
+            renorm_now = False
+            if RENORM > 1:
+                renorm_now = (position + t) % RENORM == 0
+            new_scale = stored_row_scale(st, old_scale, static_ptrs, mask_k, renorm_now, RENORM, QMAX)
+        rbits = 0
+        if SR:
+            rbits = state_random_bytes(seed, slot, position + t, 0, h, offs_k, 0, K, V, BLOCK_K, BLOCK_V)
+        codes = encode_state(st, new_scale, FMT, SR, rbits, RENORM > 0)
+        if KEEP:
+            tl.store(kept_ptrs, codes, mask=mask_k[:, None] & mask_v[None, :])
             if FMT >= 2:
-                renorm_now = False
-                if RENORM > 1:
-                    renorm_now = (position + t) % RENORM == 0
-                new_scale = stored_row_scale(st, old_scale, static_ptrs, mask_k, renorm_now, RENORM, QMAX)
-            rbits = 0
-            if SR:
-                rbits = state_random_bytes(seed, slot, position + t, 0, h, offs_k, 0, K, V, BLOCK_K, BLOCK_V)
-            codes = encode_state(st, new_scale, FMT, SR, rbits, RENORM > 0)
-            if KEEP:
-                tl.store(kept_ptrs, codes, mask=mask_k[:, None] & mask_v[None, :])
-                if FMT >= 2:
-                    tl.store(kept_sc_ptrs, new_scale, mask=mask_k)
-            if COMMIT:
-                last = mask_k & (offs_k * 0 + t == steps - 1)  # only the state after the last accepted token
-                tl.store(ptrs, codes, mask=last[:, None] & mask_v[None, :])
-                if FMT >= 2:
-                    tl.store(sc_ptrs, new_scale, mask=last)
-            out = decode_state(codes, new_scale, FMT)
-        return out, new_scale
+                tl.store(kept_sc_ptrs, new_scale, mask=mask_k)
+        if COMMIT:
+            last = mask_k & (offs_k * 0 + t == steps - 1)  # only the state after the last accepted token
+            tl.store(ptrs, codes, mask=last[:, None] & mask_v[None, :])
+            if FMT >= 2:
+                tl.store(sc_ptrs, new_scale, mask=last)
+        return decode_state(codes, new_scale, FMT), new_scale
 
     @triton.jit
     def intra_chunk_tile(cu_ptr, slot_ptr, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,

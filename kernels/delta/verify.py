@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..common.pool_steps import (Kept, accepted_counts, check_tokens, chunk_rows, kept_args, launch_args,
-                                 pool_steps_reference, rounds_each_token)
+                                 pool_steps_reference, verify_step)
 from ..common.state import StateQuantizer
 from ..kda.reference import recurrent_kda_step
 from .decode import prepared_step
@@ -80,7 +80,6 @@ if triton is not None:
         H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr,
         BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr,
         L2NORM: tl.constexpr, KEEP: tl.constexpr, COMMIT: tl.constexpr, PREFETCH: tl.constexpr,
-        ROUND_EACH: tl.constexpr,
     ):
         pid = tl.program_id(0)
         b = pid // H
@@ -123,12 +122,12 @@ if triton is not None:
             if not COMMIT:
                 tl.store(o_ptr + b * s_ob + t * s_ot + h * s_oh + offs_v,
                          o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_v)
-            S, old_scale = store_verified_state(  # numerics="prefill" (not ROUND_EACH): st, unrounded
+            S, old_scale = store_verified_state(
                 st, old_scale, t, steps, position, seed, slot, h, offs_k, mask_k, mask_v,
                 static_ptr + h * K + offs_k, ptrs, sc_ptrs,
                 kept_ptr + b * s_eb + t * s_et + h * s_eh + offs_k[:, None] * s_ek + offs_v[None, :],
                 kept_scale_ptr + b * s_fb + t * s_ft + h * s_fh + offs_k,
-                K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR, KEEP, COMMIT, ROUND_EACH)
+                K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR, KEEP, COMMIT)
 
     @triton.jit
     def _delta_step(S, qq, kk, g, v, beta, qk_scale, L2NORM: tl.constexpr):
@@ -220,8 +219,8 @@ def delta_verify(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuant
     ``"decode"`` or ``"prefill"`` (:mod:`~laquant.kernels.common.pool_steps`). The launch defaults to
     :data:`~laquant.kernels.common.state_io.VERIFY_LAUNCH`'s."""
     return _launch(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_scale, use_qk_l2norm, seed,
-                   kept, None, out, dict(block_v=block_v, num_warps=num_warps, prefetch=prefetch,
-                                         round_each=rounds_each_token(numerics, kept)))
+                   kept, None, out, verify_step(numerics, kept),
+                   dict(block_v=block_v, num_warps=num_warps, prefetch=prefetch))
 
 
 def delta_commit(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer, accepted, n_stores=None,
@@ -230,11 +229,11 @@ def delta_commit(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuant
     """Accept ``accepted[b]`` (an int or ``[B]``) of the verified tokens, computed again from the same inputs."""
     n = accepted_counts(accepted, q.shape[0], q.shape[1], q.device)
     _launch(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_scale, use_qk_l2norm, seed, None, n,
-            None, dict(block_v=block_v, num_warps=num_warps, prefetch=prefetch))
+            None, "commit", dict(block_v=block_v, num_warps=num_warps, prefetch=prefetch))
 
 
 def _launch(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_scale, use_qk_l2norm, seed, kept,
-            steps, out, launch):
+            steps, out, step, launch):
     if triton is None:
         raise RuntimeError("Triton is not installed; use delta_verify_reference")
     B, T, Hk, K = q.shape
@@ -251,11 +250,10 @@ def _launch(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_sc
         raise ValueError(f"state pool must be [P, Hv, K, V] = [P, {H}, {K}, {V}]; got {tuple(state.shape)}")
     if not per_channel:
         g = g.unsqueeze(-1).expand(B, T, H, K)  # stride 0 over K: one decay per head
-    step = "verify" if steps is None and kept is None else "commit"
     pool, pool_strides, consts, num_warps, n_v = launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V,
                                                              "delta", step, **launch)
     o = out if out is not None else (v.new_empty(B, T, H, V) if steps is None else v)
-    if step == "verify" and not consts["ROUND_EACH"]:  # numerics="prefill": one chunk
+    if step == "verify_prefill":  # numerics="prefill": one chunk
         _delta_verify_chunk_kernel[(B * H, n_v)](
             q, k, v, g, beta, o, *pool[:3], *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
             *o.stride()[:3], *pool_strides, T, K ** -0.5 if qk_scale is None else qk_scale, H=H, GROUP=H // Hk, K=K,

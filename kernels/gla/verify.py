@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from ..common.pool_steps import (Kept, accepted_counts, check_tokens, chunk_rows, kept_args, launch_args,
-                                 pool_steps_reference, rounds_each_token)
+                                 pool_steps_reference, verify_step)
 from ..common.state import StateQuantizer
 from .reference import recurrent_gla_step
 
@@ -75,7 +75,7 @@ if triton is not None:
         T, qk_scale, seed,
         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
         BLOCK_T: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr,
-        KEEP: tl.constexpr, COMMIT: tl.constexpr, PREFETCH: tl.constexpr, ROUND_EACH: tl.constexpr,
+        KEEP: tl.constexpr, COMMIT: tl.constexpr, PREFETCH: tl.constexpr,
     ):
         pid = tl.program_id(0)
         b = pid // H
@@ -118,12 +118,12 @@ if triton is not None:
                 if not COMMIT:
                     out += tl.where(rows_t[:, None] == t, tl.sum((q * qk_scale)[:, None] * st, axis=0)[None, :],
                                     0.0)
-                S, old_scale = store_verified_state(  # numerics="prefill" (not ROUND_EACH): st, unrounded
+                S, old_scale = store_verified_state(
                     st, old_scale, t, steps, position, seed, slot, h, offs_k, mask_k, mask_v,
                     static_ptr + h * K + offs_k, ptrs, sc_ptrs,
                     kept_ptr + b * s_eb + t * s_et + h * s_eh + offs_k[:, None] * s_ek + offs_v[None, :],
                     kept_scale_ptr + b * s_fb + t * s_ft + h * s_fh + offs_k,
-                    K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR, KEEP, COMMIT, ROUND_EACH)
+                    K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR, KEEP, COMMIT)
         if not COMMIT:
             tl.store(o_ptr + b * s_ob + rows_t[:, None] * s_ot + h * s_oh + offs_v[None, :],
                      out.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
@@ -190,8 +190,8 @@ def gla_verify(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer, n_
     launch (blocks, warps, prefetch) defaults to :data:`~laquant.kernels.common.state_io.VERIFY_LAUNCH`'s
     (its commit entry for the commit) for this many programs."""
     return _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, seed, kept, None, out,
-                   dict(block_v=block_v, num_warps=num_warps, block_k=block_k, prefetch=prefetch,
-                        round_each=rounds_each_token(numerics, kept)))
+                   verify_step(numerics, kept),
+                   dict(block_v=block_v, num_warps=num_warps, block_k=block_k, prefetch=prefetch))
 
 
 def gla_commit(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer, accepted, n_stores=None,
@@ -200,11 +200,11 @@ def gla_commit(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer, ac
     """Accept ``accepted[b]`` (an int or ``[B]``, each ``0..T``) of the verified tokens: the slot gets
     the state after them, computed again from the same inputs (a read and a write of the state)."""
     n = accepted_counts(accepted, q.shape[0], q.shape[1], q.device)
-    _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, seed, None, n, None,
+    _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, seed, None, n, None, "commit",
             dict(block_v=block_v, num_warps=num_warps, block_k=block_k, prefetch=prefetch))
 
 
-def _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, seed, kept, steps, out, launch):
+def _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, seed, kept, steps, out, step, launch):
     if triton is None:
         raise RuntimeError("Triton is not installed; use gla_verify_reference")
     B, T, H, K = q.shape
@@ -215,11 +215,10 @@ def _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, s
                          f"k {tuple(k.shape)}, g {tuple(g.shape)}, v {tuple(v.shape)}")
     if tuple(state.shape[1:]) != (H, K, V):
         raise ValueError(f"state pool must be [P, H, K, V] = [P, {H}, {K}, {V}]; got {tuple(state.shape)}")
-    step = "verify" if steps is None and kept is None else "commit"
     pool, pool_strides, consts, num_warps, n_v = launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V,
                                                              "gla", step, **launch)
     o = out if out is not None else (v.new_empty(B, T, H, V) if steps is None else v)
-    if step == "verify" and not consts["ROUND_EACH"]:  # numerics="prefill": one chunk
+    if step == "verify_prefill":  # numerics="prefill": one chunk
         _gla_verify_chunk_kernel[(B * H, n_v)](
             q, k, v, g, o, *pool[:3], *q.stride(), *k.stride(), *v.stride(), *g.stride(), *o.stride()[:3],
             *pool_strides, T, K ** -0.5 if qk_scale is None else qk_scale, H=H, K=K, V=V,
