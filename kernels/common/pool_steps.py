@@ -21,8 +21,9 @@ token). The kernels compute "prefill" as a prefill computes a chunk: the stored 
 (:func:`~.triton_numerics.decayed_scores`; the delta rule's updates through the inverse of a ``T x T``
 unit triangle), no pass over the state per token, with bf16 operands for bf16 inputs as the chunked
 prefill takes them; their outputs agree with the reference's float32 recurrence to float32 accuracy for
-float32 inputs, to bf16 products' for bf16 ones (the first output too), not bit for bit. The commit is the decode steps' either way, for the
-inputs it is given (in a model, the mixers above the first get inputs that the float32 states moved).
+float32 inputs, to bf16 products' for bf16 ones (the first output too), not bit for bit. The commit is the
+decode steps' either way, for the inputs it is given (in a model, the mixers above the first get inputs that
+the float32 states moved).
 """
 
 from __future__ import annotations
@@ -146,10 +147,12 @@ def _pow2(n: int) -> int:
     return 1 << (int(n) - 1).bit_length()
 
 
-def chunk_rows(T: int) -> int:
-    """The token rows of a verify step run as one chunk (``numerics="prefill"``): ``T`` padded to a power of two,
-    at least 16 (a tensor-core product's least rows)."""
-    return max(16, _pow2(T))
+def chunk_launch(consts: dict, T: int, dtype: torch.dtype) -> dict:
+    """The one-chunk verify kernels' constexprs (``numerics="prefill"``) from :func:`launch_args`' for its
+    ``"verify_prefill"`` step: the K and V blocks, the ``T`` token rows padded to a power of two of at least 16 (a
+    tensor-core product's least side), the state format, and bf16 products for bf16 / fp16 inputs."""
+    return dict(BLOCK_K=consts["BLOCK_K"], BLOCK_V=consts["BLOCK_V"], BLOCK_T=max(16, _pow2(T)), FMT=consts["FMT"],
+                LOW_PRECISION=dtype in (torch.bfloat16, torch.float16))
 
 
 def launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V, kernel, step, block_k=None, block_v=None,
@@ -167,7 +170,8 @@ def launch_args(state, scale, pool_idx, n_stores, quantizer, H, K, V, kernel, st
     block_k = min(block_k or default_k or _pow2(K), _pow2(K))
     pool, pool_strides, consts, _ = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K, block_k, 1)
     full_v = _pow2(V)
-    if step == "verify_prefill":  # one chunk: its V block is a tensor-core product's side
+    if step == "verify_prefill":  # one chunk: the whole K, and K and V are sides of tensor-core products
+        consts["BLOCK_K"] = max(16, _pow2(K))
         block_v = max(16, min(full_v, _pow2(block_v or default_v or full_v)))
     else:
         block_v = full_v if fmt.is_scaled else min(full_v, _pow2(block_v or default_v or full_v))

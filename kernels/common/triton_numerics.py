@@ -456,6 +456,32 @@ if triton is not None:
         return tl.load(rows + tl.minimum(t, T - 1) * stride_t, mask=mask, other=0.0).to(tl.float32)
 
     @triton.jit
+    def token_tile(rows_ptrs, stride_t, rows, mask):
+        """The inputs at ``rows_ptrs + t * stride_t`` of the tokens ``rows`` as a float32 tile, 0 where not ``mask``:
+        :func:`token_row` for a whole chunk of tokens."""
+        return tl.load(rows_ptrs[None, :] + rows[:, None] * stride_t, mask=mask, other=0.0).to(tl.float32)
+
+    @triton.jit
+    def verify_chunk_program(state_ptr, scale_ptr, idx_ptr, s_sp, s_sh, s_sk, s_cp, s_ch, T, H: tl.constexpr,
+                             K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+                             BLOCK_T: tl.constexpr, FMT: tl.constexpr):
+        """What a one-chunk verify program (sequence ``b``, head ``h``, a V block) starts from: ``b``, ``h``, the K
+        and V offsets and masks, the token rows and their mask, and its pool slot's stored state in float32."""
+        pid = tl.program_id(0)
+        b = pid // H
+        h = pid % H
+        slot = tl.load(idx_ptr + b).to(tl.int64)
+        offs_k = tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+        mask_v = offs_v < V
+        rows = tl.arange(0, BLOCK_T)
+        S0 = load_state_rows(state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :],
+                             scale_ptr + slot * s_cp + h * s_ch + offs_k, mask_k, mask_k[:, None] & mask_v[None, :],
+                             FMT, BLOCK_K)[0]
+        return b, h, offs_k, mask_k, offs_v, mask_v, rows, rows < T, S0
+
+    @triton.jit
     def store_verified_state(st, old_scale, t, steps, position, seed, slot, h, offs_k, mask_k, mask_v, static_ptrs,
                              ptrs, sc_ptrs, kept_ptrs, kept_sc_ptrs, K: tl.constexpr, V: tl.constexpr,
                              BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common.pool_steps import (Kept, accepted_counts, check_tokens, chunk_rows, kept_args, launch_args,
+from ..common.pool_steps import (Kept, accepted_counts, check_tokens, chunk_launch, kept_args, launch_args,
                                  pool_steps_reference, verify_step)
 from ..common.state import StateQuantizer
 from ..kda.reference import recurrent_kda_step
@@ -33,7 +33,8 @@ try:
     import triton.language as tl
 
     from ..common.triton_numerics import (chunk_decay_splits, decayed_scores, decayed_update, load_state_rows, mm,
-                                          store_verified_state, token_row, unit_lower_inverse_by_squaring)
+                                          store_verified_state, token_row, token_tile, unit_lower_inverse_by_squaring,
+                                          verify_chunk_program)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -160,20 +161,9 @@ if triton is not None:
         ``o = (q * exp(G)) S0 + (causal decayed q k^T scores) u``; products on the tensor cores (bf16 operands for
         bf16 inputs, as the chunked prefill; the unit triangle's inverse and else float32-accurate). A chunk whose
         decay does not split (:func:`chunk_decay_splits`) runs its tokens one by one from ``S0`` instead."""
-        pid = tl.program_id(0)
-        b = pid // H
-        h = pid % H
+        b, h, offs_k, mask_k, offs_v, mask_v, rows, mask_t, S0 = verify_chunk_program(
+            state_ptr, scale_ptr, idx_ptr, s_sp, s_sh, s_sk, s_cp, s_ch, T, H, K, V, BLOCK_K, BLOCK_V, BLOCK_T, FMT)
         hk = h // GROUP
-        slot = tl.load(idx_ptr + b).to(tl.int64)
-        offs_k = tl.arange(0, BLOCK_K)
-        mask_k = offs_k < K
-        offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
-        mask_v = offs_v < V
-        rows = tl.arange(0, BLOCK_T)
-        mask_t = rows < T
-        S0, _ = load_state_rows(state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :],
-                                scale_ptr + slot * s_cp + h * s_ch + offs_k, mask_k, mask_k[:, None] & mask_v[None, :],
-                                FMT, BLOCK_K)
         q_rows = q_ptr + b * s_qb + hk * s_qh + offs_k * s_qk
         k_rows = k_ptr + b * s_kb + hk * s_kh + offs_k * s_kk
         g_rows = g_ptr + b * s_gb + h * s_gh + offs_k * s_gk
@@ -181,12 +171,12 @@ if triton is not None:
         beta_at = beta_ptr + b * s_bb + h * s_bh
         o_row = o_ptr + b * s_ob + h * s_oh + offs_v
         mtk = mask_t[:, None] & mask_k[None, :]
-        G = tl.cumsum(tl.load(g_rows[None, :] + rows[:, None] * s_gt, mask=mtk, other=0.0).to(tl.float32), axis=0)
+        mtv = mask_t[:, None] & mask_v[None, :]
+        G = tl.cumsum(token_tile(g_rows, s_gt, rows, mtk), axis=0)
         if chunk_decay_splits(G, rows, T):
-            q = tl.load(q_rows[None, :] + rows[:, None] * s_qt, mask=mtk, other=0.0).to(tl.float32)
-            k = tl.load(k_rows[None, :] + rows[:, None] * s_kt, mask=mtk, other=0.0).to(tl.float32)
-            v = tl.load(v_row[None, :] + rows[:, None] * s_vt, mask=mask_t[:, None] & mask_v[None, :],
-                        other=0.0).to(tl.float32)
+            q = token_tile(q_rows, s_qt, rows, mtk)
+            k = token_tile(k_rows, s_kt, rows, mtk)
+            v = token_tile(v_row, s_vt, rows, mtv)
             beta = tl.load(beta_at + rows * s_bt, mask=mask_t, other=0.0).to(tl.float32)
             if L2NORM:  # as the decode step: x * rsqrt(sum(x^2) + 1e-6)
                 q = q * (qk_scale * tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6))[:, None]
@@ -200,7 +190,7 @@ if triton is not None:
             u = mm(unit_lower_inverse_by_squaring(Akk, rows, T), u, LOW_PRECISION, True)
             o = mm(q * decay, S0, LOW_PRECISION, True) + mm(Aqk, u, LOW_PRECISION, True)
             tl.store(o_row[None, :] + rows[:, None] * s_ot, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
-                     mask=mask_t[:, None] & mask_v[None, :])
+                     mask=mtv)
         else:  # the recurrence token by token (every decay factor <= 1)
             S = S0
             for t in range(0, T):
@@ -257,9 +247,7 @@ def _launch(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_sc
         _delta_verify_chunk_kernel[(B * H, n_v)](
             q, k, v, g, beta, o, *pool[:3], *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
             *o.stride()[:3], *pool_strides, T, K ** -0.5 if qk_scale is None else qk_scale, H=H, GROUP=H // Hk, K=K,
-            V=V, BLOCK_K=max(16, 1 << (K - 1).bit_length()), BLOCK_V=consts["BLOCK_V"], BLOCK_T=chunk_rows(T),
-            FMT=consts["FMT"], L2NORM=use_qk_l2norm, LOW_PRECISION=q.dtype in (torch.bfloat16, torch.float16),
-            num_warps=num_warps)
+            V=V, L2NORM=use_qk_l2norm, **chunk_launch(consts, T, q.dtype), num_warps=num_warps)
         return o
     keep_ptrs, keep_strides = kept_args(kept, state, B, T, state)
     _delta_verify_kernel[(B * H, n_v)](

@@ -53,10 +53,10 @@ def verify(model, input_ids: torch.Tensor, cache: GLAStateCache, logits_to_keep:
     token) or ``"prefill"`` (the states held in float32 between the tokens, as a prefill holds them:
     faster, the logits after the first position differing by the format's rounding; the GPU kernels compute
     the tokens as one prefill chunk, with a bf16 model's bf16 products, so there the first position's too agree
-    with "decode" to that rounding only; :mod:`laquant.kernels.common.pool_steps`). The commit stores each mixer's state as its decode
-    steps would from the inputs it saw: with "prefill", the mixers after the first saw inputs that the float32
-    states below them moved a little, so the cache is then as after a prefill of those tokens, not bit for bit
-    plain decoding's."""
+    with "decode" to that rounding only; :mod:`laquant.kernels.common.pool_steps`). The commit stores each
+    mixer's state as its decode steps would from the inputs it saw: with "prefill", the mixers after the first
+    saw inputs that the float32 states below them moved a little, so the cache is then as after a prefill of
+    those tokens, not bit for bit plain decoding's."""
     if numerics not in VERIFY_NUMERICS:
         raise LaquantError(f"numerics must be one of {', '.join(VERIFY_NUMERICS)}; got {numerics!r}")
     if not isinstance(cache, GLAStateCache):
