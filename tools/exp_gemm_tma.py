@@ -30,7 +30,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 SHAPES = [(2048, 2048), (6144, 2048), (11264, 2048), (2048, 5632)]  # GLA 1.37B: o, q/k/v/g, gate/up, down
 MS = (1, 16, 64)
-STREAM_BYTES = 160 << 20  # weight copies per shape: > 2 x the H200's L2
 # (BN, BK, SPLIT_K, stages, warps, swap): the weight tile's rows, the K step, splits, pipeline depth
 CONFIGS = [(bn, bk, sk, st, w, swap) for bn, swap in ((16, False), (32, False), (64, False), (64, True), (128, True))
            for bk in (128, 256) for sk in (1, 2, 4, 8) for st in (4,) for w in (4,)]
@@ -125,14 +124,15 @@ def check(device) -> None:
 
 
 def bench_all(out: str) -> None:
-    from triton.testing import do_bench_cudagraph
+    """Timed as tools/sweep_gemm.py times the shipped kernels: CUDA-graph medians, every call on the next of several
+    weight copies (> 2 x L2), so the weights stream from device memory."""
+    from sweep_gemm import STREAM_BYTES, bench, rotating
 
     from laquant.kernels.gemm.configs import choose_config
     from laquant.kernels.gemm.int8 import PackedOutlierWeight, device_name, int8_gemm
 
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
-    bench = lambda fn: do_bench_cudagraph(fn, rep=5, return_mode="median") * 1e3  # noqa: E731
     rows = []
     for N, K in SHAPES:
         copies = max(2, math.ceil(STREAM_BYTES / (N * K)))
@@ -146,19 +146,11 @@ def bench_all(out: str) -> None:
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
             y = torch.empty(M, N, dtype=torch.bfloat16, device=dev)
             row = dict(N=N, K=K, M=M, weight_MB=N * K / 2**20)
-            i = [0]
-
-            def rot(fn, objs):
-                def call():
-                    i[0] += 1
-                    return fn(objs[i[0] % len(objs)])
-                return call
-
-            row["cublas_bf16_us"] = bench(rot(lambda w: torch.nn.functional.linear(x, w), wbf))
+            row["cublas_bf16_us"] = bench(rotating(lambda w: torch.nn.functional.linear(x, w), wbf))
             cfg = choose_config("w8a8", M, N, K, device_name(dev))
             dummy = torch.empty(M, 1, dtype=torch.bfloat16, device=dev)
             row["shipped_config"] = cfg
-            row["shipped_us"] = bench(rot(lambda p: int8_gemm(xq, xs, dummy, p, y, cfg), packs))
+            row["shipped_us"] = bench(rotating(lambda p: int8_gemm(xq, xs, dummy, p, y, cfg), packs))
             want = _reference(xq, xs, ws_list[0][0], ws_list[0][1])
             timed = {}
             for c in CONFIGS:
@@ -170,8 +162,8 @@ def bench_all(out: str) -> None:
                     if not ((got - want).norm() / want.norm()).item() < 1e-2:
                         timed[str(c)] = "wrong"
                         continue
-                    timed[str(c)] = bench(rot(lambda ws: tma_gemm(xq, xs, ws[0], ws[1], y, c, part, cnt),  # noqa: B023
-                                              ws_list))
+                    run = lambda ws: tma_gemm(xq, xs, ws[0], ws[1], y, c, part, cnt)  # noqa: B023, E731
+                    timed[str(c)] = bench(rotating(run, ws_list))
                 except Exception as e:  # noqa: BLE001  (a config the compiler or TMA rejects)
                     timed[str(c)] = type(e).__name__
             ok = {k: v for k, v in timed.items() if isinstance(v, float)}

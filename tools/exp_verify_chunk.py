@@ -16,13 +16,14 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from sweep_kernels import STATE_SHAPES
+
 from laquant.kernels.common.state import StateQuantizer
 from laquant.kernels.delta.decode import delta_decode_step
 from laquant.kernels.delta.verify import delta_verify
 from laquant.kernels.gla.decode import gla_decode_step
 from laquant.kernels.gla.verify import gla_verify
 
-SHAPES = {"gla": (16, 16, 64, 128), "delta": (16, 32, 128, 128)}  # Hk, H, K, V
 LAUNCHES = [(bv, w) for bv in (32, 64, 128) for w in (4, 8)]
 
 
@@ -43,7 +44,8 @@ def main():
         bench = lambda fn: do_bench_cudagraph(fn, rep=50) * 1e3  # noqa: E731
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    for kernel, (Hk, H, K, V) in SHAPES.items():
+    for kernel in ("gla", "delta"):
+        Hk, H, K, V = STATE_SHAPES[kernel]
         for name in formats:
             fmt, _, rounding = name.partition(":")
             quant = StateQuantizer(fmt, rounding=rounding or "nearest")
