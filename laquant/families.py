@@ -11,6 +11,7 @@ Adding a transformers hybrid whose recurrence laquant has is one entry here (plu
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -39,9 +40,9 @@ class Family:
     source_class: str = ""
     mixer: str = ""
     cache: Callable | None = None  # a fresh cache for incremental decoding, where transformers' default does not fit
-    # whether transformers' model takes laquant.models.static_hybrid's cache, so that its decode step can
-    # be CUDA-graphed (minimax insists on a MiniMaxCache)
-    static_decode: bool = True
+    # the graphed decode steps' static cache where the model takes no cache class but its own (minimax's
+    # MiniMaxCache): a subclass of laquant.models.static_hybrid.StaticHybridCache and of that class (`stands_for`)
+    static_cache: Callable | None = None
     # where the softmax attention sits, and config.layer_types' MLP-only block types (nemotron_h types
     # each block: its mixer_attr holds the linear mixer, the attention or the MLP / MoE)
     attention_attr: str = "self_attn"
@@ -169,11 +170,30 @@ def _minimax_cache():
     return LaquantMiniMaxCache()
 
 
+@functools.cache
+def _static_minimax_cache_class():
+    from transformers.models.minimax.modeling_minimax import MiniMaxCache
+
+    from laquant.models.static_hybrid import StaticHybridCache
+
+    class StaticMiniMaxCache(StaticHybridCache, MiniMaxCache):
+        """A static hybrid cache MiniMaxModel accepts (it takes no cache class but its own): the tensors are
+        StaticHybridCache's, MiniMaxCache's own lists stay empty."""
+
+        stands_for = MiniMaxCache
+
+        def __init__(self, *args, **kwargs):
+            MiniMaxCache.__init__(self)
+            StaticHybridCache.__init__(self, *args, **kwargs)
+
+    return StaticMiniMaxCache
+
+
 _FAMILIES = (
     Family("gla", "gla", native_module="gla"),
     Family("qwen3_next", "delta", "linear_attn", "Qwen3NextGatedDeltaNet", "GatedDeltaNetMixer"),
     Family("minimax", "gla", "self_attn", "MiniMaxLightningAttention", "LightningMixer", cache=_minimax_cache,
-           static_decode=False),
+           static_cache=_static_minimax_cache_class),
     Family("bamba", "gla", "mamba", "BambaMixer", "Mamba2Mixer"),
     # Qwen3.5: the text model's config type (AutoModelForCausalLM builds Qwen3_5ForCausalLM from it)
     Family("qwen3_5_text", "delta", "linear_attn", "Qwen3_5GatedDeltaNet", "SplitGatedDeltaNetMixer"),
@@ -223,3 +243,15 @@ def get_family(model_type: str | None, what: str = "model_type") -> Family:
     if model_type not in FAMILIES:
         raise LaquantError(f"{what} {model_type!r} is not supported; supported: {', '.join(FAMILIES)}")
     return FAMILIES[model_type]
+
+
+def static_hybrid_class(prefill_cache) -> type:
+    """The static cache class a prefilled transformers hybrid cache becomes for graphed decode steps:
+    :class:`~laquant.models.static_hybrid.StaticHybridCache`, or a family's subclass that is also the cache class
+    its model insists on (``Family.static_cache``), where ``prefill_cache`` is one of those."""
+    from laquant.models.static_hybrid import StaticHybridCache
+
+    for family in FAMILIES.values():
+        if family.static_cache is not None and isinstance(prefill_cache, (cls := family.static_cache()).stands_for):
+            return cls
+    return StaticHybridCache

@@ -6,8 +6,8 @@ or ``True``) the model decodes on a **static cache** and **one CUDA graph per st
 * laquant's ``GLAForCausalLM`` (and Gated DeltaNet, DeltaNet) on :meth:`GLAStateCache.static_copy` (the
   states are updated in place by the decode kernels, the short convs' inputs by the convs, and the store
   count lives on the device);
-* transformers' hybrids with laquant's mixers (every family but minimax) on
-  :class:`~laquant.models.static_hybrid.StaticHybridCache`: the same for the linear layers' states and
+* transformers' hybrids with laquant's mixers (every family; minimax's a subclass that is also its
+  ``MiniMaxCache``) on :class:`~laquant.models.static_hybrid.StaticHybridCache`: the same for the linear layers' states and
   short-conv inputs, plus the softmax layers' keys and values in buffers of prompt + steps positions
   written at a device-side position, with the attention mask and the positions following it.
 
@@ -81,8 +81,7 @@ def is_graphable(model) -> bool:
     if isinstance(model, GLAForCausalLM):
         return True
     family = FAMILIES.get(getattr(model.config, "model_type", None))
-    return (family is not None and not family.native and family.static_decode
-            and getattr(model, "_laquant_positions_hook", False))
+    return family is not None and not family.native and getattr(model, "_laquant_positions_hook", False)
 
 
 def graphable_cache(cache) -> bool:
@@ -96,12 +95,12 @@ def graphable_cache(cache) -> bool:
 def static_cache(prefill_cache, capacity: int):
     """A static copy of a prefilled cache for a captured decode step, with room for ``capacity`` tokens
     in all (a hybrid's softmax layers keep that many keys; laquant's GLA keeps no keys)."""
+    from laquant.families import static_hybrid_class
     from laquant.models.cache import GLAStateCache
-    from laquant.models.static_hybrid import StaticHybridCache
 
     if isinstance(prefill_cache, GLAStateCache):
         return prefill_cache.static_copy()
-    return StaticHybridCache.from_cache(prefill_cache, capacity)
+    return static_hybrid_class(prefill_cache).from_cache(prefill_cache, capacity)
 
 
 def _cached_tokens(cache) -> int:
@@ -296,7 +295,7 @@ class DecodeSession:
         elif graphed and not is_graphable(model):
             where = "CUDA" if device.type == "cuda" else f"{device.type} (CUDA graphs need a CUDA device)"
             raise LaquantError(f"a graphed decode loop needs laquant's GLAForCausalLM or a transformers hybrid with "
-                               f"laquant's mixers (not minimax), on CUDA; this is {type(model).__name__} on {where}: "
+                               f"laquant's mixers, on CUDA; this is {type(model).__name__} on {where}: "
                                "decode eagerly (graphed=False)")
         if graphed and generator is not None and auto:
             graphed = False  # a generator drives the eager loop's sampling

@@ -198,7 +198,7 @@ def _copy(cache):
     return out
 
 
-@pytest.mark.parametrize("family", ["qwen3_next", "bamba", "qwen3_5_moe", "nemotron_h", "zamba2"])
+@pytest.mark.parametrize("family", ["qwen3_next", "bamba", "qwen3_5_moe", "nemotron_h", "zamba2", "minimax"])
 @torch.no_grad()
 def test_hf_generate_on_a_hybrid_with_graph_steps(family, stand_in):
     """A transformers hybrid with laquant's mixers: the static cache's step (its keys in buffers, the mask

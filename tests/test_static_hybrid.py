@@ -9,13 +9,12 @@ from test_hybrid import FAMILIES, VOCAB, _model
 
 from laquant.adapters import cache_kwargs, install, new_cache
 from laquant.errors import LaquantError
-from laquant.families import FAMILIES as REGISTRY
 from laquant.generate import generate, is_graphable, static_cache, static_forward
 from laquant.models.cache import HybridStates, state_store
 from laquant.models.quantizing_rowwise import original_class
 from laquant.models.static_hybrid import StaticHybridCache
 
-STATIC = [f for f in FAMILIES if f != "minimax"]  # the registry's static_decode (test_refusals checks minimax's)
+STATIC = list(FAMILIES)
 
 
 def _installed(family, dtype=torch.float32, device="cpu"):
@@ -191,8 +190,6 @@ def test_refusals():
     assert not is_graphable(model)  # the CPU
     with pytest.raises(LaquantError, match="on CUDA"):
         generate(model, torch.randint(0, VOCAB, (1, 4)), 3, graphed=True)
-    minimax = _installed("minimax")
-    assert REGISTRY["minimax"].static_decode is False and not is_graphable(minimax)
 
 
 # ------------------------------------------------------------------------------------------- GPU
@@ -200,7 +197,7 @@ def test_refusals():
 # which a capture refuses; those fall back to the eager loop (falcon_h1 is left out: transformers 5.17's
 # gated norm broadcasts a batch of one-token rows into the wrong shape, in the eager loop too)
 GPU_CASES = [("qwen3_next", {"num_experts": 0}, True), ("bamba", {}, True), ("qwen3_next", {}, False),
-             ("nemotron_h", {}, False), ("kimi_linear", {}, False), ("zamba2", {}, False)]
+             ("nemotron_h", {}, False), ("kimi_linear", {}, False), ("zamba2", {}, False), ("minimax", {}, False)]
 
 
 @pytest.mark.gpu
@@ -226,7 +223,7 @@ def test_gpu_graphed_generate_equals_the_eager_loop(family, overrides, captures)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["qwen3_next", "kimi_linear"])
+@pytest.mark.parametrize("family", ["qwen3_next", "kimi_linear", "minimax"])
 @torch.no_grad()
 def test_gpu_bf16_moe_hybrids_are_captured(family):
     """In bf16 (how MoE hybrids are served) transformers' grouped GEMM stays on the device, so the MoE

@@ -238,8 +238,7 @@ class HybridAdapter(Adapter):
         if not getattr(self.model, "_laquant_positions_hook", False):
             self.model.register_forward_pre_hook(_positions_from_state_store, with_kwargs=True)
             self.model._laquant_positions_hook = True
-            if self.family.static_decode:
-                _install_graph_steps(self.model)
+            _install_graph_steps(self.model)
 
     def _share_tied_blocks(self) -> None:
         """Make each group of blocks whose weights transformers ties (the same Parameters in separate

@@ -22,7 +22,7 @@ COVERED = tuple(FAMILIES)  # those laquant.serving.check_model accepts
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="a model folder or laquant checkpoint (GLA, Gated DeltaNet, DeltaNet, or a transformers "
-                        "hybrid but minimax), an HF id (default: the embedded gla-small), or 'config:{json}' for a "
+                        "hybrid), an HF id (default: the embedded gla-small), or 'config:{json}' for a "
                         "random laquant GLA of that GLAConfig (speed only: no accuracy)")
     p.add_argument("--recipe", default=None,
                    help="also evaluate the model quantized here with this recipe (e.g. gla_int8), calibrated on "

@@ -13,7 +13,7 @@ new token per sequence on CUDA, no gradients, and
   marks the step (``graph_step=True``); the cache must be a :class:`~laquant.models.cache.GLAStateCache`
   with every layer's state and nothing else (no softmax ``attn`` keys, no pending verify, no checkpoint
   request) (:func:`graph_step_allowed`);
-* a transformers hybrid with laquant's mixers (every family but minimax): the adapter wraps the
+* a transformers hybrid with laquant's mixers (every family): the adapter wraps the
   instance's ``prepare_inputs_for_generation`` and ``forward`` (``laquant.adapters.hybrid``); the
   transformers cache must keep every token's keys and the batch must have no padding
   (:func:`hybrid_graph_step`).
