@@ -7,9 +7,10 @@ or ``True``) the model decodes on a **static cache** and **one CUDA graph per st
   states are updated in place by the decode kernels, the short convs' inputs by the convs, and the store
   count lives on the device);
 * transformers' hybrids with laquant's mixers (every family; minimax's a subclass that is also its
-  ``MiniMaxCache``) on :class:`~laquant.models.static_hybrid.StaticHybridCache`: the same for the linear
-  layers' states and short-conv inputs, plus the softmax layers' keys and values in buffers of prompt + steps positions
-  written at a device-side position, with the attention mask and the positions following it.
+  ``MiniMaxCache``) on :class:`~laquant.models.static_hybrid.StaticHybridCache`: the same for the
+  linear layers' states and short-conv inputs, plus the softmax layers' keys and values in buffers of
+  prompt + steps positions written at a device-side position, with the attention mask and the
+  positions following it.
 
 The model's forward, the token choice (argmax or sampling) and the write of the chosen token into
 the graph's input buffer and its token history are all captured, so a step is one ``graph.replay()``.
