@@ -777,7 +777,7 @@ def bench_e2e(variants, prompt_len=4096, batches=(1, 16, 64), steps=32, profile:
         graphable = is_graphable(model)
         row = {"model": label, "variant": variant, "params+buffers": n_params, "prompt_len": prompt_len,
                "decode_steps": steps, "decode_path": "graphed + eager" if graphable else "eager only"}
-        # eager only: the peers (fla's model, transformers' own qwen3_next) and minimax
+        # eager only: the peers (fla's model, transformers' own qwen3_next)
         if hasattr(model, "peer_path"):
             row["peer_path"] = model.peer_path
         ids = torch.randint(0, vocab, (1, prompt_len), device="cuda")

@@ -19,8 +19,8 @@ by later calls (:func:`release_graphs` frees them). EOS is checked on the host e
 ``eos_check_every`` steps only (a check is a device sync); sequences that finished earlier get
 ``eos_token_id`` after their EOS, and the output stops at the step at which all had finished.
 
-The eager loop (``graphed=False``; always on the CPU, for minimax, for laquant's models with softmax
-``attn`` layers, and where the decode step does not update its states in place) is the reference:
+The eager loop (``graphed=False``; always on the CPU, for laquant's models with softmax ``attn``
+layers, and where the decode step does not update its states in place) is the reference:
 greedy output of the graphed loop equals it.
 
 Sampling is Gumbel-max (``argmax(softmax(logits / T) / Exp(1))``: a draw from the softmax), with
