@@ -189,7 +189,7 @@ def test_joined_columns_is_a_view_of_consecutive_slices_else_a_copy():
 CODES_PATHS = {"qwen3_next": ("swiglu_codes", "gated_norm_codes"), "qwen3_5": ("swiglu_codes", "gated_norm_codes"),
                "qwen3_next_grouped_heads": ("swiglu_codes", "gated_norm_codes"),
                "qwen3_5_moe": ("swiglu_codes", "gated_norm_codes"), "kimi_linear": ("swiglu_codes", "gated_norm_codes"),
-               "bailing_hybrid": ("swiglu_codes", "gated_norm_codes"), "minimax": (),
+               "bailing_hybrid": ("swiglu_codes", "gated_norm_codes"), "minimax": ("gated_norm_codes",),
                "bamba": ("swiglu_codes", "gated_norm_codes"),
                "granitemoehybrid": ("swiglu_codes", "gated_norm_codes"),
                "falcon_h1": ("swiglu_codes", "gated_norm_codes"),
@@ -471,14 +471,13 @@ def _static_greedy(model, ids, n):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "nemotron_h", "bamba", "mamba2", "zamba2", "falcon_h1",
-                                    "falcon_h1_gate_first", "kimi_linear", "bailing_hybrid", "olmo_hybrid"])
+                                    "falcon_h1_gate_first", "kimi_linear", "bailing_hybrid", "olmo_hybrid", "minimax"])
 @torch.no_grad()
 def test_gpu_codes_handed_over_match_the_unfused_path(family, monkeypatch):
-    """hybrid_int8 on qwen3_next, Qwen3.5, Nemotron-H, Bamba, Mamba-2, Zamba2, Falcon-H1, Kimi Linear, Ling / Ring and
-    OLMo, bf16 on the kernels: with the norms writing the codes (and the MLPs' SwiGLU down_proj's, the mixer's gated norm
-    out_proj's, Mamba2's gate-first grouped one and KDA's sigmoid-gated one too, Falcon-H1's attention its q/k/v's
-    in one pass), the logits match the path that
-    quantizes each projection's input on its own (the norms' float32 formula, rounded once), with fewer quantization
+    """hybrid_int8 on qwen3_next, Qwen3.5, Nemotron-H, Bamba, Mamba-2, Zamba2, Falcon-H1, Kimi Linear, Ling / Ring,
+    OLMo and MiniMax, bf16 on the kernels: with the norms writing the codes (and the MLPs' SwiGLU down_proj's, the
+    mixer's gated norm out_proj's, Mamba2's gate-first grouped one, KDA's and MiniMax's sigmoid-gated ones too,
+    Falcon-H1's attention its q/k/v's in one pass), the logits match the path that quantizes each projection's input on its own (the norms' float32 formula, rounded once), with fewer quantization
     launches; graphed greedy decoding equals the same static-cache steps run eagerly."""
     import laquant
     from laquant.generate import generate

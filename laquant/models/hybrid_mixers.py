@@ -28,7 +28,7 @@ from transformers.activations import ACT2FN
 from laquant.kernels.common.dispatch import use_triton
 from laquant.kernels.conv.short_conv import ACTIVATIONS as ONE_KERNEL_ACTIVATIONS
 from laquant.models.cache import state_store
-from laquant.models.quantizing_rowwise import GATED_NORMS, MAMBA_GATED_NORMS, mamba_norm_group
+from laquant.models.quantizing_rowwise import GATED_NORMS, MAMBA_GATED_NORMS, GatedNorm, mamba_norm_group
 from laquant.models.recurrent import RecurrentMixer
 from laquant.models.side_stream import fork
 from laquant.quant.fused import joined_columns, project, w8a8_inputs
@@ -109,6 +109,25 @@ def gate_logits(gate: nn.Module, x: torch.Tensor):
     if isinstance(gate, QuantGate):
         return (gate.project(x), gate.logit_treatment()) if gate.channel_start is None else None
     return gate(x), None
+
+
+def gated_norm_and_out(mixer: nn.Module, out: str, norm: nn.Module, o: torch.Tensor, gate: torch.Tensor,
+                       formula: GatedNorm | None, fallback) -> torch.Tensor:
+    """``mixer.<out>`` of the gated output norm over ``o`` and its gate ``[B, T, H, D]`` (``norm`` per row of D):
+    laquant's gated norm kernel (``formula``, float32 throughout) where Triton runs and the norm is not hooked,
+    writing the projection's codes too where it is W8A8; else ``fallback()``, the module's own ops."""
+    if formula is None or not use_triton(o) or norm._forward_hooks or norm._forward_pre_hooks:
+        return fallback()
+    from laquant.kernels.rowwise.fused import gated_rms_norm_triton
+
+    B, T = o.shape[:2]
+    packed = w8a8_inputs(mixer, (out,), o)
+    normed = gated_rms_norm_triton(o, gate, norm.weight, getattr(norm, formula.eps_name), packed,
+                                   activation=formula.activation)
+    if packed is None:
+        return getattr(mixer, out)(normed.reshape(B, T, -1))
+    normed, codes = normed
+    return project(mixer, (out,), normed.reshape(B, T, -1), codes)[0]
 
 
 def treatment_view(treatment: dict | None, view) -> dict | None:
@@ -312,9 +331,18 @@ class LightningMixer(HybridMixer):
         q, k, v = qkv.reshape(B, T, H, 3 * D).split(D, dim=-1)
         g = self.log_decay().to(q.device).expand(B, T, H)
         o = self.attend_gla(q, k, v, g, layer_states(cache, past_key_values), scale=1.0)
-        o = self.norm(o.reshape(B, T, H * D))
-        o = torch.sigmoid(self.output_gate(hidden_states)) * o
-        return self.out_proj(o), None
+        return self.norm_and_out(o.reshape(B, T, 1, H * D), self.output_gate(hidden_states)), None
+
+    def norm_and_out(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """``out_proj(sigmoid(gate) * norm(o))`` over ``o [B, T, 1, H * D]`` (the norm spans all heads) and the
+        output gate ``[B, T, H * D]``. On the GPU, where the norm's class is in
+        :data:`~laquant.models.quantizing_rowwise.GATED_NORMS` (MiniMax's RMSNorm with the mixer's sigmoid gate; float32
+        throughout, where transformers rounds the normalized rows and the gate's product to the model's dtype),
+        laquant's gated norm kernel computes it in one launch, writing out_proj's codes too where out_proj is W8A8."""
+        B, T = o.shape[:2]
+        formula = GATED_NORMS.get(type(self.norm).__name__)
+        return gated_norm_and_out(self, "out_proj", self.norm, o, gate.reshape(o.shape), formula,
+                                  lambda: self.out_proj(torch.sigmoid(gate) * self.norm(o.reshape(B, T, -1))))
 
 
 class Mamba2Mixer(HybridMixer):
@@ -692,18 +720,8 @@ class KimiDeltaAttentionMixer(HybridMixer):
         writing o_proj's codes too where o_proj is W8A8."""
         B, T = o.shape[:2]
         norm = self.o_norm
-        formula = GATED_NORMS.get(type(norm).__name__)
-        if formula is None or not use_triton(o) or norm._forward_hooks or norm._forward_pre_hooks:
-            return self.o_proj(norm(o, gate).reshape(B, T, -1))
-        from laquant.kernels.rowwise.fused import gated_rms_norm_triton
-
-        packed = w8a8_inputs(self, ("o_proj",), o)
-        out = gated_rms_norm_triton(o, gate, norm.weight, getattr(norm, formula.eps_name), packed,
-                                    activation=formula.activation)
-        if packed is None:
-            return self.o_proj(out.reshape(B, T, -1))
-        out, codes = out
-        return project(self, ("o_proj",), out.reshape(B, T, -1), codes)[0]
+        return gated_norm_and_out(self, "o_proj", norm, o, gate, GATED_NORMS.get(type(norm).__name__),
+                                  lambda: self.o_proj(norm(o, gate).reshape(B, T, -1)))
 
 
 class BailingKDAMixer(KimiDeltaAttentionMixer):

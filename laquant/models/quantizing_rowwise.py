@@ -108,12 +108,13 @@ class GatedNorm(NamedTuple):
 # Qwen3.5's and OLMo hybrid's (silu) before a W8A8 out_proj (GatedDeltaNetMixer.norm_and_out), where transformers
 # rounds the normalized rows and ``w * x`` to the model's dtype first, roundings more; Kimi Delta Attention's (sigmoid;
 # Kimi Linear, Ling / Ring), float32 throughout as transformers computes it, before o_proj whatever it is
-# (KimiDeltaAttentionMixer.norm_and_out)
+# (KimiDeltaAttentionMixer.norm_and_out); MiniMax's Lightning attention output norm, a plain RMSNorm the mixer
+# multiplies by the sigmoid of its output gate (LightningMixer.norm_and_out; transformers rounds twice more)
 GATED_NORMS = {
     **{name: GatedNorm("variance_epsilon", "silu") for name in (
         "Qwen3NextRMSNormGated", "Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated", "OlmoHybridRMSNormGated")},
     **{name: GatedNorm("variance_epsilon", "sigmoid") for name in (
-        "KimiLinearRMSNormGated", "BailingHybridRMSNormGated")},
+        "KimiLinearRMSNormGated", "BailingHybridRMSNormGated", "MiniMaxRMSNorm")},
 }
 
 
