@@ -176,6 +176,22 @@ def test_laquant_calls_the_hybrids_with_transformers_cache_keyword():
     assert out.shape == (1, 10)
 
 
+def test_a_model_that_insists_on_its_cache_class_gets_a_static_twin_of_it():
+    """MiniMax's model takes no cache class but MiniMaxCache: a prefilled one (laquant's, or the plain one
+    transformers' generate makes) becomes a static cache that is both a StaticHybridCache and a MiniMaxCache;
+    any other hybrid's a plain StaticHybridCache."""
+    from transformers import DynamicCache
+    from transformers.models.minimax.modeling_minimax import MiniMaxCache
+
+    from laquant.families import static_hybrid_class
+
+    for cache in (new_cache(_installed("minimax")), MiniMaxCache()):
+        cls = static_hybrid_class(cache)
+        assert issubclass(cls, StaticHybridCache) and issubclass(cls, MiniMaxCache), type(cache)
+    assert static_hybrid_class(DynamicCache()) is StaticHybridCache
+    assert static_hybrid_class(new_cache(_installed("qwen3_next"))) is StaticHybridCache
+
+
 @torch.no_grad()
 def test_refusals():
     model = _installed("qwen3_next")
