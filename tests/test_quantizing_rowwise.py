@@ -477,8 +477,9 @@ def test_gpu_codes_handed_over_match_the_unfused_path(family, monkeypatch):
     """hybrid_int8 on qwen3_next, Qwen3.5, Nemotron-H, Bamba, Mamba-2, Zamba2, Falcon-H1, Kimi Linear, Ling / Ring,
     OLMo and MiniMax, bf16 on the kernels: with the norms writing the codes (and the MLPs' SwiGLU down_proj's, the
     mixer's gated norm out_proj's, Mamba2's gate-first grouped one, KDA's and MiniMax's sigmoid-gated ones too,
-    Falcon-H1's attention its q/k/v's in one pass), the logits match the path that quantizes each projection's input on its own (the norms' float32 formula, rounded once), with fewer quantization
-    launches; graphed greedy decoding equals the same static-cache steps run eagerly."""
+    Falcon-H1's attention its q/k/v's in one pass), the logits match the path that quantizes each projection's input
+    on its own (the norms' float32 formula, rounded once), with fewer quantization launches; graphed greedy decoding
+    equals the same static-cache steps run eagerly."""
     import laquant
     from laquant.generate import generate
 
