@@ -5,7 +5,8 @@ or ``True``) the model decodes on a **static cache** and **one CUDA graph per st
 
 * laquant's ``GLAForCausalLM`` (and Gated DeltaNet, DeltaNet) on :meth:`GLAStateCache.static_copy` (the
   states are updated in place by the decode kernels, the short convs' inputs by the convs, and the store
-  count lives on the device);
+  count lives on the device; fla's softmax ``attn`` layers write their keys and values into buffers of
+  prompt + steps positions at a device-side position);
 * transformers' hybrids with laquant's mixers (every family; minimax's a subclass that is also its
   ``MiniMaxCache``) on :class:`~laquant.models.static_hybrid.StaticHybridCache`: the same for the
   linear layers' states and short-conv inputs, plus the softmax layers' keys and values in buffers of
@@ -19,9 +20,8 @@ by later calls (:func:`release_graphs` frees them). EOS is checked on the host e
 ``eos_check_every`` steps only (a check is a device sync); sequences that finished earlier get
 ``eos_token_id`` after their EOS, and the output stops at the step at which all had finished.
 
-The eager loop (``graphed=False``; always on the CPU, for laquant's models with softmax ``attn``
-layers, and where the decode step does not update its states in place) is the reference:
-greedy output of the graphed loop equals it.
+The eager loop (``graphed=False``; always on the CPU, and where the decode step does not update its
+states in place) is the reference: greedy output of the graphed loop equals it.
 
 Sampling is Gumbel-max (``argmax(softmax(logits / T) / Exp(1))``: a draw from the softmax), with
 ``top_k`` keeping the k largest logits; the same function runs inside the graph and eagerly.
@@ -86,8 +86,9 @@ def is_graphable(model) -> bool:
 
 
 def graphable_cache(cache) -> bool:
-    """Whether a prefilled cache can become a static one: a hybrid's, or laquant's without softmax
-    ``attn`` layers (their keys are not kept in static tensors)."""
+    """Whether the speculative rounds and the serving replays may capture their steps on a static copy of a
+    prefilled cache: a hybrid's, or laquant's without softmax ``attn`` layers (their verify steps take several
+    tokens, which a static copy's attention does not; :func:`generate`'s own loop takes them)."""
     from laquant.models.cache import GLAStateCache
 
     return not isinstance(cache, GLAStateCache) or not cache.kv
@@ -100,7 +101,7 @@ def static_cache(prefill_cache, capacity: int):
     from laquant.models.cache import GLAStateCache
 
     if isinstance(prefill_cache, GLAStateCache):
-        return prefill_cache.static_copy()
+        return prefill_cache.static_copy(capacity)
     return static_hybrid_class(prefill_cache).from_cache(prefill_cache, capacity)
 
 
@@ -111,10 +112,11 @@ def _cached_tokens(cache) -> int:
 
 
 def _state_tensors(cache) -> list:
+    """The recurrent layers' states of ``cache`` (not the None of laquant's softmax attn layers)."""
     from laquant.models.cache import state_store
 
     states = state_store(cache).states
-    return list(states.values() if isinstance(states, dict) else states)
+    return [s for s in (states.values() if isinstance(states, dict) else states) if s is not None]
 
 
 def static_forward(model, ids, cache) -> torch.Tensor:
@@ -126,7 +128,10 @@ def static_forward(model, ids, cache) -> torch.Tensor:
             logits, _ = _forward(model, ids, cache, **cache.begin_step())
         cache.end_step()
         return logits
-    return _forward(model, ids, cache)[0]
+    logits = _forward(model, ids, cache)[0]
+    if getattr(cache, "kv_pos", None) is not None:  # laquant's model with softmax attn layers: their next position
+        cache.kv_pos += 1
+    return logits
 
 
 def _fresh_cache(model):

@@ -392,7 +392,7 @@ def test_a_refused_capture_decodes_eagerly(monkeypatch):
 def test_static_copy_carries_the_short_convs(arch):
     """laquant's models with short convs (fla's Gated DeltaNet has them by default) decode on a static
     copy too: its conv inputs are copies, updated in place by the steps, and the steps give the
-    ordinary cache's logits; load_from refills them; softmax attn layers are still refused."""
+    ordinary cache's logits; load_from refills them."""
     from laquant.generate import graphable_cache, static_cache, static_forward
     from laquant.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM
 
@@ -421,12 +421,53 @@ def test_static_copy_carries_the_short_convs(arch):
         torch.testing.assert_close(static_forward(model, steps[:, t:t + 1], static), want, atol=1e-5, rtol=1e-5)
     assert {k: t.data_ptr() for k, t in static.conv.items()} == ptrs  # the steps wrote into them
     assert all(torch.equal(static.conv[k], ordinary.conv[k]) for k in ordinary.conv)
-    fresh = model.new_cache()
-    model(input_ids=ids, past_key_values=fresh, use_cache=True)
-    fresh.kv[0] = (torch.zeros(2, 9, 1, 4), torch.zeros(2, 9, 1, 4))
-    assert not graphable_cache(fresh)
-    with pytest.raises(ValueError, match="attn layers"):
-        fresh.static_copy()
+
+
+@torch.no_grad()
+def test_static_copy_carries_the_attn_layers_keys():
+    """laquant's models with fla's softmax ``attn`` layers (GQA and a window at the first layer, plain at the last)
+    decode on a static copy: the keys and values in buffers of ``capacity`` positions written at a device-side
+    position, the steps giving the ordinary cache's logits; load_from refills the buffers and the position; the
+    recurrent layers' device counter counts the steps (the last layer keeps keys, not a state); too small a
+    capacity, a multi-token call and another attn layout are refused. (Speculative rounds and the serving
+    replays keep such caches eager: graphable_cache.)"""
+    from laquant.generate import graphable_cache, static_cache, static_forward
+
+    torch.manual_seed(0)
+    model = GLAForCausalLM(GLAConfig(hidden_size=64, num_hidden_layers=4, num_heads=2, vocab_size=512, attn=[
+        {"layers": [0], "num_heads": 4, "num_kv_heads": 2, "window_size": 6}, {"layers": [3], "num_heads": 2}])).eval()
+    ids, steps = torch.randint(0, 512, (2, 9)), torch.randint(0, 512, (2, 8))
+
+    def prefilled(prompt):
+        cache = model.new_cache()
+        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        return cache
+
+    ordinary = prefilled(ids)
+    assert not graphable_cache(ordinary)
+    with pytest.raises(ValueError, match="cannot continue 9"):
+        static_cache(ordinary, 9)
+    static = static_cache(prefilled(ids), 32)
+    assert static.capacity == 32 and int(static.kv_pos) == 9 and sorted(static.static_kv) == [0, 3]
+    assert static.states[0] is None and static.states[3] is None and static.slots.last_layer == 2
+    ptrs = {i: kv[0].data_ptr() for i, kv in static.static_kv.items()}
+    other = prefilled(torch.randint(0, 512, (2, 5)))
+    static.load_from(other)  # refilled in place, then back
+    assert int(static.kv_pos) == 5 and torch.equal(static.static_kv[3][0][:, :, :5], other.kv[3][0].transpose(1, 2))
+    static.load_from(prefilled(ids))
+    for t in range(steps.shape[1]):
+        want = model(input_ids=steps[:, t:t + 1], past_key_values=ordinary, use_cache=True).logits[:, -1]
+        torch.testing.assert_close(static_forward(model, steps[:, t:t + 1], static), want, atol=1e-5, rtol=1e-5)
+    assert int(static.kv_pos) == 17 and {i: kv[0].data_ptr() for i, kv in static.static_kv.items()} == ptrs
+    torch.testing.assert_close(static.static_kv[0][0][:, :, :17], ordinary.kv[0][0].transpose(1, 2))
+    assert static.sync_counters() == 8 and static.seen_tokens == 17
+    with pytest.raises(ValueError, match="one token a step"):
+        model(input_ids=steps[:, :2], past_key_values=static, use_cache=True)
+    plain = GLAForCausalLM(GLAConfig(hidden_size=64, num_hidden_layers=4, num_heads=2, vocab_size=512)).eval()
+    unkeyed = plain.new_cache()
+    plain(input_ids=ids, past_key_values=unkeyed, use_cache=True)
+    with pytest.raises(ValueError, match="layout|attn layers"):
+        static.load_from(unkeyed)
 
 
 @pytest.mark.gpu
@@ -449,3 +490,24 @@ def test_gpu_graphed_loop_with_short_convs(arch):
     ids = torch.randint(1, 4096, (3, 17), device="cuda")
     assert torch.equal(generate(model, ids, 30), generate(model, ids, 30, graphed=False))
     assert all(isinstance(g, _DecodeGraph) for g in model.__dict__["_laquant_decode_graphs"].values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.no_grad()
+def test_gpu_graphed_loop_with_attn_layers(dtype):
+    """fla's softmax attn layers (GQA and a window first, plain last) on a static cache: the captured loop's greedy
+    tokens are the eager loop's, one graph per batch size, a longer prompt than the keys' room captured again."""
+    from laquant.generate import _DecodeGraph
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = _gpu_model(attn=[{"layers": [0], "num_heads": 4, "num_kv_heads": 2, "window_size": 40},
+                                 {"layers": [2], "num_heads": 4}])
+    model = model.to(dtype).eval()
+    for B, T, n in ((3, 17, 30), (3, 1100, 12)):
+        ids = torch.randint(1, 4096, (B, T), device="cuda")
+        assert torch.equal(generate(model, ids, n), generate(model, ids, n, graphed=False)), (B, T)
+    graphs = list(model.__dict__["_laquant_decode_graphs"].values())
+    assert graphs and all(isinstance(g, _DecodeGraph) for g in graphs)
+    assert max(g.cache.capacity for g in graphs) >= 1100 + 12

@@ -82,6 +82,11 @@ class GLAStateCache:
         self.seen_tokens = 0
         self.conv: dict = {}  # short convs' last inputs, by (layer, projection)
         self.kv: dict = {}  # softmax-attention layers' keys and values (fla's ``attn`` layers), by layer
+        # a static copy's: those layers' key / value buffers [B, H, capacity, D] and the position the next token's
+        # key goes to (on the device: a captured step writes there and moves it on)
+        self.static_kv: dict = {}
+        self.kv_pos: torch.Tensor | None = None
+        self.capacity: int | None = None
         self.seed = check_seed(seed)
         self.pending = None  # a verify step awaiting its commit (laquant.models.verify)
         self.checkpoints: CheckpointRequest | None = None  # snapshots the next prefill also writes
@@ -115,26 +120,36 @@ class GLAStateCache:
         """The shared decode tensors of a static cache (None: an ordinary cache)."""
         return _slots(self.states)
 
-    def static_copy(self) -> GLAStateCache:
-        """A static cache holding copies of this cache's states and short convs' inputs (all layers
-        must hold a state, stored the same number of times, with kernel-addressable storage: the
-        decode steps then run in place on the Triton kernels, and the convs copy into their inputs)."""
-        if self.kv:
-            raise ValueError("a static cache carries recurrent states and short-conv inputs, not softmax-attention "
-                             "keys and values (attn layers): decode these models eagerly")
-        if any(s is None for s in self.states):
+    def static_copy(self, capacity: int | None = None) -> GLAStateCache:
+        """A static cache holding copies of this cache's states and short convs' inputs (every recurrent
+        layer must hold a state, all stored the same number of times, with kernel-addressable storage:
+        the decode steps then run in place on the Triton kernels, and the convs copy into their inputs),
+        and, for softmax ``attn`` layers, key and value buffers of ``capacity`` positions (the decode
+        steps write each token's at the device-side ``kv_pos``)."""
+        if any(s is None for i, s in enumerate(self.states) if i not in self.kv) or len(self.kv) == len(self.states):
             raise ValueError("a static cache needs every layer's state: run the prompt through the model first")
+        if self.kv and (capacity is None or capacity <= self.seen_tokens):
+            raise ValueError(f"a static cache of {capacity} positions cannot continue {self.seen_tokens} cached "
+                             "tokens' keys")
         out = GLAStateCache(len(self.states), self.seed)
-        out.states = _static_states(self.states, len(self.states) - 1)
+        last = max(i for i, s in enumerate(self.states) if s is not None)
+        out.states = _static_states(self.states, last)
         out.conv = {key: t.clone() for key, t in self.conv.items()}
+        if self.kv:
+            out.capacity = capacity
+            out.static_kv = {i: tuple(t.new_zeros(t.shape[0], t.shape[2], capacity, t.shape[3]) for t in kv)
+                             for i, kv in self.kv.items()}
+            out.kv_pos = torch.zeros(1, dtype=torch.long, device=next(iter(self.kv.values()))[0].device)
+            _load_kv(out, self)
         out.seen_tokens, out.static = self.seen_tokens, True
         return out
 
     def load_from(self, other: GLAStateCache) -> None:
-        """Copy ``other``'s states, conv inputs and counters into this static cache's tensors (no
+        """Copy ``other``'s states, conv inputs, keys and counters into this static cache's tensors (no
         reallocation)."""
         _load_states(self, self.states, other.states, other.seed)
         _load_conv(self.conv, other.conv)
+        _load_kv(self, other)
         self.seen_tokens = other.seen_tokens
 
     def count_static_step(self, layer_idx: int, new_tokens: int = 1) -> None:
@@ -233,36 +248,60 @@ def _slots(states) -> DecodeSlots | None:
     return getattr(first, "slots", None)
 
 
-def _static_states(states: list[State], last_layer: int) -> list[StaticState]:
-    """Copies of ``states`` sharing one :class:`DecodeSlots` whose counter the layer ``last_layer``
-    advances."""
-    counts = {s.n_stores for s in states}
+def _static_states(states: list[State | None], last_layer: int) -> list[StaticState | None]:
+    """Copies of ``states`` (None where a layer keeps keys instead) sharing one :class:`DecodeSlots` whose
+    counter the layer ``last_layer`` advances."""
+    present = [s for s in states if s is not None]
+    counts = {s.n_stores for s in present}
     if len(counts) != 1:
         raise ValueError(f"the layers' states were stored {sorted(counts)} times; a static cache steps all together")
-    n, batch, device = counts.pop(), states[0].data.shape[0], states[0].data.device
+    n, batch, device = counts.pop(), present[0].data.shape[0], present[0].data.device
     slots = DecodeSlots(torch.arange(batch, dtype=torch.int32, device=device),
                         torch.full((batch,), n, dtype=torch.int32, device=device), last_layer, n)
-    return [StaticState(s.data.clone(), None if s.scale is None else s.scale.clone(), s.format, n, slots)
-            for s in states]
+    return [None if s is None else StaticState(s.data.clone(), None if s.scale is None else s.scale.clone(), s.format,
+                                               n, slots) for s in states]
 
 
-def _load_states(static, mine: list[StaticState], theirs: list[State | None], seed: int) -> None:
+def _load_states(static, mine: list[StaticState | None], theirs: list[State | None], seed: int) -> None:
     if seed != static.seed:  # a captured decode step launches its kernels with this cache's seed
         raise ValueError(f"the cache to load has seed {seed}; this static cache's is {static.seed}")
     for m, t in zip(mine, theirs):
-        if t is None or t.data.shape != m.data.shape or t.format != m.format:
+        if m is None and t is None:  # a softmax attn layer
+            continue
+        if m is None or t is None or t.data.shape != m.data.shape or t.format != m.format:
             raise ValueError("the cache to load does not match the static cache's layout")
         m.data.copy_(t.data)
         if m.scale is not None:
             m.scale.copy_(t.scale)
         m.n_stores = t.n_stores
-    slots, their_slots = mine[0].slots, getattr(theirs[0], "slots", None)
+    first = next(t for t in theirs if t is not None)
+    slots, their_slots = _slots(mine), getattr(first, "slots", None)
     if their_slots is not None:  # another static cache: its device counter (no host value; a graph may capture it)
         slots.n_stores.copy_(their_slots.n_stores)
         slots.synced = their_slots.synced
     else:
-        slots.n_stores.fill_(theirs[0].n_stores)
-        slots.synced = theirs[0].n_stores
+        slots.n_stores.fill_(first.n_stores)
+        slots.synced = first.n_stores
+
+
+def _load_kv(static: GLAStateCache, other: GLAStateCache) -> None:
+    """Copy ``other``'s softmax attn layers' keys and values ``[B, T, H, D]`` (a static cache's: up to its
+    position) into the static buffers, and set the static position after them."""
+    source = other.static_kv or {i: tuple(t.transpose(1, 2) for t in kv) for i, kv in other.kv.items()}
+    if sorted(source) != sorted(static.static_kv):
+        raise ValueError("the cache to load does not match the static cache's attn layers")
+    seen = other.seen_tokens
+    if static.static_kv and seen >= static.capacity:
+        raise ValueError(f"the cache to load holds {seen} tokens; this static cache has room for {static.capacity}")
+    for i, (keys, values) in static.static_kv.items():
+        k, v = (t[:, :, :seen] for t in source[i])  # a static source's buffers hold room after them
+        if k.shape[:2] != keys.shape[:2] or k.shape[2] != seen or k.shape[3] != keys.shape[3]:
+            raise ValueError(f"attn layer {i}'s keys {tuple(k.shape)} do not fit the static cache's "
+                             f"{tuple(keys.shape)} after {seen} tokens")
+        keys[:, :, :seen].copy_(k)
+        values[:, :, :seen].copy_(v)
+    if static.kv_pos is not None:
+        static.kv_pos.fill_(seen)
 
 
 def _load_conv(mine: dict, theirs: dict) -> None:
@@ -277,19 +316,21 @@ def _count_static_step(slots: DecodeSlots, layer_idx: int) -> None:
         slots.n_stores.add_(1)
 
 
-def _advance_host_counters(store, states: list[StaticState], new_tokens: int) -> None:
+def _advance_host_counters(store, states: list[StaticState | None], new_tokens: int) -> None:
     for s in states:
-        s.n_stores += 1
+        if s is not None:
+            s.n_stores += 1
     store.slots.synced += 1
     store.seen_tokens += new_tokens
 
 
-def _sync_counters(states: list[StaticState]) -> int:
-    slots = states[0].slots
+def _sync_counters(states: list[StaticState | None]) -> int:
+    slots = _slots(states)
     n = int(slots.n_stores[0])
     steps = n - slots.synced
     for s in states:
-        s.n_stores = n
+        if s is not None:
+            s.n_stores = n
     slots.synced = n
     return steps
 
@@ -297,7 +338,8 @@ def _sync_counters(states: list[StaticState]) -> int:
 def state_layout(states) -> tuple:
     """What a captured graph's static copies of ``states`` depend on: each one's shape, dtype, format
     and whether it has a scale (a key of the graphs laquant.generate and laquant.serving capture)."""
-    return tuple((tuple(s.data.shape), s.data.dtype, s.format, s.scale is None) for s in states)
+    return tuple(None if s is None else (tuple(s.data.shape), s.data.dtype, s.format, s.scale is None)
+                 for s in states)
 
 
 def check_seed(seed: int) -> int:

@@ -62,12 +62,16 @@ def attention_spec(config, layer_idx: int) -> dict | None:
     return next((s for s in attention_specs(config.attn, config.num_hidden_layers) if layer_idx in s["layers"]), None)
 
 
-def rotate(x: torch.Tensor, start: int, base: float) -> torch.Tensor:
-    """fla's rotary embedding over ``x [B, T, H, D]`` at positions ``start ..``: the two halves of
-    each head rotated by ``pos * base ** (-2i / D)``, the angles in float32."""
+def rotate(x: torch.Tensor, start: int | torch.Tensor, base: float) -> torch.Tensor:
+    """fla's rotary embedding over ``x [B, T, H, D]`` at positions ``start ..`` (an int, or a device tensor ``[1]``:
+    a static cache's position): the two halves of each head rotated by ``pos * base ** (-2i / D)``, the angles in
+    float32."""
     D = x.shape[-1]
     inv_freq = 1.0 / (base ** (torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D))
-    pos = torch.arange(start, start + x.shape[1], device=x.device, dtype=torch.float32)
+    if isinstance(start, torch.Tensor):
+        pos = (start + torch.arange(x.shape[1], device=x.device)).to(torch.float32)
+    else:
+        pos = torch.arange(start, start + x.shape[1], device=x.device, dtype=torch.float32)
     freqs = torch.outer(pos, inv_freq)
     cos, sin = freqs.cos().to(x.dtype)[:, None], freqs.sin().to(x.dtype)[:, None]
     x1, x2 = x.chunk(2, dim=-1)
@@ -96,6 +100,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cache=None, codes=None) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in project(self, INPUTS, x, codes))
+        if cache is not None and self.layer_idx in cache.static_kv:
+            return self.o_proj(self._static_step(q, k, v, cache.kv_pos, cache.static_kv[self.layer_idx]))
         past = cache.kv.get(self.layer_idx) if cache is not None else None
         start = past[0].shape[1] if past is not None else 0
         q, k = rotate(q, start, self.rope_theta), rotate(k, start, self.rope_theta)
@@ -115,3 +121,29 @@ class Attention(nn.Module):
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                            attn_mask=allowed, scale=1.0 / math.sqrt(self.head_dim))
         return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+
+    def _static_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
+                     buffers) -> torch.Tensor:
+        """One token on a static cache (a CUDA-graphed decode step): its key and value written at the device-side
+        position ``pos`` of the buffers ``[B, H, capacity, D]``, the attention over the positions up to it (and
+        within the window) with the query heads grouped by their key head
+        (:func:`~laquant.models.static_hybrid.static_decode_attention`: laquant's decode attention kernel on the
+        GPU); ``[B, 1, H * D]``."""
+        from laquant.models.static_hybrid import static_decode_attention
+
+        B, T = q.shape[:2]
+        if T != 1:
+            raise ValueError(f"a static cache's attn layers take one token a step; got {T}")
+        q, k = rotate(q, pos, self.rope_theta), rotate(k, pos, self.rope_theta)
+        keys, values = buffers
+        keys.index_copy_(2, pos, k.transpose(1, 2))
+        values.index_copy_(2, pos, v.transpose(1, 2))
+        kpos = torch.arange(keys.shape[2], device=q.device)
+        allowed = kpos <= pos
+        if self.window_size is not None:
+            allowed &= kpos > pos - self.window_size
+        mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed,
+                                                                                         torch.finfo(q.dtype).min)
+        o, _ = static_decode_attention(self, q.transpose(1, 2), keys, values, mask.view(1, 1, 1, -1),
+                                       scaling=1.0 / math.sqrt(self.head_dim))
+        return o.reshape(B, T, -1)
