@@ -129,7 +129,7 @@ def static_forward(model, ids, cache) -> torch.Tensor:
         cache.end_step()
         return logits
     logits = _forward(model, ids, cache)[0]
-    if getattr(cache, "kv_pos", None) is not None:  # laquant's model with softmax attn layers: their next position
+    if cache.kv_pos is not None:  # laquant's model with softmax attn layers: their next position
         cache.kv_pos += 1
     return logits
 

@@ -14,8 +14,6 @@ from laquant.models.cache import HybridStates, state_store
 from laquant.models.quantizing_rowwise import original_class
 from laquant.models.static_hybrid import StaticHybridCache
 
-STATIC = list(FAMILIES)
-
 
 def _installed(family, dtype=torch.float32, device="cpu"):
     model = _model(family).to(device, dtype)
@@ -44,7 +42,7 @@ def _falcon_gated_norm_broadcasts() -> bool:
     return FalconH1RMSNormGated(8)(x, torch.randn(2, 1, 8)).shape != x.shape
 
 
-@pytest.mark.parametrize("family", STATIC)
+@pytest.mark.parametrize("family", list(FAMILIES))
 @torch.no_grad()
 def test_static_steps_equal_the_dynamic_caches(family):
     """Six decode steps on the static cache (states and conv inputs in place, keys written at the

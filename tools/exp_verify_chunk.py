@@ -14,11 +14,9 @@ import json
 import sys
 
 import torch
-import torch.nn.functional as F
 
-from sweep_kernels import STATE_SHAPES
+from sweep_kernels import STATE_SHAPES, state_pool, verify_inputs
 
-from laquant.kernels.common.state import StateQuantizer
 from laquant.kernels.delta.decode import delta_decode_step
 from laquant.kernels.delta.verify import delta_verify
 from laquant.kernels.gla.decode import gla_decode_step
@@ -47,22 +45,10 @@ def main():
     for kernel in ("gla", "delta"):
         Hk, H, K, V = STATE_SHAPES[kernel]
         for name in formats:
-            fmt, _, rounding = name.partition(":")
-            quant = StateQuantizer(fmt, rounding=rounding or "nearest")
-            data, scale = StateQuantizer(fmt).store(torch.randn(batch, H, K, V, device="cuda", generator=gen) * 0.1)
-            scale = scale.squeeze(-1).contiguous() if scale is not None else None
-            idx = torch.arange(batch, device="cuda", dtype=torch.int32)
-            n_stores = torch.zeros(batch, device="cuda", dtype=torch.int32)
+            data, scale, idx, quant, n_stores = state_pool(name, batch, H, K, V, gen)
+            step, verify = (gla_decode_step, gla_verify) if kernel == "gla" else (delta_decode_step, delta_verify)
             for T in (4, 8):
-                q, k = (torch.randn(batch, T, Hk, K, device="cuda", generator=gen).bfloat16() for _ in range(2))
-                v = torch.randn(batch, T, H, V, device="cuda", generator=gen).bfloat16()
-                if kernel == "gla":
-                    g = (F.logsigmoid(torch.randn(batch, T, H, K, device="cuda", generator=gen)) / 16).bfloat16()
-                    ins, kw, step, verify = (q, k, v, g), {}, gla_decode_step, gla_verify
-                else:
-                    g = -F.softplus(torch.randn(batch, T, H, device="cuda", generator=gen))
-                    ins = (q, k, v, g, torch.rand(batch, T, H, device="cuda", generator=gen))
-                    kw, step, verify = {"use_qk_l2norm": True}, delta_decode_step, delta_verify
+                ins, kw = verify_inputs(kernel, batch, T, Hk, H, K, V, gen)
                 pool = (data.clone(), None if scale is None else scale.clone(), idx, quant, n_stores)
                 row = dict(kernel=kernel, format=name, B=batch, Hk=Hk, H=H, K=K, V=V, tokens=T)
                 row["decode_us"] = bench(lambda: step(*[x[:, 0] for x in ins], *pool, **kw))

@@ -299,6 +299,28 @@ def _verify_configs(kernel, fmt, K, V, programs, step="verify"):
     return out
 
 
+def state_pool(name, B, H, K, V, gen):
+    """A pool of B random states ``[B, H, K, V]`` in format ``name`` (``:stochastic`` for the rounding) with its
+    row scales, slots, store counts and quantizer: ``(data, scale, idx, quantizer, n_stores)``."""
+    fmt, _, rounding = name.partition(":")
+    quant = StateQuantizer(fmt, rounding=rounding or "nearest")
+    data, scale = StateQuantizer(fmt).store(torch.randn(B, H, K, V, device="cuda", generator=gen) * 0.1)
+    scale = scale.squeeze(-1).contiguous() if scale is not None else None
+    idx = torch.arange(B, device="cuda", dtype=torch.int32)
+    return data, scale, idx, quant, torch.zeros(B, device="cuda", dtype=torch.int32)
+
+
+def verify_inputs(kernel, B, T, Hk, H, K, V, gen):
+    """Random bf16 inputs of ``T`` tokens for ``kernel``'s verify step (GLA's q, k, v, g; the delta rule's q, k, v,
+    g, beta) and its keyword arguments: ``(ins, kw)``."""
+    q, k = (torch.randn(B, T, Hk, K, device="cuda", generator=gen).bfloat16() for _ in range(2))
+    v = torch.randn(B, T, H, V, device="cuda", generator=gen).bfloat16()
+    if kernel == "gla":
+        return (q, k, v, (F.logsigmoid(torch.randn(B, T, H, K, device="cuda", generator=gen)) / 16).bfloat16()), {}
+    g = -F.softplus(torch.randn(B, T, H, device="cuda", generator=gen))
+    return (q, k, v, g, torch.rand(B, T, H, device="cuda", generator=gen)), {"use_qk_l2norm": True}
+
+
 def _verify_cases(steps, batches, formats):
     """(kernel, format, shape, T, step, run(config), the table's config) of the sweep: the e2e models'
     shapes at each batch; ``steps`` of verify (T tokens) and commit (of T / 2, recomputed)."""
@@ -311,27 +333,14 @@ def _verify_cases(steps, batches, formats):
         for B in batches:
             gen = torch.Generator(device="cuda").manual_seed(0)
             for name in formats:
-                fmt, _, rounding = name.partition(":")
-                quant = StateQuantizer(fmt, rounding=rounding or "nearest")
-                data, scale = StateQuantizer(fmt).store(torch.randn(B, H, K, V, device="cuda", generator=gen) * 0.1)
-                scale = scale.squeeze(-1).contiguous() if scale is not None else None
-                idx = torch.arange(B, device="cuda", dtype=torch.int32)
-                n_stores = torch.zeros(B, device="cuda", dtype=torch.int32)
+                fmt = name.partition(":")[0]
+                data, scale, idx, quant, n_stores = state_pool(name, B, H, K, V, gen)
                 for T in VERIFY_TOKENS:
-                    q, k = (torch.randn(B, T, Hk, K, device="cuda", generator=gen).bfloat16() for _ in range(2))
-                    v = torch.randn(B, T, H, V, device="cuda", generator=gen).bfloat16()
+                    ins, kw = verify_inputs(kernel, B, T, Hk, H, K, V, gen)
                     half = torch.full((B,), T // 2, dtype=torch.int32, device="cuda")
-                    if kernel == "gla":
-                        g = (F.logsigmoid(torch.randn(B, T, H, K, device="cuda", generator=gen)) / 16).bfloat16()
-                        ins, kw = (q, k, v, g), {}
-                        fns = {"verify": gla_verify, "commit": gla_commit,
-                               "verify_prefill": functools.partial(gla_verify, numerics="prefill")}
-                    else:
-                        g = -F.softplus(torch.randn(B, T, H, device="cuda", generator=gen))
-                        ins, kw = ((q, k, v, g, torch.rand(B, T, H, device="cuda", generator=gen)),
-                                   {"use_qk_l2norm": True})
-                        fns = {"verify": delta_verify, "commit": delta_commit,
-                               "verify_prefill": functools.partial(delta_verify, numerics="prefill")}
+                    verify_fn, commit_fn = (gla_verify, gla_commit) if kernel == "gla" else (delta_verify, delta_commit)
+                    fns = {"verify": verify_fn, "commit": commit_fn,
+                           "verify_prefill": functools.partial(verify_fn, numerics="prefill")}
                     pool = (data, scale, idx, quant)
                     for step in steps:
                         counts = (half,) if step == "commit" else ()

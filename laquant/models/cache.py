@@ -86,7 +86,6 @@ class GLAStateCache:
         # key goes to (on the device: a captured step writes there and moves it on)
         self.static_kv: dict = {}
         self.kv_pos: torch.Tensor | None = None
-        self.capacity: int | None = None
         self.seed = check_seed(seed)
         self.pending = None  # a verify step awaiting its commit (laquant.models.verify)
         self.checkpoints: CheckpointRequest | None = None  # snapshots the next prefill also writes
@@ -120,6 +119,11 @@ class GLAStateCache:
         """The shared decode tensors of a static cache (None: an ordinary cache)."""
         return _slots(self.states)
 
+    @property
+    def capacity(self) -> int | None:
+        """The positions a static copy's attn layers keep keys for (None: no key buffers)."""
+        return next(iter(self.static_kv.values()))[0].shape[2] if self.static_kv else None
+
     def static_copy(self, capacity: int | None = None) -> GLAStateCache:
         """A static cache holding copies of this cache's states and short convs' inputs (every recurrent
         layer must hold a state, all stored the same number of times, with kernel-addressable storage:
@@ -136,7 +140,6 @@ class GLAStateCache:
         out.states = _static_states(self.states, last)
         out.conv = {key: t.clone() for key, t in self.conv.items()}
         if self.kv:
-            out.capacity = capacity
             out.static_kv = {i: tuple(t.new_zeros(t.shape[0], t.shape[2], capacity, t.shape[3]) for t in kv)
                              for i, kv in self.kv.items()}
             out.kv_pos = torch.zeros(1, dtype=torch.long, device=next(iter(self.kv.values()))[0].device)

@@ -28,7 +28,7 @@ from transformers.activations import ACT2FN
 from laquant.kernels.common.dispatch import use_triton
 from laquant.kernels.conv.short_conv import ACTIVATIONS as ONE_KERNEL_ACTIVATIONS
 from laquant.models.cache import state_store
-from laquant.models.quantizing_rowwise import GATED_NORMS, MAMBA_GATED_NORMS, GatedNorm, mamba_norm_group
+from laquant.models.quantizing_rowwise import GATED_NORMS, MAMBA_GATED_NORMS, mamba_norm_group
 from laquant.models.recurrent import RecurrentMixer
 from laquant.models.side_stream import fork
 from laquant.quant.fused import joined_columns, project, w8a8_inputs
@@ -112,10 +112,12 @@ def gate_logits(gate: nn.Module, x: torch.Tensor):
 
 
 def gated_norm_and_out(mixer: nn.Module, out: str, norm: nn.Module, o: torch.Tensor, gate: torch.Tensor,
-                       formula: GatedNorm | None, fallback) -> torch.Tensor:
+                       fallback) -> torch.Tensor:
     """``mixer.<out>`` of the gated output norm over ``o`` and its gate ``[B, T, H, D]`` (``norm`` per row of D):
-    laquant's gated norm kernel (``formula``, float32 throughout) where Triton runs and the norm is not hooked,
-    writing the projection's codes too where it is W8A8; else ``fallback()``, the module's own ops."""
+    laquant's gated norm kernel (float32 throughout) where ``norm``'s class is in
+    :data:`~laquant.models.quantizing_rowwise.GATED_NORMS`, Triton runs and the norm is not hooked, writing the
+    projection's codes too where it is W8A8; else ``fallback()``, the module's own ops."""
+    formula = GATED_NORMS.get(type(norm).__name__)
     if formula is None or not use_triton(o) or norm._forward_hooks or norm._forward_pre_hooks:
         return fallback()
     from laquant.kernels.rowwise.fused import gated_rms_norm_triton
@@ -340,8 +342,7 @@ class LightningMixer(HybridMixer):
         throughout, where transformers rounds the normalized rows and the gate's product to the model's dtype),
         laquant's gated norm kernel computes it in one launch, writing out_proj's codes too where out_proj is W8A8."""
         B, T = o.shape[:2]
-        formula = GATED_NORMS.get(type(self.norm).__name__)
-        return gated_norm_and_out(self, "out_proj", self.norm, o, gate.reshape(o.shape), formula,
+        return gated_norm_and_out(self, "out_proj", self.norm, o, gate.reshape(o.shape),
                                   lambda: self.out_proj(torch.sigmoid(gate) * self.norm(o.reshape(B, T, -1))))
 
 
@@ -720,8 +721,7 @@ class KimiDeltaAttentionMixer(HybridMixer):
         writing o_proj's codes too where o_proj is W8A8."""
         B, T = o.shape[:2]
         norm = self.o_norm
-        return gated_norm_and_out(self, "o_proj", norm, o, gate, GATED_NORMS.get(type(norm).__name__),
-                                  lambda: self.o_proj(norm(o, gate).reshape(B, T, -1)))
+        return gated_norm_and_out(self, "o_proj", norm, o, gate, lambda: self.o_proj(norm(o, gate).reshape(B, T, -1)))
 
 
 class BailingKDAMixer(KimiDeltaAttentionMixer):
