@@ -497,7 +497,11 @@ def test_gpu_graphed_loop_with_short_convs(arch):
 @torch.no_grad()
 def test_gpu_graphed_loop_with_attn_layers(dtype):
     """fla's softmax attn layers (GQA and a window first, plain last) on a static cache: the captured loop's greedy
-    tokens are the eager loop's, one graph per batch size, a longer prompt than the keys' room captured again."""
+    tokens are the eager loop's (in bf16 up to near-ties: the static steps' attention is laquant's decode kernel, the
+    eager one fla's; on an H200 a row of the 1,100-token prompt parted at its tenth token), one graph per batch size, a
+    longer prompt than the keys' room captured again."""
+    from test_speculative import _assert_same_up_to_near_ties
+
     from laquant.generate import _DecodeGraph
 
     torch.manual_seed(0)
@@ -507,7 +511,11 @@ def test_gpu_graphed_loop_with_attn_layers(dtype):
     model = model.to(dtype).eval()
     for B, T, n in ((3, 17, 30), (3, 1100, 12)):
         ids = torch.randint(1, 4096, (B, T), device="cuda")
-        assert torch.equal(generate(model, ids, n), generate(model, ids, n, graphed=False)), (B, T)
+        got, want = generate(model, ids, n), generate(model, ids, n, graphed=False)
+        if dtype == torch.float32:
+            assert torch.equal(got, want), (B, T)
+        else:
+            _assert_same_up_to_near_ties(model, got, want, T, (B, T))
     graphs = list(model.__dict__["_laquant_decode_graphs"].values())
     assert graphs and all(isinstance(g, _DecodeGraph) for g in graphs)
     assert max(g.cache.capacity for g in graphs) >= 1100 + 12

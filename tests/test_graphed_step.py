@@ -207,6 +207,58 @@ def test_hf_generate_on_a_hybrid_with_graph_steps(family, stand_in):
     assert isinstance(graph, gs.StepGraph) and graph.capacity == 2048  # the prompt and 1,024 more, rounded up
 
 
+@pytest.mark.parametrize("family", ["minimax", "qwen3_next"])
+@torch.no_grad()
+def test_graph_steps_read_each_expert_once(family, stand_in, monkeypatch):
+    """transformers' generate switches MoE experts from grouped_mm to batched_mm for its decode steps on a GPU
+    (a copy of the chosen experts' weights per token and expert); a graph step copying more than
+    BATCHED_MM_MAX_BYTES of a layer's experts runs grouped_mm (each chosen expert read once), a smaller one keeps
+    batched_mm; the eager prefill and the model's setting after the call stay transformers' (the switch made here
+    as transformers makes it on CUDA)."""
+    from contextlib import contextmanager
+
+    from transformers.generation.utils import GenerationMixin
+
+    @contextmanager
+    def switch_on_any_device(self):
+        before = self.get_experts_implementation()
+        self.set_experts_implementation({k: "batched_mm" if v == "grouped_mm" else v for k, v in before.items()})
+        try:
+            yield
+        finally:
+            self.set_experts_implementation(before)
+
+    model = _hybrid(family)
+    assert model.get_experts_implementation()[""] == "grouped_mm"
+    ran = []
+    experts = [m for m in model.modules() if type(m).__name__.endswith("Experts")]
+    assert experts
+    for m in experts:
+        m.register_forward_pre_hook(lambda mod, args: ran.append(mod.config._experts_implementation))
+    per_expert = max(sum(w[0].numel() * w.element_size() for w in (m.gate_up_proj, m.down_proj)) for m in experts)
+    ids = torch.randint(1, 100, (3, 7))
+    with monkeypatch.context() as patch:
+        patch.setattr(GenerationMixin, "_optimize_model_for_decode", switch_on_any_device)
+        want, _ = _hf_generate(model, ids, 6, graphs=False)
+        assert set(ran) == {"grouped_mm", "batched_mm"}  # the eager steps: transformers' switch took
+        for limit, steps_run in ((3 * 2 * per_expert, "batched_mm"), (3 * 2 * per_expert - 1, "grouped_mm")):
+            monkeypatch.setattr(gs, "BATCHED_MM_MAX_BYTES", limit)  # B = 3, top-2
+            release_step_graphs(model)
+            ran.clear()
+            got, _ = _hf_generate(model, ids, 6, graphs=True)
+            assert torch.equal(got, want)
+            prefill, steps = ran[:len(experts)], ran[len(experts):]
+            assert set(prefill) == {"grouped_mm"} and set(steps) == {steps_run}, limit
+            assert isinstance(next(iter(model.__dict__["_laquant_step_graphs"].values())), gs.StepGraph)
+            assert model.get_experts_implementation()[""] == "grouped_mm"
+    release_step_graphs(model)
+    model.set_experts_implementation("batched_mm")  # a model set to batched_mm by its user: the same rule
+    ran.clear()
+    got, _ = _hf_generate(model, ids, 6, graphs=True)
+    assert torch.equal(got, want) and set(ran) == {"batched_mm", "grouped_mm"}
+    assert model.get_experts_implementation()[""] == "batched_mm"
+
+
 @torch.no_grad()
 def test_a_hybrid_generate_longer_than_the_key_buffers(stand_in, monkeypatch):
     """Key buffers with room for 4 more tokens: a generate of 12 captures larger ones as they fill, mid-call,
@@ -367,11 +419,15 @@ def test_gpu_hf_generate_replays_with_the_eager_logits(recipe):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @torch.no_grad()
-def test_gpu_hf_generate_on_a_hybrid_replays():
-    """qwen3_next with laquant's mixers, bf16 on the GPU: transformers' generate with graph steps gives the
-    eager steps' tokens (logits to bf16 rounding: the static step's attention is another kernel)."""
-    model = _hybrid("qwen3_next").to("cuda", torch.bfloat16)
+def test_gpu_hf_generate_on_a_hybrid_replays(dtype, monkeypatch):
+    """qwen3_next (MoE) with laquant's mixers on the GPU: transformers' generate with graph steps gives the
+    eager steps' tokens (logits to bf16 rounding: the static step's attention is another kernel, its experts
+    grouped_mm where the eager steps run transformers' batched_mm). In float32, where grouped_mm copies from the
+    host, the steps are captured with batched_mm."""
+    monkeypatch.setattr(gs, "BATCHED_MM_MAX_BYTES", 0)  # the tiny experts' copies would keep batched_mm
+    model = _hybrid("qwen3_next").to("cuda", dtype)
     for B, n in ((3, 20), (1, 9)):
         ids = torch.randint(1, 100, (B, 13), device="cuda")
         want, want_logits = _hf_generate(model, ids, n, graphs=False)
@@ -380,5 +436,8 @@ def test_gpu_hf_generate_on_a_hybrid_replays():
         torch.testing.assert_close(logits, want_logits, atol=3e-2, rtol=3e-2)
     graphs = model.__dict__["_laquant_step_graphs"]
     assert len(graphs) == 2 and all(g.graph is not None for g in graphs.values())
+    grouped = {"": "grouped_mm"} if dtype == torch.bfloat16 else None  # (the limit is 0 here)
+    assert all(g.experts == grouped for g in graphs.values())
+    assert model.get_experts_implementation()[""] == "grouped_mm"
     release_step_graphs(model)
 
