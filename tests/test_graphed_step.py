@@ -118,6 +118,76 @@ def test_a_cache_after_graph_steps_is_the_eager_cache(stand_in):
     _assert_same(ga, ea)
 
 
+ATTN = [{"layers": [0], "num_heads": 4, "num_kv_heads": 2, "window_size": 6}, {"layers": [3], "num_heads": 2}]
+
+
+@pytest.mark.parametrize("attn", [ATTN, [{"layers": [1], "num_heads": 2}]], ids=["first-and-last", "middle"])
+@torch.no_grad()
+def test_hf_generate_with_attn_layers_takes_graph_steps(attn, stand_in, monkeypatch):
+    """laquant's GLA with fla's softmax attn layers: transformers' generate's graph steps keep their keys in
+    static buffers (room for ROOM more tokens, captured larger as they fill, mid-call), with the eager steps'
+    tokens and logits to float32 rounding (the static step's attention groups the query heads)."""
+    monkeypatch.setattr(gs, "ROOM", 8)
+    model = _gla(num_hidden_layers=4, attn=attn)
+    ids = torch.randint(1, VOCAB, (3, 7))
+    want, want_logits = _hf_generate(model, ids, 12, graphs=False)
+    assert "_laquant_step_graphs" not in model.__dict__
+    got, logits = _hf_generate(model, ids, 12, graphs=True)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(logits, want_logits, atol=1e-5, rtol=1e-5)
+    (graph,) = model.__dict__["_laquant_step_graphs"].values()
+    assert isinstance(graph, gs.StepGraph) and graph.capacity == 24  # 8 + ROOM, then 16 + ROOM: 7 + 12 fit
+
+
+@torch.no_grad()
+def test_a_cache_with_attn_layers_after_graph_steps_is_the_eager_cache(stand_in):
+    """With attn layers (the last one among them): graph steps, an eager multi-token call and an eager one-token
+    step on a cache holding the static tensors, two caches taking them over from each other: the token counts,
+    keys and states of the same calls run eagerly (to float32 rounding: the static step's attention is another
+    formula), each cache's own after release."""
+    model = _gla(num_hidden_layers=4, attn=ATTN)
+    ids = torch.randint(1, VOCAB, (2, 9))
+
+    def run(graphs, cache, tokens):
+        return model(tokens, cache=cache, use_cache=True, logits_to_keep=1, graph_step=graphs).logits
+
+    caches = {}
+    for graphs in (False, True):
+        a, b = model.new_cache(), model.new_cache()
+        run(graphs, a, ids)
+        run(graphs, b, ids.flip(0))
+        logits = []
+        for t in range(3):
+            logits.append(run(graphs, a, ids[:, t:t + 1]))
+            logits.append(run(graphs, b, ids[:, t + 1:t + 2]))
+        logits.append(run(graphs, a, ids[:, :5]))  # eager (5 tokens) on a cache holding the static tensors
+        logits.append(run(graphs, a, ids[:, 1:2]))
+        logits.append(run(False, a, ids[:, :1]))  # an eager one-token step on it
+        logits.append(run(graphs, a, ids[:, 2:3]))
+        caches[graphs] = (a, b, logits)
+    (ea, eb, el), (ga, gb, gl) = caches[False], caches[True]
+    for x, y in zip(el, gl):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+    assert ga.step_graph is not None and gb.step_graph is None
+    for got, want in ((ga, ea), (gb, eb)):
+        assert got.seen_tokens == want.seen_tokens == (9 + 3 + 5 + 3 if got is ga else 9 + 3)
+        assert sorted(got.kv) == sorted(want.kv) == [0, 3]
+        for i in got.kv:
+            torch.testing.assert_close(got.kv[i][0], want.kv[i][0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(got.kv[i][1], want.kv[i][1], atol=1e-5, rtol=1e-5)
+        for s, e in zip(got.states, want.states):
+            assert (s is None) == (e is None)
+            if s is not None:
+                assert s.n_stores == e.n_stores
+                torch.testing.assert_close(s.data, e.data, atol=1e-5, rtol=1e-5)
+    buffers = ga.step_graph.static.static_kv
+    assert all(ga.kv[i][0].data_ptr() == buffers[i][0].data_ptr() for i in buffers)  # views of the static keys
+    release_step_graphs(model)  # a gets copies of the keys too, and goes on eagerly as before
+    assert ga.step_graph is None and all(ga.kv[i][0].data_ptr() != buffers[i][0].data_ptr() for i in buffers)
+    torch.testing.assert_close(run(False, ga, ids[:, 3:4]), run(False, ea, ids[:, 3:4]), atol=1e-5, rtol=1e-5)
+    assert ga.seen_tokens == ea.seen_tokens
+
+
 def test_graphs_made_under_inference_mode_serve_later_calls(stand_in):
     """A first generate under torch.inference_mode, then one without: the static tensors are normal tensors
     (an inference tensor cannot be updated in place outside inference mode)."""
@@ -416,6 +486,35 @@ def test_gpu_hf_generate_replays_with_the_eager_logits(recipe):
         assert torch.equal(generate(model, ids, 8), want)
     assert torch.equal(generate(model, ids, 8), want)
     release_graphs(model)
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_gpu_hf_generate_with_attn_layers_replays():
+    """laquant's GLA with fla's softmax attn layers (GQA and a window first, plain last), bf16 on the GPU:
+    generate's graph steps (the keys in static buffers, laquant's decode attention kernel) give the eager steps'
+    tokens up to near-ties and, on the rows that do not part, their logits to bf16 rounding; a 1,100-token prompt
+    captures key buffers of 3,072 positions (the prompt and 1,024 more, rounded up)."""
+    from test_speculative import _assert_same_up_to_near_ties
+
+    torch.manual_seed(0)
+    cfg = GLAConfig(hidden_size=256, num_hidden_layers=3, num_heads=2, vocab_size=4096, bos_token_id=0,
+                    eos_token_id=0, attn=[{"layers": [0], "num_heads": 4, "num_kv_heads": 2, "window_size": 40},
+                                          {"layers": [2], "num_heads": 4}])
+    with torch.device("cuda"):
+        model = GLAForCausalLM(cfg)
+    model = model.to(torch.bfloat16).eval()
+    for B, T, n in ((3, 17, 20), (2, 1100, 9)):
+        ids = torch.randint(1, 4096, (B, T), device="cuda")
+        want, want_logits = _hf_generate(model, ids, n, graphs=False)
+        got, logits = _hf_generate(model, ids, n, graphs=True)
+        _assert_same_up_to_near_ties(model, got, want, T, (B, T))
+        same = (got == want).all(1)
+        torch.testing.assert_close(logits[same], want_logits[same], atol=5e-2, rtol=5e-2)
+    graphs = model.__dict__["_laquant_step_graphs"]
+    assert graphs and all(g and g.graph is not None for g in graphs.values())
+    assert max(g.capacity for g in graphs.values()) == 3072
+    release_step_graphs(model)
 
 
 @pytest.mark.gpu

@@ -160,7 +160,8 @@ class GLAStateCache:
         on once per step (at the last layer), in place, so a captured step advances it on replay."""
         _count_static_step(self.slots, layer_idx)
         if self.counts_on_host and layer_idx == self.slots.last_layer:
-            self.advance_host_counters(new_tokens)
+            # the tokens are counted by the model's last layer: a softmax attn layer after it counts them itself
+            self.advance_host_counters(new_tokens if layer_idx == len(self.states) - 1 else 0)
 
     def advance_host_counters(self, new_tokens: int = 1) -> None:
         """The Python side of one more store of every layer's static state (``new_tokens`` seen), where

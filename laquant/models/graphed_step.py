@@ -11,15 +11,15 @@ new token per sequence on CUDA, no gradients, and
 
 * laquant's GLA (and Gated DeltaNet, DeltaNet): :meth:`GLAForCausalLM.prepare_inputs_for_generation`
   marks the step (``graph_step=True``); the cache must be a :class:`~laquant.models.cache.GLAStateCache`
-  with every layer's state and nothing else (no softmax ``attn`` keys, no pending verify, no checkpoint
-  request) (:func:`graph_step_allowed`);
+  with every recurrent layer's state (fla's softmax ``attn`` layers: their keys, in buffers as a hybrid's)
+  and no pending verify, checkpoint request or token mask (:func:`graph_step_allowed`);
 * a transformers hybrid with laquant's mixers (every family): the adapter wraps the
   instance's ``prepare_inputs_for_generation`` and ``forward`` (``laquant.adapters.hybrid``); the
   transformers cache must keep every token's keys and the batch must have no padding
   (:func:`hybrid_graph_step`).
 
 The graph is captured once per (model, batch size, state / conv / key layout, seed, parameter storage)
-on a static cache (a hybrid's keys in buffers with room for 1,024 more tokens; a larger one is captured
+on a static cache (softmax layers' keys in buffers with room for 1,024 more tokens; a larger one is captured
 when they fill). The caller's cache then **adopts** the static tensors. Its states, conv inputs and
 keys are copied in at the first step of a generate call; from then on its states are the static ones
 and its softmax layers hold views of the key buffers. So a later step is a copy of the new tokens and
@@ -29,12 +29,13 @@ adopted by a later generate call of the same shape takes the tensors over, and t
 copies of its own.
 
 The replay runs the static-cache step that laquant's own graphed loop runs. For laquant's GLA, its
-logits are the eager step's bit for bit. A hybrid's attention is then the static step's grouped kernel
-(:func:`~laquant.models.static_hybrid.static_decode_attention`), equal to transformers' to float32
-rounding (``tests/test_graphed_step.py``). Its MoE experts run ``grouped_mm`` where transformers' generate switched them to
-``batched_mm`` for decoding and the batch would copy more than 64 MB of a layer's expert weights
-(:func:`_grouped_in_place_of_batched`), and ``batched_mm`` where ``grouped_mm`` cannot be captured. A step the GPU refuses to capture, or whose states are not
-updated in place, runs eagerly from then on. ``LAQUANT_GRAPH_STEPS=0`` or
+logits are the eager step's bit for bit (without softmax attn layers). Softmax attention is then the static
+step's grouped kernel (:func:`~laquant.models.static_hybrid.static_decode_attention`), equal to the eager
+step's to float32 rounding (``tests/test_graphed_step.py``). MoE experts run ``grouped_mm`` where
+transformers' generate switched them to ``batched_mm`` for decoding and the batch would copy more than
+64 MB of a layer's expert weights (:func:`_grouped_in_place_of_batched`), and ``batched_mm`` where
+``grouped_mm`` cannot be captured. A step the GPU refuses to capture, or whose states are not updated in
+place, runs eagerly from then on. ``LAQUANT_GRAPH_STEPS=0`` or
 ``model.laquant_graph_steps = False`` turns the graphs off; :func:`release_step_graphs` frees them.
 """
 
@@ -67,8 +68,9 @@ def graph_steps_enabled(model) -> bool:
 def graph_step_allowed(model, input_ids: torch.Tensor, cache, labels, logits_to_keep: int) -> bool:
     """Whether this forward call of laquant's GLA can be a replay (see the module's docstring)."""
     return (_replayable_call(model, input_ids, labels, logits_to_keep) and isinstance(cache, GLAStateCache)
-            and not cache.kv and cache.pending is None and cache.checkpoints is None and cache.token_mask is None
-            and all(s is not None for s in cache.states))
+            and cache.pending is None and cache.checkpoints is None and cache.token_mask is None
+            and len(cache.kv) < len(cache.states)
+            and all(s is not None for i, s in enumerate(cache.states) if i not in cache.kv))
 
 
 def _replayable_call(model, input_ids, labels, logits_to_keep) -> bool:
@@ -159,12 +161,10 @@ def release_step_graphs(model) -> None:
 def _key(model, cache) -> tuple:
     """What a captured step depends on: the batch, the states', conv inputs' and keys' layout, the seed
     (a launch argument) and the parameters' storage (a model moved or reloaded needs a new capture)."""
-    from laquant.models.static_hybrid import kv_layers
-
     store = state_store(cache)
     states = _state_tensors(cache)
     conv = tuple((str(k), tuple(t.shape), t.dtype) for k, t in sorted(store.conv.items(), key=lambda kv: str(kv[0])))
-    kv = tuple((i, tuple(k.shape[:-2]), k.shape[-1], v.shape[-1], k.dtype) for i, (k, v) in kv_layers(cache).items())
+    kv = tuple((i, tuple(k.shape[:-2]), k.shape[-1], v.shape[-1], k.dtype) for i, (k, v) in _held_keys(cache).items())
     params = tuple(p.data_ptr() for p in model.parameters())
     return states[0].data.shape[0], state_layout(states), conv, kv, store.seed, params
 
@@ -296,15 +296,33 @@ def _experts_implementation(model, implementation: dict | None):
 
 
 def _kv_buffers(static) -> dict:
-    return getattr(static, "kv", None) if not isinstance(static, GLAStateCache) else {}
+    """A static cache's softmax layers' key and value buffers ``[B, H, capacity, D]``, by layer."""
+    return static.static_kv if isinstance(static, GLAStateCache) else static.kv
+
+
+def _held_keys(cache) -> dict:
+    """The keys and values ``[B, H, T, D]`` that ``cache``'s softmax layers hold, by layer (laquant's GLA keeps
+    fla's attn layers' as ``[B, T, H, D]``)."""
+    from laquant.models.static_hybrid import kv_layers
+
+    if isinstance(cache, GLAStateCache):
+        return {i: (k.transpose(1, 2), v.transpose(1, 2)) for i, (k, v) in cache.kv.items()}
+    return kv_layers(cache)
+
+
+def _hold_keys(cache, i: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+    if isinstance(cache, GLAStateCache):
+        cache.kv[i] = (keys.transpose(1, 2), values.transpose(1, 2))
+    else:
+        layer = cache.layers[i]
+        layer.keys, layer.values = keys, values
 
 
 def _mirror_keys(cache, static, seen: int) -> None:
-    """A transformers cache's softmax layers hold the first ``seen`` positions of the static key and value
-    buffers (views: an eager step on it concatenates onto them, into new tensors)."""
+    """``cache``'s softmax layers hold the first ``seen`` positions of the static key and value buffers
+    (views: an eager step on it concatenates onto them, into new tensors)."""
     for i, (keys, values) in _kv_buffers(static).items():
-        layer = cache.layers[i]
-        layer.keys, layer.values = keys[..., :seen, :], values[..., :seen, :]
+        _hold_keys(cache, i, keys[..., :seen, :], values[..., :seen, :])
 
 
 def _holds(cache, static) -> bool:
@@ -314,9 +332,10 @@ def _holds(cache, static) -> bool:
         return False
     if store.conv.keys() != mine.conv.keys() or any(store.conv[k] is not t for k, t in mine.conv.items()):
         return False
+    held = _held_keys(cache)
     for i, (keys, _) in _kv_buffers(static).items():
-        kept = cache.layers[i].keys
-        if kept.data_ptr() != keys.data_ptr() or kept.shape[-2] != store.seen_tokens:
+        kept = held.get(i)
+        if kept is None or kept[0].data_ptr() != keys.data_ptr() or kept[0].shape[-2] != store.seen_tokens:
             return False
     return True
 
@@ -339,7 +358,8 @@ def _detach(cache, static) -> None:
     store.conv = {k: t.clone() if id(t) in shared else t for k, t in store.conv.items()}
     store.static = store.counts_on_host = False
     store.step_graph = None
+    held = _held_keys(cache)
     for i, (keys, _) in _kv_buffers(static).items():
-        layer = cache.layers[i]
-        if layer.keys is not None and layer.keys.data_ptr() == keys.data_ptr():
-            layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
+        kept = held.get(i)
+        if kept is not None and kept[0].data_ptr() == keys.data_ptr():
+            _hold_keys(cache, i, kept[0].clone(), kept[1].clone())
