@@ -96,7 +96,7 @@ def graphable_cache(cache) -> bool:
 
 def static_cache(prefill_cache, capacity: int):
     """A static copy of a prefilled cache for a captured decode step, with room for ``capacity`` tokens
-    in all (a hybrid's softmax layers keep that many keys; laquant's GLA keeps no keys)."""
+    in all (softmax layers keep that many keys: a hybrid's, or fla's attn layers in laquant's GLA)."""
     from laquant.families import static_hybrid_class
     from laquant.models.cache import GLAStateCache
 

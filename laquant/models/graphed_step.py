@@ -183,7 +183,7 @@ class StepGraph:
         self.model = weakref.ref(model)  # the model holds its graphs: no reference cycle
         self.static = static_cache(cache, capacity)  # ValueError where the states cannot be static
         self.store = state_store(self.static)
-        self.capacity = getattr(self.static, "capacity", None)  # None: laquant's GLA keeps no keys
+        self.capacity = self.static.capacity  # None: no softmax layers' keys
         first = _state_tensors(self.static)[0].data
         self.ids = torch.zeros(first.shape[0], 1, dtype=torch.long, device=first.device)
         self.owner = None  # a weakref to the cache holding the static tensors
