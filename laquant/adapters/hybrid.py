@@ -35,7 +35,7 @@ import torch.nn as nn
 from laquant.adapters.base import Adapter, MixerInfo
 from laquant.errors import LaquantError
 from laquant.models import gated_attention, mla_attention, quantizing_rowwise
-from laquant.models.cache import passed_cache, state_store
+from laquant.models.cache import passed_cache, reorder_rows, state_store
 
 LAYER_TYPES = ("linear_attention", "full_attention")
 
@@ -90,6 +90,19 @@ def _positions_from_state_store(module, args, kwargs):
     store.seen_tokens += ref.shape[1]
     kwargs["position_ids"] = torch.arange(start, start + ref.shape[1], device=ref.device).unsqueeze(0)
     return args, kwargs
+
+
+def _reorder_cache(cache, beam_idx: torch.Tensor):
+    """transformers' beam search on a hybrid with laquant's mixers (the model's ``_reorder_cache``, which generate
+    calls in place of the cache's ``reorder_cache``): the softmax layers' keys as transformers reorders them, and
+    laquant's states and conv inputs beside them (without this, beams went on from other beams' states)."""
+    if not hasattr(cache, "reorder_cache"):
+        raise ValueError(f"{type(cache).__name__} cannot be reordered for beam search")
+    cache.reorder_cache(beam_idx)
+    store = getattr(cache, "laquant_states", None)
+    if store is not None:
+        reorder_rows(store, beam_idx)
+    return cache
 
 
 def _marked_prepare_inputs(model, *args, **kwargs) -> dict:
@@ -239,6 +252,8 @@ class HybridAdapter(Adapter):
             self.model.register_forward_pre_hook(_positions_from_state_store, with_kwargs=True)
             self.model._laquant_positions_hook = True
             _install_graph_steps(self.model)
+        if not hasattr(type(self.model), "_reorder_cache"):
+            self.model._reorder_cache = _reorder_cache
 
     def _share_tied_blocks(self) -> None:
         """Make each group of blocks whose weights transformers ties (the same Parameters in separate

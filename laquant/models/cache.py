@@ -155,6 +155,14 @@ class GLAStateCache:
         _load_kv(self, other)
         self.seen_tokens = other.seen_tokens
 
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+        """transformers' beam search: the batch rows ``beam_idx`` of the states, conv inputs and attn keys
+        (:func:`reorder_rows`)."""
+        if self.pending is not None:
+            raise ValueError("a cache with a pending verify step cannot be reordered: commit it first")
+        reorder_rows(self, beam_idx)
+        self.kv = {i: tuple(t.index_select(0, beam_idx.to(t.device)) for t in kv) for i, kv in self.kv.items()}
+
     def count_static_step(self, layer_idx: int, new_tokens: int = 1) -> None:
         """A decode step of layer ``layer_idx`` on a static cache: the shared device counter moves
         on once per step (at the last layer), in place, so a captured step advances it on replay."""
@@ -242,6 +250,30 @@ class HybridStates:
         steps = _sync_counters(list(self.states.values()))
         self.seen_tokens += steps
         return steps
+
+
+def reorder_rows(store, rows: torch.Tensor) -> None:
+    """The batch rows ``rows`` of every state and conv input of ``store`` (a :class:`GLAStateCache` or
+    :class:`HybridStates`), as transformers' beam search reorders a cache between its steps. New tensors: a
+    cache holding a captured decode step's static tensors lets them go, as when another cache adopts them (the
+    step adopts it again); a static copy itself decodes a fixed batch in place and is refused."""
+    if store.static and not store.counts_on_host:
+        raise ValueError("a static cache's batch rows cannot be reordered: it decodes a fixed batch in place")
+
+    def take(t: torch.Tensor) -> torch.Tensor:
+        return t.index_select(0, rows.to(t.device))
+
+    def reordered(s: State | None) -> State | None:
+        return None if s is None else State(take(s.data), None if s.scale is None else take(s.scale), s.format,
+                                            s.n_stores)
+
+    if isinstance(store.states, dict):
+        store.states = {i: reordered(s) for i, s in store.states.items()}
+    else:
+        store.states = [reordered(s) for s in store.states]
+    store.conv = {k: take(t) for k, t in store.conv.items()}
+    store.static = store.counts_on_host = False
+    store.step_graph = None
 
 
 # A static cache (laquant.generate's CUDA-graphed decode loop): every decode step updates the same
