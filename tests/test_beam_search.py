@@ -31,9 +31,10 @@ def _beams(model, ids, new_tokens):
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @torch.no_grad()
 def test_beam_search_on_a_hybrid_scores_its_sequences(family):
-    """Every family with laquant's mixers (float32; the vision-language ones on text): each returned beam's score is its tokens' log-probability
-    under one forward over the whole sequence (a beam that went on from another beam's state scores apart;
-    transformers' own MiniMax does, by 0.043 here, its cache's linear states not following the beams)."""
+    """Every family with laquant's mixers (float32; the vision-language ones on text): each returned beam's score
+    is its tokens' log-probability under one forward over the whole sequence (a beam that went on from another
+    beam's state scores apart; transformers' own MiniMax does, by 0.043 here, its cache's linear states not
+    following the beams)."""
     model = _model(family)
     install(model)
     ids = torch.randint(1, 100, (2, 7), generator=torch.Generator().manual_seed(0))
