@@ -80,6 +80,33 @@ def test_hf_generate_with_graph_steps_equals_eager_steps(make, stand_in):
     assert torch.equal(again, want) and len(model.__dict__["_laquant_step_graphs"]) == 1
 
 
+def _run(model, graphs, cache, tokens):
+    return model(tokens, cache=cache, use_cache=True, logits_to_keep=1, graph_step=graphs).logits
+
+
+def _alternating_calls(model, ids):
+    """Two caches a and b prefilled, then (graph steps off, then on): one-token steps alternating between them
+    (each first step after the other's re-adopts the static tensors), an eager 5-token call on a (which holds
+    the static tensors), three steps, an eager one-token step (counted on the host as well), one more step.
+    ``{graphs: (a, b, logits)}``."""
+    caches = {}
+    for graphs in (False, True):
+        a, b = model.new_cache(), model.new_cache()
+        _run(model, graphs, a, ids)
+        _run(model, graphs, b, ids.flip(0))
+        logits = []
+        for t in range(4):
+            logits.append(_run(model, graphs, a, ids[:, t:t + 1]))
+            logits.append(_run(model, graphs, b, ids[:, t + 1:t + 2]))
+        logits.append(_run(model, graphs, a, ids[:, :5]))
+        for t in range(3):
+            logits.append(_run(model, graphs, a, ids[:, t:t + 1]))
+        logits.append(_run(model, False, a, ids[:, :1]))
+        logits.append(_run(model, graphs, a, ids[:, 1:2]))
+        caches[graphs] = (a, b, logits)
+    return caches
+
+
 @torch.no_grad()
 def test_a_cache_after_graph_steps_is_the_eager_cache(stand_in):
     """Graph steps, then an eager multi-token call, then graph steps, on one cache: the states, store counts,
@@ -87,26 +114,7 @@ def test_a_cache_after_graph_steps_is_the_eager_cache(stand_in):
     each other each keep their own."""
     model = _gla("int8_row", use_short_conv=True)
     ids = torch.randint(1, VOCAB, (2, 9))
-
-    def run(graphs, cache, tokens):
-        out = model(tokens, cache=cache, use_cache=True, logits_to_keep=1, graph_step=graphs)
-        return out.logits
-
-    caches = {}
-    for graphs in (False, True):
-        a, b = model.new_cache(), model.new_cache()
-        run(graphs, a, ids)
-        run(graphs, b, ids.flip(0))
-        logits = []
-        for t in range(4):  # a and b alternate: each first step after the other's re-adopts the static tensors
-            logits.append(run(graphs, a, ids[:, t:t + 1]))
-            logits.append(run(graphs, b, ids[:, t + 1:t + 2]))
-        logits.append(run(graphs, a, ids[:, :5]))  # eager (5 tokens) on a cache holding the static tensors
-        for t in range(3):
-            logits.append(run(graphs, a, ids[:, t:t + 1]))
-        logits.append(run(False, a, ids[:, :1]))  # an eager one-token step on it: counted on the host as well
-        logits.append(run(graphs, a, ids[:, 1:2]))
-        caches[graphs] = (a, b, logits)
+    caches = _alternating_calls(model, ids)
     (ea, eb, el), (ga, gb, gl) = caches[False], caches[True]
     assert all(torch.equal(x, y) for x, y in zip(el, gl))
     _assert_same(ga, ea)
@@ -114,7 +122,7 @@ def test_a_cache_after_graph_steps_is_the_eager_cache(stand_in):
     assert ga.step_graph is not None and gb.step_graph is None  # a holds the static tensors, b its own copies
     release_step_graphs(model)  # a gets copies too, and goes on eagerly as before
     assert ga.step_graph is None and not ga.counts_on_host
-    assert torch.equal(run(False, ga, ids[:, 2:3]), run(False, ea, ids[:, 2:3]))
+    assert torch.equal(_run(model, False, ga, ids[:, 2:3]), _run(model, False, ea, ids[:, 2:3]))
     _assert_same(ga, ea)
 
 
@@ -147,30 +155,13 @@ def test_a_cache_with_attn_layers_after_graph_steps_is_the_eager_cache(stand_in)
     formula), each cache's own after release."""
     model = _gla(num_hidden_layers=4, attn=ATTN)
     ids = torch.randint(1, VOCAB, (2, 9))
-
-    def run(graphs, cache, tokens):
-        return model(tokens, cache=cache, use_cache=True, logits_to_keep=1, graph_step=graphs).logits
-
-    caches = {}
-    for graphs in (False, True):
-        a, b = model.new_cache(), model.new_cache()
-        run(graphs, a, ids)
-        run(graphs, b, ids.flip(0))
-        logits = []
-        for t in range(3):
-            logits.append(run(graphs, a, ids[:, t:t + 1]))
-            logits.append(run(graphs, b, ids[:, t + 1:t + 2]))
-        logits.append(run(graphs, a, ids[:, :5]))  # eager (5 tokens) on a cache holding the static tensors
-        logits.append(run(graphs, a, ids[:, 1:2]))
-        logits.append(run(False, a, ids[:, :1]))  # an eager one-token step on it
-        logits.append(run(graphs, a, ids[:, 2:3]))
-        caches[graphs] = (a, b, logits)
+    caches = _alternating_calls(model, ids)
     (ea, eb, el), (ga, gb, gl) = caches[False], caches[True]
     for x, y in zip(el, gl):
         torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
     assert ga.step_graph is not None and gb.step_graph is None
     for got, want in ((ga, ea), (gb, eb)):
-        assert got.seen_tokens == want.seen_tokens == (9 + 3 + 5 + 3 if got is ga else 9 + 3)
+        assert got.seen_tokens == want.seen_tokens == (9 + 4 + 5 + 3 + 1 + 1 if got is ga else 9 + 4)
         assert sorted(got.kv) == sorted(want.kv) == [0, 3]
         for i in got.kv:
             torch.testing.assert_close(got.kv[i][0], want.kv[i][0], atol=1e-5, rtol=1e-5)
@@ -184,7 +175,8 @@ def test_a_cache_with_attn_layers_after_graph_steps_is_the_eager_cache(stand_in)
     assert all(ga.kv[i][0].data_ptr() == buffers[i][0].data_ptr() for i in buffers)  # views of the static keys
     release_step_graphs(model)  # a gets copies of the keys too, and goes on eagerly as before
     assert ga.step_graph is None and all(ga.kv[i][0].data_ptr() != buffers[i][0].data_ptr() for i in buffers)
-    torch.testing.assert_close(run(False, ga, ids[:, 3:4]), run(False, ea, ids[:, 3:4]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(_run(model, False, ga, ids[:, 3:4]), _run(model, False, ea, ids[:, 3:4]), atol=1e-5,
+                               rtol=1e-5)
     assert ga.seen_tokens == ea.seen_tokens
 
 
