@@ -297,10 +297,11 @@ def test_triton_verify_with_prefill_numerics(name, fmt, renorm, rounding):
 @pytest.mark.parametrize("name", ["gla", "delta", "kda"])
 @pytest.mark.parametrize("T,extreme", [(16, False), (1, True), (7, True), (16, True)])
 def test_triton_verify_prefill_chunk_with_extreme_decays(name, T, extreme):
-    """numerics="prefill" runs the tokens as one prefill chunk whose decay splits around its middle row; where a
-    channel decays by more than exp(-60) inside the chunk (a split factor would overflow float32: inf, then NaN)
-    the kernel runs the tokens one by one instead: finite, and the reference's float32 recurrence to float32
-    accuracy either way."""
+    """numerics="prefill" runs the tokens as one prefill chunk. A per-channel decay (GLA, KDA) splits around its
+    middle row; where a channel decays by more than exp(-60) inside the chunk (a split factor would overflow
+    float32: inf, then NaN) the kernel runs the tokens one by one instead. The delta rule's per-head decay decays
+    the scores as one ``exp(G_t - G_s)`` tile, which cannot overflow. Finite, and the reference's float32
+    recurrence to float32 accuracy in every case."""
     pytest.importorskip("triton")
     from conftest import require_triton_kernels
 

@@ -152,15 +152,18 @@ if triton is not None:
         s_bb, s_bt, s_bh, s_ob, s_ot, s_oh, s_sp, s_sh, s_sk, s_cp, s_ch, T, qk_scale,
         H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr,
         BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr, FMT: tl.constexpr, L2NORM: tl.constexpr,
-        LOW_PRECISION: tl.constexpr,
+        LOW_PRECISION: tl.constexpr, PER_CHANNEL: tl.constexpr,
     ):
         """numerics="prefill": the T tokens as one chunk of a prefill, from the stored state ``S0``. With
         ``G`` the cumulative log-decays and ``k``, ``q`` normalized as the decode step's: the updates
         ``u = (I + A)^-1 beta (v - (k * exp(G)) S0)``, ``A`` the strictly causal decayed ``k k^T`` scores times
         beta (the delta rule's recurrence solved for all tokens at once), then
         ``o = (q * exp(G)) S0 + (causal decayed q k^T scores) u``; products on the tensor cores (bf16 operands for
-        bf16 inputs, as the chunked prefill; the unit triangle's inverse and else float32-accurate). A chunk whose
-        decay does not split (:func:`chunk_decay_splits`) runs its tokens one by one from ``S0`` instead."""
+        bf16 inputs, as the chunked prefill; the unit triangle's inverse and else float32-accurate). A decay per head
+        (Gated DeltaNet) decays the ``[T, T]`` scores after their products, ``exp(G_t - G_s)`` as one tile (the chunked
+        prefill's ``D``, :mod:`.chunk`); a decay per channel (KDA, ``PER_CHANNEL``) enters the products, split around
+        the chunk's middle row (:func:`decayed_scores`), and a chunk whose decay does not split
+        (:func:`chunk_decay_splits`) runs its tokens one by one from ``S0`` instead."""
         b, h, offs_k, mask_k, offs_v, mask_v, rows, mask_t, S0 = verify_chunk_program(
             state_ptr, scale_ptr, idx_ptr, s_sp, s_sh, s_sk, s_cp, s_ch, T, H, K, V, BLOCK_K, BLOCK_V, BLOCK_T, FMT)
         hk = h // GROUP
@@ -172,32 +175,62 @@ if triton is not None:
         o_row = o_ptr + b * s_ob + h * s_oh + offs_v
         mtk = mask_t[:, None] & mask_k[None, :]
         mtv = mask_t[:, None] & mask_v[None, :]
-        G = tl.cumsum(token_tile(g_rows, s_gt, rows, mtk), axis=0)
-        if chunk_decay_splits(G, rows, T):
-            q = token_tile(q_rows, s_qt, rows, mtk)
-            k = token_tile(k_rows, s_kt, rows, mtk)
-            v = token_tile(v_row, s_vt, rows, mtv)
-            beta = tl.load(beta_at + rows * s_bt, mask=mask_t, other=0.0).to(tl.float32)
-            if L2NORM:  # as the decode step: x * rsqrt(sum(x^2) + 1e-6)
-                q = q * (qk_scale * tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6))[:, None]
-                k = k * tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
-            else:
-                q = q * qk_scale
-            Akk, Aqk = decayed_scores(k, q, k, G, rows, T, BLOCK_T, True, LOW_PRECISION)
-            Akk = tl.where(rows[:, None] > rows[None, :], Akk, 0.0) * beta[:, None]
-            decay = tl.exp(G)
-            u = beta[:, None] * (v - mm(k * decay, S0, LOW_PRECISION, True))
-            u = mm(unit_lower_inverse_by_squaring(Akk, rows, T), u, LOW_PRECISION, True)
-            o = mm(q * decay, S0, LOW_PRECISION, True) + mm(Aqk, u, LOW_PRECISION, True)
+        if PER_CHANNEL:
+            G = tl.cumsum(token_tile(g_rows, s_gt, rows, mtk), axis=0)
+            if chunk_decay_splits(G, rows, T):
+                q, k, v, beta = _chunk_inputs(q_rows, k_rows, v_row, beta_at, s_qt, s_kt, s_vt, s_bt, rows, mask_t,
+                                              mtk, mtv, qk_scale, L2NORM)
+                Akk, Aqk = decayed_scores(k, q, k, G, rows, T, BLOCK_T, True, LOW_PRECISION)
+                o = _chunk_output(q, k, v, beta, Akk, Aqk, tl.exp(G), S0, rows, T, LOW_PRECISION)
+                tl.store(o_row[None, :] + rows[:, None] * s_ot,
+                         o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mtv)
+            else:  # the recurrence token by token (every decay factor <= 1)
+                S = S0
+                for t in range(0, T):
+                    qq, kk, g, v, beta = _delta_token(q_rows, k_rows, g_rows, v_row, beta_at, s_qt, s_kt, s_gt, s_vt,
+                                                      s_bt, t, mask_k, mask_v, T)
+                    S, o = _delta_step(S, qq, kk, g, v, beta, qk_scale, L2NORM)
+                    tl.store(o_row + t * s_ot, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_v)
+        else:  # one decay per head: g_rows' K offsets have stride 0
+            G = tl.cumsum(tl.load(g_ptr + b * s_gb + h * s_gh + rows * s_gt, mask=mask_t, other=0.0).to(tl.float32),
+                          axis=0)
+            q, k, v, beta = _chunk_inputs(q_rows, k_rows, v_row, beta_at, s_qt, s_kt, s_vt, s_bt, rows, mask_t, mtk,
+                                          mtv, qk_scale, L2NORM)
+            causal = (rows[:, None] >= rows[None, :]) & mask_t[:, None]
+            D = tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
+            kt = tl.trans(k)
+            Akk = tl.where(causal, mm(k, kt, LOW_PRECISION, True) * D, 0.0)
+            Aqk = tl.where(causal, mm(q, kt, LOW_PRECISION, True) * D, 0.0)
+            o = _chunk_output(q, k, v, beta, Akk, Aqk, tl.exp(G)[:, None], S0, rows, T, LOW_PRECISION)
             tl.store(o_row[None, :] + rows[:, None] * s_ot, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
                      mask=mtv)
-        else:  # the recurrence token by token (every decay factor <= 1)
-            S = S0
-            for t in range(0, T):
-                qq, kk, g, v, beta = _delta_token(q_rows, k_rows, g_rows, v_row, beta_at, s_qt, s_kt, s_gt, s_vt, s_bt,
-                                                  t, mask_k, mask_v, T)
-                S, o = _delta_step(S, qq, kk, g, v, beta, qk_scale, L2NORM)
-                tl.store(o_row + t * s_ot, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_v)
+
+    @triton.jit
+    def _chunk_inputs(q_rows, k_rows, v_row, beta_at, s_qt, s_kt, s_vt, s_bt, rows, mask_t, mtk, mtv, qk_scale,
+                      L2NORM: tl.constexpr):
+        """A one-chunk verify's ``q`` (scaled), ``k`` (normalized as the decode step's with ``L2NORM``), ``v`` and
+        ``beta`` tiles of its tokens, float32."""
+        q = token_tile(q_rows, s_qt, rows, mtk)
+        k = token_tile(k_rows, s_kt, rows, mtk)
+        v = token_tile(v_row, s_vt, rows, mtv)
+        beta = tl.load(beta_at + rows * s_bt, mask=mask_t, other=0.0).to(tl.float32)
+        if L2NORM:  # as the decode step: x * rsqrt(sum(x^2) + 1e-6)
+            q = q * (qk_scale * tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6))[:, None]
+            k = k * tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
+        else:
+            q = q * qk_scale
+        return q, k, v, beta
+
+    @triton.jit
+    def _chunk_output(q, k, v, beta, Akk, Aqk, decay, S0, rows, T, LOW_PRECISION: tl.constexpr):
+        """The chunk's outputs from the causal decayed scores ``Akk`` (``k k^T``, the diagonal included) and ``Aqk``,
+        the decays from the chunk's start ``decay`` and the stored state ``S0``: the updates
+        ``u = (I + A)^-1 beta (v - (k decay) S0)`` (``A``: ``Akk`` strictly below the diagonal, times beta), then
+        ``o = (q decay) S0 + Aqk u``."""
+        Akk = tl.where(rows[:, None] > rows[None, :], Akk, 0.0) * beta[:, None]
+        u = beta[:, None] * (v - mm(k * decay, S0, LOW_PRECISION, True))
+        u = mm(unit_lower_inverse_by_squaring(Akk, rows, T), u, LOW_PRECISION, True)
+        return mm(q * decay, S0, LOW_PRECISION, True) + mm(Aqk, u, LOW_PRECISION, True)
 
 
 def delta_verify(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer, n_stores=None,
@@ -247,7 +280,8 @@ def _launch(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_sc
         _delta_verify_chunk_kernel[(B * H, n_v)](
             q, k, v, g, beta, o, *pool[:3], *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
             *o.stride()[:3], *pool_strides, T, K ** -0.5 if qk_scale is None else qk_scale, H=H, GROUP=H // Hk, K=K,
-            V=V, L2NORM=use_qk_l2norm, **chunk_launch(consts, T, q.dtype), num_warps=num_warps)
+            V=V, L2NORM=use_qk_l2norm, PER_CHANNEL=per_channel, **chunk_launch(consts, T, q.dtype),
+            num_warps=num_warps)
         return o
     keep_ptrs, keep_strides = kept_args(kept, state, B, T, state)
     _delta_verify_kernel[(B * H, n_v)](
