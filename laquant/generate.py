@@ -36,6 +36,7 @@ import torch
 
 from laquant.adapters import cache_kwargs, returned_cache
 from laquant.errors import LaquantError
+from laquant.moe_experts import decode_experts_implementation, experts_implementation
 
 EOS_CHECK_EVERY = 16
 
@@ -220,6 +221,7 @@ class _DecodeGraph:
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
         self.done = torch.zeros(batch, dtype=torch.bool, device=device)
         self.capacity = capacity
+        self.experts = decode_experts_implementation(model, batch)  # None: as the model is set
         warm_up_outside_capture(self._step)
         if any(a is not b for a, b in zip(states, _state_tensors(self.cache))):
             raise _NotInPlace("this model's decode step does not update its states in place (a state format "
@@ -231,7 +233,9 @@ class _DecodeGraph:
                                   "decode with graphed=False") from exc
 
     def _step(self) -> None:
-        logits = static_forward(self.model(), self.tok, self.cache)
+        model = self.model()
+        with experts_implementation(model, self.experts):
+            logits = static_forward(model, self.tok, self.cache)
         nxt = self.choose(logits)
         if self.eos is not None:
             nxt = torch.where(self.done, torch.full_like(nxt, self.eos), nxt)
@@ -260,7 +264,9 @@ def _graph_for(model, prefill_cache, batch, steps, key, choose, eos) -> _DecodeG
     kv = tuple((i, tuple(k.shape[:-2]), k.shape[-1], v.shape[-1], k.dtype)
                for i, (k, v) in kv_layers(prefill_cache).items())
     seed = state_store(prefill_cache).seed
-    full_key = (batch, layout, kv, seed, *key)  # the seed is a launch argument baked into the graph
+    experts = tuple(sorted(model.get_experts_implementation().items())) if hasattr(
+        model, "get_experts_implementation") else ()
+    full_key = (batch, layout, kv, seed, experts, *key)  # the seed is a launch argument baked into the graph
     g = graphs.get(full_key)
     if isinstance(g, _NotInPlace):  # refused before: not captured again
         raise g
@@ -312,6 +318,8 @@ class DecodeSession:
         self.max_new_tokens = max_new_tokens
         self.input_ids = input_ids
         self._choose = lambda logits: pick_tokens(logits, do_sample, temperature, top_k, generator)  # noqa: E731
+        # the eager decode steps run the MoE experts as the graphed ones (the prefill as the model is set)
+        self._experts = decode_experts_implementation(model, input_ids.shape[0]) if device.type == "cuda" else None
         with torch.no_grad():
             logits, cache = _forward(model, input_ids, _fresh_cache(model))
             first = self._choose(logits)
@@ -343,7 +351,7 @@ class DecodeSession:
         if self.graphed:
             self.graph.graph.replay()
         else:
-            with torch.no_grad():
+            with torch.no_grad(), experts_implementation(self.model, self._experts):
                 logits, self.cache = _forward(self.model, self.tok[:, None], self.cache)
                 nxt = self._choose(logits)
                 if self.done is not None:

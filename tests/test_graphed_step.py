@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import laquant.models.graphed_step as gs
+import laquant.moe_experts as moe_experts
 from laquant.adapters import cache_kwargs
 from laquant.kernels.common.state import StateQuantizer
 from laquant.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM, GLAConfig, GLAForCausalLM
@@ -304,7 +305,7 @@ def test_graph_steps_read_each_expert_once(family, stand_in, monkeypatch):
         want, _ = _hf_generate(model, ids, 6, graphs=False)
         assert set(ran) == {"grouped_mm", "batched_mm"}  # the eager steps: transformers' switch took
         for limit, steps_run in ((3 * 2 * per_expert, "batched_mm"), (3 * 2 * per_expert - 1, "grouped_mm")):
-            monkeypatch.setattr(gs, "BATCHED_MM_MAX_BYTES", limit)  # B = 3, top-2
+            monkeypatch.setattr(moe_experts, "BATCHED_MM_MAX_BYTES", limit)  # B = 3, top-2
             release_step_graphs(model)
             ran.clear()
             got, _ = _hf_generate(model, ids, 6, graphs=True)
@@ -517,7 +518,7 @@ def test_gpu_hf_generate_on_a_hybrid_replays(dtype, monkeypatch):
     eager steps' tokens (logits to bf16 rounding: the static step's attention is another kernel, its experts
     grouped_mm where the eager steps run transformers' batched_mm). In float32, where grouped_mm copies from the
     host, the steps are captured with batched_mm."""
-    monkeypatch.setattr(gs, "BATCHED_MM_MAX_BYTES", 0)  # the tiny experts' copies would keep batched_mm
+    monkeypatch.setattr(moe_experts, "BATCHED_MM_MAX_BYTES", 0)  # the tiny experts' copies would keep batched_mm
     model = _hybrid("qwen3_next").to("cuda", dtype)
     for B, n in ((3, 20), (1, 9)):
         ids = torch.randint(1, 100, (B, 13), device="cuda")

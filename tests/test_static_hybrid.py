@@ -257,6 +257,72 @@ def test_gpu_bf16_moe_hybrids_are_captured(family):
     assert torch.equal(graphed, generate(model, ids, 8, graphed=False))
 
 
+def _experts_modules(model):
+    return [m for m in model.modules() if type(m).__name__.endswith("Experts")]
+
+
+@torch.no_grad()
+def test_decode_steps_pick_the_experts_implementation_by_gathered_bytes(monkeypatch):
+    """A MoE decode step of B tokens runs batched_mm where that gathers at most BATCHED_MM_MAX_BYTES of a layer's
+    expert weights (B x top-k experts), grouped_mm where more; a model without experts, or set to another
+    implementation, keeps its setting."""
+    import laquant.moe_experts as moe
+
+    model = _model("qwen3_next")
+    per_expert = max(sum(w[0].numel() * w.element_size() for w in (m.gate_up_proj, m.down_proj))
+                     for m in _experts_modules(model))
+    top_k = model.config.num_experts_per_tok
+    assert moe.gathered_bytes(model, 3) == 3 * top_k * per_expert > 0
+    monkeypatch.setattr(moe, "BATCHED_MM_MAX_BYTES", 3 * top_k * per_expert)
+    assert model.get_experts_implementation()[""] == "grouped_mm"
+    assert moe.decode_experts_implementation(model, 3) == {"": "batched_mm"}
+    assert moe.decode_experts_implementation(model, 4) is None  # grouped_mm already
+    model.set_experts_implementation("batched_mm")
+    assert moe.decode_experts_implementation(model, 4) == {"": "grouped_mm"}
+    assert moe.decode_experts_implementation(model, 1) is None
+    model.set_experts_implementation("eager")
+    assert moe.decode_experts_implementation(model, 1) is None
+    dense = FAMILIES["qwen3_next"](num_experts=0)
+    assert moe.gathered_bytes(dense, 1) == 0 and moe.decode_experts_implementation(dense, 1) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@torch.no_grad()
+def test_gpu_decode_steps_run_the_experts_implementation_of_their_batch(dtype, monkeypatch):
+    """laquant's loops on a MoE hybrid: the prefill runs the model's setting (grouped_mm), the decode steps
+    batched_mm where a step gathers at most BATCHED_MM_MAX_BYTES of a layer's experts, grouped_mm where more,
+    graphed and eager alike (the same tokens); the model's setting is left as it was. In float32, whose grouped_mm
+    a capture refuses, the small batch's steps are now captured."""
+    import warnings
+
+    import laquant.moe_experts as moe
+    from laquant.generate import _DecodeGraph
+
+    torch.manual_seed(3)
+    model = FAMILIES["qwen3_next"]().to("cuda", dtype).eval()
+    install(model)
+    experts = _experts_modules(model)
+    ran = []
+    for m in experts:
+        m.register_forward_pre_hook(lambda mod, args: ran.append(mod.config._experts_implementation))
+    monkeypatch.setattr(moe, "BATCHED_MM_MAX_BYTES", moe.gathered_bytes(model, 2))
+    for B, steps_run in ((2, "batched_mm"), (3, "grouped_mm")):
+        ids = torch.randint(0, VOCAB, (B, 9), device="cuda")
+        out = {}
+        for graphed in (False, True):
+            ran.clear()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # float32's grouped_mm capture is refused: the eager loop
+                out[graphed] = generate(model, ids, 6, graphed=None if graphed else False)
+            prefill, steps = ran[:len(experts)], ran[len(experts):]
+            assert set(prefill) == {"grouped_mm"} and steps and set(steps) == {steps_run}, (B, graphed)
+        assert torch.equal(out[True], out[False]), B
+        assert model.get_experts_implementation()[""] == "grouped_mm"
+    captured = {key[0] for key, g in model.__dict__["_laquant_decode_graphs"].items() if isinstance(g, _DecodeGraph)}
+    assert captured == ({2, 3} if dtype == torch.bfloat16 else {2})
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h"])
 @torch.no_grad()

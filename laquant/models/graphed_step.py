@@ -31,10 +31,10 @@ copies of its own.
 The replay runs the static-cache step that laquant's own graphed loop runs. For laquant's GLA, its
 logits are the eager step's bit for bit (without softmax attn layers). Softmax attention is then the static
 step's grouped kernel (:func:`~laquant.models.static_hybrid.static_decode_attention`), equal to the eager
-step's to float32 rounding (``tests/test_graphed_step.py``). MoE experts run ``grouped_mm`` where
-transformers' generate switched them to ``batched_mm`` for decoding and the batch would copy more than
-64 MB of a layer's expert weights (:func:`_grouped_in_place_of_batched`), and ``batched_mm`` where
-``grouped_mm`` cannot be captured. A step the GPU refuses to capture, or whose states are not updated in
+step's to float32 rounding (``tests/test_graphed_step.py``). MoE experts run the implementation
+:func:`~laquant.moe_experts.decode_experts_implementation` picks for the batch (transformers' generate
+switches them to ``batched_mm`` for decoding, which at B = 64 gathered ~2.2 GB a layer of a 1.4B model), and
+``batched_mm`` where ``grouped_mm`` cannot be captured. A step the GPU refuses to capture, or whose states are not updated in
 place, runs eagerly from then on. ``LAQUANT_GRAPH_STEPS=0`` or
 ``model.laquant_graph_steps = False`` turns the graphs off; :func:`release_step_graphs` frees them.
 """
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import os
 import weakref
-from contextlib import contextmanager
 
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -52,10 +51,10 @@ from laquant.generate import (_state_tensors, capture_graph, static_cache, stati
                               warm_up_outside_capture)
 from laquant.kernels.common.state import State
 from laquant.models.cache import GLAStateCache, passed_cache, state_layout, state_store
+from laquant.moe_experts import decode_experts_implementation, experts_implementation
 
 _GRAPHS = "_laquant_step_graphs"
 ROOM = 1024  # a hybrid's static keys: room for this many more tokens, the whole rounded up to a multiple of it
-BATCHED_MM_MAX_BYTES = 64 << 20  # a captured MoE step copying more of a layer's expert weights runs grouped_mm
 
 # the output's cache field: `cache` from transformers 5.24 on (`past_key_values` there logs a deprecation)
 OUTPUT_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -189,7 +188,7 @@ class StepGraph:
         self.owner = None  # a weakref to the cache holding the static tensors
         self.graph = None
         self.logits = None
-        self.experts = _grouped_in_place_of_batched(model, first.shape[0])  # the MoE implementation (None: as set)
+        self.experts = decode_experts_implementation(model, first.shape[0])  # None: as the model is set
         if not capture:
             return
         try:
@@ -197,7 +196,7 @@ class StepGraph:
         except _Refused:
             if self.experts is None:
                 raise
-            self.experts = None  # grouped_mm copies from the host where torch has no grouped kernel (fp32)
+            self.experts = None  # the model's setting (grouped_mm copies from the host where torch has no fp32 kernel)
             self._capture()
 
     def _capture(self) -> None:
@@ -212,7 +211,7 @@ class StepGraph:
 
     def _step(self) -> torch.Tensor:
         model = self.model()
-        with _experts_implementation(model, self.experts):
+        with experts_implementation(model, self.experts):
             return static_forward(model, self.ids, self.static)[:, None]
 
     def held_by(self, cache) -> bool:
@@ -254,45 +253,6 @@ class StepGraph:
         if owner is not None:
             _detach(owner, self.static)
         self.owner = self.graph = self.logits = None
-
-
-def _grouped_in_place_of_batched(model, batch: int) -> dict | None:
-    """The MoE experts implementation of a captured step of ``batch`` tokens. transformers' generate switches
-    ``grouped_mm`` to ``batched_mm`` for its decode steps on a GPU, which copies the chosen experts' weights once
-    per token and expert: at B = 64, top-2, a 1.4B MiniMax-style model's step gathered ~2.2 GB a layer (33 ms a
-    step against 7-8 ms with ``grouped_mm``, which reads each chosen expert once, on an H200), while at B = 1 its
-    ``batched_mm`` step was the faster (3.5-3.8 against 4.6-5.2 ms: the grouped kernel, the sort and the offsets
-    cost more than 35 MB of copies; ``eval/results/hf_generate_moe_h200/``). So ``grouped_mm`` stands in for
-    ``batched_mm`` (per sub-config) where a step would copy more than :data:`BATCHED_MM_MAX_BYTES` of one layer's
-    expert weights; None: the model's setting stands."""
-    current = model.get_experts_implementation() if hasattr(model, "get_experts_implementation") else {}
-    if "batched_mm" not in current.values():
-        return None
-    copied = 0
-    for m in model.modules():
-        top_k = getattr(getattr(m, "config", None), "num_experts_per_tok", None)
-        if not hasattr(m, "has_gate") or not isinstance(top_k, int):  # transformers' experts modules only
-            continue
-        weights = [getattr(m, n, None) for n in ("gate_up_proj", "up_proj", "down_proj")]
-        per_expert = sum(w[0].numel() * w.element_size() for w in weights if isinstance(w, torch.Tensor))
-        copied = max(copied, batch * top_k * per_expert)
-    if copied <= BATCHED_MM_MAX_BYTES:
-        return None
-    return {k: "grouped_mm" if v == "batched_mm" else v for k, v in current.items()}
-
-
-@contextmanager
-def _experts_implementation(model, implementation: dict | None):
-    """``model`` runs the MoE experts ``implementation`` inside (None: as it is set)."""
-    if implementation is None:
-        yield
-        return
-    before = model.get_experts_implementation()
-    model.set_experts_implementation(implementation)
-    try:
-        yield
-    finally:
-        model.set_experts_implementation(before)
 
 
 def _kv_buffers(static) -> dict:
