@@ -3,10 +3,11 @@
 transformers runs a MoE layer's experts as ``grouped_mm`` (the tokens sorted by expert, one grouped GEMM reading
 each chosen expert once) or ``batched_mm`` (the chosen experts' weights gathered per token and expert, then batched
 GEMMs); its ``generate`` switches ``grouped_mm`` to ``batched_mm`` for decode steps on a GPU. Which is faster depends
-on how many bytes the gather copies: on an H200, a 1.43B MiniMax-style model (top-2 of experts of ~17.5 MB) decodes
-at B = 1 21% faster with ``batched_mm`` (35 MB gathered a layer; the grouped kernel, the sort and the offsets cost
-more), at B = 4 14% slower (140 MB), and at B = 64 ``batched_mm`` gathers ~2.2 GB a layer, 4x slower
-(``eval/results/hf_generate_moe_h200/``, ``eval/results/experts_rule_h200/``). So a decode step of laquant's
+on how many bytes the gather copies: on an H200, laquant's graphed loop on a 1.43B MiniMax-style model (top-2 of
+experts of 16.5 MB) decodes with ``batched_mm`` 22% faster at B = 1 (33 MB gathered a layer; the grouped kernel, the
+sort and the offsets cost more) and 9% faster at B = 2 (66 MB), 11% slower at B = 4 (132 MB), and 5.3x slower at
+B = 64 (2.1 GB a layer) (``eval/results/experts_rule_h200/``; transformers' generate's graph steps alike,
+``eval/results/hf_generate_moe_h200/``). So a decode step of laquant's
 (:mod:`laquant.generate`'s loop, and the graph steps of transformers' ``generate``,
 :mod:`laquant.models.graphed_step`) runs ``batched_mm`` where a step would gather at most
 :data:`BATCHED_MM_MAX_BYTES` of one layer's expert weights, ``grouped_mm`` where more; prefills keep the model's
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-BATCHED_MM_MAX_BYTES = 64 << 20
+BATCHED_MM_MAX_BYTES = 96 << 20  # between the 66 MB measured faster batched and the 132 MB slower
 _RULED = ("grouped_mm", "batched_mm")  # other implementations (eager, a user's kernel) are left as they are
 
 
