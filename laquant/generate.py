@@ -87,9 +87,10 @@ def is_graphable(model) -> bool:
 
 
 def graphable_cache(cache) -> bool:
-    """Whether the speculative rounds and the serving replays may capture their steps on a static copy of a
-    prefilled cache: a hybrid's, or laquant's without softmax ``attn`` layers (their verify steps take several
-    tokens, which a static copy's attention does not; :func:`generate`'s own loop takes them)."""
+    """Whether a speculative round (a verify step of several tokens and the commits) may be captured on a static
+    copy of a prefilled cache: a hybrid's, or laquant's without softmax ``attn`` layers, whose static copy's
+    attention takes one token a step. One-token decode steps (:func:`generate`'s loop, a draft's proposals, the
+    serving replay's greedy decode) are captured on either."""
     from laquant.models.cache import GLAStateCache
 
     return not isinstance(cache, GLAStateCache) or not cache.kv

@@ -429,8 +429,8 @@ def test_static_copy_carries_the_attn_layers_keys():
     decode on a static copy: the keys and values in buffers of ``capacity`` positions written at a device-side
     position, the steps giving the ordinary cache's logits; load_from refills the buffers and the position; the
     recurrent layers' device counter counts the steps (the last layer keeps keys, not a state); too small a
-    capacity, a multi-token call and another attn layout are refused. (Speculative rounds and the serving
-    replays keep such caches eager: graphable_cache.)"""
+    capacity, a multi-token call and another attn layout are refused. (A speculative round, whose verify takes
+    several tokens, is not captured on such a cache: graphable_cache.)"""
     from laquant.generate import graphable_cache, static_cache, static_forward
 
     torch.manual_seed(0)

@@ -331,18 +331,22 @@ def test_kernel_checkpoints_are_the_reference_snapshots(fmt, name, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("state", [None, "int8_row"])
-def test_gpu_hit_and_graphed_decode_match_recomputation(state):
-    """On the kernels in bf16: a hit's logits against the full prefill's, and the graphed greedy decode
-    after a hit against the eager decode after the same hit (the restored state decodes in place)."""
+@pytest.mark.parametrize("kind,state,dtype", [("gla", None, torch.bfloat16), ("gla", "int8_row", torch.bfloat16),
+                                              ("hybrid_conv", "int8_row", torch.float32)])
+def test_gpu_hit_and_graphed_decode_match_recomputation(kind, state, dtype):
+    """On the kernels: a hit's logits against the full prefill's, and the graphed greedy decode after a hit against
+    the eager decode after the same hit (the restored state decodes in place). A model with an fla softmax attn
+    layer (float32: its static step's attention is another kernel than the eager step's, equal to float32
+    rounding) decodes from its graph too (it decoded eagerly before)."""
     from conftest import rel_err
 
     from laquant.serving.replay import full_prefill, greedy_decode
 
-    model = _model().cuda().to(torch.bfloat16)
+    model = _model(**CONFIGS[kind]).cuda().to(dtype)
     if state is not None:
         for layer in model.model.layers:
-            layer.attn.state_quantizer = StateQuantizer(state, rounding="stochastic")
+            if hasattr(layer.attn, "state_quantizer"):  # not the softmax attn layer
+                layer.attn.state_quantizer = StateQuantizer(state, rounding="stochastic")
     ids = _ids(3 * BLOCK + 17)  # the hit's suffix is shorter than a block: no new snapshot, the same hit again
     pc = PrefixStateCache(model, BLOCK, state_format="fp32" if state is None else None)
     pc.prefill(ids[:3 * BLOCK + 1])
@@ -361,6 +365,7 @@ def test_gpu_hit_and_graphed_decode_match_recomputation(state):
             tok = model(tok[:, None], past_key_values=cache_b, use_cache=True).logits[:, -1].argmax(-1)
             eager.append(tok)
     assert torch.equal(graphed, torch.stack(eager, 1))
+    assert model.__dict__.get("_laquant_decode_graphs")  # the replay's decode was captured
 
 
 SERVE_ERRORS = [

@@ -392,6 +392,22 @@ def test_speculative_rounds_graph_with_autograd_on(trained_model_dir):
         _assert_same_up_to_near_ties(target, got, want, ids.shape[1], "ngram")
 
 
+@pytest.mark.gpu
+@torch.no_grad()
+def test_gpu_a_draft_with_attn_layers_proposes_from_its_graph():
+    """Models with fla softmax attn layers: a round is not one graph (its verify's attention takes several tokens:
+    graphable_cache), but the draft's proposals replay its captured one-token decode step (they ran eagerly
+    before); float32, the tokens are plain greedy decoding's."""
+    attn = {"layers": [1], "num_heads": 2}
+    target, draft = _gla(state="int8_row", attn=attn).cuda(), _gla(seed=2, attn=attn).cuda()
+    ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(4)).cuda()
+    want = generate(target, ids, 23)
+    stats = SpeculativeStats()
+    got = speculative_generate(target, draft, ids, 23, num_draft_tokens=4, stats=stats)
+    assert stats.draft_graphed and not stats.round_graphed
+    _assert_same_up_to_near_ties(target, got, want, ids.shape[1], "attn")
+
+
 @torch.no_grad()
 def test_parting_gaps_names_each_parted_row():
     """parting_gaps: per parted row, the first position where it parts and the target's logit gap of the two

@@ -44,15 +44,14 @@ def _sync(device) -> None:
 
 def greedy_decode(model, cache, first: torch.Tensor, steps: int, prompt: torch.Tensor | None = None) -> torch.Tensor:
     """``steps`` greedy tokens after ``first`` ``[1]`` from ``cache``: one CUDA graph replay per
-    step where laquant's generate can graph the model and its cache (on CUDA: laquant's models without
-    attn layers, a transformers hybrid), else the eager loop. (``prompt``: unused, the
-    draft's in :class:`SpeculativeDecode`.)"""
+    step where laquant's generate can graph the model (on CUDA: laquant's models, a transformers hybrid), else the
+    eager loop. (``prompt``: unused, the draft's in :class:`SpeculativeDecode`.)"""
     from laquant.errors import LaquantError
-    from laquant.generate import _graph_for, graphable_cache, is_graphable  # the captured step generate() uses
+    from laquant.generate import _graph_for, is_graphable  # the captured step generate() uses
 
     if steps <= 0:
         return first.new_zeros(1, 0)
-    if is_graphable(model) and graphable_cache(cache):
+    if is_graphable(model):
         try:
             graph = _graph_for(model, cache, 1, steps + 1, (False, 1.0, None, None), lambda x: x.argmax(-1), None)
         except (LaquantError, ValueError):  # a state format without a decode kernel: eager

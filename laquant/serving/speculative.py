@@ -448,7 +448,7 @@ def _speculate_ngram_eager(model, ngram, target_cache, last, max_new_tokens, num
 def _speculate_eager(model, draft_model, target_cache, draft_cache, last, max_new_tokens, num_draft_tokens,
                      eos_token_id, stats, graphed, numerics):
     """Eager rounds with a draft model (its proposals from its graphed decode step where it has one)."""
-    from laquant.generate import _forward, graphable_cache, is_graphable, trim_after_eos
+    from laquant.generate import _forward, is_graphable, trim_after_eos
     from laquant.models.verify import commit, verify
 
     with torch.no_grad():
@@ -456,7 +456,7 @@ def _speculate_eager(model, draft_model, target_cache, draft_cache, last, max_ne
         made = 1
         unseen = last[:, None]  # the tokens the draft has not run yet
         done = last == eos_token_id if eos_token_id is not None else None
-        graph = graphed is not False and is_graphable(draft_model) and graphable_cache(draft_cache)
+        graph = graphed is not False and is_graphable(draft_model)
         while made < max_new_tokens and not (done is not None and bool(done.all())):
             k = min(num_draft_tokens, max_new_tokens - made - 1)
             proposals = []
