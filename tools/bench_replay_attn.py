@@ -1,0 +1,60 @@
+"""The serving replay's greedy decode (`laquant.serving.replay.greedy_decode`, what `eval serve` decodes with) on
+laquant's GLA with fla softmax attn layers, its captured one-token step against the eager loop it ran before
+(`laquant.generate.is_graphable` patched to False), B = 1, tokens/s over 64 steps after a 1,024-token prefill, bf16,
+random weights: a 1.37B GLA (2048 x 24, 16 heads) whose layers 11 and 23 are softmax attention (GQA, 4 key heads).
+
+    python3 tools/bench_replay_attn.py OUT.json     (GPU)
+"""
+import json
+import sys
+import time
+
+import torch
+
+import laquant.generate as lg
+from laquant.models import GLAConfig, GLAForCausalLM
+from laquant.serving.replay import greedy_decode
+
+STEPS = 64
+
+
+def _rate(model, prompt, graphed: bool) -> tuple[float, torch.Tensor]:
+    real = lg.is_graphable
+    lg.is_graphable = real if graphed else (lambda m: False)
+    try:
+        times, out = [], None
+        for _ in range(3):  # the first call captures
+            with torch.no_grad():
+                logits = model(input_ids=prompt, use_cache=True)
+            first = logits.logits[:, -1].argmax(-1)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = greedy_decode(model, logits.past_key_values, first, STEPS)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        return STEPS / min(times[1:]), out
+    finally:
+        lg.is_graphable = real
+
+
+def main():
+    torch.manual_seed(0)
+    cfg = GLAConfig(hidden_size=2048, num_hidden_layers=24, num_heads=16, vocab_size=32000, bos_token_id=0,
+                    eos_token_id=0, attn={"layers": [11, 23], "num_heads": 16, "num_kv_heads": 4})
+    with torch.device("cuda"):
+        model = GLAForCausalLM(cfg)
+    model = model.to(torch.bfloat16).eval()
+    prompt = torch.randint(1, 32000, (1, 1024), device="cuda")
+    rows, outs = [], {}
+    for graphed in (True, False):
+        rate, outs[graphed] = _rate(model, prompt, graphed)
+        rows.append(dict(B=1, graphed=graphed, tok_per_s=rate))
+        print(json.dumps(rows[-1]), flush=True)
+    agree = int((outs[True] == outs[False]).cumprod(1).sum())
+    json.dump(dict(device=torch.cuda.get_device_name(), config=cfg.to_dict(), prompt=1024, steps=STEPS, rows=rows,
+                   tokens_equal_before_first_parting=agree), open(sys.argv[1], "w"), indent=1, default=str)
+    print("tokens equal before the first parting:", agree, "of", STEPS)
+
+
+if __name__ == "__main__":
+    main()
