@@ -14,11 +14,13 @@ import torch
 import laquant.generate as lg
 from laquant.models import GLAConfig, GLAForCausalLM
 from laquant.serving.replay import greedy_decode
+from laquant.serving.speculative import parting_gaps
 
 STEPS = 64
 
 
 def _rate(model, prompt, graphed: bool) -> tuple[float, torch.Tensor]:
+    """Tokens/s of the decode, and the first token (the prefill's) with the decoded ones."""
     real = lg.is_graphable
     lg.is_graphable = real if graphed else (lambda m: False)
     try:
@@ -29,7 +31,7 @@ def _rate(model, prompt, graphed: bool) -> tuple[float, torch.Tensor]:
             first = logits.logits[:, -1].argmax(-1)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            out = greedy_decode(model, logits.past_key_values, first, STEPS)
+            out = torch.cat([first[:, None], greedy_decode(model, logits.past_key_values, first, STEPS)], 1)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
         return STEPS / min(times[1:]), out
@@ -50,10 +52,13 @@ def main():
         rate, outs[graphed] = _rate(model, prompt, graphed)
         rows.append(dict(B=1, graphed=graphed, tok_per_s=rate))
         print(json.dumps(rows[-1]), flush=True)
-    agree = int((outs[True] == outs[False]).cumprod(1).sum())
+    agree = int((outs[True] == outs[False]).cumprod(1).sum()) - 1  # the prefill's first token is shared
+    with torch.no_grad():  # where they part: the two tokens' logit gap over the largest logit (eager, bf16)
+        gaps = list(parting_gaps(model, torch.cat([prompt, outs[True]], 1), torch.cat([prompt, outs[False]], 1)))
     json.dump(dict(device=torch.cuda.get_device_name(), config=cfg.to_dict(), prompt=1024, steps=STEPS, rows=rows,
-                   tokens_equal_before_first_parting=agree), open(sys.argv[1], "w"), indent=1, default=str)
-    print("tokens equal before the first parting:", agree, "of", STEPS)
+                   tokens_equal_before_first_parting=agree, parting_gaps=gaps), open(sys.argv[1], "w"), indent=1,
+              default=str)
+    print("tokens equal before the first parting:", agree, "of", STEPS, "parting (row, position, gap):", gaps)
 
 
 if __name__ == "__main__":
