@@ -151,7 +151,7 @@ def speculative_rows(args, cuda: bool) -> list[dict]:
     prompt repeated in B rows (the rows accept alike), for a round's cost at that batch."""
     import laquant
     from laquant.api import load
-    from laquant.models import GLAConfig, GLAForCausalLM
+    from laquant.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM, GLAConfig, GLAForCausalLM
     from laquant.paths import DEFAULT_MODEL_NAME, resolve_model_dir
 
     device = "cuda" if cuda else "cpu"
@@ -168,9 +168,14 @@ def speculative_rows(args, cuda: bool) -> list[dict]:
                 .expand(args.spec_batch, -1).contiguous()) for off in args.prompt_offsets]
     targets = [(str(model_dir.name), target)]
     if args.timing_target:
-        cfg = GLAConfig(**{**json.loads(args.timing_target), "vocab_size": target.config.vocab_size})
+        fields = {**json.loads(args.timing_target), "vocab_size": target.config.vocab_size}
+        kind = fields.pop("model_type", "gla")
+        config_class, model_class = {"gla": (GLAConfig, GLAForCausalLM),
+                                     "gated_deltanet": (GatedDeltaNetConfig, GatedDeltaNetForCausalLM)}[kind]
+        cfg = config_class(**fields)
         torch.manual_seed(0)
-        targets.append((f"random {cfg.hidden_size}x{cfg.num_hidden_layers}", GLAForCausalLM(cfg).to(device, dtype).eval()))
+        targets.append((f"random {kind} {cfg.hidden_size}x{cfg.num_hidden_layers}",
+                        model_class(cfg).to(device, dtype).eval()))
     rows = []
     for name, model in targets:
         if args.recipe:
@@ -317,15 +322,18 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--no-speculative", action="store_true", help="kernels only")
     p.add_argument("--timing-target", default=None, metavar="JSON",
-                   help="also a random-weight GLA target of this config (JSON of GLAConfig fields; the draft's "
-                        "vocabulary), for the round time of a target whose step is weight-bound")
+                   help="also a random-weight target of this config (JSON of GLAConfig fields, or of "
+                        "GatedDeltaNetConfig's with \"model_type\": \"gated_deltanet\"; the draft's vocabulary), for "
+                        "the round time of a target whose step is weight-bound")
     p.add_argument("--no-kernels", action="store_true", help="speculative decoding only")
     args = p.parse_args(argv)
     if args.tiny:
         args.heads, args.dim, args.batch, args.tokens = 2, 16, [1, 3], [2, 4]
         args.new_tokens, args.prompt_tokens, args.draft_tokens = 12, 16, [3]
         if args.timing_target:
-            args.timing_target = '{"hidden_size": 64, "num_hidden_layers": 2, "num_heads": 2}'
+            kind = json.loads(args.timing_target).get("model_type", "gla")
+            args.timing_target = json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "num_heads": 2,
+                                             "model_type": kind})
         args.formats = [f for f in args.formats if not f.startswith("bf16")]
     args.draft = args.draft or args.model
     cuda = torch.cuda.is_available()
