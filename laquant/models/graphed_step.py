@@ -34,8 +34,8 @@ step's grouped kernel (:func:`~laquant.models.static_hybrid.static_decode_attent
 step's to float32 rounding (``tests/test_graphed_step.py``). MoE experts run the implementation
 :func:`~laquant.moe_experts.decode_experts_implementation` picks for the batch (transformers' generate
 switches them to ``batched_mm`` for decoding, which at B = 64 gathered ~2.2 GB a layer of a 1.4B model), and
-``batched_mm`` where ``grouped_mm`` cannot be captured. A step the GPU refuses to capture, or whose states are not updated in
-place, runs eagerly from then on. ``LAQUANT_GRAPH_STEPS=0`` or
+``batched_mm`` where ``grouped_mm`` cannot be captured. A step the GPU refuses to capture, or whose states
+are not updated in place, runs eagerly from then on. ``LAQUANT_GRAPH_STEPS=0`` or
 ``model.laquant_graph_steps = False`` turns the graphs off; :func:`release_step_graphs` frees them.
 """
 
