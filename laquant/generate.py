@@ -265,8 +265,8 @@ def _graph_for(model, prefill_cache, batch, steps, key, choose, eos) -> _DecodeG
     kv = tuple((i, tuple(k.shape[:-2]), k.shape[-1], v.shape[-1], k.dtype)
                for i, (k, v) in kv_layers(prefill_cache).items())
     seed = state_store(prefill_cache).seed
-    experts = tuple(sorted(model.get_experts_implementation().items())) if hasattr(
-        model, "get_experts_implementation") else ()
+    setting = model.get_experts_implementation() if hasattr(model, "get_experts_implementation") else {}
+    experts = tuple(sorted({**setting, **(decode_experts_implementation(model, batch) or {})}.items()))
     full_key = (batch, layout, kv, seed, experts, *key)  # the seed is a launch argument baked into the graph
     g = graphs.get(full_key)
     if isinstance(g, _NotInPlace):  # refused before: not captured again

@@ -409,6 +409,17 @@ def test_gpu_a_draft_with_attn_layers_proposes_from_its_graph():
 
 
 @torch.no_grad()
+def test_a_draft_whose_cache_cannot_be_static_proposes_eagerly():
+    """A draft of softmax attn layers only has no state for a static cache: its proposals are not captured (False:
+    the eager proposals), not an error out of speculative decoding."""
+    from laquant.serving.speculative import _propose_graphed
+
+    draft = _gla(attn={"layers": [0, 1], "num_heads": 2})
+    out = draft(torch.randint(1, VOCAB, (2, 5)), use_cache=True)
+    assert _propose_graphed(draft, out.past_key_values, [out.logits[:, -1].argmax(-1)], 3) is False
+
+
+@torch.no_grad()
 def test_parting_gaps_names_each_parted_row():
     """parting_gaps: per parted row, the first position where it parts and the target's logit gap of the two
     tokens there over its largest logit (the measure the GPU tests and bench_verify hold speculative output to)."""

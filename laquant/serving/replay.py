@@ -48,6 +48,7 @@ def greedy_decode(model, cache, first: torch.Tensor, steps: int, prompt: torch.T
     eager loop. (``prompt``: unused, the draft's in :class:`SpeculativeDecode`.)"""
     from laquant.errors import LaquantError
     from laquant.generate import _graph_for, is_graphable  # the captured step generate() uses
+    from laquant.moe_experts import decode_experts_implementation, experts_implementation
 
     if steps <= 0:
         return first.new_zeros(1, 0)
@@ -62,7 +63,9 @@ def greedy_decode(model, cache, first: torch.Tensor, steps: int, prompt: torch.T
                 graph.graph.replay()
             return graph.history[:, 1:steps + 1].clone()
     out, tok = [], first
-    with torch.no_grad():
+    # the eager steps run the MoE experts as the captured ones would
+    experts = decode_experts_implementation(model, 1) if first.is_cuda else None
+    with torch.no_grad(), experts_implementation(model, experts):
         for _ in range(steps):
             logits = model(input_ids=tok[:, None], **cache_kwargs(model, cache), use_cache=True).logits[:, -1]
             tok = logits.argmax(-1)

@@ -123,13 +123,14 @@ def _copy_cache(cache):
 
 def _propose_graphed(draft_model, draft_cache, proposals: list, k: int) -> bool:
     """The draft's proposals 2..k by replaying its captured decode step (laquant.generate's, on a
-    static copy of its cache, which is the copy proposing needs); False where it cannot be captured."""
-    from laquant.generate import _graph_for, _NotInPlace, pick_tokens
+    static copy of its cache, which is the copy proposing needs); False where it cannot be captured
+    (or its cache cannot be static: a model of attn layers only)."""
+    from laquant.generate import _graph_for, pick_tokens
 
     try:
         g = _graph_for(draft_model, draft_cache, proposals[0].shape[0], k, (False, 1.0, None, None), pick_tokens,
                        None)
-    except _NotInPlace:
+    except (LaquantError, ValueError):
         return False
     g.load(draft_cache, proposals[0])
     for _ in range(k - 1):
