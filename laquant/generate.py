@@ -211,9 +211,10 @@ class _DecodeGraph:
     """One captured decode step on a static cache: reads ``tok [B, 1]``, writes the chosen token
     back into it and into ``history[:, pos]``, advances ``pos`` and marks finished rows."""
 
-    def __init__(self, model, prefill_cache, capacity: int, choose, eos: int | None):
+    def __init__(self, model, prefill_cache, capacity: int, choose, eos: int | None, experts: dict | None):
         self.model = weakref.ref(model)  # the model holds its graphs: no reference cycle
         self.choose, self.eos = choose, eos
+        self.experts = experts  # the MoE experts implementation of its steps (None: as the model is set)
         self.cache = static_cache(prefill_cache, kv_room(_cached_tokens(prefill_cache), capacity))
         states = _state_tensors(self.cache)
         batch, device = states[0].data.shape[0], states[0].data.device
@@ -222,7 +223,6 @@ class _DecodeGraph:
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
         self.done = torch.zeros(batch, dtype=torch.bool, device=device)
         self.capacity = capacity
-        self.experts = decode_experts_implementation(model, batch)  # None: as the model is set
         warm_up_outside_capture(self._step)
         if any(a is not b for a, b in zip(states, _state_tensors(self.cache))):
             raise _NotInPlace("this model's decode step does not update its states in place (a state format "
@@ -266,8 +266,9 @@ def _graph_for(model, prefill_cache, batch, steps, key, choose, eos) -> _DecodeG
                for i, (k, v) in kv_layers(prefill_cache).items())
     seed = state_store(prefill_cache).seed
     setting = model.get_experts_implementation() if hasattr(model, "get_experts_implementation") else {}
-    experts = tuple(sorted({**setting, **(decode_experts_implementation(model, batch) or {})}.items()))
-    full_key = (batch, layout, kv, seed, experts, *key)  # the seed is a launch argument baked into the graph
+    experts = decode_experts_implementation(model, batch)
+    runs = tuple(sorted({**setting, **(experts or {})}.items()))  # the implementation the steps run
+    full_key = (batch, layout, kv, seed, runs, *key)  # the seed is a launch argument baked into the graph
     g = graphs.get(full_key)
     if isinstance(g, _NotInPlace):  # refused before: not captured again
         raise g
@@ -277,7 +278,7 @@ def _graph_for(model, prefill_cache, batch, steps, key, choose, eos) -> _DecodeG
         try:
             # normal tensors even under torch.inference_mode: a later call without it loads into them in place
             with torch.inference_mode(False), torch.no_grad():
-                g = _DecodeGraph(model, prefill_cache, graph_history(steps), choose, eos)
+                g = _DecodeGraph(model, prefill_cache, graph_history(steps), choose, eos, experts)
         except _NotInPlace as exc:
             graphs[full_key] = exc
             raise

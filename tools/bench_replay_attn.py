@@ -10,9 +10,9 @@ import sys
 import time
 
 import torch
+from bench_hf_generate_attn import attn_gla_1b
 
 import laquant.generate as lg
-from laquant.models import GLAConfig, GLAForCausalLM
 from laquant.serving.replay import greedy_decode
 from laquant.serving.speculative import parting_gaps
 
@@ -40,12 +40,7 @@ def _rate(model, prompt, graphed: bool) -> tuple[float, torch.Tensor]:
 
 
 def main():
-    torch.manual_seed(0)
-    cfg = GLAConfig(hidden_size=2048, num_hidden_layers=24, num_heads=16, vocab_size=32000, bos_token_id=0,
-                    eos_token_id=0, attn={"layers": [11, 23], "num_heads": 16, "num_kv_heads": 4})
-    with torch.device("cuda"):
-        model = GLAForCausalLM(cfg)
-    model = model.to(torch.bfloat16).eval()
+    model = attn_gla_1b()
     prompt = torch.randint(1, 32000, (1, 1024), device="cuda")
     rows, outs = [], {}
     for graphed in (True, False):
@@ -55,7 +50,7 @@ def main():
     agree = int((outs[True] == outs[False]).cumprod(1).sum()) - 1  # the prefill's first token is shared
     with torch.no_grad():  # where they part: the two tokens' logit gap over the largest logit (eager, bf16)
         gaps = list(parting_gaps(model, torch.cat([prompt, outs[True]], 1), torch.cat([prompt, outs[False]], 1)))
-    json.dump(dict(device=torch.cuda.get_device_name(), config=cfg.to_dict(), prompt=1024, steps=STEPS, rows=rows,
+    json.dump(dict(device=torch.cuda.get_device_name(), config=model.config.to_dict(), prompt=1024, steps=STEPS, rows=rows,
                    tokens_equal_before_first_parting=agree, parting_gaps=gaps), open(sys.argv[1], "w"), indent=1,
               default=str)
     print("tokens equal before the first parting:", agree, "of", STEPS, "parting (row, position, gap):", gaps)
