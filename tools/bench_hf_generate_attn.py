@@ -35,8 +35,8 @@ def main():
             rows.append(dict(B=B, graph_steps=graphs, tok_per_s=rate,
                              graphs=len(model.__dict__.get("_laquant_step_graphs", {}))))
             print(json.dumps(rows[-1]), flush=True)
-    json.dump(dict(device=torch.cuda.get_device_name(), config=model.config.to_dict(), prompt=1024, steps=32, rows=rows),
-              open(sys.argv[1], "w"), indent=1, default=str)
+    json.dump(dict(device=torch.cuda.get_device_name(), config=model.config.to_dict(), prompt=1024, steps=32,
+                   rows=rows), open(sys.argv[1], "w"), indent=1, default=str)
 
 
 if __name__ == "__main__":

@@ -50,9 +50,9 @@ def main():
     agree = int((outs[True] == outs[False]).cumprod(1).sum()) - 1  # the prefill's first token is shared
     with torch.no_grad():  # where they part: the two tokens' logit gap over the largest logit (eager, bf16)
         gaps = list(parting_gaps(model, torch.cat([prompt, outs[True]], 1), torch.cat([prompt, outs[False]], 1)))
-    json.dump(dict(device=torch.cuda.get_device_name(), config=model.config.to_dict(), prompt=1024, steps=STEPS, rows=rows,
-                   tokens_equal_before_first_parting=agree, parting_gaps=gaps), open(sys.argv[1], "w"), indent=1,
-              default=str)
+    json.dump(dict(device=torch.cuda.get_device_name(), config=model.config.to_dict(), prompt=1024, steps=STEPS,
+                   rows=rows, tokens_equal_before_first_parting=agree, parting_gaps=gaps), open(sys.argv[1], "w"),
+              indent=1, default=str)
     print("tokens equal before the first parting:", agree, "of", STEPS, "parting (row, position, gap):", gaps)
 
 
