@@ -16,6 +16,13 @@ a float32 reference before it is timed (a wrong or NaN one is dropped).
     python tools/sweep_gemm.py --apply DIR/configs_table.py   # put that GPU's entries into kernels/gemm/configs.py
                                                               # (its other entries and the other GPUs' tables stay)
     python tools/sweep_gemm.py --shapes 7b --out DIR        # another set of shapes (SHAPE_SETS), or "NxK,NxK"
+    python tools/sweep_gemm.py --unsync --buckets 64,128,256 --shapes gla --out DIR
+
+``--unsync`` adds the tiles that sidestep Triton's synchronous int8 wgmma: Triton makes a Hopper wgmma
+asynchronous only with a float32 accumulator ("the accumulator is not fp32"), so every K step of the int8 dot
+with 4 or 8 warps waits for its own wgmma before the next is issued. Two warps take the ``mma.sync`` path
+instead (no wgmma, no wait: the warps' loads and products interleave), and a 512-wide K step halves the waits.
+Each (shape, bucket) also times the committed table's config in the same run (``w8a8_committed_us``).
 """
 import argparse
 import itertools
@@ -30,7 +37,7 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench, do_bench_cudagraph
 
-from laquant.kernels.gemm.configs import DEFAULT_SPLITK, M_BUCKETS, tiled_config
+from laquant.kernels.gemm.configs import DEFAULT_SPLITK, M_BUCKETS, choose_config, tiled_config
 from laquant.kernels.gemm.int8 import (PackedOutlierWeight, int8_gemm, int8_outlier_linear_triton,
                                        int8_weight_only_linear_triton, quantize_rows)
 
@@ -40,7 +47,9 @@ SHAPES = [(2048, 2048), (5632, 2048), (2048, 5632), (6144, 2048), (11264, 2048),
           (2048, 4096)]
 # --shapes 7b: a 4096-wide GLA of 32 layers (6.9B, Llama-7B's widths): fused q/k/v/g, o, fused gate/up, down
 SHAPES_7B = [(12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008)]
-SHAPE_SETS = {"default": SHAPES, "7b": SHAPES_7B}
+# --shapes gla: the 1.37B GLA's fused q/k/v/g, o, fused gate/up and down (issue #14's e2e model)
+SHAPES_GLA = [(6144, 2048), (2048, 2048), (11264, 2048), (2048, 5632)]
+SHAPE_SETS = {"default": SHAPES, "7b": SHAPES_7B, "gla": SHAPES_GLA}
 W8A16_MAX_M = 16
 N_OUT = 8
 STREAM_BYTES = 160 << 20  # weight copies per shape: > 2 x the H100's / H200's L2
@@ -54,15 +63,21 @@ def _empty_kernel(y_ptr):
 # --wide: also other warp counts and pipeline depths, and 16-column tiles (the first sweeps fixed 4 warps, 4 stages)
 WARPS_STAGES = ((4, 4),)
 WIDE_WARPS_STAGES = ((4, 3), (4, 4), (4, 6), (8, 3), (8, 4))
+# --unsync: (BK, warps, stages) of the tiles past the synchronous int8 wgmma (see the docstring)
+UNSYNC_TILES = ((128, 2, 4), (256, 2, 3), (256, 2, 4), (256, 2, 6), (512, 4, 2), (512, 4, 3), (512, 2, 3))
 
 
-def candidates(path, M, N, K, wide=False):
+def candidates(path, M, N, K, wide=False, unsync=False):
     BM = min(64, max(16, triton.next_power_of_2(M)))
     n_m = triton.cdiv(M, BM)
     out = []
-    for swap, BN, BK, (warps, stages) in itertools.product(
-            (False, True), (16, 32, 64, 128) if wide else (32, 64, 128), (128, 256),
-            WIDE_WARPS_STAGES if wide else WARPS_STAGES):
+    if unsync:
+        tiles = [(swap, BN, BK, (warps, stages)) for swap, BN, (BK, warps, stages)
+                 in itertools.product((False, True), (16, 32, 64), UNSYNC_TILES)]
+    else:
+        tiles = itertools.product((False, True), (16, 32, 64, 128) if wide else (32, 64, 128), (128, 256),
+                                  WIDE_WARPS_STAGES if wide else WARPS_STAGES)
+    for swap, BN, BK, (warps, stages) in tiles:
         if swap and (path != "w8a8" or BN < 64):  # swapped, the weight rows are the MMA's tall side
             continue
         tiles = n_m * triton.cdiv(N, BN)
@@ -73,7 +88,7 @@ def candidates(path, M, N, K, wide=False):
                 continue
             c = dict(BM=BM, BN=BN, BK=BK, SPLIT_K=split, FIXUP=True, num_warps=warps, num_stages=stages)
             out.append(dict(c, SWAP_AB=True) if swap else c)
-    if path == "w8a8" and M >= 64:
+    if path == "w8a8" and M >= 64 and not unsync:
         out.append(tiled_config(M))
     return out
 
@@ -131,10 +146,10 @@ def parse_shapes(spec: str) -> list[tuple[int, int]]:
         raise SystemExit(f"--shapes: one of {', '.join(SHAPE_SETS)} or NxK,NxK,...; got {spec!r}") from None
 
 
-def warm(share, dev, wide, shapes):
+def warm(share, dev, wide, shapes, buckets=M_BUCKETS, unsync=False):
     i, n = (int(v) for v in share.split("/"))
-    jobs = [(path, M, N, K, c) for (N, K) in shapes for M in M_BUCKETS for path in ("w8a8", "w8a16")
-            if path == "w8a8" or M <= W8A16_MAX_M for c in candidates(path, M, N, K, wide)]
+    jobs = [(path, M, N, K, c) for (N, K) in shapes for M in buckets for path in ("w8a8", "w8a16")
+            if path == "w8a8" or M <= W8A16_MAX_M for c in candidates(path, M, N, K, wide, unsync)]
     seen = set()
     for j, (path, M, N, K, c) in enumerate(jobs):
         key = (path, tuple(sorted((k, v > 1 if k == "SPLIT_K" else v) for k, v in c.items())))  # compiled variants
@@ -186,13 +201,18 @@ def main():
     ap.add_argument("--apply", default=None)
     ap.add_argument("--wide", action="store_true", help="a wider tile space: warps, pipeline depth, BN = 16")
     ap.add_argument("--shapes", default="default", help=f"N x K weights: {', '.join(SHAPE_SETS)} or NxK,NxK,...")
+    ap.add_argument("--unsync", action="store_true", help="the tiles past Triton's synchronous int8 wgmma only")
+    ap.add_argument("--buckets", default=None, help="M buckets to sweep, e.g. 64,128,256 (default: all)")
     args = ap.parse_args()
     shapes = parse_shapes(args.shapes)
+    buckets = tuple(int(b) for b in args.buckets.split(",")) if args.buckets else M_BUCKETS
+    if not set(buckets) <= set(M_BUCKETS):
+        raise SystemExit(f"--buckets: each one of {M_BUCKETS}; got {args.buckets!r}")
     if args.apply:
         return apply(args.apply)
     dev = torch.device("cuda")
     if args.warm:
-        return warm(args.warm, dev, args.wide, shapes)
+        return warm(args.warm, dev, args.wide, shapes, buckets, args.unsync)
     name = torch.cuda.get_device_name(dev)
     slug = "h200" if "H200" in name else "h100" if "H100" in name else name.lower().replace(" ", "_")
     big = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
@@ -212,7 +232,7 @@ def main():
                for _ in range(max(2, math.ceil(STREAM_BYTES / (2 * N * K))))]
         KQ = packs[0].qweight.shape[1]
         w8_bytes = N * KQ + 4 * N + 2 * N * N_OUT
-        for M in M_BUCKETS:
+        for M in buckets:
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
             x[:, packs[0].outlier_idx.long()] *= 30
             act_bytes = 2 * M * K + 2 * M * N
@@ -236,8 +256,11 @@ def main():
                     rec["w8a16_us"], rec["w8a16_config"], rec["w8a16_rel_err"] = math.inf, DEFAULT_SPLITK["w8a16"], None
                     rec["w8a16_rejected"] = []
                     continue
+                committed = choose_config(path, M, N, K, name)
+                rec[f"{path}_committed_config"] = committed
+                rec[f"{path}_committed_us"] = bench(rotating(lambda p: fn(p, committed), packs))  # noqa: B023
                 best, errs = None, []
-                for c in candidates(path, M, N, K, args.wide):
+                for c in [committed] + candidates(path, M, N, K, args.wide, args.unsync):
                     try:
                         err = rel(fn(packs[0], c).clone(), ref)
                         if not err < 2e-2:
@@ -267,8 +290,8 @@ def main():
                   f"{rec['w8a16_config']}  [{time.time() - t0:.0f}s]", flush=True)
         del packs, wbf
     meta = dict(device=name, torch=torch.__version__, triton=triton.__version__, copy_GBps=copy_gbs,
-                empty_launch_us=floor_us, wide=args.wide,
-                shapes=shapes, M=list(M_BUCKETS), n_outliers=N_OUT, x_dtype="bfloat16",
+                empty_launch_us=floor_us, wide=args.wide, unsync=args.unsync,
+                shapes=shapes, M=list(buckets), n_outliers=N_OUT, x_dtype="bfloat16",
                 timing="do_bench_cudagraph(rep=5) median; weights rotated over > 160 MB of copies; W8A8 tiles "
                        "chosen by the GEMM alone on pre-made codes, w8a8_us adds one quantize_rows pass")
     os.makedirs(args.out, exist_ok=True)
@@ -284,16 +307,18 @@ def main():
              "`% copy` counts its int8 weight + codes + output bytes; `auto` is a module called on its own "
              "(quantize_rows + GEMM, or W8A16 where the table picks it). `x cuBLAS` = cuBLAS bf16 time / "
              "ours (> 1 is faster). W8A16 was swept at M <= 16 only.", "",
-             "| N x K | M | cuBLAS bf16 us | GEMM alone us | % copy | x cuBLAS | tiles | quantize_rows us | "
-             "W8A16 us | auto path | auto x cuBLAS |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| N x K | M | cuBLAS bf16 us | committed GEMM us | GEMM alone us | % copy | x cuBLAS | tiles | "
+             "quantize_rows us | W8A16 us | auto path | auto x cuBLAS |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c = r["chosen"]
         cfg = r["w8a8_config"]
         tiles = ("tiled" if "GROUP_M" in cfg else
-                 f"{'swap ' if cfg.get('SWAP_AB') else ''}{cfg['BM']}x{cfg['BN']}x{cfg['BK']} split {cfg['SPLIT_K']}")
+                 f"{'swap ' if cfg.get('SWAP_AB') else ''}{cfg['BM']}x{cfg['BN']}x{cfg['BK']} split {cfg['SPLIT_K']} "
+                 f"w{cfg['num_warps']} s{cfg['num_stages']}")
         w16 = f"{r['w8a16_us']:.2f}" if math.isfinite(r["w8a16_us"]) else "-"
-        lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {r['cublas_bf16_us']:.2f} | {r['w8a8_gemm_alone_us']:.2f} | "
+        lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {r['cublas_bf16_us']:.2f} | {r['w8a8_committed_us']:.2f} | "
+                     f"{r['w8a8_gemm_alone_us']:.2f} | "
                      f"{r['w8a8_gemm_alone_pct_copy']:.0f}% | {r['w8a8_gemm_alone_vs_cublas']:.2f} | {tiles} | "
                      f"{r['quantize_rows_us']:.2f} | {w16} | {c} | {r[f'{c}_vs_cublas']:.2f} |")
     lines += ["", "Configs (best of the sweep):", ""]

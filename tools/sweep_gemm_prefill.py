@@ -10,11 +10,16 @@ beforehand (the model's norms write them). Every candidate is checked against a 
 first. CUDA-graph medians.
 
     python tools/sweep_gemm_prefill.py OUT_DIR      # writes OUT_DIR/gemm_prefill_<device>.{json,md}
+    python tools/sweep_gemm_prefill.py OUT_DIR --shapes gla --ms 4096   # the 1.37B GLA's shapes, 4,096 rows
+
+The int8 dot's wgmma is synchronous in Triton (a float32 accumulator is the condition for an asynchronous one):
+each K step waits for its products before the next is issued, so 256-wide K steps (half the waits per product)
+are in the space too, at the pipeline depths that fit shared memory.
 """
+import argparse
 import itertools
 import json
 import os
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -26,26 +31,28 @@ from laquant.kernels.gemm.int8 import int8_gemm, quantize_rows
 
 # qwen3_next's in_proj_qkvz, out_proj / o_proj, gate+up, down, the softmax layers' q(gated)+k+v; GLA's q/k/v/g, o
 SHAPES = [(12288, 2048), (2048, 4096), (11264, 2048), (2048, 5632), (9216, 2048), (6144, 2048), (2048, 2048)]
+SHAPES_GLA = [(6144, 2048), (2048, 2048), (11264, 2048), (2048, 5632)]
 MS = (1024, 4096)
+SMEM_BYTES = 200 * 1024  # the int8 tiles' pipeline buffers (Hopper: 227 KB a block, less the epilogue's)
 
 
 def candidates():
     out = []
-    for BM, BN, BK, warps, stages in itertools.product((64, 128), (128, 256), (64, 128), (4, 8), (3, 4)):
+    for BM, BN, BK, warps, stages in itertools.product((64, 128), (128, 256), (64, 128, 256), (4, 8), (2, 3, 4)):
         if BM == 64 and (BN == 256 or warps == 8):
             continue
-        if BM * BK + BK * BN > 48 * 1024 and stages == 4:  # int8 tiles: 4 stages of 128x128 + 128x256 fit, more do not
+        if stages * (BM + BN) * BK > SMEM_BYTES or (stages == 2 and BK < 256):
             continue
         out.append(dict(BM=BM, BN=BN, BK=BK, GROUP_M=8, num_warps=warps, num_stages=stages))
     return out
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, shapes=SHAPES, ms=MS) -> None:
     dev = torch.device("cuda")
     name = torch.cuda.get_device_name(dev)
     slug = "h200" if "H200" in name else "h100" if "H100" in name else name.lower().replace(" ", "_")
     rows = []
-    for (N, K), M in itertools.product(SHAPES, MS):
+    for (N, K), M in itertools.product(shapes, ms):
         packs, keep_idx = make_weights(N, K, 1, dev)
         p = packs[0]
         x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
@@ -92,7 +99,7 @@ def main(out_dir: str) -> None:
               f"_int_mm {rec['cublas_int8_mm_us']:.1f} ({rec['cublas_int8_mm_tops']:.0f}), shipped "
               f"{rec['shipped_us']:.1f} ({rec['shipped_tops']:.0f}), best {rec['best_us']:.1f} "
               f"({rec['best_tops']:.0f}) {rec['best_config']}", flush=True)
-    meta = dict(device=name, torch=torch.__version__, triton=triton.__version__, shapes=SHAPES, M=MS,
+    meta = dict(device=name, torch=torch.__version__, triton=triton.__version__, shapes=shapes, M=ms,
                 x_dtype="bfloat16", n_outliers=8, timing="do_bench_cudagraph(rep=5) median, GEMM alone on pre-made codes")
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"gemm_prefill_{slug}.json"), "w") as f:
@@ -115,4 +122,9 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_dir")
+    ap.add_argument("--shapes", choices=("all", "gla"), default="all")
+    ap.add_argument("--ms", default=",".join(map(str, MS)), help="rows, e.g. 1024,4096")
+    args = ap.parse_args()
+    main(args.out_dir, SHAPES_GLA if args.shapes == "gla" else SHAPES, tuple(int(m) for m in args.ms.split(",")))
