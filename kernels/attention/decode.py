@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.launch import launch_kernel
 from ..common.sizes import cdiv, next_power_of_2, sm_count
 
 try:
@@ -256,13 +257,14 @@ def decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m
     warps = 4 if BR * max(BD, BDV) <= 64 * 128 else 8
     step_bytes = BLOCK_S * (BD + BDV) * k.element_size()  # float32 at D = 256 would not fit three in shared memory
     stages = 3 if step_bytes <= STAGED_BYTES else 1
-    _decode_attention_kernel[(programs, splits)](
+    launch_kernel(_decode_attention_kernel, (programs, splits),
         q, k, v, m, out, part_o, part_ml, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), s_mb, s_mt, out.stride(0), out.stride(1), out.stride(2), Hkv, S, span,
         float(scaling), mask_min, T=T, G=G, D=D, DV=DV, BR=BR, BD=BD, BDV=BDV, BS=BLOCK_S, SPLITS=splits,
         HAS_MASK=mask is not None, IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
     if splits > 1:
-        _combine_kernel[(programs,)](part_o, part_ml, out, out.stride(0), out.stride(1), out.stride(2), Hkv, T=T, G=G,
-                                     DV=DV, BR=BR, BDV=BDV, SPLITS=splits, BSP=next_power_of_2(splits),
-                                     num_warps=4)
+        launch_kernel(_combine_kernel, (programs,),
+            part_o, part_ml, out, out.stride(0), out.stride(1), out.stride(2), Hkv, T=T, G=G,
+            DV=DV, BR=BR, BDV=BDV, SPLITS=splits, BSP=next_power_of_2(splits),
+            num_warps=4)
     return out

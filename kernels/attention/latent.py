@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.launch import launch_kernel
 from ..common.sizes import next_power_of_2
 from .decode import FLOATS, mask_args, split_buffers, split_positions
 
@@ -166,13 +167,14 @@ def latent_attention_triton(q_latent: torch.Tensor, q_rope: torch.Tensor, latent
     part_o, part_ml = split_buffers(B, splits, BR, BDR, out)
     m, s_mb, _, mask_min = mask_args(mask, q_latent)  # one token: no token stride
     step_bytes = block * (BDR + BP) * latents.element_size()
-    _latent_attention_kernel[(B, splits)](
+    launch_kernel(_latent_attention_kernel, (B, splits),
         q_latent, q_rope, latents, k_ropes, m, out, part_o, part_ml, q_latent.stride(0), q_latent.stride(1),
         q_rope.stride(0), q_rope.stride(1), latents.stride(0), latents.stride(1), k_ropes.stride(0), k_ropes.stride(1),
         s_mb, out.stride(0), out.stride(1), S, span, float(scaling), mask_min, H=H, R=R, P=P, BR=BR, BDR=BDR, BP=BP,
         BS=block, SPLITS=splits, HAS_MASK=mask is not None, IEEE=q_latent.dtype == torch.float32,
         num_warps=4 if BR * BDR <= 64 * 128 else 8, num_stages=3 if step_bytes <= 48 * 1024 else 2)
     if splits > 1:  # decode's combine: one key head of H query heads, one token
-        _combine_kernel[(B,)](part_o, part_ml, out, out.stride(0), 0, out.stride(1), 1, T=1, G=H, DV=R, BR=BR,
-                              BDV=BDR, SPLITS=splits, BSP=next_power_of_2(splits), num_warps=4)
+        launch_kernel(_combine_kernel, (B,),
+            part_o, part_ml, out, out.stride(0), 0, out.stride(1), 1, T=1, G=H, DV=R, BR=BR,
+            BDV=BDR, SPLITS=splits, BSP=next_power_of_2(splits), num_warps=4)
     return out

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.launch import launch_kernel
 from ..common.pdl import pdl_launch
 from ..common.sizes import next_power_of_2
 from ..rowwise.reference import rms_norm
@@ -153,7 +154,7 @@ def qk_norm_rope_step_triton(q: torch.Tensor, gate: torch.Tensor | None, k: torc
     gate_out = None if gate is None else torch.empty(B, Hq * D, dtype=gate.dtype, device=gate.device)
     if B:
         g = gate if gate is not None else q
-        _qk_norm_rope_kernel[(B, Hq + Hkv)](
+        launch_kernel(_qk_norm_rope_kernel, (B, Hq + Hkv),
             q, g, k, v, q_weight, k_weight, cos, sin, keys, values, pos, query,
             gate_out if gate_out is not None else query, eps, Hq, D, Dv, cos.shape[-1],
             q.stride(0), q.stride(1), g.stride(0), g.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from .formats import kernel_code
+from .launch import launch_kernel
 from .sizes import cdiv, next_power_of_2
 from .state import State, StateQuantizer
 from .state_io import store_states
@@ -102,7 +103,7 @@ def store_rows_triton(state: torch.Tensor, quantizer: StateQuantizer, position: 
     BLOCK_K = min(next_power_of_2(K), max(1, TILE // BLOCK_V))
     sub_step = subs[0] if checkpoints and C else 0  # a final state: sub-store 0
     if state.numel():
-        _store_states_kernel[(state.numel() // (K * V), cdiv(K, BLOCK_K))](
+        launch_kernel(_store_states_kernel, (state.numel() // (K * V), cdiv(K, BLOCK_K)),
             state, data, scale, old, static, C, seed, position, sub_step, int(renorm_now),
             H=H, K=K, V=V, BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V, FMT=kernel_code(fmt), RENORM=renorm, QMAX=fmt.qmax,
             SR=quantizer.stochastic, num_warps=4)

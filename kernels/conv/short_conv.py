@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..common.launch import launch_kernel
 from ..common.pdl import pdl_launch
 from ..common.sizes import cdiv, next_power_of_2
 
@@ -122,7 +123,7 @@ def short_conv_step_triton(x: torch.Tensor, state: torch.Tensor, weight: torch.T
     out = torch.empty(B, C, dtype=x.dtype, device=x.device)
     if B and C:
         block = min(512, next_power_of_2(C))
-        _short_conv_step_kernel[(B, cdiv(C, block))](
+        launch_kernel(_short_conv_step_kernel, (B, cdiv(C, block)),
             x, cols if cols is not None else x, state, so, weight, bias if bias is not None else weight, out, C,
             *x.stride(), state.stride(0), state.stride(1), so.stride(0), so.stride(1), W=Wm1 + 1,
             BLOCK_W=next_power_of_2(Wm1 + 1),

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.launch import launch_kernel
 from ..common.sizes import cdiv, next_power_of_2, sm_count
 from ..common.state import State, StateQuantizer
 from ..common.state_io import CHUNK, check_state_args, sequence_bounds, state_io, store_position, store_states
@@ -281,7 +282,7 @@ def launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, fin
             sms = sm_count(q.device)
             while N * H * cdiv(V, BV) < sms and BV > 32:
                 BV //= 2
-    _chunk_delta_fwd_kernel[(N * H, cdiv(V, BV))](
+    launch_kernel(_chunk_delta_fwd_kernel, (N * H, cdiv(V, BV)),
         q, k, v, g, beta, o, cu_seqlens if cu_seqlens is not None else dummy, *(intra or (dummy,) * 3),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2),

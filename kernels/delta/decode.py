@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.launch import launch_kernel
 from ..common.pdl import pdl_launch
 from ..common.sizes import next_power_of_2
 from ..common.state import StateQuantizer, load_pool_slots, store_pool_slots
@@ -213,7 +214,7 @@ def launch_decode(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores,
     pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K, block_k,
                                                       num_warps, "delta")
     o = torch.empty(B, H, V, dtype=v.dtype, device=v.device) if out is None else out
-    _delta_decode_kernel[(B * H,)](
+    launch_kernel(_delta_decode_kernel, (B * H,),
         q, k, v, g, beta, o, *pool,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
         o.stride(0), o.stride(1), *pool_strides,

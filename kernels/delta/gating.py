@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..common.gate_treatment import treated, treatment_args
+from ..common.launch import launch_kernel
 from ..common.pdl import pdl_launch
 from ..common.sizes import cdiv, next_power_of_2
 
@@ -113,7 +114,7 @@ def gdn_gating_triton(a: torch.Tensor, b: torch.Tensor | None, A_log: torch.Tens
         (blo, bhi, b_s), (p_bg, p_br), bq = treatment_args(b_treatment, g, G, R)
         block_h = next_power_of_2(H)
         rows = max(1, min(64, 2048 // block_h))
-        _gdn_gating_kernel[(cdiv(M, rows),)](
+        launch_kernel(_gdn_gating_kernel, (cdiv(M, rows),),
             a3, b3, A_log, dt_bias, g, beta if beta is not None else g, alo, ahi, a_s, blo, bhi, b_s, M,
             *a3.stride(), *b3.stride(), p_ag, p_ar, p_bg, p_br, float(beta_scale), H=H, R=R, ROWS=rows,
             BLOCK_H=block_h, **{f"A_{k}": v for k, v in aq.items()}, **{f"B_{k}": v for k, v in bq.items()},

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.launch import launch_kernel
 from ..common.sizes import cdiv, next_power_of_2
 
 try:
@@ -122,7 +123,7 @@ def delta_intra_chunk(q, k, v, g, beta, scale: float | None = None, cu_seqlens: 
     if T == 0:
         return qk, w, u
     grid, slot_map = intra_grid(B, T, H, block_t, cu_seqlens, qk)
-    _delta_intra_chunk_kernel[grid](
+    launch_kernel(_delta_intra_chunk_kernel, grid,
         q, k, v, g, beta, qk, w, u, cu_seqlens if cu_seqlens is not None else qk, slot_map,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2),

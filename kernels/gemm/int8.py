@@ -55,6 +55,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..common.launch import launch_kernel
 from ..common.pdl import pdl_launch
 from ..common.sizes import cdiv, next_power_of_2
 from .configs import choose_config, choose_gemm, tiled_config  # noqa: F401  (re-exported)
@@ -380,11 +381,12 @@ def quantize_rows(x2: torch.Tensor, packed: PackedOutlierWeight):
     xo = torch.empty(M, max(NO, 1), dtype=x2.dtype, device=x2.device)
     if M:
         one_tile = KQ <= 16384  # the row in registers of one program (16 warps above 8192)
-        _quantize_rows_kernel[(M,)](x2, packed.source, packed.outlier_idx, xq, xs, xo, K, KQ, NO, packed.n_keep,
-                                    x2.stride(0), BK=next_power_of_2(KQ) if one_tile else 2048,
-                                    BNO=max(16, next_power_of_2(NO)), HAS_OUT=NO > 0, ONE_TILE=one_tile,
-                                    IDENTITY=packed.identity,  # K <= KQ: the row fits the tile
-                                    num_warps=4 if K <= 2048 else 8 if KQ <= 8192 or not one_tile else 16)
+        launch_kernel(_quantize_rows_kernel, (M,),
+            x2, packed.source, packed.outlier_idx, xq, xs, xo, K, KQ, NO, packed.n_keep,
+            x2.stride(0), BK=next_power_of_2(KQ) if one_tile else 2048,
+            BNO=max(16, next_power_of_2(NO)), HAS_OUT=NO > 0, ONE_TILE=one_tile,
+            IDENTITY=packed.identity,  # K <= KQ: the row fits the tile
+            num_warps=4 if K <= 2048 else 8 if KQ <= 8192 or not one_tile else 16)
     return xq, xs, xo
 
 
@@ -414,10 +416,10 @@ def int8_gemm(xq: torch.Tensor, xs: torch.Tensor, xo: torch.Tensor, packed: Pack
         warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
         KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
         grid = (cdiv(M, cfg["BM"]) * cdiv(N, cfg["BN"]),)
-        _int8_gemm_kernel[grid](xq, packed.qweight, xs, packed.scale, xo, packed.outlier_weight,
-                                packed.bias if packed.bias is not None else xs, y, M, N, KQ, NO, y.stride(0),
-                                BNO=_bno(NO, y.dtype), HAS_OUT=NO > 0,
-                                HAS_BIAS=packed.bias is not None, num_warps=warps, num_stages=stages, **cfg)
+        launch_kernel(_int8_gemm_kernel, grid, xq, packed.qweight, xs, packed.scale, xo, packed.outlier_weight,
+                      packed.bias if packed.bias is not None else xs, y, M, N, KQ, NO, y.stride(0),
+                      BNO=_bno(NO, y.dtype), HAS_OUT=NO > 0,
+                      HAS_BIAS=packed.bias is not None, num_warps=warps, num_stages=stages, **cfg)
 
 
 def int8_weight_only_linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, config: dict | None = None) -> torch.Tensor:
@@ -521,7 +523,7 @@ def _launch_splitk(a8: bool, a, s_am, xs, xo, packed, y, cfg, fuse_q=False):
     part = torch.empty((split, M, N), dtype=torch.float32, device=y.device) if split > 1 else y
     cnt = _tile_counters(y.device) if split > 1 and fixup else packed.source
     dummy = packed.scale
-    _splitk_gemm_kernel[(n_m, n_n, split)](
+    launch_kernel(_splitk_gemm_kernel, (n_m, n_n, split),
         a, packed.source, packed.qweight, dummy if xs is None else xs, packed.scale, dummy if xo is None else xo,
         packed.outlier_idx, packed.outlier_weight, packed.bias if packed.bias is not None else dummy, y,
         part, cnt, M, N, KQ, packed.in_features, NO, split, s_am, y.stride(0),
@@ -530,4 +532,4 @@ def _launch_splitk(a8: bool, a, s_am, xs, xo, packed, y, cfg, fuse_q=False):
         SWAP_AB=bool(cfg.get("SWAP_AB")) and a8 and not fuse_q, num_warps=cfg["num_warps"], num_stages=stages,
         **pdl_launch(y.device, M))
     if split > 1 and not fixup:
-        _splitk_reduce_kernel[(cdiv(M * N, 1024),)](part, y, M * N, split, BLOCK=1024, num_warps=4)
+        launch_kernel(_splitk_reduce_kernel, (cdiv(M * N, 1024),), part, y, M * N, split, BLOCK=1024, num_warps=4)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from ..common.formats import get_format
+from ..common.launch import launch_kernel
 from ..common.sizes import cdiv, next_power_of_2, sm_count
 from ..common.state import State, StateQuantizer
 from ..common.state_io import CHUNK, check_state_args, sequence_bounds, state_io, store_position, store_states
@@ -383,9 +384,10 @@ def _segmented(q, k, v, g, scale, initial_state, output_final_state, final_forma
     final = torch.empty(B, H, K, V, device=q.device)
     h0 = initial_state.load().contiguous() if initial_state is not None else final
     BKs = min(32, next_power_of_2(K))
-    _segment_scan_kernel[(B * H, cdiv(K, BKs))](local.data, decay, h0, starts_state, final, segments, H=H, K=K,
-                                                       V=V, BK=BKs, BV=next_power_of_2(V),
-                                                       HAS_H0=initial_state is not None)
+    launch_kernel(_segment_scan_kernel, (B * H, cdiv(K, BKs)),
+        local.data, decay, h0, starts_state, final, segments, H=H, K=K,
+        V=V, BK=BKs, BV=next_power_of_2(V),
+        HAS_H0=initial_state is not None)
     _launch(qf, kf, vf, gf, of, scale, n_pieces, State(starts_state, None, "fp32"), None, None, 0, None, cu,
             store_o=True, decay=None, **launch)
     ckpt = None
@@ -416,7 +418,7 @@ def _launch(q, k, v, g, o, scale, N, initial_state, final, ckpt, checkpoint_ever
                          f"(prefill_roundtrip) needs a head's whole [K, V] = [{K}, {V}] state in one program, more "
                          f"than its {MAX_STATE_TILE} elements fit: use static scales (renorm_interval 0), or "
                          "prefill_roundtrip false")
-    _chunk_gla_fwd_kernel[(N * H, cdiv(V, BV))](
+    launch_kernel(_chunk_gla_fwd_kernel, (N * H, cdiv(V, BV)),
         q, k, v, g, o,
         ckpt.data if ckpt is not None else dummy, ckpt.scale if ckpt is not None and ckpt.scale is not None else dummy,
         cu_seqlens if cu_seqlens is not None else dummy,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..common.gate_treatment import treated, treatment_args
+from ..common.launch import launch_kernel
 from ..common.pdl import pdl_launch
 from ..common.sizes import next_power_of_2
 from ..common.state import StateQuantizer, load_pool_slots, store_pool_slots
@@ -138,7 +139,7 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
                                                       num_warps)
     o = torch.empty(B, H, V, dtype=v.dtype, device=v.device) if out is None else out
     qk_scale = K ** -0.5 if qk_scale is None else qk_scale
-    _gla_decode_kernel[(B * H,)](
+    launch_kernel(_gla_decode_kernel, (B * H,),
         q, k, v, g, o, *pool,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(),
         o.stride(0), o.stride(1), *pool_strides,
@@ -191,7 +192,7 @@ def ssd_decode_step(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, sta
     per_head = None if dt_treatment is None else {k: None if t is None else t.reshape(1, -1)
                                                   for k, t in dt_treatment.items()}
     (t_lo, t_hi, t_scale), (_, s_t), t_consts = treatment_args(per_head, o, 1, H)
-    _gla_decode_kernel[(Bsz * H,)](
+    launch_kernel(_gla_decode_kernel, (Bsz * H,),
         C, B_, x, dt_logits, o, *pool,
         *C.stride(), *B_.stride(), *x.stride(), dt_logits.stride(0), dt_logits.stride(1), 0,
         o.stride(0), o.stride(1), *pool_strides,

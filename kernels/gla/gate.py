@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..common.launch import launch_kernel
 from ..common.numerics import fake_quantize_int8
 from ..common.pdl import pdl_launch
 from ..common.sizes import cdiv, next_power_of_2
@@ -98,7 +99,7 @@ def gate_log_decay_triton(logits: torch.Tensor, normalizer: float, clamp_min: fl
         block_c = min(1024, next_power_of_2(C))
         rows = max(1, 2048 // block_c)
         ptrs, clamp, consts = _tail_args(y, clamp_min, logit_min, logit_max, logit_scale)
-        _gate_log_decay_kernel[(cdiv(M, rows), cdiv(C, block_c))](
+        launch_kernel(_gate_log_decay_kernel, (cdiv(M, rows), cdiv(C, block_c)),
             x, *ptrs, y, M, C, x.stride(0), float(normalizer), clamp, BLOCK_C=block_c, ROWS=rows, num_warps=4, **consts,
             **pdl_launch(x.device, M))
     return y
@@ -192,7 +193,7 @@ def low_rank_gate_log_decay_triton(x: torch.Tensor, first, second, normalizer: f
         cfg = dict(config or low_rank_gate_config(M, x2.dtype))
         rows, block_c = cfg.pop("ROWS"), min(cfg.pop("BLOCK_C"), max(16, next_power_of_2(C)))
         ptrs, clamp, consts = _tail_args(y, clamp_min, logit_min, logit_max, logit_scale)
-        _low_rank_gate_kernel[(cdiv(M, rows), cdiv(C, block_c))](
+        launch_kernel(_low_rank_gate_kernel, (cdiv(M, rows), cdiv(C, block_c)),
             x2, first.qweight, first.scale, second.qweight, second.scale,
             second.bias if second.bias is not None else y, *ptrs, y,
             M, K, R, C, x2.stride(0), first.qweight.shape[1], second.qweight.shape[1], float(normalizer), clamp,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.launch import launch_kernel
 from ..common.sizes import cdiv, next_power_of_2, sm_count
 
 try:
@@ -84,12 +85,13 @@ def noncausal_linear_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch
     per_split = block_t * cdiv(cdiv(T, splits), block_t)
     splits = cdiv(T, per_split) if T else 1
     partial = torch.empty(B * H, splits, K, V, dtype=torch.float32, device=q.device)
-    _kv_summary_kernel[(B * H, splits)](k, v, partial, k.stride(0), k.stride(1), k.stride(2), v.stride(0),
-                                        v.stride(1), v.stride(2), T, per_split, H=H, K=K, V=V, BT=block_t,
-                                        BK=BK, BV=BV, LOW_PRECISION=low)
+    launch_kernel(_kv_summary_kernel, (B * H, splits),
+        k, v, partial, k.stride(0), k.stride(1), k.stride(2), v.stride(0),
+        v.stride(1), v.stride(2), T, per_split, H=H, K=K, V=V, BT=block_t,
+        BK=BK, BV=BV, LOW_PRECISION=low)
     kv = partial.sum(1)
     o = torch.empty_like(v)
-    _apply_summary_kernel[(B * H, cdiv(T, block_t))](
+    launch_kernel(_apply_summary_kernel, (B * H, cdiv(T, block_t)),
         q, kv, o, q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2), T,
         K ** -0.5 if scale is None else scale, H=H, K=K, V=V, BT=block_t, BK=BK, BV=BV, LOW_PRECISION=low)
     return o

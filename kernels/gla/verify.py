@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.launch import launch_kernel
 from ..common.pool_steps import (Kept, accepted_counts, check_tokens, chunk_launch, kept_args, launch_args,
                                  pool_steps_reference, verify_step)
 from ..common.state import StateQuantizer
@@ -208,13 +209,13 @@ def _launch(q, k, v, g, state, scale, pool_idx, quantizer, n_stores, qk_scale, s
                                                              "gla", step, **launch)
     o = out if out is not None else (v.new_empty(B, T, H, V) if steps is None else v)
     if step == "verify_prefill":  # numerics="prefill": one chunk
-        _gla_verify_chunk_kernel[(B * H, n_v)](
+        launch_kernel(_gla_verify_chunk_kernel, (B * H, n_v),
             q, k, v, g, o, *pool[:3], *q.stride(), *k.stride(), *v.stride(), *g.stride(), *o.stride()[:3],
             *pool_strides, T, K ** -0.5 if qk_scale is None else qk_scale, H=H, K=K, V=V,
             **chunk_launch(consts, T, q.dtype), num_warps=num_warps)
         return o
     keep_ptrs, keep_strides = kept_args(kept, state, B, T, state)
-    _gla_verify_kernel[(B * H, n_v)](
+    launch_kernel(_gla_verify_kernel, (B * H, n_v),
         q, k, v, g, o, *pool, *keep_ptrs, steps if steps is not None else pool_idx,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(), *o.stride()[:3], *pool_strides, *keep_strides,
         T, K ** -0.5 if qk_scale is None else qk_scale, seed, H=H, K=K, V=V, BLOCK_T=1 << (T - 1).bit_length(),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..common.dispatch import use_triton
+from ..common.launch import launch_kernel
 from ..common.sizes import next_power_of_2
 from .reference import ngram_lookup_reference
 
@@ -63,10 +64,11 @@ def ngram_lookup_triton(context: torch.Tensor, length: torch.Tensor, k: int, max
     B, L = context.shape
     out = torch.empty(B, k, dtype=torch.long, device=context.device)
     if B and k:
-        _ngram_lookup_kernel[(B,)](context, length.reshape(1).to(torch.long), out, L, context.stride(0), out.stride(0),
-                                   K=k, BLOCK_K=max(16, next_power_of_2(k)), MAX_N=max_ngram,
-                                   MIN_N=min_ngram, BLOCK=min(BLOCK, max(16, next_power_of_2(L))),
-                                   num_warps=4)
+        launch_kernel(_ngram_lookup_kernel, (B,),
+            context, length.reshape(1).to(torch.long), out, L, context.stride(0), out.stride(0),
+            K=k, BLOCK_K=max(16, next_power_of_2(k)), MAX_N=max_ngram,
+            MIN_N=min_ngram, BLOCK=min(BLOCK, max(16, next_power_of_2(L))),
+            num_warps=4)
     return out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.launch import launch_kernel
 from ..common.pdl import pdl_launch
 from ..common.sizes import cdiv, next_power_of_2
 from .reference import GATE_ACTIVATIONS
@@ -308,7 +309,7 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
             if heads == 1 and M > TILED_CODES_MIN_TOKENS and not packed.identity:  # tiles within 8K elements
                 tokens = max(1, min(TILED_TOKENS, 8192 // max(block_n, consts["BQ"])))
                 rows, consts = tokens, dict(consts, SCATTER=False)
-        _rms_norm_kernel[(cdiv(M // heads, tokens) if packed is not None else cdiv(M, rows),)](
+        launch_kernel(_rms_norm_kernel, (cdiv(M // heads, tokens) if packed is not None else cdiv(M, rows),),
             x, residual if residual is not None else x, weight, g if g is not None else x, y, ro, M, N, eps,
             *x_rows, *res_rows, *g_rows, *row_layout(y), N, *ptrs, heads,
             BLOCK_N=block_n, ROWS=rows, HAS_RES=residual is not None, GATED=g is not None, ROUND_SUM=round_sum,
@@ -373,7 +374,7 @@ def glu_triton(gate: torch.Tensor, up: torch.Tensor, packed=None, activation: st
         else:  # a token's whole row in one program
             block_n, rows = next_power_of_2(N), 1
         ptrs = q.get("ptrs", (gate, gate, gate, gate, gate, 0, 0, 0))
-        _swiglu_kernel[(cdiv(M, rows), cdiv(N, block_n))](
+        launch_kernel(_swiglu_kernel, (cdiv(M, rows), cdiv(N, block_n)),
             gate, up, y, M, N, *gate_rows, *up_rows, N, *ptrs, BLOCK_N=block_n, ROWS=rows,
             num_warps=_codes_warps(block_n) if packed is not None else 4 if block_n <= 2048 else 8,
             SIGMOID=activation == "sigmoid", **(q or _NO_CODES)["consts"],
