@@ -1,6 +1,8 @@
 """The fused row-wise kernels (RMSNorm with residual, gated RMSNorm, SwiGLU, GLA's gate tail) and
 the fused projection groups, against their PyTorch references (interpreted on CPU, float32)."""
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -69,6 +71,23 @@ def test_gated_rms_norm_on_strided_slices():
     out = gated_rms_norm_triton(x, g, w, 1e-5)
     ref = gated_rms_norm(x.cpu(), g.cpu(), w.cpu(), 1e-5)
     assert rel_err(out.float().cpu(), ref.float()) < TOL
+
+
+@pytest.mark.parametrize("shape,view", [((5, 7), None), ((1, 7), None), ((7,), None), ((2, 1, 3, 7), None),
+                                        ((1, 1, 7), None), ((0, 7), None), ((3, 4, 9), "columns"),
+                                        ((2, 3, 4, 8), "heads")])
+def test_row_layout_addresses_every_row(shape, view):
+    """Row r of t starts at ``(r // inner) * s0 + (r % inner) * s1`` elements past t's first: contiguous tensors
+    (their shortcut) and strided views alike."""
+    t = torch.zeros(shape)
+    if view == "columns":  # a column slice of a wider row
+        t = t[..., 2:7]
+    elif view == "heads":  # [B, T, H, D] from a fused [B, T, H * D + 8] output
+        t = torch.zeros(*shape[:2], shape[2] * shape[3] + 8)[..., 8:].unflatten(-1, shape[2:])
+    s0, s1, inner = row_layout(t)
+    starts = [t[idx].data_ptr() for idx in itertools.product(*map(range, t.shape[:-1]))]  # rows in order
+    for r, start in enumerate(starts):
+        assert (r // inner) * s0 + (r % inner) * s1 == (start - t.data_ptr()) // t.element_size()
 
 
 def test_norms_take_views_that_need_three_strides():

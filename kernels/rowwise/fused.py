@@ -46,6 +46,8 @@ GLU_ACTIVATIONS = ("silu", "sigmoid")  # SwiGLU's; a gated attention output's ``
 
 def row_layout(t: torch.Tensor) -> tuple[int, int, int]:
     """``(s0, s1, inner)`` addressing the rows of ``t [..., N]`` (last dim contiguous), or raise."""
+    if t.is_contiguous():  # the common case, without the general walk below (this runs at every launch)
+        return (t.shape[-1] if t.numel() > t.shape[-1] else 0), 0, 1
     if t.stride(-1) != 1:
         raise ValueError("rows must be contiguous in their last dimension")
     if t.dim() == 1:
