@@ -116,7 +116,7 @@ def test_gpu_results_equal_kernel_grid_across_alignments_streams_and_graphs():
     for offset, n in ((0, 4096), (1, 4099), (3, 1), (16, 777), (0, 4096)):  # aligned, misaligned, n == 1, again
         x, y = buf[offset:offset + n], buf[5000 + offset:5000 + offset + n]
         out = torch.empty(n + 1, device="cuda")[1:]  # 4 bytes past the allocation's alignment
-        want = x * 0.5 + y
+        want = x * 0.5 + y  # a power of two: the kernel's fused multiply-add and this rounding agree
         launch_mod.launch_kernel(scaled_add, (triton.cdiv(n, 256),), x, y, out, n, 0.5, BLOCK=256)
         torch.testing.assert_close(out, want, rtol=0, atol=0)
     side = torch.cuda.Stream()
@@ -132,5 +132,7 @@ def test_gpu_results_equal_kernel_grid_across_alignments_streams_and_graphs():
     out.zero_()
     x.add_(1.0)
     graph.replay()
+    want = torch.empty_like(out)
+    scaled_add[(16,)](x, y, want, 4096, 3.0, BLOCK=256)  # the kernel's own fused multiply-add, as launched plainly
     torch.cuda.synchronize()
-    torch.testing.assert_close(out, x * 3.0 + y, rtol=0, atol=0)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
