@@ -97,6 +97,9 @@ def test_off_or_interpreted_launches_through_kernel_grid(cpu_cuda, monkeypatch):
             return lambda *args, **kwargs: ("interpreted", grid, args)
 
     assert launch_mod.launch_kernel(Interpreted(), (2,), 5) == ("interpreted", (2,), (5,))
+    kernel.device_caches = {0: (None, None, None, None)}  # a Triton whose per-device caches look otherwise
+    out = launch_mod.launch_kernel(kernel, (1,), torch.zeros(4), 3)
+    assert out.runs[0][0] == "slow" and len(out.runs) == 1
 
 
 @pytest.mark.gpu

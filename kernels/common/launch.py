@@ -34,7 +34,10 @@ def launch_kernel(kernel, grid: tuple, *args, **kwargs):
     if not ENABLED or caches is None:
         return kernel[grid](*args, **kwargs)
     device = torch.cuda.current_device()
-    bound, specialization, options = caches[device][4](*args, **kwargs)  # Triton's binder
+    entry = caches[device]  # Triton 3.4-3.9: (kernel cache, key cache, target, backend, binder)
+    if len(entry) != 5:  # another Triton's layout: its own launch path
+        return kernel[grid](*args, **kwargs)
+    bound, specialization, options = entry[4](*args, **kwargs)  # Triton's binder
     table = _COMPILED.get((id(kernel), device))
     if table is None:
         table = _COMPILED[(id(kernel), device)] = {}
