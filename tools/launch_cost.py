@@ -2,7 +2,7 @@
 norm that writes a GEMM's codes and for the split-K / tiled int8 GEMM, the laquant wrapper's call, Triton's
 ``kernel[grid](...)`` on the same arguments (``JITFunction.run``: binder, cache key, launcher), its parts (the
 binder; the cache key), and the compiled kernel's launcher called directly (the floor a cached launch could reach);
-also ``torch.empty`` and an ``os.environ`` read. Medians of 9 rounds of 200 calls each, enqueue time only (the GPU
+also ``torch.empty`` and an ``os.environ`` read. ``wrapper_us`` launches as the model does (through ``launch_kernel``). Medians of 9 rounds of 200 calls each, enqueue time only (the GPU
 kernels are short, the queue never fills).
 
     python3 tools/launch_cost.py OUT.json
@@ -17,6 +17,7 @@ import triton.runtime.jit as tjit
 from triton.runtime import driver
 from triton.runtime.jit import compute_cache_key
 
+from laquant.kernels.common import launch as launch_mod
 from laquant.kernels.gemm.configs import choose_config
 from laquant.kernels.gemm.int8 import PackedOutlierWeight, int8_gemm
 from laquant.kernels.rowwise.fused import rms_norm_triton
@@ -44,10 +45,12 @@ def captured_launch(call):
         return real(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     tjit.JITFunction.run = spy
+    fast, launch_mod.ENABLED = launch_mod.ENABLED, False  # every launch through JITFunction.run while spied on
     try:
         call()
     finally:
         tjit.JITFunction.run = real
+        launch_mod.ENABLED = fast
     if len(seen) != 1:
         raise RuntimeError(f"expected one Triton launch, saw {len(seen)}")
     return seen[0]
