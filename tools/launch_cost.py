@@ -2,8 +2,9 @@
 norm that writes a GEMM's codes and for the split-K / tiled int8 GEMM, the laquant wrapper's call, Triton's
 ``kernel[grid](...)`` on the same arguments (``JITFunction.run``: binder, cache key, launcher), its parts (the
 binder; the cache key), and the compiled kernel's launcher called directly (the floor a cached launch could reach);
-also ``torch.empty`` and an ``os.environ`` read. ``wrapper_us`` launches as the model does (through ``launch_kernel``). Medians of 9 rounds of 200 calls each, enqueue time only (the GPU
-kernels are short, the queue never fills).
+also ``torch.empty`` and an ``os.environ`` read. ``wrapper_us`` launches as the model does (through
+``launch_kernel``). Medians of 9 rounds of 200 calls each, enqueue time only (the GPU kernels are short, the queue
+never fills).
 
     python3 tools/launch_cost.py OUT.json
 """
