@@ -72,12 +72,12 @@ def candidates(path, M, N, K, wide=False, unsync=False):
     n_m = triton.cdiv(M, BM)
     out = []
     if unsync:
-        tiles = [(swap, BN, BK, (warps, stages)) for swap, BN, (BK, warps, stages)
+        space = [(swap, BN, BK, (warps, stages)) for swap, BN, (BK, warps, stages)
                  in itertools.product((False, True), (16, 32, 64), UNSYNC_TILES)]
     else:
-        tiles = itertools.product((False, True), (16, 32, 64, 128) if wide else (32, 64, 128), (128, 256),
+        space = itertools.product((False, True), (16, 32, 64, 128) if wide else (32, 64, 128), (128, 256),
                                   WIDE_WARPS_STAGES if wide else WARPS_STAGES)
-    for swap, BN, BK, (warps, stages) in tiles:
+    for swap, BN, BK, (warps, stages) in space:
         if swap and (path != "w8a8" or BN < 64):  # swapped, the weight rows are the MMA's tall side
             continue
         tiles = n_m * triton.cdiv(N, BN)
