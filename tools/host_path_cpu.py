@@ -4,7 +4,8 @@ CUDA code path on CPU tensors (``Tensor.is_cuda`` patched to True, side streams 
 out, so what is timed is the Python of laquant's modules and launch wrappers (plus PyTorch's allocations and views),
 not Triton's and not the GPU's. The lm_head is left out (its CPU matmul would dominate).
 
-    python3 tools/host_path_cpu.py                      # per-layer time (two depths' difference), gla_int8_all
+    python3 tools/host_path_cpu.py                      # per-layer time (two depths' difference, medians of 5
+                                                        # alternated rounds), gla_int8_all
     python3 tools/host_path_cpu.py --recipe gla_int8 --tokens 64 --attribute   # and the wrappers' share
 
 ``--attribute`` times the projection groups' lookups, the norms, GEMM and gate wrappers (inclusive, per call) by
@@ -97,7 +98,8 @@ def main() -> None:
     args = ap.parse_args()
     small, large = build(2, args.recipe), build(6, args.recipe)
     calls = stub_launches()
-    a, b = forward_ms(small, args.tokens), forward_ms(large, args.tokens)
+    rounds = [(forward_ms(small, args.tokens), forward_ms(large, args.tokens)) for _ in range(5)]  # alternated
+    a, b = (sorted(r[i] for r in rounds)[2] for i in (0, 1))  # medians: this machine's speed drifts
     calls.clear()
     forward_ms(large, args.tokens, reps=1, warmup=0)
     print(f"{args.recipe}, {args.tokens} tokens: {(b - a) / 4 * 1e3:.0f} us of host time a layer "
