@@ -5,6 +5,8 @@ cProfile's statistics over repeated calls, dumped as pstats files (``pstats.Stat
 functions by own and by cumulative time in the JSON.
 
     python tools/profile_host.py OUT_DIR          # VARIANTS="bf16 gla_int8_all" by default
+    CPROFILE=0 PREFILLS="1024 4096" python tools/profile_host.py OUT_DIR   # wall and GPU time only (for A/B runs of
+                                                  # two checkouts, alternated), prefills of 1,024 and 4,096 tokens
 """
 import cProfile
 import io
@@ -51,7 +53,10 @@ def host_stats(fn, path: str, reps: int = 10) -> dict:
 def main(out_dir: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
     cfg = GLAConfig(hidden_size=2048, num_hidden_layers=24, num_heads=16, vocab_size=32000)
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "fast_launch": os.environ.get("LAQUANT_FAST_LAUNCH", "1")}
+    cprofile = os.environ.get("CPROFILE", "1") != "0"
+    prefills = [int(t) for t in os.environ.get("PREFILLS", "1024").split()]
     for variant in os.environ.get("VARIANTS", "bf16 gla_int8_all").split():
         model = random_gla(cfg, variant)
         rows = {}
@@ -63,20 +68,23 @@ def main(out_dir: str) -> None:
             step = session.step
             r = {"wall_ms": wall_ms(step, reps=20)}
             r["gpu_ms"], r["kernels"] = gpu_ms(step)
-            r["host"] = host_stats(step, f"{out_dir}/{variant}_decode_B{B}.pstats")
+            if cprofile:
+                r["host"] = host_stats(step, f"{out_dir}/{variant}_decode_B{B}.pstats")
             rows[f"decode_B{B}"] = r
             print(variant, "decode B", B, "wall", round(r["wall_ms"], 2), "gpu", round(r["gpu_ms"], 2),
                   "kernels", r["kernels"], flush=True)
-        ids = torch.randint(0, 32000, (1, 1024), device="cuda")
-        fn = lambda: model(ids, use_cache=True, logits_to_keep=1)  # noqa: E731
-        for _ in range(3):
-            fn()
-        r = {"wall_ms": wall_ms(fn, reps=20)}
-        r["gpu_ms"], r["kernels"] = gpu_ms(fn)
-        r["host"] = host_stats(fn, f"{out_dir}/{variant}_prefill_1024.pstats")
-        rows["prefill_1024"] = r
-        print(variant, "prefill 1024 wall", round(r["wall_ms"], 2), "gpu", round(r["gpu_ms"], 2), "kernels",
-              r["kernels"], flush=True)
+        for T in prefills:
+            ids = torch.randint(0, 32000, (1, T), device="cuda")
+            fn = lambda: model(ids, use_cache=True, logits_to_keep=1)  # noqa: E731, B023
+            for _ in range(3):
+                fn()
+            r = {"wall_ms": wall_ms(fn, reps=20)}
+            r["gpu_ms"], r["kernels"] = gpu_ms(fn)
+            if cprofile:
+                r["host"] = host_stats(fn, f"{out_dir}/{variant}_prefill_{T}.pstats")
+            rows[f"prefill_{T}"] = r
+            print(variant, "prefill", T, "wall", round(r["wall_ms"], 2), "gpu", round(r["gpu_ms"], 2), "kernels",
+                  r["kernels"], flush=True)
         result[variant] = rows
         del model
         torch.cuda.empty_cache()
