@@ -22,13 +22,12 @@ import torch
 
 
 def build(layers: int, recipe: str):
-    from laquant.api import calibrate
-    from laquant.models import GLAConfig, GLAForCausalLM
+    from profile_prefill import random_gla
 
-    cfg = GLAConfig(hidden_size=2048, num_hidden_layers=layers, num_heads=16, vocab_size=32000)
-    torch.manual_seed(0)
-    model = GLAForCausalLM(cfg).to(torch.bfloat16).eval()
-    model = calibrate(model, recipe, data=torch.randint(0, cfg.vocab_size, (2, 64)), progress=False).model
+    from laquant.models import GLAConfig
+
+    model = random_gla(GLAConfig(hidden_size=2048, num_hidden_layers=layers, num_heads=16, vocab_size=32000), recipe,
+                       device="cpu")
     model.lm_head = torch.nn.Identity()
     return model
 

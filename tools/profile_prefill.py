@@ -36,12 +36,13 @@ def wall_ms(fn, reps: int = 10) -> float:
     return sorted(times)[len(times) // 2] * 1e3
 
 
-def random_gla(cfg: GLAConfig, variant: str) -> GLAForCausalLM:
-    """A random GLA of ``cfg`` on the GPU in bf16 (seed 0), calibrated with ``variant`` on random tokens unless bf16."""
+def random_gla(cfg: GLAConfig, variant: str, device: str = "cuda") -> GLAForCausalLM:
+    """A random GLA of ``cfg`` on ``device`` in bf16 (seed 0), calibrated with ``variant`` on random tokens unless
+    bf16."""
     torch.manual_seed(0)
-    model = GLAForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    model = GLAForCausalLM(cfg).to(device, torch.bfloat16).eval()
     if variant != "bf16":
-        model = calibrate(model, variant, data=torch.randint(0, cfg.vocab_size, (4, 512), device="cuda"),
+        model = calibrate(model, variant, data=torch.randint(0, cfg.vocab_size, (4, 512), device=device),
                           progress=False).model
     return model
 
