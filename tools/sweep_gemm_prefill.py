@@ -24,14 +24,13 @@ import os
 import torch
 import torch.nn.functional as F
 import triton
-from sweep_gemm import bench, make_weights, reference, rel
+from sweep_gemm import SHAPES_GLA, bench, make_weights, reference, rel
 
 from laquant.kernels.gemm.configs import tiled_config
 from laquant.kernels.gemm.int8 import int8_gemm, quantize_rows
 
 # qwen3_next's in_proj_qkvz, out_proj / o_proj, gate+up, down, the softmax layers' q(gated)+k+v; GLA's q/k/v/g, o
 SHAPES = [(12288, 2048), (2048, 4096), (11264, 2048), (2048, 5632), (9216, 2048), (6144, 2048), (2048, 2048)]
-SHAPES_GLA = [(6144, 2048), (2048, 2048), (11264, 2048), (2048, 5632)]
 MS = (1024, 4096)
 SMEM_BYTES = 200 * 1024  # the int8 tiles' pipeline buffers (Hopper: 227 KB a block, less the epilogue's)
 
