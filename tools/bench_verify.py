@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+TIMING_TARGET_TYPES = ("gla", "gated_deltanet")  # --timing-target's model_type
+
 
 def _timer(cuda: bool):
     """``ms(fn)``: the median time of ``fn`` (None without CUDA: the function runs once)."""
@@ -169,7 +171,7 @@ def speculative_rows(args, cuda: bool) -> list[dict]:
     targets = [(str(model_dir.name), target)]
     if args.timing_target:
         fields = {**json.loads(args.timing_target), "vocab_size": target.config.vocab_size}
-        kind = fields.pop("model_type", "gla")
+        kind = fields.pop("model_type", "gla")  # one of TIMING_TARGET_TYPES (main checks)
         config_class, model_class = {"gla": (GLAConfig, GLAForCausalLM),
                                      "gated_deltanet": (GatedDeltaNetConfig, GatedDeltaNetForCausalLM)}[kind]
         cfg = config_class(**fields)
@@ -327,6 +329,13 @@ def main(argv=None) -> int:
                         "the round time of a target whose step is weight-bound")
     p.add_argument("--no-kernels", action="store_true", help="speculative decoding only")
     args = p.parse_args(argv)
+    if args.timing_target:
+        try:
+            kind = json.loads(args.timing_target).get("model_type", "gla")
+        except (json.JSONDecodeError, AttributeError):
+            p.error(f"--timing-target: a JSON object of config fields; got {args.timing_target!r}")
+        if kind not in TIMING_TARGET_TYPES:
+            p.error(f"--timing-target: model_type must be one of {', '.join(TIMING_TARGET_TYPES)}; got {kind!r}")
     if args.tiny:
         args.heads, args.dim, args.batch, args.tokens = 2, 16, [1, 3], [2, 4]
         args.new_tokens, args.prompt_tokens, args.draft_tokens = 12, 16, [3]
