@@ -133,6 +133,72 @@ def test_every_tabled_launch_matches_reference(fmt):
             assert (new != ref).float().mean() < 0.005 and (new - ref).abs().max() <= 1, (block_k, num_warps)
 
 
+def _packed_for(width: int, n_out: int, dtype):
+    from laquant.quant.modules import QuantLinear
+
+    outliers = torch.randperm(width)[:n_out]
+    return QuantLinear.from_linear(nn.Linear(width, 24).to(dtype), outliers).to(DEVICE).packed()
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "int8_row"])
+@pytest.mark.parametrize("B,H,K,V,n_out,launch", [(3, 3, 32, 42, 5, None), (2, 4, 16, 32, 0, None),
+                                                  (5, 2, 64, 40, 3, (16, 1)), (1, 16, 64, 128, 8, (64, 4))])
+def test_gated_output_norm_in_the_decode_step(fmt, B, H, K, V, n_out, launch):
+    """The decode step with GLA's gated output norm in its launch (and the next GEMM's codes, written by each
+    token's last head to finish) gives what the step without it followed by the norm kernel gives: the same state,
+    the normed output, the same codes (three heads: rows a token not a power of two; 126 inputs: padding)."""
+    from laquant.kernels.rowwise.fused import gated_rms_norm_triton
+
+    dtype = torch.float32 if INTERPRETED else torch.bfloat16
+    (q, k, v, g), data, scale, idx, quant, n_stores = _case(B, H, K, V, B + 2, fmt, in_dtype=dtype)
+    z = torch.randn(B, H, 2 * V, device=DEVICE, dtype=dtype)[..., V:]  # read in place out of a wider tensor
+    weight = torch.randn(V, device=DEVICE, dtype=dtype)
+    packed = _packed_for(H * V, n_out, dtype)
+    block_k, num_warps = launch or (None, None)
+    data_ref, scale_ref = data.clone(), None if scale is None else scale.clone()
+    o_plain = gla_decode_step(q, k, v, g, data_ref, scale_ref, idx, quant, n_stores, block_k=block_k,
+                              num_warps=num_warps)
+    ref, ref_codes = gated_rms_norm_triton(o_plain, z, weight, 1e-5, packed=packed)
+    normed = gla_decode_step(q, k, v, g, data.clone(), None if scale is None else scale.clone(), idx, quant, n_stores,
+                             block_k=block_k, num_warps=num_warps, norm=(z, weight, 1e-5))
+    o, codes = gla_decode_step(q, k, v, g, data, scale, idx, quant, n_stores, block_k=block_k, num_warps=num_warps,
+                               out=torch.full_like(o_plain, float("nan")), norm=(z, weight, 1e-5), packed=packed)
+    assert torch.equal(data, data_ref) and (scale is None or torch.equal(scale, scale_ref))
+    assert torch.isfinite(o.float()).all() and torch.equal(o, normed)
+    # the same arithmetic; on the GPU the sum of squares may group differently (one rounding of o apart)
+    assert rel_err(o.float(), ref.float()) < (1e-6 if INTERPRETED else 1e-2)
+    if INTERPRETED:
+        assert torch.equal(o, ref)
+        n = packed.n_out  # the outlier block's padding columns meet zero weights: zeros or copies, either way
+        assert torch.equal(codes[0], ref_codes[0]) and torch.equal(codes[1], ref_codes[1])
+        assert torch.equal(codes[2][:, :n], ref_codes[2][:, :n]) and codes.packed is packed
+    xq, xs, xo = quantize_rows_of(o, packed)
+    assert torch.equal(codes[0], xq) and torch.equal(codes[1], xs)
+    assert torch.equal(codes[2][:, :packed.n_out], xo[:, :packed.n_out])
+    from laquant.kernels.common.counters import arrival_counters
+    assert not arrival_counters(o.device).any()  # left zeroed for the next launch
+
+
+def quantize_rows_of(o, packed):
+    from laquant.kernels.gemm.int8 import quantize_rows
+
+    return quantize_rows(o.reshape(o.shape[0], -1), packed)
+
+
+def test_gated_output_norm_arguments_are_checked():
+    (q, k, v, g), data, scale, idx, quant, n_stores = _case(2, 2, 16, 24, 3, "fp32", in_dtype=torch.float32)
+    z, weight = torch.randn_like(v), torch.randn(24, device=DEVICE)
+    with pytest.raises(ValueError, match="come with the gated output norm"):
+        gla_decode_step(q, k, v, g, data, scale, idx, quant, n_stores, packed=_packed_for(48, 2, torch.float32))
+    with pytest.raises(ValueError, match="output gate z"):
+        gla_decode_step(q, k, v, g, data, scale, idx, quant, n_stores, norm=(z[:1], weight, 1e-5))
+    with pytest.raises(ValueError, match="one per head column"):
+        gla_decode_step(q, k, v, g, data, scale, idx, quant, n_stores, norm=(z, weight[:7], 1e-5))
+    with pytest.raises(ValueError, match="cannot come from rows"):
+        gla_decode_step(q, k, v, g, data, scale, idx, quant, n_stores, norm=(z, weight, 1e-5),
+                        packed=_packed_for(40, 2, torch.float32))
+
+
 def test_non_contiguous_inputs():
     (q, k, v, g), data, scale, idx, quant, n_stores = _case(2, 2, 16, 32, 3, "fp8_row")
     qt = torch.empty(2, 16, 2, dtype=q.dtype, device=q.device).transpose(1, 2)  # strided [B, H, K]

@@ -9,6 +9,7 @@ from laquant.kernels.gemm import configs
 from laquant.quant.modules import QuantLinear
 
 triton = require_triton_kernels()
+from laquant.kernels.common import counters  # noqa: E402
 from laquant.kernels.gemm import int8 as gemm  # noqa: E402
 from laquant.kernels.gemm.int8 import (  # noqa: E402
     int8_outlier_linear_triton,
@@ -68,7 +69,7 @@ def test_splitk_kernels_match_reference(cfg, M, K, N, n_out, bias):
     p = mod.packed()
     _check(int8_outlier_linear_triton(x, p, cfg), _reference(mod, x, "per_token"), dtype)
     _check(int8_weight_only_linear_triton(x, p, cfg), _reference(mod, x, "none"), dtype)
-    for buf in gemm._COUNTERS.values():  # the in-kernel fixup leaves its counters zeroed
+    for buf in counters._BUFFERS.values():  # the in-kernel fixup leaves its counters zeroed
         assert not buf.any()
 
 
@@ -169,4 +170,4 @@ def test_gpu_fixup_is_deterministic_and_resets():
         cfg = dict(BM=64, BN=32, BK=128, SPLIT_K=8, FIXUP=True, num_warps=4, num_stages=3)
         ys = [fn(x, p, cfg) for _ in range(20)]
         assert all(torch.equal(ys[0], y) for y in ys)
-        assert not gemm._tile_counters(x.device).any()
+        assert not counters.arrival_counters(x.device).any()

@@ -165,3 +165,87 @@ def test_generate_equals_the_greedy_decode_loop(tiny_model_dir, recipe):
     assert torch.equal(out, torch.cat(tokens, 1))
     with pytest.raises(ValueError, match="unpadded prompts only"):
         model.generate(ids, attention_mask=torch.tensor([[0] + [1] * 8, [1] * 9]), max_new_tokens=2)
+
+
+@pytest.mark.parametrize("recipe", [None, "gla_int8_all"])
+@torch.no_grad()
+def test_decode_steps_apply_the_output_norm_in_the_decode_kernel(recipe, monkeypatch):
+    """The GPU wiring, on the CPU under Triton's interpreter (float32): a decode step on the kernels runs GLA's
+    gated output norm inside the decode kernel (with ``o_proj``'s codes where it is W8A8, which the GEMM then
+    takes), and its logits and state equal those of the step that runs the norm's own kernel after it."""
+    from conftest import INTERPRETED, require_triton_kernels
+
+    if not INTERPRETED:
+        pytest.skip("checks the wiring under TRITON_INTERPRET=1 (the GPU tests cover CUDA)")
+    require_triton_kernels()
+    import laquant
+    from laquant.kernels.gla import decode
+    from laquant.models import gla, recurrent
+    from laquant.quant import fused, modules
+
+    torch.manual_seed(0)
+    model = GLAForCausalLM(GLAConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=128)).eval()
+    if recipe is not None:
+        laquant.calibrate(model, recipe, torch.randint(0, 128, (2, 32)), progress=False)
+    for module in (gla, recurrent, fused, modules):
+        monkeypatch.setattr(module, "use_triton", lambda x, fmt=None: not x.requires_grad)
+    calls = []
+    step = decode.gla_decode_step
+    monkeypatch.setattr(decode, "gla_decode_step",
+                        lambda *a, **kw: calls.append((kw.get("norm") is not None, kw.get("packed") is not None))
+                        or step(*a, **kw))
+    ids = torch.randint(0, 128, (2, 5))
+
+    def decode_two(fused_norm: bool):
+        monkeypatch.setattr(recurrent, "FUSED_OUTPUT_NORM", fused_norm)
+        cache = model.new_cache(seed=3)
+        model(ids, past_key_values=cache, use_cache=True)
+        logits = [model(ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits for i in range(2)]
+        return torch.cat(logits, 1), cache
+
+    unfused, unfused_cache = decode_two(False)
+    assert calls == [(False, False)] * 4
+    calls.clear()
+    logits, cache = decode_two(True)
+    assert calls == [(True, recipe is not None)] * 4  # 2 layers x 2 steps, codes for a W8A8 o_proj
+    assert torch.equal(logits, unfused)
+    for a, b in zip(cache.states, unfused_cache.states):
+        assert torch.equal(a.data, b.data)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", [None, "gla_int8_all"])
+@torch.no_grad()
+def test_gpu_decode_steps_apply_the_output_norm_in_the_decode_kernel(recipe, monkeypatch):
+    """On CUDA (bf16): the decode steps with the output norm in the decode kernel against the steps running the
+    norm's own kernel; the same state, logits within the bf16 rounding of the norm's sum of squares, which the
+    decode kernel may group differently."""
+    import laquant
+    from laquant.kernels.gla import decode
+    from laquant.models import recurrent
+
+    torch.manual_seed(0)
+    model = GLAForCausalLM(GLAConfig(hidden_size=256, num_hidden_layers=2, num_heads=2, vocab_size=512)).eval()
+    if recipe is not None:
+        laquant.calibrate(model, recipe, torch.randint(0, 512, (2, 64)), progress=False)
+    model = model.cuda().to(torch.bfloat16)
+    calls = []
+    step = decode.gla_decode_step
+    monkeypatch.setattr(decode, "gla_decode_step",
+                        lambda *a, **kw: calls.append(kw.get("packed") is not None) or step(*a, **kw))
+    ids = torch.randint(0, 512, (3, 9), device="cuda")
+
+    def decode_steps(fused_norm: bool):
+        monkeypatch.setattr(recurrent, "FUSED_OUTPUT_NORM", fused_norm)
+        cache = model.new_cache(seed=3)
+        model(ids[:, :5], past_key_values=cache, use_cache=True)
+        logits = [model(ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits for i in range(5, 9)]
+        return torch.cat(logits, 1).float(), cache
+
+    unfused, unfused_cache = decode_steps(False)
+    calls.clear()
+    logits, cache = decode_steps(True)
+    assert calls == [recipe is not None] * 8
+    assert torch.isfinite(logits).all() and rel_err(logits, unfused) < 2e-2
+    for a, b in zip(cache.states, unfused_cache.states):
+        assert (a.data.float() - b.data.float()).abs().max() <= (1 if recipe else 0.05)

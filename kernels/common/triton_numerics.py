@@ -308,21 +308,28 @@ if triton is not None:
 
     @triton.jit
     def store_token_codes(row, src, idx, xq_row, xs_out, xo_row, KQ, NO, BK: tl.constexpr,
-                          BNO: tl.constexpr, HAS_OUT: tl.constexpr):
+                          BNO: tl.constexpr, HAS_OUT: tl.constexpr, FROM_L2: tl.constexpr = False):
         """W8A8's activation codes of one token's ``row`` in memory (``BK >= KQ``), for any GEMM: the
         absmax over the kept columns (``src``, ``idx``: :func:`token_code_map`) gives its scale, the kept
         columns are stored as int8 in the weight's packed order, the outlier columns copied to a dense
         block. (Scattering codes from registers to their packed positions instead measured 2-2.5x
-        slower at 4,096 tokens; gathering them inside the program with ``tl.gather``, 0.56-0.92x.)"""
+        slower at 4,096 tokens; gathering them inside the program with ``tl.gather``, 0.56-0.92x.)
+        ``FROM_L2``: the row is read past the L1 cache (other programs of this launch wrote it)."""
         offs = tl.arange(0, BK)
-        x = tl.load(row + src, mask=src >= 0, other=0.0).to(tl.float32)
+        if FROM_L2:
+            x = tl.load(row + src, mask=src >= 0, other=0.0, cache_modifier=".cg").to(tl.float32)
+        else:
+            x = tl.load(row + src, mask=src >= 0, other=0.0).to(tl.float32)
         scale = tl.maximum(tl.max(tl.abs(x), axis=0) / 127.0, 1.1754943508222875e-38)
         tl.store(xs_out, scale)
         tl.store(xq_row + offs, stored_int8_codes(x, scale), mask=offs < KQ)
         if HAS_OUT:
             offs_o = tl.arange(0, BNO)
             mo = offs_o < NO
-            tl.store(xo_row + offs_o, tl.load(row + idx, mask=mo, other=0.0), mask=mo)
+            if FROM_L2:
+                tl.store(xo_row + offs_o, tl.load(row + idx, mask=mo, other=0.0, cache_modifier=".cg"), mask=mo)
+            else:
+                tl.store(xo_row + offs_o, tl.load(row + idx, mask=mo, other=0.0), mask=mo)
 
     @triton.jit
     def state_random_bytes(seed, slot, position, sub, h, offs_k, v0, K: tl.constexpr, V: tl.constexpr,

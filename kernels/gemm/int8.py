@@ -24,8 +24,7 @@ x) times the outlier weights, plus the bias.
 Split-K: each split's fp32 partial goes to a workspace; the last split of a tile to arrive (an
 atomic counter per tile, left at zero again) sums the partials in split order and writes y, so the
 result does not depend on the order in which the programs ran (bit-reproducible), in one launch.
-(``FIXUP=False`` sums them in a second small kernel.) The counters are one buffer per device and
-stream: two launches running at once on one stream cannot happen; on two streams they use two.
+(``FIXUP=False`` sums them in a second small kernel.) The counters: :mod:`..common.counters`.
 
 **Dispatch and numerics contract** (:func:`linear_triton`, ``mode="auto"``): :func:`choose_gemm`
 picks, per M bucket and layer shape, whichever path the committed sweep (``configs.TABLES``, one
@@ -55,6 +54,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..common.counters import N_COUNTERS, arrival_counters
 from ..common.launch import launch_kernel
 from ..common.pdl import pdl_launch
 from ..common.sizes import cdiv, next_power_of_2
@@ -482,21 +482,6 @@ def _bno(NO, dtype):
     return min(64 if dtype != torch.float32 else 32, max(16, next_power_of_2(NO)))
 
 
-_COUNTERS: dict = {}
-_N_COUNTERS = 1 << 16
-
-
-def _tile_counters(device: torch.device):
-    """Zeroed int32 tile counters of the in-kernel split-K fixup, one buffer per (device, stream)
-    (the kernel leaves them zero again); allocated once, outside any graph capture that warmed up."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device, stream)
-    buf = _COUNTERS.get(key)
-    if buf is None:
-        buf = _COUNTERS[key] = torch.zeros(_N_COUNTERS, dtype=torch.int32, device=device)
-    return buf
-
-
 def _fit_smem(cfg, a_bytes, limit=224 * 1024):
     """Shrink num_stages, then BK, until the pipelined a and w tiles fit in shared memory (fp32 x
     needs four times the int8 tile: the tables' tiles were swept with bf16 x)."""
@@ -519,9 +504,9 @@ def _launch_splitk(a8: bool, a, s_am, xs, xo, packed, y, cfg, fuse_q=False):
     BK, stages = _fit_smem(cfg, 1 if a8 and not fuse_q else a.element_size())
     n_m, n_n = cdiv(M, BM), cdiv(N, BN)
     split = max(1, min(int(cfg["SPLIT_K"]), cdiv(KQ, BK)))
-    fixup = bool(cfg.get("FIXUP", True)) and n_m * n_n <= _N_COUNTERS
+    fixup = bool(cfg.get("FIXUP", True)) and n_m * n_n <= N_COUNTERS
     part = torch.empty((split, M, N), dtype=torch.float32, device=y.device) if split > 1 else y
-    cnt = _tile_counters(y.device) if split > 1 and fixup else packed.source
+    cnt = arrival_counters(y.device) if split > 1 and fixup else packed.source
     dummy = packed.scale
     launch_kernel(_splitk_gemm_kernel, (n_m, n_n, split),
         a, packed.source, packed.qweight, dummy if xs is None else xs, packed.scale, dummy if xo is None else xo,

@@ -247,6 +247,15 @@ if triton is not None:
                             dest, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, 0, BQ, BNO, HAS_OUT, IDENTITY, False)
 
 
+def empty_codes(M: int, packed, dtype, device) -> GemmCodes:
+    """Buffers for ``M`` tokens' W8A8 activation codes of ``packed``'s GEMM, as quantize_rows lays them out: int8
+    codes ``[M, KQ]``, float32 scales ``[M]``, the outlier block ``[M, NO]`` in ``dtype`` (one column without)."""
+    KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
+    return GemmCodes((torch.empty(M, KQ, dtype=torch.int8, device=device),
+                      torch.empty(M, dtype=torch.float32, device=device),
+                      torch.empty(M, max(NO, 1), dtype=dtype, device=device)), packed)
+
+
 def _codes(M: int, packed, dtype, device, scatter: bool = False):
     """Empty W8A8 activation codes for ``packed`` (the GEMM's layout, as quantize_rows writes them)
     and the kernel arguments that fill them; None: no codes wanted. ``scatter``: for a kernel that can
@@ -254,9 +263,7 @@ def _codes(M: int, packed, dtype, device, scatter: bool = False):
     if packed is None:
         return None, {}
     KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
-    codes = GemmCodes((torch.empty(M, KQ, dtype=torch.int8, device=device),
-                       torch.empty(M, dtype=torch.float32, device=device),
-                       torch.empty(M, max(NO, 1), dtype=dtype, device=device)), packed)
+    codes = empty_codes(M, packed, dtype, device)
     args = dict(ptrs=(packed.source, packed.outlier_idx, *codes, KQ, NO, packed.n_keep),
                 consts=dict(QUANT=True, BQ=next_power_of_2(KQ), BNO=max(16, next_power_of_2(NO)),
                             HAS_OUT=NO > 0, IDENTITY=packed.identity))
@@ -280,7 +287,7 @@ def codes_fit(packed) -> bool:
     return packed.qweight.shape[1] <= MAX_CODES_WIDTH
 
 
-def _check_codes(packed, width: int) -> None:
+def check_codes(packed, width: int) -> None:
     if packed is not None and (packed.in_features != width or not codes_fit(packed)):
         raise ValueError(f"codes for a GEMM of {packed.in_features} inputs (packed width {packed.qweight.shape[1]}, "
                          f"at most {MAX_CODES_WIDTH}) cannot come from rows of {width}")
@@ -294,7 +301,7 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
     g, g_rows = addressable_rows(g) if g is not None else (None, _NO_ROWS)
     N = x.shape[-1]
     M = x.numel() // N if N else 0
-    _check_codes(packed, heads * N)
+    check_codes(packed, heads * N)
     if weight.numel() not in (N, heads * N):
         raise ValueError(f"the norm's weight has {weight.numel()} elements: expected one per column ({N}) or per "
                          f"column of each of a token's {heads} rows ({heads * N})")
@@ -366,7 +373,7 @@ def glu_triton(gate: torch.Tensor, up: torch.Tensor, packed=None, activation: st
     (gate, gate_rows), (up, up_rows) = addressable_rows(gate), addressable_rows(up)
     N = gate.shape[-1]
     M = gate.numel() // N if N else 0
-    _check_codes(packed, N)
+    check_codes(packed, N)
     y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     codes, q = _codes(M, packed, gate.dtype, gate.device)
     if M:

@@ -23,7 +23,7 @@ from laquant.kernels.rowwise.reference import gated_rms_norm, rms_norm
 from laquant.models.cache import GLAStateCache
 from laquant.models.fla_attention import Attention, attention_spec, attention_specs
 from laquant.models.graphed_step import OUTPUT_CACHE_FIELD, graph_step_allowed, graphed_step
-from laquant.models.recurrent import RecurrentMixer
+from laquant.models.recurrent import OutputNorm, RecurrentMixer
 from laquant.models.side_stream import fork
 from laquant.quant.fused import glu_project, low_rank_gate, project, w8a8_inputs
 
@@ -312,18 +312,23 @@ class GatedLinearAttention(RecurrentMixer):
         gk = self._heads(gate.join(), self.head_k_dim)
         if self.feature_map is not None:
             q, k = self.feature_map(q), self.feature_map(k)
-
-        o = self.attend_gla(q, k, v, gk, cache)
-
         if not self.fuse_norm_and_gate:
-            o = self.g_norm(o).flatten(-2)
+            o = self.g_norm(self.attend_gla(q, k, v, gk, cache)).flatten(-2)
             return self.o_proj(o * F.silu(g[0]) if self.use_output_gate else o)
+
         g = g[0].unflatten(-1, (-1, self.head_v_dim))
         packed = w8a8_inputs(self, ("o_proj",), x)
+        norm = self.g_norm_swish_gate
+        out_norm = OutputNorm(g, norm._weight(x), norm.eps, packed)  # a decode step's kernel applies it
+        o = self.attend_gla(q, k, v, gk, cache, out_norm=out_norm)
+        if out_norm.applied:
+            if packed is not None:
+                return project(self, ("o_proj",), o.flatten(-2), out_norm.codes)[0]
+            return self.o_proj(o.flatten(-2))
         if packed is not None:
-            o, codes = self.g_norm_swish_gate.quantizing(o, g, packed)
+            o, codes = norm.quantizing(o, g, packed)
             return project(self, ("o_proj",), o.flatten(-2), codes)[0]
-        return self.o_proj(self.g_norm_swish_gate(o, g).flatten(-2))
+        return self.o_proj(norm(o, g).flatten(-2))
 
 
 class GLABlock(nn.Module):

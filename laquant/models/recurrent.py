@@ -11,6 +11,8 @@ Triton kernels on CUDA and the PyTorch references elsewhere.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn as nn
 
@@ -19,6 +21,24 @@ from laquant.kernels import (chunk_gated_delta_rule, chunk_gla, chunk_kda, recur
 from laquant.kernels.common.dispatch import use_triton
 from laquant.kernels.common.state import State, StateQuantizer
 from laquant.kernels.common.store import store_state_triton
+
+
+# a decode step on the kernels applies a mixer's gated output norm in its own launch (OutputNorm);
+# LAQUANT_FUSED_OUTPUT_NORM=0 (read at import) runs the norm's own kernel after it instead, for comparisons
+FUSED_OUTPUT_NORM = os.environ.get("LAQUANT_FUSED_OUTPUT_NORM", "1") != "0"
+
+
+class OutputNorm:
+    """A mixer's gated output norm handed to :meth:`RecurrentMixer.attend_gla`, which a decode step on the kernels
+    runs in its own launch: ``gated_rms_norm(o, z, weight, eps)`` per head (z ``[B, T, H, V]``), with the W8A8
+    codes of the next GEMM where ``packed`` is given. ``applied`` says whether it ran (then ``codes`` holds them);
+    where it did not, the caller applies the norm to the output as before."""
+
+    __slots__ = ("z", "weight", "eps", "packed", "applied", "codes")
+
+    def __init__(self, z: torch.Tensor, weight: torch.Tensor, eps: float, packed=None):
+        self.z, self.weight, self.eps, self.packed = z, weight, eps, packed
+        self.applied, self.codes = False, None
 
 
 class RecurrentMixer(nn.Module):
@@ -56,11 +76,13 @@ class RecurrentMixer(nn.Module):
             new = self.state_quantizer.store_state(state, stored, _seed(states))
         states.update(self.layer_idx, new, new_tokens)
 
-    def attend_gla(self, q, k, v, g, states, scale: float | None = None, fp32_dots: str = "ieee") -> torch.Tensor:
+    def attend_gla(self, q, k, v, g, states, scale: float | None = None, fp32_dots: str = "ieee",
+                   out_norm: OutputNorm | None = None) -> torch.Tensor:
         """Gated linear attention over ``q, k [B, T, H, K]``, ``v [B, T, H, V]`` and the log-decay
         ``g`` (``[B, T, H, K]`` per channel or ``[B, T, H]`` per head), continuing the state held in
         ``states`` (None: no cache) and storing the new one there. ``fp32_dots``: how the prefill kernel
-        multiplies float32 inputs (:func:`~laquant.kernels.gla.chunk.chunk_gla_triton`)."""
+        multiplies float32 inputs (:func:`~laquant.kernels.gla.chunk.chunk_gla_triton`). ``out_norm``: the
+        output norm a decode step on the kernels applies in its launch (see :class:`OutputNorm`)."""
         k, g = _mask_padding(k, g, states)
         stored = states.get(self.layer_idx) if states is not None else None
         if getattr(states, "pending", None) is not None:  # speculative decoding's verify step
@@ -69,7 +91,7 @@ class RecurrentMixer(nn.Module):
             g = g if g.dim() == 4 else g.unsqueeze(-1).expand(*q.shape)
             return verify_mixer(self, states, stored, "gla", (q, k, v, g), qk_scale=scale)
         if use_triton(q, self.state_quantizer.format.name):
-            return self._attend_triton(q, k, v, g, states, stored, scale, fp32_dots)
+            return self._attend_triton(q, k, v, g, states, stored, scale, fp32_dots, out_norm)
         B, T, H, K = q.shape
         if g.dim() == 3:
             g = g.unsqueeze(-1).expand(B, T, H, K)
@@ -205,15 +227,22 @@ class RecurrentMixer(nn.Module):
     def _prefill_roundtrip(self) -> StateQuantizer | None:
         return None if self.state_quantizer.is_plain_fp32 or not self.prefill_roundtrip else self.state_quantizer
 
-    def _attend_triton(self, q, k, v, g, states, stored, scale, fp32_dots="ieee"):
+    def _attend_triton(self, q, k, v, g, states, stored, scale, fp32_dots="ieee", out_norm=None):
         from laquant.kernels.gla.chunk import chunk_gla_triton
         from laquant.kernels.gla.decode import gla_decode_step
 
         B, T, H, K = q.shape
         if T == 1 and stored is not None:
             g1 = g[:, 0] if g.dim() == 4 else g[:, 0].unsqueeze(-1).expand(B, H, K)
+            norm = {}
+            if out_norm is not None and FUSED_OUTPUT_NORM and out_norm.z.stride(-1) == 1:
+                norm = dict(norm=(out_norm.z[:, 0], out_norm.weight, out_norm.eps), packed=out_norm.packed)
             o = gla_decode_step(q[:, 0], k[:, 0], v[:, 0], g1, stored.data, stored.row_scale,
-                                *self._pool_slots(stored, B, q.device), qk_scale=scale, seed=_seed(states))
+                                *self._pool_slots(stored, B, q.device), qk_scale=scale, seed=_seed(states), **norm)
+            if norm:
+                out_norm.applied = True
+                if out_norm.packed is not None:
+                    o, out_norm.codes = o
             self._count_decode_step(states, stored)
             return o.unsqueeze(1)
         every = _checkpoint_every(states, T)
