@@ -187,6 +187,7 @@ def test_decode_steps_apply_the_output_norm_in_the_decode_kernel(recipe, monkeyp
     model = GLAForCausalLM(GLAConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=128)).eval()
     if recipe is not None:
         laquant.calibrate(model, recipe, torch.randint(0, 128, (2, 32)), progress=False)
+    monkeypatch.setattr(recurrent, "FUSED_CODES_MIN_BATCH", 2)
     for module in (gla, recurrent, fused, modules):
         monkeypatch.setattr(module, "use_triton", lambda x, fmt=None: not x.requires_grad)
     calls = []
@@ -211,6 +212,10 @@ def test_decode_steps_apply_the_output_norm_in_the_decode_kernel(recipe, monkeyp
     assert torch.equal(logits, unfused)
     for a, b in zip(cache.states, unfused_cache.states):
         assert torch.equal(a.data, b.data)
+    if recipe is not None:  # fewer sequences than FUSED_CODES_MIN_BATCH: the norm's own kernel writes the codes
+        monkeypatch.setattr(recurrent, "FUSED_CODES_MIN_BATCH", 3)
+        calls.clear()
+        assert torch.equal(decode_two(True)[0], unfused) and calls == [(False, False)] * 4
 
 
 @pytest.mark.gpu
@@ -226,9 +231,10 @@ def test_gpu_decode_steps_apply_the_output_norm_in_the_decode_kernel(recipe, mon
 
     torch.manual_seed(0)
     model = GLAForCausalLM(GLAConfig(hidden_size=256, num_hidden_layers=2, num_heads=2, vocab_size=512)).eval()
-    if recipe is not None:
+    if recipe is not None:  # calibrated in float32, then cast: the scales stay float32
         laquant.calibrate(model, recipe, torch.randint(0, 512, (2, 64)), progress=False)
     model = model.cuda().to(torch.bfloat16)
+    monkeypatch.setattr(recurrent, "FUSED_CODES_MIN_BATCH", 1)
     calls = []
     step = decode.gla_decode_step
     monkeypatch.setattr(decode, "gla_decode_step",

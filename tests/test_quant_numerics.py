@@ -117,3 +117,30 @@ def test_chunked_state_roundtrip_hook():
     assert torch.equal(same, exact) and len(calls) == 2  # 10 chunks of 16: stores after chunks 4 and 8
     fp8, _ = chunk_gla(q, k, v, g, state_roundtrip=StateQuantizer("fp8_row").roundtrip)
     assert 0 < rel_err(fp8, exact) < 0.05
+
+
+def test_casting_a_quantized_model_keeps_its_scales_float32():
+    """``model.to(torch.bfloat16)`` after calibration casts the weights it keeps, not the weight scales, the gates'
+    calibrated bounds and scales or a static state scale: rounded to bf16 they would change every value computed from
+    them (and the gate kernels read them as float32)."""
+    import laquant
+    from laquant.models import GLAConfig, GLAForCausalLM
+    from laquant.quant.modules import QuantGate, QuantLinear
+
+    torch.manual_seed(0)
+    model = GLAForCausalLM(GLAConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=128)).eval()
+    laquant.calibrate(model, "gla_int8_all", torch.randint(0, 128, (2, 32)), progress=False)
+    mixer = model.model.layers[0].attn
+    mixer.register_buffer("state_static_scale", torch.rand(8) * 1e-3)
+    kept = {name: b.clone() for name, b in model.named_buffers()
+            if name.rsplit(".", 1)[-1] in ("weight_scale", "logit_min", "logit_max", "logit_scale", "state_static_scale")}
+    assert any(isinstance(m, QuantGate) for m in model.modules()) and len(kept) > 10
+    model.to(torch.bfloat16)
+    buffers = dict(model.named_buffers())
+    for name, before in kept.items():
+        assert buffers[name].dtype == torch.float32 and torch.equal(buffers[name], before), name
+    linear = next(m for m in model.modules() if isinstance(m, QuantLinear) and m.n_outliers)
+    assert linear.outlier_weight.dtype == torch.bfloat16  # what the model computes in follows the cast
+    assert model.model.layers[0].attn_norm.weight.dtype == torch.bfloat16
+    model.double()
+    assert all(dict(model.named_buffers())[name].dtype == torch.float32 for name in kept)

@@ -21,11 +21,16 @@ from laquant.kernels import (chunk_gated_delta_rule, chunk_gla, chunk_kda, recur
 from laquant.kernels.common.dispatch import use_triton
 from laquant.kernels.common.state import State, StateQuantizer
 from laquant.kernels.common.store import store_state_triton
+from laquant.quant.modules import Float32Buffers
 
 
 # a decode step on the kernels applies a mixer's gated output norm in its own launch (OutputNorm);
-# LAQUANT_FUSED_OUTPUT_NORM=0 (read at import) runs the norm's own kernel after it instead, for comparisons
+# LAQUANT_FUSED_OUTPUT_NORM=0 (read at import) runs the norm's own kernel after it instead, for comparisons.
+# With the next GEMM's codes, from this many sequences: the 1.37B GLA's graphed step (H200) took it +2.6% faster at
+# B = 64 and 0.6% slower at B = 1, where the token's last head reads its row back for the codes after the others
+# (eval/results/output_norm_h200/); without codes the norm is in the launch at every batch (bf16 +2.4-3.1%)
 FUSED_OUTPUT_NORM = os.environ.get("LAQUANT_FUSED_OUTPUT_NORM", "1") != "0"
+FUSED_CODES_MIN_BATCH = 16
 
 
 class OutputNorm:
@@ -41,7 +46,9 @@ class OutputNorm:
         self.applied, self.codes = False, None
 
 
-class RecurrentMixer(nn.Module):
+class RecurrentMixer(Float32Buffers, nn.Module):
+    FLOAT32_BUFFERS = ("state_static_scale",)  # a static-scale state format's calibrated scales (quantize.py)
+
     def __init__(self, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
@@ -235,7 +242,8 @@ class RecurrentMixer(nn.Module):
         if T == 1 and stored is not None:
             g1 = g[:, 0] if g.dim() == 4 else g[:, 0].unsqueeze(-1).expand(B, H, K)
             norm = {}
-            if out_norm is not None and FUSED_OUTPUT_NORM and out_norm.z.stride(-1) == 1:
+            if (out_norm is not None and FUSED_OUTPUT_NORM and out_norm.z.stride(-1) == 1
+                    and (out_norm.packed is None or B >= FUSED_CODES_MIN_BATCH)):
                 norm = dict(norm=(out_norm.z[:, 0], out_norm.weight, out_norm.eps), packed=out_norm.packed)
             o = gla_decode_step(q[:, 0], k[:, 0], v[:, 0], g1, stored.data, stored.row_scale,
                                 *self._pool_slots(stored, B, q.device), qk_scale=scale, seed=_seed(states), **norm)

@@ -32,13 +32,32 @@ def buffers_key(module: nn.Module) -> tuple:
     return tuple([(b.data_ptr(), b._version) if b is not None else None for b in map(module._buffers.get, PACKED_FROM)])
 
 
-class QuantLinear(nn.Module):
+class Float32Buffers:
+    """Mixin for modules whose :attr:`FLOAT32_BUFFERS` stay float32 when the model is cast (``model.to(torch.bfloat16)``,
+    ``.half()``): scales and calibrated bounds rounded to the model's dtype would change every value computed from
+    them, silently (and the kernels read them as float32). Moves between devices apply as usual."""
+
+    FLOAT32_BUFFERS: tuple[str, ...] = ()
+
+    def _apply(self, fn, recurse=True):
+        kept = {name: self._buffers[name] for name in self.FLOAT32_BUFFERS if self._buffers.get(name) is not None}
+        out = super()._apply(fn, recurse)
+        for name, old in kept.items():
+            new = self._buffers[name]
+            if new is not None and new.dtype != old.dtype:
+                self._buffers[name] = old.to(new.device)
+        return out
+
+
+class QuantLinear(Float32Buffers, nn.Module):
     """W8A8 int8 linear with an LLM.int8-style outlier split.
 
     Input channels listed in ``outlier_idx`` skip quantization and go through a small matmul in
     the model's dtype; the rest are quantized (activations per token, dynamically; weights per
     output channel) and multiplied in int8 with exact int32 accumulation. The two are summed.
     """
+
+    FLOAT32_BUFFERS = ("weight_scale",)
 
     def __init__(self, in_features: int, out_features: int, n_outliers: int, bias: bool,
                  weight_granularity: str = "per_channel", act_granularity: str = "per_token",
@@ -127,7 +146,7 @@ class QuantLinear(nn.Module):
                 f"weight={self.weight_granularity}, act={self.act_granularity}")
 
 
-class QuantGate(nn.Sequential):
+class QuantGate(Float32Buffers, nn.Sequential):
     """A gate projection (GLA's low-rank ``gk_proj``, GDN's ``in_proj_ba``, Mamba2's ``dt`` channels
     of ``in_proj``) with calibrated per-channel handling.
 
@@ -139,6 +158,8 @@ class QuantGate(nn.Sequential):
     projection; the other outputs pass through untouched. Keeping the index-based names of
     ``nn.Sequential`` keeps parameter paths stable.
     """
+
+    FLOAT32_BUFFERS = ("logit_min", "logit_max", "logit_scale")
 
     def __init__(self, *linears: nn.Module, n_channels: int, scaling: str = "per_channel", clamp: bool = True,
                  channel_start: int | None = None):
