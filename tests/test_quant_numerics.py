@@ -132,8 +132,8 @@ def test_casting_a_quantized_model_keeps_its_scales_float32():
     laquant.calibrate(model, "gla_int8_all", torch.randint(0, 128, (2, 32)), progress=False)
     mixer = model.model.layers[0].attn
     mixer.register_buffer("state_static_scale", torch.rand(8) * 1e-3)
-    kept = {name: b.clone() for name, b in model.named_buffers()
-            if name.rsplit(".", 1)[-1] in ("weight_scale", "logit_min", "logit_max", "logit_scale", "state_static_scale")}
+    names = ("weight_scale", "logit_min", "logit_max", "logit_scale", "state_static_scale")
+    kept = {name: b.clone() for name, b in model.named_buffers() if name.rsplit(".", 1)[-1] in names}
     assert any(isinstance(m, QuantGate) for m in model.modules()) and len(kept) > 10
     model.to(torch.bfloat16)
     buffers = dict(model.named_buffers())

@@ -120,8 +120,8 @@ def layers_rows(dev, n_layers=6, B=64, H=16, Kd=64, V=128):
         layer["pf_none"] = prefetch([layer["gemms"][0][0].qweight[:1]])  # one 16-byte line: the launch alone
     out = {}
     for name, pre in (("no_prefetch", None), ("prefetch_launch_only", lambda L: L["pf_none"]()),
-                      ("prefetch_o_gateup", lambda L: L["pf_two"]()), ("prefetch_o_gateup_down", lambda L: L["pf_all"]()),
-                      ("no_prefetch_again", None)):
+                      ("prefetch_o_gateup", lambda L: L["pf_two"]()),
+                      ("prefetch_o_gateup_down", lambda L: L["pf_all"]()), ("no_prefetch_again", None)):
         us = bench(lambda: step(pre)) / n_layers  # noqa: B023
         out[name] = us
         print(name, f"{us:.2f} us a layer", flush=True)

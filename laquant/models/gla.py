@@ -319,9 +319,11 @@ class GatedLinearAttention(RecurrentMixer):
         g = g[0].unflatten(-1, (-1, self.head_v_dim))
         packed = w8a8_inputs(self, ("o_proj",), x)
         norm = self.g_norm_swish_gate
-        out_norm = OutputNorm(g, norm._weight(x), norm.eps, packed)  # a decode step's kernel applies it
+        out_norm = None  # a decode step's kernel applies the norm (a hooked norm runs as a module)
+        if not (norm._forward_hooks or norm._forward_pre_hooks):
+            out_norm = OutputNorm(g, norm._weight(x), norm.eps, packed)
         o = self.attend_gla(q, k, v, gk, cache, out_norm=out_norm)
-        if out_norm.applied:
+        if out_norm is not None and out_norm.applied:
             if packed is not None:
                 return project(self, ("o_proj",), o.flatten(-2), out_norm.codes)[0]
             return self.o_proj(o.flatten(-2))

@@ -33,9 +33,9 @@ def buffers_key(module: nn.Module) -> tuple:
 
 
 class Float32Buffers:
-    """Mixin for modules whose :attr:`FLOAT32_BUFFERS` stay float32 when the model is cast (``model.to(torch.bfloat16)``,
-    ``.half()``): scales and calibrated bounds rounded to the model's dtype would change every value computed from
-    them, silently (and the kernels read them as float32). Moves between devices apply as usual."""
+    """Mixin for modules whose :attr:`FLOAT32_BUFFERS` stay float32 when the model is cast
+    (``model.to(torch.bfloat16)``, ``.half()``): scales and calibrated bounds rounded to the model's dtype would change
+    every value computed from them, silently (and the kernels read them as float32). Device moves apply as usual."""
 
     FLOAT32_BUFFERS: tuple[str, ...] = ()
 
