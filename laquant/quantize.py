@@ -176,7 +176,7 @@ class StateHandler:
         static = None
         if cls._static(d):
             info = adapter.mixers()[name]
-            static = torch.ones(get_format(d.format).scale_shape(info.num_heads, info.head_k))
+            static = torch.ones(get_format(d.format).scale_shape(info.num_heads, info.head_k), dtype=torch.float32)
         cls._set(mixer, name, d, static)
 
 

@@ -144,3 +144,25 @@ def test_casting_a_quantized_model_keeps_its_scales_float32():
     assert model.model.layers[0].attn_norm.weight.dtype == torch.bfloat16
     model.double()
     assert all(dict(model.named_buffers())[name].dtype == torch.float32 for name in kept)
+
+
+def test_from_pretrained_in_bf16_keeps_the_scales_float32(tmp_path):
+    """transformers' ``from_pretrained(dtype=torch.bfloat16)`` builds the model under bf16 and loads the checkpoint
+    into it: the quantized modules' scales and the gates' calibrated bounds come back float32, bit for bit (they
+    were created in the default dtype and rounded to bf16 on load)."""
+    from transformers import AutoModelForCausalLM
+
+    import laquant
+    from laquant.models import GLAConfig, GLAForCausalLM
+
+    torch.manual_seed(0)
+    model = GLAForCausalLM(GLAConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=128)).eval()
+    result = laquant.calibrate(model, "gla_int8_all", torch.randint(0, 128, (2, 32)), progress=False)
+    laquant.save(result, tmp_path / "ckpt")
+    names = ("weight_scale", "logit_min", "logit_max", "logit_scale")
+    want = {n: b for n, b in model.named_buffers() if n.rsplit(".", 1)[-1] in names}
+    loaded = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", dtype=torch.bfloat16).named_buffers())
+    assert any(n.endswith("logit_scale") for n in want)
+    for name, buf in want.items():
+        assert loaded[name].dtype == torch.float32 and torch.equal(loaded[name], buf), name
+    assert loaded[next(n for n in loaded if n.endswith("outlier_weight"))].dtype == torch.bfloat16

@@ -166,9 +166,10 @@ class QuantGate(Float32Buffers, nn.Sequential):
         super().__init__(*linears)
         self.scaling, self.clamp, self.channel_start = scaling, clamp, channel_start
         n = n_channels if scaling == "per_channel" else 1
-        self.register_buffer("logit_min", torch.full((n_channels,), -torch.inf))
-        self.register_buffer("logit_max", torch.full((n_channels,), torch.inf))
-        self.register_buffer("logit_scale", torch.ones(n))
+        # float32 whatever the default dtype (transformers' from_pretrained(dtype=bf16) builds under bf16)
+        self.register_buffer("logit_min", torch.full((n_channels,), -torch.inf, dtype=torch.float32))
+        self.register_buffer("logit_max", torch.full((n_channels,), torch.inf, dtype=torch.float32))
+        self.register_buffer("logit_scale", torch.ones(n, dtype=torch.float32))
 
     def calibrate(self, logit_min: torch.Tensor, logit_max: torch.Tensor) -> None:
         self.logit_min.copy_(logit_min)
