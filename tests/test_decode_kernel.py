@@ -172,14 +172,14 @@ def test_gated_output_norm_in_the_decode_step(fmt, B, H, K, V, n_out, launch):
         n = packed.n_out  # the outlier block's padding columns meet zero weights: zeros or copies, either way
         assert torch.equal(codes[0], ref_codes[0]) and torch.equal(codes[1], ref_codes[1])
         assert torch.equal(codes[2][:, :n], ref_codes[2][:, :n]) and codes.packed is packed
-    xq, xs, xo = quantize_rows_of(o, packed)
+    xq, xs, xo = _quantize_rows_of(o, packed)
     assert torch.equal(codes[0], xq) and torch.equal(codes[1], xs)
     assert torch.equal(codes[2][:, :packed.n_out], xo[:, :packed.n_out])
     from laquant.kernels.common.counters import arrival_counters
     assert not arrival_counters(o.device).any()  # left zeroed for the next launch
 
 
-def quantize_rows_of(o, packed):
+def _quantize_rows_of(o, packed):
     from laquant.kernels.gemm.int8 import quantize_rows
 
     return quantize_rows(o.reshape(o.shape[0], -1), packed)
