@@ -255,3 +255,28 @@ def test_gpu_decode_steps_apply_the_output_norm_in_the_decode_kernel(recipe, mon
     assert torch.isfinite(logits).all() and rel_err(logits, unfused) < 2e-2
     for a, b in zip(cache.states, unfused_cache.states):
         assert (a.data.float() - b.data.float()).abs().max() <= (1 if recipe else 0.05)
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_gpu_from_pretrained_in_bf16_decodes_on_the_kernels(tmp_path):
+    """A gla_int8_all checkpoint loaded by transformers in bf16 runs on the kernels (its gate kernels take the
+    calibrated bounds and scales as float32: loaded as bf16 they failed to compile) and gives the logits of the model
+    it was saved from, cast the same way."""
+    from transformers import AutoModelForCausalLM
+
+    import laquant
+
+    torch.manual_seed(0)
+    model = GLAForCausalLM(GLAConfig(hidden_size=256, num_hidden_layers=2, num_heads=2, vocab_size=512)).eval()
+    result = laquant.calibrate(model, "gla_int8_all", torch.randint(0, 512, (2, 64)), progress=False)
+    laquant.save(result, tmp_path / "ckpt")
+    want = model.cuda().to(torch.bfloat16)
+    got = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", dtype=torch.bfloat16).cuda().eval()
+    ids = torch.randint(0, 512, (2, 9), device="cuda")
+    caches = [m.new_cache(seed=1) for m in (want, got)]
+    for m, cache in zip((want, got), caches):
+        m(ids[:, :6], past_key_values=cache, use_cache=True)
+    for i in range(6, 9):
+        a, b = (m(ids[:, i:i + 1], past_key_values=c, use_cache=True).logits for m, c in zip((want, got), caches))
+        assert torch.isfinite(b).all() and torch.equal(a, b)
