@@ -167,12 +167,13 @@ def test_generate_equals_the_greedy_decode_loop(tiny_model_dir, recipe):
         model.generate(ids, attention_mask=torch.tensor([[0] + [1] * 8, [1] * 9]), max_new_tokens=2)
 
 
-@pytest.mark.parametrize("recipe", [None, "gla_int8_all"])
+@pytest.mark.parametrize("recipe,affine", [(None, True), ("gla_int8_all", True), ("gla_int8_all", False)])
 @torch.no_grad()
-def test_decode_steps_apply_the_output_norm_in_the_decode_kernel(recipe, monkeypatch):
+def test_decode_steps_apply_the_output_norm_in_the_decode_kernel(recipe, affine, monkeypatch):
     """The GPU wiring, on the CPU under Triton's interpreter (float32): a decode step on the kernels runs GLA's
     gated output norm inside the decode kernel (with ``o_proj``'s codes where it is W8A8, which the GEMM then
-    takes), and its logits and state equal those of the step that runs the norm's own kernel after it."""
+    takes), and its logits and state equal those of the step that runs the norm's own kernel after it (a norm
+    without a weight too: ``elementwise_affine`` off)."""
     from conftest import INTERPRETED, require_triton_kernels
 
     if not INTERPRETED:
@@ -184,7 +185,8 @@ def test_decode_steps_apply_the_output_norm_in_the_decode_kernel(recipe, monkeyp
     from laquant.quant import fused, modules
 
     torch.manual_seed(0)
-    model = GLAForCausalLM(GLAConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=128)).eval()
+    model = GLAForCausalLM(GLAConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=128,
+                                     elementwise_affine=affine)).eval()
     if recipe is not None:
         laquant.calibrate(model, recipe, torch.randint(0, 128, (2, 32)), progress=False)
     monkeypatch.setattr(recurrent, "FUSED_CODES_MIN_BATCH", 2)

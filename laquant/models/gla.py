@@ -321,7 +321,7 @@ class GatedLinearAttention(RecurrentMixer):
         norm = self.g_norm_swish_gate
         out_norm = None  # a decode step's kernel applies the norm (a hooked norm runs as a module)
         if not (norm._forward_hooks or norm._forward_pre_hooks):
-            out_norm = OutputNorm(g, norm._weight(x), norm.eps, packed)
+            out_norm = OutputNorm(g, norm._weight(g), norm.eps, packed)
         o = self.attend_gla(q, k, v, gk, cache, out_norm=out_norm)
         if out_norm is not None and out_norm.applied:
             if packed is not None:
