@@ -26,7 +26,7 @@ from laquant.quant.modules import Float32Buffers
 
 # a decode step on the kernels applies a mixer's gated output norm in its own launch (OutputNorm);
 # LAQUANT_FUSED_OUTPUT_NORM=0 (read at import) runs the norm's own kernel after it instead, for comparisons.
-# With the next GEMM's codes, from this many sequences: the 1.37B GLA's graphed step (H200) took it +2.6% faster at
+# With the next GEMM's codes, from this many sequences: the 1.37B GLA's graphed step (H200) took it +2.7% faster at
 # B = 64 and 0.6% slower at B = 1, where the token's last head reads its row back for the codes after the others
 # (eval/results/output_norm_h200/); without codes the norm is in the launch at every batch (bf16 +2.4-3.1%)
 FUSED_OUTPUT_NORM = os.environ.get("LAQUANT_FUSED_OUTPUT_NORM", "1") != "0"
