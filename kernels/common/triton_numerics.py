@@ -316,20 +316,15 @@ if triton is not None:
         slower at 4,096 tokens; gathering them inside the program with ``tl.gather``, 0.56-0.92x.)
         ``FROM_L2``: the row is read past the L1 cache (other programs of this launch wrote it)."""
         offs = tl.arange(0, BK)
-        if FROM_L2:
-            x = tl.load(row + src, mask=src >= 0, other=0.0, cache_modifier=".cg").to(tl.float32)
-        else:
-            x = tl.load(row + src, mask=src >= 0, other=0.0).to(tl.float32)
+        cache: tl.constexpr = ".cg" if FROM_L2 else ""
+        x = tl.load(row + src, mask=src >= 0, other=0.0, cache_modifier=cache).to(tl.float32)
         scale = tl.maximum(tl.max(tl.abs(x), axis=0) / 127.0, 1.1754943508222875e-38)
         tl.store(xs_out, scale)
         tl.store(xq_row + offs, stored_int8_codes(x, scale), mask=offs < KQ)
         if HAS_OUT:
             offs_o = tl.arange(0, BNO)
             mo = offs_o < NO
-            if FROM_L2:
-                tl.store(xo_row + offs_o, tl.load(row + idx, mask=mo, other=0.0, cache_modifier=".cg"), mask=mo)
-            else:
-                tl.store(xo_row + offs_o, tl.load(row + idx, mask=mo, other=0.0), mask=mo)
+            tl.store(xo_row + offs_o, tl.load(row + idx, mask=mo, other=0.0, cache_modifier=cache), mask=mo)
 
     @triton.jit
     def state_random_bytes(seed, slot, position, sub, h, offs_k, v0, K: tl.constexpr, V: tl.constexpr,

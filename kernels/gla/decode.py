@@ -199,7 +199,7 @@ def _output_norm_args(norm, packed, o, v):
         if packed is not None:
             raise ValueError("codes for the next GEMM come with the gated output norm: pass norm=(z, weight, eps)")
         return dict(ptrs=(o, 0, 0, o, 0.0, o, o, o, o, o, o, 0, 0), consts={}), None
-    from ..rowwise.fused import check_codes, empty_codes
+    from ..rowwise.fused import check_codes, codes_consts, empty_codes
 
     z, weight, eps = norm
     B, H, V = o.shape
@@ -216,7 +216,7 @@ def _output_norm_args(norm, packed, o, v):
         raise ValueError("the codes of a token are read back from its output row: out must be contiguous")
     codes = empty_codes(B, packed, o.dtype, o.device)
     KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
-    consts.update(CODES=True, BQ=next_power_of_2(KQ), BNO=max(16, next_power_of_2(NO)), HAS_OUT=NO > 0)
+    consts.update(CODES=True, **codes_consts(packed))
     ptrs = (z, z.stride(0), z.stride(1), weight, eps, packed.source, packed.outlier_idx, *codes,
             arrival_counters(o.device), KQ, NO)
     return dict(ptrs=ptrs, consts=consts), codes

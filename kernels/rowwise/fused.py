@@ -256,6 +256,13 @@ def empty_codes(M: int, packed, dtype, device) -> GemmCodes:
                       torch.empty(M, max(NO, 1), dtype=dtype, device=device)), packed)
 
 
+def codes_consts(packed) -> dict:
+    """The constexprs of a kernel writing ``packed``'s codes through :func:`~..common.triton_numerics.token_code_map`:
+    the packed row's and the outlier block's tile widths, and whether there are outlier columns."""
+    KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
+    return dict(BQ=next_power_of_2(KQ), BNO=max(16, next_power_of_2(NO)), HAS_OUT=NO > 0)
+
+
 def _codes(M: int, packed, dtype, device, scatter: bool = False):
     """Empty W8A8 activation codes for ``packed`` (the GEMM's layout, as quantize_rows writes them)
     and the kernel arguments that fill them; None: no codes wanted. ``scatter``: for a kernel that can
@@ -265,8 +272,7 @@ def _codes(M: int, packed, dtype, device, scatter: bool = False):
     KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
     codes = empty_codes(M, packed, dtype, device)
     args = dict(ptrs=(packed.source, packed.outlier_idx, *codes, KQ, NO, packed.n_keep),
-                consts=dict(QUANT=True, BQ=next_power_of_2(KQ), BNO=max(16, next_power_of_2(NO)),
-                            HAS_OUT=NO > 0, IDENTITY=packed.identity))
+                consts=dict(QUANT=True, **codes_consts(packed), IDENTITY=packed.identity))
     if scatter:
         args["ptrs"] += (packed.dest, packed.n_out)
         args["consts"]["SCATTER"] = M <= SCATTER_MAX_TOKENS
