@@ -393,3 +393,95 @@ def test_calibrated_mamba2_decode_treats_dt_in_the_ssd_kernel(family, static, mo
         assert torch.equal(fake_quantize_int8(dt, t["logit_scale"], t["logit_min"], t["logit_max"]), ref)
         assert not torch.equal(dt, ref)  # untreated: the kernel's treatment is not a second one
     assert torch.isfinite(got).all() and rel_err(got, want) < 1e-5
+
+
+def _low_rank_gate(N: int, R: int, C: int, scaling: str, dtype, seed: int):
+    """A calibrated quantized low-rank gate (QuantGate of two weight-only int8 linears), as the recipes make it."""
+    from laquant.quant.modules import QuantGate, QuantLinear
+
+    gen = torch.Generator().manual_seed(seed)
+    first, second = nn.Linear(N, R, bias=False), nn.Linear(R, C)
+    with torch.no_grad():
+        for lin in (first, second):
+            lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen) * 0.1)
+        second.bias.copy_(torch.randn(C, generator=gen))
+    none = torch.zeros(0, dtype=torch.long)
+    gate = QuantGate(QuantLinear.from_linear(first.to(dtype), none, act_granularity="none"),
+                     QuantLinear.from_linear(second.to(dtype), none, act_granularity="none"),
+                     n_channels=C, scaling=scaling)
+    gate.calibrate(-torch.rand(C, generator=gen) * 4 - 1, torch.rand(C, generator=gen) * 2)
+    return gate.to(DEVICE)
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "int8_row"])
+@pytest.mark.parametrize("B,H,group,K,V,N,R,scaling,clamp_min,n_out,launch", [
+    (3, 2, 1, 32, 24, 200, 16, "per_channel", None, 5, None),
+    (2, 4, 2, 16, 32, 96, 12, "per_tensor", -2.0, 0, None),
+    (5, 3, 3, 64, 40, 130, 16, "per_channel", None, 0, (16, 1)),
+])
+def test_low_rank_gate_in_the_norm_and_the_decode_step(fmt, B, H, group, K, V, N, R, scaling, clamp_min, n_out,
+                                                        launch):
+    """A quantized low-rank gate computed in the launches around a decode step: the norm before the q/k/v GEMM
+    also writes the gate's rank-R intermediate (its first W8A16 linear on the norm's output), the decode kernel
+    takes the second linear and the tail. Against the gate's modules (each linear's output rounded as the module
+    returns it, then the tail's reference) and the decode step on that log-decay: the same output and state
+    (GQA: ``group`` heads read one gate head's channels; 200 / 130 inputs: padding)."""
+    from laquant.kernels.gla.gate import LowRankDecay, gate_log_decay
+    from laquant.kernels.rowwise.fused import rms_norm_triton
+
+    dtype = torch.float32 if INTERPRETED else torch.bfloat16
+    gate = _low_rank_gate(N, R, (H // group) * K, scaling, dtype, seed=B * 7 + K)
+    first, second = gate[0].packed(), gate[1].packed()
+    x, res = (torch.randn(B, 1, N, device=DEVICE, dtype=dtype) * 3 for _ in range(2))
+    w = torch.randn(N, device=DEVICE, dtype=dtype)
+    qkv = _packed_for(N, n_out, dtype)
+    out, summed, codes = rms_norm_triton(x, w, 1e-6, res, packed=qkv, round_sum=True)
+    out2, summed2, codes2, h = rms_norm_triton(x, w, 1e-6, res, packed=qkv, round_sum=True, low_rank=first)
+    assert torch.equal(out, out2) and torch.equal(summed, summed2)
+    n = qkv.n_out  # the norm's own outputs untouched (an empty outlier block holds one unwritten column)
+    assert torch.equal(codes[0], codes2[0]) and torch.equal(codes[1], codes2[1])
+    assert torch.equal(codes[2][:, :n], codes2[2][:, :n])
+    ref_h = gate[0](out)  # the module: W8A16, rounded to x's dtype
+    assert h.shape == (B, 1, R) and h.dtype == dtype
+    assert rel_err(h.float(), ref_h.float()) < (1e-6 if INTERPRETED else 1e-2)
+
+    treatment = gate.logit_treatment()
+    g = gate_log_decay(gate[1](h), 16, clamp_min, **treatment)[:, 0]  # [B, C] float32
+    g = g.unflatten(-1, (H // group, K)).repeat_interleave(group, dim=1)
+    (q, k, v, _), data, scale, idx, quant, n_stores = _case(B, H, K, V, B + 2, fmt, in_dtype=dtype)
+    block_k, num_warps = launch or (None, None)
+    data_ref, scale_ref = data.clone(), None if scale is None else scale.clone()
+    o_ref = gla_decode_step(q, k, v, g.to(dtype), data_ref, scale_ref, idx, quant, n_stores, block_k=block_k,
+                            num_warps=num_warps)
+    decay = LowRankDecay(h[:, 0], second, 16, clamp_min, **treatment, group=group)
+    o = gla_decode_step(q, k, v, None, data, scale, idx, quant, n_stores, block_k=block_k, num_warps=num_warps,
+                        out=torch.full_like(o_ref, float("nan")), gate=decay)
+    assert torch.isfinite(o.float()).all() and rel_err(o.float(), o_ref.float()) < (1e-5 if INTERPRETED else 1e-2)
+    new, ref = data[idx.long()].float(), data_ref[idx.long()].float()
+    if fmt == "fp32":
+        assert rel_err(new, ref) < (1e-5 if INTERPRETED else 1e-2)
+    else:  # the log-decay's last float32 rounding may differ: a code at a rounding boundary one step apart
+        assert (new != ref).float().mean() < 0.01 and (new - ref).abs().max() <= 1
+
+
+def test_low_rank_gate_arguments_are_checked():
+    from laquant.kernels.gla.gate import LowRankDecay
+    from laquant.kernels.rowwise.fused import rms_norm_triton
+
+    (q, k, v, g), data, scale, idx, quant, n_stores = _case(2, 2, 16, 24, 3, "fp32", in_dtype=torch.float32)
+    gate = _low_rank_gate(48, 8, 2 * 16, "per_channel", torch.float32, seed=1)
+    h = torch.randn(2, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="not both"):
+        gla_decode_step(q, k, v, g, data, scale, idx, quant, n_stores, gate=LowRankDecay(h, gate[1].packed(), 16))
+    with pytest.raises(ValueError, match="channels"):
+        gla_decode_step(q, k, v, None, data, scale, idx, quant, n_stores,
+                        gate=LowRankDecay(h, gate[1].packed(), 16, group=2))
+    with pytest.raises(ValueError, match="rank-8 intermediate"):
+        gla_decode_step(q, k, v, None, data, scale, idx, quant, n_stores,
+                        gate=LowRankDecay(h[:, :4], gate[1].packed(), 16))
+    x = torch.randn(2, 48, device=DEVICE)
+    with pytest.raises(ValueError, match="plain norm writing codes"):
+        rms_norm_triton(x, torch.ones(48, device=DEVICE), 1e-6, low_rank=gate[0].packed())
+    with pytest.raises(ValueError, match="weight-only int8 of 48 inputs"):
+        rms_norm_triton(x, torch.ones(48, device=DEVICE), 1e-6, packed=_packed_for(48, 0, torch.float32),
+                        low_rank=gate[1].packed())

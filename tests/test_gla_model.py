@@ -220,6 +220,55 @@ def test_decode_steps_apply_the_output_norm_in_the_decode_kernel(recipe, affine,
         assert torch.equal(decode_two(True)[0], unfused) and calls == [(False, False)] * 4
 
 
+@pytest.mark.parametrize("num_kv_heads", [None, 1])
+@torch.no_grad()
+def test_decode_steps_compute_the_low_rank_gate_in_the_norm_and_the_decode_kernel(num_kv_heads, monkeypatch):
+    """The GPU wiring, on the CPU under Triton's interpreter (float32): a gla_int8_all decode step on the kernels
+    leaves out the quantized gate's own kernel (the norm writes its rank-16 intermediate, the decode kernel the
+    rest); logits and state as with the gate's kernel, up to the float32 summation order of the first linear
+    (GQA too). Prefill steps keep the gate's kernel."""
+    from conftest import INTERPRETED, require_triton_kernels
+
+    if not INTERPRETED:
+        pytest.skip("checks the wiring under TRITON_INTERPRET=1 (the GPU tests cover CUDA)")
+    require_triton_kernels()
+    import laquant
+    from laquant.kernels.gla import decode
+    from laquant.models import gla, recurrent
+    from laquant.quant import fused, modules
+
+    torch.manual_seed(0)
+    model = GLAForCausalLM(GLAConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, num_kv_heads=num_kv_heads,
+                                     vocab_size=128)).eval()
+    laquant.calibrate(model, "gla_int8_all", torch.randint(0, 128, (2, 32)), progress=False)
+    for module in (gla, recurrent, fused, modules):
+        monkeypatch.setattr(module, "use_triton", lambda x, fmt=None: not x.requires_grad)
+    calls, gate_kernels = [], []
+    step = decode.gla_decode_step
+    monkeypatch.setattr(decode, "gla_decode_step",
+                        lambda *a, **kw: calls.append(kw.get("gate") is not None) or step(*a, **kw))
+    gate_kernel = gla.low_rank_gate_log_decay_triton
+    monkeypatch.setattr(gla, "low_rank_gate_log_decay_triton",
+                        lambda x, *a, **kw: gate_kernels.append(x.shape[1]) or gate_kernel(x, *a, **kw))
+    ids = torch.randint(0, 128, (2, 5))
+
+    def decode_two(fused_gate: bool):
+        monkeypatch.setattr(recurrent, "FUSED_GATE", fused_gate)
+        cache = model.new_cache(seed=3)
+        model(ids, past_key_values=cache, use_cache=True)
+        logits = [model(ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits for i in range(2)]
+        return torch.cat(logits, 1), cache
+
+    unfused, unfused_cache = decode_two(False)
+    assert calls == [False] * 4 and gate_kernels == [5, 5] + [1] * 4
+    calls.clear(), gate_kernels.clear()
+    logits, cache = decode_two(True)
+    assert calls == [True] * 4 and gate_kernels == [5, 5]  # 2 layers x 2 steps; only the prefill runs the gate's
+    assert rel_err(logits, unfused) < 1e-5
+    for a, b in zip(cache.states, unfused_cache.states):
+        assert (a.data.float() - b.data.float()).abs().max() <= 1  # int8 codes: a rounding boundary at most
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("recipe", [None, "gla_int8_all"])
 @torch.no_grad()
