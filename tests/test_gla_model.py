@@ -270,6 +270,47 @@ def test_decode_steps_compute_the_low_rank_gate_in_the_norm_and_the_decode_kerne
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("B", [3, 64])
+@torch.no_grad()
+def test_gpu_decode_steps_compute_the_low_rank_gate_in_the_norm_and_the_decode_kernel(B, monkeypatch):
+    """On CUDA (bf16, gla_int8_all): decode steps with the quantized gate computed in the norm and the decode
+    kernel against steps running the gate's kernel: logits within bf16 rounding (the first linear's float32 sums
+    group differently), the int8 state a rounding step apart at most; the graphed loop's tokens equal the eager
+    loop's."""
+    import laquant
+    from laquant.generate import generate
+    from laquant.kernels.gla import decode
+    from laquant.models import recurrent
+
+    torch.manual_seed(0)
+    model = GLAForCausalLM(GLAConfig(hidden_size=256, num_hidden_layers=2, num_heads=2, vocab_size=512)).eval()
+    laquant.calibrate(model, "gla_int8_all", torch.randint(0, 512, (2, 64)), progress=False)
+    model = model.cuda().to(torch.bfloat16)
+    calls = []
+    step = decode.gla_decode_step
+    monkeypatch.setattr(decode, "gla_decode_step",
+                        lambda *a, **kw: calls.append(kw.get("gate") is not None) or step(*a, **kw))
+    ids = torch.randint(0, 512, (B, 9), device="cuda")
+
+    def decode_steps(fused_gate: bool):
+        monkeypatch.setattr(recurrent, "FUSED_GATE", fused_gate)
+        cache = model.new_cache(seed=3)
+        model(ids[:, :5], past_key_values=cache, use_cache=True)
+        logits = [model(ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits for i in range(5, 9)]
+        return torch.cat(logits, 1).float(), cache
+
+    unfused, unfused_cache = decode_steps(False)
+    calls.clear()
+    logits, cache = decode_steps(True)
+    assert calls == [True] * 8
+    assert torch.isfinite(logits).all() and rel_err(logits, unfused) < 2e-2
+    for a, b in zip(cache.states, unfused_cache.states):
+        assert (a.data.float() - b.data.float()).abs().max() <= 1
+    eager = generate(model, ids[:, :5], max_new_tokens=6, graphed=False)
+    assert torch.equal(generate(model, ids[:, :5], max_new_tokens=6, graphed=True), eager)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("recipe", [None, "gla_int8_all"])
 @torch.no_grad()
 def test_gpu_decode_steps_apply_the_output_norm_in_the_decode_kernel(recipe, monkeypatch):

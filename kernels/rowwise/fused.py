@@ -346,7 +346,9 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
             BLOCK_N=block_n, ROWS=rows, HAS_RES=residual is not None, GATED=g is not None, ROUND_SUM=round_sum,
             ROUND_NORMED=round_normed, GATE_FIRST=gate_first, W_PER_ROW=weight.numel() != N,
             SIGMOID_GATE=gate_activation == "sigmoid", TOKENS=tokens, **lr_args,
-            num_warps=warps if packed is None else _codes_warps(max(rows * block_n, tokens * consts["BQ"])),
+            num_warps=warps if packed is None else _codes_warps(max(rows * block_n, tokens * consts["BQ"],
+                                                                    lr_args["BR"] * block_n // 2 if lr_h is not None
+                                                                    else 0)),
             **consts, **pdl_launch(x.device, M // heads))
     return y, (ro if residual is not None else None), codes, lr_h
 
