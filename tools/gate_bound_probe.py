@@ -1,10 +1,9 @@
 """What the GLA decode step's low-rank gate costs in a graphed step (issue #14): a random 1.37B GLA (bf16 and
 gla_int8_all) decodes graphed at B = 1 and 64 with the gate's own kernel on a side stream beside the q/k/v/g GEMM
-(``unfused``; bf16's gate, two cuBLAS GEMMs and the tail kernel, always runs so), in order on the main stream
-(``in_order``), with no gate kernel at all (``no_gate``: log_decay returns a buffer made before the capture, the
-bound of any fusion that removes the launch), and for gla_int8_all as fused since (``fused``: the norm writes the
-gate's rank-16 intermediate, the decode kernel the rest). Each configuration alternated twice in one process;
-tokens/s over 64 replays after a 512-token prompt. (The first run, before the fusion, named ``unfused`` ``shipped``.)
+(``shipped``; bf16's gate is two cuBLAS GEMMs and the tail kernel there), in order on the main stream
+(``in_order``), and with no gate kernel at all (``no_gate``: log_decay returns a buffer made before the capture, the
+bound of any fusion that removes the launch). Each configuration alternated twice in one process; tokens/s over 64
+replays after a 512-token prompt (eval/results/fused_gate_h200/).
 
     python3 tools/gate_bound_probe.py OUT.json
 """
@@ -17,7 +16,7 @@ import torch
 from profile_prefill import random_gla
 
 from eval.speed import _decode_rate
-from laquant.models import GLAConfig, recurrent
+from laquant.models import GLAConfig
 from laquant.models.gla import GatedLinearAttention
 
 SHIPPED = GatedLinearAttention.log_decay
@@ -34,7 +33,6 @@ def no_gate(self, x):
 def configure(model, name: str, batch: int) -> None:
     model.__dict__.pop("_laquant_decode_graphs", None)  # capture again under this configuration
     os.environ["LAQUANT_SIDE_STREAM"] = "0" if name == "in_order" else "1"
-    recurrent.FUSED_GATE = name == "fused"
     GatedLinearAttention.log_decay = no_gate if name == "no_gate" else SHIPPED
     if name == "no_gate":  # the decode step's buffers exist before the capture
         attn = model.model.layers[0].attn
@@ -50,7 +48,7 @@ def main(out: str) -> None:
         for B in (64, 1):
             prompt = torch.randint(0, cfg.vocab_size, (B, 512), device="cuda")
             for rep in (1, 2):
-                for name in ("fused", "unfused", "in_order", "no_gate") if variant != "bf16" else ("unfused",):
+                for name in ("shipped", "in_order", "no_gate"):
                     configure(model, name, B)
                     rate = _decode_rate(model, prompt, 64, graphed=True)
                     rows.append(dict(variant=variant, batch=B, rep=rep, config=name, tok_per_s=round(rate, 1)))
@@ -58,7 +56,6 @@ def main(out: str) -> None:
         del model
         torch.cuda.empty_cache()
     GatedLinearAttention.log_decay = SHIPPED
-    recurrent.FUSED_GATE = True
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "config": cfg.to_dict()}
     with open(out, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)

@@ -22,7 +22,6 @@ from ..common.pdl import pdl_launch
 from ..common.sizes import next_power_of_2
 from ..common.state import StateQuantizer, load_pool_slots, store_pool_slots
 from ..common.state_io import pool_args
-from .gate import LowRankDecay
 from .reference import recurrent_gla_step
 
 try:
@@ -30,7 +29,6 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_release, pdl_wait
-    from .gate import _log_decay_tail
     from ..common.triton_numerics import (decayed_update, load_state_rows, load_treated_logits, state_random_bytes,
                                           store_state_rows, store_token_codes, stored_row_scale, token_code_map)
 except ImportError:  # laquant's CPU path needs no Triton
@@ -59,10 +57,6 @@ if triton is not None:
         SSD: tl.constexpr = False, HEADS_PER_GROUP: tl.constexpr = 1, DT_QUANT: tl.constexpr = False,
         DT_BOUNDS: tl.constexpr = False, DT_PER_CHANNEL: tl.constexpr = False, GNORM: tl.constexpr = False,
         CODES: tl.constexpr = False, BQ: tl.constexpr = 16, BNO: tl.constexpr = 16, HAS_OUT: tl.constexpr = False,
-        lrh_ptr=None, w2_ptr=None, s2_ptr=None, b2_ptr=None, glo_ptr=None, ghi_ptr=None, gs_ptr=None, normalizer=1.0,
-        clamp_min=0.0, R=0, KQ2=0, gate_group=1, LOW_RANK: tl.constexpr = False, BR: tl.constexpr = 16,
-        HAS_B2: tl.constexpr = False, G_QUANT: tl.constexpr = False, G_BOUNDS: tl.constexpr = False,
-        G_PER_CHANNEL: tl.constexpr = False, G_CLAMP_MIN: tl.constexpr = False,
     ):
         """``SSD`` (Mamba2's step, :func:`ssd_decode_step`): g holds the heads' dt logits ``[B, H]``, v their
         inputs x; the kernel takes dt = clamp(softplus(logit + dt_bias), dt_lo, dt_hi), the head's decay
@@ -71,9 +65,7 @@ if triton is not None:
         first (clamped to ``[tlo, thi]`` per head when ``DT_BOUNDS``, int8 with the head's (or one) static scale;
         the parameters ``s_t`` apart).
         ``GNORM``: the output is the head's gated RMSNorm, ``rmsnorm(o) * w * silu(z)`` (:func:`_gated_output_norm`),
-        and with ``CODES`` the W8A8 codes of the token's ``H * V`` outputs for the next GEMM too.
-        ``LOW_RANK``: g is not read; the log-decay comes from a low-rank gate's rank-R intermediate (at ``lrh``,
-        ``[B, R]``) through its second linear and tail (:func:`_low_rank_log_decay`)."""
+        and with ``CODES`` the W8A8 codes of the token's ``H * V`` outputs for the next GEMM too."""
         pdl_wait(PDL)
         pid = tl.program_id(0)
         b = pid // H
@@ -111,11 +103,6 @@ if triton is not None:
             kk = tl.load(k_ptr + b * s_kb + hq * s_kh + offs_k * s_kk, mask=mask_k, other=0.0).to(tl.float32)
             if SSD:
                 row_decay = tl.zeros([BLOCK_K], dtype=tl.float32) + decay
-            elif LOW_RANK:
-                row_decay = tl.exp(_low_rank_log_decay(b, (h // gate_group) * K + offs_k, mask_k, lrh_ptr, w2_ptr,
-                                                       s2_ptr, b2_ptr, glo_ptr, ghi_ptr, gs_ptr, normalizer,
-                                                       clamp_min, R, KQ2, BR, HAS_B2, G_QUANT, G_BOUNDS,
-                                                       G_PER_CHANNEL, G_CLAMP_MIN))
             else:
                 row_decay = tl.exp(tl.load(g_ptr + b * s_gb + h * s_gh + offs_k * s_gk, mask=mask_k,
                                            other=0.0).to(tl.float32))
@@ -143,26 +130,6 @@ if triton is not None:
         else:
             tl.store(o_ptr + b * s_ob + h * s_oh + offs_v,
                      o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_v)
-
-    @triton.jit
-    def _low_rank_log_decay(b, ch, mask_c, lrh_ptr, w2_ptr, s2_ptr, b2_ptr, lo_ptr, hi_ptr, s_ptr, normalizer,
-                            clamp_min, R, KQ2, BR: tl.constexpr, HAS_B2: tl.constexpr, QUANT: tl.constexpr,
-                            BOUNDS: tl.constexpr, PER_CHANNEL: tl.constexpr, CLAMP_MIN: tl.constexpr):
-        """float32 log-decay of the gate channels ``ch`` of sequence ``b``, as the fused low-rank gate kernel
-        (:func:`~.gate.low_rank_gate_log_decay_triton`) gives it from its intermediate: the second weight-only
-        int8 linear on the rank-R ``h`` (float32 sums, rounded to h's dtype with the bias) and the gate tail."""
-        r = tl.arange(0, BR)
-        mr = r < R
-        hv = tl.load(lrh_ptr + b.to(tl.int64) * R + r, mask=mr, other=0.0).to(tl.float32)
-        w2 = tl.load(w2_ptr + ch[:, None].to(tl.int64) * KQ2 + r[None, :], mask=mask_c[:, None] & mr[None, :],
-                     other=0)
-        logits = tl.sum(w2.to(tl.float32) * hv[None, :], axis=1) * tl.load(s2_ptr + ch, mask=mask_c, other=0.0)
-        if HAS_B2:
-            logits += tl.load(b2_ptr + ch, mask=mask_c, other=0.0).to(tl.float32)
-        raw = logits.to(lrh_ptr.dtype.element_ty)[None, :]
-        y = _log_decay_tail(raw, ch, mask_c, lo_ptr, hi_ptr, s_ptr, normalizer, clamp_min, QUANT, BOUNDS,
-                            PER_CHANNEL, CLAMP_MIN)
-        return tl.sum(y, axis=0)  # the one row back to [BLOCK_K]
 
     @triton.jit
     def _gated_output_norm(o, b, h, offs_v, mask_v, o_ptr, s_ob, s_oh, z_ptr, s_zb, s_zh, nw_ptr, eps, src_ptr,
@@ -195,8 +162,7 @@ if triton is not None:
 def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer,
                     n_stores: torch.Tensor | None = None, qk_scale: float | None = None,
                     block_k: int | None = None, num_warps: int | None = None,
-                    out: torch.Tensor | None = None, seed: int = 0, norm: tuple | None = None, packed=None,
-                    gate: LowRankDecay | None = None):
+                    out: torch.Tensor | None = None, seed: int = 0, norm: tuple | None = None, packed=None):
     """Triton decode step. q, k, g ``[B, H, K]``, v ``[B, H, V]``; ``state`` ``[P, H, K, V]`` with
     V contiguous; ``scale`` ``[P, H, K]`` float32 (fp8 only); ``pool_idx`` ``[B]`` int32. The slots
     are updated in place (``n_stores`` is read, not incremented: the caller counts). A stochastic
@@ -207,20 +173,11 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
     weight ``[V]``), what :func:`~laquant.kernels.rowwise.fused.gated_rms_norm_triton` gives on the o this
     step returns without it. ``packed`` (with ``norm``): also the W8A8 codes of each token's ``H * V`` outputs
     for that GEMM (:class:`~laquant.kernels.rowwise.fused.GemmCodes`), as the norm writes them: returns
-    ``(o, codes)``. ``gate`` (:class:`~.gate.LowRankDecay`; then g is None): the log-decay is computed in the
-    launch from a low-rank gate's intermediate, as :func:`~.gate.low_rank_gate_log_decay_triton` would give g."""
+    ``(o, codes)``."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use gla_decode_step_reference")
     B, H, K = q.shape
     V = v.shape[-1]
-    if (g is None) == (gate is None):
-        raise ValueError("pass the log-decay g [B, H, K] or a low-rank gate's LowRankDecay (gate=), not both")
-    gate_args = {}
-    if gate is not None:
-        gate_args = gate.launch_args(K, H)
-        if gate.h.shape[0] != B:
-            raise ValueError(f"the gate's intermediate has {gate.h.shape[0]} rows for {B} sequences")
-        g = q  # not read
     pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K, block_k,
                                                       num_warps)
     o = torch.empty(B, H, V, dtype=v.dtype, device=v.device) if out is None else out
@@ -231,7 +188,7 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
         *q.stride(), *k.stride(), *v.stride(), *g.stride(),
         o.stride(0), o.stride(1), *pool_strides,
         qk_scale, seed, o, o, o, 0.0, 0.0, o, o, o, 0, *norm_args["ptrs"], H=H, K=K, V=V, BLOCK_V=next_power_of_2(V),
-        num_warps=num_warps, **consts, **norm_args["consts"], **gate_args, **pdl_launch(v.device, B),
+        num_warps=num_warps, **consts, **norm_args["consts"], **pdl_launch(v.device, B),
     )
     return o if packed is None else (o, codes)
 

@@ -17,8 +17,6 @@ three (the two GEMMs of a decode step are a few kilobytes of weight each: launch
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 
@@ -156,40 +154,6 @@ if triton is not None:
         y = _log_decay_tail(raw, cols, mc, lo_ptr, hi_ptr, s_ptr, normalizer, clamp_min, QUANT, BOUNDS, PER_CHANNEL,
                             CLAMP_MIN)
         tl.store(y_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], y, mask=mr[:, None] & mc[None, :])
-
-
-class LowRankDecay(NamedTuple):
-    """A low-rank gate's log-decay left for the decode kernel to finish (``gla_decode_step(..., gate=)``): the
-    rank-R intermediate ``h`` ``[B, R]`` (the first linear's output, :func:`~..rowwise.fused.rms_norm_triton`'s
-    ``low_rank``), the second linear's packed weight and the tail's arguments as
-    :func:`low_rank_gate_log_decay_triton` takes them; head ``i`` reads the gate channels of ``i // group``."""
-
-    h: torch.Tensor
-    second: object
-    normalizer: float
-    clamp_min: float | None = None
-    logit_min: torch.Tensor | None = None
-    logit_max: torch.Tensor | None = None
-    logit_scale: torch.Tensor | None = None
-    group: int = 1
-
-    def launch_args(self, K: int, H: int) -> dict:
-        """The decode kernel's arguments for heads of K channels (``H`` of them), checked."""
-        second, h = self.second, self.h
-        R, C = second.in_features, second.qweight.shape[0]
-        if second.outlier_idx.numel() or h.dim() != 2 or h.shape[1] != R or R > 64 or not h.is_contiguous():
-            raise ValueError(f"the gate's second linear takes the rank-{R} intermediate [B, {R}] (contiguous, rank <= "
-                             f"64) without outlier columns; got h {tuple(h.shape)}, "
-                             f"{second.outlier_idx.numel()} outlier columns")
-        if H % self.group or C != (H // self.group) * K:
-            raise ValueError(f"the gate has {C} channels; {H} heads of {K} in groups of {self.group} need "
-                             f"{(H // self.group) * K}")
-        ptrs, clamp, consts = _tail_args(h, self.clamp_min, self.logit_min, self.logit_max, self.logit_scale)
-        return dict(lrh_ptr=h, w2_ptr=second.qweight, s2_ptr=second.scale,
-                    b2_ptr=second.bias if second.bias is not None else h, glo_ptr=ptrs[0], ghi_ptr=ptrs[1],
-                    gs_ptr=ptrs[2], normalizer=float(self.normalizer), clamp_min=clamp, R=R,
-                    KQ2=second.qweight.shape[1], gate_group=self.group, LOW_RANK=True, BR=max(16, next_power_of_2(R)),
-                    HAS_B2=second.bias is not None, **{f"G_{k}": v for k, v in consts.items()})
 
 
 def low_rank_gate_config(M: int, x_dtype: torch.dtype) -> dict:

@@ -171,12 +171,7 @@ if triton is not None:
                          IDENTITY: tl.constexpr, SCATTER: tl.constexpr,
                          ROUND_SUM: tl.constexpr = False, ROUND_NORMED: tl.constexpr = False,
                          GATE_FIRST: tl.constexpr = False, W_PER_ROW: tl.constexpr = False,
-                         SIGMOID_GATE: tl.constexpr = False, PDL: tl.constexpr = False, TOKENS: tl.constexpr = 1,
-                         lrw_ptr=None, lrs_ptr=None, lrh_ptr=None, R=0, KL=0, LOW_RANK: tl.constexpr = False,
-                         BR: tl.constexpr = 16):
-        """``LOW_RANK`` (one token a program, codes): also the rank-R intermediate of a low-rank gate on the
-        stored output, ``h = (y @ W1^T) * s1`` in y's dtype (W1 ``[R, KL]`` int8 at ``lrw``, s1 at ``lrs``, h
-        ``[tokens, R]`` at ``lrh``), what the gate's first weight-only int8 linear returns."""
+                         SIGMOID_GATE: tl.constexpr = False, PDL: tl.constexpr = False, TOKENS: tl.constexpr = 1):
         if QUANT:  # one token (RPP rows of y) per program, or TOKENS tokens of one row each (prefill sizes)
             local = tl.arange(0, ROWS)
             rows = tl.program_id(0) * (RPP * TOKENS) + local
@@ -190,10 +185,6 @@ if triton is not None:
         token_col = local[:, None] * N + cols[None, :]
         src, oidx, dest = _code_map(src_ptr, oidx_ptr, dest_ptr, token_col, mask, KQ, NO, BQ, BNO, HAS_OUT, QUANT,
                                     IDENTITY, SCATTER)
-        if LOW_RANK:  # the gate's weight, before the PDL wait: it does not depend on the kernel before
-            lr = tl.arange(0, BR)
-            w1 = tl.load(lrw_ptr + lr[:, None] * KL + cols[None, :], mask=(lr < R)[:, None] & (cols < N)[None, :],
-                         other=0)
         pdl_prologue(PDL)
         h = tl.load(x_ptr + _row_offsets(rows, sx0, sx1, xin)[:, None] + cols[None, :], mask=mask, other=0.0)
         dtype = h.dtype
@@ -226,13 +217,8 @@ if triton is not None:
             if TOKENS > 1:  # a GEMM with outlier columns (the packed map), one row a token
                 _tokens_codes(rows, row_ok, N, y_ptr, src, oidx, xq_ptr, xs_ptr, xo_ptr, KQ, NO, BQ, BNO, HAS_OUT)
             else:
-                y_stored = rounded(y, dtype)
-                _quant_epilogue(y_stored, token_col, mask, y_ptr, RPP * N, src, oidx, dest,
+                _quant_epilogue(rounded(y, dtype), token_col, mask, y_ptr, RPP * N, src, oidx, dest,
                                 xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, NOUT, BQ, BNO, HAS_OUT, IDENTITY, SCATTER)
-                if LOW_RANK:  # ROWS is 1: y_stored [1, BLOCK_N] against W1's rows
-                    acc = tl.sum(y_stored * w1.to(tl.float32), axis=1)
-                    lr_h = acc * tl.load(lrs_ptr + lr, mask=lr < R, other=0.0)
-                    tl.store(lrh_ptr + tl.program_id(0).to(tl.int64) * R + lr, lr_h.to(dtype), mask=lr < R)
 
     @triton.jit
     def _swiglu_kernel(a_ptr, b_ptr, y_ptr, M, N, sa0, sa1, ain, sb0, sb1, bin, sy,
@@ -314,9 +300,8 @@ def check_codes(packed, width: int) -> None:
 
 
 def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int = 1, round_sum: bool = False,
-                 round_normed: bool = False, gate_first: bool = False, gate_activation: str = "silu", low_rank=None):
-    """``heads``: rows per token (the gated norm's heads), for the codes of a whole token. ``low_rank``: see
-    :func:`rms_norm_triton`. Returns ``(y, x + residual or None, codes or None, h or None)``."""
+                 round_normed: bool = False, gate_first: bool = False, gate_activation: str = "silu"):
+    """``heads``: rows per token (the gated norm's heads), for the codes of a whole token."""
     x, x_rows = addressable_rows(x)
     residual, res_rows = addressable_rows(residual) if residual is not None else (None, _NO_ROWS)
     g, g_rows = addressable_rows(g) if g is not None else (None, _NO_ROWS)
@@ -329,7 +314,6 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     ro = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else y
     codes, q = _codes(M // heads, packed, x.dtype, x.device, scatter=True)
-    lr_args, lr_h = _low_rank_args(low_rank, x, M, N, packed, heads, g)
     if M:
         block_n, rows, warps = _rows_block(N)
         ptrs = q.get("ptrs", (x, x, x, x, x, 0, 0, 0, x, 0))
@@ -345,48 +329,22 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
             *x_rows, *res_rows, *g_rows, *row_layout(y), N, *ptrs, heads,
             BLOCK_N=block_n, ROWS=rows, HAS_RES=residual is not None, GATED=g is not None, ROUND_SUM=round_sum,
             ROUND_NORMED=round_normed, GATE_FIRST=gate_first, W_PER_ROW=weight.numel() != N,
-            SIGMOID_GATE=gate_activation == "sigmoid", TOKENS=tokens, **lr_args,
-            num_warps=warps if packed is None else _codes_warps(max(rows * block_n, tokens * consts["BQ"],
-                                                                    lr_args["BR"] * block_n // 2 if lr_h is not None
-                                                                    else 0)),
+            SIGMOID_GATE=gate_activation == "sigmoid", TOKENS=tokens,
+            num_warps=warps if packed is None else _codes_warps(max(rows * block_n, tokens * consts["BQ"])),
             **consts, **pdl_launch(x.device, M // heads))
-    return y, (ro if residual is not None else None), codes, lr_h
-
-
-def _low_rank_args(first, x, M, N, packed, heads, g):
-    """The norm kernel's arguments for a low-rank gate's intermediate (placeholders without ``first``) and its
-    output buffer ``[M, R]`` in x's dtype."""
-    if first is None:
-        return dict(lrw_ptr=x, lrs_ptr=x, lrh_ptr=x, R=0, KL=0, LOW_RANK=False), None
-    R = first.qweight.shape[0]
-    if packed is None or heads != 1 or g is not None or (M > TILED_CODES_MIN_TOKENS and not packed.identity):
-        raise ValueError("a low-rank gate's intermediate comes from the plain norm writing codes for its GEMM, one "
-                         f"token a program (at most {TILED_CODES_MIN_TOKENS} tokens where the GEMM has outlier "
-                         "columns): pass packed=, or run the gate's own kernel")
-    if (first.in_features != N or first.outlier_idx.numel() or first.bias is not None or R > 64
-            or first.qweight.shape[1] < N):
-        raise ValueError(f"the low-rank gate's first linear must be weight-only int8 of {N} inputs, without outlier "
-                         f"columns or bias, rank <= 64; got {first.in_features} inputs, rank {R}, "
-                         f"{first.outlier_idx.numel()} outlier columns, bias {first.bias is not None}")
-    h = torch.empty(M, R, dtype=x.dtype, device=x.device)
-    return dict(lrw_ptr=first.qweight, lrs_ptr=first.scale, lrh_ptr=h, R=R, KL=first.qweight.shape[1],
-                LOW_RANK=True, BR=max(16, next_power_of_2(R))), h
+    return y, (ro if residual is not None else None), codes
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-                    packed=None, round_sum: bool = False, round_normed: bool = False, low_rank=None):
+                    packed=None, round_sum: bool = False, round_normed: bool = False):
     """Twin of :func:`.reference.rms_norm`: ``(out, x + residual)`` (None without a residual); with
     ``packed`` (a :class:`~..gemm.int8.PackedOutlierWeight`), also the W8A8 codes of ``out`` for
     that GEMM, ``(xq, xs, xo)``, as a third element (what :func:`~..gemm.int8.quantize_rows` of
-    ``out`` gives, in the same launch). ``low_rank`` (with ``packed``; the packed weight of a low-rank
-    gate's first linear, weight-only int8, rank <= 64, no outlier columns): also that linear's output on
-    ``out``, ``[..., R]`` in x's dtype (the rank-R intermediate, float32 sums), as a fourth element."""
+    ``out`` gives, in the same launch)."""
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"residual shape {tuple(residual.shape)} differs from x's {tuple(x.shape)}")
-    out, summed, codes, h = _launch_norm(x, weight, eps, residual=residual, packed=packed, round_sum=round_sum,
-                                         round_normed=round_normed, low_rank=low_rank)
-    if low_rank is not None:
-        return out, summed, codes, h.reshape(*x.shape[:-1], h.shape[-1])
+    out, summed, codes = _launch_norm(x, weight, eps, residual=residual, packed=packed, round_sum=round_sum,
+                                      round_normed=round_normed)
     return (out, summed) if packed is None else (out, summed, codes)
 
 
@@ -406,8 +364,8 @@ def gated_rms_norm_triton(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor
     heads = token_rows if token_rows is not None else x.shape[-2]
     if packed is not None and x.numel() % (heads * x.shape[-1]):
         raise ValueError(f"{heads} rows a token do not divide x {tuple(x.shape)} into whole tokens")
-    out, _, codes, _ = _launch_norm(x, weight, eps, g=g, packed=packed, heads=heads, round_normed=round_normed,
-                                    gate_first=gate_first, gate_activation=activation)
+    out, _, codes = _launch_norm(x, weight, eps, g=g, packed=packed, heads=heads, round_normed=round_normed,
+                                 gate_first=gate_first, gate_activation=activation)
     return out if packed is None else (out, codes)
 
 

@@ -17,14 +17,12 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from laquant.kernels.common.dispatch import use_triton
-from laquant.kernels.gla.gate import (LowRankDecay, gate_log_decay, gate_log_decay_triton,
-                                      low_rank_gate_log_decay_triton)
-from laquant.kernels.rowwise.fused import MAX_ROW, TILED_CODES_MIN_TOKENS, gated_rms_norm_triton, rms_norm_triton
+from laquant.kernels.gla.gate import gate_log_decay, gate_log_decay_triton, low_rank_gate_log_decay_triton
+from laquant.kernels.rowwise.fused import MAX_ROW, gated_rms_norm_triton, rms_norm_triton
 from laquant.kernels.rowwise.reference import gated_rms_norm, rms_norm
 from laquant.models.cache import GLAStateCache
 from laquant.models.fla_attention import Attention, attention_spec, attention_specs
 from laquant.models.graphed_step import OUTPUT_CACHE_FIELD, graph_step_allowed, graphed_step
-from laquant.models import recurrent
 from laquant.models.recurrent import OutputNorm, RecurrentMixer
 from laquant.models.side_stream import fork
 from laquant.quant.fused import glu_project, low_rank_gate, project, w8a8_inputs
@@ -169,15 +167,9 @@ class RMSNorm(nn.Module):
             out, summed = rms_norm(x, self.weight, self.eps, residual, round_sum=round_sum)
         return (out, x if summed is None else summed) if prenorm else out
 
-    def quantizing(self, x: torch.Tensor, packed, residual: torch.Tensor | None = None, round_sum: bool = False,
-                   low_rank=None):
+    def quantizing(self, x: torch.Tensor, packed, residual: torch.Tensor | None = None, round_sum: bool = False):
         """``(out, x + residual, codes)``: also the W8A8 codes of ``out`` for the GEMM of ``packed``
-        (:func:`laquant.quant.fused.w8a8_inputs`), in the same kernel (GPU only). ``low_rank``: a low-rank
-        gate's packed first linear, whose output on ``out`` comes fourth (:func:`rms_norm_triton`)."""
-        if low_rank is not None:
-            out, summed, codes, h = rms_norm_triton(x, self.weight, self.eps, residual, packed=packed,
-                                                    round_sum=round_sum, low_rank=low_rank)
-            return out, (x if summed is None else summed), codes, h
+        (:func:`laquant.quant.fused.w8a8_inputs`), in the same kernel (GPU only)."""
         out, summed, codes = rms_norm_triton(x, self.weight, self.eps, residual, packed=packed, round_sum=round_sum)
         return out, (x if summed is None else summed), codes
 
@@ -305,27 +297,9 @@ class GatedLinearAttention(RecurrentMixer):
         fn = gate_log_decay_triton if use_triton(logits) else gate_log_decay
         return fn(logits, self.gate_logit_normalizer, self.clamp_min, **treatment)
 
-    def fused_gate(self, x: torch.Tensor, cache, packed):
-        """The packed first linear of this layer's quantized low-rank gate where a decode step computes the gate in
-        the launches around it (the norm making x and the q/k/v(/g) GEMM's codes ``packed`` also computes the
-        gate's intermediate, the decode kernel the rest), else None. x: the norm's input."""
-        if (not recurrent.FUSED_GATE or packed is None or not hasattr(self.gk_proj, "logit_treatment")
-                or (x.shape[0] > TILED_CODES_MIN_TOKENS and not packed.identity)  # the norm's one token a program
-                or not self.decodes_on_kernels(x, cache)):
-            return None
-        pair = low_rank_gate(self.gk_proj, x)
-        return None if pair is None else pair[0]
-
-    def forward(self, x: torch.Tensor, cache: GLAStateCache | None = None, codes=None,
-                gate_rank: torch.Tensor | None = None) -> torch.Tensor:
-        """``codes``: x's W8A8 codes for the fused q/k/v(/g) GEMM, made by the norm before it; ``gate_rank``: the
-        intermediate of the low-rank gate, made by that norm too (:meth:`fused_gate`)."""
-        if gate_rank is not None:  # the decode kernel finishes the gate
-            second = low_rank_gate(self.gk_proj, x)[1]
-            gate = LowRankDecay(gate_rank.reshape(-1, gate_rank.shape[-1]), second, self.gate_logit_normalizer,
-                                self.clamp_min, **self.gk_proj.logit_treatment(), group=self.num_kv_groups)
-        else:
-            gate = fork(self.log_decay, x)  # in a captured step, beside the q/k/v(/g) GEMM
+    def forward(self, x: torch.Tensor, cache: GLAStateCache | None = None, codes=None) -> torch.Tensor:
+        """``codes``: x's W8A8 codes for the fused q/k/v(/g) GEMM, made by the norm before it."""
+        gate = fork(self.log_decay, x)  # in a captured step, beside the q/k/v(/g) GEMM
         q, k, v, *g = project(self, self.inputs, x, codes)
         if self.use_short_conv:
             from laquant.models.hybrid_mixers import short_conv
@@ -335,7 +309,7 @@ class GatedLinearAttention(RecurrentMixer):
         q = self._heads(q, self.head_k_dim, shared_kv=False)
         k = self._heads(k, self.head_k_dim)
         v = self._heads(v, self.head_v_dim)
-        gk = gate if gate_rank is not None else self._heads(gate.join(), self.head_k_dim)
+        gk = self._heads(gate.join(), self.head_k_dim)
         if self.feature_map is not None:
             q, k = self.feature_map(q), self.feature_map(k)
         if not self.fuse_norm_and_gate:
@@ -376,12 +350,7 @@ class GLABlock(nn.Module):
         block's first norm adds them in its kernel (rounded as the separate add would round them)."""
         # where the next GEMM is W8A8, the norm writes its int8 codes too (one kernel, no quantization pass)
         packed = w8a8_inputs(self.attn, self.attn.inputs, hidden)
-        first = self.attn.fused_gate(hidden, cache, packed) if isinstance(self.attn, GatedLinearAttention) else None
-        if first is not None:  # and the gate's intermediate
-            normed, residual, codes, rank = self.attn_norm.quantizing(hidden, packed, residual, round_sum=True,
-                                                                      low_rank=first)
-            hidden = self.attn(normed, cache, codes, gate_rank=rank)
-        elif packed is not None:
+        if packed is not None:
             normed, residual, codes = self.attn_norm.quantizing(hidden, packed, residual, round_sum=True)
             hidden = self.attn(normed, cache, codes)
         else:

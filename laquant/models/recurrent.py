@@ -21,7 +21,6 @@ from laquant.kernels import (chunk_gated_delta_rule, chunk_gla, chunk_kda, recur
 from laquant.kernels.common.dispatch import use_triton
 from laquant.kernels.common.state import State, StateQuantizer
 from laquant.kernels.common.store import store_state_triton
-from laquant.kernels.gla.gate import LowRankDecay
 from laquant.quant.modules import Float32Buffers
 
 
@@ -32,10 +31,6 @@ from laquant.quant.modules import Float32Buffers
 # (eval/results/output_norm_h200/); without codes the norm is in the launch at every batch (bf16 +2.4-3.1%)
 FUSED_OUTPUT_NORM = os.environ.get("LAQUANT_FUSED_OUTPUT_NORM", "1") != "0"
 FUSED_CODES_MIN_BATCH = 16
-# a decode step on the kernels computes a quantized low-rank gate in the launches around it (the norm before the
-# q/k/v/g GEMM its rank-R intermediate, the decode kernel the rest: LowRankDecay) instead of the gate's own kernel;
-# LAQUANT_FUSED_GATE=0 (read at import) runs the gate's kernel, for comparisons
-FUSED_GATE = os.environ.get("LAQUANT_FUSED_GATE", "1") != "0"
 
 
 class OutputNorm:
@@ -95,8 +90,6 @@ class RecurrentMixer(Float32Buffers, nn.Module):
         ``states`` (None: no cache) and storing the new one there. ``fp32_dots``: how the prefill kernel
         multiplies float32 inputs (:func:`~laquant.kernels.gla.chunk.chunk_gla_triton`). ``out_norm``: the
         output norm a decode step on the kernels applies in its launch (see :class:`OutputNorm`)."""
-        if isinstance(g, LowRankDecay) and not self.decodes_on_kernels(q, states):
-            raise RuntimeError("a LowRankDecay gate is for a decode step on the kernels only (decodes_on_kernels)")
         k, g = _mask_padding(k, g, states)
         stored = states.get(self.layer_idx) if states is not None else None
         if getattr(states, "pending", None) is not None:  # speculative decoding's verify step
@@ -130,13 +123,6 @@ class RecurrentMixer(Float32Buffers, nn.Module):
         if states is not None:
             self.store_state(states, stored, state, T)
         return o
-
-    def decodes_on_kernels(self, x: torch.Tensor, states) -> bool:
-        """Whether :meth:`attend_gla` on inputs of x's batch, length and device steps the decode kernel on the
-        stored state (one token, a state cached, the format on the kernels; no verify step, no padding mask)."""
-        return (x.shape[1] == 1 and states is not None and states.get(self.layer_idx) is not None
-                and getattr(states, "pending", None) is None and getattr(states, "token_mask", None) is None
-                and use_triton(x, self.state_quantizer.format.name))
 
     def attend_delta(self, q, k, v, g, beta, states, use_qk_l2norm: bool = True) -> torch.Tensor:
         """The gated delta rule over ``q, k [B, T, Hk, K]``, ``v [B, T, Hv, V]``, the log-decay ``g``
@@ -254,16 +240,14 @@ class RecurrentMixer(Float32Buffers, nn.Module):
 
         B, T, H, K = q.shape
         if T == 1 and stored is not None:
-            if isinstance(g, LowRankDecay):  # the decode kernel finishes the gate
-                g1, norm = None, dict(gate=g)
-            else:
-                g1, norm = (g[:, 0] if g.dim() == 4 else g[:, 0].unsqueeze(-1).expand(B, H, K)), {}
+            g1 = g[:, 0] if g.dim() == 4 else g[:, 0].unsqueeze(-1).expand(B, H, K)
+            norm = {}
             if (out_norm is not None and FUSED_OUTPUT_NORM and out_norm.z.stride(-1) == 1
                     and (out_norm.packed is None or B >= FUSED_CODES_MIN_BATCH)):
-                norm.update(norm=(out_norm.z[:, 0], out_norm.weight, out_norm.eps), packed=out_norm.packed)
+                norm = dict(norm=(out_norm.z[:, 0], out_norm.weight, out_norm.eps), packed=out_norm.packed)
             o = gla_decode_step(q[:, 0], k[:, 0], v[:, 0], g1, stored.data, stored.row_scale,
                                 *self._pool_slots(stored, B, q.device), qk_scale=scale, seed=_seed(states), **norm)
-            if "norm" in norm:
+            if norm:
                 out_norm.applied = True
                 if out_norm.packed is not None:
                     o, out_norm.codes = o
