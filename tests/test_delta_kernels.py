@@ -120,6 +120,78 @@ def test_decode_steps_equal_the_recurrent_reference():
     assert rel_err(torch.stack(outs, 1), o_ref) < 1e-5 and rel_err(pool, s_ref) < 1e-5
 
 
+@pytest.mark.parametrize("fmt", ["fp32", "int8_row"])
+@pytest.mark.parametrize("kernel,grouped,B,Hk,Hv,K,V,n_out,block_k", [
+    ("delta", True, 3, 2, 6, 20, 40, 5, 16),     # qwen3_next: z grouped per key head, read in place
+    ("delta", False, 2, 1, 3, 32, 24, 0, None),  # Qwen3.5 / OLMo: z per value head; three heads a token
+    ("kda", False, 4, 2, 2, 16, 32, 3, 8),       # KDA: the sigmoid-gated norm
+])
+def test_gated_output_norm_in_the_decode_step(fmt, kernel, grouped, B, Hk, Hv, K, V, n_out, block_k):
+    """The delta-rule / KDA decode step with the mixer's gated output norm in its launch (and the next GEMM's codes,
+    written by each token's last head to finish) gives what the step without it followed by the norm kernel gives:
+    the same state, the normed output, the same codes; z grouped per key head as qwen3_next's fused projection lays
+    it out, a view into a wider tensor (its rows not contiguous)."""
+    import torch.nn as nn
+
+    from laquant.kernels.kda.decode import kda_decode_step
+    from laquant.kernels.rowwise.fused import gated_rms_norm_triton
+    from laquant.quant.modules import QuantLinear
+
+    dtype = torch.float32 if INTERPRETED else torch.bfloat16
+    (q, k, v, g, beta), data, scale, idx, quant, n_stores = _decode_case(B, Hk, Hv, K, V, B + 2, fmt, dtype=dtype)
+    activation = "sigmoid" if kernel == "kda" else "silu"
+    if kernel == "kda":
+        g = g.unsqueeze(-1).expand(B, Hv, K) * torch.rand(B, Hv, K, device=DEVICE)  # per channel
+    step = kda_decode_step if kernel == "kda" else delta_decode_step
+    r = Hv // Hk
+    if grouped:  # [B, Hk, r * V] out of a wider fused output: q, k, v, z per key head
+        wide = torch.randn(B, Hk, 2 * K + 2 * r * V, device=DEVICE, dtype=dtype)
+        z = wide[..., 2 * K + r * V:].unflatten(-1, (r, V))  # [B, Hk, r, V]
+        z_rows = z.reshape(B, Hv, V)
+    else:
+        z = torch.randn(B, Hv, 2 * V, device=DEVICE, dtype=dtype)[..., V:]
+        z_rows = z
+    weight = torch.randn(V, device=DEVICE, dtype=dtype)
+    outliers = torch.randperm(Hv * V)[:n_out]
+    packed = QuantLinear.from_linear(nn.Linear(Hv * V, 24).to(dtype), outliers).to(DEVICE).packed()
+    kw = dict(use_qk_l2norm=True, block_k=block_k)
+    data_ref, scale_ref = data.clone(), None if scale is None else scale.clone()
+    o_plain = step(q, k, v, g, beta, data_ref, scale_ref, idx, quant, n_stores, **kw)
+    ref, ref_codes = gated_rms_norm_triton(o_plain, z_rows, weight, 1e-6, packed=packed, activation=activation)
+    normed = step(q, k, v, g, beta, data.clone(), None if scale is None else scale.clone(), idx, quant, n_stores,
+                  norm=(z, weight, 1e-6), activation=activation, **kw)
+    o, codes = step(q, k, v, g, beta, data, scale, idx, quant, n_stores, out=torch.full_like(o_plain, float("nan")),
+                    norm=(z, weight, 1e-6), packed=packed, activation=activation, **kw)
+    assert torch.equal(data, data_ref) and (scale is None or torch.equal(scale, scale_ref))
+    assert torch.isfinite(o.float()).all() and torch.equal(o, normed)
+    # the same arithmetic; on the GPU the sum of squares may group differently (one rounding of o apart)
+    assert rel_err(o.float(), ref.float()) < (1e-6 if INTERPRETED else 1e-2)
+    if INTERPRETED:
+        n = packed.n_out
+        assert torch.equal(o, ref)
+        assert torch.equal(codes[0], ref_codes[0]) and torch.equal(codes[1], ref_codes[1])
+        assert torch.equal(codes[2][:, :n], ref_codes[2][:, :n]) and codes.packed is packed
+    from laquant.kernels.gemm.int8 import quantize_rows
+    xq, xs, xo = quantize_rows(o.reshape(B, -1), packed)  # the codes of the output it returns
+    assert torch.equal(codes[0], xq) and torch.equal(codes[1], xs)
+    assert torch.equal(codes[2][:, :packed.n_out], xo[:, :packed.n_out])
+    from laquant.kernels.common.counters import arrival_counters
+    assert not arrival_counters(o.device).any()  # left zeroed for the next launch
+
+
+def test_gated_output_norm_arguments_are_checked():
+    (q, k, v, g, beta), data, scale, idx, quant, n_stores = _decode_case(2, 1, 2, 16, 24, 3, "fp32",
+                                                                         dtype=torch.float32)
+    z, weight = torch.randn_like(v), torch.randn(24, device=DEVICE)
+    args = (q, k, v, g, beta, data, scale, idx, quant, n_stores)
+    with pytest.raises(ValueError, match="output gate z"):
+        delta_decode_step(*args, norm=(z.unflatten(1, (1, 2))[..., :1, :], weight, 1e-6))
+    with pytest.raises(ValueError, match="activation"):
+        delta_decode_step(*args, norm=(z, weight, 1e-6), activation="relu")
+    with pytest.raises(ValueError, match="one per head column"):
+        delta_decode_step(*args, norm=(z, weight[:5], 1e-6))
+
+
 def test_decode_bad_shapes_are_named():
     args, data, scale, idx, quant, n_stores = _decode_case(2, 2, 4, 16, 16, 3, "fp32")
     q, k, v, g, beta = args
