@@ -536,3 +536,50 @@ def test_gpu_mamba_gated_norm_without_codes_matches_transformers(family, monkeyp
     assert len(calls) == mixers
     assert (fused - plain).abs().max() <= 0.03 * plain.abs().max(), float((fused - plain).abs().max())
 
+
+
+@pytest.mark.parametrize("family", ["qwen3_next_grouped_heads", "qwen3_5", "olmo_hybrid", "kimi_linear"])
+@torch.no_grad()
+def test_decode_steps_apply_the_output_norm_in_the_delta_decode_kernel(family, monkeypatch):
+    """The GPU wiring, on the CPU under Triton's interpreter (float32): a hybrid_int8 decode step on the kernels runs
+    the mixer's gated output norm (qwen3_next's z grouped per key head and read in place, Qwen3.5's / OLMo's per
+    head, KDA's sigmoid gate) inside the delta-rule / KDA decode kernel, with out_proj's / o_proj's codes, which the
+    GEMM then takes; logits and state equal those of the steps that run the norm's own kernel after it."""
+    import laquant
+    from laquant.adapters import cache_kwargs, new_cache
+    from laquant.kernels.delta import decode as delta_decode
+    from laquant.kernels.kda import decode as kda_decode
+    from laquant.models import hybrid_mixers, recurrent
+    from laquant.quant import fused, modules
+
+    model = _interpreted_codes_model(family)
+    laquant.calibrate(model, "hybrid_int8", torch.randint(0, VOCAB, (2, 64)), progress=False)
+    for module in (quantizing_rowwise, fused, modules, hybrid_mixers, recurrent):
+        monkeypatch.setattr(module, "use_triton", lambda x, fmt=None: not x.requires_grad)
+    monkeypatch.setattr(recurrent, "FUSED_CODES_MIN_BATCH", 2)
+    calls = []
+    for mod, name in ((delta_decode, "delta_decode_step"), (kda_decode, "kda_decode_step")):
+        step = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _step=step, **kw: calls.append(
+            (kw.get("norm") is not None, kw.get("packed") is not None, kw.get("activation"))) or _step(*a, **kw))
+    ids = torch.randint(0, VOCAB, (2, 7))
+
+    def decode_two(fused_norm: bool):
+        monkeypatch.setattr(recurrent, "FUSED_OUTPUT_NORM", fused_norm)
+        cache = new_cache(model, seed=3)
+        kw = cache_kwargs(model, cache)
+        model(input_ids=ids[:, :5], **kw, use_cache=True)
+        logits = [model(input_ids=ids[:, i:i + 1], **kw, use_cache=True).logits for i in (5, 6)]
+        return torch.cat(logits, 1), cache
+
+    unfused, unfused_cache = decode_two(False)
+    assert calls and all(c == (False, False, None) for c in calls)
+    n = len(calls)
+    calls.clear()
+    logits, cache = decode_two(True)
+    activation = "sigmoid" if family == "kimi_linear" else "silu"
+    assert calls == [(True, True, activation)] * n  # every linear-attention layer's decode steps
+    assert torch.equal(logits, unfused)
+    from laquant.models.cache import state_store
+    for layer, state in state_store(cache).states.items():
+        assert torch.equal(state.data, state_store(unfused_cache).states[layer].data)

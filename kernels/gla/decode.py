@@ -139,7 +139,8 @@ if triton is not None:
 def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer,
                     n_stores: torch.Tensor | None = None, qk_scale: float | None = None,
                     block_k: int | None = None, num_warps: int | None = None,
-                    out: torch.Tensor | None = None, seed: int = 0, norm: tuple | None = None, packed=None):
+                    out: torch.Tensor | None = None, seed: int = 0, norm: tuple | None = None, packed=None,
+                    activation: str = "silu"):
     """Triton decode step. q, k, g ``[B, H, K]``, v ``[B, H, V]``; ``state`` ``[P, H, K, V]`` with
     V contiguous; ``scale`` ``[P, H, K]`` float32 (fp8 only); ``pool_idx`` ``[B]`` int32. The slots
     are updated in place (``n_stores`` is read, not incremented: the caller counts). A stochastic
@@ -147,10 +148,10 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
 
     ``norm`` ``(z, weight, eps)``: the output is GLA's gated output norm of o in the same launch,
     ``gated_rms_norm(o, z, weight, eps)`` over each head's V (z ``[B, H, V]``, its last dimension contiguous;
-    weight ``[V]``), what :func:`~laquant.kernels.rowwise.fused.gated_rms_norm_triton` gives on the o this
-    step returns without it. ``packed`` (with ``norm``): also the W8A8 codes of each token's ``H * V`` outputs
-    for that GEMM (:class:`~laquant.kernels.rowwise.fused.GemmCodes`), as the norm writes them: returns
-    ``(o, codes)``."""
+    weight ``[V]``; ``activation`` the gate's, silu or sigmoid), what
+    :func:`~laquant.kernels.rowwise.fused.gated_rms_norm_triton` gives on the o this step returns without it.
+    ``packed`` (with ``norm``): also the W8A8 codes of each token's ``H * V`` outputs for that GEMM
+    (:class:`~laquant.kernels.rowwise.fused.GemmCodes`), as the norm writes them: returns ``(o, codes)``."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use gla_decode_step_reference")
     B, H, K = q.shape
@@ -159,7 +160,7 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
                                                       num_warps)
     o = torch.empty(B, H, V, dtype=v.dtype, device=v.device) if out is None else out
     qk_scale = K ** -0.5 if qk_scale is None else qk_scale
-    norm_args, codes = output_norm_args(norm, packed, o)
+    norm_args, codes = output_norm_args(norm, packed, o, activation)
     launch_kernel(_gla_decode_kernel, (B * H,),
         q, k, v, g, o, *pool,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(),
