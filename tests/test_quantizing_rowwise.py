@@ -583,3 +583,52 @@ def test_decode_steps_apply_the_output_norm_in_the_delta_decode_kernel(family, m
     from laquant.models.cache import state_store
     for layer, state in state_store(cache).states.items():
         assert torch.equal(state.data, state_store(unfused_cache).states[layer].data)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen3_next_grouped_heads", "kimi_linear"])
+@torch.no_grad()
+def test_gpu_decode_steps_apply_the_output_norm_in_the_delta_decode_kernel(family, monkeypatch):
+    """On CUDA (bf16, hybrid_int8, 16 sequences): decode steps with the gated output norm in the delta-rule / KDA
+    decode kernel against steps running the norm's own kernel: logits within the bf16 rounding of the norm's sum of
+    squares (which the decode kernel may group differently), states a rounding step apart at most; the graphed
+    loop's tokens equal the eager loop's."""
+    import laquant
+    from laquant.adapters import cache_kwargs, new_cache
+    from laquant.generate import generate
+    from laquant.kernels.delta import decode as delta_decode
+    from laquant.models import recurrent
+    from laquant.models.cache import state_store
+
+    torch.manual_seed(0)
+    model = _codes_model(family).eval()
+    install(model)
+    laquant.calibrate(model, "hybrid_int8", torch.randint(0, VOCAB, (2, 64)), progress=False)
+    model = model.cuda().to(torch.bfloat16)
+    from laquant.kernels.kda import decode as kda_decode
+
+    calls = []
+    launch = delta_decode.launch_decode
+    for module in (delta_decode, kda_decode):  # the delta rule's and KDA's steps launch through it
+        monkeypatch.setattr(module, "launch_decode",
+                            lambda *a, **kw: calls.append(len(a) > 16 and a[16] is not None) or launch(*a, **kw))
+    ids = torch.randint(0, VOCAB, (16, 9), device="cuda")
+
+    def decode_steps(fused_norm: bool):
+        monkeypatch.setattr(recurrent, "FUSED_OUTPUT_NORM", fused_norm)
+        cache = new_cache(model, seed=3)
+        kw = cache_kwargs(model, cache)
+        model(input_ids=ids[:, :5], **kw, use_cache=True)
+        logits = [model(input_ids=ids[:, i:i + 1], **kw, use_cache=True).logits for i in range(5, 9)]
+        return torch.cat(logits, 1).float(), cache
+
+    unfused, unfused_cache = decode_steps(False)
+    assert calls and not any(calls)
+    calls.clear()
+    logits, cache = decode_steps(True)
+    assert calls and all(calls)
+    assert torch.isfinite(logits).all() and rel_err(logits, unfused) < 2e-2
+    for layer, state in state_store(cache).states.items():
+        assert (state.data.float() - state_store(unfused_cache).states[layer].data.float()).abs().max() <= 1
+    eager = generate(model, ids[:, :5], max_new_tokens=6, graphed=False)
+    assert torch.equal(generate(model, ids[:, :5], max_new_tokens=6, graphed=True), eager)
