@@ -26,7 +26,6 @@ from ..common.pdl import pdl_launch
 from ..common.sizes import next_power_of_2
 from ..common.state import StateQuantizer, load_pool_slots, store_pool_slots
 from ..common.state_io import pool_args
-from ..rowwise.output_norm import output_norm_args
 from .reference import l2_normalize, recurrent_gated_delta_rule_step
 
 try:
@@ -34,7 +33,6 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_release, pdl_wait
-    from ..rowwise.output_norm import gated_output_norm
     from ..common.triton_numerics import (decayed_update, load_state_rows, state_random_bytes, store_state_rows,
                                           stored_row_scale)
 except ImportError:  # laquant's CPU path needs no Triton
@@ -95,15 +93,11 @@ if triton is not None:
         q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, scale_ptr, idx_ptr, nstore_ptr, static_ptr,
         s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_vb, s_vh, s_vv, s_gb, s_gh, s_gk, s_bb, s_bh, s_ob, s_oh,
         s_sp, s_sh, s_sk, s_cp, s_ch,
-        qk_scale, seed, z_ptr, s_zb, s_zg, s_zr, z_group, nw_ptr, eps, src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr,
-        cnt_ptr, KQ, NO,
+        qk_scale, seed,
         H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr,
         BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr, L2NORM: tl.constexpr,
-        PDL: tl.constexpr, GNORM: tl.constexpr = False, CODES: tl.constexpr = False, BQ: tl.constexpr = 16,
-        BNO: tl.constexpr = 16, HAS_OUT: tl.constexpr = False, SIGMOID_GATE: tl.constexpr = False,
+        PDL: tl.constexpr,
     ):
-        """``GNORM``: the output is the head's gated RMSNorm (:func:`~..rowwise.output_norm.gated_output_norm`), with
-        ``CODES`` the next GEMM's W8A8 codes of the token's ``H * V`` outputs too."""
         pdl_wait(PDL)
         pid = tl.program_id(0)
         b = pid // H
@@ -184,31 +178,19 @@ if triton is not None:
                                         offs_k, K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR)
         pdl_release(PDL)
         o = tl.sum(readout, axis=0)
-        if GNORM:
-            gated_output_norm(o, b, h, offs_v, mask_v, o_ptr, s_ob, s_oh, z_ptr, s_zb, s_zg, s_zr, z_group, nw_ptr,
-                              eps, src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, cnt_ptr, KQ, NO, H, V, CODES, BQ, BNO,
-                              HAS_OUT, SIGMOID_GATE)
-        else:
-            tl.store(o_ptr + b * s_ob + h * s_oh + offs_v, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
-                     mask=mask_v)
+        tl.store(o_ptr + b * s_ob + h * s_oh + offs_v, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
+                 mask=mask_v)
 
 
 def delta_decode_step(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer,
                       n_stores: torch.Tensor | None = None, qk_scale: float | None = None,
                       use_qk_l2norm: bool = False, block_k: int | None = None, num_warps: int | None = None,
-                      out: torch.Tensor | None = None, seed: int = 0, norm: tuple | None = None, packed=None,
-                      activation: str = "silu"):
+                      out: torch.Tensor | None = None, seed: int = 0) -> torch.Tensor:
     """Triton decode step. q, k ``[B, Hk, K]``, v ``[B, Hv, V]``, g (log-decay) and beta ``[B, Hv]``;
     ``state`` ``[P, Hv, K, V]`` with V contiguous; ``scale`` ``[P, Hv, K]`` float32 (scaled formats
     only); ``pool_idx`` ``[B]`` int32. The slots are updated in place (``n_stores`` is read, not
     incremented: the caller counts; stochastic rounding keys its bits by ``seed``, the slot and
-    ``n_stores + 1``). Returns ``o`` ``[B, Hv, V]``.
-
-    ``norm`` ``(z, weight, eps)``: the output is the mixer's gated output norm of o in the same launch, per head
-    (``act`` ``activation``: silu, or sigmoid as KDA's), what :func:`~..rowwise.fused.gated_rms_norm_triton` gives on
-    the o this step returns without it (z ``[B, Hv, V]`` or grouped ``[B, G, R, V]``,
-    :func:`~..rowwise.output_norm.output_norm_args`); with ``packed`` also the next GEMM's codes: returns
-    ``(o, codes)``."""
+    ``n_stores + 1``). Returns ``o`` ``[B, Hv, V]``."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use delta_decode_step_reference")
     B, Hk, K = q.shape
@@ -218,14 +200,13 @@ def delta_decode_step(q, k, v, g, beta, state, scale, pool_idx, quantizer: State
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, g {tuple(g.shape)}, "
                          f"beta {tuple(beta.shape)}")
     return launch_decode(q, k, v, g.unsqueeze(-1).expand(B, H, K), beta, state, scale, pool_idx, quantizer, n_stores,
-                         qk_scale, use_qk_l2norm, block_k, num_warps, out, seed, norm, packed, activation)
+                         qk_scale, use_qk_l2norm, block_k, num_warps, out, seed)
 
 
 def launch_decode(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_scale, use_qk_l2norm, block_k,
-                  num_warps, out, seed=0, norm=None, packed=None, activation="silu"):
+                  num_warps, out, seed=0):
     """The decode kernel on checked arguments, g ``[B, Hv, K]`` a per-row log-decay (an expanded
-    per-head one has stride 0 over K): the gated delta rule's and KDA's step share it. Returns o, or ``(o, codes)``
-    with ``packed`` (see :func:`delta_decode_step`)."""
+    per-head one has stride 0 over K): the gated delta rule's and KDA's step share it."""
     B, Hk, K = q.shape
     H, V = v.shape[1], v.shape[2]
     if tuple(state.shape[1:]) != (H, K, V):
@@ -233,13 +214,12 @@ def launch_decode(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores,
     pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K, block_k,
                                                       num_warps, "delta")
     o = torch.empty(B, H, V, dtype=v.dtype, device=v.device) if out is None else out
-    norm_args, codes = output_norm_args(norm, packed, o, activation)
     launch_kernel(_delta_decode_kernel, (B * H,),
         q, k, v, g, beta, o, *pool,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
         o.stride(0), o.stride(1), *pool_strides,
-        K ** -0.5 if qk_scale is None else qk_scale, seed, *norm_args["ptrs"], H=H, GROUP=H // Hk, K=K, V=V,
-        BLOCK_V=next_power_of_2(V), L2NORM=use_qk_l2norm, num_warps=num_warps, **consts, **norm_args["consts"],
+        K ** -0.5 if qk_scale is None else qk_scale, seed, H=H, GROUP=H // Hk, K=K, V=V,
+        BLOCK_V=next_power_of_2(V), L2NORM=use_qk_l2norm, num_warps=num_warps, **consts,
         enable_fp_fusion=False, **pdl_launch(v.device, B),
     )
-    return o if packed is None else (o, codes)
+    return o

@@ -16,12 +16,12 @@ from __future__ import annotations
 import torch
 
 from ..common.gate_treatment import treated, treatment_args
+from ..common.counters import arrival_counters
 from ..common.launch import launch_kernel
 from ..common.pdl import pdl_launch
 from ..common.sizes import next_power_of_2
 from ..common.state import StateQuantizer, load_pool_slots, store_pool_slots
 from ..common.state_io import pool_args
-from ..rowwise.output_norm import output_norm_args
 from .reference import recurrent_gla_step
 
 try:
@@ -30,8 +30,7 @@ try:
 
     from ..common.pdl import pdl_release, pdl_wait
     from ..common.triton_numerics import (decayed_update, load_state_rows, load_treated_logits, state_random_bytes,
-                                          store_state_rows, stored_row_scale)
-    from ..rowwise.output_norm import gated_output_norm
+                                          store_state_rows, store_token_codes, stored_row_scale, token_code_map)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -52,13 +51,12 @@ if triton is not None:
         s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_vb, s_vh, s_vv, s_gb, s_gh, s_gk, s_ob, s_oh,
         s_sp, s_sh, s_sk, s_cp, s_ch,
         qk_scale, seed, dtb_ptr, alog_ptr, d_ptr, dt_lo, dt_hi, tlo_ptr, thi_ptr, ts_ptr, s_t,
-        z_ptr, s_zb, s_zg, s_zr, z_group, nw_ptr, eps, src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, cnt_ptr, KQ, NO,
+        z_ptr, s_zb, s_zh, nw_ptr, eps, src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, cnt_ptr, KQ, NO,
         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
         FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr, PDL: tl.constexpr,
         SSD: tl.constexpr = False, HEADS_PER_GROUP: tl.constexpr = 1, DT_QUANT: tl.constexpr = False,
         DT_BOUNDS: tl.constexpr = False, DT_PER_CHANNEL: tl.constexpr = False, GNORM: tl.constexpr = False,
         CODES: tl.constexpr = False, BQ: tl.constexpr = 16, BNO: tl.constexpr = 16, HAS_OUT: tl.constexpr = False,
-        SIGMOID_GATE: tl.constexpr = False,
     ):
         """``SSD`` (Mamba2's step, :func:`ssd_decode_step`): g holds the heads' dt logits ``[B, H]``, v their
         inputs x; the kernel takes dt = clamp(softplus(logit + dt_bias), dt_lo, dt_hi), the head's decay
@@ -66,9 +64,8 @@ if triton is not None:
         are per group of ``HEADS_PER_GROUP`` heads. ``DT_QUANT``: the logits get a calibrated gate's treatment
         first (clamped to ``[tlo, thi]`` per head when ``DT_BOUNDS``, int8 with the head's (or one) static scale;
         the parameters ``s_t`` apart).
-        ``GNORM``: the output is the head's gated RMSNorm, ``rmsnorm(o) * w * silu(z)``
-        (:func:`~..rowwise.output_norm.gated_output_norm`), and with ``CODES`` the W8A8 codes of the token's ``H * V``
-        outputs for the next GEMM too."""
+        ``GNORM``: the output is the head's gated RMSNorm, ``rmsnorm(o) * w * silu(z)`` (:func:`_gated_output_norm`),
+        and with ``CODES`` the W8A8 codes of the token's ``H * V`` outputs for the next GEMM too."""
         pdl_wait(PDL)
         pid = tl.program_id(0)
         b = pid // H
@@ -128,19 +125,44 @@ if triton is not None:
         if SSD:
             o += x * tl.load(d_ptr + h).to(tl.float32)
         if GNORM:
-            gated_output_norm(o, b, h, offs_v, mask_v, o_ptr, s_ob, s_oh, z_ptr, s_zb, s_zg, s_zr, z_group, nw_ptr,
-                              eps, src_ptr, oidx_ptr, xq_ptr, xs_ptr, xo_ptr, cnt_ptr, KQ, NO, H, V, CODES, BQ, BNO,
-                              HAS_OUT, SIGMOID_GATE)
+            _gated_output_norm(o, b, h, offs_v, mask_v, o_ptr, s_ob, s_oh, z_ptr, s_zb, s_zh, nw_ptr, eps, src_ptr,
+                               oidx_ptr, xq_ptr, xs_ptr, xo_ptr, cnt_ptr, KQ, NO, H, V, CODES, BQ, BNO, HAS_OUT)
         else:
             tl.store(o_ptr + b * s_ob + h * s_oh + offs_v,
                      o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_v)
+
+    @triton.jit
+    def _gated_output_norm(o, b, h, offs_v, mask_v, o_ptr, s_ob, s_oh, z_ptr, s_zb, s_zh, nw_ptr, eps, src_ptr,
+                           oidx_ptr, xq_ptr, xs_ptr, xo_ptr, cnt_ptr, KQ, NO, H: tl.constexpr, V: tl.constexpr,
+                           CODES: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr):
+        """The head's output ``o`` (float32) through GLA's gated output norm, as the norm kernel
+        (:func:`~laquant.kernels.rowwise.fused.gated_rms_norm_triton`) computes it from o as stored: o rounded to
+        the output dtype, ``y = o * rsqrt(mean(o^2) + eps) * w * z sigmoid(z)``, stored in that dtype. ``CODES``:
+        the program of the token's last head to finish (an arrival counter per token) reads the token's row back
+        and writes its W8A8 codes, as the norm kernel's read-back path does."""
+        dtype = o_ptr.dtype.element_ty
+        b64 = b.to(tl.int64)
+        x = o.to(dtype, fp_downcast_rounding="rtne").to(tl.float32)
+        z = tl.load(z_ptr + b64 * s_zb + h * s_zh + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / V + eps)
+        y = x * rstd
+        y = y * tl.load(nw_ptr + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+        y = y * (z * tl.sigmoid(z))
+        tl.store(o_ptr + b64 * s_ob + h * s_oh + offs_v, y.to(dtype), mask=mask_v)
+        if CODES:
+            tl.debug_barrier()  # every thread's part of the row is stored before the count is raised
+            arrived = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel", scope="gpu")
+            if arrived == H - 1:
+                src, idx = token_code_map(src_ptr, oidx_ptr, KQ, NO, BQ, BNO, HAS_OUT)
+                store_token_codes(o_ptr + b64 * s_ob, src, idx, xq_ptr + b64 * KQ, xs_ptr + b, xo_ptr + b64 * NO, KQ,
+                                  NO, BQ, BNO, HAS_OUT, True)
+                tl.atomic_xchg(cnt_ptr + b, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
 def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer,
                     n_stores: torch.Tensor | None = None, qk_scale: float | None = None,
                     block_k: int | None = None, num_warps: int | None = None,
-                    out: torch.Tensor | None = None, seed: int = 0, norm: tuple | None = None, packed=None,
-                    activation: str = "silu"):
+                    out: torch.Tensor | None = None, seed: int = 0, norm: tuple | None = None, packed=None):
     """Triton decode step. q, k, g ``[B, H, K]``, v ``[B, H, V]``; ``state`` ``[P, H, K, V]`` with
     V contiguous; ``scale`` ``[P, H, K]`` float32 (fp8 only); ``pool_idx`` ``[B]`` int32. The slots
     are updated in place (``n_stores`` is read, not incremented: the caller counts). A stochastic
@@ -148,10 +170,10 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
 
     ``norm`` ``(z, weight, eps)``: the output is GLA's gated output norm of o in the same launch,
     ``gated_rms_norm(o, z, weight, eps)`` over each head's V (z ``[B, H, V]``, its last dimension contiguous;
-    weight ``[V]``; ``activation`` the gate's, silu or sigmoid), what
-    :func:`~laquant.kernels.rowwise.fused.gated_rms_norm_triton` gives on the o this step returns without it.
-    ``packed`` (with ``norm``): also the W8A8 codes of each token's ``H * V`` outputs for that GEMM
-    (:class:`~laquant.kernels.rowwise.fused.GemmCodes`), as the norm writes them: returns ``(o, codes)``."""
+    weight ``[V]``), what :func:`~laquant.kernels.rowwise.fused.gated_rms_norm_triton` gives on the o this
+    step returns without it. ``packed`` (with ``norm``): also the W8A8 codes of each token's ``H * V`` outputs
+    for that GEMM (:class:`~laquant.kernels.rowwise.fused.GemmCodes`), as the norm writes them: returns
+    ``(o, codes)``."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use gla_decode_step_reference")
     B, H, K = q.shape
@@ -160,7 +182,7 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
                                                       num_warps)
     o = torch.empty(B, H, V, dtype=v.dtype, device=v.device) if out is None else out
     qk_scale = K ** -0.5 if qk_scale is None else qk_scale
-    norm_args, codes = output_norm_args(norm, packed, o, activation)
+    norm_args, codes = _output_norm_args(norm, packed, o, v)
     launch_kernel(_gla_decode_kernel, (B * H,),
         q, k, v, g, o, *pool,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(),
@@ -169,6 +191,35 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
         num_warps=num_warps, **consts, **norm_args["consts"], **pdl_launch(v.device, B),
     )
     return o if packed is None else (o, codes)
+
+
+def _output_norm_args(norm, packed, o, v):
+    """The gated output norm's launch arguments (placeholders without ``norm``) and the codes' buffers."""
+    if norm is None:
+        if packed is not None:
+            raise ValueError("codes for the next GEMM come with the gated output norm: pass norm=(z, weight, eps)")
+        return dict(ptrs=(o, 0, 0, o, 0.0, o, o, o, o, o, o, 0, 0), consts={}), None
+    from ..rowwise.fused import check_codes, codes_consts, empty_codes
+
+    z, weight, eps = norm
+    B, H, V = o.shape
+    if z.shape != v.shape or z.stride(-1) != 1:
+        raise ValueError(f"the output gate z must be [B, H, V] = {tuple(v.shape)} with V contiguous; "
+                         f"got {tuple(z.shape)} strides {z.stride()}")
+    if weight.numel() != V:
+        raise ValueError(f"the output norm's weight has {weight.numel()} elements, not one per head column ({V})")
+    consts = dict(GNORM=True)
+    if packed is None:
+        return dict(ptrs=(z, z.stride(0), z.stride(1), weight, eps, o, o, o, o, o, o, 0, 0), consts=consts), None
+    check_codes(packed, H * V)
+    if not o.is_contiguous():
+        raise ValueError("the codes of a token are read back from its output row: out must be contiguous")
+    codes = empty_codes(B, packed, o.dtype, o.device)
+    KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
+    consts.update(CODES=True, **codes_consts(packed))
+    ptrs = (z, z.stride(0), z.stride(1), weight, eps, packed.source, packed.outlier_idx, *codes,
+            arrival_counters(o.device), KQ, NO)
+    return dict(ptrs=ptrs, consts=consts), codes
 
 
 def ssd_decode_step_reference(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, state, scale, pool_idx,
@@ -219,7 +270,7 @@ def ssd_decode_step(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, sta
         *C.stride(), *B_.stride(), *x.stride(), dt_logits.stride(0), dt_logits.stride(1), 0,
         o.stride(0), o.stride(1), *pool_strides,
         1.0, seed, dt_bias, A_log, D, float(lo), float(hi), t_lo, t_hi, t_scale, s_t,
-        *output_norm_args(None, None, o)[0]["ptrs"], H=H, K=N, V=P,
+        *_output_norm_args(None, None, o, x)[0]["ptrs"], H=H, K=N, V=P,
         BLOCK_V=next_power_of_2(P), num_warps=num_warps, SSD=True, HEADS_PER_GROUP=H // G,
         **{f"DT_{k}": v for k, v in t_consts.items()}, **consts, **pdl_launch(x.device, Bsz),
     )

@@ -29,7 +29,7 @@ from laquant.kernels.common.dispatch import use_triton
 from laquant.kernels.conv.short_conv import ACTIVATIONS as ONE_KERNEL_ACTIVATIONS
 from laquant.models.cache import state_store
 from laquant.models.quantizing_rowwise import GATED_NORMS, MAMBA_GATED_NORMS, mamba_norm_group
-from laquant.models.recurrent import OutputNorm, RecurrentMixer
+from laquant.models.recurrent import RecurrentMixer
 from laquant.models.side_stream import fork
 from laquant.quant.fused import joined_columns, project, w8a8_inputs
 from laquant.quant.modules import QuantGate
@@ -130,30 +130,6 @@ def gated_norm_and_out(mixer: nn.Module, out: str, norm: nn.Module, o: torch.Ten
         return getattr(mixer, out)(normed.reshape(B, T, -1))
     normed, codes = normed
     return project(mixer, (out,), normed.reshape(B, T, -1), codes)[0]
-
-
-def decode_output_norm(mixer: nn.Module, out: str, norm: nn.Module, gate: torch.Tensor) -> OutputNorm | None:
-    """The gated output norm ``norm`` (gate ``[B, 1, H, V]`` or ``[B, 1, G, R, V]``) for a decode step to apply in
-    its kernel, with ``mixer.<out>``'s codes: at one token, where ``out`` is W8A8 on the GPU, ``norm``'s class is in
-    :data:`~laquant.models.quantizing_rowwise.GATED_NORMS` and it is not hooked (the formula of laquant's norm kernel,
-    which the unfused path runs there too); else None (bf16 keeps transformers' own norm)."""
-    formula = GATED_NORMS.get(type(norm).__name__)
-    if (gate.shape[1] != 1 or formula is None or norm._forward_hooks or norm._forward_pre_hooks
-            or norm.weight is None):  # one token: a prefill keeps the norm's own kernel
-        return None
-    packed = w8a8_inputs(mixer, (out,), gate)
-    if packed is None:
-        return None
-    return OutputNorm(gate, norm.weight, getattr(norm, formula.eps_name), packed, formula.activation)
-
-
-def projected_output(mixer: nn.Module, out: str, o: torch.Tensor, out_norm: OutputNorm | None, fallback):
-    """``mixer.<out>`` of the normed output where the decode kernel applied ``out_norm`` (on its codes), else
-    ``fallback()`` (the norm, then ``out``)."""
-    if out_norm is None or not out_norm.applied:
-        return fallback()
-    B, T = o.shape[:2]
-    return project(mixer, (out,), o.reshape(B, T, -1), out_norm.codes)[0]
 
 
 def treatment_view(treatment: dict | None, view) -> dict | None:
@@ -260,24 +236,14 @@ class GatedDeltaNetMixer(HybridMixer):
         return -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
 
     def conv_and_attend(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, states,
-                        cols: torch.Tensor | None = None, out_norm: OutputNorm | None = None) -> torch.Tensor:
+                        cols: torch.Tensor | None = None) -> torch.Tensor:
         """The short conv over the concatenated ``q, k, v [B, T, 2 * key_dim + value_dim]`` (or over
         the columns ``cols`` of a projection's output, see :func:`short_conv`), then the gated delta
-        rule: ``o [B, T, Hv, V]`` (``out_norm``: see :meth:`attend_and_out`)."""
+        rule: ``o [B, T, Hv, V]``."""
         mixed = short_conv(qkv, states, self.layer_idx, self.conv1d, self.activation, cols)
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], -1)
         q, k = q.unflatten(-1, (-1, self.head_k_dim)), k.unflatten(-1, (-1, self.head_k_dim))
-        return self.attend_delta(q, k, v.unflatten(-1, (-1, self.head_v_dim)), g, beta, states, out_norm=out_norm)
-
-    def attend_and_out(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, states, z: torch.Tensor,
-                       cols: torch.Tensor | None = None) -> torch.Tensor:
-        """:meth:`conv_and_attend`, then :meth:`norm_and_out` with the output gate z (``[B, T, Hv, V]``, or
-        ``[B, T, Hk, r * V]`` grouped per key head); a decode step on the kernels applies the gated norm, with the
-        output projection's codes, in the decode kernel's launch where :func:`decode_output_norm` allows it."""
-        gate = z if z.shape[2] == self.num_v_heads else z.unflatten(-1, (-1, self.head_v_dim))
-        out_norm = decode_output_norm(self, self.OUT, getattr(self, self.NORM), gate)
-        o = self.conv_and_attend(qkv, g, beta, states, cols, out_norm)
-        return projected_output(self, self.OUT, o, out_norm, lambda: self.norm_and_out(o, z))
+        return self.attend_delta(q, k, v.unflatten(-1, (-1, self.head_v_dim)), g, beta, states)
 
     def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(g, beta)`` float32 ``[B, T, Hv]`` from ``in_proj_ba(x)``; on the GPU the tail is one kernel
@@ -301,8 +267,8 @@ class GatedDeltaNetMixer(HybridMixer):
         gates = fork(self.gates, x)  # in a captured step, beside the big GEMM
         qkvz = self.in_proj_qkvz(x)
         g, beta = gates.join()
-        return self.attend_and_out(qkvz, g, beta, layer_states(cache, cache_params), self.grouped_qkvz(qkvz)[3],
-                                   cols=self.conv_columns(qkvz))
+        o = self.conv_and_attend(qkvz, g, beta, layer_states(cache, cache_params), cols=self.conv_columns(qkvz))
+        return self.norm_and_out(o, self.grouped_qkvz(qkvz)[3])
 
     def conv_columns(self, qkvz: torch.Tensor) -> torch.Tensor:
         """The columns of ``in_proj_qkvz``'s output that are q, k and v, in the short conv's channel
@@ -632,8 +598,8 @@ class SplitGatedDeltaNetMixer(GatedDeltaNetMixer):
         z = self.in_proj_z(x)
         qkv = self.in_proj_qkv(x)
         g, beta = gates.join()
-        return self.attend_and_out(qkv, g, beta, layer_states(cache, cache_params),
-                                   z.unflatten(-1, (self.num_v_heads, self.head_v_dim)))
+        o = self.conv_and_attend(qkv, g, beta, layer_states(cache, cache_params))
+        return self.norm_and_out(o, z.unflatten(-1, (self.num_v_heads, self.head_v_dim)))
 
 
 class OlmoGatedDeltaNetMixer(SplitGatedDeltaNetMixer):
@@ -667,8 +633,8 @@ class OlmoGatedDeltaNetMixer(SplitGatedDeltaNetMixer):
         gates = fork(self.gates, x)  # in a captured step, beside the GEMMs
         qkv = joined_columns((self.q_proj(x), self.k_proj(x), self.v_proj(x)))
         g, beta = gates.join()
-        z = self.g_proj(x).unflatten(-1, (self.num_v_heads, self.head_v_dim))
-        return self.attend_and_out(qkv, g, beta, layer_states(cache, cache_params), z)
+        o = self.conv_and_attend(qkv, g, beta, layer_states(cache, cache_params))
+        return self.norm_and_out(o, self.g_proj(x).unflatten(-1, (self.num_v_heads, self.head_v_dim)))
 
 
 class KimiDeltaAttentionMixer(HybridMixer):
@@ -745,10 +711,8 @@ class KimiDeltaAttentionMixer(HybridMixer):
         qkv = short_conv(joined_columns((self.q_proj(x), self.k_proj(x), self.v_proj(x))), states, self.layer_idx,
                          self.conv1d, self.activation)
         q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in qkv.split(self.qkv_dim, -1))
-        gate = self.output_gate(x).unflatten(-1, (self.num_heads, self.head_dim))
-        out_norm = decode_output_norm(self, "o_proj", self.o_norm, gate)  # applied in the decode kernel
-        o = self.attend_delta(q, k, v, decay.join(), self.b_proj(x).float().sigmoid(), states, out_norm=out_norm)
-        return projected_output(self, "o_proj", o, out_norm, lambda: self.norm_and_out(o, gate))
+        o = self.attend_delta(q, k, v, decay.join(), self.b_proj(x).float().sigmoid(), states)
+        return self.norm_and_out(o, self.output_gate(x).unflatten(-1, (self.num_heads, self.head_dim)))
 
     def norm_and_out(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """``o_proj(o_norm(o, gate))`` over ``o`` and the output gate ``[B, T, H, D]``. On the GPU, where o_norm's

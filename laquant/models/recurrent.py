@@ -34,35 +34,16 @@ FUSED_CODES_MIN_BATCH = 16
 
 
 class OutputNorm:
-    """A mixer's gated output norm handed to :meth:`RecurrentMixer.attend_gla` / :meth:`~RecurrentMixer.attend_delta`,
-    which a decode step on the kernels runs in its own launch: ``gated_rms_norm(o, z, weight, eps)`` per head (z
-    ``[B, T, H, V]``, or ``[B, T, G, R, V]``: heads grouped as a fused projection lays the gate out; ``activation``
-    silu, or sigmoid as KDA's), with the W8A8 codes of the next GEMM where ``packed`` is given. ``applied`` says
-    whether it ran (then ``codes`` holds them); where it did not, the caller applies the norm to the output as
-    before."""
+    """A mixer's gated output norm handed to :meth:`RecurrentMixer.attend_gla`, which a decode step on the kernels
+    runs in its own launch: ``gated_rms_norm(o, z, weight, eps)`` per head (z ``[B, T, H, V]``), with the W8A8
+    codes of the next GEMM where ``packed`` is given. ``applied`` says whether it ran (then ``codes`` holds them);
+    where it did not, the caller applies the norm to the output as before."""
 
-    __slots__ = ("z", "weight", "eps", "packed", "activation", "applied", "codes")
+    __slots__ = ("z", "weight", "eps", "packed", "applied", "codes")
 
-    def __init__(self, z: torch.Tensor, weight: torch.Tensor, eps: float, packed=None, activation: str = "silu"):
-        self.z, self.weight, self.eps, self.packed, self.activation = z, weight, eps, packed, activation
+    def __init__(self, z: torch.Tensor, weight: torch.Tensor, eps: float, packed=None):
+        self.z, self.weight, self.eps, self.packed = z, weight, eps, packed
         self.applied, self.codes = False, None
-
-    def decode_args(self, batch: int) -> dict:
-        """The decode kernel's keyword arguments for this norm at a step of ``batch`` sequences, or {} where the step
-        leaves it to the caller: turned off (``LAQUANT_FUSED_OUTPUT_NORM=0``), a gate not contiguous in its last
-        dimension, or codes for fewer than :data:`FUSED_CODES_MIN_BATCH` sequences."""
-        if (not FUSED_OUTPUT_NORM or self.z.stride(-1) != 1
-                or (self.packed is not None and batch < FUSED_CODES_MIN_BATCH)):
-            return {}
-        return dict(norm=(self.z[:, 0], self.weight, self.eps), packed=self.packed, activation=self.activation)
-
-    def took(self, out):
-        """The decode step's result with :meth:`decode_args`: its output (the codes kept in :attr:`codes`)."""
-        self.applied = True
-        if self.packed is None:
-            return out
-        out, self.codes = out
-        return out
 
 
 class RecurrentMixer(Float32Buffers, nn.Module):
@@ -143,13 +124,11 @@ class RecurrentMixer(Float32Buffers, nn.Module):
             self.store_state(states, stored, state, T)
         return o
 
-    def attend_delta(self, q, k, v, g, beta, states, use_qk_l2norm: bool = True,
-                     out_norm: OutputNorm | None = None) -> torch.Tensor:
+    def attend_delta(self, q, k, v, g, beta, states, use_qk_l2norm: bool = True) -> torch.Tensor:
         """The gated delta rule over ``q, k [B, T, Hk, K]``, ``v [B, T, Hv, V]``, the log-decay ``g``
         (``[B, T, Hv]`` per head, or ``[B, T, Hv, K]`` per key channel: Kimi Delta Attention) and
         ``beta`` ``[B, T, Hv]``, continuing the state held in ``states`` (None: no cache) and
-        storing the new one there; Triton kernels on CUDA, the references elsewhere. ``out_norm``: the
-        output norm a decode step on the kernels applies in its launch (see :class:`OutputNorm`)."""
+        storing the new one there; Triton kernels on CUDA, the references elsewhere."""
         k, g = _mask_padding(k, g, states)
         stored = states.get(self.layer_idx) if states is not None else None
         if getattr(states, "pending", None) is not None:  # speculative decoding's verify step
@@ -169,12 +148,9 @@ class RecurrentMixer(Float32Buffers, nn.Module):
 
             if T == 1 and stored is not None:
                 decode = kda_decode_step if per_channel else delta_decode_step
-                norm = out_norm.decode_args(q.shape[0]) if out_norm is not None else {}
                 o = decode(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], stored.data, stored.row_scale,
                            *self._pool_slots(stored, q.shape[0], q.device), use_qk_l2norm=use_qk_l2norm,
-                           seed=_seed(states), **norm)
-                if norm:
-                    o = out_norm.took(o)
+                           seed=_seed(states))
                 self._count_decode_step(states, stored)
                 return o.unsqueeze(1)
             chunk = chunk_kda_triton if per_channel else chunk_delta_triton
@@ -265,11 +241,16 @@ class RecurrentMixer(Float32Buffers, nn.Module):
         B, T, H, K = q.shape
         if T == 1 and stored is not None:
             g1 = g[:, 0] if g.dim() == 4 else g[:, 0].unsqueeze(-1).expand(B, H, K)
-            norm = out_norm.decode_args(B) if out_norm is not None else {}
+            norm = {}
+            if (out_norm is not None and FUSED_OUTPUT_NORM and out_norm.z.stride(-1) == 1
+                    and (out_norm.packed is None or B >= FUSED_CODES_MIN_BATCH)):
+                norm = dict(norm=(out_norm.z[:, 0], out_norm.weight, out_norm.eps), packed=out_norm.packed)
             o = gla_decode_step(q[:, 0], k[:, 0], v[:, 0], g1, stored.data, stored.row_scale,
                                 *self._pool_slots(stored, B, q.device), qk_scale=scale, seed=_seed(states), **norm)
             if norm:
-                o = out_norm.took(o)
+                out_norm.applied = True
+                if out_norm.packed is not None:
+                    o, out_norm.codes = o
             self._count_decode_step(states, stored)
             return o.unsqueeze(1)
         every = _checkpoint_every(states, T)
