@@ -4,11 +4,6 @@
 #   run: bash tools/device_kernels.sh 400 device_readout_job.sh   (carry scratch/base_pkg)
 set -u
 . tools/device_job_env.sh "$@"
-timeout 150 python3 -m pytest -q tests/test_decode_kernel.py > "$W/gpu_tests_gla.log" 2>&1
-log "gla/ssd decode tests rc $?"
-timeout 150 python3 -m pytest -q tests/test_delta_kernels.py tests/test_kda_kernels.py -k decode \
-  > "$W/gpu_tests_delta.log" 2>&1
-log "delta/kda decode tests rc $?"
 for rep in 1 2; do
   PYTHONPATH="$BASE:tools:.:${PYTHONPATH:-}" timeout 100 python3 tools/decode_step_probe.py "$W/base$rep.json" \
     > "$W/base$rep.log" 2>&1
@@ -17,6 +12,11 @@ for rep in 1 2; do
     > "$W/new$rep.log" 2>&1
   log "probe new $rep rc $?"
 done
+timeout 150 python3 -m pytest -q tests/test_decode_kernel.py > "$W/gpu_tests_gla.log" 2>&1
+log "gla decode tests rc $?"
+timeout 150 python3 -m pytest -q tests/test_delta_kernels.py tests/test_kda_kernels.py -k decode \
+  > "$W/gpu_tests_delta.log" 2>&1
+log "delta/kda decode tests rc $?"
 for tag in _new _base; do
   path="$PYTHONPATH"; [ "$tag" = _base ] && path="$BASE:$PYTHONPATH"
   PYTHONPATH="$path" timeout 150 laquant eval speed --suite e2e --recipe gla_int8_all --batch 1 64 --prompt 1024 \
