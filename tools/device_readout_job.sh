@@ -17,6 +17,7 @@ log "gla decode tests rc $?"
 timeout 150 python3 -m pytest -q tests/test_delta_kernels.py tests/test_kda_kernels.py -k decode \
   > "$W/gpu_tests_delta.log" 2>&1
 log "delta/kda decode tests rc $?"
+[ -d "$BASE/laquant/assets" ] || cp -r laquant/assets "$BASE/laquant/assets"
 for tag in _new _base; do
   path="$PYTHONPATH"; [ "$tag" = _base ] && path="$BASE:$PYTHONPATH"
   PYTHONPATH="$path" timeout 150 laquant eval speed --suite e2e --recipe gla_int8_all --batch 1 64 --prompt 1024 \
