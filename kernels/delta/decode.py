@@ -77,7 +77,7 @@ if triton is not None:
                      BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr,
                      SR: tl.constexpr):
         """Rows ``offs_k`` of the step's second half: ``S = Diag(decay) S + k delta^T`` stored back in
-        its format; returns their share of the readout ``q S`` (``[BLOCK_V]``, summed over these rows)."""
+        its format; returns their share of the readout ``q S`` (summed over K by the caller)."""
         st = decayed_update(st, decay, kk, delta)
         new_scale = old_scale
         if FMT >= 2:
@@ -86,7 +86,7 @@ if triton is not None:
         if SR:
             rbits = state_random_bytes(seed, slot, position, 0, h, offs_k, 0, K, V, BLOCK_K, BLOCK_V)
         store_state_rows(st, ptrs, scale_ptrs, mask_k, mask, new_scale, FMT, SR, rbits, RENORM > 0)
-        return tl.sum(qq[:, None] * st, axis=0)
+        return qq[:, None] * st
 
     @triton.jit
     def _delta_decode_kernel(
@@ -135,14 +135,14 @@ if triton is not None:
             ptrs = state_base + offs_k[:, None] * s_sk + offs_v[None, :]
             st, old_scale = load_state_rows(ptrs, scale_base + offs_k, mask_k, mask, FMT, BLOCK_K)
             delta = beta * (v - k_mul * tl.sum((kk * decay)[:, None] * st, axis=0))
-            o = _update_rows(st, old_scale, kk * k_mul, qq * q_mul, decay, delta, ptrs, scale_base + offs_k,
+            readout = _update_rows(st, old_scale, kk * k_mul, qq * q_mul, decay, delta, ptrs, scale_base + offs_k,
                                    static_ptr + h * K + offs_k, mask_k, mask, renorm_now, seed, slot, position, h,
                                    offs_k, K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR)
         else:
             # pass 1: the norms of q and k (when asked) and k^T S of the decayed incoming state
             q_mul = qk_scale
             k_mul = 1.0
-            kS = tl.zeros([BLOCK_V], dtype=tl.float32)  # summed block by block
+            kS = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)  # reduced over K once, after the loop
             q_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
             k_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
@@ -156,14 +156,14 @@ if triton is not None:
                 decay = tl.exp(tl.load(g_base + offs_k * s_gk, mask=mask_k, other=0.0).to(tl.float32))
                 st, _ = load_state_rows(state_base + offs_k[:, None] * s_sk + offs_v[None, :], scale_base + offs_k,
                                         mask_k, mask_k[:, None] & mask_v[None, :], FMT, BLOCK_K)
-                kS += tl.sum((kk * decay)[:, None] * st, axis=0)
+                kS += (kk * decay)[:, None] * st
             if L2NORM:  # as fla and transformers: x * rsqrt(sum(x^2) + 1e-6)
                 q_mul = qk_scale * tl.rsqrt(tl.sum(q_sq, axis=0) + 1e-6)
                 k_mul = tl.rsqrt(tl.sum(k_sq, axis=0) + 1e-6)
-            delta = beta * (v - k_mul * kS)
+            delta = beta * (v - k_mul * tl.sum(kS, axis=0))
 
             # pass 2: S = Diag(exp(g)) S + k delta^T, o = q S, S stored back in its format
-            o = tl.zeros([BLOCK_V], dtype=tl.float32)
+            readout = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
                 offs_k = k0 + tl.arange(0, BLOCK_K)
                 mask_k = offs_k < K
@@ -173,10 +173,11 @@ if triton is not None:
                 decay = tl.exp(tl.load(g_base + offs_k * s_gk, mask=mask_k, other=0.0).to(tl.float32))
                 ptrs = state_base + offs_k[:, None] * s_sk + offs_v[None, :]
                 st, old_scale = load_state_rows(ptrs, scale_base + offs_k, mask_k, mask, FMT, BLOCK_K)
-                o += _update_rows(st, old_scale, kk, qq, decay, delta, ptrs, scale_base + offs_k,
+                readout += _update_rows(st, old_scale, kk, qq, decay, delta, ptrs, scale_base + offs_k,
                                         static_ptr + h * K + offs_k, mask_k, mask, renorm_now, seed, slot, position, h,
                                         offs_k, K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR)
         pdl_release(PDL)
+        o = tl.sum(readout, axis=0)
         tl.store(o_ptr + b * s_ob + h * s_oh + offs_v, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
                  mask=mask_v)
 

@@ -89,7 +89,7 @@ if triton is not None:
             dt = tl.minimum(tl.maximum(tl.where(dt > 20.0, dt, tl.log(1.0 + tl.exp(dt))), dt_lo), dt_hi)
             decay = tl.exp(dt * -tl.exp(tl.load(alog_ptr + h).to(tl.float32)))
             v = x * dt
-        o = tl.zeros([BLOCK_V], dtype=tl.float32)  # q S, summed block by block
+        readout = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)  # reduced over K once, after the loop
         renorm_now = False
         position = 0  # this store's count: the stochastic rounding's counter (a device value, graph-safe)
         if RENORM > 1 or SR:
@@ -111,7 +111,7 @@ if triton is not None:
             mask = mask_k[:, None] & mask_v[None, :]
             st, old_scale = load_state_rows(ptrs, sc_ptrs, mask_k, mask, FMT, BLOCK_K)
             st = decayed_update(st, row_decay, kk, v)
-            o += tl.sum(q[:, None] * st, axis=0)
+            readout += q[:, None] * st
             new_scale = old_scale
             if FMT >= 2:
                 new_scale = stored_row_scale(st, old_scale, static_ptr + h * K + offs_k, mask_k, renorm_now, RENORM,
@@ -121,6 +121,7 @@ if triton is not None:
                 rbits = state_random_bytes(seed, slot, position, 0, h, offs_k, 0, K, V, BLOCK_K, BLOCK_V)
             store_state_rows(st, ptrs, sc_ptrs, mask_k, mask, new_scale, FMT, SR, rbits, RENORM > 0)
         pdl_release(PDL)
+        o = tl.sum(readout, axis=0)
         if SSD:
             o += x * tl.load(d_ptr + h).to(tl.float32)
         if GNORM:
