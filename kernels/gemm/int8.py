@@ -171,8 +171,16 @@ if triton is not None:
     def _add_outliers(y, xo, wo_ptr, offs_n, mn, offs_o, mo, NO):
         """``y`` plus the outlier columns' thin product ``xo [BM, BNO] @ outlier_weight[offs_n, offs_o]^T``
         (in the model dtype on the tensor cores; exact float32 products for float32 x)."""
-        wo = tl.load(wo_ptr + offs_n[None, :].to(tl.int64) * NO + offs_o[:, None], mask=mo[:, None] & mn[None, :],
-                     other=0.0)
+        return _add_outlier_product(y, xo, _outlier_weight_tile(wo_ptr, offs_n, mn, offs_o, mo, NO))
+
+    @triton.jit
+    def _outlier_weight_tile(wo_ptr, offs_n, mn, offs_o, mo, NO):
+        """``outlier_weight[offs_n, offs_o]^T``, ``[BNO, BN]`` (0 outside the masks)."""
+        return tl.load(wo_ptr + offs_n[None, :].to(tl.int64) * NO + offs_o[:, None], mask=mo[:, None] & mn[None, :],
+                       other=0.0)
+
+    @triton.jit
+    def _add_outlier_product(y, xo, wo):
         if xo.dtype == tl.float32:
             return y + tl.dot(xo, wo.to(tl.float32), input_precision="ieee")
         return y + tl.dot(xo, wo.to(xo.dtype))
@@ -227,7 +235,7 @@ if triton is not None:
                             A8: tl.constexpr, FUSEQ: tl.constexpr, GATHER: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                             BK: tl.constexpr, BNO: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr,
                             HAS_OUT: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr,
-                            PDL: tl.constexpr):
+                            PDL: tl.constexpr, ONE_OUT: tl.constexpr = False):
         """Small-M GEMM over the ``[N, K]`` int8 weight: few rows, so the weight stream is cut along N
         (small BN) and along K (``SPLIT_K`` programs per output tile, fp32 partials).
 
@@ -243,7 +251,12 @@ if triton is not None:
         Split 0 adds the outlier product and the bias to its partial. ``FIXUP``: each split stores
         its partial, counts itself on the tile's counter, and the last to arrive sums the partials in
         split order (deterministic) and writes y, then zeroes the counter (one launch); otherwise
-        :func:`_splitk_reduce_kernel` sums them. ``PDL``: see :mod:`..common.pdl`."""
+        :func:`_splitk_reduce_kernel` sums them. ``PDL``: see :mod:`..common.pdl`.
+
+        The epilogue's operands are loaded before the main loop, the parameters (column scales, bias and, with
+        ``ONE_OUT``, i.e. at most ``BNO`` outlier columns, the outlier weights) even before the PDL wait: a decode
+        step's other weights have evicted them from L2, and loaded after the loop their device-memory latency
+        followed the last product."""
         pid_m = tl.program_id(0)  # the row blocks of one weight tile run side by side: it streams once
         pid_n = tl.program_id(1)
         pid_k = tl.program_id(2)
@@ -255,8 +268,22 @@ if triton is not None:
         k_per = tl.cdiv(tl.cdiv(K, BK), SPLIT_K) * BK
         k_lo = pid_k * k_per
         k_hi = tl.minimum(K, k_lo + k_per)
+        ws = tl.load(ws_ptr + offs_n, mask=mn, other=0.0)
+        if HAS_BIAS:  # split 0 adds the bias and the outlier product
+            bias = tl.load(bias_ptr + offs_n, mask=offs_n < tl.where(pid_k == 0, N, 0), other=0.0).to(tl.float32)
+        if ONE_OUT:
+            offs_o1 = tl.arange(0, BNO)
+            mo1 = offs_o1 < tl.where(pid_k == 0, NO, 0)
+            wo1 = _outlier_weight_tile(wo_ptr, offs_n, mn, offs_o1, mo1, NO)
         pdl_wait(PDL)
         a_rows = a_ptr + offs_m[:, None].to(tl.int64) * s_am
+        if ONE_OUT:
+            if A8 and not FUSEQ:  # quantize_rows' (or the producer's) dense outlier block
+                xo1 = tl.load(xo_ptr + offs_m[:, None].to(tl.int64) * NO + offs_o1[None, :],
+                              mask=mm[:, None] & mo1[None, :], other=0.0)
+            else:  # gathered from x
+                oi1 = tl.load(oidx_ptr + offs_o1, mask=mo1, other=0)
+                xo1 = tl.load(a_rows + oi1[None, :], mask=mm[:, None] & mo1[None, :], other=0.0)
         w_cols = w_ptr + offs_n[None, :].to(tl.int64) * K
         if SWAP_AB:
             acc_t = tl.zeros([BN, BM], dtype=tl.int32)
@@ -312,12 +339,15 @@ if triton is not None:
                     else:
                         acc = tl.dot(a, w.to(a.dtype), acc)
         pdl_release(PDL)  # the next kernel's programs start during this epilogue
-        ws = tl.load(ws_ptr + offs_n, mask=mn, other=0.0)
         if A8:
             y = acc.to(tl.float32) * xs[:, None] * ws[None, :]
         else:
             y = acc * ws[None, :]
-        if pid_k == 0:
+        if ONE_OUT:
+            y = _add_outlier_product(y, xo1, wo1)  # zeros outside split 0
+        if HAS_BIAS:
+            y += bias[None, :]  # zeros outside split 0
+        if pid_k == 0 and not ONE_OUT:
             if HAS_OUT:
                 for o0 in range(0, NO, BNO):
                     offs_o = o0 + tl.arange(0, BNO)
@@ -329,8 +359,6 @@ if triton is not None:
                         oi = tl.load(oidx_ptr + offs_o, mask=mo, other=0)
                         xo = tl.load(a_rows + oi[None, :], mask=mm[:, None] & mo[None, :], other=0.0)
                     y = _add_outliers(y, xo, wo_ptr, offs_n, mn, offs_o, mo, NO)
-            if HAS_BIAS:
-                y += tl.load(bias_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)[None, :]
         out_mask = mm[:, None] & mn[None, :]
         if SPLIT:
             mn_off = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
@@ -505,6 +533,7 @@ def _launch_splitk(a8: bool, a, s_am, xs, xo, packed, y, cfg, fuse_q=False):
     n_m, n_n = cdiv(M, BM), cdiv(N, BN)
     split = max(1, min(int(cfg["SPLIT_K"]), cdiv(KQ, BK)))
     fixup = bool(cfg.get("FIXUP", True)) and n_m * n_n <= N_COUNTERS
+    bno = _bno(NO, y.dtype)
     part = torch.empty((split, M, N), dtype=torch.float32, device=y.device) if split > 1 else y
     cnt = arrival_counters(y.device) if split > 1 and fixup else packed.source
     dummy = packed.scale
@@ -512,9 +541,9 @@ def _launch_splitk(a8: bool, a, s_am, xs, xo, packed, y, cfg, fuse_q=False):
         a, packed.source, packed.qweight, dummy if xs is None else xs, packed.scale, dummy if xo is None else xo,
         packed.outlier_idx, packed.outlier_weight, packed.bias if packed.bias is not None else dummy, y,
         part, cnt, M, N, KQ, packed.in_features, NO, split, s_am, y.stride(0),
-        A8=a8, FUSEQ=fuse_q, GATHER=NO > 0, BM=BM, BN=BN, BK=BK, BNO=_bno(NO, y.dtype), SPLIT=split > 1, FIXUP=fixup,
+        A8=a8, FUSEQ=fuse_q, GATHER=NO > 0, BM=BM, BN=BN, BK=BK, BNO=bno, SPLIT=split > 1, FIXUP=fixup,
         HAS_OUT=NO > 0, HAS_BIAS=packed.bias is not None, EVEN_K=KQ % BK == 0,
         SWAP_AB=bool(cfg.get("SWAP_AB")) and a8 and not fuse_q, num_warps=cfg["num_warps"], num_stages=stages,
-        **pdl_launch(y.device, M))
+        ONE_OUT=0 < NO <= bno, **pdl_launch(y.device, M))
     if split > 1 and not fixup:
         launch_kernel(_splitk_reduce_kernel, (cdiv(M * N, 1024),), part, y, M * N, split, BLOCK=1024, num_warps=4)

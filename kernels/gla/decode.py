@@ -66,14 +66,17 @@ if triton is not None:
         the parameters ``s_t`` apart).
         ``GNORM``: the output is the head's gated RMSNorm, ``rmsnorm(o) * w * silu(z)`` (:func:`_gated_output_norm`),
         and with ``CODES`` the W8A8 codes of the token's ``H * V`` outputs for the next GEMM too."""
+        offs_v = tl.arange(0, BLOCK_V)
+        mask_v = offs_v < V
+        nw = 0.0
+        if GNORM:  # a parameter: loaded before the PDL wait, its latency overlapping the kernel before
+            nw = tl.load(nw_ptr + offs_v, mask=mask_v, other=0.0).to(tl.float32)
         pdl_wait(PDL)
         pid = tl.program_id(0)
         b = pid // H
         h = pid % H
         hq = h // HEADS_PER_GROUP
         slot = tl.load(idx_ptr + b).to(tl.int64)
-        offs_v = tl.arange(0, BLOCK_V)
-        mask_v = offs_v < V
         v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_v * s_vv, mask=mask_v, other=0.0).to(tl.float32)
         x = v
         decay = 0.0
@@ -125,19 +128,20 @@ if triton is not None:
         if SSD:
             o += x * tl.load(d_ptr + h).to(tl.float32)
         if GNORM:
-            _gated_output_norm(o, b, h, offs_v, mask_v, o_ptr, s_ob, s_oh, z_ptr, s_zb, s_zh, nw_ptr, eps, src_ptr,
+            _gated_output_norm(o, b, h, offs_v, mask_v, o_ptr, s_ob, s_oh, z_ptr, s_zb, s_zh, nw, eps, src_ptr,
                                oidx_ptr, xq_ptr, xs_ptr, xo_ptr, cnt_ptr, KQ, NO, H, V, CODES, BQ, BNO, HAS_OUT)
         else:
             tl.store(o_ptr + b * s_ob + h * s_oh + offs_v,
                      o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_v)
 
     @triton.jit
-    def _gated_output_norm(o, b, h, offs_v, mask_v, o_ptr, s_ob, s_oh, z_ptr, s_zb, s_zh, nw_ptr, eps, src_ptr,
+    def _gated_output_norm(o, b, h, offs_v, mask_v, o_ptr, s_ob, s_oh, z_ptr, s_zb, s_zh, nw, eps, src_ptr,
                            oidx_ptr, xq_ptr, xs_ptr, xo_ptr, cnt_ptr, KQ, NO, H: tl.constexpr, V: tl.constexpr,
                            CODES: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr):
         """The head's output ``o`` (float32) through GLA's gated output norm, as the norm kernel
         (:func:`~laquant.kernels.rowwise.fused.gated_rms_norm_triton`) computes it from o as stored: o rounded to
-        the output dtype, ``y = o * rsqrt(mean(o^2) + eps) * w * z sigmoid(z)``, stored in that dtype. ``CODES``:
+        the output dtype, ``y = o * rsqrt(mean(o^2) + eps) * w * z sigmoid(z)`` (``nw``: w, float32), stored in
+        that dtype. ``CODES``:
         the program of the token's last head to finish (an arrival counter per token) reads the token's row back
         and writes its W8A8 codes, as the norm kernel's read-back path does."""
         dtype = o_ptr.dtype.element_ty
@@ -146,7 +150,7 @@ if triton is not None:
         z = tl.load(z_ptr + b64 * s_zb + h * s_zh + offs_v, mask=mask_v, other=0.0).to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=0) / V + eps)
         y = x * rstd
-        y = y * tl.load(nw_ptr + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+        y = y * nw
         y = y * (z * tl.sigmoid(z))
         tl.store(o_ptr + b64 * s_ob + h * s_oh + offs_v, y.to(dtype), mask=mask_v)
         if CODES:

@@ -50,13 +50,14 @@ def gate_log_decay(logits: torch.Tensor, normalizer: float, clamp_min: float | N
 if triton is not None:
 
     @triton.jit
-    def _log_decay_tail(raw, cols, mc, lo_ptr, hi_ptr, s_ptr, normalizer, clamp_min, QUANT: tl.constexpr,
-                        BOUNDS: tl.constexpr, PER_CHANNEL: tl.constexpr, CLAMP_MIN: tl.constexpr):
-        """Logits ``raw`` (a tile of the logits' dtype, columns ``cols``) -> float32 log-decay."""
-        x = raw.to(tl.float32)  # exact; the bounds and the dequantized logits are rounded to raw's dtype
+    def _tail_params(cols, mc, lo_ptr, hi_ptr, s_ptr, QUANT: tl.constexpr, BOUNDS: tl.constexpr,
+                     PER_CHANNEL: tl.constexpr):
+        """The calibrated gate's bounds and scale at columns ``cols`` (placeholders without ``QUANT``), loaded by
+        the kernels before their PDL wait: parameters, which the kernel before does not write."""
+        lo = 0.0
+        hi = 0.0
+        s = 1.0
         if QUANT:
-            lo = 0.0
-            hi = 0.0
             if BOUNDS:
                 lo = tl.load(lo_ptr + cols, mask=mc, other=0.0)[None, :]
                 hi = tl.load(hi_ptr + cols, mask=mc, other=0.0)[None, :]
@@ -64,6 +65,15 @@ if triton is not None:
                 s = tl.load(s_ptr + cols, mask=mc, other=1.0)[None, :]
             else:
                 s = tl.load(s_ptr)
+        return lo, hi, s
+
+    @triton.jit
+    def _log_decay_tail(raw, lo, hi, s, normalizer, clamp_min, QUANT: tl.constexpr, BOUNDS: tl.constexpr,
+                        CLAMP_MIN: tl.constexpr):
+        """Logits ``raw`` (a tile of the logits' dtype) -> float32 log-decay, with the bounds and scale of
+        :func:`_tail_params`."""
+        x = raw.to(tl.float32)  # exact; the bounds and the dequantized logits are rounded to raw's dtype
+        if QUANT:
             x = tl_fake_quantize_int8(raw, lo, hi, s, BOUNDS)
         y = (tl.minimum(x, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(x)))) / normalizer  # logsigmoid
         if CLAMP_MIN:
@@ -74,14 +84,14 @@ if triton is not None:
     def _gate_log_decay_kernel(x_ptr, lo_ptr, hi_ptr, s_ptr, y_ptr, M, C, s_xm, normalizer, clamp_min,
                                BLOCK_C: tl.constexpr, ROWS: tl.constexpr, QUANT: tl.constexpr, BOUNDS: tl.constexpr,
                                PER_CHANNEL: tl.constexpr, CLAMP_MIN: tl.constexpr, PDL: tl.constexpr = False):
-        pdl_prologue(PDL)
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         mc = cols < C
+        lo, hi, s = _tail_params(cols, mc, lo_ptr, hi_ptr, s_ptr, QUANT, BOUNDS, PER_CHANNEL)
+        pdl_prologue(PDL)
         mask = (rows < M)[:, None] & mc[None, :]
         raw = tl.load(x_ptr + rows.to(tl.int64)[:, None] * s_xm + cols[None, :], mask=mask, other=0.0)
-        y = _log_decay_tail(raw, cols, mc, lo_ptr, hi_ptr, s_ptr, normalizer, clamp_min, QUANT, BOUNDS, PER_CHANNEL,
-                            CLAMP_MIN)
+        y = _log_decay_tail(raw, lo, hi, s, normalizer, clamp_min, QUANT, BOUNDS, CLAMP_MIN)
         tl.store(y_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], y, mask=mask)
 
 
@@ -130,13 +140,21 @@ if triton is not None:
                               ROWS: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr, BLOCK_C: tl.constexpr,
                               HAS_BIAS: tl.constexpr, QUANT: tl.constexpr, BOUNDS: tl.constexpr,
                               PER_CHANNEL: tl.constexpr, CLAMP_MIN: tl.constexpr, PDL: tl.constexpr = False):
-        pdl_prologue(PDL)
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         mr = rows < M
         mc = cols < C
         r = tl.arange(0, BR)
         m_r = r < R
+        # the parameters after the K loop are loaded before the PDL wait: their device-memory latency then overlaps
+        # the kernel before instead of following the loop
+        s1 = tl.load(s1_ptr + r, mask=m_r, other=0.0)[None, :]
+        w2 = tl.load(w2_ptr + cols[None, :].to(tl.int64) * KQ2 + r[:, None], mask=m_r[:, None] & mc[None, :], other=0)
+        s2 = tl.load(s2_ptr + cols, mask=mc, other=0.0)[None, :]
+        if HAS_BIAS:
+            b2 = tl.load(b2_ptr + cols, mask=mc, other=0.0).to(tl.float32)[None, :]
+        lo, hi, s = _tail_params(cols, mc, lo_ptr, hi_ptr, s_ptr, QUANT, BOUNDS, PER_CHANNEL)
+        pdl_prologue(PDL)
         x_rows = x_ptr + rows.to(tl.int64)[:, None] * s_xm
         acc = tl.zeros([ROWS, BR], dtype=tl.float32)
         for k0 in range(0, K, BK):  # the rank-R intermediate of these rows
@@ -145,14 +163,12 @@ if triton is not None:
             a = tl.load(x_rows + kk[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
             w = tl.load(w1_ptr + r[None, :] * KQ1 + kk[:, None], mask=mk[:, None] & m_r[None, :], other=0)
             acc = acc + _w8a16_dot(a, w)
-        h = (acc * tl.load(s1_ptr + r, mask=m_r, other=0.0)[None, :]).to(x_ptr.dtype.element_ty)
-        w2 = tl.load(w2_ptr + cols[None, :].to(tl.int64) * KQ2 + r[:, None], mask=m_r[:, None] & mc[None, :], other=0)
-        logits = _w8a16_dot(h, w2) * tl.load(s2_ptr + cols, mask=mc, other=0.0)[None, :]
+        h = (acc * s1).to(x_ptr.dtype.element_ty)
+        logits = _w8a16_dot(h, w2) * s2
         if HAS_BIAS:
-            logits += tl.load(b2_ptr + cols, mask=mc, other=0.0).to(tl.float32)[None, :]
+            logits += b2
         raw = logits.to(x_ptr.dtype.element_ty)
-        y = _log_decay_tail(raw, cols, mc, lo_ptr, hi_ptr, s_ptr, normalizer, clamp_min, QUANT, BOUNDS, PER_CHANNEL,
-                            CLAMP_MIN)
+        y = _log_decay_tail(raw, lo, hi, s, normalizer, clamp_min, QUANT, BOUNDS, CLAMP_MIN)
         tl.store(y_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], y, mask=mr[:, None] & mc[None, :])
 
 

@@ -185,6 +185,11 @@ if triton is not None:
         token_col = local[:, None] * N + cols[None, :]
         src, oidx, dest = _code_map(src_ptr, oidx_ptr, dest_ptr, token_col, mask, KQ, NO, BQ, BNO, HAS_OUT, QUANT,
                                     IDENTITY, SCATTER)
+        if W_PER_ROW:  # a weight per row of the token (a grouped norm's groups)
+            row_in_token = local if QUANT else rows % RPP
+            w = tl.load(w_ptr + row_in_token[:, None] * N + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        else:  # loaded before the PDL wait, as the code map: a parameter, evicted from L2 since its last step
+            w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
         pdl_prologue(PDL)
         h = tl.load(x_ptr + _row_offsets(rows, sx0, sx1, xin)[:, None] + cols[None, :], mask=mask, other=0.0)
         dtype = h.dtype
@@ -205,11 +210,7 @@ if triton is not None:
         y = h * rstd[:, None]
         if ROUND_NORMED:  # Llama's rounding: the normalized rows in x's dtype, then the weight
             y = rounded(y, dtype)
-        if W_PER_ROW:  # a weight per row of the token (a grouped norm's groups)
-            row_in_token = local if QUANT else rows % RPP
-            y = y * tl.load(w_ptr + row_in_token[:, None] * N + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        else:
-            y = y * tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+        y = y * w
         if GATED and not GATE_FIRST:
             y = y * gate
         tl.store(y_ptr + _row_offsets(rows, sy0, sy1, yin)[:, None] + cols[None, :], y.to(dtype), mask=mask)
