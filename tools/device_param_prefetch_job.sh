@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Issue #14: the decode kernels loading their parameters before the PDL wait (GEMM column scales / bias / outlier
-# weights, norm weights, the low-rank gate's second linear and tail, GLA's output-norm weight). Against the checkout
-# before (scratch/base_pkg, carried), alternated: the split-K GEMM alone (8 and 0 outlier columns), the 1.37B GLA e2e
-# (bf16 and gla_int8_all, B = 1 and 64), then the GPU tests of the changed kernels.
+# Issue #14: the decode kernels loading before the PDL wait what the kernel before does not write: the GEMM's column
+# scales / bias / outlier weights, the norms' weights, the low-rank gate's second linear and tail, GLA's output-norm
+# weight, slot and first block of state rows. Against the checkout before (scratch/base_pkg, carried), alternated:
+# the split-K GEMM alone (8 and 0 outlier columns), the decode kernels alone (tools/decode_step_probe.py), the 1.37B
+# GLA e2e (bf16 and gla_int8_all, B = 1 and 64); then the GPU tests of the changed kernels.
 #   run: bash tools/device_kernels.sh 540 device_param_prefetch_job.sh   (carry scratch/base_pkg)
 set -u
 . tools/device_job_env.sh "$@"
@@ -16,6 +17,9 @@ for rep in 1 2; do
         --out "$W/gemm${tag}_o${no}_$rep" > "$W/gemm${tag}_o${no}_$rep.log" 2>&1
       log "gemm$tag o$no $rep rc $?"
     done
+    PYTHONPATH="$path:tools:." timeout 100 python3 tools/decode_step_probe.py "$W/decode${tag}_$rep.json" \
+      > "$W/decode${tag}_$rep.log" 2>&1
+    log "decode probe$tag $rep rc $?"
     PYTHONPATH="$path" timeout 150 laquant eval speed --suite e2e --recipe gla_int8_all --batch 1 64 --prompt 1024 \
       --gen 32 --no-profile --model "$CFG" --out "$W/e2e_gla${tag}_$rep" > "$W/e2e_gla${tag}_$rep.log" 2>&1
     log "e2e gla$tag $rep rc $?"

@@ -29,7 +29,7 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_release, pdl_wait
-    from ..common.triton_numerics import (decayed_update, load_state_rows, load_treated_logits, state_random_bytes,
+    from ..common.triton_numerics import (decayed_update, decode_state, load_treated_logits, state_random_bytes,
                                           store_state_rows, store_token_codes, stored_row_scale, token_code_map)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
@@ -68,15 +68,20 @@ if triton is not None:
         and with ``CODES`` the W8A8 codes of the token's ``H * V`` outputs for the next GEMM too."""
         offs_v = tl.arange(0, BLOCK_V)
         mask_v = offs_v < V
-        nw = 0.0
-        if GNORM:  # a parameter: loaded before the PDL wait, its latency overlapping the kernel before
-            nw = tl.load(nw_ptr + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-        pdl_wait(PDL)
         pid = tl.program_id(0)
         b = pid // H
         h = pid % H
         hq = h // HEADS_PER_GROUP
+        # Loaded before the PDL wait, their device-memory latency overlapping the kernel before (which writes
+        # neither: the pool's slots and parameters come from earlier kernels or the host): the output norm's
+        # weight, the slot and the first block of state rows, which the walk then starts from.
+        nw = 0.0
+        if GNORM:
+            nw = tl.load(nw_ptr + offs_v, mask=mask_v, other=0.0).to(tl.float32)
         slot = tl.load(idx_ptr + b).to(tl.int64)
+        raw0, scale0 = _state_block(state_ptr, scale_ptr, slot, h, 0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp, s_ch, K,
+                                    BLOCK_K, FMT)
+        pdl_wait(PDL)
         v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_v * s_vv, mask=mask_v, other=0.0).to(tl.float32)
         x = v
         decay = 0.0
@@ -99,30 +104,17 @@ if triton is not None:
             position = tl.load(nstore_ptr + slot) + 1
             if RENORM > 1:
                 renorm_now = position % RENORM == 0
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            mask_k = offs_k < K
-            q = tl.load(q_ptr + b * s_qb + hq * s_qh + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32) * qk_scale
-            kk = tl.load(k_ptr + b * s_kb + hq * s_kh + offs_k * s_kk, mask=mask_k, other=0.0).to(tl.float32)
-            if SSD:
-                row_decay = tl.zeros([BLOCK_K], dtype=tl.float32) + decay
-            else:
-                row_decay = tl.exp(tl.load(g_ptr + b * s_gb + h * s_gh + offs_k * s_gk, mask=mask_k,
-                                           other=0.0).to(tl.float32))
-            ptrs = state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :]
-            sc_ptrs = scale_ptr + slot * s_cp + h * s_ch + offs_k
-            mask = mask_k[:, None] & mask_v[None, :]
-            st, old_scale = load_state_rows(ptrs, sc_ptrs, mask_k, mask, FMT, BLOCK_K)
-            st = decayed_update(st, row_decay, kk, v)
-            readout += q[:, None] * st
-            new_scale = old_scale
-            if FMT >= 2:
-                new_scale = stored_row_scale(st, old_scale, static_ptr + h * K + offs_k, mask_k, renorm_now, RENORM,
-                                             QMAX)
-            rbits = 0
-            if SR:
-                rbits = state_random_bytes(seed, slot, position, 0, h, offs_k, 0, K, V, BLOCK_K, BLOCK_V)
-            store_state_rows(st, ptrs, sc_ptrs, mask_k, mask, new_scale, FMT, SR, rbits, RENORM > 0)
+        readout = _gla_rows(raw0, scale0, 0, readout, q_ptr, k_ptr, g_ptr, state_ptr, scale_ptr, static_ptr, b, h, hq,
+                            slot, offs_v, mask_v, v, decay, qk_scale, seed, position, renorm_now, s_qb, s_qh, s_qk,
+                            s_kb, s_kh, s_kk, s_gb, s_gh, s_gk, s_sp, s_sh, s_sk, s_cp, s_ch, K, V, BLOCK_K, BLOCK_V,
+                            FMT, RENORM, QMAX, SR, SSD)
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            raw, scale = _state_block(state_ptr, scale_ptr, slot, h, k0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp, s_ch,
+                                      K, BLOCK_K, FMT)
+            readout = _gla_rows(raw, scale, k0, readout, q_ptr, k_ptr, g_ptr, state_ptr, scale_ptr, static_ptr, b, h,
+                                hq, slot, offs_v, mask_v, v, decay, qk_scale, seed, position, renorm_now, s_qb, s_qh,
+                                s_qk, s_kb, s_kh, s_kk, s_gb, s_gh, s_gk, s_sp, s_sh, s_sk, s_cp, s_ch, K, V, BLOCK_K,
+                                BLOCK_V, FMT, RENORM, QMAX, SR, SSD)
         pdl_release(PDL)
         o = tl.sum(readout, axis=0)
         if SSD:
@@ -133,6 +125,49 @@ if triton is not None:
         else:
             tl.store(o_ptr + b * s_ob + h * s_oh + offs_v,
                      o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_v)
+
+    @triton.jit
+    def _state_block(state_ptr, scale_ptr, slot, h, k0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp, s_ch, K,
+                     BLOCK_K: tl.constexpr, FMT: tl.constexpr):
+        """Rows ``k0 .. k0 + BLOCK_K`` of the head's stored state as stored, and their row scales (1 for the
+        plain formats)."""
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        ptrs = state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :]
+        scale = tl.full([BLOCK_K], 1.0, tl.float32)
+        if FMT >= 2:
+            scale = tl.load(scale_ptr + slot * s_cp + h * s_ch + offs_k, mask=mask_k, other=1.0)
+        return tl.load(ptrs, mask=mask_k[:, None] & mask_v[None, :], other=0.0), scale
+
+    @triton.jit
+    def _gla_rows(raw, old_scale, k0, readout, q_ptr, k_ptr, g_ptr, state_ptr, scale_ptr, static_ptr, b, h, hq, slot,
+                  offs_v, mask_v, v, decay, qk_scale, seed, position, renorm_now, s_qb, s_qh, s_qk, s_kb, s_kh, s_kk,
+                  s_gb, s_gh, s_gk, s_sp, s_sh, s_sk, s_cp, s_ch, K, V, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+                  FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr, SSD: tl.constexpr):
+        """One block of state rows (``raw`` as stored, from :func:`_state_block`) decayed, updated with ``k v^T``,
+        stored back in its format; returns ``readout`` plus its ``q``-weighted rows."""
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        q = tl.load(q_ptr + b * s_qb + hq * s_qh + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32) * qk_scale
+        kk = tl.load(k_ptr + b * s_kb + hq * s_kh + offs_k * s_kk, mask=mask_k, other=0.0).to(tl.float32)
+        if SSD:
+            row_decay = tl.zeros([BLOCK_K], dtype=tl.float32) + decay
+        else:
+            row_decay = tl.exp(tl.load(g_ptr + b * s_gb + h * s_gh + offs_k * s_gk, mask=mask_k,
+                                       other=0.0).to(tl.float32))
+        ptrs = state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :]
+        sc_ptrs = scale_ptr + slot * s_cp + h * s_ch + offs_k
+        mask = mask_k[:, None] & mask_v[None, :]
+        st = decayed_update(decode_state(raw, old_scale, FMT), row_decay, kk, v)
+        readout += q[:, None] * st
+        new_scale = old_scale
+        if FMT >= 2:
+            new_scale = stored_row_scale(st, old_scale, static_ptr + h * K + offs_k, mask_k, renorm_now, RENORM, QMAX)
+        rbits = 0
+        if SR:
+            rbits = state_random_bytes(seed, slot, position, 0, h, offs_k, 0, K, V, BLOCK_K, BLOCK_V)
+        store_state_rows(st, ptrs, sc_ptrs, mask_k, mask, new_scale, FMT, SR, rbits, RENORM > 0)
+        return readout
 
     @triton.jit
     def _gated_output_norm(o, b, h, offs_v, mask_v, o_ptr, s_ob, s_oh, z_ptr, s_zb, s_zh, nw, eps, src_ptr,
