@@ -33,8 +33,8 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_release, pdl_wait
-    from ..common.triton_numerics import (decayed_update, load_state_rows, state_random_bytes, store_state_rows,
-                                          stored_row_scale)
+    from ..common.triton_numerics import (decayed_update, decode_state, load_state_rows, state_random_bytes,
+                                          store_state_rows, stored_row_scale)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -72,6 +72,21 @@ def prepared_step(step, q, k, v, g, beta, h, qk_scale, use_qk_l2norm):
 if triton is not None:
 
     @triton.jit
+    def _first_pass_rows(st, k0, kS, q_sq, k_sq, k_base, q_base, g_base, s_kk, s_qk, s_gk, K, BLOCK_K: tl.constexpr,
+                         L2NORM: tl.constexpr):
+        """Rows ``k0 .. k0 + BLOCK_K`` (``st``, float32) of the first pass: their share of ``k^T S`` of the decayed
+        state and of the squared norms of q and k (``L2NORM``)."""
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        kk = tl.load(k_base + offs_k * s_kk, mask=mask_k, other=0.0).to(tl.float32)
+        if L2NORM:
+            qq = tl.load(q_base + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32)
+            q_sq += qq * qq
+            k_sq += kk * kk
+        decay = tl.exp(tl.load(g_base + offs_k * s_gk, mask=mask_k, other=0.0).to(tl.float32))
+        return kS + (kk * decay)[:, None] * st, q_sq, k_sq
+
+    @triton.jit
     def _update_rows(st, old_scale, kk, qq, decay, delta, ptrs, scale_ptrs, static_ptrs, mask_k, mask, renorm_now,
                      seed, slot, position, h, offs_k, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr,
                      BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr,
@@ -98,21 +113,30 @@ if triton is not None:
         BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr, L2NORM: tl.constexpr,
         PDL: tl.constexpr,
     ):
-        pdl_wait(PDL)
         pid = tl.program_id(0)
         b = pid // H
         h = pid % H
         hk = h // GROUP
-        slot = tl.load(idx_ptr + b).to(tl.int64)
         offs_v = tl.arange(0, BLOCK_V)
         mask_v = offs_v < V
+        # the slot and the first block of state rows are loaded before the PDL wait, their device-memory latency
+        # overlapping the kernel before (which writes neither: the pool's slots come from earlier kernels or the host)
+        slot = tl.load(idx_ptr + b).to(tl.int64)
+        state_base = state_ptr + slot * s_sp + h * s_sh
+        scale_base = scale_ptr + slot * s_cp + h * s_ch
+        offs_k0 = tl.arange(0, BLOCK_K)
+        mask_k0 = offs_k0 < K
+        raw0 = tl.load(state_base + offs_k0[:, None] * s_sk + offs_v[None, :], mask=mask_k0[:, None] & mask_v[None, :],
+                       other=0.0)
+        scale0 = tl.full([BLOCK_K], 1.0, tl.float32)
+        if FMT >= 2:
+            scale0 = tl.load(scale_base + offs_k0, mask=mask_k0, other=1.0)
+        pdl_wait(PDL)
         v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_v * s_vv, mask=mask_v, other=0.0).to(tl.float32)
         g_base = g_ptr + b * s_gb + h * s_gh  # the log-decay of each K row (stride 0: one per head)
         beta = tl.load(beta_ptr + b * s_bb + h * s_bh).to(tl.float32)
         q_base = q_ptr + b * s_qb + hk * s_qh
         k_base = k_ptr + b * s_kb + hk * s_kh
-        state_base = state_ptr + slot * s_sp + h * s_sh
-        scale_base = scale_ptr + slot * s_cp + h * s_ch
         renorm_now = False
         position = 0  # this store's count: the stochastic rounding's counter (a device value, graph-safe)
         if RENORM > 1 or SR:
@@ -133,7 +157,7 @@ if triton is not None:
                 k_mul = tl.rsqrt(tl.sum(kk * kk, axis=0) + 1e-6)
             decay = tl.exp(tl.load(g_base + offs_k * s_gk, mask=mask_k, other=0.0).to(tl.float32))
             ptrs = state_base + offs_k[:, None] * s_sk + offs_v[None, :]
-            st, old_scale = load_state_rows(ptrs, scale_base + offs_k, mask_k, mask, FMT, BLOCK_K)
+            st, old_scale = decode_state(raw0, scale0, FMT), scale0
             delta = beta * (v - k_mul * tl.sum((kk * decay)[:, None] * st, axis=0))
             readout = _update_rows(st, old_scale, kk * k_mul, qq * q_mul, decay, delta, ptrs, scale_base + offs_k,
                                    static_ptr + h * K + offs_k, mask_k, mask, renorm_now, seed, slot, position, h,
@@ -145,18 +169,15 @@ if triton is not None:
             kS = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)  # reduced over K once, after the loop
             q_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
             k_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
+            kS, q_sq, k_sq = _first_pass_rows(decode_state(raw0, scale0, FMT), 0, kS, q_sq, k_sq, k_base, q_base,
+                                              g_base, s_kk, s_qk, s_gk, K, BLOCK_K, L2NORM)
+            for k0 in range(BLOCK_K, K, BLOCK_K):
                 offs_k = k0 + tl.arange(0, BLOCK_K)
                 mask_k = offs_k < K
-                kk = tl.load(k_base + offs_k * s_kk, mask=mask_k, other=0.0).to(tl.float32)
-                if L2NORM:
-                    qq = tl.load(q_base + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32)
-                    q_sq += qq * qq
-                    k_sq += kk * kk
-                decay = tl.exp(tl.load(g_base + offs_k * s_gk, mask=mask_k, other=0.0).to(tl.float32))
                 st, _ = load_state_rows(state_base + offs_k[:, None] * s_sk + offs_v[None, :], scale_base + offs_k,
                                         mask_k, mask_k[:, None] & mask_v[None, :], FMT, BLOCK_K)
-                kS += (kk * decay)[:, None] * st
+                kS, q_sq, k_sq = _first_pass_rows(st, k0, kS, q_sq, k_sq, k_base, q_base, g_base, s_kk, s_qk, s_gk, K,
+                                                  BLOCK_K, L2NORM)
             if L2NORM:  # as fla and transformers: x * rsqrt(sum(x^2) + 1e-6)
                 q_mul = qk_scale * tl.rsqrt(tl.sum(q_sq, axis=0) + 1e-6)
                 k_mul = tl.rsqrt(tl.sum(k_sq, axis=0) + 1e-6)
