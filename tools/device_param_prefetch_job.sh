@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue #14: the decode kernels loading before the PDL wait what the kernel before does not write: the GEMM's column
 # scales / bias / outlier weights, the norms' weights, the low-rank gate's second linear and tail, GLA's output-norm
-# weight, slot and first block of state rows. Against the checkout before (scratch/base_pkg, carried), alternated:
+# weight, the decode kernels' slot and first block of state rows. Against the checkout before (scratch/base_pkg, carried), alternated:
 # the split-K GEMM alone (8 and 0 outlier columns), the decode kernels alone (tools/decode_step_probe.py), the 1.37B
-# GLA e2e (bf16 and gla_int8_all, B = 1 and 64); then the GPU tests of the changed kernels.
+# GLA e2e (bf16 and gla_int8_all, B = 1 and 64), the qwen3_next hybrid's; then the GPU tests of the changed kernels.
 #   run: bash tools/device_kernels.sh 540 device_param_prefetch_job.sh   (carry scratch/base_pkg)
 set -u
 . tools/device_job_env.sh "$@"
@@ -25,7 +25,11 @@ for rep in 1 2; do
     log "e2e gla$tag $rep rc $?"
   done
 done
+for tag in _new _base; do E2E_TIMEOUT=200 hybrid_e2e qwen3_next "$tag"; done
 timeout 280 python3 -m pytest -q -x tests/test_int8_gemm_kernel.py tests/test_gemm_decode.py tests/test_fused_layer_ops.py \
   tests/test_decode_kernel.py > "$W/gpu_tests.log" 2>&1
+log "gpu tests rc $?"
+timeout 200 python3 -m pytest -q tests/test_delta_kernels.py tests/test_kda_kernels.py -k decode \
+  > "$W/gpu_tests_delta.log" 2>&1
 log "gpu tests rc $?"
 touch "$W/job.done"
