@@ -72,6 +72,21 @@ def prepared_step(step, q, k, v, g, beta, h, qk_scale, use_qk_l2norm):
 if triton is not None:
 
     @triton.jit
+    def _first_state_block(idx_ptr, b, h, state_ptr, scale_ptr, s_sp, s_sh, s_sk, s_cp, s_ch, offs_v, mask_v, K,
+                           BLOCK_K: tl.constexpr, FMT: tl.constexpr):
+        """The sequence's slot, the head's first ``BLOCK_K`` state rows as stored and their row scales (1 for the
+        plain formats)."""
+        slot = tl.load(idx_ptr + b).to(tl.int64)
+        offs_k = tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        raw = tl.load(state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :],
+                      mask=mask_k[:, None] & mask_v[None, :], other=0.0)
+        scale = tl.full([BLOCK_K], 1.0, tl.float32)
+        if FMT >= 2:
+            scale = tl.load(scale_ptr + slot * s_cp + h * s_ch + offs_k, mask=mask_k, other=1.0)
+        return slot, raw, scale
+
+    @triton.jit
     def _first_pass_rows(st, k0, kS, q_sq, k_sq, k_base, q_base, g_base, s_kk, s_qk, s_gk, K, BLOCK_K: tl.constexpr,
                          L2NORM: tl.constexpr):
         """Rows ``k0 .. k0 + BLOCK_K`` (``st``, float32) of the first pass: their share of ``k^T S`` of the decayed
@@ -111,7 +126,7 @@ if triton is not None:
         qk_scale, seed,
         H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr,
         BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr, L2NORM: tl.constexpr,
-        PDL: tl.constexpr,
+        PDL: tl.constexpr, EARLY_STATE: tl.constexpr = False,
     ):
         pid = tl.program_id(0)
         b = pid // H
@@ -119,19 +134,15 @@ if triton is not None:
         hk = h // GROUP
         offs_v = tl.arange(0, BLOCK_V)
         mask_v = offs_v < V
-        # the slot and the first block of state rows are loaded before the PDL wait, their device-memory latency
-        # overlapping the kernel before (which writes neither: the pool's slots come from earlier kernels or the host)
-        slot = tl.load(idx_ptr + b).to(tl.int64)
+        if EARLY_STATE:  # the slot and the first block of state rows before the PDL wait (see delta_decode_step)
+            slot, raw0, scale0 = _first_state_block(idx_ptr, b, h, state_ptr, scale_ptr, s_sp, s_sh, s_sk, s_cp, s_ch,
+                                                    offs_v, mask_v, K, BLOCK_K, FMT)
+        pdl_wait(PDL)
+        if not EARLY_STATE:
+            slot, raw0, scale0 = _first_state_block(idx_ptr, b, h, state_ptr, scale_ptr, s_sp, s_sh, s_sk, s_cp, s_ch,
+                                                    offs_v, mask_v, K, BLOCK_K, FMT)
         state_base = state_ptr + slot * s_sp + h * s_sh
         scale_base = scale_ptr + slot * s_cp + h * s_ch
-        offs_k0 = tl.arange(0, BLOCK_K)
-        mask_k0 = offs_k0 < K
-        raw0 = tl.load(state_base + offs_k0[:, None] * s_sk + offs_v[None, :], mask=mask_k0[:, None] & mask_v[None, :],
-                       other=0.0)
-        scale0 = tl.full([BLOCK_K], 1.0, tl.float32)
-        if FMT >= 2:
-            scale0 = tl.load(scale_base + offs_k0, mask=mask_k0, other=1.0)
-        pdl_wait(PDL)
         v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_v * s_vv, mask=mask_v, other=0.0).to(tl.float32)
         g_base = g_ptr + b * s_gb + h * s_gh  # the log-decay of each K row (stride 0: one per head)
         beta = tl.load(beta_ptr + b * s_bb + h * s_bh).to(tl.float32)
@@ -206,12 +217,18 @@ if triton is not None:
 def delta_decode_step(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer,
                       n_stores: torch.Tensor | None = None, qk_scale: float | None = None,
                       use_qk_l2norm: bool = False, block_k: int | None = None, num_warps: int | None = None,
-                      out: torch.Tensor | None = None, seed: int = 0) -> torch.Tensor:
+                      out: torch.Tensor | None = None, seed: int = 0, early_state: bool = False) -> torch.Tensor:
     """Triton decode step. q, k ``[B, Hk, K]``, v ``[B, Hv, V]``, g (log-decay) and beta ``[B, Hv]``;
     ``state`` ``[P, Hv, K, V]`` with V contiguous; ``scale`` ``[P, Hv, K]`` float32 (scaled formats
     only); ``pool_idx`` ``[B]`` int32. The slots are updated in place (``n_stores`` is read, not
     incremented: the caller counts; stochastic rounding keys its bits by ``seed``, the slot and
-    ``n_stores + 1``). Returns ``o`` ``[B, Hv, V]``."""
+    ``n_stores + 1``). Returns ``o`` ``[B, Hv, V]``.
+
+    ``early_state``: with programmatic dependent launch (decode sizes on Hopper, :mod:`..common.pdl`) the kernel
+    loads the slots and each head's first block of state rows before waiting for the kernel launched just before it
+    on the stream, so their device-memory latency overlaps that kernel's tail. Only for callers where that kernel
+    writes neither (a model layer's projection or conv precedes the step); two steps on one pool back to back would
+    read the state before the first had stored it."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use delta_decode_step_reference")
     B, Hk, K = q.shape
@@ -221,11 +238,11 @@ def delta_decode_step(q, k, v, g, beta, state, scale, pool_idx, quantizer: State
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, g {tuple(g.shape)}, "
                          f"beta {tuple(beta.shape)}")
     return launch_decode(q, k, v, g.unsqueeze(-1).expand(B, H, K), beta, state, scale, pool_idx, quantizer, n_stores,
-                         qk_scale, use_qk_l2norm, block_k, num_warps, out, seed)
+                         qk_scale, use_qk_l2norm, block_k, num_warps, out, seed, early_state)
 
 
 def launch_decode(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_scale, use_qk_l2norm, block_k,
-                  num_warps, out, seed=0):
+                  num_warps, out, seed=0, early_state=False):
     """The decode kernel on checked arguments, g ``[B, Hv, K]`` a per-row log-decay (an expanded
     per-head one has stride 0 over K): the gated delta rule's and KDA's step share it."""
     B, Hk, K = q.shape
@@ -241,6 +258,6 @@ def launch_decode(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores,
         o.stride(0), o.stride(1), *pool_strides,
         K ** -0.5 if qk_scale is None else qk_scale, seed, H=H, GROUP=H // Hk, K=K, V=V,
         BLOCK_V=next_power_of_2(V), L2NORM=use_qk_l2norm, num_warps=num_warps, **consts,
-        enable_fp_fusion=False, **pdl_launch(v.device, B),
+        enable_fp_fusion=False, EARLY_STATE=early_state, **pdl_launch(v.device, B),
     )
     return o

@@ -57,6 +57,7 @@ if triton is not None:
         SSD: tl.constexpr = False, HEADS_PER_GROUP: tl.constexpr = 1, DT_QUANT: tl.constexpr = False,
         DT_BOUNDS: tl.constexpr = False, DT_PER_CHANNEL: tl.constexpr = False, GNORM: tl.constexpr = False,
         CODES: tl.constexpr = False, BQ: tl.constexpr = 16, BNO: tl.constexpr = 16, HAS_OUT: tl.constexpr = False,
+        EARLY_STATE: tl.constexpr = False,
     ):
         """``SSD`` (Mamba2's step, :func:`ssd_decode_step`): g holds the heads' dt logits ``[B, H]``, v their
         inputs x; the kernel takes dt = clamp(softplus(logit + dt_bias), dt_lo, dt_hi), the head's decay
@@ -72,16 +73,21 @@ if triton is not None:
         b = pid // H
         h = pid % H
         hq = h // HEADS_PER_GROUP
-        # Loaded before the PDL wait, their device-memory latency overlapping the kernel before (which writes
-        # neither: the pool's slots and parameters come from earlier kernels or the host): the output norm's
-        # weight, the slot and the first block of state rows, which the walk then starts from.
+        # Loaded before the PDL wait, their device-memory latency overlapping the kernel before: the output norm's
+        # weight (a parameter) and, with EARLY_STATE (see gla_decode_step), the slot and the first block of state
+        # rows, which the walk then starts from.
         nw = 0.0
         if GNORM:
             nw = tl.load(nw_ptr + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-        slot = tl.load(idx_ptr + b).to(tl.int64)
-        raw0, scale0 = _state_block(state_ptr, scale_ptr, slot, h, 0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp, s_ch, K,
-                                    BLOCK_K, FMT)
+        if EARLY_STATE:
+            slot = tl.load(idx_ptr + b).to(tl.int64)
+            raw0, scale0 = _state_block(state_ptr, scale_ptr, slot, h, 0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp, s_ch,
+                                        K, BLOCK_K, FMT)
         pdl_wait(PDL)
+        if not EARLY_STATE:
+            slot = tl.load(idx_ptr + b).to(tl.int64)
+            raw0, scale0 = _state_block(state_ptr, scale_ptr, slot, h, 0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp, s_ch,
+                                        K, BLOCK_K, FMT)
         v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_v * s_vv, mask=mask_v, other=0.0).to(tl.float32)
         x = v
         decay = 0.0
@@ -201,7 +207,8 @@ if triton is not None:
 def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer,
                     n_stores: torch.Tensor | None = None, qk_scale: float | None = None,
                     block_k: int | None = None, num_warps: int | None = None,
-                    out: torch.Tensor | None = None, seed: int = 0, norm: tuple | None = None, packed=None):
+                    out: torch.Tensor | None = None, seed: int = 0, norm: tuple | None = None, packed=None,
+                    early_state: bool = False):
     """Triton decode step. q, k, g ``[B, H, K]``, v ``[B, H, V]``; ``state`` ``[P, H, K, V]`` with
     V contiguous; ``scale`` ``[P, H, K]`` float32 (fp8 only); ``pool_idx`` ``[B]`` int32. The slots
     are updated in place (``n_stores`` is read, not incremented: the caller counts). A stochastic
@@ -212,7 +219,13 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
     weight ``[V]``), what :func:`~laquant.kernels.rowwise.fused.gated_rms_norm_triton` gives on the o this
     step returns without it. ``packed`` (with ``norm``): also the W8A8 codes of each token's ``H * V`` outputs
     for that GEMM (:class:`~laquant.kernels.rowwise.fused.GemmCodes`), as the norm writes them: returns
-    ``(o, codes)``."""
+    ``(o, codes)``.
+
+    ``early_state``: with programmatic dependent launch (decode sizes on Hopper, :mod:`..common.pdl`) the kernel
+    loads the slots and each head's first block of state rows before waiting for the kernel launched just before it
+    on the stream, so their device-memory latency overlaps that kernel's tail. Only for callers where that kernel
+    writes neither (a model layer's projection or conv precedes the step); two steps on one pool back to back would
+    read the state before the first had stored it."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use gla_decode_step_reference")
     B, H, K = q.shape
@@ -227,7 +240,7 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
         *q.stride(), *k.stride(), *v.stride(), *g.stride(),
         o.stride(0), o.stride(1), *pool_strides,
         qk_scale, seed, o, o, o, 0.0, 0.0, o, o, o, 0, *norm_args["ptrs"], H=H, K=K, V=V, BLOCK_V=next_power_of_2(V),
-        num_warps=num_warps, **consts, **norm_args["consts"], **pdl_launch(v.device, B),
+        num_warps=num_warps, **consts, **norm_args["consts"], EARLY_STATE=early_state, **pdl_launch(v.device, B),
     )
     return o if packed is None else (o, codes)
 
@@ -284,13 +297,14 @@ def ssd_decode_step_reference(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_
 def ssd_decode_step(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, state, scale, pool_idx,
                     quantizer: StateQuantizer, n_stores: torch.Tensor | None = None, seed: int = 0,
                     out: torch.Tensor | None = None, dt_treatment: dict | None = None, block_k: int | None = None,
-                    num_warps: int | None = None) -> torch.Tensor:
+                    num_warps: int | None = None, early_state: bool = False) -> torch.Tensor:
     """:func:`ssd_decode_step_reference` in one launch of the GLA decode kernel (its ``SSD`` mode): the gate
     treatment of the dt logits, the time step, the decay, ``dt x``, the groups' C and B (read in place: any
     strides) and ``D x`` inside. Returns ``y`` ``[B, H, P]`` float32, or in ``out``'s dtype (on the GPU rounded
     once, to nearest even, as ``.to(dtype)`` rounds the float32 spec; Triton's interpreter truncates).
     ``block_k`` / ``num_warps``: the launch (rows a block, warps a program); by default the decode table's
-    (:data:`~..common.state_io.DECODE_LAUNCH`, ``"ssd"``) for this many programs."""
+    (:data:`~..common.state_io.DECODE_LAUNCH`, ``"ssd"``) for this many programs. ``early_state``: as
+    :func:`gla_decode_step`'s."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use ssd_decode_step_reference")
     Bsz, H, P = x.shape
@@ -311,6 +325,6 @@ def ssd_decode_step(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, sta
         1.0, seed, dt_bias, A_log, D, float(lo), float(hi), t_lo, t_hi, t_scale, s_t,
         *_output_norm_args(None, None, o, x)[0]["ptrs"], H=H, K=N, V=P,
         BLOCK_V=next_power_of_2(P), num_warps=num_warps, SSD=True, HEADS_PER_GROUP=H // G,
-        **{f"DT_{k}": v for k, v in t_consts.items()}, **consts, **pdl_launch(x.device, Bsz),
+        **{f"DT_{k}": v for k, v in t_consts.items()}, **consts, EARLY_STATE=early_state, **pdl_launch(x.device, Bsz),
     )
     return o

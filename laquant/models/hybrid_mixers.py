@@ -441,7 +441,8 @@ class Mamba2Mixer(HybridMixer):
                             xs[:, 0].unflatten(-1, (H, P)),
                             dt_logits[:, 0], self.dt_bias, self.A_log, self.D, self.time_step_limit, stored.data,
                             stored.row_scale, *self._pool_slots(stored, B, xs.device), seed=_seed(states),
-                            dt_treatment=treatment, out=torch.empty(B, H, P, dtype=dtype, device=xs.device))
+                            dt_treatment=treatment, out=torch.empty(B, H, P, dtype=dtype, device=xs.device),
+                            early_state=True)  # the layer's conv precedes the step
         self._count_decode_step(states, stored)
         return y.unsqueeze(1)
 

@@ -150,7 +150,7 @@ class RecurrentMixer(Float32Buffers, nn.Module):
                 decode = kda_decode_step if per_channel else delta_decode_step
                 o = decode(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], stored.data, stored.row_scale,
                            *self._pool_slots(stored, q.shape[0], q.device), use_qk_l2norm=use_qk_l2norm,
-                           seed=_seed(states))
+                           seed=_seed(states), early_state=True)  # the layer's projections or conv precede
                 self._count_decode_step(states, stored)
                 return o.unsqueeze(1)
             chunk = chunk_kda_triton if per_channel else chunk_delta_triton
@@ -246,7 +246,8 @@ class RecurrentMixer(Float32Buffers, nn.Module):
                     and (out_norm.packed is None or B >= FUSED_CODES_MIN_BATCH)):
                 norm = dict(norm=(out_norm.z[:, 0], out_norm.weight, out_norm.eps), packed=out_norm.packed)
             o = gla_decode_step(q[:, 0], k[:, 0], v[:, 0], g1, stored.data, stored.row_scale,
-                                *self._pool_slots(stored, B, q.device), qk_scale=scale, seed=_seed(states), **norm)
+                                *self._pool_slots(stored, B, q.device), qk_scale=scale, seed=_seed(states),
+                                early_state=True, **norm)  # the layer's projections precede
             if norm:
                 out_norm.applied = True
                 if out_norm.packed is not None:
