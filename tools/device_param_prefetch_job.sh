@@ -31,5 +31,7 @@ timeout 280 python3 -m pytest -q -x tests/test_int8_gemm_kernel.py tests/test_ge
 log "gpu tests rc $?"
 timeout 200 python3 -m pytest -q tests/test_delta_kernels.py tests/test_kda_kernels.py -k decode \
   > "$W/gpu_tests_delta.log" 2>&1
-log "gpu tests rc $?"
+log "gpu tests delta rc $?"
+timeout 280 python3 -m pytest -q tests/test_gpu_model.py tests/test_graphed_step.py > "$W/gpu_tests_model.log" 2>&1
+log "gpu tests model rc $?"
 touch "$W/job.done"
