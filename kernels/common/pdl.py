@@ -3,9 +3,13 @@
 A decode step is a chain of a few hundred small kernels, each of which spends microseconds on
 being scheduled and ramping up while the GPU drains the kernel before it. Launched with PDL, a
 kernel's programs may start while the previous kernel in the stream is still running; they then
-wait (``gdc_wait``) until that kernel has finished and its writes are visible, before they touch
-memory. (A first version also prefetched the int8 GEMMs' weight slices into L2 before the wait: on
-an H100 it made the B = 64 decode step 8% slower, its GEMMs 29% slower; removed.)
+wait (``gdc_wait``) until that kernel has finished and its writes are visible, before they read
+anything it may write. What it cannot write they load before the wait, so that its device-memory
+latency overlaps that kernel's tail: parameters (the GEMMs' column scales, bias and outlier weights,
+the norms' and gates' weights) and, where the caller says so (``early_state``), the decode kernels'
+first block of state rows (``eval/results/param_prefetch_h200/``). (A first version also prefetched
+the int8 GEMMs' whole weight slices into L2 before the wait: on an H100 it made the B = 64 decode
+step 8% slower, its GEMMs 29% slower; removed.)
 
 Every kernel launched with PDL here calls ``gdc_wait`` before ``gdc_launch_dependents``, so at
 most one kernel runs ahead and, when it starts, every kernel before its predecessor has finished.
