@@ -4,7 +4,7 @@
 # weight ("mid": d5d87dc, carried as scratch/mid_pkg), then also the decode kernels' slot and first block of state
 # rows (this tree, "new"). Against the checkout before (scratch/base_pkg, carried): the split-K GEMM alone (8 outlier
 # columns), the 1.37B GLA e2e (bf16 and gla_int8_all, B = 1
-# and 64; new, base, base, new), GPU tests of the changed kernels, the qwen3_next hybrid's e2e, the mid build's, model GPU tests.
+# and 64; new, base, base, new), GPU tests of the changed kernels, the Kimi Linear hybrid's e2e (KDA), the mid build's, model GPU tests.
 #   run: bash tools/device_kernels.sh 540 device_param_prefetch_job.sh   (carry scratch/base_pkg scratch/mid_pkg)
 set -u
 . tools/device_job_env.sh "$@"
@@ -32,7 +32,7 @@ log "gpu tests delta rc $?"
 timeout 200 python3 -m pytest -q tests/test_int8_gemm_kernel.py tests/test_gemm_decode.py tests/test_fused_layer_ops.py \
   > "$W/gpu_tests_gemm_rowwise.log" 2>&1
 log "gpu tests gemm rowwise rc $?"
-for tag in _new _base; do E2E_TIMEOUT=200 hybrid_e2e qwen3_next "$tag"; done
+for tag in _new _base; do E2E_TIMEOUT=200 hybrid_e2e kimi_linear "$tag"; done  # KDA: the delta-rule decode kernel
 PYTHONPATH="$MID:$PYTHONPATH" timeout 150 laquant eval speed --suite e2e --recipe gla_int8_all --batch 1 64 \
   --prompt 1024 --gen 32 --no-profile --model "$CFG" --out "$W/e2e_gla_mid_5" > "$W/e2e_gla_mid_5.log" 2>&1
 log "e2e gla_mid 5 rc $?"
