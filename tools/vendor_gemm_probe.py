@@ -18,33 +18,13 @@ import os
 
 import torch
 import torch.nn.functional as F
-from triton.testing import do_bench_cudagraph
 
 from laquant.kernels.gemm.configs import choose_config
 from laquant.kernels.gemm.int8 import PackedOutlierWeight, device_name, int8_gemm, quantize_rows
+from sweep_gemm import STREAM_BYTES, bench, rel, rotating  # the sweep's timing and check: the tables compare
 
 SHAPES = {"gla": [(6144, 2048), (2048, 2048), (11264, 2048), (2048, 5632)],
           "7b": [(12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008)]}
-STREAM_BYTES = 160 << 20
-
-
-def bench(fn) -> float:
-    return do_bench_cudagraph(fn, rep=5, return_mode="median") * 1e3
-
-
-def rotating(fn, objs):
-    state = [0]
-
-    def call():
-        o = objs[state[0] % len(objs)]
-        state[0] += 1
-        return fn(o)
-    return call
-
-
-def rel(a, b) -> float:
-    a = a.float()
-    return float("inf") if not torch.isfinite(a).all() else ((a - b).norm() / b.norm()).item()
 
 
 def main():

@@ -433,12 +433,30 @@ if triton is not None:
         return out
 
     @triton.jit
-    def load_state_rows(data_ptrs, scale_ptrs, mask_k, mask, FMT: tl.constexpr, BLOCK_K: tl.constexpr):
-        """A stored ``[BLOCK_K, V]`` state tile as float32, and its row scales (1 for the plain formats)."""
+    def load_stored_rows(data_ptrs, scale_ptrs, mask_k, mask, FMT: tl.constexpr, BLOCK_K: tl.constexpr):
+        """A stored ``[BLOCK_K, V]`` state tile as stored (not decoded), and its row scales (1 for the plain
+        formats): what a decode kernel loads before its PDL wait and decodes after it."""
         scale = tl.full([BLOCK_K], 1.0, tl.float32)
         if FMT >= 2:
             scale = tl.load(scale_ptrs, mask=mask_k, other=1.0)
-        return decode_state(tl.load(data_ptrs, mask=mask, other=0.0), scale, FMT), scale
+        return tl.load(data_ptrs, mask=mask, other=0.0), scale
+
+    @triton.jit
+    def load_state_rows(data_ptrs, scale_ptrs, mask_k, mask, FMT: tl.constexpr, BLOCK_K: tl.constexpr):
+        """A stored ``[BLOCK_K, V]`` state tile as float32, and its row scales (1 for the plain formats)."""
+        raw, scale = load_stored_rows(data_ptrs, scale_ptrs, mask_k, mask, FMT, BLOCK_K)
+        return decode_state(raw, scale, FMT), scale
+
+    @triton.jit
+    def head_state_rows(state_ptr, scale_ptr, slot, h, k0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp, s_ch, K,
+                        BLOCK_K: tl.constexpr, FMT: tl.constexpr):
+        """Rows ``k0 .. k0 + BLOCK_K`` of head ``h``'s state in pool slot ``slot``, as stored, and their row scales
+        (:func:`load_stored_rows`)."""
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        return load_stored_rows(state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :],
+                                scale_ptr + slot * s_cp + h * s_ch + offs_k, mask_k,
+                                mask_k[:, None] & mask_v[None, :], FMT, BLOCK_K)
 
     @triton.jit
     def store_state_rows(st, data_ptrs, scale_ptrs, mask_k, mask, scale, FMT: tl.constexpr, SR: tl.constexpr,

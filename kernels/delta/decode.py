@@ -33,8 +33,8 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_release, pdl_wait
-    from ..common.triton_numerics import (decayed_update, decode_state, load_state_rows, state_random_bytes,
-                                          store_state_rows, stored_row_scale)
+    from ..common.triton_numerics import (decayed_update, decode_state, head_state_rows, load_state_rows,
+                                          state_random_bytes, store_state_rows, stored_row_scale)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -70,21 +70,6 @@ def prepared_step(step, q, k, v, g, beta, h, qk_scale, use_qk_l2norm):
 
 
 if triton is not None:
-
-    @triton.jit
-    def _first_state_block(idx_ptr, b, h, state_ptr, scale_ptr, s_sp, s_sh, s_sk, s_cp, s_ch, offs_v, mask_v, K,
-                           BLOCK_K: tl.constexpr, FMT: tl.constexpr):
-        """The sequence's slot, the head's first ``BLOCK_K`` state rows as stored and their row scales (1 for the
-        plain formats)."""
-        slot = tl.load(idx_ptr + b).to(tl.int64)
-        offs_k = tl.arange(0, BLOCK_K)
-        mask_k = offs_k < K
-        raw = tl.load(state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :],
-                      mask=mask_k[:, None] & mask_v[None, :], other=0.0)
-        scale = tl.full([BLOCK_K], 1.0, tl.float32)
-        if FMT >= 2:
-            scale = tl.load(scale_ptr + slot * s_cp + h * s_ch + offs_k, mask=mask_k, other=1.0)
-        return slot, raw, scale
 
     @triton.jit
     def _first_pass_rows(st, k0, kS, q_sq, k_sq, k_base, q_base, g_base, s_kk, s_qk, s_gk, K, BLOCK_K: tl.constexpr,
@@ -135,12 +120,14 @@ if triton is not None:
         offs_v = tl.arange(0, BLOCK_V)
         mask_v = offs_v < V
         if EARLY_STATE:  # the slot and the first block of state rows before the PDL wait (see delta_decode_step)
-            slot, raw0, scale0 = _first_state_block(idx_ptr, b, h, state_ptr, scale_ptr, s_sp, s_sh, s_sk, s_cp, s_ch,
-                                                    offs_v, mask_v, K, BLOCK_K, FMT)
+            slot = tl.load(idx_ptr + b).to(tl.int64)
+            raw0, scale0 = head_state_rows(state_ptr, scale_ptr, slot, h, 0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp,
+                                           s_ch, K, BLOCK_K, FMT)
         pdl_wait(PDL)
         if not EARLY_STATE:
-            slot, raw0, scale0 = _first_state_block(idx_ptr, b, h, state_ptr, scale_ptr, s_sp, s_sh, s_sk, s_cp, s_ch,
-                                                    offs_v, mask_v, K, BLOCK_K, FMT)
+            slot = tl.load(idx_ptr + b).to(tl.int64)
+            raw0, scale0 = head_state_rows(state_ptr, scale_ptr, slot, h, 0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp,
+                                           s_ch, K, BLOCK_K, FMT)
         state_base = state_ptr + slot * s_sp + h * s_sh
         scale_base = scale_ptr + slot * s_cp + h * s_ch
         v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_v * s_vv, mask=mask_v, other=0.0).to(tl.float32)

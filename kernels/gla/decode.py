@@ -29,8 +29,9 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_release, pdl_wait
-    from ..common.triton_numerics import (decayed_update, decode_state, load_treated_logits, state_random_bytes,
-                                          store_state_rows, store_token_codes, stored_row_scale, token_code_map)
+    from ..common.triton_numerics import (decayed_update, decode_state, head_state_rows, load_treated_logits,
+                                          state_random_bytes, store_state_rows, store_token_codes, stored_row_scale,
+                                          token_code_map)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -81,13 +82,13 @@ if triton is not None:
             nw = tl.load(nw_ptr + offs_v, mask=mask_v, other=0.0).to(tl.float32)
         if EARLY_STATE:
             slot = tl.load(idx_ptr + b).to(tl.int64)
-            raw0, scale0 = _state_block(state_ptr, scale_ptr, slot, h, 0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp, s_ch,
-                                        K, BLOCK_K, FMT)
+            raw0, scale0 = head_state_rows(state_ptr, scale_ptr, slot, h, 0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp,
+                                           s_ch, K, BLOCK_K, FMT)
         pdl_wait(PDL)
         if not EARLY_STATE:
             slot = tl.load(idx_ptr + b).to(tl.int64)
-            raw0, scale0 = _state_block(state_ptr, scale_ptr, slot, h, 0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp, s_ch,
-                                        K, BLOCK_K, FMT)
+            raw0, scale0 = head_state_rows(state_ptr, scale_ptr, slot, h, 0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp,
+                                           s_ch, K, BLOCK_K, FMT)
         v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_v * s_vv, mask=mask_v, other=0.0).to(tl.float32)
         x = v
         decay = 0.0
@@ -115,8 +116,8 @@ if triton is not None:
                             s_kb, s_kh, s_kk, s_gb, s_gh, s_gk, s_sp, s_sh, s_sk, s_cp, s_ch, K, V, BLOCK_K, BLOCK_V,
                             FMT, RENORM, QMAX, SR, SSD)
         for k0 in range(BLOCK_K, K, BLOCK_K):
-            raw, scale = _state_block(state_ptr, scale_ptr, slot, h, k0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp, s_ch,
-                                      K, BLOCK_K, FMT)
+            raw, scale = head_state_rows(state_ptr, scale_ptr, slot, h, k0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp,
+                                         s_ch, K, BLOCK_K, FMT)
             readout = _gla_rows(raw, scale, k0, readout, q_ptr, k_ptr, g_ptr, state_ptr, scale_ptr, static_ptr, b, h,
                                 hq, slot, offs_v, mask_v, v, decay, qk_scale, seed, position, renorm_now, s_qb, s_qh,
                                 s_qk, s_kb, s_kh, s_kk, s_gb, s_gh, s_gk, s_sp, s_sh, s_sk, s_cp, s_ch, K, V, BLOCK_K,
@@ -133,24 +134,11 @@ if triton is not None:
                      o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_v)
 
     @triton.jit
-    def _state_block(state_ptr, scale_ptr, slot, h, k0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp, s_ch, K,
-                     BLOCK_K: tl.constexpr, FMT: tl.constexpr):
-        """Rows ``k0 .. k0 + BLOCK_K`` of the head's stored state as stored, and their row scales (1 for the
-        plain formats)."""
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < K
-        ptrs = state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :]
-        scale = tl.full([BLOCK_K], 1.0, tl.float32)
-        if FMT >= 2:
-            scale = tl.load(scale_ptr + slot * s_cp + h * s_ch + offs_k, mask=mask_k, other=1.0)
-        return tl.load(ptrs, mask=mask_k[:, None] & mask_v[None, :], other=0.0), scale
-
-    @triton.jit
     def _gla_rows(raw, old_scale, k0, readout, q_ptr, k_ptr, g_ptr, state_ptr, scale_ptr, static_ptr, b, h, hq, slot,
                   offs_v, mask_v, v, decay, qk_scale, seed, position, renorm_now, s_qb, s_qh, s_qk, s_kb, s_kh, s_kk,
                   s_gb, s_gh, s_gk, s_sp, s_sh, s_sk, s_cp, s_ch, K, V, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
                   FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr, SSD: tl.constexpr):
-        """One block of state rows (``raw`` as stored, from :func:`_state_block`) decayed, updated with ``k v^T``,
+        """One block of state rows (``raw`` as stored, from :func:`head_state_rows`) decayed, updated with ``k v^T``,
         stored back in its format; returns ``readout`` plus its ``q``-weighted rows."""
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
