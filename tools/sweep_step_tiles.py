@@ -1,44 +1,60 @@
-"""The decode GEMMs' tiles chosen inside the graphed decode step (issue #14), not alone.
+"""The decode GEMMs' tiles and the decode kernel's launch chosen inside the graphed decode step (issue #14).
 
-``tools/sweep_gemm.py`` times each GEMM alone with its weights streamed; in a graphed decode step a GEMM starts on
-its PDL wait behind the kernel before and its cost is that chain (``eval/results/l2_weights_h200/``: weights held in
-L2 saved nothing in the step), so the fastest tiles alone need not be the fastest there. This tool builds a random
-GLA (bf16 weights, calibrated with RECIPE on random tokens: speed only), captures laquant.generate's decode step at
-batch B and, one GEMM shape at a time (coordinate descent in the step's order), replays the step with each candidate
-tile of that shape's M bucket (the table's, split-K x2 / x4, BN / 2 and x 2, BK / 2 and x 2, more stages, 8 warps,
-SWAP_AB toggled), the other shapes at their best so far. The fastest few are timed again, alternated with the
-table's, before a candidate is kept (>= ``--min-gain`` faster). Also the GLA decode kernel's launch (block_k, warps)
-at the batch's programs. Writes OUT.json: every timing, the kept entries, and the step before and after.
+``tools/sweep_gemm.py`` and ``tools/sweep_kernels.py state_decode`` time each kernel alone; in a graphed decode step a
+kernel starts on its PDL wait behind the one before and its cost is that chain (``eval/results/l2_weights_h200/``:
+weights held in L2 saved nothing in the step), so the fastest launch alone need not be the fastest there. This tool
+builds a random model (speed only): the GLA of ``--layers`` x 2048 calibrated with ``--recipe``, or a transformers
+hybrid (``--model FAMILY:{json}``, as ``laquant eval speed`` builds it, with ``--hybrid-recipe``); it captures
+laquant.generate's decode step at ``--batch`` and, one GEMM shape at a time in the step's order (coordinate descent),
+replays the step with each candidate tile of that shape's M bucket (the table's, split-K x2 / x4, BN / 2 and x 2, BK
+/ 2 and x 2, more stages, 8 warps, SWAP_AB toggled), the shapes before at their best. The two fastest are timed
+again, alternated with the table's, and kept if the step is ``--min-gain`` faster. Then the decode kernel's
+(block_k, num_warps) for the bucket the step launches. Writes OUT.json (every timing, what was kept, the step before
+and after, alternated); ``--write`` adds the kept entries to ``configs.STEP_TABLES`` and
+``state_io.STEP_DECODE_LAUNCH``.
 
-    python3 tools/sweep_step_tiles.py OUT.json [--batch 64] [--layers 24] [--recipe gla_int8_all]
+    python3 tools/sweep_step_tiles.py OUT.json [--batch 64] [--layers 24] [--recipe gla_int8_all] [--write]
+    python3 tools/sweep_step_tiles.py OUT.json --model 'qwen3_next:{...}' [--hybrid-recipe hybrid_int8] [--write]
 """
 import argparse
+import ast
 import json
+import pathlib
 import statistics
 import time
 
 import torch
 
-from profile_prefill import random_gla
-
 from laquant.generate import DecodeSession, release_graphs
 from laquant.kernels.common import state_io
 from laquant.kernels.gemm import configs
-from laquant.models import GLAConfig
 
-SEEN: list = []  # (bucket, N, K) in the order the step first asks for them
-OVERRIDE: dict = {}  # (bucket, N, K) -> table entry
-_table_entry = configs._entry
+GEMMS: list = []  # (table, bucket, N, K) in the order the step first asks for them
+DECODES: list = []  # (kernel, format, programs) of the step's decode launches
+_table_entry, _decode_launch = configs._entry, state_io.decode_launch
 
 
 def _entry(table, bucket, N, K):
-    key = (bucket, N, K)
-    if key not in SEEN:
-        SEEN.append(key)
-    return OVERRIDE.get(key) or _table_entry(table, bucket, N, K)
+    if (table, bucket, N, K) not in GEMMS:
+        GEMMS.append((table, bucket, N, K))
+    return _table_entry(table, bucket, N, K)
 
 
-configs._entry = _entry  # choose_config / choose_gemm look it up as a module global at every call
+def _launch(kernel, fmt, programs):
+    if (kernel, fmt, programs) not in DECODES:
+        DECODES.append((kernel, fmt, programs))
+    return _decode_launch(kernel, fmt, programs)
+
+
+configs._entry, state_io.decode_launch = _entry, _launch  # looked up as module globals at every launch
+
+
+def set_tiles(table, key, path, cfg) -> None:
+    if cfg is None:
+        configs.STEP_TABLES.get(table, {}).pop(key, None)
+    else:
+        configs.STEP_TABLES.setdefault(table, {})[key] = {path: cfg}
+    _table_entry.cache_clear()
 
 
 def step_us(model, ids, reps: int = 60, blocks: int = 5) -> float:
@@ -88,68 +104,126 @@ def candidates(cfg: dict) -> list:
     return out
 
 
-def sweep_gemms(model, ids, table, min_gain: float, log: list) -> dict:
-    kept = {}
-    for key in list(SEEN):
-        bucket, N, K = key
-        entry = _table_entry(table, bucket, N, K)
-        if entry is None:
-            continue
-        path = entry["path"]
-        base = dict(entry[path])
-        timed = []
-        for cand in candidates(base):
-            OVERRIDE[key] = {**entry, path: cand}
-            try:
-                us = step_us(model, ids)
-            except Exception as exc:  # a tile that does not compile or fit: skipped, said so
-                us = None
-                print(f"  {key} {cand}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-            timed.append((us, cand))
-            log.append(dict(kind="gemm", bucket=bucket, N=N, K=K, path=path, cfg=cand, step_us=us))
-            print(f"  {bucket}@{N}x{K} {path} {cand}: {us}", flush=True)
-        ok = sorted((t for t in timed if t[0] is not None), key=lambda t: t[0])
-        finalists = [c for _, c in ok[:2] if c != base]
-        best, best_us = base, None
-        if finalists:  # alternated with the table's entry, twice
-            again = {json.dumps(c, sort_keys=True): [] for c in [base, *finalists]}
-            for _ in range(2):
-                for c in [base, *finalists]:
-                    OVERRIDE[key] = {**entry, path: c}
-                    again[json.dumps(c, sort_keys=True)].append(step_us(model, ids))
-            mean = {k: statistics.mean(v) for k, v in again.items()}
-            log.append(dict(kind="gemm_confirm", bucket=bucket, N=N, K=K, path=path, step_us=again))
-            base_us = mean[json.dumps(base, sort_keys=True)]
-            top = min(mean, key=mean.get)
-            if mean[top] <= base_us * (1 - min_gain):
-                best, best_us = json.loads(top), mean[top]
-            print(f"  {bucket}@{N}x{K}: table {base_us:.1f} us, best {mean[top]:.1f} us "
-                  f"({'kept' if best is not base else 'table stays'})", flush=True)
-        OVERRIDE[key] = {**entry, path: best}
-        if best is not base:
-            kept[f"{bucket}@{N}x{K}"] = dict(path=path, cfg=best, table=base, step_us=best_us)
+def choose(label, options, apply, measure, min_gain, log) -> object:
+    """Time every option (the first is the table's), then the two fastest again alternated with the table's, twice;
+    returns the option kept (the table's unless >= min_gain faster on the mean) and leaves it applied."""
+    timed = []
+    for opt in options:
+        apply(opt)
+        try:
+            us = measure()
+        except Exception as exc:  # a tile that does not compile or fit: skipped, said so
+            us = None
+            print(f"  {label} {opt}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        timed.append((us, opt))
+        log.append(dict(what=label, option=opt, step_us=us))
+        print(f"  {label} {opt}: {us}", flush=True)
+    table = options[0]
+    finalists = [opt for _, opt in sorted((t for t in timed if t[0] is not None), key=lambda t: t[0])[:2]
+                 if opt != table]
+    kept = table
+    if finalists:
+        again = [[] for _ in range(1 + len(finalists))]
+        for _ in range(2):
+            for i, opt in enumerate([table, *finalists]):
+                apply(opt)
+                again[i].append(measure())
+        means = [statistics.mean(v) for v in again]
+        log.append(dict(what=label, confirm=[table, *finalists], step_us=again))
+        best = min(range(len(means)), key=means.__getitem__)
+        if means[best] <= means[0] * (1 - min_gain):
+            kept = [table, *finalists][best]
+        print(f"  {label}: table {means[0]:.1f} us, best {means[best]:.1f} us "
+              f"({'kept' if kept is not table else 'the table stays'})", flush=True)
+    apply(kept)
     return kept
 
 
-def sweep_decode(model, ids, programs: int, min_gain: float, log: list) -> dict:
-    table = state_io.DECODE_LAUNCH["gla"]
-    fmt = next(f for f in ("int8_row", "fp8_row", "bf16", "fp32") if f in table)  # what gla_int8_all stores
-    base = tuple(table[fmt])
-    launch = state_io.bucket_launch(base, programs)
-    timed = []
-    for block_k, warps in sorted({launch, (8, 1), (16, 1), (32, 1), (16, 2), (32, 2), (64, 4)}):
-        table[fmt] = ((None, block_k, warps),)
-        us = step_us(model, ids)
-        timed.append((us, (block_k, warps)))
-        log.append(dict(kind="decode", fmt=fmt, launch=[block_k, warps], step_us=us))
-        print(f"  decode {fmt} {block_k, warps}: {us:.1f}", flush=True)
-    table[fmt] = base
-    best_us, best = min(timed)
-    base_us = next(us for us, lw in timed if lw == launch)
-    if best != launch and best_us <= base_us * (1 - min_gain):
-        return dict(fmt=fmt, programs=programs, launch=list(best), table=list(launch), step_us=best_us,
-                    table_us=base_us)
-    return {}
+def sweep(model, ids, min_gain: float, log: list) -> tuple[dict, dict]:
+    """Coordinate descent over the step's GEMM shapes, then its decode launches, from what the tables (overlays
+    included) hold now; returns the entries to write: ``{table: {key: {path: tiles}}}`` and ``{(kernel, format,
+    bound): launch}``, None where the sweep's choice is the table's own (an overlay entry to drop)."""
+    measure = lambda: step_us(model, ids)  # noqa: E731
+    tiles = {}
+    for table, bucket, N, K in list(GEMMS):
+        key = configs.entry_key(table, bucket, N, K)
+        if key is None:
+            continue
+        path = configs.TABLES[table][key]["path"]
+        own = dict(configs.TABLES[table][key][path])
+        now = configs.STEP_TABLES.get(table, {}).get(key, {}).get(path, own)
+
+        def apply(cfg, table=table, key=key, path=path, own=own):
+            if cfg == own:
+                configs.STEP_TABLES.get(table, {}).pop(key, None)
+            else:
+                configs.STEP_TABLES.setdefault(table, {})[key] = {path: cfg}
+            _table_entry.cache_clear()
+
+        best = choose(f"{key} ({N}x{K}) {path}", candidates(now), apply, measure, min_gain, log)
+        if best != now:
+            tiles.setdefault(table, {})[key] = None if best == own else {path: best}
+    launches = {}
+    for kernel, fmt, programs in list(DECODES):
+        formats = state_io.DECODE_LAUNCH[kernel]
+        fmt = fmt if fmt in formats else "fp32"
+        bound = next(b[0] for b in formats[fmt] if b[0] is None or programs <= b[0])
+        k = (kernel, fmt, bound)
+        own = state_io.bucket_launch(formats[fmt], programs)
+        now = state_io.STEP_DECODE_LAUNCH.get(k, own)
+        options = [now, *sorted({own, (8, 1), (16, 1), (32, 1), (16, 2), (32, 2), (64, 2), (64, 4), (128, 4)}
+                                - {now})]
+
+        def apply(launch, k=k, own=own):
+            if launch == own:
+                state_io.STEP_DECODE_LAUNCH.pop(k, None)
+            else:
+                state_io.STEP_DECODE_LAUNCH[k] = launch
+
+        best = choose(f"decode {kernel} {fmt} ({programs} programs)", options, apply, measure, min_gain, log)
+        if best != now:
+            launches[k] = None if best == own else best
+    return tiles, launches
+
+
+def write(tiles: dict, launches: dict) -> None:
+    """Merge the kept entries into the committed overlays (the generated blocks of configs.py / state_io.py); an
+    entry None drops the overlay's."""
+    root = pathlib.Path(configs.__file__).resolve().parents[1]
+    begin = "# --- generated by tools/sweep_step_tiles.py: begin ---\n"
+    end = "# --- generated by tools/sweep_step_tiles.py: end"
+    for path, name in ((root / "gemm" / "configs.py", "STEP_TABLES"), (root / "common" / "state_io.py",
+                                                                     "STEP_DECODE_LAUNCH")):
+        src = path.read_text()
+        a, b = src.index(begin) + len(begin), src.index(end)
+        committed = ast.literal_eval(src[a:b].split("=", 1)[1].strip())
+        if name == "STEP_TABLES":
+            merged = {t: {**committed.get(t, {}), **tiles.get(t, {})} for t in {*committed, *tiles}}
+            merged = {t: {k: v for k, v in e.items() if v is not None} for t, e in merged.items()}
+            body = "".join(f"    {t!r}: {{\n" + "".join(f"        {k!r}: {v!r},\n" for k, v in sorted(e.items()))
+                           + "    },\n" for t, e in sorted(merged.items()) if e)
+        else:
+            merged = {k: v for k, v in {**committed, **launches}.items() if v is not None}
+            body = "".join(f"    {k!r}: {v!r},\n" for k, v in sorted(merged.items(), key=repr))
+        path.write_text(src[:a] + f"{name}: dict = {{\n{body}}}\n" + src[b:])
+        print(f"wrote {name} into {path}")
+
+
+def build(args):
+    if args.model:
+        from laquant.eval.speed import recipe_variants
+
+        (_, _, make), = [v for v in recipe_variants([args.model], "gla_int8", args.hybrid_recipe)
+                         if v[1] == args.hybrid_recipe]
+        model = make()
+    else:
+        from profile_prefill import random_gla
+
+        from laquant.models import GLAConfig
+
+        model = random_gla(GLAConfig(hidden_size=2048, num_hidden_layers=args.layers, num_heads=16,
+                                     vocab_size=32000), args.recipe)
+    return model
 
 
 @torch.no_grad()
@@ -157,40 +231,43 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--layers", type=int, default=24)
-    p.add_argument("--recipe", default="gla_int8_all")
-    p.add_argument("--min-gain", type=float, default=0.01, help="keep a candidate this much faster (fraction)")
-    p.add_argument("--no-decode", action="store_true", help="leave the decode kernel's launch out")
+    p.add_argument("--layers", type=int, default=24, help="the random GLA's layers")
+    p.add_argument("--recipe", default="gla_int8_all", help="the random GLA's recipe")
+    p.add_argument("--model", help="a transformers hybrid instead, as eval speed's --model FAMILY:{json}")
+    p.add_argument("--hybrid-recipe", default="hybrid_int8")
+    p.add_argument("--min-gain", type=float, default=0.01, help="keep an option this much faster (fraction)")
+    p.add_argument("--write", action="store_true", help="merge what was kept into the committed overlays")
     args = p.parse_args()
     t0 = time.time()
-    cfg = GLAConfig(hidden_size=2048, num_hidden_layers=args.layers, num_heads=16, vocab_size=32000)
-    model = random_gla(cfg, args.recipe)
-    ids = torch.randint(0, cfg.vocab_size, (args.batch, 16), device="cuda")
-    table = configs.table_key(torch.cuda.get_device_name())
-    before = [step_us(model, ids) for _ in range(3)]
-    print(f"step before: {before} us; GEMM shapes {SEEN}", flush=True)
+    model = build(args)
+    ids = torch.randint(0, model.config.vocab_size, (args.batch, 16), device="cuda")
+    before = step_us(model, ids)
+    print(f"step {before:.1f} us; GEMMs {GEMMS}; decode launches {DECODES}", flush=True)
     log: list = []
-    kept = sweep_gemms(model, ids, table, args.min_gain, log)
-    decode = {} if args.no_decode else sweep_decode(model, ids, args.batch * cfg.num_heads, args.min_gain, log)
-    gla = state_io.DECODE_LAUNCH["gla"]
-    table_launch = dict(gla)
-    kept_launch = dict(gla, **({decode["fmt"]: ((None, *decode["launch"]),)} if decode else {}))
-    kept_tiles = dict(OVERRIDE)
-    after, again = [], []
-    for _ in range(3):  # alternated: the kept tiles and launch, the tables'
-        gla.update(kept_launch)
-        OVERRIDE.update(kept_tiles)
+    tiles, launches = sweep(model, ids, args.min_gain, log)
+    kept_tiles = {t: dict(e) for t, e in configs.STEP_TABLES.items()}
+    kept_launches = dict(state_io.STEP_DECODE_LAUNCH)
+    after, table = [], []
+    for _ in range(3):  # alternated: what was kept, the tables'
+        configs.STEP_TABLES.update(kept_tiles)
+        state_io.STEP_DECODE_LAUNCH.update(kept_launches)
+        _table_entry.cache_clear()
         after.append(step_us(model, ids))
-        gla.update(table_launch)
-        OVERRIDE.clear()
-        again.append(step_us(model, ids))
-    result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, batch=args.batch,
-                  layers=args.layers, recipe=args.recipe, table=table, shapes=[list(k) for k in SEEN],
-                  step_us_table=again, step_us_kept=after, kept_gemm=kept, kept_decode=decode, timings=log,
-                  seconds=round(time.time() - t0))
+        configs.STEP_TABLES.clear()
+        state_io.STEP_DECODE_LAUNCH.clear()
+        _table_entry.cache_clear()
+        table.append(step_us(model, ids))
+    name = args.model.split(":", 1)[0] if args.model else f"gla {args.layers}x2048"
+    result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, model=name,
+                  recipe=args.hybrid_recipe if args.model else args.recipe, batch=args.batch,
+                  gemms=[list(g) for g in GEMMS], decodes=[list(d) for d in DECODES], step_us_tables=table,
+                  step_us_kept=after, changed_tiles=tiles, changed_launches={repr(k): v for k, v in launches.items()},
+                  timings=log, seconds=round(time.time() - t0))
     print(json.dumps({k: v for k, v in result.items() if k != "timings"}, indent=1), flush=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
+    if args.write and (tiles or launches):
+        write(tiles, launches)
 
 
 if __name__ == "__main__":
