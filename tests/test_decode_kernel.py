@@ -81,6 +81,22 @@ def test_decode_launch_table_is_well_formed():
     assert decode_launch("gla", "not_a_format", 1) == decode_launch("gla", "fp32", 1)
 
 
+def test_step_decode_launch_replaces_one_bucket(monkeypatch):
+    """STEP_DECODE_LAUNCH (launches chosen inside the decode step) replaces the launch of one bucket of one kernel
+    and format; the committed entries name existing buckets with valid launches."""
+    from laquant.kernels.common import state_io
+
+    for (kernel, fmt, bound), (bk, w) in state_io.STEP_DECODE_LAUNCH.items():
+        assert bound in [b[0] for b in state_io.DECODE_LAUNCH[kernel][fmt]]
+        assert bk & (bk - 1) == 0 and w in (1, 2, 4, 8)
+    monkeypatch.setattr(state_io, "DECODE_LAUNCH", {"gla": {"fp32": ((16, 64, 4), (None, 16, 1)),
+                                                            "int8_row": ((16, 64, 4), (None, 16, 1))}})
+    monkeypatch.setattr(state_io, "STEP_DECODE_LAUNCH", {("gla", "int8_row", None): (8, 2)})
+    assert [state_io.decode_launch("gla", "int8_row", p) for p in (16, 17, 1024)] == [(64, 4), (8, 2), (8, 2)]
+    assert state_io.decode_launch("gla", "fp32", 1024) == (16, 1)
+    assert state_io.decode_launch("gla", "bf16", 1024) == (16, 1)  # unlisted: fp32's, not the int8 overlay
+
+
 def test_verify_launch_table_is_well_formed():
     """The verify table: per kernel and step, every format's buckets grow to a catch-all of four-field launches
     (block_k, block_v, num_warps, prefetch), a scaled format's block_v None where the step stores the state (its
@@ -115,9 +131,9 @@ def test_verify_launch_table_is_well_formed():
 def test_every_tabled_launch_matches_reference(fmt):
     """Each (block_k, num_warps) the GLA decode table holds for the format gives the reference's output and state
     (the small-batch launches take a whole head in one block, the large-batch ones walk its rows)."""
-    from laquant.kernels.common.state_io import DECODE_LAUNCH
+    from laquant.kernels.common.state_io import tabled_decode_launches
 
-    launches = sorted({(bk, w) for _, bk, w in DECODE_LAUNCH["gla"][fmt]})
+    launches = sorted(tabled_decode_launches("gla", fmt))
     assert len(launches) > 1
     for block_k, num_warps in launches:
         (q, k, v, g), data, scale, idx, quant, n_stores = _case(3, 2, 64, 40, 5, fmt)

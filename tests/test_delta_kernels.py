@@ -83,9 +83,9 @@ def test_decode_matches_reference(fmt, renorm, B, Hk, Hv, K, V, P, block_k):
 def test_every_tabled_decode_launch_matches_reference(fmt):
     """Each (block_k, num_warps) the delta rule's decode table holds for the format (a whole head in one block at
     small batches, row blocks at large ones) gives the reference's output and state."""
-    from laquant.kernels.common.state_io import DECODE_LAUNCH
+    from laquant.kernels.common.state_io import tabled_decode_launches
 
-    launches = sorted({(bk, w) for _, bk, w in DECODE_LAUNCH["delta"][fmt]})
+    launches = sorted(tabled_decode_launches("delta", fmt))
     for block_k, num_warps in launches:
         args, data, scale, idx, quant, n_stores = _decode_case(2, 1, 2, 64, 40, 3, fmt)
         data_ref, scale_ref = data.clone(), None if scale is None else scale.clone()

@@ -124,6 +124,37 @@ def test_each_gpu_takes_its_own_table(monkeypatch):
     assert configs.choose_gemm(64, 2048, 2048, "NVIDIA X200")[1] == configs.DEFAULT_SPLITK["w8a8"]  # untuned
 
 
+def test_step_tables_replace_a_paths_tiles(monkeypatch):
+    """An entry of STEP_TABLES (tiles chosen inside the decode step) replaces that path's tiles of the TABLES key the
+    lookup lands on, and only those: other buckets, the other path and the path choice stay the table's."""
+    w8a8, w8a16 = dict(configs.DEFAULT_SPLITK["w8a8"], BN=32), configs.DEFAULT_SPLITK["w8a16"]
+    table = {f"{b}@2048x2048": {"path": "w8a8", "w8a8": w8a8, "w8a16": w8a16} for b in configs.M_BUCKETS}
+    step = dict(w8a8, BN=128, BK=128)
+    monkeypatch.setattr(configs, "TABLES", {"step test GPU": table})
+    monkeypatch.setattr(configs, "STEP_TABLES", {"step test GPU": {"64@2048x2048": {"w8a8": step}}})
+    configs._entry.cache_clear()
+    try:
+        assert configs.entry_key("step test GPU", 64, 2000, 2100) == "64@2048x2048"  # the nearest swept shape
+        assert configs.choose_gemm(64, 2000, 2100) == ("w8a8", step)
+        assert configs.choose_config("w8a8", 40, 2048, 2048) == step  # bucket 64; BM already no taller than 64
+        assert configs.choose_config("w8a16", 64, 2048, 2048) == w8a16
+        assert configs.choose_gemm(32, 2048, 2048)[1] == w8a8
+    finally:
+        monkeypatch.undo()
+        configs._entry.cache_clear()
+
+
+@pytest.mark.parametrize("device", list(configs.STEP_TABLES))
+def test_committed_step_tables_name_swept_entries(device):
+    """The committed step overlays replace tiles of an existing entry, with the fields its kernel takes."""
+    assert device in configs.TABLES
+    for key, paths in configs.STEP_TABLES[device].items():
+        assert key in configs.TABLES[device] and set(paths) <= {"w8a8", "w8a16"}
+        for cfg in paths.values():
+            assert {"BM", "BN", "BK", "SPLIT_K", "num_warps", "num_stages"} <= set(cfg)
+            assert all(cfg[f] & (cfg[f] - 1) == 0 for f in ("BM", "BN", "BK", "SPLIT_K"))
+
+
 @pytest.mark.parametrize("device", list(configs.TABLES))
 def test_committed_tables_are_complete(device):
     """Every swept shape has every bucket, both paths, a path choice."""

@@ -145,6 +145,12 @@ def decode_launch(kernel: str, fmt: str, programs: int) -> tuple[int, int]:
                                for bound, *launch in formats[fmt]), programs)
 
 
+def tabled_decode_launches(kernel: str, fmt: str) -> set:
+    """Every ``(block_k, num_warps)`` the tables hold for ``kernel`` and ``fmt``, STEP_DECODE_LAUNCH's included."""
+    return ({tuple(launch) for _, *launch in DECODE_LAUNCH[kernel][fmt]}
+            | {launch for (k, f, _), launch in STEP_DECODE_LAUNCH.items() if (k, f) == (kernel, fmt)})
+
+
 # (block_k, block_v, num_warps, prefetch) of the verify kernels per kernel (GLA's, the delta rule's), step ("verify";
 # "commit": the same kernel storing the state instead of the outputs; a verify step keeping every token's state
 # stores like a commit and takes the commit's entry), state format and launch size, in buckets as DECODE_LAUNCH's:
