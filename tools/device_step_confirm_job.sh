@@ -5,10 +5,11 @@
 set -u
 . tools/device_job_env.sh "$@"
 QWEN='{"hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 5632, "num_attention_heads": 16, "num_key_value_heads": 2, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "num_experts": 0}'
-for tag in _new _base; do E2E_TIMEOUT=100 hybrid_e2e qwen3_next "$tag" "$QWEN" --no-profile --batch 64; done
-for tag in _new2 _base2; do
-  t=$tag; [ $tag = _base2 ] && t=_base
-  E2E_TIMEOUT=100 hybrid_e2e qwen3_next "$t" "$QWEN" --no-profile --batch 64
-  mv "$W/e2e_qwen3_next$t" "$W/e2e_qwen3_next$tag" 2>/dev/null; mv "$W/e2e_qwen3_next$t.log" "$W/e2e_qwen3_next$tag.log"
+run() { E2E_TIMEOUT=100 hybrid_e2e qwen3_next "$1" "$QWEN" --no-profile --batch 64; }
+run _new
+for rep in 1 2; do  # the base's output names carry no repetition: moved aside
+  run _base
+  mv "$W/e2e_qwen3_next_base" "$W/e2e_qwen3_next_base$rep"; mv "$W/e2e_qwen3_next_base.log" "$W/e2e_qwen3_next_base$rep.log"
 done
+run _new2
 touch "$W/job.done"
