@@ -139,15 +139,16 @@ def choose(label, options, apply, measure, min_gain, log) -> object:
     return kept
 
 
-def sweep(model, ids, min_gain: float, log: list) -> tuple[dict, dict]:
-    """Coordinate descent over the step's GEMM shapes, then its decode launches, from what the tables (overlays
-    included) hold now; returns the entries to write: ``{table: {key: {path: tiles}}}`` and ``{(kernel, format,
-    bound): launch}``, None where the sweep's choice is the table's own (an overlay entry to drop)."""
+def sweep(model, ids, min_gain: float, log: list, bucket_of_step: int) -> tuple[dict, dict]:
+    """Coordinate descent over the step's GEMM shapes (those of M bucket ``bucket_of_step``), then its decode
+    launches, from what the tables (overlays included) hold now; returns the entries to write: ``{table: {key:
+    {path: tiles}}}`` and ``{(kernel, format, bound): launch}``, None where the sweep's choice is the table's own (an
+    overlay entry to drop)."""
     measure = lambda: step_us(model, ids)  # noqa: E731
     tiles = {}
     for table, bucket, N, K in list(GEMMS):
         key = configs.entry_key(table, bucket, N, K)
-        if key is None:
+        if key is None or bucket != bucket_of_step:  # the prompt's GEMMs (the prefill) are not the step's
             continue
         path = configs.TABLES[table][key]["path"]
         own = dict(configs.TABLES[table][key][path])
@@ -244,7 +245,7 @@ def main() -> None:
     before = step_us(model, ids)
     print(f"step {before:.1f} us; GEMMs {GEMMS}; decode launches {DECODES}", flush=True)
     log: list = []
-    tiles, launches = sweep(model, ids, args.min_gain, log)
+    tiles, launches = sweep(model, ids, args.min_gain, log, configs.m_bucket(args.batch))
     kept_tiles = {t: dict(e) for t, e in configs.STEP_TABLES.items()}
     kept_launches = dict(state_io.STEP_DECODE_LAUNCH)
     after, table = [], []
