@@ -13,6 +13,10 @@ weight-only in the hybrids (``2048x4096``, ``2048x5632``: Mamba2's out_proj, the
 bucket by ``tools/sweep_w8a16.py`` (on the H200: 1.3-1.5x cuBLAS bf16 at M <= 16, parity at 64, 0.5-0.7x at 128-256,
 ``eval/results/weight_only_fallback_h200/``); elsewhere W8A16 was swept at M <= 16 only.
 
+``STEP_TABLES`` re-chooses the tiles (never the path) of a few entries by timing the whole graphed decode step
+(``tools/sweep_step_tiles.py``, ``eval/results/step_tiles_h200/``); a tile change that keeps SPLIT_K keeps every
+output bit, one that changes it moves the fp32 partial sums' order (rounding only).
+
 Imports neither torch nor Triton: the dispatch is testable anywhere.
 """
 
