@@ -22,3 +22,12 @@ hybrid_e2e() {
     --batch 1 64 --prompt 1024 --gen 32 "$@" --model "$fam:$cfg" --out "$W/e2e_$fam$tag" > "$W/e2e_$fam$tag.log" 2>&1
   log "$fam$tag e2e rc $?"
 }
+# private_pkg DIR: this tree's package (laquant with kernels, recipes and eval inside, as scratch/base_pkg is built) in
+# DIR, for a job that writes into the package (tools/sweep_step_tiles.py --write): the device tool copies this
+# machine's tree over the device's at every call, so what a job wrote into the tree itself is lost at the next poll.
+# Run with PYTHONPATH="DIR:$PYTHONPATH".
+private_pkg() {
+  rm -rf "$1" && mkdir -p "$1" && cp -r laquant "$1/laquant" && rm -rf "$1/laquant/kernels" "$1/laquant/recipes" \
+    "$1/laquant/eval" && cp -r kernels "$1/laquant/kernels" && cp -r recipes "$1/laquant/recipes" \
+    && mkdir -p "$1/laquant/eval" && (cd eval && tar cf - --exclude=results .) | (cd "$1/laquant/eval" && tar xf -)
+}
