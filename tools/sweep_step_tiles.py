@@ -6,8 +6,8 @@ weights held in L2 saved nothing in the step), so the fastest launch alone need 
 builds a random model (speed only): the GLA of ``--layers`` x 2048 calibrated with ``--recipe``, or a transformers
 hybrid (``--model FAMILY:{json}``, as ``laquant eval speed`` builds it, with ``--hybrid-recipe``); it captures
 laquant.generate's decode step at ``--batch`` and, one GEMM shape at a time in the step's order (coordinate descent),
-replays the step with each candidate tile of that shape's M bucket (the table's, split-K x2 / x4, BN / 2 and x 2, BK
-/ 2 and x 2, more stages, 8 warps, SWAP_AB toggled), the shapes before at their best. The two fastest are timed
+replays the step with each candidate tile of that shape's M bucket (the table's, split-K x2 / x4 / half, BN / 2 and
+x 2, BK / 2 and x 2, more stages, 8 warps, SWAP_AB toggled), the shapes before at their best. The two fastest are timed
 again, alternated with the table's, and kept if the step is ``--min-gain`` faster. Then the decode kernel's
 (block_k, num_warps) for the bucket the step launches. Writes OUT.json (every timing, what was kept, the step before
 and after, alternated); ``--write`` adds the kept entries to ``configs.STEP_TABLES`` and
@@ -89,6 +89,10 @@ def candidates(cfg: dict) -> list:
     split = cfg.get("SPLIT_K", 1)
     variant(SPLIT_K=split * 2)
     variant(SPLIT_K=split * 4)
+    if split > 1:  # fewer splits: each costs a partial's store and reload in the step
+        variant(SPLIT_K=split // 2)
+        if cfg["BN"] > 16:
+            variant(BN=cfg["BN"] // 2, SPLIT_K=split // 2)
     if cfg["BN"] > 16:
         variant(BN=cfg["BN"] // 2)
         variant(BN=cfg["BN"] // 2, SPLIT_K=split * 2)
