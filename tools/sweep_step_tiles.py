@@ -49,14 +49,6 @@ def _launch(kernel, fmt, programs):
 configs._entry, state_io.decode_launch = _entry, _launch  # looked up as module globals at every launch
 
 
-def set_tiles(table, key, path, cfg) -> None:
-    if cfg is None:
-        configs.STEP_TABLES.get(table, {}).pop(key, None)
-    else:
-        configs.STEP_TABLES.setdefault(table, {})[key] = {path: cfg}
-    _table_entry.cache_clear()
-
-
 def step_us(model, ids, reps: int = 60, blocks: int = 5) -> float:
     """Median over ``blocks`` of the mean replay time of the freshly captured step, us."""
     release_graphs(model)
