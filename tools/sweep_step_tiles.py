@@ -164,9 +164,8 @@ def sweep(model, ids, min_gain: float, log: list, bucket_of_step: int) -> tuple[
     for kernel, fmt, programs in list(DECODES):
         formats = state_io.DECODE_LAUNCH[kernel]
         fmt = fmt if fmt in formats else "fp32"
-        bound = next(b[0] for b in formats[fmt] if b[0] is None or programs <= b[0])
-        k = (kernel, fmt, bound)
-        own = state_io.bucket_launch(formats[fmt], programs)
+        bound, *own = state_io.bucket_of(formats[fmt], programs)
+        k, own = (kernel, fmt, bound), tuple(own)
         now = state_io.STEP_DECODE_LAUNCH.get(k, own)
         options = [now, *sorted({own, (8, 1), (16, 1), (32, 1), (16, 2), (32, 2), (64, 2), (64, 4), (128, 4)}
                                 - {now})]
