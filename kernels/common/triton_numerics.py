@@ -30,6 +30,8 @@ except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
 if triton is not None:
+    from .pdl import pdl_wait
+
     # Triton folds ``x.to(tl.bfloat16).to(tl.float32)`` back to x (and may contract the product before it
     # into an FMA): on an H200 (Triton 3.6) 24% of ``bf16(bf16(a * b) + bf16(c * d))`` differed from
     # PyTorch's. :func:`rounded` rounds with a PTX conversion instead, which nothing folds; the interpreter
@@ -457,6 +459,24 @@ if triton is not None:
         return load_stored_rows(state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :],
                                 scale_ptr + slot * s_cp + h * s_ch + offs_k, mask_k,
                                 mask_k[:, None] & mask_v[None, :], FMT, BLOCK_K)
+
+    @triton.jit
+    def wait_with_first_rows(PDL: tl.constexpr, EARLY_STATE: tl.constexpr, idx_ptr, b, state_ptr, scale_ptr, h,
+                             offs_v, mask_v, s_sp, s_sh, s_sk, s_cp, s_ch, K, BLOCK_K: tl.constexpr,
+                             FMT: tl.constexpr):
+        """A decode kernel's PDL wait, with sequence ``b``'s pool slot and head ``h``'s first ``BLOCK_K`` state rows
+        (:func:`head_state_rows`) loaded before it when ``EARLY_STATE`` (their latency then overlaps the kernel
+        before, which must not write the pool), else after it. Returns ``(slot, rows as stored, row scales)``."""
+        if EARLY_STATE:
+            slot = tl.load(idx_ptr + b).to(tl.int64)
+            raw, scale = head_state_rows(state_ptr, scale_ptr, slot, h, 0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp,
+                                         s_ch, K, BLOCK_K, FMT)
+        pdl_wait(PDL)
+        if not EARLY_STATE:
+            slot = tl.load(idx_ptr + b).to(tl.int64)
+            raw, scale = head_state_rows(state_ptr, scale_ptr, slot, h, 0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp,
+                                         s_ch, K, BLOCK_K, FMT)
+        return slot, raw, scale
 
     @triton.jit
     def store_state_rows(st, data_ptrs, scale_ptrs, mask_k, mask, scale, FMT: tl.constexpr, SR: tl.constexpr,

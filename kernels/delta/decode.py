@@ -32,9 +32,9 @@ try:
     import triton
     import triton.language as tl
 
-    from ..common.pdl import pdl_release, pdl_wait
-    from ..common.triton_numerics import (decayed_update, decode_state, head_state_rows, load_state_rows,
-                                          state_random_bytes, store_state_rows, stored_row_scale)
+    from ..common.pdl import pdl_release
+    from ..common.triton_numerics import (decayed_update, decode_state, load_state_rows, state_random_bytes,
+                                          store_state_rows, stored_row_scale, wait_with_first_rows)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -119,15 +119,9 @@ if triton is not None:
         hk = h // GROUP
         offs_v = tl.arange(0, BLOCK_V)
         mask_v = offs_v < V
-        if EARLY_STATE:  # the slot and the first block of state rows before the PDL wait (see delta_decode_step)
-            slot = tl.load(idx_ptr + b).to(tl.int64)
-            raw0, scale0 = head_state_rows(state_ptr, scale_ptr, slot, h, 0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp,
-                                           s_ch, K, BLOCK_K, FMT)
-        pdl_wait(PDL)
-        if not EARLY_STATE:
-            slot = tl.load(idx_ptr + b).to(tl.int64)
-            raw0, scale0 = head_state_rows(state_ptr, scale_ptr, slot, h, 0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp,
-                                           s_ch, K, BLOCK_K, FMT)
+        # the slot and the first block of state rows before the PDL wait with EARLY_STATE (see delta_decode_step)
+        slot, raw0, scale0 = wait_with_first_rows(PDL, EARLY_STATE, idx_ptr, b, state_ptr, scale_ptr, h, offs_v, mask_v,
+                                                  s_sp, s_sh, s_sk, s_cp, s_ch, K, BLOCK_K, FMT)
         state_base = state_ptr + slot * s_sp + h * s_sh
         scale_base = scale_ptr + slot * s_cp + h * s_ch
         v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_v * s_vv, mask=mask_v, other=0.0).to(tl.float32)

@@ -28,10 +28,10 @@ try:
     import triton
     import triton.language as tl
 
-    from ..common.pdl import pdl_release, pdl_wait
+    from ..common.pdl import pdl_release
     from ..common.triton_numerics import (decayed_update, decode_state, head_state_rows, load_treated_logits,
                                           state_random_bytes, store_state_rows, store_token_codes, stored_row_scale,
-                                          token_code_map)
+                                          token_code_map, wait_with_first_rows)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -80,15 +80,8 @@ if triton is not None:
         nw = 0.0
         if GNORM:
             nw = tl.load(nw_ptr + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-        if EARLY_STATE:
-            slot = tl.load(idx_ptr + b).to(tl.int64)
-            raw0, scale0 = head_state_rows(state_ptr, scale_ptr, slot, h, 0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp,
-                                           s_ch, K, BLOCK_K, FMT)
-        pdl_wait(PDL)
-        if not EARLY_STATE:
-            slot = tl.load(idx_ptr + b).to(tl.int64)
-            raw0, scale0 = head_state_rows(state_ptr, scale_ptr, slot, h, 0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp,
-                                           s_ch, K, BLOCK_K, FMT)
+        slot, raw0, scale0 = wait_with_first_rows(PDL, EARLY_STATE, idx_ptr, b, state_ptr, scale_ptr, h, offs_v, mask_v,
+                                                  s_sp, s_sh, s_sk, s_cp, s_ch, K, BLOCK_K, FMT)
         v = tl.load(v_ptr + b * s_vb + h * s_vh + offs_v * s_vv, mask=mask_v, other=0.0).to(tl.float32)
         x = v
         decay = 0.0
