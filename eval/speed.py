@@ -759,10 +759,29 @@ def gpu_ms_of(fn) -> float:
     return sum(dur for _, _, dur in cuda_kernels(prof)) / 1e3
 
 
+def _graphed_prefill_rate(model, ids: torch.Tensor) -> float | None:
+    """Tokens/s of ``ids``' prefill replayed as a CUDA graph (:func:`laquant.generate.prefill`, the wall clock of a
+    replay and its copies out, the capture left out), or None where the model has no graphed prefill."""
+    from laquant.generate import graphed_prefill_refusal, prefill, prefill_graphs, release_graphs
+
+    if graphed_prefill_refusal(model, ids.shape[1]) is not None:
+        return None
+    try:
+        with torch.no_grad():
+            prefill(model, ids, graphed=True)  # captures the bucket
+            if prefill_graphs(model).failure is not None:
+                return None
+            ms = _bench(lambda: prefill(model, ids, graphed=True), rep=500)
+    finally:
+        release_graphs(model)  # its memory pool is not counted in the decode rows' peak memory
+    return ids.shape[1] / (ms * 1e-3)
+
+
 def bench_e2e(variants, prompt_len=4096, batches=(1, 16, 64), steps=32, profile: tuple[int, int] | None = (64, 512)
               ) -> list[dict]:
     """Prefill tokens/s (one prompt: on the wall clock, which an eager forward's host time can set,
-    and on its kernels' GPU time), decode tokens/s after a prompt (eager, through the CUDA-graphed
+    on its kernels' GPU time, and replayed as a CUDA graph where the model has one), decode tokens/s
+    after a prompt (eager, through the CUDA-graphed
     loop of :mod:`laquant.generate` where the model has one, and through transformers' ``generate``,
     which replays a graph per step on laquant's GLA), peak memory, cache bytes
     per sequence and, with ``profile = (B, prompt)``, the kernels of one eager decode step; one
@@ -789,6 +808,7 @@ def bench_e2e(variants, prompt_len=4096, batches=(1, 16, 64), steps=32, profile:
             gpu_ms = gpu_ms_of(prefill)
         row["prefill_tok_per_s"] = prompt_len / (ms * 1e-3)
         row["prefill_gpu_tok_per_s"] = prompt_len / (gpu_ms * 1e-3) if gpu_ms > 0 else None
+        row["prefill_graphed_tok_per_s"] = _graphed_prefill_rate(model, ids)
         for B in batches:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()

@@ -1,6 +1,7 @@
 """``laquant.generate``: a decode loop for laquant's models, CUDA-graphed on the GPU.
 
-:func:`generate` prefills the prompt eagerly, then decodes token by token. On CUDA (``graphed=None``
+:func:`generate` prefills the prompt (eagerly, or with ``graphed_prefill=True`` as a CUDA graph replayed per
+token-count bucket: :func:`prefill`), then decodes token by token. On CUDA (``graphed=None``
 or ``True``) the model decodes on a **static cache** and **one CUDA graph per step**:
 
 * laquant's ``GLAForCausalLM`` (and Gated DeltaNet, DeltaNet) on :meth:`GLAStateCache.static_copy` (the
@@ -39,6 +40,8 @@ from laquant.errors import LaquantError
 from laquant.moe_experts import decode_experts_implementation, experts_implementation
 
 EOS_CHECK_EVERY = 16
+# the longest prompt a graphed prefill captures (its bucket's activations live in the graphs' memory pool)
+MAX_GRAPHED_PREFILL = 16384
 
 
 def pick_tokens(logits: torch.Tensor, do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
@@ -151,6 +154,51 @@ def _forward(model, ids, cache, **kwargs):
     return out.logits[:, -1], returned_cache(out)
 
 
+def prefill_graphs(model):
+    """``model``'s captured fresh prefills (:class:`~laquant.serving.graphed_prefill.GraphedPrefill`, one graph
+    per token-count bucket and batch size), made on first use; :func:`release_graphs` frees them."""
+    from laquant.serving.graphed_prefill import GraphedPrefill
+
+    graphs = model.__dict__.get("_laquant_prefill_graphs")
+    if graphs is None:
+        graphs = model.__dict__["_laquant_prefill_graphs"] = GraphedPrefill(model, MAX_GRAPHED_PREFILL)
+    return graphs
+
+
+def graphed_prefill_refusal(model, tokens: int) -> str | None:
+    """Why a fresh prefill of ``tokens`` tokens of ``model`` cannot replay as a CUDA graph, or None."""
+    from laquant.serving.graphed_prefill import model_graphable
+
+    if not next(model.parameters()).is_cuda:
+        return "CUDA graphs need a CUDA device"
+    if not model_graphable(model):
+        return (f"a graphed prefill covers laquant's GLA, Gated DeltaNet and DeltaNet with recurrent layers only and "
+                f"no state round trip inside the prefill; this is {type(model).__name__}"
+                + (" with softmax attn layers or prefill_roundtrip" if hasattr(model, "new_cache") else ""))
+    if tokens > MAX_GRAPHED_PREFILL:
+        return f"the prompt has {tokens} tokens, more than the {MAX_GRAPHED_PREFILL} a graphed prefill captures"
+    return None
+
+
+def prefill(model, input_ids: torch.Tensor, graphed: bool = False):
+    """``(logits [B, V] of the last position, cache)`` of ``input_ids [B, T]`` from a fresh cache; ``graphed``:
+    replayed as a CUDA graph per token-count bucket and batch size (:mod:`laquant.serving.graphed_prefill`: the
+    prompt padded to the bucket, its padding masked out of the state), captured on first use; eagerly where
+    that capture failed (warned once). Raises where the model or prompt is not covered."""
+    cache = _fresh_cache(model)
+    if graphed:
+        refusal = graphed_prefill_refusal(model, input_ids.shape[1])
+        if refusal is not None:
+            raise LaquantError(f"no graphed prefill: {refusal}; prefill eagerly (graphed_prefill=False)")
+        graphs = prefill_graphs(model)
+        if graphs.failure is None and graphs.covers(cache, input_ids.shape[1]):
+            replayed = graphs(cache, input_ids)
+            if replayed is not None:
+                logits, cache = replayed
+                return logits[:, -1], cache
+    return _forward(model, input_ids, cache)
+
+
 def warm_up_outside_capture(fn, runs: int = 2) -> None:
     """Run ``fn`` ``runs`` times on a side stream: Triton compiles and autotunes its kernels there,
     before a CUDA graph captures them (the captures of laquant.generate, laquant.eval.ppl and
@@ -163,15 +211,16 @@ def warm_up_outside_capture(fn, runs: int = 2) -> None:
     torch.cuda.current_stream().wait_stream(stream)
 
 
-def capture_graph(fn):
-    """``fn`` captured as a CUDA graph: ``(graph, what fn returned)``. Where the capture fails, the
-    default CUDA generator's state is put back before the error propagates: torch leaves it in
+def capture_graph(fn, pool=None):
+    """``fn`` captured as a CUDA graph: ``(graph, what fn returned)``; ``pool``: a memory pool shared with other
+    captures (``torch.cuda.graph_pool_handle()``) for graphs that never run concurrently. Where the capture
+    fails, the default CUDA generator's state is put back before the error propagates: torch leaves it in
     capture mode after a failed capture, and every later random op on the device would then fail."""
     generator = torch.cuda.default_generators[torch.cuda.current_device()]
     saved = generator.clone_state()
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=pool):
             out = fn()
     except BaseException:
         generator.graphsafe_set_state(saved)
@@ -287,8 +336,9 @@ def _graph_for(model, prefill_cache, batch, steps, key, choose, eos) -> _DecodeG
 
 
 def release_graphs(model) -> None:
-    """Free the decode graphs (and their static caches) captured for ``model``."""
+    """Free the decode and prefill graphs (and their static tensors) captured for ``model``."""
     model.__dict__.pop("_laquant_decode_graphs", None)
+    model.__dict__.pop("_laquant_prefill_graphs", None)
 
 
 class DecodeSession:
@@ -298,7 +348,8 @@ class DecodeSession:
 
     def __init__(self, model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int | None = None, eos_token_id: int | None = None,
-                 graphed: bool | None = None, generator: torch.Generator | None = None):
+                 graphed: bool | None = None, generator: torch.Generator | None = None,
+                 graphed_prefill: bool = False):
         _check_args(model, input_ids, max_new_tokens, do_sample, temperature, top_k)
         device = next(model.parameters()).device
         if input_ids.device != device:
@@ -323,7 +374,7 @@ class DecodeSession:
         # the eager decode steps run the MoE experts as the graphed ones (the prefill as the model is set)
         self._experts = decode_experts_implementation(model, input_ids.shape[0]) if device.type == "cuda" else None
         with torch.no_grad():
-            logits, cache = _forward(model, input_ids, _fresh_cache(model))
+            logits, cache = prefill(model, input_ids, graphed_prefill)
             first = self._choose(logits)
             self.cache = cache
             self.made = 1
@@ -402,7 +453,8 @@ def trim_after_eos(new: torch.Tensor, eos: int | None) -> torch.Tensor:
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, eos_token_id: int | None = None,
              graphed: bool | None = None, generator: torch.Generator | None = None, draft_model=None,
-             num_draft_tokens: int = 4, verify_numerics: str = "decode") -> torch.Tensor:
+             num_draft_tokens: int = 4, verify_numerics: str = "decode", graphed_prefill: bool = False
+             ) -> torch.Tensor:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids [B, T]`` (unpadded prompts of one
     length); returns ``[B, T + n]``. ``graphed``: None graphs on CUDA (laquant's GLA, the hybrids) and decodes
     eagerly elsewhere (and where the model's decode step cannot be captured, or a ``generator`` is
@@ -412,8 +464,13 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: 
     or by prompt lookup with ``"ngram"`` (:mod:`laquant.serving.speculative`: each round one CUDA graph
     where the caches allow it, unless ``graphed=False``; the same tokens as without it; ``verify_numerics="prefill"``:
     faster verify steps with 8-bit states, the tokens up to near-ties, see
-    :func:`~laquant.serving.speculative.speculative_generate`)."""
+    :func:`~laquant.serving.speculative.speculative_generate`). ``graphed_prefill``: the prompt's prefill replays a
+    CUDA graph captured per token-count bucket and batch size (:func:`prefill`; laquant's GLA, Gated DeltaNet and
+    DeltaNet without softmax layers, on CUDA): a capture costs about two eager prefills, a replay its GPU time
+    alone, so it pays for prompts of one bucket served repeatedly (its first call is slower)."""
     if draft_model is not None:
+        if graphed_prefill:
+            raise LaquantError("graphed_prefill is not taken with a draft_model (its prefill runs eagerly)")
         if do_sample:
             raise LaquantError("speculative decoding (draft_model) is greedy only: drop do_sample / temperature")
         from laquant.serving.speculative import speculative_generate
@@ -421,8 +478,9 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: 
         return speculative_generate(model, draft_model, input_ids, max_new_tokens, num_draft_tokens, eos_token_id,
                                     graphed=graphed, verify_numerics=verify_numerics)
     return DecodeSession(model, input_ids, max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
-                         eos_token_id=eos_token_id, graphed=graphed, generator=generator).run()
+                         eos_token_id=eos_token_id, graphed=graphed, generator=generator,
+                         graphed_prefill=graphed_prefill).run()
 
 
-__all__ = ["DecodeSession", "capture_graph", "generate", "graphable_cache", "is_graphable", "pick_tokens", "release_graphs",
-           "static_cache", "static_forward", "trim_after_eos"]
+__all__ = ["DecodeSession", "capture_graph", "generate", "graphable_cache", "is_graphable", "pick_tokens", "prefill",
+           "release_graphs", "static_cache", "static_forward", "trim_after_eos"]

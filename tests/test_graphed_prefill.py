@@ -55,6 +55,82 @@ def _step(model, cache, tok):
 
 def test_buckets():
     assert [bucket_for(t) for t in (1, 2, 64, 65, 128, 129, 255)] == [64, 64, 64, 128, 128, 256, 256]
+    # multiples of 1,024 above it: a long prompt pads by less than a block of 1,024
+    assert [bucket_for(t) for t in (1000, 1024, 1025, 4096, 4097, 16384)] == [1024, 1024, 2048, 4096, 5120, 16384]
+
+
+def _eager_fresh(model, ids):
+    with torch.no_grad():
+        out = model(ids, use_cache=True, logits_to_keep=1)
+    return out.logits, out.cache
+
+
+def _assert_same_states(cache, ref_cache):
+    for a, b in zip(cache.states, ref_cache.states):
+        assert a.format == b.format and a.n_stores == b.n_stores == 1
+        if a.scale is None:
+            torch.testing.assert_close(a.data, b.data, atol=1e-5, rtol=1e-5)
+        else:  # the same stochastic store of float32 states equal up to summation order
+            # (rows of near-zero state, ~1e-11 scales, differ in relative terms more than the others)
+            torch.testing.assert_close(a.scale, b.scale, atol=1e-6 * b.scale.abs().max().item(), rtol=1e-5)
+            assert (a.data.int() - b.data.int()).abs().max() <= 1
+            assert (a.data != b.data).float().mean() < 1e-3
+    assert cache.conv.keys() == ref_cache.conv.keys()
+    for key, t in cache.conv.items():
+        torch.testing.assert_close(t, ref_cache.conv[key], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("state,kind,conv", [(None, "gla", False), ("int8_row", "gla", True),
+                                             ("int8_row", "gated_deltanet", True), (None, "delta_net", True)])
+def test_fresh_padded_replay_equals_the_eager_prefill(state, kind, conv):
+    """A prompt's prefill from an empty cache (laquant.generate's ``graphed_prefill``), padded to its bucket and
+    masked: the logits, the final states and short convs' inputs, the next decode step, batches of 1 and 2, the
+    static tensors reused by a shorter prompt after a longer one."""
+    from laquant.models.cache import GLAStateCache
+    from laquant.serving.graphed_prefill import GraphedPrefill
+
+    model = _model(state, kind, use_short_conv=conv)
+    graphs = GraphedPrefill(model, 4096, use_graph=False)
+    for B, T, seed in ((1, 100, 2), (1, 37, 3), (2, 64, 4), (1, 1, 5), (2, 70, 6)):
+        ids = torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(seed))
+        fresh = GLAStateCache(len(model.model.layers))
+        assert graphs.covers(fresh, T)
+        logits, cache = graphs(fresh, ids)
+        ref_logits, ref_cache = _eager_fresh(model, ids)
+        assert logits.shape == ref_logits.shape == (B, 1, VOCAB) and not logits.requires_grad
+        assert rel_err(logits, ref_logits) < 1e-5
+        assert cache.seen_tokens == ref_cache.seen_tokens == T and fresh.seen_tokens == 0  # the empty cache untouched
+        _assert_same_states(cache, ref_cache)
+        assert bool(cache.conv) == conv
+        if B == 1:
+            assert rel_err(_step(model, cache, 5), _step(model, ref_cache, 5)) < 1e-4
+    # one capture per bucket and batch size, a fresh layout
+    assert sorted(k[:3] for k in graphs.captures) == [(64, 1, "fresh"), (64, 2, "fresh"), (128, 1, "fresh"),
+                                                     (128, 2, "fresh")]
+
+
+def test_generate_prefill_refusals(monkeypatch):
+    """``laquant.generate``'s graphed prefill: refused with the reason (no CUDA here; softmax layers; a prompt past
+    the cap), the eager prefill unchanged without it."""
+    from laquant.errors import LaquantError
+    from laquant.generate import MAX_GRAPHED_PREFILL, generate, graphed_prefill_refusal, prefill
+
+    model = _model()
+    ids = _ids(20)[None]
+    with pytest.raises(LaquantError, match="CUDA graphs need a CUDA device"):
+        prefill(model, ids, graphed=True)
+    with pytest.raises(LaquantError, match="graphed_prefill"):
+        generate(model, ids, 3, graphed_prefill=True)
+    with pytest.raises(LaquantError, match="draft_model"):
+        generate(model, ids, 3, graphed_prefill=True, draft_model="ngram")
+    logits, cache = prefill(model, ids)
+    ref_logits, ref_cache = _eager_fresh(model, ids)
+    assert torch.equal(logits, ref_logits[:, -1]) and cache.seen_tokens == 20
+    hybrid = _model(attn={"layers": [1], "num_heads": 2})
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # the checks after the device's
+    assert graphed_prefill_refusal(model, 20) is None
+    assert "softmax attn layers" in graphed_prefill_refusal(hybrid, 20)
+    assert str(MAX_GRAPHED_PREFILL) in graphed_prefill_refusal(model, MAX_GRAPHED_PREFILL + 1)
 
 
 @pytest.mark.parametrize("state,kind,conv", [(None, "gla", False), ("int8_row", "gla", False),
@@ -77,17 +153,8 @@ def test_padded_replay_equals_the_eager_resumed_prefill(state, kind, conv):
         assert logits.shape == ref_logits.shape == (1, 1, VOCAB)
         assert not logits.requires_grad  # run without autograd, as the eager prefill (else no kernels)
         assert rel_err(logits, ref_logits) < 1e-5
-        for a, b in zip(cache.states, ref_cache.states):
-            assert a.format == b.format and a.n_stores == b.n_stores == 1
-            if state is None:
-                torch.testing.assert_close(a.data, b.data, atol=1e-5, rtol=1e-5)
-            else:  # the same stochastic store of float32 states equal up to summation order
-                torch.testing.assert_close(a.scale, b.scale, atol=0, rtol=1e-5)
-                assert (a.data.int() - b.data.int()).abs().max() <= 1
-                assert (a.data != b.data).float().mean() < 1e-3
-        assert cache.conv.keys() == ref_cache.conv.keys() and bool(cache.conv) == conv
-        for key, t in cache.conv.items():
-            torch.testing.assert_close(t, ref_cache.conv[key], atol=1e-6, rtol=1e-5)
+        _assert_same_states(cache, ref_cache)
+        assert bool(cache.conv) == conv
         assert rel_err(_step(model, cache, 5), _step(model, ref_cache, 5)) < 1e-4
     assert sorted(k[0] for k in graphed.graphed_prefill.captures) == [64, 128]  # one capture per bucket
 
@@ -155,6 +222,61 @@ def test_padded_replay_on_the_kernels(kind, monkeypatch):
     assert graphed.graphed_prefill.captures and rel_err(logits, ref_logits) < 1e-5
     for a, b in zip(cache.states, ref_cache.states):
         assert (a.data.int() - b.data.int()).abs().max() <= 1 and (a.data != b.data).float().mean() < 1e-3
+
+
+@pytest.mark.parametrize("kind", ["gla", "gated_deltanet"])
+def test_fresh_padded_replay_on_the_kernels(kind, monkeypatch):
+    """A fresh prompt's padded prefill through the mixers' Triton path, under Triton's CPU interpreter."""
+    if not INTERPRETED:
+        pytest.skip("CPU tensors through the kernels need Triton's interpreter (on CUDA: the gpu test below)")
+    require_triton_kernels()
+    import laquant.models.recurrent as recurrent
+    from laquant.models.cache import GLAStateCache
+    from laquant.serving.graphed_prefill import GraphedPrefill
+
+    monkeypatch.setattr(recurrent, "use_triton", lambda x, fmt=None: True)
+    model = _model("int8_row", kind)
+    ids = _ids(45, seed=2)[None]
+    logits, cache = GraphedPrefill(model, 4096, use_graph=False)(GLAStateCache(3), ids)
+    ref_logits, ref_cache = _eager_fresh(model, ids)
+    assert rel_err(logits, ref_logits) < 1e-5
+    _assert_same_states(cache, ref_cache)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", [None, "gla_int8_all"])
+@torch.no_grad()
+def test_gpu_graphed_fresh_prefill(recipe):
+    """On CUDA, captured: a prompt of exactly a bucket's length runs the eager prefill's kernels on the same shapes
+    (bit for bit), a shorter one is padded (close); generate's tokens with the graphed prefill equal the eager
+    prefill's at a bucket's length; the graphs are reused per bucket and batch size and released."""
+    import laquant
+    from laquant.generate import generate, prefill, prefill_graphs, release_graphs
+    from laquant.recipe import load_recipe
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = GLAForCausalLM(GLAConfig(hidden_size=256, num_hidden_layers=3, num_heads=2, vocab_size=4096,
+                                         use_short_conv=True))
+    model = model.to(torch.bfloat16).eval()
+    if recipe is not None:
+        laquant.calibrate(model, load_recipe(recipe), torch.randint(0, 4096, (4, 256), device="cuda"), progress=False)
+    for B, T in ((1, 128), (2, 128), (1, 100), (1, 128)):
+        ids = torch.randint(0, 4096, (B, T), device="cuda")
+        logits, cache = prefill(model, ids, graphed=True)
+        ref_logits, ref_cache = prefill(model, ids)
+        if T == 128:
+            assert torch.equal(logits, ref_logits), (B, T)
+            assert all(torch.equal(a.data, b.data) for a, b in zip(cache.states, ref_cache.states))
+        else:
+            assert rel_err(logits.float(), ref_logits.float()) < 2e-2
+            for a, b in zip(cache.states, ref_cache.states):
+                assert (a.data.float() - b.data.float()).abs().max() <= (1 if a.scale is not None else 2e-2)
+    assert sorted(k[:2] for k in prefill_graphs(model).captures) == [(128, 1), (128, 2)]
+    ids = torch.randint(0, 4096, (2, 128), device="cuda")
+    assert torch.equal(generate(model, ids, 12, graphed_prefill=True), generate(model, ids, 12))
+    release_graphs(model)
+    assert "_laquant_prefill_graphs" not in model.__dict__
 
 
 @pytest.mark.gpu

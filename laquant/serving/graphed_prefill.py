@@ -1,35 +1,46 @@
-"""A resumed prefill replayed as a CUDA graph: the follow-up request's time to first token.
+"""A prefill replayed as a CUDA graph: a request's time to first token.
 
-A follow-up request resumes from a cached snapshot and runs only its new tokens: tens to a few
-hundred. On a 24-layer model that eager prefill costs tens of milliseconds of Python and kernel
-launches for a few milliseconds of GPU work (``eval/results/serving_h100.md``), so the prefix cache
-saved little time. This module captures that prefill once per token-count bucket (64, 128, 256, ...)
-on static tensors and replays it:
+Two kinds of prefill replay here, both captured once per token-count bucket (64, 128, 256, 512, 1,024,
+then multiples of 1,024) and batch size on static tensors:
+
+* a **resumed** prefill (:mod:`laquant.serving.prefix_cache`): a follow-up request resumes from a
+  cached snapshot and runs only its new tokens, tens to a few hundred. On a 24-layer model that eager
+  prefill costs tens of milliseconds of Python and kernel launches for a few milliseconds of GPU work
+  (``eval/results/serving_h100.md``), so the prefix cache saved little time without it;
+* a **fresh** prefill, from an empty cache (:func:`laquant.generate.generate`'s ``graphed_prefill``,
+  ``laquant eval speed``'s e2e suite): an eager 4,096-token prefill of a 1.37B GLA is bound by the host's
+  Python and launches, not by its ~17 ms of GPU work (``eval/results/fast_launch_h200/``).
+
+How:
 
 * the request's tokens are padded to the bucket; the padding is made a no-op for the state by the
   cache's ``token_mask`` (zero keys and zero log-decays: the recurrent mixers multiply them by it, so
   neither GLA's update nor the delta rule's moves the state), and the outputs of the padded positions
   are never read (causal: they cannot change the real ones);
-* the snapshot is copied into the graph's static input states; a resumed prefill's final store is
-  always its store 1 (a restored snapshot counts as store 0), so the store count and the cache's seed
-  that the kernels take as launch arguments are the same at every replay;
+* a resumed prefill's snapshot is copied into the graph's static input states; its final store is
+  always its store 1 (a restored snapshot counts as store 0), and a fresh prefill's is its first, so the
+  store count and the cache's seed that the kernels take as launch arguments are the same at every
+  replay;
 * the next-token logits are those of the last real position (a gather by a static index, then
   ``lm_head`` on that one row); the final states are copied out of the graph's memory into a fresh
-  cache that continues the sequence.
+  cache that continues the sequence. The captures of one :class:`GraphedPrefill` share one memory pool.
 
 What it covers: laquant's own models on CUDA (GLA, Gated DeltaNet, DeltaNet), with or without short
 convs (the kept inputs are those that end at the last real token), recurrent layers only (no softmax
 ``attn`` layers, whose keys and values grow), no round trip of the state inside the prefill
-(``prefill_roundtrip``), requests that resume from a snapshot and add fewer tokens than a block (so no
-new snapshot is due). Anything else runs
-eagerly, as before. Numerics: the eager resumed prefill's up to rounding: the padding lengthens the
-GEMMs' M (a bf16 GEMM may then take other tiles; the int8 ones are exact) and the chunk kernels' last
-chunk holds zeros where the eager call masks its loads out.
+(``prefill_roundtrip``); resumed requests that add fewer tokens than a block (so no new snapshot is
+due). Anything else runs eagerly, as before. Numerics: the eager prefill's up to rounding: the
+padding lengthens the GEMMs' M (a bf16 GEMM may then take other tiles; the int8 ones are exact) and
+the chunk kernels' last chunk holds zeros where the eager call masks its loads out. A fresh prompt of
+exactly a bucket's length runs the eager prefill's kernels on the same shapes (its mask all ones).
+A capture costs about two eager prefills of the bucket (a warm-up, then the capture): it pays from the
+third prompt of a bucket on.
 """
 
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import torch
 
@@ -37,10 +48,15 @@ from laquant.kernels.common.state import State
 from laquant.models.cache import GLAStateCache, state_layout
 
 MIN_BUCKET = 64
+# above this, buckets are its multiples (a 4,100-token prompt pads to 5,120 tokens, not 8,192)
+LINEAR_BUCKETS_FROM = 1024
 
 
 def bucket_for(tokens: int) -> int:
-    """The token-count bucket a request of ``tokens`` new tokens is padded to (a power of two >= 64)."""
+    """The token-count bucket a request of ``tokens`` new tokens is padded to: a power of two >= 64 up
+    to 1,024, then a multiple of 1,024."""
+    if tokens > LINEAR_BUCKETS_FROM:
+        return -(-tokens // LINEAR_BUCKETS_FROM) * LINEAR_BUCKETS_FROM
     return max(MIN_BUCKET, 1 << max(0, tokens - 1).bit_length())
 
 
@@ -65,8 +81,18 @@ def graphs_on_this_device(model) -> bool:
     return next(model.parameters()).is_cuda and model_graphable(model)
 
 
+def is_fresh(cache) -> bool:
+    """Whether ``cache`` is an empty :class:`GLAStateCache` (no state, no conv input, nothing seen or pending)."""
+    return (isinstance(cache, GLAStateCache) and cache.seen_tokens == 0 and not cache.kv and not cache.conv
+            and all(s is None for s in cache.states) and cache.pending is None and cache.checkpoints is None
+            and cache.token_mask is None and not cache.static)
+
+
 def graphable(model, cache: GLAStateCache) -> bool:
-    """Whether a resumed prefill of ``model`` from ``cache`` (restored from a snapshot) can be replayed."""
+    """Whether a prefill of ``model`` from ``cache`` can be replayed: ``cache`` empty (a fresh prefill) or
+    restored from a snapshot (a resumed one)."""
+    if is_fresh(cache):
+        return model_graphable(model)
     if not isinstance(cache, GLAStateCache) or cache.kv:
         return False
     if any(s is None for s in cache.states) or {s.n_stores for s in cache.states} != {0}:
@@ -77,29 +103,34 @@ def graphable(model, cache: GLAStateCache) -> bool:
 class _Capture:
     """One bucket's static tensors and its captured prefill (``graph`` None: each replay re-runs
     the prefill eagerly on the same tensors, which is how the CPU tests exercise everything but
-    the capture itself)."""
+    the capture itself). ``layout``: the restored cache a resumed prefill starts from, or an empty one."""
 
-    def __init__(self, model, layout: GLAStateCache, bucket: int, use_graph: bool):
-        self.model, self.bucket = model, bucket
-        device = layout.states[0].data.device
-        self.ids = torch.zeros(1, bucket, dtype=torch.long, device=device)
-        self.mask = torch.zeros(1, bucket, dtype=torch.float32, device=device)
+    def __init__(self, model, layout: GLAStateCache, bucket: int, batch: int, use_graph: bool, pool=None):
+        self._model, self.bucket = weakref.ref(model), bucket  # a model may hold its captures: no cycle
+        device = next(model.parameters()).device
+        self.ids = torch.zeros(batch, bucket, dtype=torch.long, device=device)
+        self.mask = torch.zeros(batch, bucket, dtype=torch.float32, device=device)
         self.last = torch.zeros(1, dtype=torch.long, device=device)
-        self.seed = layout.seed
-        self.inputs = [State(s.data.clone(), None if s.scale is None else s.scale.clone(), s.format, 0)
-                       for s in layout.states]
+        self.seed, self.layers = layout.seed, len(layout.states)
+        self.inputs = None if is_fresh(layout) else [
+            State(s.data.clone(), None if s.scale is None else s.scale.clone(), s.format, 0) for s in layout.states]
         self.conv_inputs = {key: t.clone() for key, t in layout.conv.items()}  # short convs' last inputs
         self.graph = None
         if use_graph:
             from laquant.generate import capture_graph, warm_up_outside_capture
 
             warm_up_outside_capture(self._run)
-            self.graph, (self.logits, self.outputs) = capture_graph(self._run)
+            self.graph, (self.logits, self.outputs) = capture_graph(self._run, pool)
+
+    @property
+    def model(self):
+        return self._model()
 
     @torch.no_grad()  # as the eager prefill: with gradients on, the model would take its reference ops
     def _run(self):
-        cache = GLAStateCache(len(self.inputs), self.seed)
-        cache.states = list(self.inputs)  # read in place; the mixers put their new states beside them
+        cache = GLAStateCache(self.layers, self.seed)
+        if self.inputs is not None:
+            cache.states = list(self.inputs)  # read in place; the mixers put their new states beside them
         cache.conv = dict(self.conv_inputs)
         cache.token_mask = self.mask
         hidden = self.model.model(self.ids, cache)
@@ -107,9 +138,9 @@ class _Capture:
         return logits, (cache.states, cache.conv)
 
     def replay(self, restored: GLAStateCache, suffix: torch.Tensor):
-        """``(logits [1, 1, vocab], cache)`` of ``suffix`` (``[1, T]``, T <= bucket) after ``restored``."""
+        """``(logits [B, 1, vocab], cache)`` of ``suffix`` (``[B, T]``, T <= bucket) after ``restored``."""
         T = suffix.shape[1]
-        for mine, theirs in zip(self.inputs, restored.states):
+        for mine, theirs in zip(self.inputs or (), restored.states):
             mine.data.copy_(theirs.data)
             if mine.scale is not None:
                 mine.scale.copy_(theirs.scale)
@@ -134,36 +165,49 @@ class _Capture:
 
 
 class GraphedPrefill:
-    """Resumed prefills of ``model`` replayed per token-count bucket (captured on first use, for
-    each state layout and seed); ``use_graph`` False re-runs them eagerly on the same static
-    tensors (CPU, tests)."""
+    """Prefills of ``model`` replayed per token-count bucket and batch size (captured on first use, for
+    each state layout and seed), of at most ``max_tokens`` tokens; ``use_graph`` False re-runs them
+    eagerly on the same static tensors (CPU, tests)."""
 
     def __init__(self, model, max_tokens: int, use_graph: bool = True):
-        self.model, self.max_tokens, self.use_graph = model, max_tokens, use_graph
+        self._model, self.max_tokens, self.use_graph = weakref.ref(model), max_tokens, use_graph
         self.captures: dict = {}
         self.failure: str | None = None  # why a capture failed; then every prefill runs eagerly
+        self.pool = None  # the captures' shared memory pool (made at the first capture)
+
+    @property
+    def model(self):
+        return self._model()
 
     def covers(self, cache: GLAStateCache, tokens: int) -> bool:
-        """Whether a resumed prefill of ``tokens`` new tokens from ``cache`` replays here (one new
-        token takes the decode kernel, whose stores are keyed differently: it stays eager)."""
-        return (self.failure is None and 1 < tokens <= self.max_tokens and graphable(self.model, cache)
-                and (cache.states[0].data.is_cuda or not self.use_graph))
+        """Whether a prefill of ``tokens`` tokens from ``cache`` replays here: from an empty cache, or a
+        resumed one of several tokens (one new token takes the decode kernel, whose stores are keyed
+        differently: it stays eager)."""
+        fresh = is_fresh(cache)
+        return (self.failure is None and (1 if fresh else 2) <= tokens <= self.max_tokens
+                and graphable(self.model, cache)
+                and (next(self.model.parameters()).is_cuda or not self.use_graph))
 
     def __call__(self, restored: GLAStateCache, suffix: torch.Tensor):
-        """``(logits, cache)`` of ``suffix`` after ``restored``, or None where the bucket's prefill
-        could not be captured (the reason in :attr:`failure`, warned once): the caller runs it eagerly."""
+        """``(logits [B, 1, vocab], cache)`` of ``suffix [B, T]`` after ``restored`` (restored from a
+        snapshot, or empty), or None where the bucket's prefill could not be captured (the reason in
+        :attr:`failure`, warned once): the caller runs it eagerly."""
         bucket = bucket_for(suffix.shape[1])
-        layout = state_layout(restored.states)
+        layout = "fresh" if is_fresh(restored) else state_layout(restored.states)
         convs = tuple(sorted((key, tuple(t.shape), t.dtype) for key, t in restored.conv.items()))
-        key = (bucket, layout, convs, restored.seed)
+        key = (bucket, suffix.shape[0], layout, convs, restored.seed)
         capture = self.captures.get(key)
         if capture is None:
+            if self.use_graph and self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
             try:
-                capture = _Capture(self.model, restored, bucket, self.use_graph)
+                # normal tensors even under torch.inference_mode: later replays copy into them in place
+                with torch.inference_mode(False):
+                    capture = _Capture(self.model, restored, bucket, suffix.shape[0], self.use_graph, self.pool)
             except RuntimeError as exc:  # an op the capture refuses: slower, never wrong, so run eagerly
                 self.failure = f"{type(exc).__name__}: {exc}"
-                warnings.warn(f"laquant: a resumed prefill could not be captured as a CUDA graph ({self.failure}); "
-                              "prefills of this prefix cache run eagerly", stacklevel=3)
+                warnings.warn(f"laquant: a prefill could not be captured as a CUDA graph ({self.failure}); "
+                              "these prefills run eagerly", stacklevel=3)
                 return None
             self.captures[key] = capture
         return capture.replay(restored, suffix)
