@@ -5,7 +5,7 @@
 #   run: bash tools/device_kernels.sh 560 device_graphed_prefill_job.sh   (poll with the same line until JOB DONE)
 set -u
 . tools/device_job_env.sh "$@"
-timeout 240 python3 -m pytest -q -rfs --tb=short tests/test_graphed_prefill.py tests/test_generate.py -k "gpu" \
+timeout 240 python3 -m pytest -q -rfs --tb=short tests/test_graphed_prefill.py tests/test_generate.py -m gpu \
   > "$W/gpu_tests.log" 2>&1
 log "gpu tests rc $?"
 E2E_BATCHES="1 64" bash tools/device_gla_e2e.sh "$W"
