@@ -202,10 +202,16 @@ def test_prefill_equals_the_token_by_token_recurrence_under_strong_decay():
     assert rel_err(o, o_ref) < 2e-5 and rel_err(final.load(), s_ref) < 2e-5
 
 
-@pytest.mark.parametrize("block_t,block_v", [(16, 16), (64, None)])
+@pytest.mark.parametrize("block_t,block_v", [(16, 16), (32, None)])
 def test_launch_parameters_do_not_change_the_result(block_t, block_v):
     _run_chunk(_inputs(1, 90, 1, 1, 16, 32, seed=7), 2e-5, output_final_state=True, use_qk_l2norm=True,
                block_t=block_t, block_v=block_v)
+
+
+def test_chunks_of_64_are_refused():
+    """Chunks of 64 computed outputs off by up to 3% on an H200 (Triton 3.6) in the case above: refused, named."""
+    with pytest.raises(ValueError, match="chunks of 16 or 32 tokens; got block_t=64"):
+        chunk_kda_triton(*_inputs(1, 90, 1, 1, 16, 32, seed=7), use_qk_l2norm=True, block_t=64)
 
 
 @pytest.mark.parametrize("in_fmt,out_fmt", [("bf16", "fp8_row"), ("fp8_row", "int8_row"), ("int8_row", "fp32")])
@@ -221,7 +227,7 @@ def test_state_roundtrip_every_64_tokens(fmt, renorm):
     quant = StateQuantizer(fmt, renorm, static)
     args = _inputs(1, 100, 1, 2, 16, 16, seed=9)
     o, _ = _run_chunk(args, _tol(torch.float32, fmt), output_final_state=True, roundtrip=quant, use_qk_l2norm=True,
-                      block_t=64)
+                      block_t=32)
     exact, _ = chunk_kda_reference(*args, use_qk_l2norm=True)
     assert rel_err(o, exact) > 1e-6  # the round trips did happen
 

@@ -41,7 +41,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--shapes", default="1x1024,64x1024,4x16384,1x65536")
-    ap.add_argument("--block-t", default="16,32,64", help="chunk sizes to time")
+    ap.add_argument("--block-t", default="16,32", help="chunk sizes to time (KDA takes 16 or 32)")
     ap.add_argument("--no-fla", action="store_true", help="leave fla out (its first calls autotune for minutes)")
     args = ap.parse_args()
     try:

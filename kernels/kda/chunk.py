@@ -119,6 +119,13 @@ if triton is not None:
             tl.store(u_ptr + tok[:, None] * V + offs_v[None, :], u.to(u_ptr.dtype.element_ty), mask=mtv)
 
 
+# the chunk sizes chunk_kda_triton runs. Chunks of 64 (which the delta rule's walk takes) computed outputs off by
+# 4e-4 to 3e-2 (relative) on an H200 with Triton 3.6 at K = 16, V = 32, one head, 64-200 tokens, their intra-chunk
+# kernel alone matching its reference at K = 24, V = 20 (tests/test_kda_kernels.py); 16 and 32 agreed to 4e-7.
+# Not found which piece computes them wrong; chunks of 64 measured several times slower anyway (intra_sub_block).
+BLOCK_TS = (16, 32)
+
+
 def intra_sub_block(block_t: int) -> int:
     """Rows of the intra-chunk kernel's sub-blocks: pairs inside one cost an exponential tile per diagonal,
     each sub-block below the first a row extraction, an exponential tile and two matrix products (64 x 1,024
@@ -178,6 +185,10 @@ def chunk_kda_triton(q, k, v, g, beta, scale: float | None = None, initial_state
     Returns ``(o, final_state or None)``."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use chunk_kda_reference")
+    if block_t not in BLOCK_TS:
+        raise ValueError(f"KDA's chunked prefill takes chunks of {' or '.join(map(str, BLOCK_TS))} tokens; got "
+                         f"block_t={block_t} (chunks of 64 gave outputs off by up to 3% on an H200 with Triton 3.6, "
+                         "eval/results/refactor_families_h200/)")
     B, T, Hk, K = q.shape
     H = v.shape[2]
     if (k.shape != q.shape or v.shape[:2] != q.shape[:2] or H % Hk or g.shape != (*v.shape[:3], K)
