@@ -191,7 +191,7 @@ def prefill(model, input_ids: torch.Tensor, graphed: bool = False):
         if refusal is not None:
             raise LaquantError(f"no graphed prefill: {refusal}; prefill eagerly (graphed_prefill=False)")
         graphs = prefill_graphs(model)
-        if graphs.failure is None and graphs.covers(cache, input_ids.shape[1]):
+        if graphs.covers(cache, input_ids.shape[1]):  # not where a capture failed before
             replayed = graphs(cache, input_ids)
             if replayed is not None:
                 logits, cache = replayed
@@ -213,7 +213,8 @@ def warm_up_outside_capture(fn, runs: int = 2) -> None:
 
 def capture_graph(fn, pool=None):
     """``fn`` captured as a CUDA graph: ``(graph, what fn returned)``; ``pool``: a memory pool shared with other
-    captures (``torch.cuda.graph_pool_handle()``) for graphs that never run concurrently. Where the capture
+    captures (``torch.cuda.graph_pool_handle()``), for graphs that never run concurrently and whose outputs are read
+    before another one replays (one may reuse another's memory). Where the capture
     fails, the default CUDA generator's state is put back before the error propagates: torch leaves it in
     capture mode after a failed capture, and every later random op on the device would then fail."""
     generator = torch.cuda.default_generators[torch.cuda.current_device()]
@@ -344,7 +345,8 @@ def release_graphs(model) -> None:
 class DecodeSession:
     """A prompt prefilled and ready to decode: :meth:`step` makes one token per sequence (one
     ``graph.replay()`` when graphed), :meth:`tokens` returns what was generated. :func:`generate`
-    and ``laquant eval speed`` both decode through it."""
+    and ``laquant eval speed`` both decode through it. ``graphed_prefill``: the prompt's prefill replayed as a CUDA
+    graph (:func:`prefill`)."""
 
     def __init__(self, model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int | None = None, eos_token_id: int | None = None,

@@ -198,7 +198,7 @@ class GraphedPrefill:
         key = (bucket, suffix.shape[0], layout, convs, restored.seed)
         capture = self.captures.get(key)
         if capture is None:
-            if self.use_graph and self.pool is None:
+            if self.use_graph and self.pool is None:  # safe: one replay's outputs are copied out before the next
                 self.pool = torch.cuda.graph_pool_handle()
             try:
                 # normal tensors even under torch.inference_mode: later replays copy into them in place
