@@ -159,6 +159,20 @@ def test_padded_replay_equals_the_eager_resumed_prefill(state, kind, conv):
     assert sorted(k[0] for k in graphed.graphed_prefill.captures) == [64, 128]  # one capture per bucket
 
 
+def test_a_short_miss_replays_too():
+    """A prompt shorter than a block, not cached: no snapshot is due, so the pool replays its whole prefill from an
+    empty cache (one capture of the fresh layout), with the eager pool's logits and states."""
+    model = _model("int8_row", use_short_conv=True)
+    eager, graphed = _pools(model, use_graph=False)
+    ids = _ids(50, seed=3)
+    ref_logits, ref_cache, hit = eager.prefill(ids)
+    logits, cache, hit_g = graphed.prefill(ids)
+    assert hit == hit_g == 0 and len(graphed) == len(eager) == 0
+    assert [k[2] for k in graphed.graphed_prefill.captures] == ["fresh"]
+    assert rel_err(logits, ref_logits) < 1e-5 and cache.seen_tokens == 50
+    _assert_same_states(cache, ref_cache)
+
+
 def test_what_stays_eager():
     model = _model()
     prefix = _ids(BLOCK)

@@ -124,8 +124,9 @@ class PrefixStateCache:
     """Snapshots of ``model``'s state every ``block_size`` tokens (a multiple of 64), at most
     ``budget_bytes`` of them (LRU). ``state_format`` / ``rounding``: how snapshots are stored (None:
     each layer's own state format, and its rounding for the scaled formats). ``seed`` is the seed of
-    every cache this makes (stochastic rounding's random bits). ``graphed``: replay short resumed
-    prefills as CUDA graphs (:mod:`laquant.serving.graphed_prefill`); None (the default) does so
+    every cache this makes (stochastic rounding's random bits). ``graphed``: replay prefills that add fewer
+    tokens than a block (a hit's, or a whole short prompt's) as CUDA graphs
+    (:mod:`laquant.serving.graphed_prefill`); None (the default) does so
     where it covers the model (laquant's own recurrent models on CUDA), False never."""
 
     def __init__(self, model, block_size: int = 256, budget_bytes: int = 1 << 30, state_format: str | None = None,
@@ -147,7 +148,7 @@ class PrefixStateCache:
         except ValueError as exc:
             raise LaquantError(str(exc)) from None
         self.model, self.block_size, self.budget_bytes = model, block_size, budget_bytes
-        # graphed: a hit that adds fewer tokens than a block replays its prefill as a CUDA graph
+        # graphed: a prefill that adds fewer tokens than a block replays as a CUDA graph
         # where laquant.serving.graphed_prefill covers the model (else it runs eagerly)
         self.graphed_prefill = None
         from laquant.serving.graphed_prefill import GraphedPrefill, graphs_on_this_device
@@ -258,8 +259,8 @@ class PrefixStateCache:
         device = next(self.model.parameters()).device
         suffix = tokens[hit.tokens:].to(device)[None]
         graphs = self.graphed_prefill
-        if graphs is not None and hit.tokens and logits_to_keep == 1 and graphs.covers(cache, suffix.shape[1]):
-            replayed = graphs(cache, suffix)  # fewer new tokens than a block: no snapshot is due
+        if graphs is not None and logits_to_keep == 1 and graphs.covers(cache, suffix.shape[1]):
+            replayed = graphs(cache, suffix)  # fewer new tokens than a block (a hit's or a short prompt's): no snapshot
             if replayed is not None:
                 return (*replayed, hit.tokens)
         store = state_store(cache)
