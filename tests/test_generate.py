@@ -331,6 +331,23 @@ def test_graphed_loop_equals_the_eager_loop(recipe, renorm):
 
 @pytest.mark.gpu
 @torch.no_grad()
+def test_a_moved_model_is_captured_again():
+    """A model moved after its decode step was captured (to the CPU and back: every weight in new storage): the next
+    call captures again (keyed by ``weights_key``) and decodes as the eager loop does."""
+    from laquant.generate import weights_key
+
+    model = _gpu_model("gla_int8_all")
+    ids = torch.randint(1, 4096, (2, 17), device="cuda")
+    generate(model, ids, 8)
+    before = weights_key(model)
+    model.cpu().cuda()
+    assert weights_key(model) != before
+    assert torch.equal(generate(model, ids, 8), generate(model, ids, 8, graphed=False))
+    assert len(model.__dict__["_laquant_decode_graphs"]) == 2
+
+
+@pytest.mark.gpu
+@torch.no_grad()
 def test_graphed_sampling_runs():
     model = _gpu_model()
     ids = torch.randint(1, 4096, (4, 8), device="cuda")

@@ -109,6 +109,25 @@ def test_fresh_padded_replay_equals_the_eager_prefill(state, kind, conv):
                                                      (128, 2, "fresh")]
 
 
+def test_a_moved_or_cast_model_is_captured_again():
+    """The captures are keyed by where the weights live: after ``model.double()`` (every parameter in new storage) a
+    prefill captures its bucket again instead of replaying a graph on the old addresses."""
+    from laquant.generate import weights_key
+    from laquant.models.cache import GLAStateCache
+    from laquant.serving.graphed_prefill import GraphedPrefill
+
+    model = _model()
+    graphs = GraphedPrefill(model, 4096, use_graph=False)
+    ids = _ids(30)[None]
+    graphs(GLAStateCache(3), ids)
+    before = weights_key(model)
+    model.double()
+    assert weights_key(model) != before
+    logits, _ = graphs(GLAStateCache(3), ids)
+    assert len(graphs.captures) == 2 and logits.dtype == torch.float64
+    assert rel_err(logits, _eager_fresh(model, ids)[0]) < 1e-10
+
+
 def test_generate_prefill_refusals(monkeypatch):
     """``laquant.generate``'s graphed prefill: refused with the reason (no CUDA here; softmax layers; a prompt past
     the cap), the eager prefill unchanged without it."""

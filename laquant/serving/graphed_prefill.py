@@ -195,7 +195,9 @@ class GraphedPrefill:
         bucket = bucket_for(suffix.shape[1])
         layout = "fresh" if is_fresh(restored) else state_layout(restored.states)
         convs = tuple(sorted((key, tuple(t.shape), t.dtype) for key, t in restored.conv.items()))
-        key = (bucket, suffix.shape[0], layout, convs, restored.seed)
+        from laquant.generate import weights_key
+
+        key = (bucket, suffix.shape[0], layout, convs, restored.seed, weights_key(self.model))
         capture = self.captures.get(key)
         if capture is None:
             if self.use_graph and self.pool is None:  # safe: one replay's outputs are copied out before the next

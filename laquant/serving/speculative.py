@@ -275,16 +275,16 @@ def _round_graph_for(model, draft_model, target_cache, draft_cache, k: int, eos:
     first use (or for more tokens than the last capture's history holds, or, n-gram drafts, a longer
     ``context`` than its buffer holds); kept with the target's decode graphs
     (:func:`laquant.generate.release_graphs` frees both)."""
-    from laquant.generate import _NotInPlace, _state_tensors, kv_room
+    from laquant.generate import _NotInPlace, _state_tensors, kv_room, weights_key
     from laquant.models.cache import state_layout
 
     graphs = model.__dict__.setdefault("_laquant_decode_graphs", {})
     capacity = max(256, 1 << (max_new_tokens - 1).bit_length())
     ngram = isinstance(draft_model, NgramDraft)
     drafter = ((draft_model,) if ngram else
-               (id(draft_model), draft_cache.seed, state_layout(_state_tensors(draft_cache))))
+               (id(draft_model), weights_key(draft_model), draft_cache.seed, state_layout(_state_tensors(draft_cache))))
     key = ("speculative", *drafter, target_cache.states[0].data.shape[0], k, eos, target_cache.seed, numerics,
-           state_layout(_state_tensors(target_cache)))
+           state_layout(_state_tensors(target_cache)), weights_key(model))
     # an n-gram draft's context holds the prompt, the tokens made and a round's overshoot (rounded up to 1,024
     # when captured, for later prompts)
     need = context.shape[1] + max_new_tokens + k + 1 if ngram else 0
