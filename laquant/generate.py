@@ -172,9 +172,10 @@ def graphed_prefill_refusal(model, tokens: int) -> str | None:
     if not next(model.parameters()).is_cuda:
         return "CUDA graphs need a CUDA device"
     if not model_graphable(model):
-        return (f"a graphed prefill covers laquant's GLA, Gated DeltaNet and DeltaNet with recurrent layers only and "
-                f"no state round trip inside the prefill; this is {type(model).__name__}"
-                + (" with softmax attn layers or prefill_roundtrip" if hasattr(model, "new_cache") else ""))
+        return (f"a graphed prefill covers laquant's GLA, Gated DeltaNet and DeltaNet with recurrent layers only, no "
+                f"state round trip inside the prefill and no per-tensor activation scales; this is "
+                f"{type(model).__name__}" + (" with softmax attn layers, prefill_roundtrip or per-tensor activations"
+                                             if hasattr(model, "new_cache") else ""))
     if tokens > MAX_GRAPHED_PREFILL:
         return f"the prompt has {tokens} tokens, more than the {MAX_GRAPHED_PREFILL} a graphed prefill captures"
     return None
@@ -186,17 +187,18 @@ def prefill(model, input_ids: torch.Tensor, graphed: bool = False):
     prompt padded to the bucket, its padding masked out of the state), captured on first use; eagerly where
     that capture failed (warned once). Raises where the model or prompt is not covered."""
     cache = _fresh_cache(model)
-    if graphed:
-        refusal = graphed_prefill_refusal(model, input_ids.shape[1])
-        if refusal is not None:
-            raise LaquantError(f"no graphed prefill: {refusal}; prefill eagerly (graphed_prefill=False)")
-        graphs = prefill_graphs(model)
-        if graphs.covers(cache, input_ids.shape[1]):  # not where a capture failed before
-            replayed = graphs(cache, input_ids)
-            if replayed is not None:
-                logits, cache = replayed
-                return logits[:, -1], cache
-    return _forward(model, input_ids, cache)
+    with torch.no_grad():  # as the replay: with gradients on, the model would take its reference ops
+        if graphed:
+            refusal = graphed_prefill_refusal(model, input_ids.shape[1])
+            if refusal is not None:
+                raise LaquantError(f"no graphed prefill: {refusal}; prefill eagerly (graphed_prefill=False)")
+            graphs = prefill_graphs(model)
+            if graphs.failure is None:  # else a capture failed before (warned then): eagerly
+                replayed = graphs(cache, input_ids)
+                if replayed is not None:
+                    logits, cache = replayed
+                    return logits[:, -1], cache
+        return _forward(model, input_ids, cache)
 
 
 def warm_up_outside_capture(fn, runs: int = 2) -> None:
@@ -352,6 +354,16 @@ def release_graphs(model) -> None:
     model.__dict__.pop("_laquant_prefill_graphs", None)
 
 
+def release_all_graphs(model) -> None:
+    """:func:`release_graphs` and the decode-step graphs of transformers' ``generate``
+    (:func:`laquant.models.graphed_step.release_step_graphs`): for a model whose modules or weights are replaced
+    (quantized in place, moved, cast), which a captured graph would otherwise read at their old addresses."""
+    from laquant.models.graphed_step import release_step_graphs
+
+    release_graphs(model)
+    release_step_graphs(model)
+
+
 class DecodeSession:
     """A prompt prefilled and ready to decode: :meth:`step` makes one token per sequence (one
     ``graph.replay()`` when graphed), :meth:`tokens` returns what was generated. :func:`generate`
@@ -478,7 +490,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: 
     faster verify steps with 8-bit states, the tokens up to near-ties, see
     :func:`~laquant.serving.speculative.speculative_generate`). ``graphed_prefill``: the prompt's prefill replays a
     CUDA graph captured per token-count bucket and batch size (:func:`prefill`; laquant's GLA, Gated DeltaNet and
-    DeltaNet without softmax layers, on CUDA): a capture costs about two eager prefills, a replay its GPU time
+    DeltaNet without softmax layers, on CUDA): a capture costs about three eager prefills, a replay its GPU time
     alone, so it pays for prompts of one bucket served repeatedly (its first call is slower)."""
     if draft_model is not None:
         if graphed_prefill:
@@ -495,4 +507,4 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: 
 
 
 __all__ = ["DecodeSession", "capture_graph", "generate", "graphable_cache", "is_graphable", "pick_tokens", "prefill",
-           "release_graphs", "static_cache", "static_forward", "trim_after_eos"]
+           "release_all_graphs", "release_graphs", "static_cache", "static_forward", "trim_after_eos"]

@@ -194,6 +194,9 @@ def handler_for(decision):
 def _rewrite(adapter, decisions: Decisions | dict, build, only=None) -> None:
     if not isinstance(decisions, Decisions):
         decisions = Decisions.from_dict(decisions)
+    from laquant.generate import release_all_graphs
+
+    release_all_graphs(adapter.model)  # captured graphs read the modules being replaced
     for name, decision in decisions.every_module():
         if only is not None and not only(name):
             continue

@@ -128,6 +128,32 @@ def test_a_moved_or_cast_model_is_captured_again():
     assert rel_err(logits, _eager_fresh(model, ids)[0]) < 1e-10
 
 
+def test_graphs_are_released_when_the_model_changes():
+    """Moving or casting a model (``nn.Module._apply``) and quantizing it in place release its captured graphs (they
+    would read the old weights' addresses); per-tensor activation scales (one scale over the padded call) make
+    the model not graphable."""
+    import laquant
+    from laquant.generate import prefill_graphs
+    from laquant.quant.modules import QuantLinear
+    from laquant.serving.graphed_prefill import model_graphable
+
+    model = _model()
+    prefill_graphs(model)
+    model.double()
+    assert "_laquant_prefill_graphs" not in model.__dict__
+    model.float()
+    prefill_graphs(model)
+    model.__dict__["_laquant_decode_graphs"] = {}
+    laquant.calibrate(model, "gla_int8", torch.randint(0, VOCAB, (2, 64)), progress=False)
+    assert not {"_laquant_prefill_graphs", "_laquant_decode_graphs"} & model.__dict__.keys()
+    assert model_graphable(model)
+    mlp = model.model.layers[0].mlp
+    mlp.down_proj = QuantLinear.from_linear(torch.nn.Linear(mlp.down_proj.in_features, mlp.down_proj.out_features,
+                                                            bias=False), torch.tensor([], dtype=torch.long),
+                                            act_granularity="per_tensor")
+    assert not model_graphable(model)
+
+
 def test_generate_prefill_refusals(monkeypatch):
     """``laquant.generate``'s graphed prefill: refused with the reason (no CUDA here; softmax layers; a prompt past
     the cap), the eager prefill unchanged without it."""

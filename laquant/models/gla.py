@@ -370,6 +370,13 @@ class GLAPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["GLABlock"]
     _is_stateful = True
 
+    def _apply(self, fn, recurse=True):
+        # moved or cast (to(), cuda(), half(), ...): the weights get new storage, which captured graphs would not read
+        from laquant.generate import release_all_graphs
+
+        release_all_graphs(self)
+        return super()._apply(fn, recurse)
+
     def _init_weights(self, module: nn.Module):
         std = self.config.initializer_range
         if isinstance(module, nn.Linear):

@@ -33,8 +33,8 @@ due). Anything else runs eagerly, as before. Numerics: the eager prefill's up to
 padding lengthens the GEMMs' M (a bf16 GEMM may then take other tiles; the int8 ones are exact) and
 the chunk kernels' last chunk holds zeros where the eager call masks its loads out. A fresh prompt of
 exactly a bucket's length runs the eager prefill's kernels on the same shapes (its mask all ones).
-A capture costs about two eager prefills of the bucket (a warm-up, then the capture): it pays from the
-third prompt of a bucket on.
+A capture costs about three eager prefills of the bucket (two warm-ups, then the capture): it pays from
+the fourth prompt of a bucket on.
 """
 
 from __future__ import annotations
@@ -61,22 +61,37 @@ def bucket_for(tokens: int) -> int:
 
 
 def model_graphable(model) -> bool:
-    """Whether ``model``'s resumed prefills can be replayed: laquant's GLA with recurrent layers only
-    (no softmax ``attn`` layers, whose keys and values grow) and no state round trip inside the prefill."""
+    """Whether ``model``'s prefills can be replayed padded: laquant's GLA with recurrent layers only
+    (no softmax ``attn`` layers, whose keys and values grow), no state round trip inside the prefill, and
+    no quantized linear with per-tensor activations (one scale over every token of the call: the padding's
+    tokens would move the real ones')."""
     from laquant.models import GLAForCausalLM
     from laquant.models.delta_net import DeltaNet
     from laquant.models.gated_deltanet import GatedDeltaNet
     from laquant.models.gla import GatedLinearAttention
+    from laquant.quant.modules import QuantLinear
 
     if not isinstance(model, GLAForCausalLM):  # GatedDeltaNetForCausalLM and DeltaNetForCausalLM too
         return False
     mixers = [layer.attn for layer in model.model.layers]
-    return all(isinstance(m, (GatedLinearAttention, GatedDeltaNet, DeltaNet))
-               and not (m.prefill_roundtrip and not m.state_quantizer.is_plain_fp32) for m in mixers)
+    return (all(isinstance(m, (GatedLinearAttention, GatedDeltaNet, DeltaNet))
+                and not (m.prefill_roundtrip and not m.state_quantizer.is_plain_fp32) for m in mixers)
+            and not any(isinstance(m, QuantLinear) and m.act_granularity == "per_tensor" for m in model.modules()))
+
+
+def mixers_key(model) -> tuple:
+    """What a capture takes from the mixers' state quantizers besides the states' layout: each one's format,
+    rounding, renormalisation interval and static scale (by storage)."""
+    out = []
+    for layer in model.model.layers:
+        q = layer.attn.state_quantizer
+        scale = q.static_scale
+        out.append((q.format.name, q.rounding, q.renorm_interval, None if scale is None else scale.data_ptr()))
+    return tuple(out)
 
 
 def graphs_on_this_device(model) -> bool:
-    """Whether a prefix cache of ``model`` replays short resumed prefills by default: a CUDA model
+    """Whether a prefix cache of ``model`` replays short prefills by default: a CUDA model
     that :func:`model_graphable` covers."""
     return next(model.parameters()).is_cuda and model_graphable(model)
 
@@ -197,7 +212,7 @@ class GraphedPrefill:
         convs = tuple(sorted((key, tuple(t.shape), t.dtype) for key, t in restored.conv.items()))
         from laquant.generate import weights_key
 
-        key = (bucket, suffix.shape[0], layout, convs, restored.seed, weights_key(self.model))
+        key = (bucket, suffix.shape[0], layout, convs, restored.seed, mixers_key(self.model), weights_key(self.model))
         capture = self.captures.get(key)
         if capture is None:
             if self.use_graph and self.pool is None:  # safe: one replay's outputs are copied out before the next
