@@ -267,7 +267,7 @@ def serve_eval(model, workload: Workload, block_size: int, budget_bytes: int, fo
                decode: Decode = greedy_decode, progress: bool = True,
                speculative: SpeculativeDecode | None = None) -> dict:
     """The replay with and without the cache (snapshots in the model's state format; for laquant's
-    own models on CUDA also with short hits' prefills replayed as CUDA graphs), the follow-up TTFT and the snapshot
+    own models on CUDA also with short prefills replayed as CUDA graphs), the follow-up TTFT and the snapshot
     memory per format; with ``speculative``, the cached replay again with it
     as the decode, and whether its replies were the greedy ones (on CUDA a near-tie of two logits
     may part them: the GEMMs of a verify and of a decode step round apart)."""
@@ -284,7 +284,7 @@ def serve_eval(model, workload: Workload, block_size: int, budget_bytes: int, fo
     prompts = []
     cached = replay(model, workload, pool, decode, progress, "prefix cache", prompts)
     extra = {}
-    if graphed:  # hits adding fewer tokens than a block replay their prefill (captured in the warm-up)
+    if graphed:  # prefills adding fewer tokens than a block replay (captured in the warm-up)
         graphs = PrefixStateCache(model, block_size, budget_bytes=budget_bytes, seed=workload.seed, graphed=True)
         replay(model, warm, graphs, decode)
         graphs.clear()
