@@ -122,7 +122,9 @@ if triton is not None:
 # the chunk sizes chunk_kda_triton runs. Chunks of 64 (which the delta rule's walk takes) computed outputs off by
 # 4e-4 to 3e-2 (relative) on an H200 with Triton 3.6 at K = 16, V = 32, one head, 64-200 tokens, their intra-chunk
 # kernel alone matching its reference at K = 24, V = 20 (tests/test_kda_kernels.py); 16 and 32 agreed to 4e-7.
-# Not found which piece computes them wrong; chunks of 64 measured several times slower anyway (intra_sub_block).
+# Not found which piece computes them wrong (likely the Triton 3.6 fault chunk_warps works around at 2 warps, which it
+# applies to bf16 / fp16 inputs only: this case is float32 at 4 warps); chunks of 64 measured several times slower
+# anyway (intra_sub_block).
 BLOCK_TS = (16, 32)
 
 
