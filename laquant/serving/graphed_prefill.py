@@ -28,8 +28,9 @@ How:
 What it covers: laquant's own models on CUDA (GLA, Gated DeltaNet, DeltaNet), with or without short
 convs (the kept inputs are those that end at the last real token), recurrent layers only (no softmax
 ``attn`` layers, whose keys and values grow), no round trip of the state inside the prefill
-(``prefill_roundtrip``), no per-tensor activation scales (the padding would move them); resumed requests that add fewer tokens than a block (so no new snapshot is
-due). Anything else runs eagerly, as before. Numerics: the eager prefill's up to rounding: the
+(``prefill_roundtrip``), no per-tensor activation scales (the padding would move them); resumed
+requests that add fewer tokens than a block (so no new snapshot is due). Anything else runs eagerly,
+as before. Numerics: the eager prefill's up to rounding: the
 padding lengthens the GEMMs' M (a bf16 GEMM may then take other tiles; the int8 ones are exact) and
 the chunk kernels' last chunk holds zeros where the eager call masks its loads out. A fresh prompt of
 exactly a bucket's length runs the eager prefill's kernels on the same shapes (its mask all ones).
