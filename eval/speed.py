@@ -818,11 +818,9 @@ def bench_e2e(variants, prompt_len=4096, batches=(1, 16, 64), steps=32, profile:
             row[f"decode_B{B}_graphed_tok_per_s"] = (_decode_rate(model, prompt, steps, graphed=True)
                                                      if graphable else None)
             row[f"hf_generate_B{B}_tok_per_s"] = _hf_generate_rate(model, prompt, steps)
-        from laquant.generate import release_graphs
-        from laquant.models.graphed_step import release_step_graphs
+        from laquant.generate import release_all_graphs
 
-        release_graphs(model)
-        release_step_graphs(model)
+        release_all_graphs(model)
         with torch.no_grad():
             from laquant.adapters import cache_kwargs, returned_cache
             from laquant.generate import _fresh_cache

@@ -107,11 +107,8 @@ def is_fresh(cache) -> bool:
 def graphable(model, cache: GLAStateCache) -> bool:
     """Whether a prefill of ``model`` from ``cache`` can be replayed: ``cache`` empty (a fresh prefill) or
     restored from a snapshot (a resumed one)."""
-    if is_fresh(cache):
-        return model_graphable(model)
-    if not isinstance(cache, GLAStateCache) or cache.kv:
-        return False
-    if any(s is None for s in cache.states) or {s.n_stores for s in cache.states} != {0}:
+    if not is_fresh(cache) and (not isinstance(cache, GLAStateCache) or cache.kv or any(s is None for s in cache.states)
+                                or {s.n_stores for s in cache.states} != {0}):
         return False
     return model_graphable(model)
 
