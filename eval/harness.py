@@ -77,19 +77,32 @@ def task_manager(tasks: list[str], include_paths: list[Path] = ()):
 
 
 def evaluate(model, tokenizer, tasks: list[str], manager, *, batch_size: int = 1, limit: int | float | None = None,
-             num_fewshot: int | None = None, max_length: int | None = None, seed: int = 0) -> dict:
+             num_fewshot: int | None = None, max_length: int | None = None, seed: int = 0,
+             graphed: bool = True) -> dict:
     """lm-eval's results for an already loaded ``model`` (``manager`` from :func:`task_manager`):
     ``{"results": {task: {metric: value}}, "n_samples": ..., "model_num_parameters": ...,
-    "model_dtype": ...}``."""
+    "model_dtype": ...}``. ``graphed``: lm-eval's scoring forwards replay CUDA graphs where the model allows it
+    (``model.laquant_graph_forward`` on for the call: :mod:`laquant.serving.graphed_forward`)."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
 
     lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
               max_length=max_length)
-    out = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
-                                  num_fewshot=num_fewshot, log_samples=False, random_seed=seed,
-                                  numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
-                                  bootstrap_iters=0)
+    before = model.__dict__.get("laquant_graph_forward")
+    model.laquant_graph_forward = graphed
+    try:
+        out = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
+                                      num_fewshot=num_fewshot, log_samples=False, random_seed=seed,
+                                      numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+                                      bootstrap_iters=0)
+    finally:
+        if before is None:
+            model.__dict__.pop("laquant_graph_forward", None)
+        else:
+            model.laquant_graph_forward = before
+        from laquant.serving.graphed_forward import release_forward_graphs
+
+        release_forward_graphs(model)  # their logits buffers: B x bucket x vocab each
     results = {task: {k.split(",")[0]: v for k, v in r.items() if k != "alias" and isinstance(v, (int, float))}
                for task, r in out["results"].items()}
     info = lm.get_model_info()

@@ -33,6 +33,7 @@ from laquant.adapters import cache_kwargs, new_cache
 from laquant.errors import LaquantError
 from laquant.eval.saturation import SaturationCounter
 from laquant.generate import _state_tensors, capture_graph, static_cache, static_forward, warm_up_outside_capture
+from laquant.serving.graphed_forward import graphed_logits
 
 MODES = ("prefill", "decode")
 DEFAULT_BATCH = {"prefill": 4, "decode": 64}
@@ -76,7 +77,7 @@ class PerplexityResult:
     seconds: float
     loss_by_position: list[float] = field(default_factory=list)  # mean NLL at each window offset
     loss_by_position_all: list[float] = field(default_factory=list)  # the same over every window's every token
-    graphed: bool = False  # decode mode: one CUDA-graph replay per token
+    graphed: bool = False  # decode mode: one CUDA-graph replay per token; prefill: batches replayed as graphs
     # decode mode: the state and gate saturation counts by window offset (laquant.eval.saturation),
     # counted on the device inside the graphed step too
     saturation: dict | None = None
@@ -90,6 +91,8 @@ class PerplexityResult:
 # shared machine a descheduled helper thread stalls every op (gla-small, B = 31: 0.2 s per step
 # on 2 threads under load vs 0.02 s on one)
 SMALL_DECODE_ELEMENTS = 1 << 16
+# prefill mode replays its batches as CUDA graphs from this many batches of one shape (a capture costs ~3 forwards)
+MIN_GRAPHED_BATCHES = 4
 
 
 @contextlib.contextmanager
@@ -125,6 +128,7 @@ def perplexity(
     batch_size: int | None = None,
     progress: bool = True,
     on_units=None,
+    graphed: bool = True,
 ) -> PerplexityResult:
     """Perplexity of ``model`` on the 1-D token tensor ``ids``.
 
@@ -134,7 +138,11 @@ def perplexity(
     together; by default 4 in prefill (activations grow with the window) and 64 in decode (one
     token per step: per-step overhead dominates, and a recurrent state is small). ``on_units(n)``:
     called as work is done, with tokens (prefill) or decode steps (decode), for the job's progress
-    (:mod:`laquant.progress`; :func:`work_units` counts them ahead).
+    (:mod:`laquant.progress`; :func:`work_units` counts them ahead). ``graphed`` (on CUDA, for the models
+    that allow it): decode mode replays one CUDA graph per token (:class:`_GraphedScorer`); prefill mode replays
+    each batch's forward as a graph of the windows' exact length (:mod:`laquant.serving.graphed_forward`: the eager
+    forward's numerics) where at least :data:`MIN_GRAPHED_BATCHES` batches share that shape (a capture costs about
+    three forwards). False: eagerly.
     """
     tick = on_units or (lambda n: None)
     batch_size = batch_size or DEFAULT_BATCH[mode]
@@ -148,7 +156,10 @@ def perplexity(
     nll_sum = torch.zeros(context, dtype=torch.float64)
     count = torch.zeros(context, dtype=torch.float64)
     all_sum = torch.zeros(context, dtype=torch.float64)
-    scorer = _GraphedScorer.make(model, min(batch_size, len(windows)), context) if mode == "decode" else None
+    scorer = (_GraphedScorer.make(model, min(batch_size, len(windows)), context) if mode == "decode" and graphed
+              else None)
+    graph_prefill = graphed and sum(len(b) == len(batches[0]) for b in batches) >= MIN_GRAPHED_BATCHES
+    replays = 0
     steps = len(batches) * context if mode == "decode" else len(windows)
     bar = tqdm(total=steps, desc=f"ppl {mode} ctx={context}", unit="tok" if mode == "decode" else "win",
                disable=not progress, leave=False)
@@ -161,7 +172,11 @@ def perplexity(
             # mask[b, p] is True where the token at offset p + 1 is scored (predicted from offset p)
             mask = torch.stack([offsets >= (w.first_target - w.begin) for w in batch])
             if mode == "prefill":
-                logits = model(input_ids=inputs).logits
+                full = graph_prefill and len(batch) == len(batches[0])  # a last, smaller batch: not worth a capture
+                logits = graphed_logits(model, inputs, pad=False, enabled=True) if full else None
+                replays += logits is not None
+                if logits is None:
+                    logits = model(input_ids=inputs).logits
                 # row by row: one window's log-softmax at a time, not a copy of the whole batch's logits
                 nll = torch.stack([_nll_rows(logits[i, :-1], inputs[i, 1:]) for i in range(len(batch))]).cpu()
                 del logits
@@ -202,7 +217,8 @@ def perplexity(
     by_position = (nll_sum / count.clamp_min(1)).tolist()
     by_position_all = [0.0] + (all_sum[1:] / len(windows)).tolist()
     return PerplexityResult(mode, context, stride, total, mean_nll, math.exp(mean_nll), seconds, by_position,
-                            by_position_all, scorer is not None and scorer.failure is None, saturation)
+                            by_position_all, scorer is not None and scorer.failure is None
+                            if mode == "decode" else replays > 0, saturation)
 
 
 class _GraphedScorer:

@@ -349,9 +349,12 @@ def _graph_for(model, prefill_cache, batch, steps, key, choose, eos) -> _DecodeG
 
 
 def release_graphs(model) -> None:
-    """Free the decode and prefill graphs (and their static tensors) captured for ``model``."""
+    """Free the decode, prefill and forward graphs (and their static tensors) captured for ``model``."""
+    from laquant.serving.graphed_forward import release_forward_graphs
+
     model.__dict__.pop("_laquant_decode_graphs", None)
     model.__dict__.pop("_laquant_prefill_graphs", None)
+    release_forward_graphs(model)
 
 
 def release_all_graphs(model) -> None:

@@ -33,6 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="PNG", help="also plot loss by position in the window")
     p.add_argument("--plot-drift", metavar="PNG",
                    help="also plot the model's loss by position minus the baseline's (needs --baseline)")
+    p.add_argument("--eager", action="store_true",
+                   help="no CUDA graphs (by default on a GPU, decode mode replays one graph a token and prefill mode "
+                        "one a batch, for the models laquant graphs)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--no-verify", action="store_true",
                    help="skip checking a checkpoint's files against its sha256 digests (laquant.json)")
@@ -72,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         for ctx in args.context:
             for mode in args.mode:
                 res = perplexity(model, ids, context=ctx, stride=args.stride, mode=mode,
-                                 batch_size=args.batch_size, progress=not args.quiet)
+                                 batch_size=args.batch_size, progress=not args.quiet, graphed=not args.eager)
                 results.append((label, model_dir, res))
         del model
 

@@ -25,6 +25,7 @@ from laquant.models.fla_attention import Attention, attention_spec, attention_sp
 from laquant.models.graphed_step import OUTPUT_CACHE_FIELD, graph_step_allowed, graphed_step
 from laquant.models.recurrent import OutputNorm, RecurrentMixer
 from laquant.models.side_stream import fork
+from laquant.serving.graphed_forward import graphed_logits
 from laquant.quant.fused import glu_project, low_rank_gate, project, w8a8_inputs
 
 ATTN_INPUTS = ("q_proj", "k_proj", "v_proj", "g_proj")  # the projections that read the normed hidden state
@@ -473,20 +474,24 @@ class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
         transformers 5.24). Labels are the inputs (shifted inside), as in transformers;
         ``logits_to_keep = n > 0`` computes the logits of the last ``n`` positions only. ``graph_step``
         (set by transformers' generate, through :meth:`prepare_inputs_for_generation`): a one-token step
-        on CUDA replays a captured graph (:mod:`laquant.models.graphed_step`; same logits)."""
+        on CUDA replays a captured graph (:mod:`laquant.models.graphed_step`; same logits). A cacheless call
+        (``use_cache`` off) replays a captured forward where ``laquant_graph_forward`` is on
+        (:mod:`laquant.serving.graphed_forward`)."""
         cache = _one_cache(cache, past_key_values)
         if graph_step and graph_step_allowed(self, input_ids, cache, labels, logits_to_keep):
             logits = graphed_step(self, input_ids, cache)
             if logits is not None:
                 return CausalLMOutputWithPast(logits=logits, **{OUTPUT_CACHE_FIELD: cache})
-        if use_cache and cache is None:
-            cache = self.new_cache()
-        hidden = self.model(input_ids, cache)
-        if logits_to_keep:
-            if labels is not None:
-                raise ValueError("logits_to_keep cannot be combined with labels (the loss needs every position)")
-            hidden = hidden[:, -logits_to_keep:]
-        logits = self.lm_head(hidden)
+        if logits_to_keep and labels is not None:
+            raise ValueError("logits_to_keep cannot be combined with labels (the loss needs every position)")
+        logits = None if cache is not None or use_cache else graphed_logits(self, input_ids)
+        if logits is not None:
+            logits = logits[:, -logits_to_keep:] if logits_to_keep else logits
+        else:
+            if use_cache and cache is None:
+                cache = self.new_cache()
+            hidden = self.model(input_ids, cache)
+            logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)

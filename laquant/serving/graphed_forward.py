@@ -1,0 +1,176 @@
+"""A whole forward of laquant's models replayed as a CUDA graph: the calls that score text.
+
+lm-eval's ``HFLM`` (``laquant eval lm-eval``) and ``laquant eval ppl``'s prefill mode call ``model(input_ids)``
+without a cache and read the logits of every position. Eagerly, that forward is bound by the host: a 1K-token
+forward of a 1.37B GLA takes ~6 ms of GPU time and 35-60 ms of Python and launches on the lent H200s' hosts, and
+the quantized model's wrappers cost the host about twice bf16's (``eval/results/fast_launch_h200/``), so a
+quantized model scored text slower than the bf16 model it replaces.
+
+With ``model.laquant_graph_forward = True`` (or ``LAQUANT_GRAPH_FORWARD=1``; ``laquant eval ppl`` and ``laquant eval
+lm-eval`` turn it on on CUDA unless given ``--eager``), such a call replays a graph captured per batch size and
+token-count bucket (:func:`~laquant.serving.graphed_prefill.bucket_for`: powers of two from 64 to 1,024, then
+multiples of 1,024; ``laquant eval ppl`` captures its windows' exact length). The tokens are padded at the end with
+token 0: the model is causal, so the padding cannot change the real positions' logits, which are copied out of
+the graph's memory.
+
+What it covers: laquant's own models (GLA, Gated DeltaNet, DeltaNet, with fla's softmax ``attn`` layers too: no
+cache is kept, so nothing grows) on CUDA, called without gradients, without a cache and with ``use_cache`` off,
+a 2-D batch of at most :data:`MAX_TOKENS` tokens, no quantized linear with per-tensor activation scales (one scale
+over every token of the call, which the padding would move). Anything else runs eagerly, as does a call whose
+capture failed (warned once: an out-of-memory capture refuses that batch size and bucket only, any other failure
+every later capture of the model).
+
+Numerics: the eager forward's, bit for bit at a bucket's length (the same kernels on the same shapes); padded, up
+to rounding (the padding lengthens the GEMMs' M, and a bf16 GEMM may then take other tiles; the int8 ones are exact).
+A capture costs about three eager forwards (two warm-ups, then the capture). At most :data:`MAX_CAPTURES` stay
+captured; the least recently used is freed first. Each holds its batch's logits (``B x bucket x vocab``).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import weakref
+from collections import OrderedDict
+
+import torch
+
+from laquant.serving.graphed_prefill import bucket_for
+
+MAX_TOKENS = 16384
+MAX_CAPTURES = 8
+_GRAPHS = "_laquant_forward_graphs"
+
+
+def graph_forward_enabled(model) -> bool:
+    """``model.laquant_graph_forward`` where set, else ``LAQUANT_GRAPH_FORWARD=1``."""
+    flag = getattr(model, "laquant_graph_forward", None)
+    return bool(flag) if flag is not None else os.environ.get("LAQUANT_GRAPH_FORWARD", "0") == "1"
+
+
+def forward_graphable(model) -> bool:
+    """Whether ``model``'s cacheless forward can replay padded: laquant's GLA (Gated DeltaNet, DeltaNet), no quantized
+    linear with per-tensor activation scales."""
+    from laquant.models import GLAForCausalLM
+    from laquant.quant.modules import QuantLinear
+
+    return isinstance(model, GLAForCausalLM) and not any(
+        isinstance(m, QuantLinear) and m.act_granularity == "per_tensor" for m in model.modules())
+
+
+def graphed_logits(model, input_ids, pad: bool = True, enabled: bool | None = None) -> torch.Tensor | None:
+    """The logits ``[B, T, vocab]`` of ``model(input_ids)`` (no cache) as a replay, or None where this call runs
+    eagerly (graphs off, not CUDA, gradients on, training, inside another capture, over :data:`MAX_TOKENS` tokens,
+    a model :func:`forward_graphable` does not cover, or a capture that failed). ``pad`` False captures
+    ``input_ids``' exact length (a caller whose calls all have one length: no padding, the eager numerics).
+    ``enabled``: whether graphs are on for this call (None: :func:`graph_forward_enabled`)."""
+    enabled = graph_forward_enabled(model) if enabled is None else enabled
+    if not (enabled and isinstance(input_ids, torch.Tensor) and _on_graph_device(input_ids)
+            and input_ids.dim() == 2 and 0 < input_ids.shape[1] <= MAX_TOKENS and not model.training
+            and not torch.is_grad_enabled() and not _capturing()):
+        return None
+    return forward_graphs(model)(input_ids, pad)
+
+
+def _on_graph_device(t: torch.Tensor) -> bool:
+    return t.is_cuda
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def forward_graphs(model) -> GraphedForward:
+    """``model``'s captured forwards, made on first use; :func:`release_forward_graphs` frees them (so does
+    :func:`laquant.generate.release_graphs`)."""
+    graphs = model.__dict__.get(_GRAPHS)
+    if graphs is None:
+        graphs = model.__dict__[_GRAPHS] = GraphedForward(model, use_graph=next(model.parameters()).is_cuda)
+    return graphs
+
+
+def release_forward_graphs(model) -> None:
+    model.__dict__.pop(_GRAPHS, None)
+
+
+class _Capture:
+    """One (batch, tokens) forward on static token ids; ``graph`` None re-runs it eagerly on the same tensors (the
+    CPU tests' path: everything but the capture itself)."""
+
+    def __init__(self, model, batch: int, tokens: int, use_graph: bool, pool=None):
+        self._model = weakref.ref(model)  # the model holds its captures: no cycle
+        self.ids = torch.zeros(batch, tokens, dtype=torch.long, device=next(model.parameters()).device)
+        self.graph = self.logits = None
+        if use_graph:
+            from laquant.generate import capture_graph, warm_up_outside_capture
+
+            warm_up_outside_capture(self._run)
+            self.graph, self.logits = capture_graph(self._run, pool)
+
+    @torch.no_grad()
+    def _run(self) -> torch.Tensor:
+        model = self._model()
+        return model.lm_head(model.model(self.ids, None))
+
+    def replay(self, input_ids: torch.Tensor) -> torch.Tensor:
+        T = input_ids.shape[1]
+        self.ids[:, T:].zero_()
+        self.ids[:, :T].copy_(input_ids)
+        if self.graph is None:
+            return self._run()[:, :T].clone()
+        self.graph.replay()
+        return self.logits[:, :T].clone()
+
+
+class GraphedForward:
+    """Cacheless forwards of ``model`` replayed per (batch, token count) key, captured on first use; ``use_graph``
+    False re-runs them eagerly on the same static tensors (CPU, tests)."""
+
+    def __init__(self, model, use_graph: bool = True, max_captures: int = MAX_CAPTURES):
+        self._model, self.use_graph, self.max_captures = weakref.ref(model), use_graph, max_captures
+        self.captures: OrderedDict = OrderedDict()  # least recently used first
+        self.refused: dict = {}  # key -> why its capture failed (an out-of-memory error: that key only)
+        self.failure: str | None = None  # a failure other than memory: every later forward runs eagerly
+        self.pool = None  # the captures' shared memory pool: each replay's logits are copied out before the next
+
+    def __call__(self, input_ids: torch.Tensor, pad: bool = True) -> torch.Tensor | None:
+        model = self._model()
+        if model is None or self.failure is not None or not forward_graphable(model):
+            return None
+        from laquant.generate import weights_key
+        from laquant.serving.graphed_prefill import mixers_key
+
+        tokens = bucket_for(input_ids.shape[1]) if pad else input_ids.shape[1]
+        key = (input_ids.shape[0], tokens, mixers_key(model), weights_key(model))
+        if key in self.refused:
+            return None
+        capture = self.captures.get(key)
+        if capture is None:
+            capture = self._capture(model, key, input_ids.shape[0], tokens)
+            if capture is None:
+                return None
+        self.captures.move_to_end(key)
+        return capture.replay(input_ids)
+
+    def _capture(self, model, key, batch: int, tokens: int) -> _Capture | None:
+        while len(self.captures) >= self.max_captures:
+            self.captures.popitem(last=False)
+        if self.use_graph and self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        try:
+            with torch.inference_mode(False):  # normal tensors: later replays copy into them in place
+                capture = _Capture(model, batch, tokens, self.use_graph, self.pool)
+        except RuntimeError as exc:  # slower, never wrong: eagerly
+            from laquant.generate import capture_failure
+
+            why = capture_failure(exc)
+            if isinstance(exc, torch.OutOfMemoryError):
+                self.refused[key] = why
+                scope = f"forwards of {batch} x {tokens} tokens run eagerly"
+            else:
+                self.failure = why
+                scope = "its forwards run eagerly"
+            warnings.warn(f"laquant: a forward could not be captured as a CUDA graph ({why}); {scope}", stacklevel=4)
+            return None
+        self.captures[key] = capture
+        return capture

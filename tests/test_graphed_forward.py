@@ -1,0 +1,194 @@
+"""A cacheless forward replayed per batch size and token-count bucket (laquant.serving.graphed_forward): the padded
+forward on static token ids against the eager forward (CPU: re-run eagerly on the same static tensors, the device
+check patched; GPU: captured as a CUDA graph), what stays eager, and the callers that turn it on (eval ppl's prefill
+mode, the lm-eval harness)."""
+
+import pytest
+import torch
+import laquant
+from laquant.eval.ppl import perplexity
+from laquant.models import GLAConfig, GLAForCausalLM
+from laquant.serving import graphed_forward
+from laquant.serving.graphed_forward import GraphedForward, forward_graphable, forward_graphs, graphed_logits
+
+VOCAB = 97
+
+
+def _model(attn=False, device="cpu", dtype=torch.float32):
+    torch.manual_seed(0)
+    fields = dict(attn={"layers": [1], "num_heads": 2, "num_kv_heads": 1}) if attn else {}
+    return GLAForCausalLM(GLAConfig(hidden_size=64, num_hidden_layers=3, num_heads=2, vocab_size=VOCAB,
+                                    **fields)).to(device, dtype).eval()
+
+
+def _ids(batch, tokens, seed=1, device="cpu"):
+    return torch.randint(0, VOCAB, (batch, tokens), generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def _eager(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.fixture
+def cpu_graphs(monkeypatch):
+    """graphed_logits' device check passes on the CPU: its forwards re-run eagerly on the static tensors."""
+    monkeypatch.setattr(graphed_forward, "_on_graph_device", lambda t: True)
+
+
+@pytest.mark.parametrize("attn", [False, True])
+def test_replay_equals_eager(attn):
+    model = _model(attn)
+    graphs = GraphedForward(model, use_graph=False)
+    with torch.no_grad():
+        at_bucket = graphs(_ids(2, 128))
+        short = graphs(_ids(2, 100, seed=2))
+    assert set(graphs.captures) and {k[:2] for k in graphs.captures} == {(2, 128)}  # 100 tokens pad to 128
+    torch.testing.assert_close(at_bucket, _eager(model, _ids(2, 128)), rtol=0, atol=0)
+    assert short.shape == (2, 100, VOCAB)
+    torch.testing.assert_close(short, _eager(model, _ids(2, 100, seed=2)), rtol=1e-5, atol=1e-5)
+    assert not torch.equal(at_bucket[:, :100], short)  # the second call's own tokens, not the first's
+
+
+def test_exact_length_without_padding():
+    model = _model()
+    graphs = GraphedForward(model, use_graph=False)
+    with torch.no_grad():
+        out = graphs(_ids(1, 100), pad=False)
+    assert [k[:2] for k in graphs.captures] == [(1, 100)]
+    torch.testing.assert_close(out, _eager(model, _ids(1, 100)), rtol=0, atol=0)
+
+
+def test_forward_routes_cacheless_calls(cpu_graphs, monkeypatch):
+    model = _model()
+    ids = _ids(1, 70)
+    ref = _eager(model, ids)  # graphs off by default
+    assert "_laquant_forward_graphs" not in model.__dict__
+    model.laquant_graph_forward = True
+    with torch.no_grad():
+        out = model(ids)
+        torch.testing.assert_close(out.logits, ref, rtol=1e-5, atol=1e-5)
+        assert [k[:2] for k in forward_graphs(model).captures] == [(1, 128)]
+        kept = model(ids, logits_to_keep=3).logits
+        torch.testing.assert_close(kept, ref[:, -3:], rtol=1e-5, atol=1e-5)
+        with_labels = model(ids, labels=ids)
+        torch.testing.assert_close(with_labels.logits, ref, rtol=1e-5, atol=1e-5)
+        eager_loss = torch.nn.functional.cross_entropy(ref[0, :-1].float(), ids[0, 1:])
+        torch.testing.assert_close(with_labels.loss, eager_loss, rtol=1e-5, atol=1e-6)
+        # calls that keep a cache run eagerly: their states are returned
+        cached = model(ids, use_cache=True)
+        assert cached.cache is not None and cached.cache.seen_tokens == 70
+        assert len(forward_graphs(model).captures) == 1
+    # with gradients (training, or a backward): eagerly
+    out = model(ids)
+    assert out.logits.requires_grad
+    model.laquant_graph_forward = False
+    assert graphed_logits(model, ids) is None
+    monkeypatch.setenv("LAQUANT_GRAPH_FORWARD", "1")
+    del model.laquant_graph_forward
+    with torch.no_grad():
+        assert graphed_logits(model, ids) is not None
+
+
+def test_captures_are_evicted_least_recently_used():
+    model = _model()
+    graphs = GraphedForward(model, use_graph=False, max_captures=2)
+    with torch.no_grad():
+        for tokens in (64, 128, 64, 256):  # 64 used again before 256 comes: 128 goes
+            graphs(_ids(1, tokens))
+    assert [k[:2] for k in graphs.captures] == [(1, 64), (1, 256)]
+
+
+def test_a_capture_out_of_memory_refuses_its_key_only(monkeypatch):
+    model = _model()
+    graphs = GraphedForward(model, use_graph=False)
+    real = graphed_forward._Capture
+
+    def capture(model, batch, tokens, use_graph, pool=None):
+        if tokens == 256:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(model, batch, tokens, use_graph, pool)
+
+    monkeypatch.setattr(graphed_forward, "_Capture", capture)
+    with torch.no_grad():
+        with pytest.warns(UserWarning, match="out of memory.*1 x 256 tokens run eagerly"):
+            assert graphs(_ids(1, 200)) is None
+        assert graphs(_ids(1, 200)) is None  # refused: no second try
+        assert graphs(_ids(1, 100)) is not None and graphs.failure is None
+
+        def refuse(*args, **kwargs):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+        monkeypatch.setattr(graphed_forward, "_Capture", refuse)
+        with pytest.warns(UserWarning, match="not permitted.*its forwards run eagerly"):
+            assert graphs(_ids(1, 1000)) is None
+        assert "not permitted" in graphs.failure
+        assert graphs(_ids(1, 100)) is None  # every later call, captured or not: eagerly
+
+
+def test_what_is_not_covered(cpu_graphs):
+    model = _model()
+    model.laquant_graph_forward = True
+    with torch.no_grad():
+        assert graphed_logits(model, _ids(1, 20_000)) is None  # over MAX_TOKENS
+        assert graphed_logits(model, _ids(1, 8)[0]) is None  # 1-D
+    model.train()
+    with torch.no_grad():
+        assert graphed_logits(model, _ids(1, 8)) is None
+    assert "_laquant_forward_graphs" not in model.__dict__
+
+
+def test_per_tensor_activation_scales_are_not_covered():
+    model = _model()
+    laquant.calibrate(model, "gla_w8a8_naive", torch.randint(0, VOCAB, (2, 64)), progress=False)
+    assert not forward_graphable(model)
+    assert GraphedForward(model, use_graph=False)(_ids(1, 64)) is None
+    quantized = _model()
+    laquant.calibrate(quantized, "gla_int8_all", torch.randint(0, VOCAB, (2, 64)), progress=False)
+    assert forward_graphable(quantized)
+
+
+def test_moving_the_model_releases_its_forward_graphs(cpu_graphs):
+    model = _model()
+    model.laquant_graph_forward = True
+    with torch.no_grad():
+        model(_ids(1, 64))
+    assert forward_graphs(model).captures
+    model.to(torch.float64)
+    assert "_laquant_forward_graphs" not in model.__dict__
+
+
+def test_ppl_prefill_replays_its_batches(cpu_graphs):
+    model = _model()
+    ids = _ids(1, 700)[0]
+    eager = perplexity(model, ids, context=64, stride=32, batch_size=2, progress=False, graphed=False)
+    graphed = perplexity(model, ids, context=64, stride=32, batch_size=2, progress=False)
+    assert not eager.graphed and graphed.graphed
+    # 21 windows in batches of two: one capture of the windows' exact length, the same numbers as eagerly
+    assert [k[:2] for k in forward_graphs(model).captures] == [(2, 64)]
+    assert graphed.nll == eager.nll and graphed.loss_by_position == eager.loss_by_position
+    few = perplexity(_model(), ids[:150], context=64, stride=32, batch_size=2, progress=False)
+    assert not few.graphed  # four windows, two batches: not worth a capture
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", [None, "gla_int8_all"])
+def test_gpu_replay_equals_eager(recipe):
+    model = _model(attn=True, device="cuda", dtype=torch.bfloat16)
+    if recipe is not None:
+        laquant.calibrate(model, recipe, torch.randint(0, VOCAB, (2, 128), device="cuda"), progress=False)
+    model.laquant_graph_forward = True
+    with torch.no_grad():
+        for batch, tokens in ((1, 128), (2, 256), (2, 200)):
+            ids = _ids(batch, tokens, seed=tokens, device="cuda")
+            out = model(ids).logits
+            model.laquant_graph_forward = False
+            ref = model(ids).logits
+            model.laquant_graph_forward = True
+            assert torch.isfinite(out).all()
+            if tokens in (128, 256):  # a bucket's length: the eager kernels on the same shapes
+                assert torch.equal(out, ref)
+            else:
+                torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    graphs = forward_graphs(model)
+    assert graphs.failure is None and all(c.graph is not None for c in graphs.captures.values())
