@@ -63,7 +63,8 @@ def forward_rows(model, variant, reps):
         e, r = statistics.median(eager) * 1e3, statistics.median(replay) * 1e3
         rows.append(dict(variant=variant, batch=batch, tokens=tokens, eager_ms=round(e, 2), graphed_ms=round(r, 2),
                          capture_ms=round(capture * 1e3, 1), speedup=round(e / r, 2),
-                         eager_tok_per_s=round(batch * tokens / e * 1e3), graphed_tok_per_s=round(batch * tokens / r * 1e3),
+                         eager_tok_per_s=round(batch * tokens / e * 1e3),
+                         graphed_tok_per_s=round(batch * tokens / r * 1e3),
                          max_abs_diff=diff, finite=bool(torch.isfinite(out).all())))
         print(json.dumps(rows[-1]), flush=True)
     forward_graphs(model).captures.clear()
@@ -121,8 +122,8 @@ def main():
         CONFIG.update(hidden_size=256, num_hidden_layers=2, num_heads=2)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = dict(device=torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", torch=torch.__version__, config=CONFIG,
-                  forward=[], lm_eval_like=[], ppl_prefill=[])
+    result = dict(device=torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", torch=torch.__version__,
+                  config=CONFIG, forward=[], lm_eval_like=[], ppl_prefill=[])
     for variant in ("bf16", "gla_int8_all"):
         model = random_gla(GLAConfig(**CONFIG), variant, device=DEVICE)
         result["forward"] += forward_rows(model, variant, args.reps)
@@ -143,11 +144,13 @@ def write_markdown(result, path):
              "|---|---|---|---|---|---|---|---|---|"]
     for batch, tokens in SHAPES:
         b, q = by[("bf16", batch, tokens)], by[("gla_int8_all", batch, tokens)]
-        lines.append(f"| {batch} x {tokens} | {b['eager_ms']} | {b['graphed_ms']} | {q['eager_ms']} | {q['graphed_ms']} "
+        lines.append(f"| {batch} x {tokens} | {b['eager_ms']} | {b['graphed_ms']} | {q['eager_ms']} "
+                     f"| {q['graphed_ms']} "
                      f"| {b['eager_ms'] / q['eager_ms']:.2f}x | {b['graphed_ms'] / q['graphed_ms']:.2f}x "
                      f"| {b['capture_ms']} / {q['capture_ms']} | {b['max_abs_diff']:.3g} / {q['max_abs_diff']:.3g} |")
     lines += ["", "| variant | lm-eval-like eager s | graphed s (first pass, captures in it) | speedup (first) "
-              "| ppl prefill eager s | graphed s | speedup | nll eager / graphed |", "|---|---|---|---|---|---|---|---|"]
+              "| ppl prefill eager s | graphed s | speedup | nll eager / graphed |",
+              "|---|---|---|---|---|---|---|---|"]
     for le, pp in zip(result["lm_eval_like"], result["ppl_prefill"]):
         lines.append(f"| {le['variant']} | {le['eager_second_s']} | {le['graphed_second_s']} ({le['graphed_first_s']}) "
                      f"| {le['speedup']}x ({le['speedup_with_captures']}x) | {pp['eager_s']} | {pp['graphed_s']} "
