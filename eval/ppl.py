@@ -33,7 +33,7 @@ from laquant.adapters import cache_kwargs, new_cache
 from laquant.errors import LaquantError
 from laquant.eval.saturation import SaturationCounter
 from laquant.generate import _state_tensors, capture_graph, static_cache, static_forward, warm_up_outside_capture
-from laquant.serving.graphed_forward import graphed_logits
+from laquant.serving.graphed_forward import HOST_BOUND_TOKENS, graphed_logits
 
 MODES = ("prefill", "decode")
 DEFAULT_BATCH = {"prefill": 4, "decode": 64}
@@ -142,7 +142,8 @@ def perplexity(
     that allow it): decode mode replays one CUDA graph per token (:class:`_GraphedScorer`); prefill mode replays
     each batch's forward as a graph of the windows' exact length (:mod:`laquant.serving.graphed_forward`: the eager
     forward's numerics) where at least :data:`MIN_GRAPHED_BATCHES` batches share that shape (a capture costs about
-    three forwards). False: eagerly.
+    three forwards) of at most :data:`~laquant.serving.graphed_forward.HOST_BOUND_TOKENS` tokens (larger ones are
+    bound by the GPU). False: eagerly.
     """
     tick = on_units or (lambda n: None)
     batch_size = batch_size or DEFAULT_BATCH[mode]
@@ -158,7 +159,8 @@ def perplexity(
     all_sum = torch.zeros(context, dtype=torch.float64)
     scorer = (_GraphedScorer.make(model, min(batch_size, len(windows)), context) if mode == "decode" and graphed
               else None)
-    graph_prefill = graphed and sum(len(b) == len(batches[0]) for b in batches) >= MIN_GRAPHED_BATCHES
+    graph_prefill = (graphed and sum(len(b) == len(batches[0]) for b in batches) >= MIN_GRAPHED_BATCHES
+                     and len(batches[0]) * context <= HOST_BOUND_TOKENS)
     replays = 0
     steps = len(batches) * context if mode == "decode" else len(windows)
     bar = tqdm(total=steps, desc=f"ppl {mode} ctx={context}", unit="tok" if mode == "decode" else "win",

@@ -130,12 +130,29 @@ def test_what_is_not_covered(cpu_graphs):
     model = _model()
     model.laquant_graph_forward = True
     with torch.no_grad():
-        assert graphed_logits(model, _ids(1, 20_000)) is None  # over MAX_TOKENS
+        assert graphed_logits(model, _ids(1, 5000)) is None  # over HOST_BOUND_TOKENS: bound by the GPU
+        assert graphed_logits(model, _ids(2, 2100)) is None  # two sequences padded to 3,072 each
+        assert graphed_logits(model, _ids(4, 1024)) is not None  # 4,096 in all
         assert graphed_logits(model, _ids(1, 8)[0]) is None  # 1-D
     model.train()
     with torch.no_grad():
         assert graphed_logits(model, _ids(1, 8)) is None
-    assert "_laquant_forward_graphs" not in model.__dict__
+    model.eval()
+    assert [k[:2] for k in forward_graphs(model).captures] == [(4, 1024)]
+
+
+def test_a_pool_is_not_reused_once_its_graphs_are_gone():
+    """PyTorch frees a graph pool with the last graph that used it; capturing into its handle again asserts."""
+    model = _model()
+    graphs = GraphedForward(model, use_graph=False)
+    graphs.pool = stale = object()
+    with torch.no_grad():
+        graphs(_ids(1, 64))  # no capture left: a fresh pool (none here, without CUDA graphs)
+    assert graphs.pool is not stale
+    graphs.pool = kept = object()
+    with torch.no_grad():
+        graphs(_ids(1, 128))  # a capture still uses it: shared
+    assert graphs.pool is kept
 
 
 def test_per_tensor_activation_scales_are_not_covered():
@@ -169,6 +186,10 @@ def test_ppl_prefill_replays_its_batches(cpu_graphs):
     assert graphed.nll == eager.nll and graphed.loss_by_position == eager.loss_by_position
     few = perplexity(_model(), ids[:150], context=64, stride=32, batch_size=2, progress=False)
     assert not few.graphed  # four windows, two batches: not worth a capture
+    long_ids = _ids(1, 2600)[0]  # 66 windows of 512: seven batches of nine, 4,608 tokens each
+    large = perplexity(_model(), long_ids, context=512, stride=32, batch_size=9, progress=False)
+    assert not large.graphed  # bound by the GPU, not the host
+    assert perplexity(_model(), long_ids, context=512, stride=32, batch_size=8, progress=False).graphed
 
 
 @pytest.mark.gpu
@@ -192,3 +213,10 @@ def test_gpu_replay_equals_eager(recipe):
                 torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
     graphs = forward_graphs(model)
     assert graphs.failure is None and all(c.graph is not None for c in graphs.captures.values())
+    graphs.captures.clear()  # their pool goes with them: the next capture takes a new one
+    with torch.no_grad():
+        ids = _ids(1, 128, seed=5, device="cuda")
+        out = model(ids).logits
+        model.laquant_graph_forward = False
+        assert torch.equal(out, model(ids).logits)
+    assert graphs.failure is None and len(graphs.captures) == 1

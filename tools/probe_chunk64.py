@@ -1,9 +1,9 @@
-"""Chunks of 64 tokens in the delta-rule and KDA chunked prefills, on the GPU, against their PyTorch references at
-each forced warp count: does the Triton 3.6 fault that ``kernels/delta/intra.py::chunk_warps`` works around at 2 warps
-(bf16 / fp16 inputs only) also hit float32 inputs? KDA at chunks of 64 was found wrong in float32 at 4 warps
-(eval/results/refactor_families_h200/kda_probe.txt) and is refused since.
+"""Chunks of 64 tokens in the delta-rule and KDA chunked prefills, on the GPU, against their PyTorch references at a
+forced warp count or ``chunk_warps``' own. The Triton 3.6 fault that ``kernels/delta/intra.py::chunk_warps`` sidesteps
+at 2 warps was first seen in bf16; this probe found it in float32 too (KDA at K = 16 and 4 warps, off by up to 3e-2;
+eval/results/graphed_forward_h200/probe_chunk64.txt), and chunk_warps takes 2 warps there since.
 
-    python3 tools/probe_chunk64.py            # one line per case: kernel, dtype, K, V, T, warps, rel err (o), (state)
+    python3 tools/probe_chunk64.py [kda:fp32:16:32:2 ...]  # a line per case and T: rel err of o and of the state
 """
 import sys
 
@@ -39,27 +39,35 @@ def forced(warps):
 ORIGINAL = delta_intra.chunk_warps
 
 
-def main():
-    kda_chunk.BLOCK_TS = (16, 32, 64)  # the probe lifts the refusal for its own calls
+DEFAULT_CASES = [f"{kernel}:{dtype}:{K}:{V}:{warps}" for kernel in ("kda", "delta") for dtype in ("fp32", "bf16")
+                 for K, V in ((16, 32), (32, 32), (64, 64), (128, 128))
+                 for warps in (("shipped", "2") if dtype == "fp32" else ("shipped",))]  # bf16 at 4: the known fault
+
+
+def main(argv=None):
+    """Cases ``kernel:dtype:K:V:warps`` (kernel kda or delta, dtype fp32 or bf16, warps a count or ``shipped``, the
+    rule in chunk_warps), each at T = 64, 90 and 200; by default :data:`DEFAULT_CASES`."""
+    cases = (argv if argv is not None else sys.argv[1:]) or DEFAULT_CASES
+    kda_chunk.BLOCK_TS = (16, 32, 64)  # the probe lifts the refusal for its own calls where there is one
     print("kernel dtype K V T warps rel_err_o rel_err_state", flush=True)
-    for kernel in ("kda", "delta"):
+    for case in cases:
+        kernel, dtype_name, K, V, warps = case.split(":")
+        K, V, warps = int(K), int(V), None if warps == "shipped" else int(warps)
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
         run, ref = ((kda_chunk.chunk_kda_triton, kda_chunk.chunk_kda_reference) if kernel == "kda"
                     else (delta_chunk.chunk_delta_triton, delta_chunk.chunk_delta_reference))
-        for dtype in (torch.float32, torch.bfloat16):
-            for K, V in ((16, 32), (32, 32), (64, 64), (128, 128)):
-                for T in (64, 90, 200):
-                    for warps in ((None, 2) if dtype == torch.float32 else (None,)):  # bf16 at 4 warps: the known fault
-                        for mod in (delta_intra, delta_chunk, kda_chunk):
-                            mod.chunk_warps = forced(warps)
-                        args = inputs(T, K, V, dtype, kernel == "kda")
-                        kw = dict(output_final_state=True, use_qk_l2norm=True)
-                        try:
-                            o, f = run(*args, **kw, block_t=64)
-                            r, fr = ref(*[a.float() for a in args], **kw)
-                            line = f"{rel_err(o.float(), r.float()):.2e} {rel_err(f.load(), fr.load()):.2e}"
-                        except Exception as e:  # a fault is a result here
-                            line = "ERR " + str(e).splitlines()[0][:120]
-                        print(kernel, str(dtype)[6:], K, V, T, warps or "shipped", line, flush=True)
+        for mod in (delta_intra, delta_chunk, kda_chunk):
+            mod.chunk_warps = forced(warps)
+        for T in (64, 90, 200):
+            args = inputs(T, K, V, dtype, kernel == "kda")
+            kw = dict(output_final_state=True, use_qk_l2norm=True)
+            try:
+                o, f = run(*args, **kw, block_t=64)
+                r, fr = ref(*[a.float() for a in args], **kw)
+                line = f"{rel_err(o.float(), r.float()):.2e} {rel_err(f.load(), fr.load()):.2e}"
+            except Exception as e:  # a fault is a result here
+                line = "ERR " + str(e).splitlines()[0][:120]
+            print(kernel, dtype_name, K, V, T, warps or "shipped", line, flush=True)
     for mod in (delta_intra, delta_chunk, kda_chunk):
         mod.chunk_warps = ORIGINAL
 

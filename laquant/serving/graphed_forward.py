@@ -14,11 +14,11 @@ token 0: the model is causal, so the padding cannot change the real positions' l
 the graph's memory.
 
 What it covers: laquant's own models (GLA, Gated DeltaNet, DeltaNet, with fla's softmax ``attn`` layers too: no
-cache is kept, so nothing grows) on CUDA, called without gradients, without a cache and with ``use_cache`` off,
-a 2-D batch of at most :data:`MAX_TOKENS` tokens, no quantized linear with per-tensor activation scales (one scale
-over every token of the call, which the padding would move). Anything else runs eagerly, as does a call whose
-capture failed (warned once: an out-of-memory capture refuses that batch size and bucket only, any other failure
-every later capture of the model).
+cache is kept, so nothing grows) on CUDA, called without gradients, without a cache and with ``use_cache`` off, a
+2-D batch of at most :data:`HOST_BOUND_TOKENS` tokens in all once padded (more are bound by the GPU, not the host),
+no quantized linear with per-tensor activation scales (one scale over every token of the call, which the padding
+would move). Anything else runs eagerly, as does a call whose capture failed (warned once: an out-of-memory capture
+refuses that batch size and bucket only, any other failure every later capture of the model).
 
 Numerics: the eager forward's, bit for bit at a bucket's length (the same kernels on the same shapes); padded, up
 to rounding (the padding lengthens the GEMMs' M, and a bf16 GEMM may then take other tiles; the int8 ones are exact).
@@ -37,7 +37,10 @@ import torch
 
 from laquant.serving.graphed_prefill import bucket_for
 
-MAX_TOKENS = 16384
+# calls of more tokens (batch x bucket) run eagerly: they are bound by the GPU, not the host. On an H200 the 1.37B GLA's
+# eager forward of 4 x 2,048 tokens took as long as its replay, of 1 x 2,048 or 8 x 512 1.4-3.3x longer
+# (eval/results/graphed_forward_h200/); a larger model is bound by the GPU from fewer tokens
+HOST_BOUND_TOKENS = 4096
 MAX_CAPTURES = 8
 _GRAPHS = "_laquant_forward_graphs"
 
@@ -60,16 +63,22 @@ def forward_graphable(model) -> bool:
 
 def graphed_logits(model, input_ids, pad: bool = True, enabled: bool | None = None) -> torch.Tensor | None:
     """The logits ``[B, T, vocab]`` of ``model(input_ids)`` (no cache) as a replay, or None where this call runs
-    eagerly (graphs off, not CUDA, gradients on, training, inside another capture, over :data:`MAX_TOKENS` tokens,
-    a model :func:`forward_graphable` does not cover, or a capture that failed). ``pad`` False captures
+    eagerly (graphs off, not CUDA, gradients on, training, inside another capture, over :data:`HOST_BOUND_TOKENS` tokens
+    in all, a model :func:`forward_graphable` does not cover, or a capture that failed). ``pad`` False captures
     ``input_ids``' exact length (a caller whose calls all have one length: no padding, the eager numerics).
     ``enabled``: whether graphs are on for this call (None: :func:`graph_forward_enabled`)."""
     enabled = graph_forward_enabled(model) if enabled is None else enabled
     if not (enabled and isinstance(input_ids, torch.Tensor) and _on_graph_device(input_ids)
-            and input_ids.dim() == 2 and 0 < input_ids.shape[1] <= MAX_TOKENS and not model.training
-            and not torch.is_grad_enabled() and not _capturing()):
+            and input_ids.dim() == 2 and 0 < captured_tokens(input_ids, pad) <= HOST_BOUND_TOKENS
+            and not model.training and not torch.is_grad_enabled() and not _capturing()):
         return None
     return forward_graphs(model)(input_ids, pad)
+
+
+def captured_tokens(input_ids: torch.Tensor, pad: bool = True) -> int:
+    """Tokens a replay of ``input_ids`` ``[B, T]`` runs: B times the bucket of T (``pad``) or T."""
+    B, T = input_ids.shape
+    return B * (bucket_for(T) if pad and T else T)
 
 
 def _on_graph_device(t: torch.Tensor) -> bool:
@@ -155,6 +164,8 @@ class GraphedForward:
     def _capture(self, model, key, batch: int, tokens: int) -> _Capture | None:
         while len(self.captures) >= self.max_captures:
             self.captures.popitem(last=False)
+        if not self.captures:  # a pool dies with the last graph that used it: capturing into its handle again
+            self.pool = None  # trips an assert in PyTorch's caching allocator
         if self.use_graph and self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         try:
