@@ -5,7 +5,7 @@ one GPU and in one process: a random 1.37B GLA (2048 x 24, speed only) calibrate
   replay's first call (its capture) apart; the logits' largest difference from the eager call's (0 at a bucket's
   length);
 * ``lm_eval_like``: 64 requests of 100-1,000 tokens one at a time (lm-eval's default batch of 1), in one order;
-* ``ppl_prefill``: ``laquant.eval.ppl.perplexity`` in prefill mode (context 2,048, stride 1,024, batches of 4) on
+* ``ppl_prefill``: ``laquant.eval.ppl.perplexity`` in prefill mode (40 windows of 1,024, stride 512, batches of 4) on
   random tokens, eagerly and graphed (its ``graphed`` default), captures included.
 
     python3 tools/bench_graphed_forward.py --out DIR     # DIR/graphed_forward.json, .md, .png
@@ -93,13 +93,13 @@ def lm_eval_like(model, variant):
 
 
 def ppl_prefill(model, variant):
-    ids = torch.randint(0, CONFIG["vocab_size"], (1024 * 41,), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, CONFIG["vocab_size"], (1024 + 39 * 512,), generator=torch.Generator().manual_seed(1))
     row = dict(variant=variant)
     model.laquant_graph_forward = False
     with torch.no_grad():  # the eager kernels compiled and autotuned before the clock
-        model(ids[:4 * 2048].view(4, 2048).to(DEVICE))
+        model(ids[:4 * 1024].view(4, 1024).to(DEVICE))
     for graphed in (False, True):
-        t, res = synced(lambda: perplexity(model, ids, context=2048, stride=1024, batch_size=4, progress=False,
+        t, res = synced(lambda: perplexity(model, ids, context=1024, stride=512, batch_size=4, progress=False,
                                            graphed=graphed))
         key = "graphed" if graphed else "eager"
         row.update({f"{key}_s": round(t, 3), f"{key}_nll": res.nll, f"{key}_replayed": res.graphed})
