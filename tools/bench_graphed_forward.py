@@ -26,9 +26,10 @@ from profile_prefill import random_gla  # noqa: E402
 from laquant.eval.ppl import perplexity  # noqa: E402
 from laquant.models import GLAConfig  # noqa: E402
 from laquant.serving.graphed_forward import forward_graphs  # noqa: E402
+from laquant.serving.graphed_prefill import bucket_for  # noqa: E402
 
 CONFIG = dict(hidden_size=2048, num_hidden_layers=24, num_heads=16, vocab_size=32000)
-SHAPES = [(1, 128), (1, 512), (1, 1000), (1, 2048), (4, 2048), (8, 512)]
+SHAPES = [(1, 128), (1, 512), (1, 1000), (1, 2048), (2, 2048), (4, 1024), (8, 512)]  # <= HOST_BOUND_TOKENS
 
 
 DEVICE = "cuda"
@@ -59,13 +60,15 @@ def forward_rows(model, variant, reps):
             model.laquant_graph_forward = True
             capture, out = synced(lambda: model(ids).logits)
             replay = [synced(lambda: model(ids))[0] for _ in range(reps)]
+            replayed = any(k[:2] == (batch, bucket_for(tokens)) for k in forward_graphs(model).captures)
         diff = (out.float() - ref.float()).abs().max().item()
         e, r = statistics.median(eager) * 1e3, statistics.median(replay) * 1e3
         rows.append(dict(variant=variant, batch=batch, tokens=tokens, eager_ms=round(e, 2), graphed_ms=round(r, 2),
                          capture_ms=round(capture * 1e3, 1), speedup=round(e / r, 2),
                          eager_tok_per_s=round(batch * tokens / e * 1e3),
                          graphed_tok_per_s=round(batch * tokens / r * 1e3),
-                         max_abs_diff=diff, finite=bool(torch.isfinite(out).all())))
+                         max_abs_diff=diff, max_rel_diff=diff / ref.float().abs().max().item(),
+                         finite=bool(torch.isfinite(out).all()), replayed=replayed))
         print(json.dumps(rows[-1]), flush=True)
     forward_graphs(model).captures.clear()
     return rows
