@@ -260,6 +260,31 @@ def test_a_failed_capture_falls_back_to_eager(monkeypatch):
     assert restored.states[0].n_stores == 0 and not graphed.graphed_prefill.covers(restored, 40)  # no second try
 
 
+def test_an_out_of_memory_capture_refuses_its_bucket_only(monkeypatch):
+    from laquant.generate import prefill_graphs
+    from laquant.serving import graphed_prefill
+
+    real = graphed_prefill._Capture
+
+    def capture(model, layout, bucket, batch, use_graph, pool=None):
+        if bucket == 256:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+        return real(model, layout, bucket, batch, use_graph, pool)
+
+    monkeypatch.setattr(graphed_prefill, "_Capture", capture)
+    model = _model()
+    graphs = prefill_graphs(model)
+    graphs.use_graph = False  # re-run eagerly on the static tensors: all but the capture
+    with pytest.warns(UserWarning, match="out of memory.*1 x 256 tokens run eagerly"):
+        assert graphs(model.new_cache(), _ids(200)[None]) is None
+    assert graphs.failure is None and graphs(model.new_cache(), _ids(200)[None]) is None  # not tried again
+    logits, _ = graphs(model.new_cache(), _ids(100)[None])  # a smaller bucket still replays
+    with torch.no_grad():
+        ref = model(_ids(100)[None], use_cache=True).logits[:, -1:]
+    torch.testing.assert_close(logits, ref, rtol=1e-5, atol=1e-5)
+    assert [k[0] for k in graphs.captures] == [128]
+
+
 @pytest.mark.parametrize("kind", ["gla", "gated_deltanet"])
 def test_padded_replay_on_the_kernels(kind, monkeypatch):
     """The mixers' Triton path (the chunk kernels reading the masked keys and log-decays, the store

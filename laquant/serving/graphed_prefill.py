@@ -188,7 +188,8 @@ class GraphedPrefill:
     def __init__(self, model, max_tokens: int, use_graph: bool = True):
         self._model, self.max_tokens, self.use_graph = weakref.ref(model), max_tokens, use_graph
         self.captures: dict = {}
-        self.failure: str | None = None  # why a capture failed; then every prefill runs eagerly
+        self.refused: dict = {}  # key -> why its capture ran out of memory (that key's prefills run eagerly)
+        self.failure: str | None = None  # why a capture failed otherwise; then every prefill runs eagerly
         self.pool = None  # the captures' shared memory pool (made at the first capture)
 
     @property
@@ -207,13 +208,16 @@ class GraphedPrefill:
     def __call__(self, restored: GLAStateCache, suffix: torch.Tensor):
         """``(logits [B, 1, vocab], cache)`` of ``suffix [B, T]`` after ``restored`` (restored from a
         snapshot, or empty), or None where the bucket's prefill could not be captured (the reason in
-        :attr:`failure`, warned once): the caller runs it eagerly."""
+        :attr:`refused` for an out-of-memory capture, else in :attr:`failure`; warned once): the caller runs it
+        eagerly."""
         bucket = bucket_for(suffix.shape[1])
         layout = "fresh" if is_fresh(restored) else state_layout(restored.states)
         convs = tuple(sorted((key, tuple(t.shape), t.dtype) for key, t in restored.conv.items()))
         from laquant.generate import weights_key
 
         key = (bucket, suffix.shape[0], layout, convs, restored.seed, mixers_key(self.model), weights_key(self.model))
+        if key in self.refused:
+            return None
         capture = self.captures.get(key)
         if capture is None:
             if self.use_graph and self.pool is None:  # safe: one replay's outputs are copied out before the next
@@ -223,9 +227,15 @@ class GraphedPrefill:
                 with torch.inference_mode(False):
                     capture = _Capture(self.model, restored, bucket, suffix.shape[0], self.use_graph, self.pool)
             except RuntimeError as exc:  # an op the capture refuses: slower, never wrong, so run eagerly
-                self.failure = f"{type(exc).__name__}: {exc}"
-                warnings.warn(f"laquant: a prefill could not be captured as a CUDA graph ({self.failure}); "
-                              "these prefills run eagerly", stacklevel=3)
+                why = f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, torch.OutOfMemoryError):  # a smaller bucket or batch may still fit
+                    self.refused[key] = why
+                    scope = f"prefills of {suffix.shape[0]} x {bucket} tokens run eagerly"
+                else:
+                    self.failure = why
+                    scope = "these prefills run eagerly"
+                warnings.warn(f"laquant: a prefill could not be captured as a CUDA graph ({why}); {scope}",
+                              stacklevel=3)
                 return None
             self.captures[key] = capture
         return capture.replay(restored, suffix)
