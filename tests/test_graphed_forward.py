@@ -155,6 +155,22 @@ def test_a_pool_is_not_reused_once_its_graphs_are_gone():
     assert graphs.pool is kept
 
 
+def test_a_hooked_model_runs_eagerly(cpu_graphs):
+    """Calibration observes through forward hooks; a replay would skip them."""
+    model = _model()
+    model.laquant_graph_forward = True
+    seen = []
+    handle = model.model.layers[1].mlp.register_forward_hook(lambda mod, args, out: seen.append(out.shape))
+    with torch.no_grad():
+        model(_ids(1, 64))
+        model(_ids(1, 64))
+    assert len(seen) == 2 and not forward_graphs(model).captures
+    handle.remove()
+    with torch.no_grad():
+        model(_ids(1, 64))
+    assert forward_graphs(model).captures
+
+
 def test_per_tensor_activation_scales_are_not_covered():
     model = _model()
     laquant.calibrate(model, "gla_w8a8_naive", torch.randint(0, VOCAB, (2, 64)), progress=False)

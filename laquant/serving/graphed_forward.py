@@ -17,7 +17,7 @@ What it covers: laquant's own models (GLA, Gated DeltaNet, DeltaNet, with fla's 
 cache is kept, so nothing grows) on CUDA, called without gradients, without a cache and with ``use_cache`` off, a
 2-D batch of at most :data:`HOST_BOUND_TOKENS` tokens in all once padded (more are bound by the GPU, not the host),
 no quantized linear with per-tensor activation scales (one scale over every token of the call, which the padding
-would move). Anything else runs eagerly, as does a call whose capture failed (warned once: an out-of-memory capture
+would move), no forward hooks (a replay runs no Python). Anything else runs eagerly, as does a call whose capture failed (warned once: an out-of-memory capture
 refuses that batch size and bucket only, any other failure every later capture of the model).
 
 Numerics: the eager forward's, bit for bit at a bucket's length (the same kernels on the same shapes); padded, up
@@ -53,12 +53,18 @@ def graph_forward_enabled(model) -> bool:
 
 def forward_graphable(model) -> bool:
     """Whether ``model``'s cacheless forward can replay padded: laquant's GLA (Gated DeltaNet, DeltaNet), no quantized
-    linear with per-tensor activation scales."""
+    linear with per-tensor activation scales, and no forward hooks (a replay runs no Python: calibration's
+    observers would see nothing)."""
+    from torch.nn.modules import module as nn_module
+
     from laquant.models import GLAForCausalLM
     from laquant.quant.modules import QuantLinear
 
-    return isinstance(model, GLAForCausalLM) and not any(
-        isinstance(m, QuantLinear) and m.act_granularity == "per_tensor" for m in model.modules())
+    if not isinstance(model, GLAForCausalLM) or nn_module._global_forward_hooks or \
+            nn_module._global_forward_pre_hooks:
+        return False
+    return not any((isinstance(m, QuantLinear) and m.act_granularity == "per_tensor") or m._forward_hooks
+                   or m._forward_pre_hooks for m in model.modules())
 
 
 def graphed_logits(model, input_ids, pad: bool = True, enabled: bool | None = None) -> torch.Tensor | None:
