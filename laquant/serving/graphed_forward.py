@@ -17,8 +17,9 @@ What it covers: laquant's own models (GLA, Gated DeltaNet, DeltaNet, with fla's 
 cache is kept, so nothing grows) on CUDA, called without gradients, without a cache and with ``use_cache`` off, a
 2-D batch of at most :data:`HOST_BOUND_TOKENS` tokens in all once padded (more are bound by the GPU, not the host),
 no quantized linear with per-tensor activation scales (one scale over every token of the call, which the padding
-would move), no forward hooks (a replay runs no Python). Anything else runs eagerly, as does a call whose capture failed (warned once: an out-of-memory capture
-refuses that batch size and bucket only, any other failure every later capture of the model).
+would move), no forward hooks (a replay runs no Python). Anything else runs eagerly, as does a call whose capture
+failed (warned once: an out-of-memory capture refuses that batch size and bucket only, any other failure every later
+capture of the model).
 
 Numerics: the eager forward's, bit for bit at a bucket's length (the same kernels on the same shapes); padded, up
 to rounding (the padding lengthens the GEMMs' M, and a bf16 GEMM may then take other tiles; the int8 ones are exact).
