@@ -53,19 +53,35 @@ def graph_forward_enabled(model) -> bool:
 
 
 def forward_graphable(model) -> bool:
-    """Whether ``model``'s cacheless forward can replay padded: laquant's GLA (Gated DeltaNet, DeltaNet), no quantized
-    linear with per-tensor activation scales, and no forward hooks (a replay runs no Python: calibration's
-    observers would see nothing)."""
+    """Whether ``model``'s cacheless forward can replay padded: laquant's GLA (Gated DeltaNet, DeltaNet) or a
+    transformers hybrid that laquant adapted (:func:`laquant.adapters.hybrid.is_adapted_hybrid`), no quantized linear
+    with per-tensor activation scales, and no forward hooks (a replay runs no Python: calibration's observers would
+    see nothing) but those that do nothing without a cache (``laquant_cacheless_noop``)."""
     from torch.nn.modules import module as nn_module
 
+    from laquant.adapters.hybrid import is_adapted_hybrid
     from laquant.models import GLAForCausalLM
     from laquant.quant.modules import QuantLinear
 
-    if not isinstance(model, GLAForCausalLM) or nn_module._global_forward_hooks or \
-            nn_module._global_forward_pre_hooks:
+    if not (isinstance(model, GLAForCausalLM) or is_adapted_hybrid(model)) or nn_module._global_forward_hooks \
+            or nn_module._global_forward_pre_hooks:
         return False
-    return not any((isinstance(m, QuantLinear) and m.act_granularity == "per_tensor") or m._forward_hooks
-                   or m._forward_pre_hooks for m in model.modules())
+    return not any((isinstance(m, QuantLinear) and m.act_granularity == "per_tensor") or _live_hooks(m)
+                   for m in model.modules())
+
+
+def _live_hooks(module) -> bool:
+    return any(not getattr(hook, "laquant_cacheless_noop", False)
+               for hooks in (module._forward_hooks, module._forward_pre_hooks) for hook in hooks.values())
+
+
+def cacheless_logits(model, input_ids: torch.Tensor) -> torch.Tensor:
+    """The logits of ``model``'s forward of ``input_ids`` without a cache, as a capture records it."""
+    from laquant.models import GLAForCausalLM
+
+    if isinstance(model, GLAForCausalLM):
+        return model.lm_head(model.model(input_ids, None))
+    return type(model).forward(model, input_ids=input_ids, use_cache=False).logits  # the class's: not the wrapper
 
 
 def graphed_logits(model, input_ids, pad: bool = True, enabled: bool | None = None) -> torch.Tensor | None:
@@ -109,6 +125,18 @@ def release_forward_graphs(model) -> None:
     model.__dict__.pop(_GRAPHS, None)
 
 
+def _quantizers_key(model) -> tuple:
+    """What a capture takes from the mixers' state quantizers (a prefill's state round trip): each one's format,
+    rounding, renormalisation interval and static scale (by storage)."""
+    out = []
+    for m in model.modules():
+        q = getattr(m, "state_quantizer", None)
+        if q is not None:
+            scale = q.static_scale
+            out.append((q.format.name, q.rounding, q.renorm_interval, None if scale is None else scale.data_ptr()))
+    return tuple(out)
+
+
 class _Capture:
     """One (batch, tokens) forward on static token ids; ``graph`` None re-runs it eagerly on the same tensors (the
     CPU tests' path: everything but the capture itself)."""
@@ -125,8 +153,7 @@ class _Capture:
 
     @torch.no_grad()
     def _run(self) -> torch.Tensor:
-        model = self._model()
-        return model.lm_head(model.model(self.ids, None))
+        return cacheless_logits(self._model(), self.ids)
 
     def replay(self, input_ids: torch.Tensor) -> torch.Tensor:
         T = input_ids.shape[1]
@@ -154,10 +181,9 @@ class GraphedForward:
         if model is None or self.failure is not None or not forward_graphable(model):
             return None
         from laquant.generate import weights_key
-        from laquant.serving.graphed_prefill import mixers_key
 
         tokens = bucket_for(input_ids.shape[1]) if pad else input_ids.shape[1]
-        key = (input_ids.shape[0], tokens, mixers_key(model), weights_key(model))
+        key = (input_ids.shape[0], tokens, _quantizers_key(model), weights_key(model))
         if key in self.refused:
             return None
         capture = self.captures.get(key)

@@ -82,13 +82,10 @@ def model_graphable(model) -> bool:
 
 def mixers_key(model) -> tuple:
     """What a capture takes from the mixers' state quantizers besides the states' layout: each one's format,
-    rounding, renormalisation interval and static scale (by storage); None for a softmax ``attn`` layer."""
+    rounding, renormalisation interval and static scale (by storage)."""
     out = []
     for layer in model.model.layers:
-        q = getattr(layer.attn, "state_quantizer", None)
-        if q is None:
-            out.append(None)
-            continue
+        q = layer.attn.state_quantizer
         scale = q.static_scale
         out.append((q.format.name, q.rounding, q.renorm_interval, None if scale is None else scale.data_ptr()))
     return tuple(out)
