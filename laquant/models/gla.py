@@ -25,8 +25,8 @@ from laquant.models.fla_attention import Attention, attention_spec, attention_sp
 from laquant.models.graphed_step import OUTPUT_CACHE_FIELD, graph_step_allowed, graphed_step
 from laquant.models.recurrent import OutputNorm, RecurrentMixer
 from laquant.models.side_stream import fork
-from laquant.serving.graphed_forward import graphed_logits
 from laquant.quant.fused import glu_project, low_rank_gate, project, w8a8_inputs
+from laquant.serving.graphed_forward import graphed_logits
 
 ATTN_INPUTS = ("q_proj", "k_proj", "v_proj", "g_proj")  # the projections that read the normed hidden state
 MLP_INPUTS = ("gate_proj", "up_proj")
