@@ -57,20 +57,41 @@ def forward_graphable(model) -> bool:
     transformers hybrid that laquant adapted (:func:`laquant.adapters.hybrid.is_adapted_hybrid`), no quantized linear
     with per-tensor activation scales, and no forward hooks (a replay runs no Python: calibration's observers would
     see nothing) but those that do nothing without a cache (``laquant_cacheless_noop``)."""
-    from torch.nn.modules import module as nn_module
+    return _Walk(model).graphable()
 
-    from laquant.adapters.hybrid import is_adapted_hybrid
-    from laquant.models import GLAForCausalLM
-    from laquant.quant.modules import QuantLinear
 
-    if not (isinstance(model, GLAForCausalLM) or is_adapted_hybrid(model)) or nn_module._global_forward_hooks \
-            or nn_module._global_forward_pre_hooks:
-        return False
-    return not any((isinstance(m, QuantLinear) and m.act_granularity == "per_tensor") or _live_hooks(m)
-                   for m in model.modules())
+class _Walk:
+    """What :func:`forward_graphable` and a capture's key read from ``model``'s modules, walked once (~1 ms for a
+    24-layer model on a CPU: per call, that was a third of a short replay). A capture holds the modules it saw, so
+    a model whose modules are replaced must release its graphs anyway (laquant's quantize and ``_apply`` do); the
+    hooks, which come and go, are checked at every call."""
+
+    def __init__(self, model):
+        from laquant.adapters.hybrid import is_adapted_hybrid
+        from laquant.models import GLAForCausalLM
+        from laquant.quant.modules import QuantLinear
+
+        self.modules = list(model.modules())
+        self.covered = (isinstance(model, GLAForCausalLM) or is_adapted_hybrid(model)) and not any(
+            isinstance(m, QuantLinear) and m.act_granularity == "per_tensor" for m in self.modules)
+        self.quantizers = [q for m in self.modules if (q := getattr(m, "state_quantizer", None)) is not None]
+
+    def graphable(self) -> bool:
+        from torch.nn.modules import module as nn_module
+
+        return (self.covered and not nn_module._global_forward_hooks and not nn_module._global_forward_pre_hooks
+                and not any(_live_hooks(m) for m in self.modules))
+
+    def quantizers_key(self) -> tuple:
+        """What a capture takes from the mixers' state quantizers (a prefill's state round trip): each one's format,
+        rounding, renormalisation interval and static scale (by storage)."""
+        return tuple((q.format.name, q.rounding, q.renorm_interval,
+                      None if q.static_scale is None else q.static_scale.data_ptr()) for q in self.quantizers)
 
 
 def _live_hooks(module) -> bool:
+    if not (module._forward_hooks or module._forward_pre_hooks):
+        return False
     return any(not getattr(hook, "laquant_cacheless_noop", False)
                for hooks in (module._forward_hooks, module._forward_pre_hooks) for hook in hooks.values())
 
@@ -125,18 +146,6 @@ def release_forward_graphs(model) -> None:
     model.__dict__.pop(_GRAPHS, None)
 
 
-def _quantizers_key(model) -> tuple:
-    """What a capture takes from the mixers' state quantizers (a prefill's state round trip): each one's format,
-    rounding, renormalisation interval and static scale (by storage)."""
-    out = []
-    for m in model.modules():
-        q = getattr(m, "state_quantizer", None)
-        if q is not None:
-            scale = q.static_scale
-            out.append((q.format.name, q.rounding, q.renorm_interval, None if scale is None else scale.data_ptr()))
-    return tuple(out)
-
-
 class _Capture:
     """One (batch, tokens) forward on static token ids; ``graph`` None re-runs it eagerly on the same tensors (the
     CPU tests' path: everything but the capture itself)."""
@@ -175,15 +184,19 @@ class GraphedForward:
         self.refused: dict = {}  # key -> why its capture failed (an out-of-memory error: that key only)
         self.failure: str | None = None  # a failure other than memory: every later forward runs eagerly
         self.pool = None  # the captures' shared memory pool: each replay's logits are copied out before the next
+        self.walk: _Walk | None = None  # the model's modules, walked at the first call
 
     def __call__(self, input_ids: torch.Tensor, pad: bool = True) -> torch.Tensor | None:
         model = self._model()
-        if model is None or self.failure is not None or not forward_graphable(model):
+        if model is None or self.failure is not None:
+            return None
+        self.walk = self.walk or _Walk(model)
+        if not self.walk.graphable():
             return None
         from laquant.generate import weights_key
 
         tokens = bucket_for(input_ids.shape[1]) if pad else input_ids.shape[1]
-        key = (input_ids.shape[0], tokens, _quantizers_key(model), weights_key(model))
+        key = (input_ids.shape[0], tokens, self.walk.quantizers_key(), weights_key(model))
         if key in self.refused:
             return None
         capture = self.captures.get(key)
