@@ -104,13 +104,12 @@ def is_fresh(cache) -> bool:
             and cache.token_mask is None and not cache.static)
 
 
-def graphable(model, cache: GLAStateCache) -> bool:
-    """Whether a prefill of ``model`` from ``cache`` can be replayed: ``cache`` empty (a fresh prefill) or
-    restored from a snapshot (a resumed one)."""
-    if not is_fresh(cache) and (not isinstance(cache, GLAStateCache) or cache.kv or any(s is None for s in cache.states)
-                                or {s.n_stores for s in cache.states} != {0}):
-        return False
-    return model_graphable(model)
+def cache_graphable(cache) -> bool:
+    """Whether a prefill from ``cache`` can be replayed, as far as the cache goes: ``cache`` empty (a fresh prefill)
+    or restored from a snapshot (a resumed one)."""
+    return is_fresh(cache) or (isinstance(cache, GLAStateCache) and not cache.kv
+                               and all(s is not None for s in cache.states)
+                               and {s.n_stores for s in cache.states} == {0})
 
 
 class _Capture:
@@ -188,10 +187,18 @@ class GraphedPrefill:
         self.refused: dict = {}  # key -> why its capture ran out of memory (that key's prefills run eagerly)
         self.failure: str | None = None  # why a capture failed otherwise; then every prefill runs eagerly
         self.pool = None  # the captures' shared memory pool (made at the first capture)
+        self._model_graphable: bool | None = None  # model_graphable, walked once: it reads every module (~1 ms)
 
     @property
     def model(self):
         return self._model()
+
+    def model_graphable(self) -> bool:
+        """:func:`model_graphable` of the model, computed at the first call (a capture holds the modules it saw: a
+        model whose modules are replaced must release its graphs, as laquant's quantize and ``_apply`` do)."""
+        if self._model_graphable is None:
+            self._model_graphable = model_graphable(self.model)
+        return self._model_graphable
 
     def covers(self, cache: GLAStateCache, tokens: int) -> bool:
         """Whether a prefill of ``tokens`` tokens from ``cache`` replays here: from an empty cache, or a
@@ -199,7 +206,7 @@ class GraphedPrefill:
         differently: it stays eager)."""
         fresh = is_fresh(cache)
         return (self.failure is None and (1 if fresh else 2) <= tokens <= self.max_tokens
-                and graphable(self.model, cache)
+                and cache_graphable(cache) and self.model_graphable()
                 and (next(self.model.parameters()).is_cuda or not self.use_graph))
 
     def __call__(self, restored: GLAStateCache, suffix: torch.Tensor):
