@@ -78,18 +78,20 @@ def task_manager(tasks: list[str], include_paths: list[Path] = ()):
 
 def evaluate(model, tokenizer, tasks: list[str], manager, *, batch_size: int = 1, limit: int | float | None = None,
              num_fewshot: int | None = None, max_length: int | None = None, seed: int = 0,
-             graphed: bool = True) -> dict:
+             graphed: bool = False) -> dict:
     """lm-eval's results for an already loaded ``model`` (``manager`` from :func:`task_manager`):
     ``{"results": {task: {metric: value}}, "n_samples": ..., "model_num_parameters": ...,
     "model_dtype": ...}``. ``graphed``: lm-eval's scoring forwards replay CUDA graphs where the model allows it
-    (``model.laquant_graph_forward`` on for the call: :mod:`laquant.serving.graphed_forward`)."""
+    (``model.laquant_graph_forward`` on for the call: :mod:`laquant.serving.graphed_forward`; padded to length
+    buckets, so the scores move by rounding)."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
 
     lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
               max_length=max_length)
     before = model.__dict__.get("laquant_graph_forward")
-    model.laquant_graph_forward = graphed
+    if graphed:
+        model.laquant_graph_forward = True
     try:
         out = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
                                       num_fewshot=num_fewshot, log_samples=False, random_seed=seed,

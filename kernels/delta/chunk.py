@@ -292,8 +292,8 @@ def launch_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, fin
         H=H, GROUP=H // Hk, K=K, V=V, BT=block_t, BK=BK, BV=BV, VARLEN=cu_seqlens is not None,
         RT_EVERY=CHUNK // block_t, LOW_PRECISION=q.dtype != torch.float32, L2NORM=use_qk_l2norm,
         PER_CHANNEL=g.dim() == 4, INTRA=intra is not None,
-        num_warps=chunk_warps(block_t, K, q.dtype != torch.float32, 4, wy_in_walk=intra is None)
-        if num_warps is None else num_warps,
+        num_warps=chunk_warps(block_t, K, q.dtype != torch.float32, 4, wy_in_walk=intra is None,
+                              per_channel=g.dim() == 4) if num_warps is None else num_warps,
         num_stages=num_stages, **state_args,
     )
     return o, final

@@ -101,13 +101,17 @@ def intra_grid(B: int, T: int, H: int, block_t: int, cu_seqlens: torch.Tensor | 
 INTRA_WARPS = {16: 2, 32: 4, 64: 4}
 
 
-def chunk_warps(block_t: int, K: int, low_precision: bool, warps: int, wy_in_walk: bool = False) -> int:
-    """``warps`` for a delta-rule chunk kernel, except 2 for 64-token chunks with K <= 32 and for bf16 ones that build
-    their WY form in the walk (``wy_in_walk``). At 4 warps those faulted with an illegal address or gave wrong outputs
-    on an H200 (Triton 3.6): in bf16 the intra-chunk kernel at K = 16 and 32 (K = 64 and 128 ran right) and the
-    one-launch walk at K = 48 and 128 (eval/results/split_intra_h200/); in float32 KDA's prefill at K = 16 (off by up
-    to 3e-2; K = 32 ran right, eval/results/graphed_forward_h200/probe_chunk64.txt). Every one ran right at 2 warps."""
-    small = block_t == 64 and (next_power_of_2(K) <= 32 or (low_precision and wy_in_walk))
+def chunk_warps(block_t: int, K: int, low_precision: bool, warps: int, wy_in_walk: bool = False,
+                per_channel: bool = False) -> int:
+    """``warps`` for a delta-rule chunk kernel, except 2 for 64-token chunks at K <= 32 in bf16, or in any dtype with
+    a per-channel decay (``per_channel``: KDA), and for bf16 ones that build their WY form in the walk
+    (``wy_in_walk``). At 4 warps those faulted with an illegal address or gave wrong outputs on an H200 (Triton 3.6):
+    in bf16 the intra-chunk kernel at K = 16 and 32 (K = 64 and 128 ran right) and the one-launch walk at K = 48 and
+    128 (eval/results/split_intra_h200/); in float32 KDA's prefill at K = 16 (off by up to 3e-2; K = 32 ran right),
+    while the delta rule's float32 prefill at K = 16 ran right at 4 warps (eval/results/graphed_forward_h200/,
+    tools/probe_chunk64.py). Every one ran right at 2 warps."""
+    small = block_t == 64 and (((low_precision or per_channel) and next_power_of_2(K) <= 32)
+                               or (low_precision and wy_in_walk))
     return 2 if small else warps
 
 

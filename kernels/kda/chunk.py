@@ -155,7 +155,8 @@ def kda_intra_chunk(q, k, v, g, beta, scale: float | None = None, cu_seqlens: to
         beta.stride(0), beta.stride(1), beta.stride(2), T, K ** -0.5 if scale is None else scale,
         H=H, GROUP=H // Hk, K=K, V=V, BT=block_t, BK=BK, SB=sub_block, BV=BV,
         VARLEN=cu_seqlens is not None, LOW_PRECISION=q.dtype != torch.float32, L2NORM=use_qk_l2norm,
-        num_warps=chunk_warps(block_t, K, q.dtype != torch.float32, 2 if block_t <= 16 else 4))  # sweep_kda_intra.py
+        num_warps=chunk_warps(block_t, K, q.dtype != torch.float32, 2 if block_t <= 16 else 4,  # sweep_kda_intra.py
+                              per_channel=True))
     return qk, w, u
 
 

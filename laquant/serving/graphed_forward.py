@@ -1,17 +1,17 @@
 """A whole forward of laquant's models replayed as a CUDA graph: the calls that score text.
 
 lm-eval's ``HFLM`` (``laquant eval lm-eval``) and ``laquant eval ppl``'s prefill mode call ``model(input_ids)``
-without a cache and read the logits of every position. Eagerly, that forward is bound by the host: a 1K-token
-forward of a 1.37B GLA takes ~6 ms of GPU time and 35-60 ms of Python and launches on the lent H200s' hosts, and
-the quantized model's wrappers cost the host about twice bf16's (``eval/results/fast_launch_h200/``), so a
-quantized model scored text slower than the bf16 model it replaces.
+without a cache and read the logits of every position. Eagerly, that forward is bound by the host: up to ~2K
+tokens, a forward of a 1.37B GLA takes 20-50 ms of Python and launches on the lent H200s' hosts for 2-12 ms of GPU
+work, and the quantized model's wrappers cost the host more than bf16's (``eval/results/fast_launch_h200/``), so a
+quantized model scored text no faster than the bf16 model it replaces.
 
-With ``model.laquant_graph_forward = True`` (or ``LAQUANT_GRAPH_FORWARD=1``; ``laquant eval ppl`` and ``laquant eval
-lm-eval`` turn it on on CUDA unless given ``--eager``), such a call replays a graph captured per batch size and
-token-count bucket (:func:`~laquant.serving.graphed_prefill.bucket_for`: powers of two from 64 to 1,024, then
-multiples of 1,024; ``laquant eval ppl`` captures its windows' exact length). The tokens are padded at the end with
-token 0: the model is causal, so the padding cannot change the real positions' logits, which are copied out of
-the graph's memory.
+``laquant eval ppl``'s prefill mode replays its batches at the windows' exact length (the eager numerics: the same
+kernels on the same shapes). With ``model.laquant_graph_forward = True`` (or ``LAQUANT_GRAPH_FORWARD=1``; ``laquant
+eval lm-eval --graphed``), a cacheless call replays a graph captured per batch size and token-count bucket
+(:func:`~laquant.serving.graphed_prefill.bucket_for`: powers of two from 64 to 1,024, then multiples of 1,024), the
+tokens padded at the end with token 0: the model is causal, so the padding cannot reach the real positions' logits
+but through rounding, and those logits are copied out of the graph's memory.
 
 What it covers: laquant's own models (GLA, Gated DeltaNet, DeltaNet, with fla's softmax ``attn`` layers too: no
 cache is kept, so nothing grows) on CUDA, called without gradients, without a cache and with ``use_cache`` off, a
@@ -19,12 +19,16 @@ cache is kept, so nothing grows) on CUDA, called without gradients, without a ca
 no quantized linear with per-tensor activation scales (one scale over every token of the call, which the padding
 would move), no forward hooks (a replay runs no Python). Anything else runs eagerly, as does a call whose capture
 failed (warned once: an out-of-memory capture refuses that batch size and bucket only, any other failure every later
-capture of the model).
+capture of the model). Not the transformers hybrids: a replay of a random qwen3_next's forward differed from its
+eager forward by up to 0.36 of the largest logit at a bucket's own length on an H200, which was not explained
+(``eval/results/graphed_forward_h200/``).
 
-Numerics: the eager forward's, bit for bit at a bucket's length (the same kernels on the same shapes); padded, up
-to rounding (the padding lengthens the GEMMs' M, and a bf16 GEMM may then take other tiles; the int8 ones are exact).
-A capture costs about three eager forwards (two warm-ups, then the capture). At most :data:`MAX_CAPTURES` stay
-captured; the least recently used is freed first. Each holds its batch's logits (``B x bucket x vocab``).
+Numerics: the eager forward's, bit for bit at a bucket's length (the same kernels on the same shapes; GPU-tested).
+Padded, the real positions' logits differ by rounding: a longer M can take other GEMM tiles and prefill pieces, and
+a random 24-layer model amplifies that (up to 0.055 of the largest logit for bf16, 0.29 for ``gla_int8_all`` at 1,000
+tokens padded to 1,024 on an H200); so padding is opt-in. A capture costs about three eager forwards (two warm-ups,
+then the capture). At most :data:`MAX_CAPTURES` stay captured; the least recently used is freed first. Each holds
+its batch's logits (``B x bucket x vocab``).
 """
 
 from __future__ import annotations
@@ -53,10 +57,9 @@ def graph_forward_enabled(model) -> bool:
 
 
 def forward_graphable(model) -> bool:
-    """Whether ``model``'s cacheless forward can replay padded: laquant's GLA (Gated DeltaNet, DeltaNet) or a
-    transformers hybrid that laquant adapted (:func:`laquant.adapters.hybrid.is_adapted_hybrid`), no quantized linear
-    with per-tensor activation scales, and no forward hooks (a replay runs no Python: calibration's observers would
-    see nothing) but those that do nothing without a cache (``laquant_cacheless_noop``)."""
+    """Whether ``model``'s cacheless forward can replay padded: laquant's GLA (Gated DeltaNet, DeltaNet), no quantized
+    linear with per-tensor activation scales, and no forward hooks (a replay runs no Python: calibration's observers
+    would see nothing)."""
     return _Walk(model).graphable()
 
 
@@ -67,12 +70,11 @@ class _Walk:
     hooks, which come and go, are checked at every call."""
 
     def __init__(self, model):
-        from laquant.adapters.hybrid import is_adapted_hybrid
         from laquant.models import GLAForCausalLM
         from laquant.quant.modules import QuantLinear
 
         self.modules = list(model.modules())
-        self.covered = (isinstance(model, GLAForCausalLM) or is_adapted_hybrid(model)) and not any(
+        self.covered = isinstance(model, GLAForCausalLM) and not any(
             isinstance(m, QuantLinear) and m.act_granularity == "per_tensor" for m in self.modules)
         self.quantizers = [q for m in self.modules if (q := getattr(m, "state_quantizer", None)) is not None]
 
@@ -90,19 +92,7 @@ class _Walk:
 
 
 def _live_hooks(module) -> bool:
-    if not (module._forward_hooks or module._forward_pre_hooks):
-        return False
-    return any(not getattr(hook, "laquant_cacheless_noop", False)
-               for hooks in (module._forward_hooks, module._forward_pre_hooks) for hook in hooks.values())
-
-
-def cacheless_logits(model, input_ids: torch.Tensor) -> torch.Tensor:
-    """The logits of ``model``'s forward of ``input_ids`` without a cache, as a capture records it."""
-    from laquant.models import GLAForCausalLM
-
-    if isinstance(model, GLAForCausalLM):
-        return model.lm_head(model.model(input_ids, None))
-    return type(model).forward(model, input_ids=input_ids, use_cache=False).logits  # the class's: not the wrapper
+    return bool(module._forward_hooks or module._forward_pre_hooks)
 
 
 def graphed_logits(model, input_ids, pad: bool = True, enabled: bool | None = None) -> torch.Tensor | None:
@@ -162,7 +152,8 @@ class _Capture:
 
     @torch.no_grad()
     def _run(self) -> torch.Tensor:
-        return cacheless_logits(self._model(), self.ids)
+        model = self._model()
+        return model.lm_head(model.model(self.ids, None))
 
     def replay(self, input_ids: torch.Tensor) -> torch.Tensor:
         T = input_ids.shape[1]
