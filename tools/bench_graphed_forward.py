@@ -118,9 +118,6 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--smoke", action="store_true", help="a 2-layer 256-wide model on the CPU: the tool's own test")
-    ap.add_argument("--hybrid", default=None, metavar="FAMILY:{json}",
-                    help="also a transformers hybrid (laquant eval speed's model spec, e.g. 'qwen3_next:{}', bf16 and "
-                         "hybrid_int8 calibrated on random tokens): model(ids) at three shapes and the request stream")
     args = ap.parse_args()
     global DEVICE
     if args.smoke:
@@ -138,19 +135,6 @@ def main():
         del model
         torch.cuda.empty_cache()
     write(result, out)
-    if args.hybrid:
-        from laquant.eval.speed import recipe_variants
-
-        result["hybrid"] = args.hybrid
-        for label, variant, make in recipe_variants([args.hybrid], "gla_int8_all"):
-            model = make()
-            result["forward"] += forward_rows(model, f"{label} {variant}", args.reps, [(1, 512), (1, 2048), (4, 1024)])
-            result["lm_eval_like"].append(lm_eval_like(model, f"{label} {variant}"))
-            failure = forward_graphs(model).failure
-            result.setdefault("hybrid_failures", {})[variant] = failure
-            del model
-            torch.cuda.empty_cache()
-        write(result, out)
 
 
 def write(result, out):
@@ -171,11 +155,6 @@ def write_markdown(result, path):
                      f"| {q['graphed_ms']} "
                      f"| {b['eager_ms'] / q['eager_ms']:.2f}x | {b['graphed_ms'] / q['graphed_ms']:.2f}x "
                      f"| {b['capture_ms']} / {q['capture_ms']} | {b['max_abs_diff']:.3g} / {q['max_abs_diff']:.3g} |")
-    for r in result["forward"]:
-        if r["variant"] not in ("bf16", "gla_int8_all"):
-            lines.append(f"| {r['variant']}: {r['batch']} x {r['tokens']} | eager {r['eager_ms']} ms | graphed "
-                         f"{r['graphed_ms']} ms (replayed: {r['replayed']}) | | | | | {r['capture_ms']} "
-                         f"| {r['max_abs_diff']:.3g} |")
     lines += ["", "| variant | lm-eval-like eager s | graphed s (first pass, captures in it) | speedup (first) "
               "| ppl prefill eager s | graphed s | speedup | nll eager / graphed |",
               "|---|---|---|---|---|---|---|---|"]
@@ -198,7 +177,7 @@ def plot(result, path):
     labels = [f"{b}x{t}" for b, t in SHAPES]
     width = 0.2
     for i, (variant, mode) in enumerate([(v, m) for v in ("bf16", "gla_int8_all") for m in ("eager", "graphed")]):
-        ys = [r[f"{mode}_tok_per_s"] for r in result["forward"] if r["variant"] == variant]  # the GLA's rows
+        ys = [r[f"{mode}_tok_per_s"] for r in result["forward"] if r["variant"] == variant]
         ax.bar([x + (i - 1.5) * width for x in range(len(labels))], ys, width, label=f"{variant} {mode}")
     ax.set_xticks(range(len(labels)), labels)
     ax.set_ylabel("tokens/s (cacheless forward)")
