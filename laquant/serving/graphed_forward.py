@@ -201,8 +201,8 @@ class GraphedForward:
     def _capture(self, model, key, batch: int, tokens: int) -> _Capture | None:
         while len(self.captures) >= self.max_captures:
             self.captures.popitem(last=False)
-        if not self.captures:  # a pool dies with the last graph that used it: capturing into its handle again
-            self.pool = None  # trips an assert in PyTorch's caching allocator
+        if not self.captures:  # a pool dies with the last graph that used it (a failed capture's included):
+            self.pool = None  # capturing into its handle again trips an assert in PyTorch's caching allocator
         if self.use_graph and self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         try:

@@ -224,6 +224,8 @@ class GraphedPrefill:
             return None
         capture = self.captures.get(key)
         if capture is None:
+            if not self.captures:  # a pool dies with the last graph that used it (a failed capture's included):
+                self.pool = None  # capturing into its handle again trips an assert in PyTorch's caching allocator
             if self.use_graph and self.pool is None:  # safe: one replay's outputs are copied out before the next
                 self.pool = torch.cuda.graph_pool_handle()
             try:
