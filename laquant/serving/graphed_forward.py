@@ -20,8 +20,9 @@ no quantized linear with per-tensor activation scales (one scale over every toke
 would move), no forward hooks (a replay runs no Python). Anything else runs eagerly, as does a call whose capture
 failed (warned once: an out-of-memory capture refuses that batch size and bucket only, any other failure every later
 capture of the model). Not the transformers hybrids: a replay of a random qwen3_next's forward differed from its
-eager forward by up to 0.36 of the largest logit at a bucket's own length on an H200, which was not explained
-(``eval/results/graphed_forward_h200/``).
+eager forward by up to 0.36 of the largest logit at a bucket's own length on an H200; likely (not checked) because
+transformers builds an explicit attention mask while a stream captures (``is_tracing``) where the eager call lets
+SDPA run ``is_causal`` (``eval/results/graphed_forward_h200/``).
 
 Numerics: the eager forward's, bit for bit at a bucket's length (the same kernels on the same shapes; GPU-tested).
 Padded, the real positions' logits differ by rounding: a longer M can take other GEMM tiles and prefill pieces, and
