@@ -158,12 +158,10 @@ def write_markdown(result, path):
     lines += ["", "| variant | lm-eval-like eager s | graphed s (first pass, captures in it) | speedup (first) "
               "| ppl prefill eager s | graphed s | speedup | nll eager / graphed |",
               "|---|---|---|---|---|---|---|---|"]
-    for i, le in enumerate(result["lm_eval_like"]):
-        pp = result["ppl_prefill"][i] if i < len(result["ppl_prefill"]) else None
-        ppl = (f"{pp['eager_s']} | {pp['graphed_s']} | {pp['speedup']}x | {pp['eager_nll']:.6f} / "
-               f"{pp['graphed_nll']:.6f}") if pp else "| | |"
+    for le, pp in zip(result["lm_eval_like"], result["ppl_prefill"]):
         lines.append(f"| {le['variant']} | {le['eager_second_s']} | {le['graphed_second_s']} ({le['graphed_first_s']}) "
-                     f"| {le['speedup']}x ({le['speedup_with_captures']}x) | {ppl} |")
+                     f"| {le['speedup']}x ({le['speedup_with_captures']}x) | {pp['eager_s']} | {pp['graphed_s']} "
+                     f"| {pp['speedup']}x | {pp['eager_nll']:.6f} / {pp['graphed_nll']:.6f} |")
     path.write_text("\n".join(lines) + "\n")
 
 

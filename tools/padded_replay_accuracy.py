@@ -14,18 +14,18 @@ from laquant.loading import load_tokenizer
 from laquant.paths import default_model_dir
 from laquant.serving.graphed_prefill import bucket_for
 
-
 DEVICE = "cuda"
 
 
 def main():
     model_dir = default_model_dir()
-    ids = tokenize(load_text("wikitext2"), load_tokenizer(model_dir))[: 4 * 1024]
+    tokenizer = load_tokenizer(model_dir)
+    ids = tokenize(load_text("wikitext2"), tokenizer)[: 4 * 1024]
     print("variant tokens bucket max_abs_diff max_rel_diff nll_eager nll_replayed", flush=True)
     for variant in ("bf16", "gla_int8_all"):
         model, _ = load(model_dir, device=DEVICE, dtype=torch.bfloat16)
         if variant != "bf16":
-            calib = tokenize(load_text("calibration"), load_tokenizer(model_dir))[: 8 * 512].view(8, 512).to(DEVICE)
+            calib = tokenize(load_text("calibration"), tokenizer)[: 8 * 512].view(8, 512).to(DEVICE)
             model = laquant.calibrate(model, variant, data=calib, progress=False).model
         model.eval()
         for tokens in (1000, 700, 300, 1024):

@@ -1,7 +1,7 @@
 """Chunks of 64 tokens in the delta-rule and KDA chunked prefills, on the GPU, against their PyTorch references at a
 forced warp count or ``chunk_warps``' own. The Triton 3.6 fault that ``kernels/delta/intra.py::chunk_warps`` sidesteps
 at 2 warps was first seen in bf16; this probe found it in float32 too (KDA at K = 16 and 4 warps, off by up to 3e-2;
-eval/results/graphed_forward_h200/probe_chunk64.txt), and chunk_warps takes 2 warps there since.
+eval/results/graphed_forward_h200/run1/probe_chunk64.txt), and chunk_warps takes 2 warps there since.
 
     python3 tools/probe_chunk64.py [kda:fp32:16:32:2 ...]  # a line per case and T: rel err of o and of the state
 """
@@ -29,10 +29,10 @@ def inputs(T, K, V, dtype, kda, seed=7):
 
 def forced(warps):
     """chunk_warps with ``warps`` for every 64-token chunk (None: the shipped rule)."""
-    def pick(block_t, K, low_precision, default, wy_in_walk=False):
+    def pick(block_t, K, low_precision, default, **rule):
         if warps is not None and block_t == 64:
             return warps
-        return ORIGINAL(block_t, K, low_precision, default, wy_in_walk)
+        return ORIGINAL(block_t, K, low_precision, default, **rule)
     return pick
 
 
@@ -48,7 +48,6 @@ def main(argv=None):
     """Cases ``kernel:dtype:K:V:warps`` (kernel kda or delta, dtype fp32 or bf16, warps a count or ``shipped``, the
     rule in chunk_warps), each at T = 64, 90 and 200; by default :data:`DEFAULT_CASES`."""
     cases = (argv if argv is not None else sys.argv[1:]) or DEFAULT_CASES
-    kda_chunk.BLOCK_TS = (16, 32, 64)  # the probe lifts the refusal for its own calls where there is one
     print("kernel dtype K V T warps rel_err_o rel_err_state", flush=True)
     for case in cases:
         kernel, dtype_name, K, V, warps = case.split(":")
