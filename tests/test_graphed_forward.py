@@ -181,15 +181,45 @@ def _hybrid(family, **kw):
     return _installed(family, **kw).eval()
 
 
-def test_transformers_hybrids_are_not_covered():
-    """A random qwen3_next's replay differed from its eager forward beyond rounding on an H200 (likely: transformers
-    builds an explicit attention mask while a stream captures): eagerly."""
-    model = _hybrid("qwen3_next")
-    model.laquant_graph_forward = True
-    assert not forward_graphable(model)
+@pytest.mark.parametrize("family", ["qwen3_next", "bamba"])
+def test_a_hybrid_replays_its_cacheless_calls(family, cpu_graphs):
+    """A transformers hybrid with laquant's mixers: lm-eval's call (ids only) replays; calls with anything else
+    (a cache, use_cache, a mask) run transformers' forward as before."""
+    model = _hybrid(family)
+    ids = torch.randint(1, 100, (1, 70), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        out = model(_ids(1, 64))
-    assert out.past_key_values is not None  # transformers' own forward, its cache returned
+        ref = model(ids, use_cache=False).logits
+        model.laquant_graph_forward = True
+        assert forward_graphable(model)
+        out = model(ids)
+        assert out.past_key_values is None
+        torch.testing.assert_close(out.logits, ref, rtol=1e-5, atol=1e-5)
+        assert [k[:2] for k in forward_graphs(model).captures] == [(1, 128)]
+        assert model(input_ids=ids, use_cache=True).past_key_values is not None  # eagerly, with its cache
+        masked = model(ids, attention_mask=torch.ones_like(ids))
+        torch.testing.assert_close(masked.logits, ref, rtol=1e-5, atol=1e-5)
+        assert len(forward_graphs(model).captures) == 1
+
+
+def test_a_hybrid_capture_builds_the_eager_mask(monkeypatch):
+    """While a stream captures, transformers skips its packing check (it reads the device) and builds an explicit
+    mask where the eager call lets SDPA run is_causal; a capture answers the check as the eager call does. Here the
+    capture is simulated (is_tracing true) and the softmax layer's mask recorded."""
+    from transformers import masking_utils
+    from transformers.models.qwen3_next import modeling_qwen3_next
+
+    model = _hybrid("qwen3_next")
+    masks = []
+    build = modeling_qwen3_next.create_causal_mask
+    monkeypatch.setattr(modeling_qwen3_next, "create_causal_mask", lambda *a, **kw: masks.append(build(*a, **kw))
+                        or masks[-1])
+    monkeypatch.setattr(masking_utils, "is_tracing", lambda *a: True)
+    check = masking_utils.find_packed_sequence_indices
+    with torch.no_grad():
+        model(_ids(1, 64), use_cache=False)  # transformers' own forward, as if captured: an explicit mask
+        graphed_forward.cacheless_logits(model, _ids(1, 64))
+    assert masks[0] is not None and masks[1] is None
+    assert masking_utils.find_packed_sequence_indices is check
 
 
 def test_per_tensor_activation_scales_are_not_covered():
@@ -227,6 +257,25 @@ def test_ppl_prefill_replays_its_batches(cpu_graphs):
     large = perplexity(_model(), long_ids, context=512, stride=32, batch_size=9, progress=False)
     assert not large.graphed  # bound by the GPU, not the host
     assert perplexity(_model(), long_ids, context=512, stride=32, batch_size=8, progress=False).graphed
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h"])
+def test_gpu_hybrid_replay_equals_eager(family):
+    model = _hybrid(family, dtype=torch.bfloat16, device="cuda")
+    with torch.no_grad():
+        for batch, tokens in ((1, 128), (2, 100)):
+            ids = _ids(batch, tokens, seed=tokens, device="cuda")
+            model.laquant_graph_forward = False
+            ref = model(ids, use_cache=False).logits
+            model.laquant_graph_forward = True
+            out = model(ids).logits
+            if tokens == 128:
+                assert torch.equal(out, ref)
+            else:
+                torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    graphs = forward_graphs(model)
+    assert graphs.failure is None and all(c.graph is not None for c in graphs.captures.values())
 
 
 @pytest.mark.gpu

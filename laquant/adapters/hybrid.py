@@ -31,6 +31,7 @@ import weakref
 
 import torch
 import torch.nn as nn
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from laquant.adapters.base import Adapter, MixerInfo
 from laquant.errors import LaquantError
@@ -105,6 +106,23 @@ def _reorder_cache(cache, beam_idx: torch.Tensor):
     return cache
 
 
+_positions_from_state_store.laquant_cacheless_noop = True  # a hook a replayed cacheless forward may skip
+
+
+def is_adapted_hybrid(model) -> bool:
+    """Whether ``model`` is a transformers hybrid whose forward laquant wrapped (:func:`_install_graph_steps`)."""
+    forward = model.__dict__.get("forward")
+    return isinstance(forward, _InstanceMethod) and forward.fn is _graph_step_forward
+
+
+def _cacheless_ids(args: tuple, kwargs: dict):
+    """The token ids of a call with nothing but them and ``use_cache`` False or unset (lm-eval's ``HFLM`` scores
+    text so), else None."""
+    if len(args) > 1 or set(kwargs) - {"input_ids", "use_cache"} or kwargs.get("use_cache"):
+        return None
+    return args[0] if args else kwargs.get("input_ids")
+
+
 def _marked_prepare_inputs(model, *args, **kwargs) -> dict:
     """transformers' ``prepare_inputs_for_generation``, its steps marked for :func:`_graph_step_forward`."""
     return {**type(model).prepare_inputs_for_generation(model, *args, **kwargs), "laquant_graph_step": True}
@@ -112,7 +130,8 @@ def _marked_prepare_inputs(model, *args, **kwargs) -> dict:
 
 def _graph_step_forward(model, *args, laquant_graph_step: bool = False, **kwargs):
     """transformers' forward, where a marked decode step may replay a CUDA graph
-    (:func:`laquant.models.graphed_step.hybrid_graph_step`)."""
+    (:func:`laquant.models.graphed_step.hybrid_graph_step`), and so may a call with token ids only, where graphed
+    forwards are on (:func:`laquant.serving.graphed_forward.graphed_logits`)."""
     if laquant_graph_step:
         from laquant.models.graphed_step import hybrid_graph_step
 
@@ -121,6 +140,12 @@ def _graph_step_forward(model, *args, laquant_graph_step: bool = False, **kwargs
             return out
         if (moved := _positions_from_state_store(model, args, kwargs)) is not None:  # what the hook skipped
             args, kwargs = moved
+    elif (ids := _cacheless_ids(args, kwargs)) is not None:
+        from laquant.serving.graphed_forward import graphed_logits
+
+        logits = graphed_logits(model, ids)
+        if logits is not None:  # no cache returned: the caller asked for none, or (use_cache unset) uses none
+            return CausalLMOutputWithPast(logits=logits)
     return type(model).forward(model, *args, **kwargs)
 
 

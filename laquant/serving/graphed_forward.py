@@ -14,15 +14,19 @@ tokens padded at the end with token 0: the model is causal, so the padding canno
 but through rounding, and those logits are copied out of the graph's memory.
 
 What it covers: laquant's own models (GLA, Gated DeltaNet, DeltaNet, with fla's softmax ``attn`` layers too: no
-cache is kept, so nothing grows) on CUDA, called without gradients, without a cache and with ``use_cache`` off, a
-2-D batch of at most :data:`HOST_BOUND_TOKENS` tokens in all once padded (more are bound by the GPU, not the host),
-no quantized linear with per-tensor activation scales (one scale over every token of the call, which the padding
-would move), no forward hooks (a replay runs no Python). Anything else runs eagerly, as does a call whose capture
-failed (warned once: an out-of-memory capture refuses that batch size and bucket only, any other failure every later
-capture of the model). Not the transformers hybrids: a replay of a random qwen3_next's forward differed from its
-eager forward by up to 0.36 of the largest logit at a bucket's own length on an H200; likely (not checked) because
-transformers builds an explicit attention mask while a stream captures (``is_tracing``) where the eager call lets
-SDPA run ``is_causal`` (``eval/results/graphed_forward_h200/``).
+cache is kept, so nothing grows) called without a cache and with ``use_cache`` off, and the transformers hybrids
+laquant adapted (:mod:`laquant.adapters.hybrid`) called with token ids only (``use_cache`` unset or off: lm-eval's
+call; no cache is returned), on CUDA, without gradients, a 2-D batch of at most :data:`HOST_BOUND_TOKENS` tokens in
+all once padded (more are bound by the GPU, not the host), no quantized linear with per-tensor activation scales (one
+scale over every token of the call, which the padding would move), no forward hooks (a replay runs no Python) but
+those marked ``laquant_cacheless_noop``. Anything else runs eagerly, as does a call whose capture failed (warned once:
+an out-of-memory capture refuses that batch size and bucket only, any other failure every later capture of the model).
+
+transformers' mask builders ask whether a call's positions pack several sequences; the check reads the device, so
+while a stream captures it is skipped and the answer taken is "packed": an explicit mask, where the eager call lets
+SDPA run ``is_causal`` (another kernel, other roundings; a random qwen3_next's replay differed by up to 0.36 of the
+largest logit on an H200, ``eval/results/graphed_forward_h200/``). A capture's positions are ``arange`` (one sequence
+a row), so it runs with the check answered as the eager call answers it (:func:`_unpacked_positions`).
 
 Numerics: the eager forward's, bit for bit at a bucket's length (the same kernels on the same shapes; GPU-tested).
 Padded, the real positions' logits differ by rounding: a longer M can take other GEMM tiles and prefill pieces, and
@@ -34,6 +38,7 @@ its batch's logits (``B x bucket x vocab``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 import weakref
@@ -58,9 +63,10 @@ def graph_forward_enabled(model) -> bool:
 
 
 def forward_graphable(model) -> bool:
-    """Whether ``model``'s cacheless forward can replay padded: laquant's GLA (Gated DeltaNet, DeltaNet), no quantized
-    linear with per-tensor activation scales, and no forward hooks (a replay runs no Python: calibration's observers
-    would see nothing)."""
+    """Whether ``model``'s cacheless forward can replay padded: laquant's GLA (Gated DeltaNet, DeltaNet) or a
+    transformers hybrid laquant adapted, no quantized linear with per-tensor activation scales, and no forward hooks
+    (a replay runs no Python: calibration's observers would see nothing) but those that do nothing without a cache
+    (``laquant_cacheless_noop``)."""
     return _Walk(model).graphable()
 
 
@@ -71,11 +77,12 @@ class _Walk:
     hooks, which come and go, are checked at every call."""
 
     def __init__(self, model):
+        from laquant.adapters.hybrid import is_adapted_hybrid
         from laquant.models import GLAForCausalLM
         from laquant.quant.modules import QuantLinear
 
         self.modules = list(model.modules())
-        self.covered = isinstance(model, GLAForCausalLM) and not any(
+        self.covered = (isinstance(model, GLAForCausalLM) or is_adapted_hybrid(model)) and not any(
             isinstance(m, QuantLinear) and m.act_granularity == "per_tensor" for m in self.modules)
         self.quantizers = [q for m in self.modules if (q := getattr(m, "state_quantizer", None)) is not None]
 
@@ -93,7 +100,37 @@ class _Walk:
 
 
 def _live_hooks(module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks)
+    return any(not getattr(hook, "laquant_cacheless_noop", False)
+               for hooks in (module._forward_hooks, module._forward_pre_hooks) for hook in hooks.values())
+
+
+def cacheless_logits(model, input_ids: torch.Tensor) -> torch.Tensor:
+    """The logits of ``model``'s forward of ``input_ids`` without a cache, as a capture records it."""
+    from laquant.models import GLAForCausalLM
+
+    if isinstance(model, GLAForCausalLM):
+        return model.lm_head(model.model(input_ids, None))
+    with _unpacked_positions():  # the class's forward, not laquant's wrapper (which would replay)
+        return type(model).forward(model, input_ids=input_ids, use_cache=False).logits
+
+
+@contextlib.contextmanager
+def _unpacked_positions():
+    """transformers' packing check (``masking_utils.find_packed_sequence_indices``) answered "one sequence a row",
+    as it answers a call without a cache whose positions are ``arange`` outside a capture (inside one it skips the
+    check and answers "packed": see the module's docstring)."""
+    from transformers import masking_utils
+
+    check = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = _one_sequence_a_row
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = check
+
+
+def _one_sequence_a_row(position_ids):
+    return None
 
 
 def graphed_logits(model, input_ids, pad: bool = True, enabled: bool | None = None) -> torch.Tensor | None:
@@ -153,8 +190,7 @@ class _Capture:
 
     @torch.no_grad()
     def _run(self) -> torch.Tensor:
-        model = self._model()
-        return model.lm_head(model.model(self.ids, None))
+        return cacheless_logits(self._model(), self.ids)
 
     def replay(self, input_ids: torch.Tensor) -> torch.Tensor:
         T = input_ids.shape[1]
