@@ -1,0 +1,58 @@
+"""lm-eval's scoring calls on a transformers hybrid with laquant's mixers, eager against replayed
+(laquant.serving.graphed_forward), bf16 against hybrid_int8 (calibrated on random tokens), on one GPU in one process:
+``model(ids)`` at four shapes and bench_graphed_forward's lm-eval-like stream (64 requests of 100-1,000 tokens).
+
+    python3 tools/bench_hybrid_scoring.py --out DIR [--model 'qwen3_next:{}' ...]   # DIR/hybrid_scoring.json, .md
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from bench_graphed_forward import forward_rows, lm_eval_like  # noqa: E402
+
+from laquant.eval.speed import recipe_variants  # noqa: E402
+
+SHAPES = [(1, 128), (1, 512), (1, 2048), (4, 1024)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", nargs="+", default=["qwen3_next:{}"], help="laquant eval speed's FAMILY:{json} specs")
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, forward=[], lm_eval_like=[],
+                  failures={})
+    for label, variant, make in recipe_variants(args.model, "gla_int8_all"):
+        from laquant.serving.graphed_forward import forward_graphs
+
+        model = make()
+        name = f"{label} {variant}"
+        result["forward"] += forward_rows(model, name, args.reps, SHAPES)
+        result["lm_eval_like"].append(lm_eval_like(model, name))
+        result["failures"][name] = forward_graphs(model).failure
+        del model
+        torch.cuda.empty_cache()
+    (out / "hybrid_scoring.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = [f"{result['device']}, torch {result['torch']}", "",
+             "| model variant | batch x tokens | eager ms | replayed ms | speedup | capture ms | max diff / largest |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['variant']} | {r['batch']} x {r['tokens']} | {r['eager_ms']} | {r['graphed_ms']} "
+              f"| {r['speedup']}x | {r['capture_ms']} | {r['max_rel_diff']:.3g} |" for r in result["forward"]]
+    lines += ["", "| model variant | lm-eval-like eager s | replayed s (first pass, captures in it) | speedup (first) |",
+              "|---|---|---|---|"]
+    lines += [f"| {r['variant']} | {r['eager_second_s']} | {r['graphed_second_s']} ({r['graphed_first_s']}) "
+              f"| {r['speedup']}x ({r['speedup_with_captures']}x) |" for r in result["lm_eval_like"]]
+    (out / "hybrid_scoring.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
