@@ -214,12 +214,12 @@ def test_a_hybrid_capture_builds_the_eager_mask(monkeypatch):
     monkeypatch.setattr(modeling_qwen3_next, "create_causal_mask", lambda *a, **kw: masks.append(build(*a, **kw))
                         or masks[-1])
     monkeypatch.setattr(masking_utils, "is_tracing", lambda *a: True)
-    check = masking_utils.find_packed_sequence_indices
+    checks = masking_utils.find_packed_sequence_indices, masking_utils.is_tracing
     with torch.no_grad():
         model(_ids(1, 64), use_cache=False)  # transformers' own forward, as if captured: an explicit mask
         graphed_forward.cacheless_logits(model, _ids(1, 64))
     assert masks[0] is not None and masks[1] is None
-    assert masking_utils.find_packed_sequence_indices is check
+    assert (masking_utils.find_packed_sequence_indices, masking_utils.is_tracing) == checks
 
 
 def test_per_tensor_activation_scales_are_not_covered():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import sys
 from pathlib import Path
 
@@ -49,6 +50,7 @@ def logits(model, ids):
 def captured(model, ids, answer, zeros=False):
     """A capture's logits, the capture run on ``ids`` (or, ``zeros``, on zero token ids then replayed on ``ids``, as
     laquant's captures are); the masks the softmax layers got while capturing are printed."""
+    gc.collect()  # a graph freed while another captures invalidates the capture (an earlier run's failure)
     static = torch.zeros_like(ids) if zeros else ids.clone()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -57,8 +59,13 @@ def captured(model, ids, answer, zeros=False):
             logits(model, static)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with packed_answer(answer) if answer else contextlib.nullcontext(), recorded_masks() as masks, \
-            torch.cuda.graph(graph):
+    if answer == "eager":  # laquant's captures: is_tracing and the packing check answered as outside a capture
+        from laquant.serving.graphed_forward import _eager_masks
+
+        context = _eager_masks()
+    else:
+        context = packed_answer(answer) if answer else contextlib.nullcontext()
+    with context, recorded_masks() as masks, torch.cuda.graph(graph):
         out = logits(model, static)
     static.copy_(ids)
     graph.replay()
@@ -126,8 +133,9 @@ def main(argv=None) -> int:
                 forced = logits(model, ids).float()
             rows = {"eager again": again, "eager, packed answer": forced}
             for label, answer, zeros in (("captured as is", None, False),
-                                         ("captured, answered eagerly", lambda position_ids: None, False),
-                                         ("captured on zero ids, answered", lambda position_ids: None, True)):
+                                         ("captured, packing answered", lambda position_ids: None, False),
+                                         ("captured, eager masks", "eager", False),
+                                         ("captured on zero ids, eager masks", "eager", True)):
                 try:
                     print(f"  {name}: {label}")
                     rows[label] = captured(model, ids, answer, zeros).float()

@@ -22,11 +22,13 @@ scale over every token of the call, which the padding would move), no forward ho
 those marked ``laquant_cacheless_noop``. Anything else runs eagerly, as does a call whose capture failed (warned once:
 an out-of-memory capture refuses that batch size and bucket only, any other failure every later capture of the model).
 
-transformers' mask builders ask whether a call's positions pack several sequences; the check reads the device, so
-while a stream captures it is skipped and the answer taken is "packed": an explicit mask, where the eager call lets
-SDPA run ``is_causal`` (another kernel, other roundings; a random qwen3_next's replay differed by up to 0.36 of the
-largest logit on an H200, ``eval/results/graphed_forward_h200/``). A capture's positions are ``arange`` (one sequence
-a row), so it runs with the check answered as the eager call answers it (:func:`_unpacked_positions`).
+transformers' mask builders take a stream capture for tracing (``is_tracing``): they then skip the checks that read
+the device and build an explicit mask where the eager call lets SDPA run ``is_causal``: another attention kernel,
+other roundings, which a random MoE router amplifies (a random qwen3_next's logits moved by up to 0.23-0.5 of the
+largest on an H200, the eager forward given that mask moving as far, ``eval/results/hybrid_scoring_h200/``).
+transformers 5.17 builds it in ``_ignore_causal_mask_sdpa``, 5.24 in its packed-sequence check. A capture runs with
+both answered as the eager call answers them (:func:`_eager_masks`): its positions are ``arange``, one sequence a
+row, and it has no padding mask.
 
 Numerics: the eager forward's, bit for bit at a bucket's length (the same kernels on the same shapes; GPU-tested).
 Padded, the real positions' logits differ by rounding: a longer M can take other GEMM tiles and prefill pieces, and
@@ -110,23 +112,27 @@ def cacheless_logits(model, input_ids: torch.Tensor) -> torch.Tensor:
 
     if isinstance(model, GLAForCausalLM):
         return model.lm_head(model.model(input_ids, None))
-    with _unpacked_positions():  # the class's forward, not laquant's wrapper (which would replay)
+    with _eager_masks():  # the class's forward, not laquant's wrapper (which would replay)
         return type(model).forward(model, input_ids=input_ids, use_cache=False).logits
 
 
 @contextlib.contextmanager
-def _unpacked_positions():
-    """transformers' packing check (``masking_utils.find_packed_sequence_indices``) answered "one sequence a row",
-    as it answers a call without a cache whose positions are ``arange`` outside a capture (inside one it skips the
-    check and answers "packed": see the module's docstring)."""
+def _eager_masks():
+    """transformers' mask builders (``masking_utils``) inside as outside a capture, on a call with token ids only:
+    their ``is_tracing`` (true while a stream captures) answered false, and the packing check, which outside a
+    capture reads the device, answered "one sequence a row" (a capture's positions are ``arange``)."""
     from transformers import masking_utils
 
-    check = masking_utils.find_packed_sequence_indices
-    masking_utils.find_packed_sequence_indices = _one_sequence_a_row
+    saved = masking_utils.is_tracing, masking_utils.find_packed_sequence_indices
+    masking_utils.is_tracing, masking_utils.find_packed_sequence_indices = _not_tracing, _one_sequence_a_row
     try:
         yield
     finally:
-        masking_utils.find_packed_sequence_indices = check
+        masking_utils.is_tracing, masking_utils.find_packed_sequence_indices = saved
+
+
+def _not_tracing(tensor=None):
+    return False
 
 
 def _one_sequence_a_row(position_ids):
