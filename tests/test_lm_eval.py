@@ -84,3 +84,34 @@ def test_bad_input_is_one_line(checkpoint, tmp_path, capsys, argv, message):
     assert main(["eval", "lm-eval", str(checkpoint), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_graphed_scoring_of_a_hybrid_replays_lm_evals_calls(tmp_path, monkeypatch):
+    """``evaluate(..., graphed=True)`` on a transformers hybrid with laquant's mixers: lm-eval's calls reach the
+    graphed forward and replay (on the CPU through the static tensors, the capture skipped), with the eager scores."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_static_hybrid import _installed
+
+    from laquant.eval.harness import TEXT_TASK, evaluate, task_manager, text_task
+    from laquant.loading import load_tokenizer
+    from laquant.paths import default_model_dir
+    from laquant.serving import graphed_forward
+
+    monkeypatch.setattr(graphed_forward, "_on_graph_device", lambda t: True)
+    replays = []
+    replay = graphed_forward._Capture.replay
+    monkeypatch.setattr(graphed_forward._Capture, "replay", lambda self, ids: replays.append(ids.shape) or
+                        replay(self, ids))
+    (tmp_path / "docs.txt").write_text("\n\n".join(DOCS) + "\n")
+    manager = task_manager([TEXT_TASK], [text_task(tmp_path / "docs.txt", tmp_path / "task")])
+    model, tok = _installed("qwen3_next").eval(), load_tokenizer(default_model_dir())
+    eager = evaluate(model, tok, [TEXT_TASK], manager)
+    assert not replays
+    graphed = evaluate(model, tok, [TEXT_TASK], manager, graphed=True)
+    assert len(replays) == len(DOCS)
+    for metric, value in eager["results"][TEXT_TASK].items():
+        assert math.isclose(graphed["results"][TEXT_TASK][metric], value, rel_tol=1e-5), metric
+    assert "laquant_graph_forward" not in model.__dict__ and graphed_forward._GRAPHS not in model.__dict__
