@@ -202,9 +202,9 @@ def test_a_hybrid_replays_its_cacheless_calls(family, cpu_graphs):
 
 
 def test_a_hybrid_capture_builds_the_eager_mask(monkeypatch):
-    """While a stream captures, transformers skips its packing check (it reads the device) and builds an explicit
-    mask where the eager call lets SDPA run is_causal; a capture answers the check as the eager call does. Here the
-    capture is simulated (is_tracing true) and the softmax layer's mask recorded."""
+    """While a stream captures, transformers' mask builders take it for tracing (is_tracing) and build an explicit
+    mask where the eager call lets SDPA run is_causal; a capture builds the eager masks. Here the capture is
+    simulated (is_tracing true) and the softmax layer's mask recorded."""
     from transformers import masking_utils
     from transformers.models.qwen3_next import modeling_qwen3_next
 
