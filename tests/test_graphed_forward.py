@@ -222,6 +222,16 @@ def test_a_hybrid_capture_builds_the_eager_mask(monkeypatch):
     assert (masking_utils.find_packed_sequence_indices, masking_utils.is_tracing) == checks
 
 
+def test_ppl_prefill_replays_a_hybrids_batches(cpu_graphs):
+    model = _hybrid("qwen3_next")
+    ids = torch.randint(1, 8000, (700,), generator=torch.Generator().manual_seed(5))
+    eager = perplexity(model, ids, context=64, stride=32, batch_size=2, progress=False, graphed=False)
+    graphed = perplexity(model, ids, context=64, stride=32, batch_size=2, progress=False)
+    assert not eager.graphed and graphed.graphed
+    assert [k[:2] for k in forward_graphs(model).captures] == [(2, 64)]
+    assert graphed.nll == eager.nll and graphed.loss_by_position == eager.loss_by_position
+
+
 def test_per_tensor_activation_scales_are_not_covered():
     model = _model()
     laquant.calibrate(model, "gla_w8a8_naive", torch.randint(0, VOCAB, (2, 64)), progress=False)
