@@ -201,6 +201,24 @@ def test_a_hybrid_replays_its_cacheless_calls(family, cpu_graphs):
         assert len(forward_graphs(model).captures) == 1
 
 
+def test_a_hybrid_capture_that_differs_from_eager_turns_graphs_off(cpu_graphs, monkeypatch):
+    """A hybrid's new capture is checked against its eager forward on the same tokens: a replay that differs (here
+    made to) turns the model's graphs off with a warning, and the call gets the eager logits."""
+    model = _hybrid("qwen3_next")
+    run = graphed_forward._Capture._run
+    monkeypatch.setattr(graphed_forward._Capture, "_run", lambda self: run(self) + 1e-3)
+    ids = _ids(1, 70)
+    with torch.no_grad():
+        ref = model(ids, use_cache=False).logits
+        model.laquant_graph_forward = True
+        with pytest.warns(UserWarning, match="does not replay as a CUDA graph"):
+            out = model(ids)
+        assert out.past_key_values is not None  # transformers' own forward
+        torch.testing.assert_close(out.logits, ref, rtol=0, atol=0)
+        assert forward_graphs(model).failure and not forward_graphs(model).captures
+        assert model(ids).past_key_values is not None  # and eagerly from then on
+
+
 def test_a_hybrid_capture_builds_the_eager_mask(monkeypatch):
     """While a stream captures, transformers' mask builders take it for tracing (is_tracing) and build an explicit
     mask where the eager call lets SDPA run is_causal; a capture builds the eager masks. Here the capture is

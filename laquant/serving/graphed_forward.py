@@ -21,6 +21,8 @@ all once padded (more are bound by the GPU, not the host), no quantized linear w
 scale over every token of the call, which the padding would move), no forward hooks (a replay runs no Python) but
 those marked ``laquant_cacheless_noop``. Anything else runs eagerly, as does a call whose capture failed (warned once:
 an out-of-memory capture refuses that batch size and bucket only, any other failure every later capture of the model).
+A hybrid's new capture is checked once against its eager forward on the same tokens (bit for bit, or every later
+forward of the model runs eagerly, warned): transformers' code runs inside.
 
 transformers' mask builders take a stream capture for tracing (``is_tracing``): they then skip the checks that read
 the device and build an explicit mask where the eager call lets SDPA run ``is_causal``: another attention kernel,
@@ -84,7 +86,8 @@ class _Walk:
         from laquant.quant.modules import QuantLinear
 
         self.modules = list(model.modules())
-        self.covered = (isinstance(model, GLAForCausalLM) or is_adapted_hybrid(model)) and not any(
+        self.checked = is_adapted_hybrid(model)  # transformers' code runs in its forward: see GraphedForward._faithful
+        self.covered = (isinstance(model, GLAForCausalLM) or self.checked) and not any(
             isinstance(m, QuantLinear) and m.act_granularity == "per_tensor" for m in self.modules)
         self.quantizers = [q for m in self.modules if (q := getattr(m, "state_quantizer", None)) is not None]
 
@@ -199,13 +202,18 @@ class _Capture:
         return cacheless_logits(self._model(), self.ids)
 
     def replay(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.run(input_ids)[:, :input_ids.shape[1]].clone()
+
+    def run(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The logits of the whole static batch with ``input_ids`` in it (padded with token 0), in the graph's memory
+        (valid until the next replay)."""
         T = input_ids.shape[1]
         self.ids[:, T:].zero_()
         self.ids[:, :T].copy_(input_ids)
         if self.graph is None:
-            return self._run()[:, :T].clone()
+            return self._run()
         self.graph.replay()
-        return self.logits[:, :T].clone()
+        return self.logits
 
 
 class GraphedForward:
@@ -236,10 +244,27 @@ class GraphedForward:
         capture = self.captures.get(key)
         if capture is None:
             capture = self._capture(model, key, input_ids.shape[0], tokens)
-            if capture is None:
+            if capture is None or (self.walk.checked and not self._faithful(model, capture, input_ids)):
                 return None
         self.captures.move_to_end(key)
         return capture.replay(input_ids)
+
+    def _faithful(self, model, capture: _Capture, input_ids: torch.Tensor) -> bool:
+        """Whether a new capture of a transformers hybrid replays its eager forward bit for bit, on the first call's
+        tokens padded as replayed. Its forward is transformers' code, which may decide at capture time what it decides
+        per call eagerly (its masks did: :func:`_eager_masks`), and changes with transformers' versions; a capture that
+        differs turns the model's graphs off, warned, rather than give other numbers."""
+        replayed = capture.run(input_ids)
+        eager = cacheless_logits(model, capture.ids.clone())
+        if torch.equal(replayed, eager):
+            return True
+        diff = (replayed.float() - eager.float()).abs().max().item()
+        self.failure = (f"a replay differed from the eager forward by up to {diff:.3g} (largest |logit| "
+                        f"{eager.float().abs().max().item():.3g})")
+        self.captures.clear()
+        warnings.warn(f"laquant: {type(model).__name__}'s forward does not replay as a CUDA graph ({self.failure}); "
+                      "its forwards run eagerly", stacklevel=4)
+        return False
 
     def _capture(self, model, key, batch: int, tokens: int) -> _Capture | None:
         while len(self.captures) >= self.max_captures:
