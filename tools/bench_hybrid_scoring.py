@@ -25,8 +25,12 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", nargs="+", default=["qwen3_next:{}"], help="laquant eval speed's FAMILY:{json} specs")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--replot", action="store_true", help="only write the markdown and PNG again from OUT's JSON")
     args = ap.parse_args()
     out = Path(args.out)
+    if args.replot:
+        write_report(json.loads((out / "hybrid_scoring.json").read_text()), out)
+        return
     out.mkdir(parents=True, exist_ok=True)
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, forward=[], lm_eval_like=[],
                   failures={})
@@ -41,6 +45,11 @@ def main():
         del model
         torch.cuda.empty_cache()
     (out / "hybrid_scoring.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_report(result, out)
+
+
+def write_report(result: dict, out: Path) -> None:
+    """``hybrid_scoring.md`` (the tables) and ``hybrid_scoring.png`` (eager against replayed, per shape)."""
     lines = [f"{result['device']}, torch {result['torch']}", "",
              "| model variant | batch x tokens | eager ms | replayed ms | speedup | capture ms | max diff / largest |",
              "|---|---|---|---|---|---|---|"]
@@ -52,6 +61,31 @@ def main():
               f"| {r['speedup']}x ({r['speedup_with_captures']}x) |" for r in result["lm_eval_like"]]
     (out / "hybrid_scoring.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    plot(result, out / "hybrid_scoring.png")
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = list(dict.fromkeys(r["variant"] for r in result["forward"]))
+    shapes = list(dict.fromkeys((r["batch"], r["tokens"]) for r in result["forward"]))
+    by = {(r["variant"], r["batch"], r["tokens"]): r for r in result["forward"]}
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / (2 * len(variants))
+    bars = [(v, mode) for v in variants for mode in ("eager", "graphed")]
+    for i, (variant, mode) in enumerate(bars):
+        ys = [by[(variant, b, t)][f"{mode}_ms"] for b, t in shapes]
+        label = f"{variant.rsplit(' ', 1)[-1]} {'replayed' if mode == 'graphed' else mode}"
+        ax.bar([x + (i - (len(bars) - 1) / 2) * width for x in range(len(shapes))], ys, width, label=label)
+    ax.set_xticks(range(len(shapes)), [f"{b} x {t}" for b, t in shapes])
+    ax.set_ylabel("ms a call (model(ids), no cache)")
+    ax.set_title(f"{variants[0].rsplit(' ', 1)[0]}: eager vs replayed, {result['device']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
