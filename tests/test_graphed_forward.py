@@ -181,7 +181,11 @@ def _hybrid(family, **kw):
     return _installed(family, **kw).eval()
 
 
-@pytest.mark.parametrize("family", ["qwen3_next", "bamba"])
+TEXT_HYBRIDS = ["qwen3_next", "minimax", "bamba", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "nemotron_h", "kimi_linear",
+                "bailing_hybrid", "granitemoehybrid", "falcon_h1", "zamba2", "mamba2"]
+
+
+@pytest.mark.parametrize("family", TEXT_HYBRIDS)
 def test_a_hybrid_replays_its_cacheless_calls(family, cpu_graphs):
     """A transformers hybrid with laquant's mixers: lm-eval's call (ids only) replays; calls with anything else
     (a cache, use_cache, a mask) run transformers' forward as before."""
@@ -288,7 +292,7 @@ def test_ppl_prefill_replays_its_batches(cpu_graphs):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h"])
+@pytest.mark.parametrize("family", TEXT_HYBRIDS)
 def test_gpu_hybrid_replay_equals_eager(family):
     model = _hybrid(family, dtype=torch.bfloat16, device="cuda")
     with torch.no_grad():

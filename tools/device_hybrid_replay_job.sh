@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Issue #14, what the 2026-12-03 sessions left unrun on the GPU: the scoring replays of every transformers hybrid
+# family (bit for bit against the eager forward, tests/test_graphed_forward.py; ~1B configs of three families through
+# tools/bench_hybrid_scoring.py, whose captures check themselves), then the 64-token chunk tests not reached (KDA at
+# K = V = 128, the delta rule's).
+#   run: bash tools/device_kernels.sh 560 device_hybrid_replay_job.sh   (poll with the same line until JOB DONE)
+set -u
+. tools/device_job_env.sh "$@"
+timeout 400 python3 -m pytest -v -rfs --tb=short -p no:cacheprovider tests/test_graphed_forward.py -m gpu -k hybrid \
+  > "$W/gpu_tests_hybrid.log" 2>&1
+log "hybrid gpu tests rc $?"
+models=("qwen3_next:{}")
+for fam in nemotron_h kimi_linear; do models+=("$fam:$(python3 tools/family_configs.py "$fam")"); done
+timeout 600 python3 tools/bench_hybrid_scoring.py --out "$W/hybrid_scoring" --model "${models[@]}" \
+  > "$W/hybrid_scoring.log" 2>&1
+log "hybrid scoring bench rc $?"
+timeout 500 python3 -m pytest -v -rfs --tb=short -p no:cacheprovider -m gpu \
+  "tests/test_kda_kernels.py::test_64_token_chunks_on_gpu" "tests/test_delta_kernels.py::test_64_token_chunks_on_gpu" \
+  -k "128-128 or test_delta" > "$W/gpu_tests_chunk64.log" 2>&1
+log "chunk64 gpu tests rc $?"
+touch "$W/job.done"
