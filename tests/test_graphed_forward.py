@@ -223,6 +223,30 @@ def test_a_hybrid_capture_that_differs_from_eager_turns_graphs_off(cpu_graphs, m
         assert model(ids).past_key_values is not None  # and eagerly from then on
 
 
+def test_a_hybrid_capture_whose_check_runs_out_of_memory_refuses_its_shape(cpu_graphs, monkeypatch):
+    model = _hybrid("qwen3_next")
+    logits = graphed_forward.cacheless_logits
+    calls = []
+
+    def check_out_of_memory(model, ids):
+        calls.append(ids.shape)
+        if len(calls) == 2:  # the check's eager forward, after the replay's
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return logits(model, ids)
+
+    monkeypatch.setattr(graphed_forward, "cacheless_logits", check_out_of_memory)
+    with torch.no_grad():
+        ref = model(_ids(1, 70), use_cache=False).logits
+        model.laquant_graph_forward = True
+        with pytest.warns(UserWarning, match="could not be checked"):
+            out = model(_ids(1, 70)).logits
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+        graphs = forward_graphs(model)
+        assert graphs.failure is None and not graphs.captures and [k[:2] for k in graphs.refused] == [(1, 128)]
+        model(_ids(1, 300))  # another bucket still captures
+        assert [k[:2] for k in graphs.captures] == [(1, 512)]
+
+
 def test_a_hybrid_capture_builds_the_eager_mask(monkeypatch):
     """While a stream captures, transformers' mask builders take it for tracing (is_tracing) and build an explicit
     mask where the eager call lets SDPA run is_causal; a capture builds the eager masks. Here the capture is

@@ -244,18 +244,28 @@ class GraphedForward:
         capture = self.captures.get(key)
         if capture is None:
             capture = self._capture(model, key, input_ids.shape[0], tokens)
-            if capture is None or (self.walk.checked and not self._faithful(model, capture, input_ids)):
+            if capture is None or (self.walk.checked and not self._faithful(model, key, capture, input_ids)):
                 return None
         self.captures.move_to_end(key)
         return capture.replay(input_ids)
 
-    def _faithful(self, model, capture: _Capture, input_ids: torch.Tensor) -> bool:
+    def _faithful(self, model, key, capture: _Capture, input_ids: torch.Tensor) -> bool:
         """Whether a new capture of a transformers hybrid replays its eager forward bit for bit, on the first call's
         tokens padded as replayed. Its forward is transformers' code, which may decide at capture time what it decides
         per call eagerly (its masks did: :func:`_eager_masks`), and changes with transformers' versions; a capture that
-        differs turns the model's graphs off, warned, rather than give other numbers."""
+        differs turns the model's graphs off, warned, rather than give other numbers. Out of memory for the check's
+        eager forward beside the capture, that batch size and bucket run eagerly."""
         replayed = capture.run(input_ids)
-        eager = cacheless_logits(model, capture.ids.clone())
+        try:
+            eager = cacheless_logits(model, capture.ids.clone())
+        except torch.OutOfMemoryError as exc:
+            from laquant.generate import capture_failure
+
+            self.refused[key] = capture_failure(exc)
+            self.captures.pop(key, None)
+            warnings.warn(f"laquant: a forward's capture could not be checked ({self.refused[key]}); forwards of "
+                          f"{key[0]} x {key[1]} tokens run eagerly", stacklevel=4)
+            return False
         if torch.equal(replayed, eager):
             return True
         diff = (replayed.float() - eager.float()).abs().max().item()
