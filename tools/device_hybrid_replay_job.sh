@@ -3,7 +3,8 @@
 # family (bit for bit against the eager forward, tests/test_graphed_forward.py; ~1B configs of three families through
 # tools/bench_hybrid_scoring.py, whose captures check themselves), the 64-token chunk tests not reached (KDA at
 # K = V = 128, the delta rule's), and gla_int8_all's perplexity on gla-small through the kernels against the CPU
-# reference on the same tokens (the last such check predates most of the fusions).
+# reference on the same tokens (the last such check predates most of the fusions); and what a decode GEMM pays to
+# quantize its own input per 128-column group (tools/probe_group_quant_gemm.py: the way to fewer kernels a layer).
 #   run: bash tools/device_kernels.sh 560 device_hybrid_replay_job.sh   (poll with the same line until JOB DONE)
 set -u
 . tools/device_job_env.sh "$@"
@@ -19,6 +20,8 @@ timeout 500 python3 -m pytest -v -rfs --tb=short -p no:cacheprovider -m gpu \
   "tests/test_kda_kernels.py::test_64_token_chunks_on_gpu" "tests/test_delta_kernels.py::test_64_token_chunks_on_gpu" \
   -k "128-128 or test_delta" > "$W/gpu_tests_chunk64.log" 2>&1
 log "chunk64 gpu tests rc $?"
+timeout 300 python3 tools/probe_group_quant_gemm.py --out "$W/group_quant_gemm" > "$W/group_quant_gemm.log" 2>&1
+log "group quant gemm probe rc $?"
 for dev in cuda cpu; do  # the fused kernels' perplexity against the reference path's, same tokens (target: < 0.05%)
   timeout 400 python3 tools/ablation.py --device $dev --max-tokens 16384 --quiet --recipes gla_int8_all \
     --out "$W/ablation_gla-small_$dev" > "$W/ablation_$dev.log" 2>&1

@@ -1,0 +1,181 @@
+"""What it costs a decode GEMM to quantize its own input, per 128-column group (issue #14,
+eval/results/b64_step_budget.md).
+
+Per-token activation scales need a token's whole row before any GEMM program can use a code, so a kernel of its own
+(a norm, SwiGLU) writes the codes before every GEMM: 2-3 of the ~9 kernels in a decoder layer's decode step. With one
+scale per token and 128-column group, each split-K program could quantize the slice of x it reads itself. This probe
+times one split-K kernel skeleton two ways on the same problem, so that only that work differs:
+
+* ``codes``: it reads int8 codes and per-group scales made beforehand (what today's path hands a GEMM);
+* ``group_q``: it reads x (bf16) and quantizes each ``[BM, 128]`` tile in its main loop (absmax, scale, codes with
+  the exactly rounded quotient of ``triton_numerics.stored_int8_codes``), every column block of programs redoing it.
+
+Both take the same codes (the outputs are equal bit for bit, checked) and accumulate ``dot(codes, w) * scale`` per
+group in float32; the split-K partials are summed by PyTorch, outside the timing. The 1.37B GLA's decode shapes, M =
+1 / 16 / 64, a few tiles each, CUDA-graph medians; the best tile per variant. No fixup, no PDL: a skeleton, for the
+difference, not the shipped kernel's absolute time.
+
+    python3 tools/probe_group_quant_gemm.py --out DIR          # DIR/group_quant_gemm.json, .md
+    TRITON_INTERPRET=1 python3 tools/probe_group_quant_gemm.py --smoke   # the check alone, small shapes, CPU
+"""
+import argparse
+import itertools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from laquant.kernels.common.triton_numerics import stored_int8_codes  # noqa: E402
+
+GROUP = 128
+SHAPES = [(6144, 2048), (2048, 2048), (11264, 2048), (2048, 5632)]  # N x K: q/k/v/g, o, gate/up, down
+TOKENS = [1, 16, 64]
+TILES = [(BN, split) for BN in (32, 64, 128) for split in (1, 2, 4, 8)]
+
+
+@triton.jit
+def _probe_gemm_kernel(x_ptr, xq_ptr, xs_ptr, w_ptr, part_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr,
+                       BK: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_Q: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_k = tl.arange(0, BK)
+    mm = offs_m < M
+    mn = offs_n < N
+    groups = K // BK
+    per = tl.cdiv(groups, SPLIT_K)
+    g_lo = pid_k * per
+    g_hi = tl.minimum(groups, g_lo + per)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for g in range(g_lo, g_hi):
+        kk = g * BK + offs_k
+        w = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * K + kk[:, None], mask=mn[None, :], other=0)
+        if GROUP_Q:
+            x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * K + kk[None, :], mask=mm[:, None], other=0.0)
+            x = x.to(tl.float32)
+            scale = tl.maximum(tl.max(tl.abs(x), axis=1) / 127.0, 1.1754943508222875e-38)
+            a = stored_int8_codes(x, scale[:, None])
+        else:
+            a = tl.load(xq_ptr + offs_m[:, None].to(tl.int64) * K + kk[None, :], mask=mm[:, None], other=0)
+            scale = tl.load(xs_ptr + offs_m.to(tl.int64) * groups + g, mask=mm, other=0.0)
+        acc += tl.dot(a, w, out_dtype=tl.int32).to(tl.float32) * scale[:, None]
+    tl.store(part_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mm[:, None] & mn[None, :])
+
+
+def group_codes(x: torch.Tensor):
+    """Per-token, per-128-column codes and scales of x, as PyTorch rounds them (the reference's)."""
+    M, K = x.shape
+    xg = x.float().view(M, K // GROUP, GROUP)
+    scale = (xg.abs().amax(-1) / 127.0).clamp_min(1.1754943508222875e-38)
+    codes = torch.round(xg / scale[..., None]).clamp(-127, 127).to(torch.int8)
+    return codes.view(M, K), scale.contiguous()
+
+
+def reference(x, w, ws):
+    codes, scale = group_codes(x)
+    M, K = x.shape
+    prods = torch.einsum("mgk,ngk->mng", codes.view(M, -1, GROUP).double(), w.view(w.shape[0], -1, GROUP).double())
+    return ((prods * scale.double()[:, None, :]).sum(-1) * ws.double()[None, :]).float()
+
+
+def run(variant: str, x, xq, xs, w, ws, BN: int, split: int, part=None):
+    M, K = x.shape
+    N = w.shape[0]
+    BM = 16 if M <= 16 else 64
+    part = torch.empty(split, M, N, dtype=torch.float32, device=x.device) if part is None else part
+    _probe_gemm_kernel[(triton.cdiv(M, BM), triton.cdiv(N, BN), split)](
+        x, xq, xs, w, part, M, N, K, BM=BM, BN=BN, BK=GROUP, SPLIT_K=split, GROUP_Q=variant == "group_q",
+        num_warps=4, num_stages=3)
+    return part
+
+
+def output(part, ws):
+    return part.sum(0) * ws[None, :]
+
+
+def inputs(M, N, K, device, seed=0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    x = (torch.randn(M, K, generator=gen) * torch.rand(1, K, generator=gen) * 4).to(device, torch.bfloat16)
+    w = torch.randint(-127, 128, (N, K), generator=gen, dtype=torch.int8).to(device)
+    ws = (torch.rand(N, generator=gen) / 127).to(device)
+    xq, xs = group_codes(x)
+    return x, xq, xs, w, ws
+
+
+def check(M, N, K, device, BN=32, split=2) -> float:
+    """The two variants' outputs equal bit for bit; their difference from the float64 reference, relative."""
+    x, xq, xs, w, ws = inputs(M, N, K, device)
+    a = output(run("codes", x, xq, xs, w, ws, BN, split), ws)
+    b = output(run("group_q", x, xq, xs, w, ws, BN, split), ws)
+    if not torch.equal(a, b):
+        raise AssertionError(f"{M}x{N}x{K}: the in-loop codes differ from the precomputed ones "
+                             f"(max |diff| {(a - b).abs().max().item():.3g})")
+    ref = reference(x.cpu(), w.cpu(), ws.cpu())
+    return ((a.cpu() - ref).abs().max() / ref.abs().max()).item()
+
+
+def timed(fn, reps=50):
+    graph = torch.cuda.CUDAGraph()
+    fn()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        for _ in range(10):
+            fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / 10)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out")
+    ap.add_argument("--smoke", action="store_true", help="check the variants on small shapes (CPU, interpreter)")
+    args = ap.parse_args()
+    if args.smoke:
+        for M, N, K in ((1, 48, 256), (5, 64, 384), (20, 40, 512)):
+            print(f"{M}x{N}x{K}: equal, {check(M, N, K, 'cpu'):.2e} off the float64 reference")
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for (N, K), M in itertools.product(SHAPES, TOKENS):
+        err = check(M, N, K, "cuda", BN=64, split=4)
+        x, xq, xs, w, ws = inputs(M, N, K, "cuda")
+        row = dict(N=N, K=K, M=M, rel_err=err, weight_mb=N * K / 1e6)
+        for variant in ("codes", "group_q"):
+            best = None
+            for BN, split in TILES:
+                part = torch.empty(split, M, N, dtype=torch.float32, device="cuda")
+                t = timed(lambda: run(variant, x, xq, xs, w, ws, BN, split, part))
+                if best is None or t < best[0]:
+                    best = (t, BN, split)
+            row[variant] = dict(us=round(best[0], 2), BN=best[1], split=best[2])
+        row["group_q_over_codes"] = round(row["group_q"]["us"] / row["codes"]["us"], 3)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, rows=rows)
+    (out / "group_quant_gemm.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = [f"{result['device']}, torch {result['torch']}, Triton {result['triton']}", "",
+             "| N x K | M | codes us (BN, split) | group_q us (BN, split) | group_q / codes |", "|---|---|---|---|---|"]
+    lines += [f"| {r['N']} x {r['K']} | {r['M']} | {r['codes']['us']} ({r['codes']['BN']}, {r['codes']['split']}) "
+              f"| {r['group_q']['us']} ({r['group_q']['BN']}, {r['group_q']['split']}) | {r['group_q_over_codes']} |"
+              for r in rows]
+    (out / "group_quant_gemm.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
