@@ -52,7 +52,7 @@ from collections import OrderedDict
 
 import torch
 
-from laquant.serving.graphed_prefill import bucket_for
+from laquant.serving.graphed_prefill import bucket_for, quantizer_key
 
 # calls of more tokens (batch x bucket) run eagerly: they are bound by the GPU, not the host. On an H200 the 1.37B GLA's
 # eager forward of 4 x 2,048 tokens took as long as its replay, of 1 x 2,048 or 8 x 512 1.4-3.3x longer
@@ -100,10 +100,8 @@ class _Walk:
                 and not any(_live_hooks(m) for m in self.modules))
 
     def quantizers_key(self) -> tuple:
-        """What a capture takes from the mixers' state quantizers (a prefill's state round trip): each one's format,
-        rounding, renormalisation interval and static scale (by storage)."""
-        return tuple((q.format.name, q.rounding, q.renorm_interval,
-                      None if q.static_scale is None else q.static_scale.data_ptr()) for q in self.quantizers)
+        """What a capture takes from the mixers' state quantizers (a prefill's state round trip)."""
+        return tuple(map(quantizer_key, self.quantizers))
 
 
 def _live_hooks(module) -> bool:
@@ -259,14 +257,10 @@ class GraphedForward:
         eager forward beside the capture, that batch size and bucket run eagerly."""
         replayed = capture.run(input_ids)
         try:
-            eager = cacheless_logits(model, capture.ids.clone())
+            eager = cacheless_logits(model, capture.ids)
         except torch.OutOfMemoryError as exc:
-            from laquant.generate import capture_failure
-
-            self.refused[key] = capture_failure(exc)
             self.captures.pop(key, None)
-            warnings.warn(f"laquant: a forward's capture could not be checked ({self.refused[key]}); forwards of "
-                          f"{key[0]} x {key[1]} tokens run eagerly", stacklevel=4)
+            self._give_up(key, exc, "a forward's capture could not be checked")
             return False
         if torch.equal(replayed, eager):
             return True
@@ -289,16 +283,21 @@ class GraphedForward:
             with torch.inference_mode(False):  # normal tensors: later replays copy into them in place
                 capture = _Capture(model, batch, tokens, self.use_graph, self.pool)
         except RuntimeError as exc:  # slower, never wrong: eagerly
-            from laquant.generate import capture_failure
-
-            why = capture_failure(exc)
-            if isinstance(exc, torch.OutOfMemoryError):
-                self.refused[key] = why
-                scope = f"forwards of {batch} x {tokens} tokens run eagerly"
-            else:
-                self.failure = why
-                scope = "its forwards run eagerly"
-            warnings.warn(f"laquant: a forward could not be captured as a CUDA graph ({why}); {scope}", stacklevel=4)
+            self._give_up(key, exc, "a forward could not be captured as a CUDA graph")
             return None
         self.captures[key] = capture
         return capture
+
+    def _give_up(self, key, exc: RuntimeError, what: str) -> None:
+        """Eagerly from now on, warned: forwards of ``key``'s batch size and bucket after running out of memory, every
+        forward of the model after any other failure."""
+        from laquant.generate import capture_failure
+
+        why = capture_failure(exc)
+        if isinstance(exc, torch.OutOfMemoryError):
+            self.refused[key] = why
+            scope = f"forwards of {key[0]} x {key[1]} tokens run eagerly"
+        else:
+            self.failure = why
+            scope = "its forwards run eagerly"
+        warnings.warn(f"laquant: {what} ({why}); {scope}", stacklevel=5)

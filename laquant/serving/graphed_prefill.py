@@ -81,14 +81,14 @@ def model_graphable(model) -> bool:
 
 
 def mixers_key(model) -> tuple:
-    """What a capture takes from the mixers' state quantizers besides the states' layout: each one's format,
-    rounding, renormalisation interval and static scale (by storage)."""
-    out = []
-    for layer in model.model.layers:
-        q = layer.attn.state_quantizer
-        scale = q.static_scale
-        out.append((q.format.name, q.rounding, q.renorm_interval, None if scale is None else scale.data_ptr()))
-    return tuple(out)
+    """What a capture takes from the mixers' state quantizers besides the states' layout (:func:`quantizer_key`)."""
+    return tuple(quantizer_key(layer.attn.state_quantizer) for layer in model.model.layers)
+
+
+def quantizer_key(q) -> tuple:
+    """What a capture takes from a state quantizer: its format, rounding, renormalisation interval and static scale
+    (by storage)."""
+    return q.format.name, q.rounding, q.renorm_interval, None if q.static_scale is None else q.static_scale.data_ptr()
 
 
 def graphs_on_this_device(model) -> bool:
