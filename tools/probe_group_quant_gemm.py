@@ -145,6 +145,8 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--smoke", action="store_true", help="check the variants on small shapes (CPU, interpreter)")
     args = ap.parse_args()
+    if not (args.smoke or args.out):
+        ap.error("give --out DIR for the timings, or --smoke for the check alone")
     if args.smoke:
         for M, N, K in ((1, 48, 256), (5, 64, 384), (20, 40, 512)):
             print(f"{M}x{N}x{K}: equal, {check(M, N, K, 'cpu'):.2e} off the float64 reference")
