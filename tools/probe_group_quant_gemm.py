@@ -10,7 +10,11 @@ times one split-K kernel skeleton two ways on the same problem, so that only tha
 * ``group_q``: it reads x (bf16) and quantizes each ``[BM, 128]`` tile in its main loop (absmax, scale, codes with
   the exactly rounded quotient of ``triton_numerics.stored_int8_codes``), every column block of programs redoing it.
 
-Both take the same codes (the outputs are equal bit for bit, checked) and accumulate ``dot(codes, w) * scale`` per
+* ``token_q``: it reads x (bf16) and one scale per token made beforehand (what a producer that only writes its
+  rows' absmax could hand over, keeping today's per-token numerics) and makes the codes in its main loop.
+
+``token_q`` is checked against ``codes`` given the per-token codes (the scale repeated for each group). All take the
+same codes (the outputs are equal bit for bit, checked) and accumulate ``dot(codes, w) * scale`` per
 group in float32; the split-K partials are summed by PyTorch, outside the timing. The 1.37B GLA's decode shapes, M =
 1 / 16 / 64, a few tiles each, CUDA-graph medians; the best tile per variant. No fixup, no PDL: a skeleton, for the
 difference, not the shipped kernel's absolute time.
@@ -36,6 +40,8 @@ from laquant.kernels.common.triton_numerics import stored_int8_codes  # noqa: E4
 GROUP = 128
 SHAPES = [(6144, 2048), (2048, 2048), (11264, 2048), (2048, 5632)]  # N x K: q/k/v/g, o, gate/up, down
 TOKENS = [1, 16, 64]
+# codes made beforehand; codes made in the loop with a scale per 128-group found there; with a scale per token given
+VARIANTS = ("codes", "group_q", "token_q")
 TILES = [(BN, split) for BN in (32, 64, 128) for split in (1, 2, 4, 8)]
 
 
@@ -58,11 +64,15 @@ def _probe_gemm_kernel(x_ptr, xq_ptr, xs_ptr, w_ptr, part_ptr, M, N, K, BM: tl.c
     for g in range(g_lo, g_hi):
         kk = g * BK + offs_k
         w = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * K + kk[:, None], mask=mn[None, :], other=0)
-        if GROUP_Q:
+        if GROUP_Q == 1:
             x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * K + kk[None, :], mask=mm[:, None], other=0.0)
             x = x.to(tl.float32)
             scale = tl.maximum(tl.max(tl.abs(x), axis=1) / 127.0, 1.1754943508222875e-38)
             a = stored_int8_codes(x, scale[:, None])
+        elif GROUP_Q == 2:
+            x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * K + kk[None, :], mask=mm[:, None], other=0.0)
+            scale = tl.load(xs_ptr + offs_m.to(tl.int64) * groups + g, mask=mm, other=1.0)
+            a = stored_int8_codes(x.to(tl.float32), scale[:, None])
         else:
             a = tl.load(xq_ptr + offs_m[:, None].to(tl.int64) * K + kk[None, :], mask=mm[:, None], other=0)
             scale = tl.load(xs_ptr + offs_m.to(tl.int64) * groups + g, mask=mm, other=0.0)
@@ -70,17 +80,20 @@ def _probe_gemm_kernel(x_ptr, xq_ptr, xs_ptr, w_ptr, part_ptr, M, N, K, BM: tl.c
     tl.store(part_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mm[:, None] & mn[None, :])
 
 
-def group_codes(x: torch.Tensor):
-    """Per-token, per-128-column codes and scales of x, as PyTorch rounds them (the reference's)."""
+def group_codes(x: torch.Tensor, per_token: bool = False):
+    """Per-token, per-128-column codes and scales of x, as PyTorch rounds them (the reference's); ``per_token``: one
+    scale a token, repeated for each group."""
     M, K = x.shape
     xg = x.float().view(M, K // GROUP, GROUP)
     scale = (xg.abs().amax(-1) / 127.0).clamp_min(1.1754943508222875e-38)
+    if per_token:
+        scale = scale.amax(-1, keepdim=True).expand(M, K // GROUP)
     codes = torch.round(xg / scale[..., None]).clamp(-127, 127).to(torch.int8)
     return codes.view(M, K), scale.contiguous()
 
 
-def reference(x, w, ws):
-    codes, scale = group_codes(x)
+def reference(x, w, ws, per_token=False):
+    codes, scale = group_codes(x, per_token)
     M, K = x.shape
     prods = torch.einsum("mgk,ngk->mng", codes.view(M, -1, GROUP).double(), w.view(w.shape[0], -1, GROUP).double())
     return ((prods * scale.double()[:, None, :]).sum(-1) * ws.double()[None, :]).float()
@@ -92,7 +105,7 @@ def run(variant: str, x, xq, xs, w, ws, BN: int, split: int, part=None):
     BM = 16 if M <= 16 else 64
     part = torch.empty(split, M, N, dtype=torch.float32, device=x.device) if part is None else part
     _probe_gemm_kernel[(triton.cdiv(M, BM), triton.cdiv(N, BN), split)](
-        x, xq, xs, w, part, M, N, K, BM=BM, BN=BN, BK=GROUP, SPLIT_K=split, GROUP_Q=variant == "group_q",
+        x, xq, xs, w, part, M, N, K, BM=BM, BN=BN, BK=GROUP, SPLIT_K=split, GROUP_Q=VARIANTS.index(variant),
         num_warps=4, num_stages=3)
     return part
 
@@ -101,25 +114,29 @@ def output(part, ws):
     return part.sum(0) * ws[None, :]
 
 
-def inputs(M, N, K, device, seed=0):
+def inputs(M, N, K, device, seed=0, per_token=False):
     gen = torch.Generator(device="cpu").manual_seed(seed)
     x = (torch.randn(M, K, generator=gen) * torch.rand(1, K, generator=gen) * 4).to(device, torch.bfloat16)
     w = torch.randint(-127, 128, (N, K), generator=gen, dtype=torch.int8).to(device)
     ws = (torch.rand(N, generator=gen) / 127).to(device)
-    xq, xs = group_codes(x)
+    xq, xs = group_codes(x, per_token)
     return x, xq, xs, w, ws
 
 
 def check(M, N, K, device, BN=32, split=2) -> float:
-    """The two variants' outputs equal bit for bit; their difference from the float64 reference, relative."""
-    x, xq, xs, w, ws = inputs(M, N, K, device)
-    a = output(run("codes", x, xq, xs, w, ws, BN, split), ws)
-    b = output(run("group_q", x, xq, xs, w, ws, BN, split), ws)
-    if not torch.equal(a, b):
-        raise AssertionError(f"{M}x{N}x{K}: the in-loop codes differ from the precomputed ones "
-                             f"(max |diff| {(a - b).abs().max().item():.3g})")
-    ref = reference(x.cpu(), w.cpu(), ws.cpu())
-    return ((a.cpu() - ref).abs().max() / ref.abs().max()).item()
+    """Each in-loop variant's output equals the precomputed codes' bit for bit; the largest difference from the
+    float64 reference, relative."""
+    worst = 0.0
+    for variant, per_token in (("group_q", False), ("token_q", True)):
+        x, xq, xs, w, ws = inputs(M, N, K, device, per_token=per_token)
+        a = output(run("codes", x, xq, xs, w, ws, BN, split), ws)
+        b = output(run(variant, x, xq, xs, w, ws, BN, split), ws)
+        if not torch.equal(a, b):
+            raise AssertionError(f"{M}x{N}x{K} {variant}: the in-loop codes differ from the precomputed ones "
+                                 f"(max |diff| {(a - b).abs().max().item():.3g})")
+        ref = reference(x.cpu(), w.cpu(), ws.cpu(), per_token)
+        worst = max(worst, ((a.cpu() - ref).abs().max() / ref.abs().max()).item())
+    return worst
 
 
 def timed(fn, reps=50):
@@ -156,9 +173,9 @@ def main():
     rows = []
     for (N, K), M in itertools.product(SHAPES, TOKENS):
         err = check(M, N, K, "cuda", BN=64, split=4)
-        x, xq, xs, w, ws = inputs(M, N, K, "cuda")
         row = dict(N=N, K=K, M=M, rel_err=err, weight_mb=N * K / 1e6)
-        for variant in ("codes", "group_q"):
+        for variant in VARIANTS:
+            x, xq, xs, w, ws = inputs(M, N, K, "cuda", per_token=variant == "token_q")
             best = None
             for BN, split in TILES:
                 part = torch.empty(split, M, N, dtype=torch.float32, device="cuda")
@@ -166,16 +183,19 @@ def main():
                 if best is None or t < best[0]:
                     best = (t, BN, split)
             row[variant] = dict(us=round(best[0], 2), BN=best[1], split=best[2])
-        row["group_q_over_codes"] = round(row["group_q"]["us"] / row["codes"]["us"], 3)
+        for variant in VARIANTS[1:]:
+            row[f"{variant}_over_codes"] = round(row[variant]["us"] / row["codes"]["us"], 3)
         print(json.dumps(row), flush=True)
         rows.append(row)
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, rows=rows)
     (out / "group_quant_gemm.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"{result['device']}, torch {result['torch']}, Triton {result['triton']}", "",
-             "| N x K | M | codes us (BN, split) | group_q us (BN, split) | group_q / codes |", "|---|---|---|---|---|"]
-    lines += [f"| {r['N']} x {r['K']} | {r['M']} | {r['codes']['us']} ({r['codes']['BN']}, {r['codes']['split']}) "
-              f"| {r['group_q']['us']} ({r['group_q']['BN']}, {r['group_q']['split']}) | {r['group_q_over_codes']} |"
-              for r in rows]
+             "| N x K | M | " + " | ".join(f"{v} us (BN, split)" for v in VARIANTS)
+             + " | " + " | ".join(f"{v} / codes" for v in VARIANTS[1:]) + " |",
+             "|---|---|" + "---|" * (2 * len(VARIANTS) - 1)]
+    lines += [f"| {r['N']} x {r['K']} | {r['M']} | "
+              + " | ".join(f"{r[v]['us']} ({r[v]['BN']}, {r[v]['split']})" for v in VARIANTS) + " | "
+              + " | ".join(str(r[f"{v}_over_codes"]) for v in VARIANTS[1:]) + " |" for r in rows]
     (out / "group_quant_gemm.md").write_text("\n".join(lines) + "\n")
 
 
