@@ -19,7 +19,8 @@ group in float32; the split-K partials are summed by PyTorch, outside the timing
 1 / 16 / 64, a few tiles each, CUDA-graph medians; the best tile per variant. No fixup, no PDL: a skeleton, for the
 difference, not the shipped kernel's absolute time.
 
-    python3 tools/probe_group_quant_gemm.py --out DIR          # DIR/group_quant_gemm.json, .md
+    python3 tools/probe_group_quant_gemm.py --out DIR          # DIR/group_quant_gemm.json, .md, .png
+    python3 tools/probe_group_quant_gemm.py --out DIR --replot # the markdown and PNG again from DIR's JSON
     TRITON_INTERPRET=1 python3 tools/probe_group_quant_gemm.py --smoke   # the check alone, small shapes, CPU
 """
 import argparse
@@ -161,9 +162,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out")
     ap.add_argument("--smoke", action="store_true", help="check the variants on small shapes (CPU, interpreter)")
+    ap.add_argument("--replot", action="store_true", help="only write the markdown and PNG again from DIR's JSON")
     args = ap.parse_args()
     if not (args.smoke or args.out):
         ap.error("give --out DIR for the timings, or --smoke for the check alone")
+    if args.replot:
+        report(json.loads((Path(args.out) / "group_quant_gemm.json").read_text()), Path(args.out))
+        return
     if args.smoke:
         for M, N, K in ((1, 48, 256), (5, 64, 384), (20, 40, 512)):
             print(f"{M}x{N}x{K}: equal, {check(M, N, K, 'cpu'):.2e} off the float64 reference")
@@ -189,6 +194,12 @@ def main():
         rows.append(row)
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, rows=rows)
     (out / "group_quant_gemm.json").write_text(json.dumps(result, indent=2) + "\n")
+    report(result, out)
+
+
+def report(result: dict, out: Path) -> None:
+    """``group_quant_gemm.md`` and ``.png`` (us a call by variant, per shape and M) from the run's JSON."""
+    rows = result["rows"]
     lines = [f"{result['device']}, torch {result['torch']}, Triton {result['triton']}", "",
              "| N x K | M | " + " | ".join(f"{v} us (BN, split)" for v in VARIANTS)
              + " | " + " | ".join(f"{v} / codes" for v in VARIANTS[1:]) + " |",
@@ -197,7 +208,28 @@ def main():
               + " | ".join(f"{r[v]['us']} ({r[v]['BN']}, {r[v]['split']})" for v in VARIANTS) + " | "
               + " | ".join(str(r[f"{v}_over_codes"]) for v in VARIANTS[1:]) + " |" for r in rows]
     (out / "group_quant_gemm.md").write_text("\n".join(lines) + "\n")
+    import matplotlib
 
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tokens = sorted({r["M"] for r in rows})
+    shapes = list(dict.fromkeys((r["N"], r["K"]) for r in rows))
+    by = {(r["N"], r["K"], r["M"]): r for r in rows}
+    fig, axes = plt.subplots(1, len(tokens), figsize=(4 * len(tokens), 3.6), sharey=True)
+    width = 0.8 / len(VARIANTS)
+    for ax, M in zip(axes, tokens):
+        for i, variant in enumerate(VARIANTS):
+            us = [by[(N, K, M)][variant]["us"] if (N, K, M) in by else 0 for N, K in shapes]
+            ax.bar([x + (i - (len(VARIANTS) - 1) / 2) * width for x in range(len(shapes))], us, width, label=variant)
+        ax.set_xticks(range(len(shapes)), [f"{N}x{K}" for N, K in shapes], rotation=20, fontsize=8)
+        ax.set_title(f"M = {M}")
+    axes[0].set_ylabel("us a call (best tile)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"split-K int8 GEMM: codes made before vs in its loop ({result['device']})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out / "group_quant_gemm.png", dpi=120)
+    plt.close(fig)
 
 if __name__ == "__main__":
     main()
