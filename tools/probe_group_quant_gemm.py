@@ -41,8 +41,9 @@ from laquant.kernels.common.triton_numerics import stored_int8_codes  # noqa: E4
 GROUP = 128
 SHAPES = [(6144, 2048), (2048, 2048), (11264, 2048), (2048, 5632)]  # N x K: q/k/v/g, o, gate/up, down
 TOKENS = [1, 16, 64]
-# codes made beforehand; codes made in the loop with a scale per 128-group found there; with a scale per token given
-VARIANTS = ("codes", "group_q", "token_q")
+# codes made beforehand; codes made in the loop with a scale per 128-group found there; with a scale per token given;
+# codes made beforehand with one scale per token, accumulated in int32 and scaled once after the loop (today's GEMM)
+VARIANTS = ("codes", "group_q", "token_q", "token_codes")
 TILES = [(BN, split) for BN in (32, 64, 128) for split in (1, 2, 4, 8)]
 
 
@@ -62,6 +63,7 @@ def _probe_gemm_kernel(x_ptr, xq_ptr, xs_ptr, w_ptr, part_ptr, M, N, K, BM: tl.c
     g_lo = pid_k * per
     g_hi = tl.minimum(groups, g_lo + per)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
+    acc_int = tl.zeros([BM, BN], dtype=tl.int32)
     for g in range(g_lo, g_hi):
         kk = g * BK + offs_k
         w = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * K + kk[:, None], mask=mn[None, :], other=0)
@@ -77,7 +79,12 @@ def _probe_gemm_kernel(x_ptr, xq_ptr, xs_ptr, w_ptr, part_ptr, M, N, K, BM: tl.c
         else:
             a = tl.load(xq_ptr + offs_m[:, None].to(tl.int64) * K + kk[None, :], mask=mm[:, None], other=0)
             scale = tl.load(xs_ptr + offs_m.to(tl.int64) * groups + g, mask=mm, other=0.0)
-        acc += tl.dot(a, w, out_dtype=tl.int32).to(tl.float32) * scale[:, None]
+        if GROUP_Q == 3:
+            acc_int += tl.dot(a, w, out_dtype=tl.int32)
+        else:
+            acc += tl.dot(a, w, out_dtype=tl.int32).to(tl.float32) * scale[:, None]
+    if GROUP_Q == 3:
+        acc = acc_int.to(tl.float32) * tl.load(xs_ptr + offs_m.to(tl.int64) * groups, mask=mm, other=0.0)[:, None]
     tl.store(part_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mm[:, None] & mn[None, :])
 
 
@@ -137,7 +144,14 @@ def check(M, N, K, device, BN=32, split=2) -> float:
                                  f"(max |diff| {(a - b).abs().max().item():.3g})")
         ref = reference(x.cpu(), w.cpu(), ws.cpu(), per_token)
         worst = max(worst, ((a.cpu() - ref).abs().max() / ref.abs().max()).item())
-    return worst
+    # token_codes sums the int32 products first: another float rounding than codes', checked against the reference
+    x, xq, xs, w, ws = inputs(M, N, K, device, per_token=True)
+    ref = reference(x.cpu(), w.cpu(), ws.cpu(), True)
+    y = output(run("token_codes", x, xq, xs, w, ws, BN, split), ws).cpu()
+    err = ((y - ref).abs().max() / ref.abs().max()).item()
+    if not err < 1e-5:
+        raise AssertionError(f"{M}x{N}x{K} token_codes: {err:.3g} off the float64 reference")
+    return max(worst, err)
 
 
 def timed(fn, reps=50):
@@ -180,7 +194,7 @@ def main():
         err = check(M, N, K, "cuda", BN=64, split=4)
         row = dict(N=N, K=K, M=M, rel_err=err, weight_mb=N * K / 1e6)
         for variant in VARIANTS:
-            x, xq, xs, w, ws = inputs(M, N, K, "cuda", per_token=variant == "token_q")
+            x, xq, xs, w, ws = inputs(M, N, K, "cuda", per_token=variant.startswith("token"))
             best = None
             for BN, split in TILES:
                 part = torch.empty(split, M, N, dtype=torch.float32, device="cuda")
@@ -200,13 +214,14 @@ def main():
 def report(result: dict, out: Path) -> None:
     """``group_quant_gemm.md`` and ``.png`` (us a call by variant, per shape and M) from the run's JSON."""
     rows = result["rows"]
+    variants = [v for v in VARIANTS if v in rows[0]]  # a run from before a variant was added has none of it
     lines = [f"{result['device']}, torch {result['torch']}, Triton {result['triton']}", "",
-             "| N x K | M | " + " | ".join(f"{v} us (BN, split)" for v in VARIANTS)
-             + " | " + " | ".join(f"{v} / codes" for v in VARIANTS[1:]) + " |",
-             "|---|---|" + "---|" * (2 * len(VARIANTS) - 1)]
+             "| N x K | M | " + " | ".join(f"{v} us (BN, split)" for v in variants)
+             + " | " + " | ".join(f"{v} / codes" for v in variants[1:]) + " |",
+             "|---|---|" + "---|" * (2 * len(variants) - 1)]
     lines += [f"| {r['N']} x {r['K']} | {r['M']} | "
-              + " | ".join(f"{r[v]['us']} ({r[v]['BN']}, {r[v]['split']})" for v in VARIANTS) + " | "
-              + " | ".join(str(r[f"{v}_over_codes"]) for v in VARIANTS[1:]) + " |" for r in rows]
+              + " | ".join(f"{r[v]['us']} ({r[v]['BN']}, {r[v]['split']})" for v in variants) + " | "
+              + " | ".join(str(r[f"{v}_over_codes"]) for v in variants[1:]) + " |" for r in rows]
     (out / "group_quant_gemm.md").write_text("\n".join(lines) + "\n")
     import matplotlib
 
@@ -217,11 +232,11 @@ def report(result: dict, out: Path) -> None:
     shapes = list(dict.fromkeys((r["N"], r["K"]) for r in rows))
     by = {(r["N"], r["K"], r["M"]): r for r in rows}
     fig, axes = plt.subplots(1, len(tokens), figsize=(4 * len(tokens), 3.6), sharey=True)
-    width = 0.8 / len(VARIANTS)
+    width = 0.8 / len(variants)
     for ax, M in zip(axes, tokens):
-        for i, variant in enumerate(VARIANTS):
+        for i, variant in enumerate(variants):
             us = [by[(N, K, M)][variant]["us"] if (N, K, M) in by else 0 for N, K in shapes]
-            ax.bar([x + (i - (len(VARIANTS) - 1) / 2) * width for x in range(len(shapes))], us, width, label=variant)
+            ax.bar([x + (i - (len(variants) - 1) / 2) * width for x in range(len(shapes))], us, width, label=variant)
         ax.set_xticks(range(len(shapes)), [f"{N}x{K}" for N, K in shapes], rotation=20, fontsize=8)
         ax.set_title(f"M = {M}")
     axes[0].set_ylabel("us a call (best tile)")
