@@ -1,0 +1,72 @@
+"""The analysis tools whose numbers the results cite:
+
+* tools/sass_mix.py compiles the decode kernels as Triton's JIT compiles the launch a model makes, specialized on the
+  launch's own arguments (without that its counts were those of another program: no vectorized access, spills the
+  GPU's kernel does not have);
+* tools/group_codes_ppl.py's per-group W8A8 reference is the per-token one when a group spans the row, and keeps the
+  outlier columns out of the groups."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from laquant.kernels import int8_outlier_linear
+
+
+def _tool(name: str):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_group_codes_reference_is_per_token_when_a_group_spans_the_row():
+    group_codes_linear = _tool("group_codes_ppl").group_codes_linear
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 300, generator=gen) * torch.rand(300, generator=gen) * 4
+    outliers = torch.tensor([3, 200])
+    keep = torch.tensor([i for i in range(300) if i not in (3, 200)])
+    w = torch.randint(-127, 128, (40, keep.numel()), generator=gen, dtype=torch.int8)
+    ws, ow = torch.rand(40, 1, generator=gen) / 100, torch.randn(40, 2, generator=gen)
+    per_token = int8_outlier_linear(x, w, ws, keep, outliers, ow)
+    wide = group_codes_linear(512)(x, w, ws, keep, outliers, ow)
+    torch.testing.assert_close(wide, per_token, rtol=1e-5, atol=1e-4 * per_token.abs().max().item())
+    grouped = group_codes_linear(128)(x, w, ws, keep, outliers, ow)
+    assert torch.isfinite(grouped).all() and not torch.allclose(grouped, per_token)
+    # an outlier column's value reaches the output only through its float weight: not through any group's codes
+    x_big = x.clone()
+    x_big[:, 3] = 1e4
+    moved = group_codes_linear(128)(x_big, w, ws, keep, outliers, torch.zeros_like(ow))
+    torch.testing.assert_close(moved, group_codes_linear(128)(x, w, ws, keep, outliers, torch.zeros_like(ow)))
+
+
+@pytest.fixture(scope="module")
+def sass_mix():
+    pytest.importorskip("triton")
+    return _tool("sass_mix")
+
+
+def _index(fn, name):
+    return (fn.arg_names.index(name),)
+
+
+@pytest.mark.parametrize("kernel", ["gla", "delta"])
+def test_decode_launch_is_specialized_as_the_jit_does(kernel, sass_mix):
+    fn, args, kwargs = sass_mix.model_launch(kernel, "int8_row:stochastic", 16, 1)
+    options, signature, constexprs, attrs = sass_mix.jit_specialization(fn, args, kwargs)
+    assert options.num_warps == 1 and constexprs[_index(fn, "BLOCK_K")] == 16
+    assert constexprs[_index(fn, "SR")] and constexprs[_index(fn, "PDL")] == 2
+    # the unit strides of q, k and v (views of one projection or conv output) are constants, as on the GPU
+    for stride in ("s_qk", "s_kk", "s_vv"):
+        assert signature[stride] == "constexpr" and constexprs[_index(fn, stride)] == 1
+    # the state pool's pointer is aligned and its row stride a multiple of 16: the loads can be vectorized
+    assert ["tt.divisibility", 16] in attrs[_index(fn, "state_ptr")]
+    assert ["tt.divisibility", 16] in attrs[_index(fn, "s_sk")]
+    # the stochastic rounding's seed stays a runtime value
+    assert signature["seed"] == "i32" and not attrs.get(_index(fn, "seed"))
+    if kernel == "gla":
+        assert constexprs[_index(fn, "GNORM")] and constexprs[_index(fn, "CODES")]

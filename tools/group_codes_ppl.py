@@ -1,0 +1,131 @@
+"""The accuracy side of per-group activation codes (issue #14, ``eval/results/b64_step_budget.md``: the route where the
+GEMMs' split-K fixups write the next projection's codes): a trained model calibrated once with a W8A8 recipe, its
+perplexity with today's activation quantization (one scale per token) and with one scale per token and group of
+``--group`` input columns, the outlier columns left out of the groups' absmax as they are left out of the token's.
+
+The per-group run swaps the W8A8 reference (``int8_outlier_linear``, the CPU path's) for its per-group form: each
+group's codes times its scale, multiplied with the dequantized int8 weight in float32. Same calibration, same weights,
+same state; only the activations' scales differ. CPU (the reference path); float32 compute, as ``tools/ablation.py``.
+
+    python tools/group_codes_ppl.py --out eval/results/group_codes_ppl_cpu [--max-tokens 8192] [--group 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+import laquant
+import laquant.adapters
+import laquant.quant.modules as quant_modules
+from laquant.api import calibrate
+from laquant.calibration.run import calibration_batches, collect_stats
+from laquant.data import load_text, tokenize
+from laquant.eval.ppl import perplexity_by_mode
+from laquant.kernels.common.numerics import dequantize, quantize_int8
+from laquant.loading import resolve_model_dir
+from laquant.recipe import load_recipe
+
+
+def group_codes_linear(group: int):
+    """``int8_outlier_linear`` with per-token, per-``group``-column activation scales (weights and outliers as
+    today); the other activation granularities pass through unchanged."""
+    per_token_linear = quant_modules.int8_outlier_linear
+
+    def linear(x, qweight, weight_scale, keep_idx, outlier_idx, outlier_weight, bias=None, act_granularity="per_token"):
+        if act_granularity != "per_token":
+            return per_token_linear(x, qweight, weight_scale, keep_idx, outlier_idx, outlier_weight, bias,
+                                    act_granularity)
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).float()
+        kept = x2.clone()
+        if outlier_idx is not None and outlier_idx.numel():
+            kept[:, outlier_idx] = 0.0  # out of the groups' absmax and codes; their product stays in float below
+        width = kept.shape[1]
+        padded = torch.nn.functional.pad(kept, (0, -width % group)).view(kept.shape[0], -1, group)
+        codes, scale = quantize_int8(padded, dim=-1)
+        x_deq = dequantize(codes, scale).view(kept.shape[0], -1)[:, :width]
+        main = x_deq if keep_idx is None else x_deq.index_select(1, keep_idx)
+        y = main @ dequantize(qweight, weight_scale).T
+        if outlier_idx is not None and outlier_idx.numel():
+            y = y + x2.index_select(1, outlier_idx) @ outlier_weight.float().T
+        if bias is not None:
+            y = y + bias.float()
+        return y.to(x.dtype).reshape(*shape[:-1], -1)
+
+    return linear
+
+
+def run(args: argparse.Namespace) -> dict:
+    model_dir = resolve_model_dir(args.model)
+    model, tok = laquant.load_model(model_dir, device="cpu")
+    ids = tokenize(load_text(args.data), tok)[: args.max_tokens]
+    calib = calibration_batches(tokenize(load_text(args.calib_data), tok), args.samples, args.seq_len, 0)
+
+    def evaluate(m) -> dict:
+        results = perplexity_by_mode(m, ids, args.context, ["prefill", "decode"], None, False)
+        return {k: v for mode, r in results.items() for k, v in ((mode, r.ppl), (f"{mode}_nll", r.nll))}
+
+    t0 = time.time()
+    rows = [{"name": "float", **evaluate(model)}]
+    print(json.dumps(rows[-1]), flush=True)
+    stats = collect_stats(model, laquant.adapters.get_adapter(model), calib, seed=0, progress=False)
+    calibrate(model, load_recipe(args.recipe), stats=stats)
+    rows.append({"name": f"{args.recipe}, per-token activation scales", **evaluate(model)})
+    print(json.dumps(rows[-1]), flush=True)
+    saved = quant_modules.int8_outlier_linear
+    quant_modules.int8_outlier_linear = group_codes_linear(args.group)
+    try:
+        rows.append({"name": f"{args.recipe}, per-token x {args.group}-column activation scales", **evaluate(model)})
+    finally:
+        quant_modules.int8_outlier_linear = saved
+    print(json.dumps(rows[-1]), flush=True)
+    return {"model": str(model_dir), "recipe": args.recipe, "group": args.group, "data": args.data,
+            "tokens": len(ids), "context": args.context, "calibration": {"samples": args.samples,
+                                                                       "seq_len": args.seq_len},
+            "device": "cpu", "dtype": "float32", "torch": torch.__version__, "seconds": round(time.time() - t0),
+            "rows": rows}
+
+
+def markdown(result: dict) -> str:
+    base = result["rows"][0]
+    lines = [f"Model `{Path(result['model']).name}`, {result['data']} ({result['tokens']} tokens), context "
+             f"{result['context']}, CPU reference path, float32 compute; calibration {result['calibration']['samples']}"
+             f" x {result['calibration']['seq_len']} tokens.", "",
+             "| activations | ppl prefill | ppl decode |", "|---|---|---|"]
+    for r in result["rows"]:
+        cells = [f"{r[m]:.3f}" if r is base else f"{r[m]:.3f} ({100 * (r[m] / base[m] - 1):+.3f}%)"
+                 for m in ("prefill", "decode")]
+        lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python tools/group_codes_ppl.py", description=__doc__.splitlines()[0])
+    p.add_argument("model", nargs="?", default=None)
+    p.add_argument("--out", required=True, help="output path without extension (.json and .md are written)")
+    p.add_argument("--recipe", default="gla_int8_all")
+    p.add_argument("--group", type=int, default=128)
+    p.add_argument("--data", default="wikitext2")
+    p.add_argument("--calib-data", default="calibration")
+    p.add_argument("--context", type=int, default=2048)
+    p.add_argument("--max-tokens", type=int, default=8192)
+    p.add_argument("--samples", type=int, default=128)
+    p.add_argument("--seq-len", type=int, default=2048)
+    args = p.parse_args(argv)
+    if args.group < 1:
+        p.error(f"--group must be a positive number of columns, got {args.group}")
+    result = run(args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
