@@ -54,12 +54,16 @@ def _index(fn, name):
     return (fn.arg_names.index(name),)
 
 
-@pytest.mark.parametrize("kernel", ["gla", "delta"])
-def test_decode_launch_is_specialized_as_the_jit_does(kernel, sass_mix):
-    fn, args, kwargs = sass_mix.model_launch(kernel, "int8_row:stochastic", 16, 1)
+@pytest.mark.parametrize("kernel, commit", [("gla", False), ("delta", False), ("gla_verify", False),
+                                            ("gla_verify", True), ("delta_verify", False), ("delta_verify", True)])
+def test_model_launch_is_specialized_as_the_jit_does(kernel, commit, sass_mix):
+    fn, args, kwargs = sass_mix.model_launch(kernel, "int8_row:stochastic", 16, 1, tokens=4, commit=commit)
     options, signature, constexprs, attrs = sass_mix.jit_specialization(fn, args, kwargs)
-    assert options.num_warps == 1 and constexprs[_index(fn, "BLOCK_K")] == 16
-    assert constexprs[_index(fn, "SR")] and constexprs[_index(fn, "PDL")] == 2
+    assert options.num_warps == 1 and constexprs[_index(fn, "SR")]
+    if kernel.endswith("_verify"):
+        assert constexprs[_index(fn, "COMMIT")] == commit
+    else:
+        assert constexprs[_index(fn, "BLOCK_K")] == 16 and constexprs[_index(fn, "PDL")] == 2
     # the unit strides of q, k and v (views of one projection or conv output) are constants, as on the GPU
     for stride in ("s_qk", "s_kk", "s_vv"):
         assert signature[stride] == "constexpr" and constexprs[_index(fn, stride)] == 1

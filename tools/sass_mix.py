@@ -9,19 +9,17 @@ pressure, conversions and the cost of a numerics change without device time.
 Blocks are ``BLOCK_K x num_warps`` for the decode kernels and ``BLOCK_K x BLOCK_V x num_warps`` for the
 verify kernels (the delta rule's verify takes the whole K whatever BLOCK_K says; a scaled format the whole V).
 
-The decode kernels are compiled from the launch a model makes at B = 64 (:func:`model_launch`: the wrapper called on
-CPU tensors laid out as the layer hands them over, PDL on as on Hopper, GLA with its fused output norm and codes),
-specialized as Triton's JIT specializes a launch (:func:`compile_like_jit`: pointers 16-byte aligned, integers equal to
-1 made constants, multiples of 16 marked so). Without that, a stride of 1 stays a runtime value and no access can be
-vectorized: the GLA kernel compiled that way showed 255 registers and 189 spill instructions, the launch the GPU runs
-238 registers and none. The verify kernels are still compiled from a signature made here, without the
-specialization: their counts overstate what runs.
+Each kernel is compiled from the launch a model makes at B = 64 (:func:`model_launch`: the wrapper called on CPU
+tensors laid out as the layer hands them over; the decode steps with PDL on, as on Hopper, GLA's with its fused output
+norm and codes), specialized as Triton's JIT specializes a launch (:func:`compile_like_jit`: pointers 16-byte aligned,
+integers equal to 1 made constants, multiples of 16 marked so). Until 2026-12-03 the tool compiled from a signature of
+its own, without that: a stride of 1 stayed a runtime value and no access could be vectorized. The GLA decode kernel
+compiled that way showed 255 registers and 189 spill instructions; the launch the GPU runs has 238 and none.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import re
 import subprocess
@@ -73,38 +71,53 @@ def compile_like_jit(fn, args: tuple, kwargs: dict):
                           options=options.__dict__)
 
 
-def model_launch(kernel: str, fmt: str, block_k: int, num_warps: int, batch: int = 64) -> tuple:
-    """``(kernel function, args, kwargs)`` of the decode launch a model layer makes at ``batch`` sequences: the
-    wrapper run on CPU tensors with the layer's layouts (q, k and v views of one projection or conv output; GLA with
-    its gated output norm writing o_proj's codes, 8 outlier columns as ``gla_int8_all`` keeps), its launch captured
-    instead of run, PDL on as on Hopper."""
+def model_launch(kernel: str, fmt: str, block_k: int, num_warps: int, block_v: int | None = None, tokens: int = 4,
+                 commit: bool = False, prefetch: bool = False, batch: int = 64) -> tuple:
+    """``(kernel function, args, kwargs)`` of the launch a model layer makes at ``batch`` sequences: the wrapper
+    (decode step, verify step of ``tokens`` tokens, or its commit) run on CPU tensors with the layer's layouts (q, k
+    and v views of one projection or conv output; GLA's decode step with its gated output norm writing o_proj's
+    codes, 8 outlier columns as ``gla_int8_all`` keeps), its launch captured instead of run, PDL on as on Hopper."""
     import torch
 
     from laquant.kernels.common.state import StateQuantizer
     from laquant.kernels.delta import decode as delta_decode
+    from laquant.kernels.delta import verify as delta_verify
     from laquant.kernels.gla import decode as gla_decode
+    from laquant.kernels.gla import verify as gla_verify
 
     name, _, rounding = fmt.partition(":")
     quant = StateQuantizer(name, rounding=rounding or "nearest")
-    module = {"gla": gla_decode, "delta": delta_decode}[kernel]
+    module = {"gla": gla_decode, "delta": delta_decode, "gla_verify": gla_verify, "delta_verify": delta_verify}[kernel]
     shape = SHAPES[kernel]
     H, K, V = shape["H"], shape["K"], shape["V"]
     Hk = H // shape.get("GROUP", 1)
+    decode = not kernel.endswith("_verify")
+    T = 1 if decode else tokens
     state = torch.zeros(batch, H, K, V, dtype=quant.format.storage_dtype or torch.float32)
     scale = torch.ones(batch, H, K) if quant.format.is_scaled else None
     pool = (state, scale, torch.arange(batch, dtype=torch.int32), quant)
     n_stores = torch.zeros(batch, dtype=torch.int32)
+    widths = [(Hk, K), (Hk, K), (H, V)] + ([(H, V)] if kernel == "gla" else [])  # q, k, v (and GLA's output gate z)
+    proj = torch.zeros(batch, T, sum(h * d for h, d in widths), dtype=torch.bfloat16)
+    views, at = [], 0
+    for h, d in widths:
+        view = proj[:, :, at:at + h * d].view(batch, T, h, d)
+        views.append(view[:, 0] if decode else view)
+        at += h * d
+    q, k, v = views[:3]
+    lead = (batch,) if decode else (batch, T)
+    launch = dict(num_warps=num_warps, seed=SEED)
+    if not decode:
+        launch.update(block_v=block_v, prefetch=prefetch)
     captured = []
-    saved = module.launch_kernel, module.pdl_launch
+    saved = module.launch_kernel, getattr(module, "pdl_launch", None)
     module.launch_kernel = lambda fn, grid, *a, **kw: captured.append((fn, a, kw))
-    module.pdl_launch = lambda device, rows: {"PDL": 1 if rows <= 16 else 2, "launch_pdl": True}
+    if decode:
+        module.pdl_launch = lambda device, rows: {"PDL": 1 if rows <= 16 else 2, "launch_pdl": True}
     try:
         if kernel == "gla":
             from laquant.kernels.gemm.int8 import PackedOutlierWeight
 
-            proj = torch.zeros(batch, 2 * H * K + 2 * H * V, dtype=torch.bfloat16)  # q, k, v, z
-            q, k = (proj[:, i * H * K:(i + 1) * H * K].view(batch, H, K) for i in range(2))
-            v, z = (proj[:, 2 * H * K + i * H * V:2 * H * K + (i + 1) * H * V].view(batch, H, V) for i in range(2))
             width, n_out = H * V, 8
             outliers = torch.arange(n_out) * (width // n_out)
             keep = torch.tensor(sorted(set(range(width)) - set(outliers.tolist())))
@@ -112,17 +125,26 @@ def model_launch(kernel: str, fmt: str, block_k: int, num_warps: int, batch: int
                                               torch.ones(width), keep, outliers,
                                               torch.zeros(width, n_out, dtype=torch.bfloat16), None, width)
             module.gla_decode_step(q, k, v, torch.zeros(batch, H, K), *pool, n_stores, block_k=block_k,
-                                   num_warps=num_warps, seed=SEED, norm=(z, torch.ones(V), 1e-6), packed=packed,
-                                   early_state=True)
-        else:
-            conv = torch.zeros(batch, 2 * Hk * K + H * V, dtype=torch.bfloat16)  # q, k, v
-            q, k = (conv[:, i * Hk * K:(i + 1) * Hk * K].view(batch, Hk, K) for i in range(2))
-            v = conv[:, 2 * Hk * K:].view(batch, H, V)
+                                   norm=(views[3], torch.ones(V), 1e-6), packed=packed, early_state=True, **launch)
+        elif kernel == "delta":
             module.delta_decode_step(q, k, v, torch.zeros(batch, H), torch.zeros(batch, H), *pool, n_stores,
-                                     use_qk_l2norm=True, block_k=block_k, num_warps=num_warps, seed=SEED,
-                                     early_state=True)
+                                     use_qk_l2norm=True, block_k=block_k, early_state=True, **launch)
+        elif kernel == "gla_verify":
+            g = torch.zeros(*lead, H, K)
+            if commit:
+                module.gla_commit(q, k, v, g, *pool, T, n_stores, block_k=block_k, **launch)
+            else:
+                module.gla_verify(q, k, v, g, *pool, n_stores, block_k=block_k, **launch)
+        else:
+            g, beta = torch.zeros(*lead, H), torch.zeros(*lead, H)
+            if commit:
+                module.delta_commit(q, k, v, g, beta, *pool, T, n_stores, use_qk_l2norm=True, **launch)
+            else:
+                module.delta_verify(q, k, v, g, beta, *pool, n_stores, use_qk_l2norm=True, **launch)
     finally:
-        module.launch_kernel, module.pdl_launch = saved
+        module.launch_kernel = saved[0]
+        if decode:
+            module.pdl_launch = saved[1]
     return captured[0]
 
 
@@ -143,53 +165,9 @@ def cubin_sass(cubin: bytes) -> tuple[str, str]:
 
 def compile_sass(kernel: str, fmt: str, block_k: int, num_warps: int, block_v: int | None = None, tokens: int = 4,
                  commit: bool = False, prefetch: bool = False) -> tuple[str, str]:
-    """The kernel's SASS and its resource line (``REG:n STACK:n ...``) for one launch."""
-    if kernel in ("gla", "delta"):
-        return cubin_sass(compile_like_jit(*model_launch(kernel, fmt, block_k, num_warps)).asm["cubin"])
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from laquant.kernels.delta import verify as delta_verify
-    from laquant.kernels.gla import verify as gla_verify
-
-    fn = {"delta_verify": delta_verify._delta_verify_kernel, "gla_verify": gla_verify._gla_verify_kernel}[kernel]
-    from laquant.kernels.common.formats import get_format, kernel_code
-
-    name, _, rounding = fmt.partition(":")
-    shape = SHAPES[kernel]
-    spec = get_format(name)
-    scaled = spec.is_scaled
-    if kernel == "delta_verify":
-        block_k = shape["K"]
-    consts = dict(shape, BLOCK_K=block_k, BLOCK_V=shape["V"] if scaled or not block_v else block_v,
-                  FMT=kernel_code(spec), RENORM=1, QMAX=spec.qmax if scaled else 1.0,  # as pool_args passes them
-                  SR=rounding == "stochastic", L2NORM=True, PDL=False, BLOCK_T=1 << (tokens - 1).bit_length(),
-                  KEEP=False, COMMIT=commit, PREFETCH=prefetch)
-    for p, param in inspect.signature(fn.fn).parameters.items():  # constexprs the call leaves at their defaults
-        if p not in consts and param.default is not inspect.Parameter.empty:  # (the GLA kernel's SSD, DT_*)
-            consts[p] = param.default
-    state = {"fp32": "*fp32", "bf16": "*bf16", "fp8_row": "*fp8e4nv", "int8_row": "*i8"}[name]
-    sig = {}
-    for p in inspect.signature(fn.fn).parameters:
-        if p in consts:
-            sig[p] = "constexpr"
-        elif p in ("state_ptr", "kept_ptr"):
-            sig[p] = state
-        elif p in ("idx_ptr", "nstore_ptr", "steps_ptr"):
-            sig[p] = "*i32"
-        elif p in ("q_ptr", "k_ptr", "v_ptr", "o_ptr"):
-            sig[p] = "*bf16"
-        elif p.endswith("_ptr"):
-            sig[p] = "*fp32"
-        elif p == "qk_scale":
-            sig[p] = "fp32"
-        else:
-            sig[p] = "i32"
-    consts = {k: v for k, v in consts.items() if k in sig}
-    compiled = triton.compile(ASTSource(fn, sig, constexprs=consts), target=GPUTarget(*TARGET),
-                              options=dict(num_warps=num_warps, enable_fp_fusion=not kernel.startswith("delta")))
-    return cubin_sass(compiled.asm["cubin"])
+    """The kernel's SASS and its resource line (``REG:n STACK:n ...``) for the model's launch (:func:`model_launch`)."""
+    launch = model_launch(kernel, fmt, block_k, num_warps, block_v, tokens, commit, prefetch)
+    return cubin_sass(compile_like_jit(*launch).asm["cubin"])
 
 
 def resources(usage: str) -> tuple[int, int]:
