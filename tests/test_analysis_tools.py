@@ -1,8 +1,8 @@
 """The analysis tools whose numbers the results cite:
 
-* tools/sass_mix.py compiles the decode kernels as Triton's JIT compiles the launch a model makes, specialized on the
-  launch's own arguments (without that its counts were those of another program: no vectorized access, spills the
-  GPU's kernel does not have);
+* tools/sass_mix.py compiles the decode and verify kernels as Triton's JIT compiles the launch a model makes,
+  specialized on the launch's own arguments (without that its counts were those of another program: no vectorized
+  access, spills the GPU's kernel does not have);
 * tools/group_codes_ppl.py's per-group W8A8 reference is the per-token one when a group spans the row, and keeps the
   outlier columns out of the groups."""
 
