@@ -33,18 +33,51 @@ HYBRID_RECIPES = ["hybrid_int8", "hybrid_int8_fp8", "gla_w8a8", "hybrid_attentio
                   "gla_gates_naive", "gla_fp8_state", "gla_fp8_state_naive", "gla_bf16_state"]
 
 
-def run(args: argparse.Namespace) -> dict:
+def add_data_arguments(p: argparse.ArgumentParser) -> None:
+    """The model, output, evaluation text and calibration arguments (this tool's and tools/group_codes_ppl.py's)."""
+    p.add_argument("model", nargs="?", default=None)
+    p.add_argument("--out", required=True, help="output path without extension (.json and .md are written)")
+    p.add_argument("--data", default="wikitext2")
+    p.add_argument("--calib-data", default="calibration")
+    p.add_argument("--context", type=int, default=2048)
+    p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument("--samples", type=int, default=128)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def load_inputs(args: argparse.Namespace, device: str) -> tuple:
+    """``(model_dir, model, evaluation ids, calibration batches)`` as :func:`add_data_arguments` names them."""
     model_dir = resolve_model_dir(args.model)
-    model, tok = laquant.load_model(model_dir, device=args.device)
+    model, tok = laquant.load_model(model_dir, device=device)
     ids = tokenize(load_text(args.data), tok)[: args.max_tokens]
     calib = calibration_batches(tokenize(load_text(args.calib_data), tok), args.samples, args.seq_len, args.seed)
+    return model_dir, model, ids, calib
+
+
+def perplexities(model, ids, context: int, modes=("prefill", "decode"), batch_size=None, progress=False) -> dict:
+    """``{mode: ppl, f"{mode}_nll": nll}`` for each mode."""
+    results = perplexity_by_mode(model, ids, context, list(modes), batch_size, progress)
+    return {k: v for mode, r in results.items() for k, v in ((mode, r.ppl), (f"{mode}_nll", r.nll))}
+
+
+def write_result(result: dict, out: str, markdown) -> None:
+    """``OUT.json`` and ``OUT.md`` (``markdown(result)``), the markdown printed too."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+
+
+def run(args: argparse.Namespace) -> dict:
+    model_dir, model, ids, calib = load_inputs(args, args.device)
     adapter = laquant.adapters.get_adapter(model)
     mixers = {n: vars(i) for n, i in adapter.mixers().items()}
     recipes = args.recipes or (DEFAULT_RECIPES if model.config.model_type == "gla" else HYBRID_RECIPES)
 
     def evaluate(m) -> dict:
-        results = perplexity_by_mode(m, ids, args.context, args.mode, args.batch_size, not args.quiet)
-        return {k: v for mode, r in results.items() for k, v in ((mode, r.ppl), (f"{mode}_nll", r.nll))}
+        return perplexities(m, ids, args.context, args.mode, args.batch_size, not args.quiet)
 
     t0 = time.time()
     rows = [{"name": "bf16", **evaluate(model), "model_bytes": model_bytes(model),
@@ -88,29 +121,16 @@ def markdown(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python tools/ablation.py", description=__doc__.splitlines()[0])
-    p.add_argument("model", nargs="?", default=None)
-    p.add_argument("--out", required=True, help="output path without extension (.json and .md are written)")
+    add_data_arguments(p)
     p.add_argument("--recipes", nargs="+", default=None,
                    help="recipe names, each optionally with overrides: gla_fp8_state,state.format=int8_row "
                         "(default: the ablation set of the model's family)")
-    p.add_argument("--data", default="wikitext2")
-    p.add_argument("--calib-data", default="calibration")
-    p.add_argument("--context", type=int, default=2048)
-    p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--mode", nargs="+", default=["prefill", "decode"])
-    p.add_argument("--samples", type=int, default=128)
-    p.add_argument("--seq-len", type=int, default=2048)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
-    result = run(args)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+    write_result(run(args), args.out, markdown)
 
 
 if __name__ == "__main__":

@@ -14,21 +14,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-import laquant
 import laquant.adapters
 import laquant.quant.modules as quant_modules
 from laquant.api import calibrate
-from laquant.calibration.run import calibration_batches, collect_stats
-from laquant.data import load_text, tokenize
-from laquant.eval.ppl import perplexity_by_mode
+from laquant.calibration.run import collect_stats
 from laquant.kernels.common.numerics import dequantize, quantize_int8
-from laquant.loading import resolve_model_dir
 from laquant.recipe import load_recipe
+
+sys.path.insert(0, str(Path(__file__).parent))
+from ablation import add_data_arguments, load_inputs, perplexities, write_result  # noqa: E402
 
 
 def group_codes_linear(group: int):
@@ -61,19 +61,15 @@ def group_codes_linear(group: int):
 
 
 def run(args: argparse.Namespace) -> dict:
-    model_dir = resolve_model_dir(args.model)
-    model, tok = laquant.load_model(model_dir, device="cpu")
-    ids = tokenize(load_text(args.data), tok)[: args.max_tokens]
-    calib = calibration_batches(tokenize(load_text(args.calib_data), tok), args.samples, args.seq_len, 0)
+    model_dir, model, ids, calib = load_inputs(args, "cpu")
 
     def evaluate(m) -> dict:
-        results = perplexity_by_mode(m, ids, args.context, ["prefill", "decode"], None, False)
-        return {k: v for mode, r in results.items() for k, v in ((mode, r.ppl), (f"{mode}_nll", r.nll))}
+        return perplexities(m, ids, args.context)
 
     t0 = time.time()
     rows = [{"name": "float", **evaluate(model)}]
     print(json.dumps(rows[-1]), flush=True)
-    stats = collect_stats(model, laquant.adapters.get_adapter(model), calib, seed=0, progress=False)
+    stats = collect_stats(model, laquant.adapters.get_adapter(model), calib, seed=args.seed, progress=False)
     calibrate(model, load_recipe(args.recipe), stats=stats)
     rows.append({"name": f"{args.recipe}, per-token activation scales", **evaluate(model)})
     print(json.dumps(rows[-1]), flush=True)
@@ -86,7 +82,7 @@ def run(args: argparse.Namespace) -> dict:
     print(json.dumps(rows[-1]), flush=True)
     return {"model": str(model_dir), "recipe": args.recipe, "group": args.group, "data": args.data,
             "tokens": len(ids), "context": args.context, "calibration": {"samples": args.samples,
-                                                                       "seq_len": args.seq_len},
+                                                                       "seq_len": args.seq_len, "seed": args.seed},
             "device": "cpu", "dtype": "float32", "torch": torch.__version__, "seconds": round(time.time() - t0),
             "rows": rows}
 
@@ -106,25 +102,14 @@ def markdown(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python tools/group_codes_ppl.py", description=__doc__.splitlines()[0])
-    p.add_argument("model", nargs="?", default=None)
-    p.add_argument("--out", required=True, help="output path without extension (.json and .md are written)")
+    add_data_arguments(p)
+    p.set_defaults(max_tokens=8192)
     p.add_argument("--recipe", default="gla_int8_all")
     p.add_argument("--group", type=int, default=128)
-    p.add_argument("--data", default="wikitext2")
-    p.add_argument("--calib-data", default="calibration")
-    p.add_argument("--context", type=int, default=2048)
-    p.add_argument("--max-tokens", type=int, default=8192)
-    p.add_argument("--samples", type=int, default=128)
-    p.add_argument("--seq-len", type=int, default=2048)
     args = p.parse_args(argv)
     if args.group < 1:
         p.error(f"--group must be a positive number of columns, got {args.group}")
-    result = run(args)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+    write_result(run(args), args.out, markdown)
 
 
 if __name__ == "__main__":

@@ -77,8 +77,6 @@ def captured(model, ids, answer, zeros=False):
 @contextlib.contextmanager
 def recorded_masks():
     """The masks transformers' ``create_causal_mask`` returns inside (wrapped in every module that imported it)."""
-    import sys as _sys
-
     from transformers import masking_utils
 
     masks, patched = [], []
@@ -88,7 +86,7 @@ def recorded_masks():
         masks.append(original(*args, **kwargs))
         return masks[-1]
 
-    for mod in list(_sys.modules.values()):
+    for mod in list(sys.modules.values()):
         if getattr(mod, "create_causal_mask", None) is original:
             patched.append(mod)
             mod.create_causal_mask = wrapper
