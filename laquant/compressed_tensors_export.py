@@ -169,6 +169,10 @@ def _quantized_modules(model, decisions: Decisions) -> tuple[dict[str, nn.Module
             raise LaquantError(f"{name}: per-tensor activation scales (act_granularity per_tensor) have no form "
                                "an engine runs for int8 (vLLM's int8 W8A8 quantizes activations per token); "
                                "calibrate with --set projections.act_granularity=per_token")
+        if module.act_granularity == "per_group":
+            raise LaquantError(f"{name}: per-group activation scales (act_granularity per_group) have no int8 form "
+                               "an engine runs (vLLM's int8 W8A8 quantizes activations per token); calibrate with "
+                               "--set projections.act_granularity=per_token for this export")
         linears[name] = module
     return linears, dense, dropped
 

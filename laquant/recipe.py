@@ -25,7 +25,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     "projections": {
         "format": (("int8", "keep"), "int8"),
         "weight_granularity": (("per_channel", "per_tensor"), "per_channel"),
-        "act_granularity": (("per_token", "per_tensor"), "per_token"),
+        "act_granularity": (("per_token", "per_tensor", "per_group"), "per_token"),
         "outlier_threshold": (ANY_NUMBER_OR_NULL, 6.0),
         "outlier_top_k": (ANY_INT_OR_NULL, None),
         # a layer whose outlier channels are more than this fraction of its inputs stays in high precision: the int8

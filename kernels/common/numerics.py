@@ -45,6 +45,20 @@ def quantize_int8(x: torch.Tensor, dim: int | tuple[int, ...] | None = -1, scale
     return quantize_int(x, INT8_MAX, dim, scale, rounding, random)
 
 
+# input columns one activation scale covers under per-group W8A8 (``act_granularity: per_group``): a token's
+# scale per group of 128 consecutive columns of the int8 weight, as fp8 block recipes group them
+ACT_GROUP = 128
+
+
+def quantize_int8_groups(x: torch.Tensor, group: int = ACT_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 codes of ``x [M, K]`` with one absmax scale per row and ``group`` consecutive columns (the last group
+    may be shorter). Returns ``(q [M, K], scale [M, cdiv(K, group)])``."""
+    M, K = x.shape
+    padded = torch.nn.functional.pad(x.float(), (0, -K % group)).view(M, -1, group)
+    q, scale = quantize_int8(padded, dim=-1)
+    return q.view(M, -1)[:, :K], scale.squeeze(-1)
+
+
 def quantize_int4(x: torch.Tensor, dim: int | tuple[int, ...] | None = -1, scale: torch.Tensor | None = None,
                   rounding: str = "nearest", random: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """int4 codes in ``[-7, 7]`` with absmax scales over ``dim`` (or the given ``scale``), packed two

@@ -89,7 +89,9 @@ class PackedOutlierWeight:
     no outliers, the columns in order (a row's codes are then its columns as they come). ``dest``
     ``[in_features]`` int32: where each input column goes, its packed int8 column (>= 0) or ``-1 - slot``
     of the outlier block (the producers that scatter a token's codes from registers); ``n_out``: the
-    outlier columns before the padding."""
+    outlier columns before the padding. ``group``: 0 for per-token activations; under per-group activations
+    (``act_granularity: per_group``) the columns one activation scale covers, the int8 weight then holding every
+    input column in order (``n_keep == in_features``, zero at the outlier columns)."""
 
     qweight: torch.Tensor
     scale: torch.Tensor
@@ -102,14 +104,17 @@ class PackedOutlierWeight:
     identity: bool
     dest: torch.Tensor
     n_out: int
+    group: int = 0
 
     @classmethod
-    def pack(cls, qweight, weight_scale, keep_idx, outlier_idx, outlier_weight, bias, in_features):
+    def pack(cls, qweight, weight_scale, keep_idx, outlier_idx, outlier_weight, bias, in_features, group=0):
         N = qweight.shape[0]
         if qweight.stride(0) % 16 or qweight.stride(1) != 1:
             raise ValueError("the int8 GEMM needs weight rows contiguous and padded to a multiple of 16")
         n_keep, n_out = keep_idx.numel(), outlier_idx.numel()
-        if n_keep + n_out != in_features:
+        if group and n_keep != in_features:
+            raise ValueError(f"a per-group weight keeps all {in_features} input columns in order, not {n_keep}")
+        if not group and n_keep + n_out != in_features:
             raise ValueError(f"{n_keep} kept and {n_out} outlier columns do not make the layer's {in_features} inputs")
         source = torch.full((qweight.shape[1],), -1, dtype=torch.int32, device=qweight.device)
         source[:n_keep] = keep_idx.to(torch.int32)
@@ -123,7 +128,7 @@ class PackedOutlierWeight:
             outlier_weight = torch.nn.functional.pad(outlier_weight, (0, pad))
         return cls(qweight, weight_scale.reshape(-1).float().expand(N).contiguous(), source,
                    outlier_idx.to(torch.int32).contiguous(), outlier_weight.contiguous(), bias, in_features, n_keep,
-                   identity, dest, n_out)
+                   identity, dest, n_out, group)
 
 
 if triton is not None:
@@ -168,6 +173,35 @@ if triton is not None:
             tl.store(out + offs, stored_int8_codes(x, scale), mask=offs < KQ)
 
     @triton.jit
+    def _quantize_groups_kernel(x_ptr, dest_ptr, idx_ptr, xq_ptr, xs_ptr, xo_ptr, M, K, KQ, NO, G, s_xm,
+                                BR: tl.constexpr, GROUP: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr):
+        """Per-group W8A8 codes of ``BR`` tokens and one group of ``GROUP`` columns: the group's absmax over its
+        kept columns (the outlier columns, ``dest < 0``, count as zeros) gives the scale ``xs[m, g]``; the codes
+        go to the int8 weight's column positions (zeros in the padding up to ``KQ``), and the first group's
+        programs gather the outlier block."""
+        rows = tl.program_id(0) * BR + tl.arange(0, BR)
+        g = tl.program_id(1)
+        cols = g * GROUP + tl.arange(0, GROUP)
+        rm = rows < M
+        r64 = rows.to(tl.int64)
+        kept = cols < K
+        if HAS_OUT:
+            kept = kept & (tl.load(dest_ptr + cols, mask=kept, other=-1) >= 0)
+        x = tl.load(x_ptr + r64[:, None] * s_xm + cols[None, :], mask=rm[:, None] & kept[None, :],
+                    other=0.0).to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(x), axis=1) / 127.0, 1.1754943508222875e-38)
+        tl.store(xs_ptr + r64 * G + g, scale, mask=rm)
+        tl.store(xq_ptr + r64[:, None] * KQ + cols[None, :], stored_int8_codes(x, scale[:, None]),
+                 mask=rm[:, None] & (cols < KQ)[None, :])
+        if HAS_OUT:
+            if g == 0:
+                offs_o = tl.arange(0, BNO)
+                mo = rm[:, None] & (offs_o < NO)[None, :]
+                idx = tl.load(idx_ptr + offs_o, mask=offs_o < NO, other=0)
+                tl.store(xo_ptr + r64[:, None] * NO + offs_o[None, :],
+                         tl.load(x_ptr + r64[:, None] * s_xm + idx[None, :], mask=mo, other=0.0), mask=mo)
+
+    @triton.jit
     def _add_outliers(y, xo, wo_ptr, offs_n, mn, offs_o, mo, NO):
         """``y`` plus the outlier columns' thin product ``xo [BM, BNO] @ outlier_weight[offs_n, offs_o]^T``
         (in the model dtype on the tensor cores; exact float32 products for float32 x)."""
@@ -188,7 +222,10 @@ if triton is not None:
     @triton.jit
     def _int8_gemm_kernel(a_ptr, w_ptr, xs_ptr, ws_ptr, xo_ptr, wo_ptr, bias_ptr, y_ptr, M, N, K, NO, s_ym,
                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BNO: tl.constexpr,
-                          GROUP_M: tl.constexpr, HAS_OUT: tl.constexpr, HAS_BIAS: tl.constexpr):
+                          GROUP_M: tl.constexpr, HAS_OUT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          GROUP: tl.constexpr = 0):
+        # GROUP: per-group activation scales xs [M, cdiv(K, GROUP)], applied to each BK step's int32 sums (BK
+        # divides GROUP), the sums over the groups in float32
         pid = tl.program_id(0)
         n_m = tl.cdiv(M, BM)
         n_n = tl.cdiv(N, BN)
@@ -205,17 +242,24 @@ if triton is not None:
         mn = offs_n < N
         a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * K + offs_k[None, :]
         w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * K + offs_k[:, None]
-        acc = tl.zeros([BM, BN], dtype=tl.int32)
+        acc = tl.zeros([BM, BN], dtype=tl.float32 if GROUP else tl.int32)
         for k0 in range(0, K, BK):
             mk = (k0 + offs_k) < K
             a = tl.load(a_ptrs, mask=mm[:, None] & mk[None, :], other=0)
             w = tl.load(w_ptrs, mask=mk[:, None] & mn[None, :], other=0)
-            acc = tl.dot(a, w, acc, out_dtype=tl.int32)
+            if GROUP:
+                gs = tl.load(xs_ptr + offs_m.to(tl.int64) * tl.cdiv(K, GROUP) + k0 // GROUP, mask=mm, other=0.0)
+                acc += tl.dot(a, w, out_dtype=tl.int32).to(tl.float32) * gs[:, None]
+            else:
+                acc = tl.dot(a, w, acc, out_dtype=tl.int32)
             a_ptrs += BK
             w_ptrs += BK
-        xs = tl.load(xs_ptr + offs_m, mask=mm, other=0.0)
         ws = tl.load(ws_ptr + offs_n, mask=mn, other=0.0)
-        y = acc.to(tl.float32) * xs[:, None] * ws[None, :]
+        if GROUP:
+            y = acc * ws[None, :]
+        else:
+            xs = tl.load(xs_ptr + offs_m, mask=mm, other=0.0)
+            y = acc.to(tl.float32) * xs[:, None] * ws[None, :]
         if HAS_OUT:
             for o0 in range(0, NO, BNO):
                 offs_o = o0 + tl.arange(0, BNO)
@@ -235,7 +279,7 @@ if triton is not None:
                             A8: tl.constexpr, FUSEQ: tl.constexpr, GATHER: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                             BK: tl.constexpr, BNO: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr,
                             HAS_OUT: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr,
-                            PDL: tl.constexpr, ONE_OUT: tl.constexpr = False):
+                            PDL: tl.constexpr, ONE_OUT: tl.constexpr = False, GROUP: tl.constexpr = 0):
         """Small-M GEMM over the ``[N, K]`` int8 weight: few rows, so the weight stream is cut along N
         (small BN) and along K (``SPLIT_K`` programs per output tile, fp32 partials).
 
@@ -245,6 +289,9 @@ if triton is not None:
         ``A8`` and ``FUSEQ``: a is x, quantized per token inside the kernel (each program reads its
         rows' kept columns once for the absmax, then quantizes its K slice as it goes: one launch,
         the same codes as quantize_rows; for small M, where x is small).
+        ``GROUP`` (``A8`` codes only, not with ``FUSEQ`` or ``SWAP_AB``): per-group activation scales
+        ``xs [M, cdiv(K, GROUP)]``, each BK step's int32 sums scaled by its group's (BK divides GROUP) into a
+        float32 accumulator; the epilogue then applies the column scale alone.
         ``SWAP_AB`` (``A8`` codes only): the product runs as ``w [BN, BK] @ a^T [BK, BM]``, so the
         weight rows fill the tensor cores' tall side (64 on Hopper's wgmma) and the few tokens the
         narrow one; the accumulator is transposed back before the epilogue (same int32 sums).
@@ -302,7 +349,10 @@ if triton is not None:
                 acc_t = tl.dot(w, a, acc_t, out_dtype=tl.int32)
             acc = tl.trans(acc_t)
         else:
-            if A8:
+            if A8 and GROUP:
+                acc = tl.zeros([BM, BN], dtype=tl.float32)
+                g_rows = xs_ptr + offs_m.to(tl.int64) * tl.cdiv(K, GROUP)
+            elif A8:
                 acc = tl.zeros([BM, BN], dtype=tl.int32)
                 if FUSEQ:  # the rows' absmax over all kept columns first (x from L2; small M only)
                     amax = tl.zeros([BM, BK], dtype=tl.float32)
@@ -331,7 +381,11 @@ if triton is not None:
                         a = tl.load(a_rows + kk[None, :], mask=mm[:, None], other=0)
                     else:
                         a = tl.load(a_rows + kk[None, :], mask=mm[:, None] & mk[None, :], other=0)
-                    acc = tl.dot(a, w, acc, out_dtype=tl.int32)
+                    if GROUP:
+                        gs = tl.load(g_rows + k0 // GROUP, mask=mm, other=0.0)
+                        acc += tl.dot(a, w, out_dtype=tl.int32).to(tl.float32) * gs[:, None]
+                    else:
+                        acc = tl.dot(a, w, acc, out_dtype=tl.int32)
                 else:
                     a = _load_x(a_rows, src_ptr, kk, mk, mm, KX, GATHER)
                     if a.dtype == tl.float32:
@@ -339,7 +393,7 @@ if triton is not None:
                     else:
                         acc = tl.dot(a, w.to(a.dtype), acc)
         pdl_release(PDL)  # the next kernel's programs start during this epilogue
-        if A8:
+        if A8 and not GROUP:
             y = acc.to(tl.float32) * xs[:, None] * ws[None, :]
         else:
             y = acc * ws[None, :]
@@ -425,6 +479,9 @@ def int8_outlier_linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, con
     x2, shape, M, N, K = _prepare(x, packed)
     cfg = config if config is not None else choose_config("w8a8", M, N, K, device_name(x.device))
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if packed.group:  # per-group activations (act_granularity per_group): their own pass, then the GEMM
+        int8_gemm(*quantize_groups(x2, packed), packed, y, cfg)
+        return y.reshape(*shape[:-1], N)
     if M and cfg.get("FUSE_Q"):  # one launch: the per-token quantization inside the GEMM
         _launch_splitk(True, x2, x2.stride(0), None, None, packed, y, cfg, fuse_q=True)
         return y.reshape(*shape[:-1], N)
@@ -435,19 +492,43 @@ def int8_outlier_linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, con
 def int8_gemm(xq: torch.Tensor, xs: torch.Tensor, xo: torch.Tensor, packed: PackedOutlierWeight, y: torch.Tensor,
               cfg: dict) -> None:
     """The W8A8 GEMM on activations already quantized (:func:`quantize_rows`, or a kernel that
-    wrote the same codes, scales and outlier block as its epilogue), into ``y [M, N]``."""
+    wrote the same codes, scales and outlier block as its epilogue; :func:`quantize_groups` for a per-group
+    ``packed``), into ``y [M, N]``."""
     M, N = y.shape
     if M and "SPLIT_K" in cfg:
         _launch_splitk(True, xq, xq.stride(0), xs, xo, packed, y, cfg)
     elif M:
         cfg = dict(cfg)
         warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+        if packed.group:
+            cfg["BK"] = min(cfg["BK"], packed.group)
         KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
         grid = (cdiv(M, cfg["BM"]) * cdiv(N, cfg["BN"]),)
         launch_kernel(_int8_gemm_kernel, grid, xq, packed.qweight, xs, packed.scale, xo, packed.outlier_weight,
                       packed.bias if packed.bias is not None else xs, y, M, N, KQ, NO, y.stride(0),
                       BNO=_bno(NO, y.dtype), HAS_OUT=NO > 0,
-                      HAS_BIAS=packed.bias is not None, num_warps=warps, num_stages=stages, **cfg)
+                      HAS_BIAS=packed.bias is not None, GROUP=packed.group, num_warps=warps, num_stages=stages,
+                      **cfg)
+
+
+def quantize_groups(x2: torch.Tensor, packed: PackedOutlierWeight):
+    """Per-group int8 codes of x ``[M, KQ]`` (every input column in order, the outlier columns and the padding
+    zero), scales ``[M, cdiv(KQ, packed.group)]`` and the outlier block ``[M, n_out]``, for a per-group
+    ``packed`` (:func:`~laquant.kernels.common.numerics.quantize_int8_groups` is the spec)."""
+    if not packed.group:
+        raise ValueError("quantize_groups is for a per-group weight (packed.group > 0); "
+                         "quantize_rows quantizes per token")
+    M, K = x2.shape
+    NO, KQ, G = packed.outlier_idx.numel(), packed.qweight.shape[1], cdiv(packed.qweight.shape[1], packed.group)
+    xq = torch.empty(M, KQ, dtype=torch.int8, device=x2.device)
+    xs = torch.empty(M, G, dtype=torch.float32, device=x2.device)
+    xo = torch.empty(M, max(NO, 1), dtype=x2.dtype, device=x2.device)
+    if M:
+        BR = 16
+        launch_kernel(_quantize_groups_kernel, (cdiv(M, BR), G), x2, packed.dest, packed.outlier_idx, xq, xs, xo,
+                      M, K, KQ, NO, G, x2.stride(0), BR=BR, GROUP=packed.group, BNO=max(16, next_power_of_2(NO)),
+                      HAS_OUT=NO > 0, num_warps=4)
+    return xq, xs, xo
 
 
 def int8_weight_only_linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, config: dict | None = None) -> torch.Tensor:
@@ -530,6 +611,11 @@ def _launch_splitk(a8: bool, a, s_am, xs, xo, packed, y, cfg, fuse_q=False):
     KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
     BM, BN = cfg["BM"], cfg["BN"]
     BK, stages = _fit_smem(cfg, 1 if a8 and not fuse_q else a.element_size())
+    group = packed.group if a8 else 0  # the weight-only path reads x itself: the layout alone differs
+    if group and (fuse_q or BK > group):
+        if fuse_q:
+            raise ValueError("a per-group weight's activations are quantized by quantize_groups, not in the GEMM")
+        BK = group
     n_m, n_n = cdiv(M, BM), cdiv(N, BN)
     split = max(1, min(int(cfg["SPLIT_K"]), cdiv(KQ, BK)))
     fixup = bool(cfg.get("FIXUP", True)) and n_m * n_n <= N_COUNTERS
@@ -543,7 +629,7 @@ def _launch_splitk(a8: bool, a, s_am, xs, xo, packed, y, cfg, fuse_q=False):
         part, cnt, M, N, KQ, packed.in_features, NO, split, s_am, y.stride(0),
         A8=a8, FUSEQ=fuse_q, GATHER=NO > 0, BM=BM, BN=BN, BK=BK, BNO=bno, SPLIT=split > 1, FIXUP=fixup,
         HAS_OUT=NO > 0, HAS_BIAS=packed.bias is not None, EVEN_K=KQ % BK == 0,
-        SWAP_AB=bool(cfg.get("SWAP_AB")) and a8 and not fuse_q, num_warps=cfg["num_warps"], num_stages=stages,
-        ONE_OUT=0 < NO <= bno, **pdl_launch(y.device, M))
+        SWAP_AB=bool(cfg.get("SWAP_AB")) and a8 and not fuse_q and not group, num_warps=cfg["num_warps"],
+        num_stages=stages, ONE_OUT=0 < NO <= bno, GROUP=group, **pdl_launch(y.device, M))
     if split > 1 and not fixup:
         launch_kernel(_splitk_reduce_kernel, (cdiv(M * N, 1024),), part, y, M * N, split, BLOCK=1024, num_warps=4)

@@ -2,16 +2,17 @@
 
 ``y = dequant(int8(x[:, keep]) @ W_int8^T) + x[:, outliers] @ W_outliers^T (+ bias)``
 
-The activation is quantized per token (or per tensor) with dynamic absmax scales, the weight per
-output channel (or per tensor). The int8 x int8 products are summed exactly (int32 semantics; the
-reference uses float64, exact for any realistic K), then scaled by the row and column scales.
+The activation is quantized per token (or per tensor, or per token and group of 128 columns) with dynamic
+absmax scales, the weight per output channel (or per tensor). The int8 x int8 products are summed exactly
+(int32 semantics; the reference uses float64, exact for any realistic K), then scaled by the row and column
+scales.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..common.numerics import dequantize, quantize_int8
+from ..common.numerics import ACT_GROUP, dequantize, quantize_int8, quantize_int8_groups
 
 
 # int32 sums of int8 products stay exact up to this many terms (127 * 127 per product)
@@ -49,14 +50,30 @@ def int8_outlier_linear(
 ) -> torch.Tensor:
     """x ``[..., in]`` -> ``[..., out]`` in x's dtype; weight_scale ``[out, 1]`` or ``[1, 1]``.
 
-    ``act_granularity``: ``per_token`` / ``per_tensor`` (dynamic int8 activations), or ``none``
-    (weight-only: the activation stays in float and meets the dequantized weight).
+    ``act_granularity``: ``per_token`` / ``per_tensor`` (dynamic int8 activations), ``per_group`` (dynamic,
+    one scale per token and group of :data:`ACT_GROUP` consecutive columns of ``qweight``: each group's exact int32
+    sums times its scale, summed over the groups in order in float32), or ``none`` (weight-only: the activation
+    stays in float and meets the dequantized weight). Under ``per_group`` the int8 weight spans the outlier columns
+    too (zero there, ``keep_idx`` all columns), so that its groups are the input's; the outlier columns are zeroed in
+    the activation before the groups' absmax, as the per-token form leaves them out of the token's.
     """
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
-    main = x2 if keep_idx is None else x2.index_select(1, keep_idx)
+    if act_granularity == "per_group" and outlier_idx is not None and outlier_idx.numel():
+        x2z = x2.clone()
+        x2z[:, outlier_idx] = 0
+        main = x2z if keep_idx is None else x2z.index_select(1, keep_idx)
+    else:
+        main = x2 if keep_idx is None else x2.index_select(1, keep_idx)
     if act_granularity == "none":
         y = main.float() @ dequantize(qweight, weight_scale).T
+    elif act_granularity == "per_group":
+        qx, x_scale = quantize_int8_groups(main)
+        y = torch.zeros(qx.shape[0], qweight.shape[0], dtype=torch.float32, device=x.device)
+        for g in range(x_scale.shape[1]):
+            cols = slice(g * ACT_GROUP, (g + 1) * ACT_GROUP)
+            y += int8_matmul_exact(qx[:, cols], qweight[:, cols]) * x_scale[:, g:g + 1]
+        y = y * weight_scale.view(1, -1)
     else:
         qx, x_scale = quantize_int8(main, dim=-1 if act_granularity == "per_token" else None)
         y = int8_matmul_exact(qx, qweight) * x_scale * weight_scale.view(1, -1)

@@ -77,7 +77,7 @@ def _fuse(members):
         m.__dict__.pop("_packed_key", None)
         start = end
     return PackedOutlierWeight.pack(qweight, scale, first.keep_idx, first.outlier_idx, outlier_weight, bias,
-                                    first.in_features)
+                                    first.in_features, group=first.act_group)
 
 
 def packed_group(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor):
@@ -109,7 +109,8 @@ def packed_group(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor):
 
 def w8a8_inputs(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor):
     """The packed weight of per-token W8A8 members that run as one GEMM on the GPU (so the kernel
-    that makes x writes its int8 codes too, see :func:`project`), else None. ``x`` may be any
+    that makes x writes its int8 codes too, see :func:`project`), else None (per-group members too: no producer
+    writes per-group codes yet, the GEMM quantizes its input in a pass of its own). ``x`` may be any
     tensor of the input's leading shape and device: only its device is read. None too where the
     GEMM is wider than a producer can write codes for (``MAX_CODES_WIDTH``, 16,384 inputs; a 70B
     model's 28,672-wide ``down_proj`` is wider): the GEMM then quantizes its input in its own pass.

@@ -13,14 +13,16 @@ import torch.nn as nn
 
 from laquant.kernels import int8_outlier_linear
 from laquant.kernels.common.dispatch import use_triton
-from laquant.kernels.common.numerics import INT8_MAX, dequantize, fake_quantize_int8, quantize_int8
+from laquant.kernels.common.numerics import ACT_GROUP, INT8_MAX, dequantize, fake_quantize_int8, quantize_int8
 
 GRANULARITIES = ("per_channel", "per_tensor")
-ACT_GRANULARITIES = ("per_token", "per_tensor", "none")  # none: weight-only
+# none: weight-only; per_group: one activation scale per token and group of 128 columns (ACT_GROUP)
+ACT_GRANULARITIES = ("per_token", "per_tensor", "per_group", "none")
 # the GPU GEMM each activation granularity runs (laquant.kernels.gemm.int8.linear_triton): per-token
 # W8A8, or weight-only where the committed sweep found it faster at that many tokens ("auto");
-# weight-only always for "none". Per-tensor activations run the reference.
-GPU_MODES = {"per_token": "auto", "none": "w8a16"}
+# weight-only always for "none"; per-group W8A8 always for "per_group" (its weight's layout says so).
+# Per-tensor activations run the reference.
+GPU_MODES = {"per_token": "auto", "per_group": "w8a8", "none": "w8a16"}
 # the buffers a packed GPU weight is built from: their storages and versions say when to rebuild it
 PACKED_FROM = ("qweight", "weight_scale", "keep_idx", "outlier_idx", "outlier_weight", "bias")
 
@@ -55,6 +57,10 @@ class QuantLinear(Float32Buffers, nn.Module):
     Input channels listed in ``outlier_idx`` skip quantization and go through a small matmul in
     the model's dtype; the rest are quantized (activations per token, dynamically; weights per
     output channel) and multiplied in int8 with exact int32 accumulation. The two are summed.
+
+    With ``act_granularity="per_group"`` the activations get one scale per token and group of
+    :data:`~laquant.kernels.common.numerics.ACT_GROUP` input columns, and the int8 weight keeps every input column in
+    order (``n_main == in_features``), zero at the outlier columns, so that its column groups are the input's.
     """
 
     FLOAT32_BUFFERS = ("weight_scale",)
@@ -65,7 +71,9 @@ class QuantLinear(Float32Buffers, nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight_granularity, self.act_granularity = weight_granularity, act_granularity
-        n_main = in_features - n_outliers
+        if act_granularity not in ACT_GRANULARITIES:
+            raise ValueError(f"act_granularity must be one of {ACT_GRANULARITIES}, got {act_granularity!r}")
+        n_main = in_features if act_granularity == "per_group" else in_features - n_outliers
         self.n_main = n_main
         # rows padded with zero columns to a multiple of 16 bytes: the GEMM kernel's tiles need
         # aligned rows, and it reads this buffer itself (no second copy of the weight)
@@ -85,9 +93,15 @@ class QuantLinear(Float32Buffers, nn.Module):
         mod = cls(linear.in_features, linear.out_features, len(outlier_idx), linear.bias is not None,
                   weight_granularity, act_granularity, dtype=w.dtype)
         keep = torch.ones(linear.in_features, dtype=torch.bool)
-        keep[outlier_idx] = False
-        keep_idx = keep.nonzero().flatten()
-        qweight, scale = quantize_int8(w[:, keep_idx], dim=-1 if weight_granularity == "per_channel" else None)
+        if act_granularity == "per_group":  # every column in order, the outliers' zero (the same int8 values)
+            keep_idx = keep.nonzero().flatten()
+            kept = w.clone()
+            kept[:, outlier_idx] = 0
+        else:
+            keep[outlier_idx] = False
+            keep_idx = keep.nonzero().flatten()
+            kept = w[:, keep_idx]
+        qweight, scale = quantize_int8(kept, dim=-1 if weight_granularity == "per_channel" else None)
         mod.qweight[:, :mod.n_main].copy_(qweight)
         mod.weight_scale.copy_(scale.reshape(-1, 1))
         mod.keep_idx.copy_(keep_idx)
@@ -108,6 +122,12 @@ class QuantLinear(Float32Buffers, nn.Module):
     def n_outliers(self) -> int:
         return self.outlier_idx.numel()
 
+    @property
+    def act_group(self) -> int:
+        """Input columns an activation scale covers along the row: :data:`ACT_GROUP` under ``per_group``, 0 (the
+        whole row) otherwise."""
+        return ACT_GROUP if self.act_granularity == "per_group" else 0
+
     def packed(self):
         """The weight as the Triton GEMM reads it, rebuilt when a buffer changed (e.g. a reload)."""
         from laquant.kernels.gemm.int8 import PackedOutlierWeight
@@ -115,7 +135,8 @@ class QuantLinear(Float32Buffers, nn.Module):
         key = buffers_key(self)
         if self.__dict__.get("_packed_key") != key:
             self._packed = PackedOutlierWeight.pack(self.qweight, self.weight_scale, self.keep_idx, self.outlier_idx,
-                                                    self.outlier_weight, self.bias, self.in_features)
+                                                    self.outlier_weight, self.bias, self.in_features,
+                                                    group=self.act_group)
             self._packed_key = key
         return self._packed
 
@@ -131,7 +152,7 @@ class QuantLinear(Float32Buffers, nn.Module):
             return linear_triton(x, self.packed(), GPU_MODES[self.act_granularity])
         return int8_outlier_linear(
             x, self.qweight[:, :self.n_main], self.weight_scale,
-            None if self.n_outliers == 0 else self.keep_idx,
+            None if self.n_outliers == 0 or self.act_group else self.keep_idx,
             self.outlier_idx, self.outlier_weight, self.bias, self.act_granularity,
         )
 

@@ -1,0 +1,213 @@
+"""Per-group W8A8 (``act_granularity: per_group``): one activation scale per token and group of 128 input columns.
+The reference against a computation written out here, the module's layout, and the Triton kernels (the quantize
+pass, the split-K and tiled GEMMs) against the reference, on the CPU under Triton's interpreter and on the GPU."""
+
+import pytest
+import torch
+
+from conftest import DEVICE, rel_err
+from laquant.kernels import int8_outlier_linear
+from laquant.kernels.common.numerics import ACT_GROUP, quantize_int8_groups
+from laquant.quant.modules import QuantLinear
+
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32  # the interpreter's bf16 dot is wrong
+
+
+def _linear(K, N, bias=True, seed=0, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    lin = torch.nn.Linear(K, N, bias=bias)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(N, K, generator=gen) * 0.05)
+        if bias:
+            lin.bias.copy_(torch.randn(N, generator=gen))
+    return lin.to(dtype)
+
+
+def _outliers(K, n_out, seed=0):
+    return torch.randperm(K, generator=torch.Generator().manual_seed(seed + 7))[:n_out]
+
+
+def _x(M, K, outliers, dtype=torch.float32, seed=1):
+    """Activations whose magnitude differs by column group (what per-group scales are for), outlier columns x30."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=gen) * torch.logspace(-1, 1, -(-K // ACT_GROUP)).repeat_interleave(ACT_GROUP)[:K]
+    x[:, outliers] *= 30
+    return x.to(dtype)
+
+
+def _reference(mod, x, act="per_group"):
+    args = (mod.qweight[:, :mod.n_main], mod.weight_scale, mod.keep_idx if mod.n_outliers and not mod.act_group
+            else None, mod.outlier_idx, mod.outlier_weight, mod.bias)
+    return int8_outlier_linear(x.cpu(), *(t.cpu() if t is not None else None for t in args), act)
+
+
+def test_group_codes_of_a_short_last_group():
+    x = torch.randn(3, 300)
+    q, scale = quantize_int8_groups(x)
+    assert q.shape == (3, 300) and scale.shape == (3, 3)
+    for g, cols in enumerate((slice(0, 128), slice(128, 256), slice(256, 300))):
+        amax = x[:, cols].abs().amax(-1)
+        assert torch.equal(scale[:, g], amax / torch.tensor(127.0))
+        assert torch.equal(q[:, cols], torch.round(x[:, cols] / scale[:, g:g + 1]).to(torch.int8))
+
+
+@pytest.mark.parametrize("M,K,N,n_out", [(5, 300, 40, 6), (2, 256, 17, 0)])
+def test_reference_is_the_sum_over_groups(M, K, N, n_out):
+    """y = sum over groups of (codes . int8 weight) * group scale * column scale, + outlier columns in float, + bias:
+    written out element by element in float64 here."""
+    outliers = _outliers(K, n_out)
+    mod = QuantLinear.from_linear(_linear(K, N), outliers, act_granularity="per_group")
+    x = _x(M, K, outliers)
+    xz = x.clone()
+    xz[:, outliers] = 0
+    want = torch.zeros(M, N, dtype=torch.float64)
+    w = mod.qweight[:, :K].double()
+    for g0 in range(0, K, ACT_GROUP):
+        cols = slice(g0, g0 + ACT_GROUP)
+        s = (xz[:, cols].abs().amax(-1, keepdim=True) / 127.0).double()
+        codes = torch.round(xz[:, cols].double() / s)
+        want += (codes @ w[:, cols].T) * s
+    want = want * mod.weight_scale.double().view(1, -1)
+    want += x[:, outliers].double() @ mod.outlier_weight.double().T + mod.bias.double()
+    got = _reference(mod, x)
+    assert rel_err(got.double(), want) < 1e-6
+
+
+def test_module_layout_keeps_every_column():
+    """The int8 weight spans every input in order, zero at the outlier columns, with the per-token module's int8
+    values elsewhere; both dequantize to the same weight."""
+    K, N, outliers = 300, 24, _outliers(300, 5)
+    lin = _linear(K, N)
+    grouped = QuantLinear.from_linear(lin, outliers, act_granularity="per_group")
+    token = QuantLinear.from_linear(lin, outliers)
+    assert grouped.n_main == K and grouped.qweight.shape == (N, 304) and token.n_main == K - 5
+    assert not grouped.qweight[:, outliers].any()
+    assert torch.equal(grouped.qweight[:, token.keep_idx], token.qweight[:, :token.n_main])
+    assert torch.equal(grouped.weight_scale, token.weight_scale)
+    assert torch.equal(grouped.dequantized_weight(), token.dequantized_weight())
+    # a module rebuilt from its decision (a checkpoint's reload) has the same buffers' shapes
+    empty = QuantLinear(K, N, 5, True, act_granularity="per_group", dtype=torch.float32)
+    empty.load_state_dict(grouped.state_dict())
+    x = _x(4, K, outliers)
+    assert torch.equal(empty(x), grouped(x))
+    with pytest.raises(ValueError, match="act_granularity must be one of"):
+        QuantLinear(K, N, 5, True, act_granularity="per_block")
+
+
+def test_per_group_scales_follow_the_groups_magnitudes():
+    """On activations whose groups differ 100x in magnitude, per-group codes are closer to the float product than
+    per-token ones (the same int8 weight)."""
+    K, N, outliers = 512, 64, _outliers(512, 4)
+    lin = _linear(K, N, bias=False)
+    x = _x(16, K, outliers)
+    exact = x @ QuantLinear.from_linear(lin, outliers).dequantized_weight().T
+    err = {act: rel_err(QuantLinear.from_linear(lin, outliers, act_granularity=act)(x), exact)
+           for act in ("per_token", "per_group")}
+    assert err["per_group"] < 0.7 * err["per_token"]  # ~0.5x here
+
+
+# --- the kernels: on the CPU under Triton's interpreter (float32), and on the GPU (bf16) ---
+
+SPLITK = [dict(BM=16, BN=32, BK=64, SPLIT_K=1, FIXUP=True, num_warps=4, num_stages=2),
+          dict(BM=16, BN=32, BK=64, SPLIT_K=3, FIXUP=True, num_warps=4, num_stages=2),
+          dict(BM=32, BN=64, BK=256, SPLIT_K=2, FIXUP=False, num_warps=4, num_stages=2),  # BK > 128: cut to 128
+          dict(BM=16, BN=64, BK=128, SPLIT_K=2, FIXUP=True, SWAP_AB=True, FUSE_Q=True, num_warps=4,
+               num_stages=2)]  # neither applies to per-group codes: the plain path runs
+
+
+def _kernels():
+    from conftest import require_triton_kernels
+
+    require_triton_kernels()
+    from laquant.kernels.gemm import int8
+
+    return int8
+
+
+def _gpu_module(K, N, n_out, bias=True):
+    outliers = _outliers(K, n_out)
+    return QuantLinear.from_linear(_linear(K, N, bias, dtype=DTYPE), outliers,
+                                   act_granularity="per_group").to(DEVICE), outliers
+
+
+def test_quantize_groups_kernel_gives_the_reference_codes():
+    int8 = _kernels()
+    mod, outliers = _gpu_module(300, 16, 6)
+    x = _x(19, 300, outliers, DTYPE).to(DEVICE)
+    xq, xs, xo = int8.quantize_groups(x, mod.packed())
+    xz = x.cpu().float().clone()
+    xz[:, outliers] = 0
+    q_ref, s_ref = quantize_int8_groups(xz)
+    assert torch.equal(xq[:, :300].cpu(), q_ref) and not xq[:, 300:].any()  # zero padding up to 304
+    assert torch.equal(xs.cpu(), s_ref)
+    assert torch.equal(xo[:, :6].cpu(), x[:, mod.outlier_idx].cpu())
+
+
+@pytest.mark.parametrize("cfg", SPLITK)
+@pytest.mark.parametrize("M,K,N,n_out,bias", [(3, 300, 72, 7, True), (17, 256, 40, 0, False)])
+def test_splitk_gemm_matches_reference(cfg, M, K, N, n_out, bias):
+    int8 = _kernels()
+    mod, outliers = _gpu_module(K, N, n_out, bias)
+    x = _x(M, K, outliers, DTYPE).to(DEVICE)
+    p = mod.packed()
+    assert p.group == ACT_GROUP
+    y = int8.int8_outlier_linear_triton(x, p, cfg)
+    tol = 1e-2 if DTYPE == torch.bfloat16 else 1e-5
+    assert y.dtype == x.dtype and rel_err(y.float().cpu(), _reference(mod, x).float()) < tol
+    # the weight-only path reads the same layout (the outlier columns' int8 weights are zero)
+    y16 = int8.int8_weight_only_linear_triton(x, p, dict(cfg, FUSE_Q=False))
+    assert rel_err(y16.float().cpu(), _reference(mod, x, "none").float()) < tol
+
+
+def test_tiled_gemm_matches_reference():
+    """Above 256 tokens the tiled kernel runs (the committed tiles, 128-wide K steps)."""
+    int8 = _kernels()
+    mod, outliers = _gpu_module(384, 64, 5)
+    x = _x(260, 384, outliers, DTYPE).to(DEVICE)
+    y = int8.linear_triton(x, mod.packed(), "w8a8")
+    tol = 1e-2 if DTYPE == torch.bfloat16 else 1e-5
+    assert rel_err(y.float().cpu(), _reference(mod, x).float()) < tol
+
+
+def test_per_group_packing_refuses_a_packed_out_layout():
+    int8 = _kernels()
+    mod = QuantLinear.from_linear(_linear(96, 16), _outliers(96, 5))  # per-token: outlier columns packed out
+    with pytest.raises(ValueError, match="a per-group weight keeps all 96 input columns in order, not 91"):
+        int8.PackedOutlierWeight.pack(mod.qweight, mod.weight_scale, mod.keep_idx, mod.outlier_idx,
+                                      mod.outlier_weight, None, 96, group=ACT_GROUP)
+    with pytest.raises(ValueError, match="quantize_rows quantizes per token"):
+        int8.quantize_groups(torch.zeros(2, 96, device=DEVICE), mod.packed())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 64, 2048])
+def test_module_on_gpu_runs_per_group(M):
+    mod, outliers = _gpu_module(2048, 2048, 8, bias=False)
+    x = _x(M, 2048, outliers, DTYPE).to(DEVICE)
+    assert rel_err(mod(x).float().cpu(), _reference(mod, x).float()) < 1e-2
+
+
+def test_a_per_group_checkpoint_reloads_bit_exact_and_refuses_the_int8_export(tiny_model_dir, tmp_path, capsys):
+    """``--set projections.act_granularity=per_group`` end to end: calibrate, save, reload (same logits, the
+    per-group layout rebuilt from the decisions), and the compressed-tensors export says why it cannot."""
+    import laquant
+    from laquant.cli import main
+    from laquant.recipe import load_recipe
+
+    torch.manual_seed(5)
+    model, tok = laquant.load_model(tiny_model_dir)
+    recipe = load_recipe("gla_int8_all", ["projections.act_granularity=per_group"])
+    result = laquant.calibrate(model, recipe, torch.randint(0, 8192, (2, 96)), progress=False)
+    down = model.model.layers[0].mlp.down_proj
+    assert isinstance(down, QuantLinear) and down.act_granularity == "per_group" and down.n_main == down.in_features
+    ids = torch.randint(0, 8192, (2, 30))
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    assert torch.isfinite(logits).all()
+    laquant.save(result, tmp_path / "ckpt", tokenizer=tok)
+    reloaded, _ = laquant.load(tmp_path / "ckpt")
+    with torch.no_grad():
+        assert torch.equal(reloaded(input_ids=ids).logits, logits)
+    assert main(["export", str(tmp_path / "ckpt"), "--format", "compressed-tensors", "--out", str(tmp_path / "ct"),
+                 "--no-eval"]) != 0
+    assert "per_group" in capsys.readouterr().err and not (tmp_path / "ct").exists()
