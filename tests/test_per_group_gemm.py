@@ -211,3 +211,56 @@ def test_a_per_group_checkpoint_reloads_bit_exact_and_refuses_the_int8_export(ti
     assert main(["export", str(tmp_path / "ckpt"), "--format", "compressed-tensors", "--out", str(tmp_path / "ct"),
                  "--no-eval"]) != 0
     assert "per_group" in capsys.readouterr().err and not (tmp_path / "ct").exists()
+
+
+def test_group_tiles_take_128_wide_steps_and_enough_splits():
+    from laquant.kernels.gemm.configs import group_config
+
+    for M in (1, 16, 64):
+        for N, K in ((6144, 2048), (2048, 2048), (11264, 2048), (2048, 5632)):
+            c = group_config(M, N, K)
+            assert c["BK"] == ACT_GROUP and c["BN"] == 64 and 2 <= c["SPLIT_K"] <= 8
+            assert 128 <= -(-M // c["BM"]) * -(-N // 64) * c["SPLIT_K"] <= 512  # programs to stream the weight
+    assert "GROUP_M" in group_config(257, 2048, 2048)  # prefill sizes: the tiled kernel
+
+
+def test_linear_triton_runs_a_group_weight_per_group(monkeypatch):
+    int8 = _kernels()
+    mod, outliers = _gpu_module(300, 40, 4)
+    x = _x(5, 300, outliers, DTYPE).to(DEVICE)
+    seen = []
+    real = int8.int8_outlier_linear_triton
+    monkeypatch.setattr(int8, "int8_outlier_linear_triton", lambda x, p, c: seen.append(c) or real(x, p, c))
+    tol = 1e-2 if DTYPE == torch.bfloat16 else 1e-5
+    for mode in ("auto", "w8a8"):
+        assert rel_err(int8.linear_triton(x, mod.packed(), mode).float().cpu(), _reference(mod, x).float()) < tol
+    assert [c["BK"] for c in seen] == [ACT_GROUP, ACT_GROUP]
+    with pytest.raises(ValueError, match="mode must be"):
+        int8.linear_triton(x, mod.packed(), "int4")
+
+
+def test_swept_group_tiles_apply_to_configs_and_are_taken(tmp_path, monkeypatch):
+    """tools/sweep_group_gemm.py --apply writes its table into configs.py's GROUP_TABLES (the other GPUs' entries
+    stay), and group_config takes the nearest swept shape's tiles at M's bucket, the rule elsewhere."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from laquant.kernels.gemm import configs
+
+    root = Path(__file__).resolve().parents[1]
+    target = tmp_path / "configs.py"
+    shutil.copy(root / "kernels" / "gemm" / "configs.py", target)
+    tiles = dict(BM=64, BN=32, BK=512, SPLIT_K=1, FIXUP=True, num_warps=2, num_stages=4)
+    for name in ("GPU A", "GPU B"):
+        (tmp_path / "t.py").write_text(f"GROUP_TABLES: dict = {{{name!r}: {{'64@2048x2048': {tiles!r}}}}}\n")
+        subprocess.run([sys.executable, str(root / "tools" / "sweep_group_gemm.py"), "--apply", str(tmp_path / "t.py"),
+                        "--configs", str(target)], check=True)
+    ns = {}
+    exec(compile(target.read_text(), str(target), "exec"), ns)
+    assert set(ns["GROUP_TABLES"]) == {"GPU A", "GPU B"}
+    monkeypatch.setattr(configs, "GROUP_TABLES", ns["GROUP_TABLES"])
+    assert configs.group_config(64, 2100, 2000, "GPU B") == tiles  # the nearest swept shape
+    assert configs.group_config(40, 2048, 2048, "GPU B") == dict(tiles, BM=64)
+    assert configs.group_config(1, 2048, 2048, "GPU B")["BK"] == ACT_GROUP  # no entry at that bucket: the rule

@@ -58,7 +58,7 @@ from ..common.counters import N_COUNTERS, arrival_counters
 from ..common.launch import launch_kernel
 from ..common.pdl import pdl_launch
 from ..common.sizes import cdiv, next_power_of_2
-from .configs import choose_config, choose_gemm, tiled_config  # noqa: F401  (re-exported)
+from .configs import choose_config, choose_gemm, group_config, tiled_config  # noqa: F401  (re-exported)
 
 try:
     import triton
@@ -189,7 +189,8 @@ if triton is not None:
             kept = kept & (tl.load(dest_ptr + cols, mask=kept, other=-1) >= 0)
         x = tl.load(x_ptr + r64[:, None] * s_xm + cols[None, :], mask=rm[:, None] & kept[None, :],
                     other=0.0).to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(x), axis=1) / 127.0, 1.1754943508222875e-38)
+        # div_rn: a vector's "/ 127.0" compiles to an approximate division on the GPU, an ulp off PyTorch's scale
+        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=1), 127.0), 1.1754943508222875e-38)
         tl.store(xs_ptr + r64 * G + g, scale, mask=rm)
         tl.store(xq_ptr + r64[:, None] * KQ + cols[None, :], stored_int8_codes(x, scale[:, None]),
                  mask=rm[:, None] & (cols < KQ)[None, :])
@@ -290,8 +291,8 @@ if triton is not None:
         rows' kept columns once for the absmax, then quantizes its K slice as it goes: one launch,
         the same codes as quantize_rows; for small M, where x is small).
         ``GROUP`` (``A8`` codes only, not with ``FUSEQ`` or ``SWAP_AB``): per-group activation scales
-        ``xs [M, cdiv(K, GROUP)]``, each BK step's int32 sums scaled by its group's (BK divides GROUP) into a
-        float32 accumulator; the epilogue then applies the column scale alone.
+        ``xs [M, cdiv(K, GROUP)]``, each group's int32 sums scaled by its scale into a float32 accumulator
+        (:func:`_group_scaled_products`); the epilogue then applies the column scale alone.
         ``SWAP_AB`` (``A8`` codes only): the product runs as ``w [BN, BK] @ a^T [BK, BM]``, so the
         weight rows fill the tensor cores' tall side (64 on Hopper's wgmma) and the few tokens the
         narrow one; the accumulator is transposed back before the epilogue (same int32 sums).
@@ -348,11 +349,11 @@ if triton is not None:
                     a = tl.load(a_cols + kk[:, None], mask=mk[:, None] & mm[None, :], other=0)
                 acc_t = tl.dot(w, a, acc_t, out_dtype=tl.int32)
             acc = tl.trans(acc_t)
+        elif A8 and GROUP:
+            acc = _group_scaled_products(a_rows, w_cols, xs_ptr + offs_m.to(tl.int64) * tl.cdiv(K, GROUP), mm, mn,
+                                         k_lo, k_hi, BM, BN, BK, GROUP, EVEN_K)
         else:
-            if A8 and GROUP:
-                acc = tl.zeros([BM, BN], dtype=tl.float32)
-                g_rows = xs_ptr + offs_m.to(tl.int64) * tl.cdiv(K, GROUP)
-            elif A8:
+            if A8:
                 acc = tl.zeros([BM, BN], dtype=tl.int32)
                 if FUSEQ:  # the rows' absmax over all kept columns first (x from L2; small M only)
                     amax = tl.zeros([BM, BK], dtype=tl.float32)
@@ -381,11 +382,7 @@ if triton is not None:
                         a = tl.load(a_rows + kk[None, :], mask=mm[:, None], other=0)
                     else:
                         a = tl.load(a_rows + kk[None, :], mask=mm[:, None] & mk[None, :], other=0)
-                    if GROUP:
-                        gs = tl.load(g_rows + k0 // GROUP, mask=mm, other=0.0)
-                        acc += tl.dot(a, w, out_dtype=tl.int32).to(tl.float32) * gs[:, None]
-                    else:
-                        acc = tl.dot(a, w, acc, out_dtype=tl.int32)
+                    acc = tl.dot(a, w, acc, out_dtype=tl.int32)
                 else:
                     a = _load_x(a_rows, src_ptr, kk, mk, mm, KX, GATHER)
                     if a.dtype == tl.float32:
@@ -434,6 +431,32 @@ if triton is not None:
                      mask=out_mask)
 
     @triton.jit
+    def _group_scaled_products(a_rows, w_cols, g_rows, mm, mn, k_lo, k_hi, BM: tl.constexpr, BN: tl.constexpr,
+                               BK: tl.constexpr, GROUP: tl.constexpr, EVEN_K: tl.constexpr):
+        """``sum over the groups in [k_lo, k_hi) of (codes . weight)_int32 * the group's scale``, ``[BM, BN]``
+        float32: a K step of BK columns is walked as sub-steps of one group each (BK a multiple of GROUP, or a
+        group several steps of BK), each sub-step's exact int32 sums scaled by its row's scale of that group
+        (``g_rows``: each row's scales)."""
+        GK: tl.constexpr = BK if BK < GROUP else GROUP
+        offs = tl.arange(0, GK)
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            for j in tl.static_range(BK // GK):
+                kj = k0 + j * GK
+                kk = kj + offs
+                if EVEN_K:  # no mask along the contiguous dimension: the loads vectorise
+                    w = tl.load(w_cols + kk[:, None], mask=mn[None, :], other=0)
+                    a = tl.load(a_rows + kk[None, :], mask=mm[:, None], other=0)
+                else:
+                    mk = kk < k_hi
+                    w = tl.load(w_cols + kk[:, None], mask=mk[:, None] & mn[None, :], other=0)
+                    a = tl.load(a_rows + kk[None, :], mask=mm[:, None] & mk[None, :], other=0)
+                # past k_hi (an uneven K's last step) the products are zeros: any group's scale in bounds will do
+                gs = tl.load(g_rows + tl.minimum(kj, k_hi - 1) // GROUP, mask=mm, other=0.0)
+                acc += tl.dot(a, w, out_dtype=tl.int32).to(tl.float32) * gs[:, None]
+        return acc
+
+    @triton.jit
     def _load_x(a_rows, src_ptr, kk, mk, mm, KX, GATHER: tl.constexpr):
         """x's kept columns ``kk`` of the packed layout, ``[BM, BK]`` in x's dtype (0 outside)."""
         if GATHER:
@@ -477,7 +500,10 @@ def int8_outlier_linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, con
     (per-token activations, W8A8). ``config``: tiles of the split-K kernel (a dict with ``SPLIT_K``)
     or of the tiled kernel (``GROUP_M``); None takes the committed table's (:mod:`.configs`)."""
     x2, shape, M, N, K = _prepare(x, packed)
-    cfg = config if config is not None else choose_config("w8a8", M, N, K, device_name(x.device))
+    if config is None:
+        device = device_name(x.device)
+        config = group_config(M, N, K, device) if packed.group else choose_config("w8a8", M, N, K, device)
+    cfg = config
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if packed.group:  # per-group activations (act_granularity per_group): their own pass, then the GEMM
         int8_gemm(*quantize_groups(x2, packed), packed, y, cfg)
@@ -553,16 +579,19 @@ def linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, mode: str = "aut
     """The quantized linear on the GPU: ``mode`` ``"w8a8"`` (per-token int8 activations),
     ``"w8a16"`` (weight-only) or ``"auto"``: whichever the committed sweep found faster at this
     number of tokens M = x.numel() / K (:func:`choose_gemm`); see the module docstring for what
-    that means for the numerics."""
+    that means for the numerics. A per-group weight (``packed.group``) runs per-group W8A8 under ``"auto"`` and
+    ``"w8a8"``, on :func:`.configs.group_config`'s tiles."""
     M, K = x.numel() // max(x.shape[-1], 1), x.shape[-1]
     N = packed.qweight.shape[0]
     device = device_name(x.device)
-    if mode == "auto":
-        path, cfg = choose_gemm(M, N, K, device)
-    elif mode in ("w8a8", "w8a16"):
-        path, cfg = mode, choose_config(mode, M, N, K, device)
-    else:
+    if mode not in ("auto", "w8a8", "w8a16"):
         raise ValueError(f"mode must be auto, w8a8 or w8a16; got {mode!r}")
+    if packed.group and mode != "w8a16":  # per-group activations: their own tiles (configs.group_config)
+        path, cfg = "w8a8", group_config(M, N, K, device)
+    elif mode == "auto":
+        path, cfg = choose_gemm(M, N, K, device)
+    else:
+        path, cfg = mode, choose_config(mode, M, N, K, device)
     if path == "w8a16":
         return int8_weight_only_linear_triton(x, packed, cfg)
     return int8_outlier_linear_triton(x, packed, cfg)
@@ -612,10 +641,10 @@ def _launch_splitk(a8: bool, a, s_am, xs, xo, packed, y, cfg, fuse_q=False):
     BM, BN = cfg["BM"], cfg["BN"]
     BK, stages = _fit_smem(cfg, 1 if a8 and not fuse_q else a.element_size())
     group = packed.group if a8 else 0  # the weight-only path reads x itself: the layout alone differs
-    if group and (fuse_q or BK > group):
-        if fuse_q:
-            raise ValueError("a per-group weight's activations are quantized by quantize_groups, not in the GEMM")
-        BK = group
+    if group and fuse_q:
+        raise ValueError("a per-group weight's activations are quantized by quantize_groups, not in the GEMM")
+    if group and BK % group and group % BK:
+        raise ValueError(f"a per-group GEMM's K step ({BK}) must be a multiple or a divisor of its group ({group})")
     n_m, n_n = cdiv(M, BM), cdiv(N, BN)
     split = max(1, min(int(cfg["SPLIT_K"]), cdiv(KQ, BK)))
     fixup = bool(cfg.get("FIXUP", True)) and n_m * n_n <= N_COUNTERS
