@@ -5,14 +5,14 @@
 #   run: bash tools/device_kernels.sh 480 device_group_sweep_job.sh   (poll with the same line until JOB DONE)
 set -u
 . tools/device_job_env.sh "$@"
-timeout 330 python3 tools/sweep_group_gemm.py --out "$W/group_gemm" --buckets 64 > "$W/group_gemm.log" 2>&1
+timeout 280 python3 tools/sweep_group_gemm.py --out "$W/group_gemm" --buckets 64 > "$W/group_gemm.log" 2>&1
 log "group gemm sweep rc $?"
 PKG=/tmp/laqk-group-pkg
 private_pkg "$PKG"
 python3 tools/sweep_group_gemm.py --apply "$W/group_gemm/group_table.py" --configs "$PKG/laquant/kernels/gemm/configs.py"
 log "applied rc $?"
 CONFIG='{"hidden_size": 2048, "num_hidden_layers": 24, "num_heads": 16, "vocab_size": 32000}'
-PYTHONPATH="$PKG:$PYTHONPATH" timeout 300 laquant eval speed --suite e2e --recipe gla_int8_all \
+PYTHONPATH="$PKG:$PYTHONPATH" timeout 200 laquant eval speed --suite e2e --recipe gla_int8_all \
   --set projections.act_granularity=per_group --batch 64 --prompt 4096 --gen 32 --model "config:$CONFIG" \
   --out "$W/e2e_gla_per_group_swept" > "$W/e2e_gla_per_group_swept.log" 2>&1
 log "gla e2e per group swept rc $?"
