@@ -213,15 +213,17 @@ def test_a_per_group_checkpoint_reloads_bit_exact_and_refuses_the_int8_export(ti
     assert "per_group" in capsys.readouterr().err and not (tmp_path / "ct").exists()
 
 
-def test_group_tiles_take_128_wide_steps_and_enough_splits():
-    from laquant.kernels.gemm.configs import group_config
+def test_group_tiles_come_from_the_sweep_else_its_pattern(monkeypatch):
+    from laquant.kernels.gemm import configs
 
+    swept = configs.group_config(64, 2048, 5632, "NVIDIA H200")
+    assert swept == configs.GROUP_TABLES["NVIDIA H200"]["64@2048x5632"]
+    monkeypatch.setattr(configs, "GROUP_TABLES", {})  # no table: the rule
     for M in (1, 16, 64):
-        for N, K in ((6144, 2048), (2048, 2048), (11264, 2048), (2048, 5632)):
-            c = group_config(M, N, K)
-            assert c["BK"] == ACT_GROUP and c["BN"] == 64 and 2 <= c["SPLIT_K"] <= 8
-            assert 128 <= -(-M // c["BM"]) * -(-N // 64) * c["SPLIT_K"] <= 512  # programs to stream the weight
-    assert "GROUP_M" in group_config(257, 2048, 2048)  # prefill sizes: the tiled kernel
+        for N, K in ((6144, 2048), (2048, 2048), (11264, 2048), (2048, 5632), (22016, 4096)):
+            c = configs.group_config(M, N, K)
+            assert c["BK"] % ACT_GROUP == 0 and c["BM"] >= min(M, 16) and c["SPLIT_K"] in (1, 4)
+    assert "GROUP_M" in configs.group_config(257, 2048, 2048)  # prefill sizes: the tiled kernel
 
 
 def test_linear_triton_runs_a_group_weight_per_group(monkeypatch):
@@ -234,7 +236,9 @@ def test_linear_triton_runs_a_group_weight_per_group(monkeypatch):
     tol = 1e-2 if DTYPE == torch.bfloat16 else 1e-5
     for mode in ("auto", "w8a8"):
         assert rel_err(int8.linear_triton(x, mod.packed(), mode).float().cpu(), _reference(mod, x).float()) < tol
-    assert [c["BK"] for c in seen] == [ACT_GROUP, ACT_GROUP]
+    from laquant.kernels.gemm.configs import group_config
+
+    assert seen == [group_config(5, 40, 300)] * 2  # the per-group tiles, whatever the mode asked
     with pytest.raises(ValueError, match="mode must be"):
         int8.linear_triton(x, mod.packed(), "int4")
 
@@ -259,8 +263,9 @@ def test_swept_group_tiles_apply_to_configs_and_are_taken(tmp_path, monkeypatch)
                         "--configs", str(target)], check=True)
     ns = {}
     exec(compile(target.read_text(), str(target), "exec"), ns)
-    assert set(ns["GROUP_TABLES"]) == {"GPU A", "GPU B"}
+    assert {"GPU A", "GPU B"} <= set(ns["GROUP_TABLES"])  # besides the committed GPUs' tables
     monkeypatch.setattr(configs, "GROUP_TABLES", ns["GROUP_TABLES"])
     assert configs.group_config(64, 2100, 2000, "GPU B") == tiles  # the nearest swept shape
     assert configs.group_config(40, 2048, 2048, "GPU B") == dict(tiles, BM=64)
-    assert configs.group_config(1, 2048, 2048, "GPU B")["BK"] == ACT_GROUP  # no entry at that bucket: the rule
+    rule = configs.group_config(1, 2048, 2048, "GPU B")  # no entry at that bucket: the rule
+    assert rule["BK"] == 256 and rule["SPLIT_K"] == 1 and rule != tiles
