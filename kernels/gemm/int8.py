@@ -40,6 +40,13 @@ ship say which path runs where: see ``configs.TABLES`` and ``eval/results/gemm_d
 each GPU model has its own, a token's decode output may also differ (by that rounding) between two
 models of GPU.
 
+**Per-group W8A8** (``act_granularity: per_group``, ``PackedOutlierWeight.group``): one activation scale per token
+and group of 128 input columns; the int8 weight holds every input column in order (zero at the outlier columns), so
+that its groups are the input's. :func:`quantize_groups` writes the codes and scales, and the same two GEMMs scale each
+group's int32 sums by its scale into a float32 accumulator (spec: ``int8_outlier_linear(..., "per_group")``, which
+sums the groups in order: the kernels agree with it to float rounding). Always this path, whatever M, on
+:func:`.configs.group_config`'s tiles (a table of their own, ``GROUP_TABLES``).
+
 The GEMMs read the module's own ``[N, n_keep]`` int8 weight (:class:`PackedOutlierWeight` holds no
 copy of it), as plain row-major tiles. The activation quantization is not fused into the GEMM's main
 loop (the per-token scale needs the whole row first; the ``FUSE_Q`` variant that does it measured
