@@ -13,9 +13,24 @@ of ``common/``.
 """
 
 # From a checkout's root (``python -m ...``), this folder is also importable as a top-level
-# ``kernels``, the name of Hugging Face's package, which transformers probes by importing it. That
-# import must stay empty: transformers would take it for Hugging Face's package.
-if __name__ == "laquant.kernels":  # the references load on first use: laquant.kernels.common.format_names needs no torch
+# ``kernels``, the name of Hugging Face's package, which transformers probes and imports (a dependency of
+# transformers since 5.25). Imported under that name, it hands the import over to Hugging Face's package where one
+# is installed (the finder skips this checkout's root), and otherwise stays empty: transformers must never take it
+# for Hugging Face's package, nor reach laquant through it.
+if __name__ == "kernels":
+    import importlib.machinery
+    import importlib.util
+    import os
+    import sys
+
+    _checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    _spec = importlib.machinery.PathFinder.find_spec(
+        "kernels", [p for p in sys.path if os.path.abspath(p or os.curdir) != _checkout])
+    if _spec is not None and _spec.loader is not None:
+        _module = importlib.util.module_from_spec(_spec)
+        sys.modules["kernels"] = _module  # the import statement returns what sys.modules holds once this has run
+        _spec.loader.exec_module(_module)
+elif __name__ == "laquant.kernels":  # the references load on first use: laquant.kernels.common.format_names needs no torch
     from importlib import import_module
 
     _WHERE = {

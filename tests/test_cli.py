@@ -69,17 +69,22 @@ def test_console_script_runs():
 
 
 def test_checkout_root_does_not_shadow_huggingface_kernels():
-    """From the repo root, `kernels/` is importable as top-level `kernels` (Hugging Face's package name);
-    transformers imports it to probe for that package, so it must not drag laquant in."""
+    """From the repo root, `kernels/` is importable as top-level `kernels` (Hugging Face's package name, a
+    dependency of transformers since 5.25, whose modeling code imports names from it): imported so, it must hand over
+    to Hugging Face's package where one is installed, and never drag laquant in."""
+    import importlib.util
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     code = ("import sys, transformers; from transformers.utils.import_utils import is_kernels_available; "
-            "ok = is_kernels_available(); import laquant, kernels; "
+            "ok = is_kernels_available(); import transformers.modeling_utils; import laquant, kernels; "
             "assert not hasattr(kernels, 'chunk_gla'), 'top-level kernels exposes laquant'; "
-            "assert laquant.kernels.chunk_gla; print('ok')")
+            "assert laquant.kernels.chunk_gla; print('ok', kernels.__file__)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+    installed = importlib.util.find_spec("kernels")  # from here (the tests' folder): Hugging Face's, if any
+    if installed is not None and installed.origin and Path(installed.origin).parent != root / "kernels":
+        assert proc.stdout.split()[-1] == installed.origin  # the checkout handed the import over
 
 
 def test_hub_ids_resolve_through_the_hub_cache(monkeypatch, tiny_model_dir, capsys):

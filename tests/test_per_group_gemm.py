@@ -269,3 +269,76 @@ def test_swept_group_tiles_apply_to_configs_and_are_taken(tmp_path, monkeypatch)
     assert configs.group_config(40, 2048, 2048, "GPU B") == dict(tiles, BM=64)
     rule = configs.group_config(1, 2048, 2048, "GPU B")  # no entry at that bucket: the rule
     assert rule["BK"] == 256 and rule["SPLIT_K"] == 1 and rule != tiles
+
+
+# --- the producers: the norm and SwiGLU write per-group codes in their epilogue (interpreter / GPU) ---
+
+@pytest.mark.parametrize("M,K,n_out", [(3, 300, 5), (2, 256, 0), (70, 384, 3)])
+def test_norm_and_swiglu_write_the_quantize_pass_codes(M, K, n_out):
+    """A norm's and SwiGLU's per-group codes of their output equal quantize_groups' of it, bit for bit (codes,
+    scales, the outlier block's real slots; its padding zeros); the GEMM on them equals the GEMM on its own pass."""
+    int8 = _kernels()
+    from laquant.kernels.rowwise.fused import rms_norm_triton, swiglu_triton
+
+    mod, outliers = _gpu_module(K, 40, n_out)
+    p = mod.packed()
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(M, K, generator=gen) * 3).to(DEVICE, DTYPE)
+    res = torch.randn(M, K, generator=gen).to(DEVICE, DTYPE)
+    w = (torch.rand(K, generator=gen) + 0.5).to(DEVICE)
+    out, _, codes = rms_norm_triton(x, w, 1e-6, res, packed=p)
+    up = torch.randn(M, K, generator=gen).to(DEVICE, DTYPE)
+    h, glu_codes = swiglu_triton(x, up, p)
+    for y, (xq, xs, xo) in ((out, codes), (h, glu_codes)):
+        rq, rs, ro = int8.quantize_groups(y, p)
+        assert torch.equal(xq, rq) and torch.equal(xs, rs)
+        assert torch.equal(xo[:, :n_out], ro[:, :n_out]) and not xo[:, n_out:p.outlier_idx.numel()].any()
+        y_codes = torch.empty(M, 40, dtype=y.dtype, device=DEVICE)
+        int8.int8_gemm(xq, xs, xo, p, y_codes, int8.group_config(M, 40, K))
+        assert torch.equal(y_codes, int8.int8_outlier_linear_triton(y, p, int8.group_config(M, 40, K)))
+
+
+def test_per_group_producers_need_a_group_and_one_row_a_token():
+    _kernels()
+    from laquant.kernels.rowwise.fused import codes_fit, gated_rms_norm_triton
+
+    narrow, _ = _gpu_module(96, 16, 2)
+    assert not codes_fit(narrow.packed())  # narrower than a group: its GEMM quantizes its input itself
+    mod, _ = _gpu_module(256, 16, 2)
+    x = torch.randn(2, 2, 128, device=DEVICE, dtype=DTYPE)
+    with pytest.raises(ValueError, match="per-group codes come from a norm of one row a token"):
+        gated_rms_norm_triton(x, x, torch.ones(128, device=DEVICE), 1e-6, packed=mod.packed())
+
+
+@torch.no_grad()
+def test_gla_per_group_model_path_takes_its_codes_from_the_producers(monkeypatch):
+    """The GPU wiring on the CPU under Triton's interpreter (float32): a GLA calibrated with gla_int8_all per group
+    runs its q/k/v/g and gate/up GEMMs on codes its norms write and down's on codes SwiGLU writes; o_proj's input
+    (the output norm's, not yet a per-group producer) is quantized in a pass of its own. Its logits equal the CPU
+    reference path's to float rounding (the GEMMs sum their groups in another order)."""
+    from conftest import INTERPRETED, require_triton_kernels
+
+    if not INTERPRETED:
+        pytest.skip("checks the wiring under TRITON_INTERPRET=1")
+    require_triton_kernels()
+    import laquant
+    from laquant.kernels.gemm import int8
+    from laquant.models import GLAConfig, GLAForCausalLM, gla, recurrent
+    from laquant.quant import fused, modules
+    from laquant.recipe import load_recipe
+
+    torch.manual_seed(0)
+    model = GLAForCausalLM(GLAConfig(hidden_size=256, num_hidden_layers=2, num_heads=2, vocab_size=128)).eval()
+    laquant.calibrate(model, load_recipe("gla_int8_all", ["projections.act_granularity=per_group"]),
+                      torch.randint(0, 128, (2, 32)), progress=False)
+    ids = torch.randint(0, 128, (2, 6))
+    reference = model(ids).logits
+    passes = []
+    real = int8.quantize_groups
+    monkeypatch.setattr(int8, "quantize_groups", lambda x, p: passes.append(p.qweight.shape) or real(x, p))
+    for module in (gla, recurrent, fused, modules):
+        monkeypatch.setattr(module, "use_triton", lambda x, fmt=None: not x.requires_grad)
+    logits = model(ids).logits
+    o_proj = model.model.layers[0].attn.o_proj
+    assert passes == [o_proj.qweight.shape] * 2  # one pass a layer, o_proj's; the other GEMMs took produced codes
+    assert torch.isfinite(logits).all() and rel_err(logits, reference) < 1e-4

@@ -23,8 +23,8 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_prologue
-    from ..common.triton_numerics import (rounded, store_codes, store_scattered_codes, store_token_codes,
-                                          stored_int8_codes, token_code_map)
+    from ..common.triton_numerics import (rounded, store_codes, store_group_codes, store_scattered_codes,
+                                          store_token_codes, stored_int8_codes, token_code_map)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -125,14 +125,18 @@ if triton is not None:
     @triton.jit
     def _quant_epilogue(y, col, ok, y_ptr, width, src, oidx, dest, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, NOUT,
                         BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr, IDENTITY: tl.constexpr,
-                        SCATTER: tl.constexpr):
+                        SCATTER: tl.constexpr, GROUP: tl.constexpr = 0):
         """This program's token as the next GEMM's W8A8 codes: from registers (``y``, float32 as stored,
         at the token's input columns ``col``) where the GEMM keeps every column in order, or scattered
         from them through ``dest`` (``SCATTER``: decode sizes); else read back from the token's ``width``
         elements this program just stored at ``y_ptr``, through the packed column map (``src``, ``oidx``:
-        :func:`_code_map`; outlier columns)."""
+        :func:`_code_map`; outlier columns). ``GROUP``: per-group codes (:func:`store_group_codes`, ``y`` the
+        token's whole row in order, ``dest`` loaded at it; ``NK`` then carries the outlier count: :func:`_codes`)."""
         tok = tl.program_id(0).to(tl.int64)
-        if IDENTITY:
+        if GROUP:
+            store_group_codes(y, dest, ok, xq_ptr + tok * KQ, xs_ptr + tok * tl.cdiv(KQ, GROUP), xo_ptr + tok * NO, KQ,
+                              NO, NK, BQ, GROUP)
+        elif IDENTITY:
             store_codes(y, col, ok, xq_ptr + tok * KQ, xs_ptr + tok, NK, KQ)
         elif SCATTER:
             store_scattered_codes(y, dest, ok, xq_ptr + tok * KQ, xs_ptr + tok, xo_ptr + tok * NO, NK, KQ, NO, NOUT)
@@ -171,7 +175,8 @@ if triton is not None:
                          IDENTITY: tl.constexpr, SCATTER: tl.constexpr,
                          ROUND_SUM: tl.constexpr = False, ROUND_NORMED: tl.constexpr = False,
                          GATE_FIRST: tl.constexpr = False, W_PER_ROW: tl.constexpr = False,
-                         SIGMOID_GATE: tl.constexpr = False, PDL: tl.constexpr = False, TOKENS: tl.constexpr = 1):
+                         SIGMOID_GATE: tl.constexpr = False, PDL: tl.constexpr = False, TOKENS: tl.constexpr = 1,
+                         GROUP: tl.constexpr = 0):
         if QUANT:  # one token (RPP rows of y) per program, or TOKENS tokens of one row each (prefill sizes)
             local = tl.arange(0, ROWS)
             rows = tl.program_id(0) * (RPP * TOKENS) + local
@@ -219,7 +224,7 @@ if triton is not None:
                 _tokens_codes(rows, row_ok, N, y_ptr, src, oidx, xq_ptr, xs_ptr, xo_ptr, KQ, NO, BQ, BNO, HAS_OUT)
             else:
                 _quant_epilogue(rounded(y, dtype), token_col, mask, y_ptr, RPP * N, src, oidx, dest,
-                                xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, NOUT, BQ, BNO, HAS_OUT, IDENTITY, SCATTER)
+                                xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, NOUT, BQ, BNO, HAS_OUT, IDENTITY, SCATTER, GROUP)
 
     @triton.jit
     def _swiglu_kernel(a_ptr, b_ptr, y_ptr, M, N, sa0, sa1, ain, sb0, sb1, bin, sy,
@@ -227,7 +232,7 @@ if triton is not None:
                        BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
                        QUANT: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr,
                        IDENTITY: tl.constexpr,
-                       SIGMOID: tl.constexpr = False, PDL: tl.constexpr = False):
+                       SIGMOID: tl.constexpr = False, PDL: tl.constexpr = False, GROUP: tl.constexpr = 0):
         # the codes of a GEMM with outlier columns are read back, never scattered: a token's whole SwiGLU row in
         # one program scattered measured slower (5,632 columns: 6.7 -> 7.0 us, 11,008: 8.4 -> 11.4 us at 64 tokens)
         src, oidx, dest = _code_map(src_ptr, oidx_ptr, src_ptr, 0, False, KQ, NO, BQ, BNO, HAS_OUT, QUANT, IDENTITY,
@@ -244,16 +249,20 @@ if triton is not None:
         y = s * b.to(tl.float32)
         tl.store(y_ptr + rows.to(tl.int64)[:, None] * sy + cols[None, :], y.to(a.dtype), mask=mask)
         if QUANT:  # one row per program, the whole row in one block
+            if GROUP:  # per-group codes: src_ptr holds the weight's dest map (_codes)
+                dest = tl.load(src_ptr + cols, mask=cols < N, other=0)[None, :]
             _quant_epilogue(rounded(y, a.dtype), tl.broadcast_to(cols[None, :], y.shape), mask, y_ptr, sy, src, oidx,
-                            dest, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, 0, BQ, BNO, HAS_OUT, IDENTITY, False)
+                            dest, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, 0, BQ, BNO, HAS_OUT, IDENTITY, False, GROUP)
 
 
 def empty_codes(M: int, packed, dtype, device) -> GemmCodes:
     """Buffers for ``M`` tokens' W8A8 activation codes of ``packed``'s GEMM, as quantize_rows lays them out: int8
-    codes ``[M, KQ]``, float32 scales ``[M]``, the outlier block ``[M, NO]`` in ``dtype`` (one column without)."""
+    codes ``[M, KQ]``, float32 scales ``[M]`` (``[M, cdiv(KQ, group)]`` for a per-group weight, as quantize_groups
+    lays them out), the outlier block ``[M, NO]`` in ``dtype`` (one column without)."""
     KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
+    scales = (M, cdiv(KQ, packed.group)) if packed.group else (M,)
     return GemmCodes((torch.empty(M, KQ, dtype=torch.int8, device=device),
-                      torch.empty(M, dtype=torch.float32, device=device),
+                      torch.empty(scales, dtype=torch.float32, device=device),
                       torch.empty(M, max(NO, 1), dtype=dtype, device=device)), packed)
 
 
@@ -272,6 +281,14 @@ def _codes(M: int, packed, dtype, device, scatter: bool = False):
         return None, {}
     KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
     codes = empty_codes(M, packed, dtype, device)
+    if packed.group:  # per-group codes from a token's row in registers (store_group_codes): its columns' dest map
+        # (in the map's place: a per-group weight keeps every column in order), the outlier count in n_keep's place
+        ptrs = (packed.dest, packed.outlier_idx, *codes, KQ, NO, packed.n_out)
+        consts = dict(QUANT=True, **codes_consts(packed), GROUP=packed.group, IDENTITY=not scatter)
+        if scatter:  # the norms load dest at the token's columns through their scatter map
+            ptrs += (packed.dest, packed.n_out)
+            consts["SCATTER"] = True
+        return codes, dict(ptrs=ptrs, consts=consts)
     args = dict(ptrs=(packed.source, packed.outlier_idx, *codes, KQ, NO, packed.n_keep),
                 consts=dict(QUANT=True, **codes_consts(packed), IDENTITY=packed.identity))
     if scatter:
@@ -290,8 +307,9 @@ def _codes_warps(elements: int) -> int:
 
 def codes_fit(packed) -> bool:
     """Whether these kernels can write the W8A8 codes of ``packed``'s GEMM (its int8 width at most
-    :data:`MAX_CODES_WIDTH`)."""
-    return packed.qweight.shape[1] <= MAX_CODES_WIDTH
+    :data:`MAX_CODES_WIDTH`; a per-group weight's at least one group)."""
+    width = packed.qweight.shape[1]
+    return width <= MAX_CODES_WIDTH and width >= packed.group
 
 
 def check_codes(packed, width: int) -> None:
@@ -314,6 +332,8 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
                          f"column of each of a token's {heads} rows ({heads * N})")
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     ro = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else y
+    if packed is not None and packed.group and heads != 1:
+        raise ValueError("per-group codes come from a norm of one row a token, not of a token's heads")
     codes, q = _codes(M // heads, packed, x.dtype, x.device, scatter=True)
     if M:
         block_n, rows, warps = _rows_block(N)
@@ -322,7 +342,7 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
         tokens = 1
         if packed is not None:
             rows = next_power_of_2(heads)
-            if heads == 1 and M > TILED_CODES_MIN_TOKENS and not packed.identity:  # tiles within 8K elements
+            if heads == 1 and M > TILED_CODES_MIN_TOKENS and not packed.identity and not packed.group:  # tiles of 8K
                 tokens = max(1, min(TILED_TOKENS, 8192 // max(block_n, consts["BQ"])))
                 rows, consts = tokens, dict(consts, SCATTER=False)
         launch_kernel(_rms_norm_kernel, (cdiv(M // heads, tokens) if packed is not None else cdiv(M, rows),),

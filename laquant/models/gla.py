@@ -350,14 +350,14 @@ class GLABlock(nn.Module):
         block computes it; returns ``(mlp_out, residual)``, whose sum is the block's output: the next
         block's first norm adds them in its kernel (rounded as the separate add would round them)."""
         # where the next GEMM is W8A8, the norm writes its int8 codes too (one kernel, no quantization pass)
-        packed = w8a8_inputs(self.attn, self.attn.inputs, hidden)
+        packed = w8a8_inputs(self.attn, self.attn.inputs, hidden, groups=True)
         if packed is not None:
             normed, residual, codes = self.attn_norm.quantizing(hidden, packed, residual, round_sum=True)
             hidden = self.attn(normed, cache, codes)
         else:
             normed, residual = self.attn_norm(hidden, residual, prenorm=True, round_sum=True)
             hidden = self.attn(normed, cache)
-        packed = w8a8_inputs(self.mlp, MLP_INPUTS, hidden)
+        packed = w8a8_inputs(self.mlp, MLP_INPUTS, hidden, groups=True)
         if packed is not None:
             hidden, residual, codes = self.mlp_norm.quantizing(hidden, packed, residual)
             return self.mlp(hidden, codes), residual

@@ -107,10 +107,11 @@ def packed_group(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor):
     return packed
 
 
-def w8a8_inputs(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor):
-    """The packed weight of per-token W8A8 members that run as one GEMM on the GPU (so the kernel
-    that makes x writes its int8 codes too, see :func:`project`), else None (per-group members too: no producer
-    writes per-group codes yet, the GEMM quantizes its input in a pass of its own). ``x`` may be any
+def w8a8_inputs(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor, groups: bool = False):
+    """The packed weight of W8A8 members that run as one GEMM on the GPU (so the kernel that makes x
+    writes its int8 codes too, see :func:`project`), else None. Per-group members (``act_granularity: per_group``)
+    only where the caller's kernel writes per-group codes (``groups``: the RMSNorm of one row a token and SwiGLU);
+    elsewhere their GEMM quantizes its input in a pass of its own. ``x`` may be any
     tensor of the input's leading shape and device: only its device is read. None too where the
     GEMM is wider than a producer can write codes for (``MAX_CODES_WIDTH``, 16,384 inputs; a 70B
     model's 28,672-wide ``down_proj`` is wider): the GEMM then quantizes its input in its own pass.
@@ -120,7 +121,8 @@ def w8a8_inputs(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor):
     always runs W8A8: its numerics do not depend on the batch's token count. (A module called on
     its own takes ``linear_triton``'s ``auto``, whose table counts the quantization pass.)"""
     packed = packed_group(owner, names, x)
-    if packed is None or _members(owner, names[:1])[0].act_granularity != "per_token":
+    if packed is None or _members(owner, names[:1])[0].act_granularity not in (
+            ("per_token", "per_group") if groups else ("per_token",)):
         return None
     from laquant.kernels.rowwise.fused import codes_fit
 
@@ -172,11 +174,12 @@ def joined_columns(parts) -> torch.Tensor:
 
 def _gemm_on_codes(x: torch.Tensor, codes: tuple, packed) -> torch.Tensor:
     """The W8A8 GEMM of ``packed`` on x's codes ``(xq, xs, xo)``: ``[*x.shape[:-1], N]``."""
-    from laquant.kernels.gemm.int8 import choose_config, device_name, int8_gemm
+    from laquant.kernels.gemm.int8 import choose_config, device_name, group_config, int8_gemm
 
     M, N = codes[0].shape[0], packed.qweight.shape[0]
     y = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
-    int8_gemm(*codes, packed, y.view(M, N), choose_config("w8a8", M, N, packed.in_features, device_name(x.device)))
+    tiles = group_config if packed.group else lambda *a: choose_config("w8a8", *a)
+    int8_gemm(*codes, packed, y.view(M, N), tiles(M, N, packed.in_features, device_name(x.device)))
     return y
 
 
@@ -185,7 +188,7 @@ def glu_w8a8(owner: nn.Module, down: str, gate: torch.Tensor, up: torch.Tensor,
     """``owner.<down>(act(gate) * up)`` (SiLU: SwiGLU; sigmoid: a gated attention's output) with the
     kernel writing the codes of ``down``'s W8A8 GEMM (GPU), or None where ``down`` is not W8A8 on
     the GPU."""
-    packed = w8a8_inputs(owner, (down,), gate)
+    packed = w8a8_inputs(owner, (down,), gate, groups=True)
     if packed is None:
         return None
     from laquant.kernels.rowwise.fused import glu_triton
