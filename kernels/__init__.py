@@ -28,7 +28,7 @@ if __name__ == "kernels":
         "kernels", [p for p in sys.path if os.path.abspath(p or os.curdir) != _checkout])
     if _spec is not None and _spec.loader is not None:
         _module = importlib.util.module_from_spec(_spec)
-        sys.modules["kernels"] = _module  # the import statement returns what sys.modules holds once this has run
+        sys.modules["kernels"] = _module  # an import statement returns what sys.modules holds once this has run
         _spec.loader.exec_module(_module)
 elif __name__ == "laquant.kernels":  # the references load on first use: laquant.kernels.common.format_names needs no torch
     from importlib import import_module
