@@ -30,7 +30,7 @@ if __name__ == "kernels":
         _module = importlib.util.module_from_spec(_spec)
         sys.modules["kernels"] = _module  # an import statement returns what sys.modules holds once this has run
         _spec.loader.exec_module(_module)
-elif __name__ == "laquant.kernels":  # the references load on first use: laquant.kernels.common.format_names needs no torch
+elif __name__ == "laquant.kernels":  # references load on first use: laquant.kernels.common.format_names needs no torch
     from importlib import import_module
 
     _WHERE = {
