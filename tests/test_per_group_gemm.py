@@ -329,7 +329,9 @@ def test_gla_per_group_model_path_takes_its_codes_from_the_producers(monkeypatch
 
     torch.manual_seed(0)
     model = GLAForCausalLM(GLAConfig(hidden_size=256, num_hidden_layers=2, num_heads=2, vocab_size=128)).eval()
-    laquant.calibrate(model, load_recipe("gla_int8_all", ["projections.act_granularity=per_group"]),
+    # three outlier columns in every projection: the codes' outlier paths run too
+    laquant.calibrate(model, load_recipe("gla_int8_all", ["projections.act_granularity=per_group",
+                                                          "projections.outlier_top_k=3"]),
                       torch.randint(0, 128, (2, 32)), progress=False)
     ids = torch.randint(0, 128, (2, 6))
     reference = model(ids).logits
@@ -342,3 +344,50 @@ def test_gla_per_group_model_path_takes_its_codes_from_the_producers(monkeypatch
     o_proj = model.model.layers[0].attn.o_proj
     assert passes == [o_proj.qweight.shape] * 2  # one pass a layer, o_proj's; the other GEMMs took produced codes
     assert torch.isfinite(logits).all() and rel_err(logits, reference) < 1e-4
+
+
+@torch.no_grad()
+def test_gla_per_group_decode_kernel_writes_o_projs_codes(monkeypatch):
+    """Under Triton's interpreter (float32): in decode steps the GLA decode kernel writes o_proj's per-group codes
+    (each head's 128 columns a group), so no GEMM of the step quantizes its own input; logits and states equal those
+    of the steps that run the output norm's own kernel and quantize o_proj's input in a pass."""
+    from conftest import INTERPRETED, require_triton_kernels
+
+    if not INTERPRETED:
+        pytest.skip("checks the wiring under TRITON_INTERPRET=1")
+    require_triton_kernels()
+    import laquant
+    from laquant.kernels.gemm import int8
+    from laquant.models import GLAConfig, GLAForCausalLM, gla, recurrent
+    from laquant.quant import fused, modules
+    from laquant.recipe import load_recipe
+
+    torch.manual_seed(0)
+    model = GLAForCausalLM(GLAConfig(hidden_size=256, num_hidden_layers=2, num_heads=2, vocab_size=128)).eval()
+    # three outlier columns in every projection: the codes' outlier paths run too
+    laquant.calibrate(model, load_recipe("gla_int8_all", ["projections.act_granularity=per_group",
+                                                          "projections.outlier_top_k=3"]),
+                      torch.randint(0, 128, (2, 32)), progress=False)
+    assert model.model.layers[0].attn.o_proj.n_outliers == 3
+    passes = []
+    real = int8.quantize_groups
+    monkeypatch.setattr(int8, "quantize_groups", lambda x, p: passes.append(x.shape[0]) or real(x, p))
+    monkeypatch.setattr(recurrent, "FUSED_CODES_MIN_BATCH", 2)
+    for module in (gla, recurrent, fused, modules):
+        monkeypatch.setattr(module, "use_triton", lambda x, fmt=None: not x.requires_grad)
+    ids = torch.randint(0, 128, (2, 5))
+
+    def decode_two(fused_norm: bool):
+        monkeypatch.setattr(recurrent, "FUSED_OUTPUT_NORM", fused_norm)
+        cache = model.new_cache(seed=3)
+        model(ids, past_key_values=cache, use_cache=True)
+        passes.clear()
+        logits = [model(ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits for i in range(2)]
+        return torch.cat(logits, 1), cache, list(passes)
+
+    unfused, unfused_cache, unfused_passes = decode_two(False)
+    logits, cache, fused_passes = decode_two(True)
+    assert unfused_passes == [2] * 4 and fused_passes == []  # 2 layers x 2 steps of o_proj's pass, then none
+    assert torch.equal(logits, unfused)
+    for a, b in zip(cache.states, unfused_cache.states):
+        assert torch.equal(a.data, b.data)

@@ -294,25 +294,19 @@ if triton is not None:
         tl.store(xo_row + opad, tl.zeros([16], dtype=xo_row.dtype.element_ty), mask=opad < NO)
 
     @triton.jit
-    def store_group_codes(y, dest, ok, xq_row, xs_row, xo_row, KQ, NO, n_out, BLOCK: tl.constexpr,
-                          GROUP: tl.constexpr):
-        """Per-group W8A8 codes (``act_granularity: per_group``) of one token held in registers: ``y`` (float32,
-        the values as the model dtype holds them; ``[BLOCK]`` or ``[1, BLOCK]``) at input columns ``0 .. BLOCK``
-        in order, as a per-group weight keeps them; ``dest`` as :func:`store_scattered_codes` takes it (``-1 -
-        slot`` at the outlier columns, which count as zeros in their group). One scale per ``GROUP`` columns (the
-        exactly rounded ``absmax / 127``, as ``numerics.quantize_int8_groups``), the codes at the columns' own
-        positions (zeros in the padding up to ``KQ``), the outlier values to their slots of the dense block, whose
-        padding slots (``n_out .. NO``) get zeros."""
-        kept = ok & (dest >= 0)
+    def store_group_codes(y, kept, xq_row, xs_row, KQ, BLOCK: tl.constexpr, GROUP: tl.constexpr):
+        """Per-group W8A8 codes (``act_granularity: per_group``) of ``BLOCK`` consecutive input columns of one token
+        held in registers (``y`` float32, the values as the model dtype holds them, ``[BLOCK]`` or ``[1, BLOCK]``;
+        ``BLOCK`` a multiple of ``GROUP``), a per-group weight's columns in order: ``kept`` marks the columns whose
+        codes count (the outlier columns and the padding are zeros). One scale per ``GROUP`` columns at ``xs_row``
+        (the exactly rounded ``absmax / 127``, as ``numerics.quantize_int8_groups``), the codes at ``xq_row`` (up to
+        ``KQ`` columns from it)."""
         v = tl.reshape(tl.where(kept, y, 0.0), [BLOCK // GROUP, GROUP])
         scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(v), axis=1), 127.0), 1.1754943508222875e-38)
         g = tl.arange(0, BLOCK // GROUP)
         tl.store(xs_row + g, scale, mask=g * GROUP < KQ)
         col = tl.reshape(tl.arange(0, BLOCK), [BLOCK // GROUP, GROUP])
         tl.store(xq_row + col, stored_int8_codes(v, scale[:, None]), mask=col < KQ)
-        tl.store(xo_row + (-1 - dest), y.to(xo_row.dtype.element_ty), mask=ok & (dest < 0))
-        opad = n_out + tl.arange(0, 16)
-        tl.store(xo_row + opad, tl.zeros([16], dtype=xo_row.dtype.element_ty), mask=opad < NO)
 
     @triton.jit
     def token_code_map(source_ptr, idx_ptr, KQ, NO, BK: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr):

@@ -30,8 +30,8 @@ try:
 
     from ..common.pdl import pdl_release
     from ..common.triton_numerics import (decayed_update, decode_state, head_state_rows, load_treated_logits,
-                                          state_random_bytes, store_state_rows, store_token_codes, stored_row_scale,
-                                          token_code_map, wait_with_first_rows)
+                                          state_random_bytes, store_group_codes, store_state_rows, store_token_codes,
+                                          stored_row_scale, token_code_map, wait_with_first_rows)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -58,7 +58,7 @@ if triton is not None:
         SSD: tl.constexpr = False, HEADS_PER_GROUP: tl.constexpr = 1, DT_QUANT: tl.constexpr = False,
         DT_BOUNDS: tl.constexpr = False, DT_PER_CHANNEL: tl.constexpr = False, GNORM: tl.constexpr = False,
         CODES: tl.constexpr = False, BQ: tl.constexpr = 16, BNO: tl.constexpr = 16, HAS_OUT: tl.constexpr = False,
-        EARLY_STATE: tl.constexpr = False,
+        EARLY_STATE: tl.constexpr = False, GROUP: tl.constexpr = 0,
     ):
         """``SSD`` (Mamba2's step, :func:`ssd_decode_step`): g holds the heads' dt logits ``[B, H]``, v their
         inputs x; the kernel takes dt = clamp(softplus(logit + dt_bias), dt_lo, dt_hi), the head's decay
@@ -67,7 +67,8 @@ if triton is not None:
         first (clamped to ``[tlo, thi]`` per head when ``DT_BOUNDS``, int8 with the head's (or one) static scale;
         the parameters ``s_t`` apart).
         ``GNORM``: the output is the head's gated RMSNorm, ``rmsnorm(o) * w * silu(z)`` (:func:`_gated_output_norm`),
-        and with ``CODES`` the W8A8 codes of the token's ``H * V`` outputs for the next GEMM too."""
+        and with ``CODES`` the W8A8 codes of the token's ``H * V`` outputs for the next GEMM too (per group of
+        ``GROUP`` columns where a per-group weight takes them: each head's own, no arrival counter)."""
         offs_v = tl.arange(0, BLOCK_V)
         mask_v = offs_v < V
         pid = tl.program_id(0)
@@ -121,7 +122,8 @@ if triton is not None:
             o += x * tl.load(d_ptr + h).to(tl.float32)
         if GNORM:
             _gated_output_norm(o, b, h, offs_v, mask_v, o_ptr, s_ob, s_oh, z_ptr, s_zb, s_zh, nw, eps, src_ptr,
-                               oidx_ptr, xq_ptr, xs_ptr, xo_ptr, cnt_ptr, KQ, NO, H, V, CODES, BQ, BNO, HAS_OUT)
+                               oidx_ptr, xq_ptr, xs_ptr, xo_ptr, cnt_ptr, KQ, NO, H, V, CODES, BQ, BNO, HAS_OUT,
+                               BLOCK_V, GROUP)
         else:
             tl.store(o_ptr + b * s_ob + h * s_oh + offs_v,
                      o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_v)
@@ -159,13 +161,17 @@ if triton is not None:
     @triton.jit
     def _gated_output_norm(o, b, h, offs_v, mask_v, o_ptr, s_ob, s_oh, z_ptr, s_zb, s_zh, nw, eps, src_ptr,
                            oidx_ptr, xq_ptr, xs_ptr, xo_ptr, cnt_ptr, KQ, NO, H: tl.constexpr, V: tl.constexpr,
-                           CODES: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr):
+                           CODES: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr,
+                           BLOCK_V: tl.constexpr = 16, GROUP: tl.constexpr = 0):
         """The head's output ``o`` (float32) through GLA's gated output norm, as the norm kernel
         (:func:`~laquant.kernels.rowwise.fused.gated_rms_norm_triton`) computes it from o as stored: o rounded to
         the output dtype, ``y = o * rsqrt(mean(o^2) + eps) * w * z sigmoid(z)`` (``nw``: w, float32), stored in
         that dtype. ``CODES``:
         the program of the token's last head to finish (an arrival counter per token) reads the token's row back
-        and writes its W8A8 codes, as the norm kernel's read-back path does."""
+        and writes its W8A8 codes, as the norm kernel's read-back path does. ``GROUP`` (per-group codes, V a
+        multiple of it): each head writes the codes and scales of its own V columns from registers (``src_ptr``:
+        the weight's dest map, -1 - slot at the outlier columns) and the outlier block's slots whose column it
+        holds, read back from the row it stored."""
         dtype = o_ptr.dtype.element_ty
         b64 = b.to(tl.int64)
         x = o.to(dtype, fp_downcast_rounding="rtne").to(tl.float32)
@@ -175,7 +181,19 @@ if triton is not None:
         y = y * nw
         y = y * (z * tl.sigmoid(z))
         tl.store(o_ptr + b64 * s_ob + h * s_oh + offs_v, y.to(dtype), mask=mask_v)
-        if CODES:
+        if CODES and GROUP:
+            b_row = b64 * KQ + h * V
+            dest = tl.load(src_ptr + h * V + offs_v, mask=mask_v, other=0)
+            store_group_codes(y.to(dtype).to(tl.float32), mask_v & (dest >= 0), xq_ptr + b_row,
+                              xs_ptr + b64 * tl.cdiv(KQ, GROUP) + h * (V // GROUP), tl.minimum(V, KQ - h * V),
+                              BLOCK_V, GROUP)
+            if HAS_OUT:
+                tl.debug_barrier()  # every thread's part of the row is stored before it is read back
+                offs_o = tl.arange(0, BNO)
+                oi = tl.load(oidx_ptr + offs_o, mask=offs_o < NO, other=-1)
+                mine = (offs_o < NO) & (oi >= h * V) & (oi < h * V + V)
+                tl.store(xo_ptr + b64 * NO + offs_o, tl.load(o_ptr + b64 * s_ob + oi, mask=mine, other=0.0), mask=mine)
+        elif CODES:
             tl.debug_barrier()  # every thread's part of the row is stored before the count is raised
             arrived = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel", scope="gpu")
             if arrived == H - 1:
@@ -247,11 +265,14 @@ def _output_norm_args(norm, packed, o, v):
     check_codes(packed, H * V)
     if not o.is_contiguous():
         raise ValueError("the codes of a token are read back from its output row: out must be contiguous")
+    if packed.group and V % packed.group:
+        raise ValueError(f"per-group codes from the decode kernel need whole groups a head: V = {V} is not a "
+                         f"multiple of {packed.group}")
     codes = empty_codes(B, packed, o.dtype, o.device)
     KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
-    consts.update(CODES=True, **codes_consts(packed))
-    ptrs = (z, z.stride(0), z.stride(1), weight, eps, packed.source, packed.outlier_idx, *codes,
-            arrival_counters(o.device), KQ, NO)
+    consts.update(CODES=True, GROUP=packed.group, **codes_consts(packed))
+    ptrs = (z, z.stride(0), z.stride(1), weight, eps, packed.dest if packed.group else packed.source,
+            packed.outlier_idx, *codes, arrival_counters(o.device), KQ, NO)
     return dict(ptrs=ptrs, consts=consts), codes
 
 

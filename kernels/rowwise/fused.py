@@ -133,9 +133,12 @@ if triton is not None:
         :func:`_code_map`; outlier columns). ``GROUP``: per-group codes (:func:`store_group_codes`, ``y`` the
         token's whole row in order, ``dest`` loaded at it; ``NK`` then carries the outlier count: :func:`_codes`)."""
         tok = tl.program_id(0).to(tl.int64)
-        if GROUP:
-            store_group_codes(y, dest, ok, xq_ptr + tok * KQ, xs_ptr + tok * tl.cdiv(KQ, GROUP), xo_ptr + tok * NO, KQ,
-                              NO, NK, BQ, GROUP)
+        if GROUP:  # the outlier values to their slots through dest, the block's padding (n_out .. NO) zeros
+            store_group_codes(y, ok & (dest >= 0), xq_ptr + tok * KQ, xs_ptr + tok * tl.cdiv(KQ, GROUP), KQ, BQ, GROUP)
+            xo_row = xo_ptr + tok * NO
+            tl.store(xo_row + (-1 - dest), y.to(xo_row.dtype.element_ty), mask=ok & (dest < 0))
+            opad = NK + tl.arange(0, 16)
+            tl.store(xo_row + opad, tl.zeros([16], dtype=xo_row.dtype.element_ty), mask=opad < NO)
         elif IDENTITY:
             store_codes(y, col, ok, xq_ptr + tok * KQ, xs_ptr + tok, NK, KQ)
         elif SCATTER:

@@ -17,6 +17,7 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from laquant.kernels.common.dispatch import use_triton
+from laquant.kernels.common.numerics import ACT_GROUP
 from laquant.kernels.gla.gate import gate_log_decay, gate_log_decay_triton, low_rank_gate_log_decay_triton
 from laquant.kernels.rowwise.fused import MAX_ROW, gated_rms_norm_triton, rms_norm_triton
 from laquant.kernels.rowwise.reference import gated_rms_norm, rms_norm
@@ -318,7 +319,8 @@ class GatedLinearAttention(RecurrentMixer):
             return self.o_proj(o * F.silu(g[0]) if self.use_output_gate else o)
 
         g = g[0].unflatten(-1, (-1, self.head_v_dim))
-        packed = w8a8_inputs(self, ("o_proj",), x)
+        # per-group codes from the decode kernel: each head's V columns whole groups
+        packed = w8a8_inputs(self, ("o_proj",), x, groups=self.head_v_dim % ACT_GROUP == 0)
         norm = self.g_norm_swish_gate
         out_norm = None  # a decode step's kernel applies the norm (a hooked norm runs as a module)
         if not (norm._forward_hooks or norm._forward_pre_hooks):
@@ -328,7 +330,7 @@ class GatedLinearAttention(RecurrentMixer):
             if packed is not None:
                 return project(self, ("o_proj",), o.flatten(-2), out_norm.codes)[0]
             return self.o_proj(o.flatten(-2))
-        if packed is not None:
+        if packed is not None and not packed.group:  # the gated norm writes per-token codes only
             o, codes = norm.quantizing(o, g, packed)
             return project(self, ("o_proj",), o.flatten(-2), codes)[0]
         return self.o_proj(norm(o, g).flatten(-2))
