@@ -536,3 +536,40 @@ def test_gpu_mamba_gated_norm_without_codes_matches_transformers(family, monkeyp
     assert len(calls) == mixers
     assert (fused - plain).abs().max() <= 0.03 * plain.abs().max(), float((fused - plain).abs().max())
 
+
+
+@torch.no_grad()
+def test_per_group_codes_from_the_installed_norms_and_swiglu(monkeypatch):
+    """``act_granularity: per_group`` on a transformers hybrid (Bamba, hidden 128: one group; SwiGLU 384 wide:
+    three), under Triton's interpreter: every installed norm and SwiGLU writes its GEMM's per-group codes (none of
+    those GEMMs quantizes its input in a pass of its own; the Mamba2 mixers' gated norms, several rows a token, and
+    the attention's output leave theirs to the pass), and the logits equal the reference path's."""
+    if not INTERPRETED or os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("checks the kernels' wiring on the CPU under TRITON_INTERPRET=1")
+    pytest.importorskip("triton")
+    import laquant
+    from laquant.kernels.gemm import int8
+    from laquant.quant import fused
+    from laquant.recipe import load_recipe
+    from test_hybrid import bamba
+
+    torch.manual_seed(3)
+    model = bamba(hidden_size=128, intermediate_size=384, mamba_d_head=64).float().eval()
+    install(model)
+    laquant.calibrate(model, load_recipe("hybrid_int8", ["projections.act_granularity=per_group"]),
+                      torch.randint(0, VOCAB, (2, 64)), progress=False)
+    ids = torch.randint(0, VOCAB, (2, 11))
+    reference = model(ids).logits
+    _projection_kernels_interpreted(monkeypatch)
+    widths = []  # the inputs quantized in a pass of their own
+    real = int8.quantize_groups
+    monkeypatch.setattr(int8, "quantize_groups", lambda x, p: widths.append(x.shape[-1]) or real(x, p))
+    on_codes = []
+    gemm_on_codes = fused._gemm_on_codes
+    monkeypatch.setattr(fused, "_gemm_on_codes", lambda x, c, p: on_codes.append(p.group) or gemm_on_codes(x, c, p))
+    logits = model(ids).logits
+    layers = model.config.num_hidden_layers
+    assert on_codes.count(128) >= 2 * layers  # each layer's input norm and its MLP's (or SwiGLU's) codes
+    # a pass for each Mamba2 layer's out_proj (256 inputs) and the attention layer's o_proj (128): none for down_proj
+    assert widths == [128 if i in model.config.attn_layer_indices else 256 for i in range(layers)]
+    assert rel_err(logits, reference) < 1e-5

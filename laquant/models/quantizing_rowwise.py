@@ -186,7 +186,7 @@ class _QuantizingNorm:
 
             for owner, names in self.__dict__["_laquant_consumers"]:
                 owner, names = _through_gate(owner, names)
-                packed = w8a8_inputs(owner, names, x)
+                packed = w8a8_inputs(owner, names, x, groups=True)
                 if packed is not None:
                     from laquant.kernels.rowwise.fused import rms_norm_triton
 
@@ -227,7 +227,7 @@ class _QuantizingSwiGLU:
         if use_triton(x) and type(getattr(self, act_name)).__name__ in SILU_CLASSES:
             from laquant.quant.fused import glu_w8a8, project, w8a8_inputs
 
-            if w8a8_inputs(self, (down_name,), x) is not None:
+            if w8a8_inputs(self, (down_name,), x, groups=True) is not None:
                 if up_name is None:  # both halves of one projection (column slices: the kernel reads them as they are)
                     gate, up = project(self, (gate_name,), x)[0].chunk(2, dim=-1)
                 else:  # x's handed-over codes serve both, in one GEMM
