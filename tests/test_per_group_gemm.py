@@ -188,8 +188,9 @@ def test_module_on_gpu_runs_per_group(M):
 
 
 def test_a_per_group_checkpoint_reloads_bit_exact_and_refuses_the_int8_export(tiny_model_dir, tmp_path, capsys):
-    """``--set projections.act_granularity=per_group`` end to end: calibrate, save, reload (same logits, the
-    per-group layout rebuilt from the decisions), and the compressed-tensors export says why it cannot."""
+    """``--set projections.act_granularity=per_group`` end to end: calibrate, save, reload by laquant.load and by
+    transformers' from_pretrained (same logits, the per-group layout rebuilt from the decisions), and the
+    compressed-tensors export says why it cannot."""
     import laquant
     from laquant.cli import main
     from laquant.recipe import load_recipe
@@ -206,8 +207,12 @@ def test_a_per_group_checkpoint_reloads_bit_exact_and_refuses_the_int8_export(ti
     assert torch.isfinite(logits).all()
     laquant.save(result, tmp_path / "ckpt", tokenizer=tok)
     reloaded, _ = laquant.load(tmp_path / "ckpt")
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", dtype=torch.float32).eval()
     with torch.no_grad():
         assert torch.equal(reloaded(input_ids=ids).logits, logits)
+        assert torch.equal(hf(input_ids=ids).logits, logits)
     assert main(["export", str(tmp_path / "ckpt"), "--format", "compressed-tensors", "--out", str(tmp_path / "ct"),
                  "--no-eval"]) != 0
     assert "per_group" in capsys.readouterr().err and not (tmp_path / "ct").exists()
