@@ -294,6 +294,13 @@ if triton is not None:
         tl.store(xo_row + opad, tl.zeros([16], dtype=xo_row.dtype.element_ty), mask=opad < NO)
 
     @triton.jit
+    def row_absmax_scales(v):
+        """The int8 absmax scale of each row of ``v [R, C]`` (float32, zeros where nothing counts), as
+        ``numerics.absmax_scale`` rounds it: ``div_rn``, since a vector's ``/ 127.0`` compiles to an approximate
+        division on the GPU, an ulp off PyTorch's."""
+        return tl.maximum(tl.math.div_rn(tl.max(tl.abs(v), axis=1), 127.0), 1.1754943508222875e-38)
+
+    @triton.jit
     def store_group_codes(y, kept, xq_row, xs_row, KQ, BLOCK: tl.constexpr, GROUP: tl.constexpr):
         """Per-group W8A8 codes (``act_granularity: per_group``) of ``BLOCK`` consecutive input columns of one token
         held in registers (``y`` float32, the values as the model dtype holds them, ``[BLOCK]`` or ``[1, BLOCK]``;
@@ -302,7 +309,7 @@ if triton is not None:
         (the exactly rounded ``absmax / 127``, as ``numerics.quantize_int8_groups``), the codes at ``xq_row`` (up to
         ``KQ`` columns from it)."""
         v = tl.reshape(tl.where(kept, y, 0.0), [BLOCK // GROUP, GROUP])
-        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(v), axis=1), 127.0), 1.1754943508222875e-38)
+        scale = row_absmax_scales(v)
         g = tl.arange(0, BLOCK // GROUP)
         tl.store(xs_row + g, scale, mask=g * GROUP < KQ)
         col = tl.reshape(tl.arange(0, BLOCK), [BLOCK // GROUP, GROUP])

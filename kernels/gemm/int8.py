@@ -72,8 +72,8 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_release, pdl_wait
-    from ..common.triton_numerics import (quantize_int8, store_codes, store_token_codes, stored_int8_codes,
-                                          token_code_map)
+    from ..common.triton_numerics import (quantize_int8, row_absmax_scales, store_codes, store_token_codes,
+                                          stored_int8_codes, token_code_map)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -196,8 +196,7 @@ if triton is not None:
             kept = kept & (tl.load(dest_ptr + cols, mask=kept, other=-1) >= 0)
         x = tl.load(x_ptr + r64[:, None] * s_xm + cols[None, :], mask=rm[:, None] & kept[None, :],
                     other=0.0).to(tl.float32)
-        # div_rn: a vector's "/ 127.0" compiles to an approximate division on the GPU, an ulp off PyTorch's scale
-        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=1), 127.0), 1.1754943508222875e-38)
+        scale = row_absmax_scales(x)
         tl.store(xs_ptr + r64 * G + g, scale, mask=rm)
         tl.store(xq_ptr + r64[:, None] * KQ + cols[None, :], stored_int8_codes(x, scale[:, None]),
                  mask=rm[:, None] & (cols < KQ)[None, :])
@@ -504,13 +503,14 @@ def quantize_rows(x2: torch.Tensor, packed: PackedOutlierWeight):
 
 def int8_outlier_linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, config: dict | None = None) -> torch.Tensor:
     """``x [..., K]`` -> ``y [..., N]`` in x's dtype; the Triton twin of ``int8_outlier_linear``
-    (per-token activations, W8A8). ``config``: tiles of the split-K kernel (a dict with ``SPLIT_K``)
-    or of the tiled kernel (``GROUP_M``); None takes the committed table's (:mod:`.configs`)."""
+    (per-token activations, W8A8; per-group ones for a per-group ``packed``, their codes in a pass of their own).
+    ``config``: tiles of the split-K kernel (a dict with ``SPLIT_K``) or of the tiled kernel (``GROUP_M``); None
+    takes the committed table's (:mod:`.configs`)."""
     x2, shape, M, N, K = _prepare(x, packed)
-    if config is None:
-        device = device_name(x.device)
-        config = group_config(M, N, K, device) if packed.group else choose_config("w8a8", M, N, K, device)
     cfg = config
+    if cfg is None:
+        tiles = group_config if packed.group else functools.partial(choose_config, "w8a8")
+        cfg = tiles(M, N, K, device_name(x.device))
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if packed.group:  # per-group activations (act_granularity per_group): their own pass, then the GEMM
         int8_gemm(*quantize_groups(x2, packed), packed, y, cfg)
