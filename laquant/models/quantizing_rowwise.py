@@ -133,7 +133,7 @@ class MambaGatedNorm(NamedTuple):
 MAMBA_GATED_NORMS = {
     **{name: MambaGatedNorm("variance_epsilon", lambda norm: True, True) for name in (
         "BambaRMSNormGated", "NemotronHRMSNormGated", "GraniteMoeHybridRMSNormGated", "Zamba2RMSNormGated",
-        "MambaRMSNormGated")},
+        "MambaRMSNormGated", "Mamba2RMSNormGated")},  # Mamba-2's: renamed in transformers 5.25
     "FalconH1RMSNormGated": MambaGatedNorm("variance_epsilon", lambda norm: not norm.norm_before_gate, False),
 }
 
