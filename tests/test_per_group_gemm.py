@@ -110,7 +110,8 @@ def test_per_group_scales_follow_the_groups_magnitudes():
 
 SPLITK = [dict(BM=16, BN=32, BK=64, SPLIT_K=1, FIXUP=True, num_warps=4, num_stages=2),
           dict(BM=16, BN=32, BK=64, SPLIT_K=3, FIXUP=True, num_warps=4, num_stages=2),
-          dict(BM=32, BN=64, BK=256, SPLIT_K=2, FIXUP=False, num_warps=4, num_stages=2),  # BK > 128: cut to 128
+          dict(BM=32, BN=64, BK=256, SPLIT_K=2, FIXUP=False, num_warps=4, num_stages=2),  # two groups a step
+          dict(BM=16, BN=32, BK=512, SPLIT_K=1, FIXUP=True, num_warps=4, num_stages=2),  # four, past an uneven K
           dict(BM=16, BN=64, BK=128, SPLIT_K=2, FIXUP=True, SWAP_AB=True, FUSE_Q=True, num_warps=4,
                num_stages=2)]  # neither applies to per-group codes: the plain path runs
 
