@@ -304,24 +304,44 @@ def test_norm_and_swiglu_write_the_quantize_pass_codes(M, K, n_out):
         assert torch.equal(y_codes, int8.int8_outlier_linear_triton(y, p, int8.group_config(M, 40, K)))
 
 
-def test_per_group_producers_need_a_group_and_one_row_a_token():
+@pytest.mark.parametrize("heads,D,n_out", [(2, 128, 3), (3, 128, 0), (2, 256, 4)])
+def test_gated_norm_of_several_rows_a_token_writes_the_quantize_pass_codes(heads, D, n_out):
+    """A gated norm of ``heads`` rows a token (a mixer's output norm), rows a power of two and whole groups wide:
+    its per-group codes equal quantize_groups' of its output (3 heads: a tile of 4 rows, one masked)."""
+    int8 = _kernels()
+    from laquant.kernels.rowwise.fused import gated_rms_norm_triton
+
+    mod, _ = _gpu_module(heads * D, 24, n_out)
+    p = mod.packed()
+    gen = torch.Generator().manual_seed(5)
+    x = (torch.randn(7, heads, D, generator=gen) * 2).to(DEVICE, DTYPE)
+    z = torch.randn(7, heads, D, generator=gen).to(DEVICE, DTYPE)
+    out, (xq, xs, xo) = gated_rms_norm_triton(x, z, torch.rand(D, generator=gen).to(DEVICE) + 0.5, 1e-6, packed=p)
+    rq, rs, ro = int8.quantize_groups(out.reshape(7, heads * D), p)
+    assert torch.equal(xq, rq) and torch.equal(xs, rs)
+    assert torch.equal(xo[:, :n_out], ro[:, :n_out]) and not xo[:, n_out:p.outlier_idx.numel()].any()
+
+
+def test_per_group_producers_need_whole_groups():
     _kernels()
-    from laquant.kernels.rowwise.fused import codes_fit, gated_rms_norm_triton
+    from laquant.kernels.rowwise.fused import codes_fit, gated_rms_norm_triton, group_rows_fit
 
     narrow, _ = _gpu_module(96, 16, 2)
     assert not codes_fit(narrow.packed())  # narrower than a group: its GEMM quantizes its input itself
-    mod, _ = _gpu_module(256, 16, 2)
-    x = torch.randn(2, 2, 128, device=DEVICE, dtype=DTYPE)
-    with pytest.raises(ValueError, match="per-group codes come from a norm of one row a token"):
-        gated_rms_norm_triton(x, x, torch.ones(128, device=DEVICE), 1e-6, packed=mod.packed())
+    assert group_rows_fit(128, ACT_GROUP) and group_rows_fit(512, ACT_GROUP)
+    assert not group_rows_fit(96, ACT_GROUP) and not group_rows_fit(384, ACT_GROUP)  # 384: not a power of two
+    mod, _ = _gpu_module(192, 16, 2)
+    x = torch.randn(2, 2, 96, device=DEVICE, dtype=DTYPE)
+    with pytest.raises(ValueError, match="need rows of a power of two wide and a multiple of the group"):
+        gated_rms_norm_triton(x, x, torch.ones(96, device=DEVICE), 1e-6, packed=mod.packed())
 
 
 @torch.no_grad()
 def test_gla_per_group_model_path_takes_its_codes_from_the_producers(monkeypatch):
     """The GPU wiring on the CPU under Triton's interpreter (float32): a GLA calibrated with gla_int8_all per group
-    runs its q/k/v/g and gate/up GEMMs on codes its norms write and down's on codes SwiGLU writes; o_proj's input
-    (the output norm's, not yet a per-group producer) is quantized in a pass of its own. Its logits equal the CPU
-    reference path's to float rounding (the GEMMs sum their groups in another order)."""
+    runs its q/k/v/g and gate/up GEMMs on codes its norms write, down's on codes SwiGLU writes and o_proj's on codes
+    the gated output norm writes (heads of 128 columns): no GEMM quantizes its input in a pass of its own. Its
+    logits equal the CPU reference path's to float rounding (the GEMMs sum their groups in another order)."""
     from conftest import INTERPRETED, require_triton_kernels
 
     if not INTERPRETED:
@@ -347,16 +367,15 @@ def test_gla_per_group_model_path_takes_its_codes_from_the_producers(monkeypatch
     for module in (gla, recurrent, fused, modules):
         monkeypatch.setattr(module, "use_triton", lambda x, fmt=None: not x.requires_grad)
     logits = model(ids).logits
-    o_proj = model.model.layers[0].attn.o_proj
-    assert passes == [o_proj.qweight.shape] * 2  # one pass a layer, o_proj's; the other GEMMs took produced codes
+    assert passes == []
     assert torch.isfinite(logits).all() and rel_err(logits, reference) < 1e-4
 
 
 @torch.no_grad()
 def test_gla_per_group_decode_kernel_writes_o_projs_codes(monkeypatch):
     """Under Triton's interpreter (float32): in decode steps the GLA decode kernel writes o_proj's per-group codes
-    (each head's 128 columns a group), so no GEMM of the step quantizes its own input; logits and states equal those
-    of the steps that run the output norm's own kernel and quantize o_proj's input in a pass."""
+    (each head's 128 columns a group); logits and states equal those of the steps that run the output norm's own
+    kernel (which writes them then). No GEMM of either quantizes its own input."""
     from conftest import INTERPRETED, require_triton_kernels
 
     if not INTERPRETED:
@@ -379,6 +398,12 @@ def test_gla_per_group_decode_kernel_writes_o_projs_codes(monkeypatch):
     real = int8.quantize_groups
     monkeypatch.setattr(int8, "quantize_groups", lambda x, p: passes.append(x.shape[0]) or real(x, p))
     monkeypatch.setattr(recurrent, "FUSED_CODES_MIN_BATCH", 2)
+    from laquant.kernels.gla import decode
+
+    kernel_codes = []
+    step = decode.gla_decode_step
+    monkeypatch.setattr(decode, "gla_decode_step",
+                        lambda *a, **kw: kernel_codes.append(kw.get("packed") is not None) or step(*a, **kw))
     for module in (gla, recurrent, fused, modules):
         monkeypatch.setattr(module, "use_triton", lambda x, fmt=None: not x.requires_grad)
     ids = torch.randint(0, 128, (2, 5))
@@ -392,8 +417,10 @@ def test_gla_per_group_decode_kernel_writes_o_projs_codes(monkeypatch):
         return torch.cat(logits, 1), cache, list(passes)
 
     unfused, unfused_cache, unfused_passes = decode_two(False)
+    assert kernel_codes == [False] * 4  # 2 layers x 2 steps
+    kernel_codes.clear()
     logits, cache, fused_passes = decode_two(True)
-    assert unfused_passes == [2] * 4 and fused_passes == []  # 2 layers x 2 steps of o_proj's pass, then none
+    assert kernel_codes == [True] * 4 and unfused_passes == fused_passes == []
     assert torch.equal(logits, unfused)
     for a, b in zip(cache.states, unfused_cache.states):
         assert torch.equal(a.data, b.data)

@@ -315,6 +315,12 @@ def codes_fit(packed) -> bool:
     return width <= MAX_CODES_WIDTH and width >= packed.group
 
 
+def group_rows_fit(width: int, group: int) -> bool:
+    """Whether a kernel holding a token as rows of ``width`` (a gated norm's heads) can write per-group codes of
+    ``group`` columns from its registers: its tile of rows is then the token's columns in order, whole groups."""
+    return width & (width - 1) == 0 and width % group == 0
+
+
 def check_codes(packed, width: int) -> None:
     if packed is not None and (packed.in_features != width or not codes_fit(packed)):
         raise ValueError(f"codes for a GEMM of {packed.in_features} inputs (packed width {packed.qweight.shape[1]}, "
@@ -335,8 +341,9 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
                          f"column of each of a token's {heads} rows ({heads * N})")
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     ro = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else y
-    if packed is not None and packed.group and heads != 1:
-        raise ValueError("per-group codes come from a norm of one row a token, not of a token's heads")
+    if packed is not None and packed.group and heads != 1 and not group_rows_fit(N, packed.group):
+        raise ValueError(f"per-group codes from a norm of {heads} rows a token need rows of a power of two wide and "
+                         f"a multiple of the group ({packed.group}), not {N}")
     codes, q = _codes(M // heads, packed, x.dtype, x.device, scatter=True)
     if M:
         block_n, rows, warps = _rows_block(N)

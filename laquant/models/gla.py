@@ -19,7 +19,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from laquant.kernels.common.dispatch import use_triton
 from laquant.kernels.common.numerics import ACT_GROUP
 from laquant.kernels.gla.gate import gate_log_decay, gate_log_decay_triton, low_rank_gate_log_decay_triton
-from laquant.kernels.rowwise.fused import MAX_ROW, gated_rms_norm_triton, rms_norm_triton
+from laquant.kernels.rowwise.fused import MAX_ROW, gated_rms_norm_triton, group_rows_fit, rms_norm_triton
 from laquant.kernels.rowwise.reference import gated_rms_norm, rms_norm
 from laquant.models.cache import GLAStateCache
 from laquant.models.fla_attention import Attention, attention_spec, attention_specs
@@ -330,7 +330,7 @@ class GatedLinearAttention(RecurrentMixer):
             if packed is not None:
                 return project(self, ("o_proj",), o.flatten(-2), out_norm.codes)[0]
             return self.o_proj(o.flatten(-2))
-        if packed is not None and not packed.group:  # the gated norm writes per-token codes only
+        if packed is not None and (not packed.group or group_rows_fit(self.head_v_dim, packed.group)):
             o, codes = norm.quantizing(o, g, packed)
             return project(self, ("o_proj",), o.flatten(-2), codes)[0]
         return self.o_proj(norm(o, g).flatten(-2))

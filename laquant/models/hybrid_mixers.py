@@ -26,7 +26,9 @@ import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
 from laquant.kernels.common.dispatch import use_triton
+from laquant.kernels.common.numerics import ACT_GROUP
 from laquant.kernels.conv.short_conv import ACTIVATIONS as ONE_KERNEL_ACTIVATIONS
+from laquant.kernels.rowwise.fused import group_rows_fit
 from laquant.models.cache import state_store
 from laquant.models.quantizing_rowwise import GATED_NORMS, MAMBA_GATED_NORMS, mamba_norm_group
 from laquant.models.recurrent import RecurrentMixer
@@ -123,7 +125,7 @@ def gated_norm_and_out(mixer: nn.Module, out: str, norm: nn.Module, o: torch.Ten
     from laquant.kernels.rowwise.fused import gated_rms_norm_triton
 
     B, T = o.shape[:2]
-    packed = w8a8_inputs(mixer, (out,), o)
+    packed = w8a8_inputs(mixer, (out,), o, groups=group_rows_fit(o.shape[-1], ACT_GROUP))
     normed = gated_rms_norm_triton(o, gate, norm.weight, getattr(norm, formula.eps_name), packed,
                                    activation=formula.activation)
     if packed is None:
@@ -289,7 +291,8 @@ class GatedDeltaNetMixer(HybridMixer):
         norm = getattr(self, self.NORM)
         formula = GATED_NORMS.get(type(norm).__name__)
         hooked = norm._forward_hooks or norm._forward_pre_hooks  # a hooked norm runs its own forward
-        packed = w8a8_inputs(self, (self.OUT,), o) if formula is not None and not hooked else None
+        packed = (w8a8_inputs(self, (self.OUT,), o, groups=group_rows_fit(self.head_v_dim, ACT_GROUP))
+                  if formula is not None and not hooked else None)
         if packed is not None:
             from laquant.kernels.rowwise.fused import gated_rms_norm_triton
 
@@ -484,9 +487,9 @@ class Mamba2Mixer(HybridMixer):
             return self.out_proj(self.gated_output(y, z).to(y.dtype))
         from laquant.kernels.rowwise.fused import gated_rms_norm_triton
 
-        packed = w8a8_inputs(self, ("out_proj",), y)
         B, T, width = y.shape
         group = mamba_norm_group(norm, width)
+        packed = w8a8_inputs(self, ("out_proj",), y, groups=group == width or group_rows_fit(group, ACT_GROUP))
         rows = (B * T, width // group, group)
         out = gated_rms_norm_triton(y.reshape(rows), z.reshape(rows), norm.weight.view(rows[1:]),
                                     getattr(norm, formula.eps_name), packed, gate_first=formula.gate_first(norm),
