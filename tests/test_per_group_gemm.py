@@ -424,3 +424,44 @@ def test_gla_per_group_decode_kernel_writes_o_projs_codes(monkeypatch):
     assert torch.equal(logits, unfused)
     for a, b in zip(cache.states, unfused_cache.states):
         assert torch.equal(a.data, b.data)
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_gpu_gla_per_group_steps_take_produced_codes(monkeypatch):
+    """On CUDA (bf16): a per-group GLA's decode steps run no quantize pass (norms, SwiGLU and the decode kernel write
+    the codes), match the steps whose output norm runs in its own kernel (the same state; logits within the bf16
+    rounding of the norm's sum, which the decode kernel may group differently), and stay near the float32 CPU
+    reference's logits."""
+    import laquant
+    from laquant.kernels.gemm import int8
+    from laquant.models import GLAConfig, GLAForCausalLM, recurrent
+    from laquant.recipe import load_recipe
+
+    torch.manual_seed(0)
+    model = GLAForCausalLM(GLAConfig(hidden_size=256, num_hidden_layers=2, num_heads=2, vocab_size=512)).eval()
+    laquant.calibrate(model, load_recipe("gla_int8_all", ["projections.act_granularity=per_group",
+                                                          "projections.outlier_top_k=3"]),
+                      torch.randint(0, 512, (2, 64)), progress=False)
+    ids = torch.randint(0, 512, (3, 9))
+    reference = model(ids).logits  # the CPU reference path, float32
+    model = model.cuda().to(torch.bfloat16)
+    monkeypatch.setattr(recurrent, "FUSED_CODES_MIN_BATCH", 1)
+    passes = []
+    real = int8.quantize_groups
+    monkeypatch.setattr(int8, "quantize_groups", lambda x, p: passes.append(x.shape) or real(x, p))
+
+    def decode_steps(fused_norm: bool):
+        monkeypatch.setattr(recurrent, "FUSED_OUTPUT_NORM", fused_norm)
+        cache = model.new_cache(seed=3)
+        first = model(ids[:, :5].cuda(), past_key_values=cache, use_cache=True).logits
+        logits = [model(ids[:, i:i + 1].cuda(), past_key_values=cache, use_cache=True).logits for i in range(5, 9)]
+        return torch.cat([first] + logits, 1).float(), cache
+
+    unfused, unfused_cache = decode_steps(False)
+    logits, cache = decode_steps(True)
+    assert passes == []
+    assert torch.isfinite(logits).all() and rel_err(logits, unfused) < 2e-2
+    for a, b in zip(cache.states, unfused_cache.states):
+        assert (a.data.float() - b.data.float()).abs().max() <= 1
+    assert rel_err(logits.cpu()[:, :5], reference[:, :5]) < 5e-2  # the prefill's logits: bf16 against float32
