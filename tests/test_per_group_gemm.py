@@ -336,36 +336,60 @@ def test_per_group_producers_need_whole_groups():
         gated_rms_norm_triton(x, x, torch.ones(96, device=DEVICE), 1e-6, packed=mod.packed())
 
 
+def _per_group_gla(vocab: int, calib_len: int):
+    """A random GLA (hidden 256, two heads of V = 128) calibrated on the CPU with gla_int8_all per group, three
+    outlier columns in every projection: the codes' outlier paths run too."""
+    import laquant
+    from laquant.models import GLAConfig, GLAForCausalLM
+    from laquant.recipe import load_recipe
+
+    torch.manual_seed(0)
+    model = GLAForCausalLM(GLAConfig(hidden_size=256, num_hidden_layers=2, num_heads=2, vocab_size=vocab)).eval()
+    laquant.calibrate(model, load_recipe("gla_int8_all", ["projections.act_granularity=per_group",
+                                                          "projections.outlier_top_k=3"]),
+                      torch.randint(0, vocab, (2, calib_len)), progress=False)
+    return model
+
+
+def _quantize_passes(monkeypatch) -> list:
+    """The shapes of the inputs quantize_groups quantizes from now on (the pass still runs)."""
+    from laquant.kernels.gemm import int8
+
+    passes = []
+    real = int8.quantize_groups
+    monkeypatch.setattr(int8, "quantize_groups", lambda x, p: passes.append(tuple(x.shape)) or real(x, p))
+    return passes
+
+
+def _interpreted_gla_kernels(monkeypatch) -> None:
+    """The GLA model's Triton path on the CPU, run by Triton's interpreter (skipped elsewhere)."""
+    from conftest import INTERPRETED, require_triton_kernels
+
+    if not INTERPRETED:
+        pytest.skip("checks the wiring under TRITON_INTERPRET=1")
+    require_triton_kernels()
+    from laquant.models import gla, recurrent
+    from laquant.quant import fused, modules
+
+    for module in (gla, recurrent, fused, modules):
+        monkeypatch.setattr(module, "use_triton", lambda x, fmt=None: not x.requires_grad)
+
+
 @torch.no_grad()
 def test_gla_per_group_model_path_takes_its_codes_from_the_producers(monkeypatch):
     """The GPU wiring on the CPU under Triton's interpreter (float32): a GLA calibrated with gla_int8_all per group
     runs its q/k/v/g and gate/up GEMMs on codes its norms write, down's on codes SwiGLU writes and o_proj's on codes
     the gated output norm writes (heads of 128 columns): no GEMM quantizes its input in a pass of its own. Its
     logits equal the CPU reference path's to float rounding (the GEMMs sum their groups in another order)."""
-    from conftest import INTERPRETED, require_triton_kernels
+    from conftest import INTERPRETED
 
     if not INTERPRETED:
         pytest.skip("checks the wiring under TRITON_INTERPRET=1")
-    require_triton_kernels()
-    import laquant
-    from laquant.kernels.gemm import int8
-    from laquant.models import GLAConfig, GLAForCausalLM, gla, recurrent
-    from laquant.quant import fused, modules
-    from laquant.recipe import load_recipe
-
-    torch.manual_seed(0)
-    model = GLAForCausalLM(GLAConfig(hidden_size=256, num_hidden_layers=2, num_heads=2, vocab_size=128)).eval()
-    # three outlier columns in every projection: the codes' outlier paths run too
-    laquant.calibrate(model, load_recipe("gla_int8_all", ["projections.act_granularity=per_group",
-                                                          "projections.outlier_top_k=3"]),
-                      torch.randint(0, 128, (2, 32)), progress=False)
+    model = _per_group_gla(vocab=128, calib_len=32)
     ids = torch.randint(0, 128, (2, 6))
     reference = model(ids).logits
-    passes = []
-    real = int8.quantize_groups
-    monkeypatch.setattr(int8, "quantize_groups", lambda x, p: passes.append(p.qweight.shape) or real(x, p))
-    for module in (gla, recurrent, fused, modules):
-        monkeypatch.setattr(module, "use_triton", lambda x, fmt=None: not x.requires_grad)
+    passes = _quantize_passes(monkeypatch)
+    _interpreted_gla_kernels(monkeypatch)
     logits = model(ids).logits
     assert passes == []
     assert torch.isfinite(logits).all() and rel_err(logits, reference) < 1e-4
@@ -376,36 +400,22 @@ def test_gla_per_group_decode_kernel_writes_o_projs_codes(monkeypatch):
     """Under Triton's interpreter (float32): in decode steps the GLA decode kernel writes o_proj's per-group codes
     (each head's 128 columns a group); logits and states equal those of the steps that run the output norm's own
     kernel (which writes them then). No GEMM of either quantizes its own input."""
-    from conftest import INTERPRETED, require_triton_kernels
+    from conftest import INTERPRETED
 
     if not INTERPRETED:
         pytest.skip("checks the wiring under TRITON_INTERPRET=1")
-    require_triton_kernels()
-    import laquant
-    from laquant.kernels.gemm import int8
-    from laquant.models import GLAConfig, GLAForCausalLM, gla, recurrent
-    from laquant.quant import fused, modules
-    from laquant.recipe import load_recipe
-
-    torch.manual_seed(0)
-    model = GLAForCausalLM(GLAConfig(hidden_size=256, num_hidden_layers=2, num_heads=2, vocab_size=128)).eval()
-    # three outlier columns in every projection: the codes' outlier paths run too
-    laquant.calibrate(model, load_recipe("gla_int8_all", ["projections.act_granularity=per_group",
-                                                          "projections.outlier_top_k=3"]),
-                      torch.randint(0, 128, (2, 32)), progress=False)
-    assert model.model.layers[0].attn.o_proj.n_outliers == 3
-    passes = []
-    real = int8.quantize_groups
-    monkeypatch.setattr(int8, "quantize_groups", lambda x, p: passes.append(x.shape[0]) or real(x, p))
-    monkeypatch.setattr(recurrent, "FUSED_CODES_MIN_BATCH", 2)
     from laquant.kernels.gla import decode
+    from laquant.models import recurrent
 
+    model = _per_group_gla(vocab=128, calib_len=32)
+    assert model.model.layers[0].attn.o_proj.n_outliers == 3
+    passes = _quantize_passes(monkeypatch)
+    monkeypatch.setattr(recurrent, "FUSED_CODES_MIN_BATCH", 2)
     kernel_codes = []
     step = decode.gla_decode_step
     monkeypatch.setattr(decode, "gla_decode_step",
                         lambda *a, **kw: kernel_codes.append(kw.get("packed") is not None) or step(*a, **kw))
-    for module in (gla, recurrent, fused, modules):
-        monkeypatch.setattr(module, "use_triton", lambda x, fmt=None: not x.requires_grad)
+    _interpreted_gla_kernels(monkeypatch)
     ids = torch.randint(0, 128, (2, 5))
 
     def decode_two(fused_norm: bool):
@@ -433,23 +443,14 @@ def test_gpu_gla_per_group_steps_take_produced_codes(monkeypatch):
     the codes), match the steps whose output norm runs in its own kernel (the same state; logits within the bf16
     rounding of the norm's sum, which the decode kernel may group differently), and stay near the float32 CPU
     reference's logits."""
-    import laquant
-    from laquant.kernels.gemm import int8
-    from laquant.models import GLAConfig, GLAForCausalLM, recurrent
-    from laquant.recipe import load_recipe
+    from laquant.models import recurrent
 
-    torch.manual_seed(0)
-    model = GLAForCausalLM(GLAConfig(hidden_size=256, num_hidden_layers=2, num_heads=2, vocab_size=512)).eval()
-    laquant.calibrate(model, load_recipe("gla_int8_all", ["projections.act_granularity=per_group",
-                                                          "projections.outlier_top_k=3"]),
-                      torch.randint(0, 512, (2, 64)), progress=False)
+    model = _per_group_gla(vocab=512, calib_len=64)
     ids = torch.randint(0, 512, (3, 9))
     reference = model(ids).logits  # the CPU reference path, float32
     model = model.cuda().to(torch.bfloat16)
     monkeypatch.setattr(recurrent, "FUSED_CODES_MIN_BATCH", 1)
-    passes = []
-    real = int8.quantize_groups
-    monkeypatch.setattr(int8, "quantize_groups", lambda x, p: passes.append(x.shape) or real(x, p))
+    passes = _quantize_passes(monkeypatch)
 
     def decode_steps(fused_norm: bool):
         monkeypatch.setattr(recurrent, "FUSED_OUTPUT_NORM", fused_norm)

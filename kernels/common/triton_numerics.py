@@ -289,6 +289,12 @@ if triton is not None:
         tl.store(xq_row + dest, stored_int8_codes(y, scale), mask=kept)
         pad = n_keep + tl.arange(0, 16)
         tl.store(xq_row + pad, tl.zeros([16], dtype=tl.int8), mask=pad < KQ)
+        store_outlier_slots(y, dest, ok, xo_row, NO, n_out)
+
+    @triton.jit
+    def store_outlier_slots(y, dest, ok, xo_row, NO, n_out):
+        """A token's outlier values held in registers (``y`` at columns whose ``dest`` is ``-1 - slot``) to their
+        slots of the dense outlier block at ``xo_row``; its padding slots (``n_out .. NO``) get zeros."""
         tl.store(xo_row + (-1 - dest), y.to(xo_row.dtype.element_ty), mask=ok & (dest < 0))
         opad = n_out + tl.arange(0, 16)
         tl.store(xo_row + opad, tl.zeros([16], dtype=xo_row.dtype.element_ty), mask=opad < NO)

@@ -59,12 +59,11 @@ def int8_outlier_linear(
     """
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
+    src = x2  # the columns the int8 product reads (x2 itself stays for the outlier product)
     if act_granularity == "per_group" and outlier_idx is not None and outlier_idx.numel():
-        x2z = x2.clone()
-        x2z[:, outlier_idx] = 0
-        main = x2z if keep_idx is None else x2z.index_select(1, keep_idx)
-    else:
-        main = x2 if keep_idx is None else x2.index_select(1, keep_idx)
+        src = x2.clone()
+        src[:, outlier_idx] = 0
+    main = src if keep_idx is None else src.index_select(1, keep_idx)
     if act_granularity == "none":
         y = main.float() @ dequantize(qweight, weight_scale).T
     elif act_granularity == "per_group":

@@ -23,8 +23,8 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_prologue
-    from ..common.triton_numerics import (rounded, store_codes, store_group_codes, store_scattered_codes,
-                                          store_token_codes, stored_int8_codes, token_code_map)
+    from ..common.triton_numerics import (rounded, store_codes, store_group_codes, store_outlier_slots,
+                                          store_scattered_codes, store_token_codes, stored_int8_codes, token_code_map)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -133,12 +133,9 @@ if triton is not None:
         :func:`_code_map`; outlier columns). ``GROUP``: per-group codes (:func:`store_group_codes`, ``y`` the
         token's whole row in order, ``dest`` loaded at it; ``NK`` then carries the outlier count: :func:`_codes`)."""
         tok = tl.program_id(0).to(tl.int64)
-        if GROUP:  # the outlier values to their slots through dest, the block's padding (n_out .. NO) zeros
+        if GROUP:
             store_group_codes(y, ok & (dest >= 0), xq_ptr + tok * KQ, xs_ptr + tok * tl.cdiv(KQ, GROUP), KQ, BQ, GROUP)
-            xo_row = xo_ptr + tok * NO
-            tl.store(xo_row + (-1 - dest), y.to(xo_row.dtype.element_ty), mask=ok & (dest < 0))
-            opad = NK + tl.arange(0, 16)
-            tl.store(xo_row + opad, tl.zeros([16], dtype=xo_row.dtype.element_ty), mask=opad < NO)
+            store_outlier_slots(y, dest, ok, xo_ptr + tok * NO, NO, NK)
         elif IDENTITY:
             store_codes(y, col, ok, xq_ptr + tok * KQ, xs_ptr + tok, NK, KQ)
         elif SCATTER:
