@@ -195,10 +195,9 @@ def group_config(M: int, N: int, K: int, device: str | None = None) -> dict:
     bucket = m_bucket(M)
     if bucket is None:
         return tiled_config(M)
-    table = table_key(device, GROUP_TABLES)
-    key = entry_key(table, bucket, N, K, GROUP_TABLES)
-    if key is not None:
-        return _with_bm(GROUP_TABLES[table][key], M)
+    entry = _group_entry(table_key(device, GROUP_TABLES), bucket, N, K)
+    if entry is not None:
+        return _with_bm(entry, M)
     BM = 16 if M <= 16 else 32 if M <= 32 else 64
     return dict(BM=BM, BN=64 if N >= 4096 else 32, BK=256, SPLIT_K=1 if K <= 2048 else 4, FIXUP=True, num_warps=4,
                 num_stages=3)
@@ -247,6 +246,12 @@ def entry_key(table: str | None, bucket: int, N: int, K: int, tables: dict | Non
 def _entry(table: str | None, bucket: int, N: int, K: int) -> dict | None:
     key = entry_key(table, bucket, N, K)
     return None if key is None else {**TABLES[table][key], **STEP_TABLES.get(table, {}).get(key, {})}
+
+
+@functools.lru_cache(maxsize=4096)  # read-only entries of GROUP_TABLES, as _entry's: every per-group GEMM asks
+def _group_entry(table: str | None, bucket: int, N: int, K: int) -> dict | None:
+    key = entry_key(table, bucket, N, K, GROUP_TABLES)
+    return None if key is None else GROUP_TABLES[table][key]
 
 
 def _with_bm(cfg: dict, M: int) -> dict:
