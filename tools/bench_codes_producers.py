@@ -5,21 +5,25 @@ and without outlier columns. CUDA-graph medians (``triton.testing.do_bench_cudag
 Only public entry points are called, so the same script times another checkout of laquant (put it first
 on PYTHONPATH) on the same GPU:
 
-    python3 tools/bench_codes_producers.py --out codes.json [--label new]
+    python3 tools/bench_codes_producers.py --out codes.json [--label new] [--act per_token per_group] [--M 64]
+
+``--act per_group``: the codes of a per-group GEMM (``act_granularity: per_group``; its pass is ``quantize_groups``),
+beside per-token's in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 
 import torch
 
 
-def cases():
+def cases(Ms=(1, 64, 4096)):
     """``(name, M, width, n_out)``: GLA 1.37B's widths (2048 hidden, 16 x 128 value heads, 5,632 MLP) and a
     7B model's (4,096; 11,008)."""
-    for M in (1, 64, 4096):
+    for M in Ms:
         for n_out in (0, 16):
             yield "rms_norm+res", M, 2048, n_out
             yield "gated_norm", M, 2048, n_out
@@ -30,15 +34,16 @@ def cases():
                 yield "swiglu", M, 11008, n_out
 
 
-def packed_for(width: int, n_out: int):
+def packed_for(width: int, n_out: int, act: str = "per_token"):
     from laquant.quant.modules import QuantLinear
 
     outliers = torch.randperm(width)[:n_out]
-    return QuantLinear.from_linear(torch.nn.Linear(width, 64, bias=False).bfloat16(), outliers).cuda().packed()
+    return QuantLinear.from_linear(torch.nn.Linear(width, 64, bias=False).bfloat16(), outliers,
+                                   act_granularity=act).cuda().packed()
 
 
 def runner(name: str, M: int, width: int, packed):
-    from laquant.kernels.gemm.int8 import quantize_rows
+    from laquant.kernels.gemm.int8 import quantize_groups, quantize_rows
     from laquant.kernels.rowwise.fused import gated_rms_norm_triton, rms_norm_triton, swiglu_triton
 
     dev, bf = "cuda", torch.bfloat16
@@ -55,7 +60,7 @@ def runner(name: str, M: int, width: int, packed):
         gate, up = y.split(width, dim=-1)
         return lambda: swiglu_triton(gate, up, packed)
     x = torch.randn(M, width, device=dev, dtype=bf)
-    return lambda: quantize_rows(x, packed)
+    return lambda: (quantize_groups if packed.group else quantize_rows)(x, packed)
 
 
 # --sweep-tiled: the norms' prefill codes path (kernels/rowwise/fused.py TILED_TOKENS) at a few token counts a
@@ -89,6 +94,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--label", default="")
     ap.add_argument("--sweep-tiled", action="store_true", help="time the prefill codes path's launch choices")
+    ap.add_argument("--act", nargs="+", default=["per_token"], choices=["per_token", "per_group"])
+    ap.add_argument("--M", nargs="+", type=int, default=[1, 64, 4096], help="token counts")
     args = ap.parse_args()
     from triton.testing import do_bench_cudagraph
 
@@ -101,11 +108,11 @@ def main() -> None:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)
         return
     rows = []
-    for name, M, width, n_out in cases():
-        fn = runner(name, M, width, packed_for(width, n_out))
+    for (name, M, width, n_out), act in itertools.product(cases(args.M), args.act):
+        fn = runner(name, M, width, packed_for(width, n_out, act))
         fn()
         us = do_bench_cudagraph(fn, rep=100) * 1e3
-        rows.append(dict(kernel=name, M=M, width=width, n_out=n_out, us=us))
+        rows.append(dict(kernel=name, act=act, M=M, width=width, n_out=n_out, us=us))
         print(json.dumps(rows[-1]), flush=True)
     out = dict(label=args.label, laquant=laquant.__file__, device=torch.cuda.get_device_name(),
                torch=torch.__version__, rows=rows)

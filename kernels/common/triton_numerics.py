@@ -315,10 +315,16 @@ if triton is not None:
         (the exactly rounded ``absmax / 127``, as ``numerics.quantize_int8_groups``), the codes at ``xq_row`` (up to
         ``KQ`` columns from it)."""
         v = tl.reshape(tl.where(kept, y, 0.0), [BLOCK // GROUP, GROUP])
+        store_group_tile(v, tl.reshape(tl.arange(0, BLOCK), [BLOCK // GROUP, GROUP]), tl.arange(0, BLOCK // GROUP),
+                         xq_row, xs_row, KQ, GROUP)
+
+    @triton.jit
+    def store_group_tile(v, col, g, xq_row, xs_row, KQ, GROUP: tl.constexpr):
+        """Per-group W8A8 codes of a tile of whole groups of one token, a group a row: ``v [G, GROUP]`` float32 (zeros
+        where no code counts), at input columns ``col [G, GROUP]``, groups ``g [G]``: each row's scale at
+        ``xs_row + g``, the codes at ``xq_row + col`` (those below ``KQ``)."""
         scale = row_absmax_scales(v)
-        g = tl.arange(0, BLOCK // GROUP)
         tl.store(xs_row + g, scale, mask=g * GROUP < KQ)
-        col = tl.reshape(tl.arange(0, BLOCK), [BLOCK // GROUP, GROUP])
         tl.store(xq_row + col, stored_int8_codes(v, scale[:, None]), mask=col < KQ)
 
     @triton.jit

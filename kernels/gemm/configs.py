@@ -191,10 +191,12 @@ def group_config(M: int, N: int, K: int, device: str | None = None) -> dict:
     """Tiles of the per-group W8A8 GEMM (``PackedOutlierWeight.group``): ``GROUP_TABLES``' entry for this GPU and
     the nearest swept shape at M's bucket (``tools/sweep_group_gemm.py``), else the pattern of that sweep's winners on
     the H200 (``eval/results/per_group_h200/run4_sweep/``): 256-wide K steps (two groups a step), 64-column tiles on
-    weights of >= 4,096 rows, 32 below, K split in 4 above 2,048 inputs. The tiled kernel above 256 tokens."""
+    weights of >= 4,096 rows, 32 below, K split in 4 above 2,048 inputs. The tiled kernel above 256 tokens, on
+    per-token's tiles with 8 warps: a 128 x 128 float32 accumulator beside each group's int32 product spills from
+    one warpgroup's registers (255 registers, 216 bytes of spills compiled for sm_90; 187 and none with 8 warps)."""
     bucket = m_bucket(M)
     if bucket is None:
-        return tiled_config(M)
+        return dict(tiled_config(M), num_warps=8)
     entry = _group_entry(table_key(device, GROUP_TABLES), bucket, N, K)
     if entry is not None:
         return _with_bm(entry, M)

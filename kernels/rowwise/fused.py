@@ -23,8 +23,9 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_prologue
-    from ..common.triton_numerics import (rounded, store_codes, store_group_codes, store_outlier_slots,
-                                          store_scattered_codes, store_token_codes, stored_int8_codes, token_code_map)
+    from ..common.triton_numerics import (rounded, store_codes, store_group_codes, store_group_tile,
+                                          store_outlier_slots, store_scattered_codes, store_token_codes,
+                                          stored_int8_codes, token_code_map)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -41,6 +42,8 @@ SCATTER_MAX_TOKENS = 256
 # the model (eval/results/prefill_codes_h200/)
 TILED_CODES_MIN_TOKENS = 256
 TILED_TOKENS = 2
+# a per-group GEMM's codes from SwiGLU: this many columns a program (whole groups; a token's row over several)
+GLU_GROUP_BLOCK = 1024
 GLU_ACTIVATIONS = ("silu", "sigmoid")  # SwiGLU's; a gated attention output's ``o * sigmoid(gate)``
 
 
@@ -232,7 +235,7 @@ if triton is not None:
                        BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
                        QUANT: tl.constexpr, BQ: tl.constexpr, BNO: tl.constexpr, HAS_OUT: tl.constexpr,
                        IDENTITY: tl.constexpr,
-                       SIGMOID: tl.constexpr = False, PDL: tl.constexpr = False, GROUP: tl.constexpr = 0):
+                       SIGMOID: tl.constexpr = False, PDL: tl.constexpr = False):
         # the codes of a GEMM with outlier columns are read back, never scattered: a token's whole SwiGLU row in
         # one program scattered measured slower (5,632 columns: 6.7 -> 7.0 us, 11,008: 8.4 -> 11.4 us at 64 tokens)
         src, oidx, dest = _code_map(src_ptr, oidx_ptr, src_ptr, 0, False, KQ, NO, BQ, BNO, HAS_OUT, QUANT, IDENTITY,
@@ -249,10 +252,67 @@ if triton is not None:
         y = s * b.to(tl.float32)
         tl.store(y_ptr + rows.to(tl.int64)[:, None] * sy + cols[None, :], y.to(a.dtype), mask=mask)
         if QUANT:  # one row per program, the whole row in one block
-            if GROUP:  # per-group codes: src_ptr holds the weight's dest map (_codes)
-                dest = tl.load(src_ptr + cols, mask=cols < N, other=0)[None, :]
             _quant_epilogue(rounded(y, a.dtype), tl.broadcast_to(cols[None, :], y.shape), mask, y_ptr, sy, src, oidx,
-                            dest, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, 0, BQ, BNO, HAS_OUT, IDENTITY, False, GROUP)
+                            dest, xq_ptr, xs_ptr, xo_ptr, KQ, NO, NK, 0, BQ, BNO, HAS_OUT, IDENTITY, False)
+
+    @triton.jit
+    def _glu_group_kernel(a_ptr, b_ptr, y_ptr, N, sa0, sa1, ain, sb0, sb1, bin, sy, dest_ptr, xq_ptr, xs_ptr, xo_ptr,
+                          KQ, NO, n_out, GROUPS: tl.constexpr, GROUP: tl.constexpr, SIGMOID: tl.constexpr = False,
+                          PDL: tl.constexpr = False):
+        """``act(a) * b`` of one token and ``GROUPS`` whole groups of its columns, held a group a row, with their
+        per-group codes (a per-group GEMM's: every column in order, ``dest`` the weight's map of the outlier
+        columns): a group's scale needs no other group, so a token's row is spread over several programs, where
+        per-token codes need it whole in one."""
+        tok = tl.program_id(0)
+        g = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+        col = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+        ok = col < N
+        dest = tl.load(dest_ptr + col, mask=ok, other=0)
+        pdl_prologue(PDL)
+        a = tl.load(a_ptr + _row_offsets(tok, sa0, sa1, ain) + col, mask=ok, other=0.0)
+        b = tl.load(b_ptr + _row_offsets(tok, sb0, sb1, bin) + col, mask=ok, other=0.0)
+        af = a.to(tl.float32)
+        s = rounded(tl.sigmoid(af) if SIGMOID else af * tl.sigmoid(af), a.dtype)
+        y = (s * b.to(tl.float32)).to(a.dtype)
+        tl.store(y_ptr + tok.to(tl.int64) * sy + col, y, mask=ok)
+        yf = y.to(tl.float32)
+        t64 = tok.to(tl.int64)
+        store_group_tile(tl.where(ok & (dest >= 0), yf, 0.0), col, g, xq_ptr + t64 * KQ,
+                         xs_ptr + t64 * tl.cdiv(KQ, GROUP), KQ, GROUP)
+        store_outlier_slots(yf, dest, ok, xo_ptr + t64 * NO, NO, n_out)
+
+    @triton.jit
+    def _rms_norm_group_kernel(x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr, N, eps, sx0, sx1, xin, sr0, sr1, rin,
+                               dest_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, n_out, GROUPS: tl.constexpr,
+                               GROUP: tl.constexpr, HAS_RES: tl.constexpr, ROUND_SUM: tl.constexpr,
+                               ROUND_NORMED: tl.constexpr, PDL: tl.constexpr = False):
+        """:func:`_rms_norm_kernel` of one token with the per-group codes of its output (a per-group GEMM's), the row
+        held a group a row (``[GROUPS, GROUP]``); y and the sum stored contiguous."""
+        tok = tl.program_id(0)
+        t64 = tok.to(tl.int64)
+        g = tl.arange(0, GROUPS)
+        col = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+        ok = col < N
+        dest = tl.load(dest_ptr + col, mask=ok, other=0)
+        w = tl.load(w_ptr + col, mask=ok, other=0.0).to(tl.float32)
+        pdl_prologue(PDL)
+        h = tl.load(x_ptr + _row_offsets(tok, sx0, sx1, xin) + col, mask=ok, other=0.0)
+        dtype = h.dtype
+        h = h.to(tl.float32)
+        if HAS_RES:
+            h += tl.load(r_ptr + _row_offsets(tok, sr0, sr1, rin) + col, mask=ok, other=0.0).to(tl.float32)
+            if ROUND_SUM:
+                h = rounded(h, dtype)
+            tl.store(ro_ptr + t64 * N + col, h.to(dtype), mask=ok)
+        y = h * tl.rsqrt(tl.sum(tl.sum(h * h, axis=1), axis=0) / N + eps)
+        if ROUND_NORMED:
+            y = rounded(y, dtype)
+        y = (y * w).to(dtype)
+        tl.store(y_ptr + t64 * N + col, y, mask=ok)
+        yf = y.to(tl.float32)
+        store_group_tile(tl.where(ok & (dest >= 0), yf, 0.0), col, g, xq_ptr + t64 * KQ,
+                         xs_ptr + t64 * tl.cdiv(KQ, GROUP), KQ, GROUP)
+        store_outlier_slots(yf, dest, ok, xo_ptr + t64 * NO, NO, n_out)
 
 
 def empty_codes(M: int, packed, dtype, device) -> GemmCodes:
@@ -327,6 +387,8 @@ def check_codes(packed, width: int) -> None:
 def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int = 1, round_sum: bool = False,
                  round_normed: bool = False, gate_first: bool = False, gate_activation: str = "silu"):
     """``heads``: rows per token (the gated norm's heads), for the codes of a whole token."""
+    if packed is not None and packed.group and heads == 1 and g is None:
+        return _launch_group_norm(x, weight, eps, residual, packed, round_sum, round_normed)
     x, x_rows = addressable_rows(x)
     residual, res_rows = addressable_rows(residual) if residual is not None else (None, _NO_ROWS)
     g, g_rows = addressable_rows(g) if g is not None else (None, _NO_ROWS)
@@ -360,6 +422,30 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
             SIGMOID_GATE=gate_activation == "sigmoid", TOKENS=tokens,
             num_warps=warps if packed is None else _codes_warps(max(rows * block_n, tokens * consts["BQ"])),
             **consts, **pdl_launch(x.device, M // heads))
+    return y, (ro if residual is not None else None), codes
+
+
+def _launch_group_norm(x, weight, eps, residual, packed, round_sum, round_normed):
+    """:func:`_launch_norm` of a plain norm writing a per-group GEMM's codes: :func:`_rms_norm_group_kernel`. (The
+    row in one piece, as the per-token codes take it, measured 1.5-3x slower: eval/results/per_group_h200/.)"""
+    x, x_rows = addressable_rows(x)
+    residual, res_rows = addressable_rows(residual) if residual is not None else (None, _NO_ROWS)
+    N = x.shape[-1]
+    M = x.numel() // N if N else 0
+    check_codes(packed, N)
+    if weight.numel() != N:
+        raise ValueError(f"the norm's weight has {weight.numel()} elements: expected one per column ({N})")
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    ro = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else y
+    codes = empty_codes(M, packed, x.dtype, x.device)
+    KQ = packed.qweight.shape[1]
+    groups = next_power_of_2(cdiv(KQ, packed.group))
+    if M:
+        launch_kernel(_rms_norm_group_kernel, (M,), x, residual if residual is not None else x, weight, y, ro, N, eps,
+                      *x_rows, *res_rows, packed.dest, *codes, KQ, packed.outlier_idx.numel(), packed.n_out,
+                      GROUPS=groups, GROUP=packed.group, HAS_RES=residual is not None, ROUND_SUM=round_sum,
+                      ROUND_NORMED=round_normed, num_warps=_codes_warps(groups * packed.group),
+                      **pdl_launch(x.device, M))
     return y, (ro if residual is not None else None), codes
 
 
@@ -409,6 +495,15 @@ def glu_triton(gate: torch.Tensor, up: torch.Tensor, packed=None, activation: st
     M = gate.numel() // N if N else 0
     check_codes(packed, N)
     y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    if packed is not None and packed.group:
+        codes = empty_codes(M, packed, gate.dtype, gate.device)
+        if M:
+            groups = max(1, GLU_GROUP_BLOCK // packed.group)
+            launch_kernel(_glu_group_kernel, (M, cdiv(packed.qweight.shape[1], groups * packed.group)),
+                          gate, up, y, N, *gate_rows, *up_rows, N, packed.dest, *codes, packed.qweight.shape[1],
+                          packed.outlier_idx.numel(), packed.n_out, GROUPS=groups, GROUP=packed.group,
+                          SIGMOID=activation == "sigmoid", num_warps=4, **pdl_launch(gate.device, M))
+        return y, codes
     codes, q = _codes(M, packed, gate.dtype, gate.device)
     if M:
         if packed is None:
