@@ -265,8 +265,10 @@ def test_swept_group_tiles_apply_to_configs_and_are_taken(tmp_path, monkeypatch)
     target = tmp_path / "configs.py"
     shutil.copy(root / "kernels" / "gemm" / "configs.py", target)
     tiles = dict(BM=64, BN=32, BK=512, SPLIT_K=1, FIXUP=True, num_warps=2, num_stages=4)
-    for name in ("GPU A", "GPU B"):
-        (tmp_path / "t.py").write_text(f"GROUP_TABLES: dict = {{{name!r}: {{'64@2048x2048': {tiles!r}}}}}\n")
+    prefill = dict(BM=128, BN=256, BK=128, GROUP_M=8, num_warps=8, num_stages=3)
+    for name, entries in (("GPU A", {"64@2048x2048": tiles}), ("GPU B", {"64@2048x2048": tiles}),
+                          ("GPU B", {"prefill@2048x2048": prefill})):  # a later sweep of the prefill tiles alone
+        (tmp_path / "t.py").write_text(f"GROUP_TABLES: dict = {{{name!r}: {entries!r}}}\n")
         subprocess.run([sys.executable, str(root / "tools" / "sweep_group_gemm.py"), "--apply", str(tmp_path / "t.py"),
                         "--configs", str(target)], check=True)
     ns = {}
@@ -277,6 +279,8 @@ def test_swept_group_tiles_apply_to_configs_and_are_taken(tmp_path, monkeypatch)
     assert configs.group_config(40, 2048, 2048, "GPU B") == dict(tiles, BM=64)
     rule = configs.group_config(1, 2048, 2048, "GPU B")  # no entry at that bucket: the rule
     assert rule["BK"] == 256 and rule["SPLIT_K"] == 1 and rule != tiles
+    assert configs.group_config(4096, 2048, 5632, "GPU B") == prefill  # the tiled kernel's swept tiles
+    assert configs.group_config(4096, 2048, 5632, "GPU A") == dict(configs.tiled_config(4096), num_warps=8)
 
 
 # --- the producers: the norm and SwiGLU write per-group codes in their epilogue (interpreter / GPU) ---

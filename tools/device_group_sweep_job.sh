@@ -3,7 +3,9 @@
 # per-token GEMM in one harness, then the e2e decode with gla_int8_all per group on the swept tiles (a private copy of
 # the package with them applied), bf16 beside it; then the per-group GPU tests. Each step logs its end in status.log.
 #   run: bash tools/device_kernels.sh 480 device_group_sweep_job.sh   (poll with the same line until JOB DONE)
-#   GROUP_BUCKETS (default 64): the sweep's M buckets; E2E_BATCHES (default 64); SKIP_TESTS=1 skips the tests.
+#   GROUP_BUCKETS (default 64): the sweep's M buckets ("prefill": the tiled kernel at 4,096 tokens, whose e2e number
+#   is the prefill's); E2E_BATCHES (default 64); SKIP_TESTS=1 skips the tests; HYBRIDS="qwen3_next ...": also those
+#   families' e2e with hybrid_int8, per token and per group (on the swept tiles), after the GLA's.
 set -u
 . tools/device_job_env.sh "$@"
 timeout 280 python3 tools/sweep_group_gemm.py --out "$W/group_gemm" --buckets ${GROUP_BUCKETS:-64} > "$W/group_gemm.log" 2>&1
@@ -17,6 +19,10 @@ PYTHONPATH="$PKG:$PYTHONPATH" timeout 200 laquant eval speed --suite e2e --recip
   --set projections.act_granularity=per_group --batch ${E2E_BATCHES:-64} --prompt 4096 --gen 32 --model "config:$CONFIG" \
   --out "$W/e2e_gla_per_group_swept" > "$W/e2e_gla_per_group_swept.log" 2>&1
 log "gla e2e per group swept rc $?"
+for fam in ${HYBRIDS:-}; do
+  hybrid_e2e "$fam" ""
+  PYTHONPATH="$PKG:$PYTHONPATH" hybrid_e2e "$fam" _per_group "" --set projections.act_granularity=per_group
+done
 [ -n "${SKIP_TESTS:-}" ] || timeout 200 python3 -m pytest -v -rfs --tb=short -p no:cacheprovider tests/test_per_group_gemm.py > "$W/gpu_tests.log" 2>&1
 log "per-group gpu tests rc $?"
 touch "$W/job.done"

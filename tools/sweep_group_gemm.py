@@ -10,6 +10,8 @@ step. Every candidate's output is checked against the CPU reference first (a wro
 
     python tools/sweep_group_gemm.py --out DIR [--shapes gla] [--buckets 1,64]   # DIR/group_gemm_<gpu>.{json,md},
                                                                                  # DIR/group_table.py
+    python tools/sweep_group_gemm.py --out DIR --buckets prefill [--prefill-m 4096]  # the tiled kernel's tiles at
+                                                                                 # prefill sizes ("prefill@NxK")
     python tools/sweep_group_gemm.py --apply DIR/group_table.py [--configs PATH]  # into configs.py's GROUP_TABLES
 """
 import argparse
@@ -44,6 +46,17 @@ def candidates(M, N, K):
     return out
 
 
+# the tiled kernel at prefill sizes (a per-group step is one group wide: BK 128): (BM, BN, warps, stages), the
+# first per-token's with 8 warps (group_config's rule). None spills compiled for sm_90 (tools/sass_mix.py's
+# helpers); 4 warps under 128 x 128, and 8 under 128 x 256 or 256 x 128, do (184-216 bytes).
+PREFILL_TILES = ((128, 128, 8, 3), (128, 128, 8, 4), (64, 128, 4, 3), (64, 128, 4, 4), (64, 256, 8, 3),
+                 (128, 64, 4, 4))
+
+
+def prefill_candidates():
+    return [dict(BM=bm, BN=bn, BK=128, GROUP_M=8, num_warps=w, num_stages=st) for bm, bn, w, st in PREFILL_TILES]
+
+
 def render(tables):
     lines = ["GROUP_TABLES: dict = {"]
     for name, table in tables.items():
@@ -52,13 +65,16 @@ def render(tables):
 
 
 def apply(table_file, configs=CONFIGS):
-    """``table_file``'s tables into configs.py's GROUP_TABLES block (a GPU's entries replace its committed ones)."""
+    """``table_file``'s tables into configs.py's GROUP_TABLES block: a swept entry replaces the committed one of its
+    GPU, bucket and shape; the GPU's other entries stay (a prefill sweep keeps the decode buckets')."""
     src = Path(configs).read_text()
     a, b = src.index(BEGIN) + len(BEGIN), src.index(END)
     committed, swept = {}, {}
     exec(src[a:b], committed)  # this tool's own output: dict literals
     exec(Path(table_file).read_text(), swept)
-    tables = {**committed["GROUP_TABLES"], **swept["GROUP_TABLES"]}
+    tables = dict(committed["GROUP_TABLES"])
+    for name, table in swept["GROUP_TABLES"].items():
+        tables[name] = {**tables.get(name, {}), **table}
     text = src[:a] + render(tables) + src[b:]
     Path(configs).write_text(text)
 
@@ -67,7 +83,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", default="gla", help=f"{', '.join(SHAPES)} or NxK,NxK")
-    ap.add_argument("--buckets", default="1,64")
+    ap.add_argument("--buckets", default="1,64", help="M buckets, and/or 'prefill' (the tiled kernel at --prefill-m)")
+    ap.add_argument("--prefill-m", type=int, default=4096)
     ap.add_argument("--apply", default=None, help="a group_table.py this tool wrote")
     ap.add_argument("--configs", default=str(CONFIGS), help="the configs.py --apply writes (default: this tree's)")
     args = ap.parse_args()
@@ -88,7 +105,7 @@ def main():
     name = torch.cuda.get_device_name(dev)
     slug = "h200" if "H200" in name else "h100" if "H100" in name else name.lower().replace(" ", "_")
     shapes = SHAPES.get(args.shapes) or [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    buckets = [int(b) for b in args.buckets.split(",")]
+    buckets = [b if b == "prefill" else int(b) for b in args.buckets.split(",")]
 
     def bench(fn):
         return do_bench_cudagraph(fn, rep=5, return_mode="median") * 1e3
@@ -106,7 +123,8 @@ def main():
             for act in mods:
                 mods[act].append(QuantLinear.from_linear(lin.bfloat16(), outliers, act_granularity=act).to(dev))
         packs = {act: [m.packed() for m in ms] for act, ms in mods.items()}
-        for M in buckets:
+        for bucket in buckets:
+            M = args.prefill_m if bucket == "prefill" else bucket
             x = torch.randn(M, K, generator=gen).to(dev, torch.bfloat16)
             x[:, outliers] *= 30
             g = mods["per_group"][0]
@@ -130,7 +148,7 @@ def main():
                     continue
                 rule = group_config(M, N, K)
                 best, rejected = None, []
-                for c in [rule] + candidates(M, N, K):
+                for c in [rule] + (prefill_candidates() if bucket == "prefill" else candidates(M, N, K)):
                     try:
                         state[0] = 0
                         out = call(c).float().cpu()
@@ -149,7 +167,7 @@ def main():
                 rec["per_group_us"], rec["per_group_config"] = best
                 rec["per_group_rejected"] = rejected
             rec["per_group_over_per_token"] = rec["per_group_us"] / rec["per_token_us"]
-            table[f"{M}@{N}x{K}"] = rec["per_group_config"]
+            table[f"{bucket}@{N}x{K}"] = rec["per_group_config"]
             rows.append(rec)
             print(f"{N}x{K} M={M}: per token {rec['per_token_us']:.2f} us, per group rule "
                   f"{rec.get('per_group_rule_us', math.nan):.2f}, best {rec['per_group_us']:.2f} "
@@ -169,7 +187,8 @@ def main():
         c = r["per_group_config"]
         lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {r['per_token_us']:.2f} | "
                      f"{r.get('per_group_rule_us', math.nan):.2f} | {r['per_group_us']:.2f} | "
-                     f"{r['per_group_over_per_token']:.2f} | {c['BM']}x{c['BN']}x{c['BK']} split {c['SPLIT_K']} "
+                     f"{r['per_group_over_per_token']:.2f} | {c['BM']}x{c['BN']}x{c['BK']} "
+                     f"{'split ' + str(c['SPLIT_K']) if 'SPLIT_K' in c else 'tiled'} "
                      f"w{c['num_warps']} s{c['num_stages']} |")
     Path(args.out, f"group_gemm_{slug}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -27,6 +27,7 @@ import math
 import re
 
 M_BUCKETS = (1, 16, 32, 64, 128, 256)
+PREFILL_BUCKET = "prefill"  # GROUP_TABLES' entries of the tiled kernel, above the last bucket
 
 # default split-K tiles (used before any sweep, and for W8A16 above the last bucket)
 DEFAULT_SPLITK = {
@@ -195,9 +196,9 @@ def group_config(M: int, N: int, K: int, device: str | None = None) -> dict:
     per-token's tiles with 8 warps: a 128 x 128 float32 accumulator beside each group's int32 product spills from
     one warpgroup's registers (255 registers, 216 bytes of spills compiled for sm_90; 187 and none with 8 warps)."""
     bucket = m_bucket(M)
-    if bucket is None:
-        return dict(tiled_config(M), num_warps=8)
-    entry = _group_entry(table_key(device, GROUP_TABLES), bucket, N, K)
+    entry = _group_entry(table_key(device, GROUP_TABLES), bucket or PREFILL_BUCKET, N, K)
+    if bucket is None:  # prefill: the sweep's tiled entry (``--prefill``), else per-token's tiles with 8 warps
+        return dict(entry) if entry is not None else dict(tiled_config(M), num_warps=8)
     if entry is not None:
         return _with_bm(entry, M)
     BM = 16 if M <= 16 else 32 if M <= 32 else 64
@@ -229,7 +230,7 @@ def table_key(device: str | None, tables: dict | None = None) -> str | None:
     return same[0] if same else next(iter(tables), None)
 
 
-def entry_key(table: str | None, bucket: int, N: int, K: int, tables: dict | None = None) -> str | None:
+def entry_key(table: str | None, bucket: int | str, N: int, K: int, tables: dict | None = None) -> str | None:
     """The key of ``tables[table]`` (default ``TABLES``) that M bucket ``bucket`` on an ``N x K`` weight takes: the
     nearest swept shape (log distance in N and K); None where the table has no entry for the bucket."""
     shapes = {key.split("@")[1] for key in (TABLES if tables is None else tables).get(table, {})
@@ -251,7 +252,7 @@ def _entry(table: str | None, bucket: int, N: int, K: int) -> dict | None:
 
 
 @functools.lru_cache(maxsize=4096)  # read-only entries of GROUP_TABLES, as _entry's: every per-group GEMM asks
-def _group_entry(table: str | None, bucket: int, N: int, K: int) -> dict | None:
+def _group_entry(table: str | None, bucket: int | str, N: int, K: int) -> dict | None:
     key = entry_key(table, bucket, N, K, GROUP_TABLES)
     return None if key is None else GROUP_TABLES[table][key]
 
