@@ -280,16 +280,20 @@ def test_swept_group_tiles_apply_to_configs_and_are_taken(tmp_path, monkeypatch)
     rule = configs.group_config(1, 2048, 2048, "GPU B")  # no entry at that bucket: the rule
     assert rule["BK"] == 256 and rule["SPLIT_K"] == 1 and rule != tiles
     assert configs.group_config(4096, 2048, 5632, "GPU B") == prefill  # the tiled kernel's swept tiles
+    assert configs.group_config(4096, 2048, 5632, "GPU C") != prefill  # another GPU's: not its to fit
     assert configs.group_config(4096, 2048, 5632, "GPU A") == dict(configs.tiled_config(4096), num_warps=8)
 
 
 # --- the producers: the norm and SwiGLU write per-group codes in their epilogue (interpreter / GPU) ---
 
-@pytest.mark.parametrize("M,K,n_out", [(3, 300, 5), (2, 256, 0), (70, 384, 3), (2, 1300, 6)])
-def test_norm_and_swiglu_write_the_quantize_pass_codes(M, K, n_out):
-    """A norm's and SwiGLU's per-group codes of their output equal quantize_groups' of it, bit for bit (codes,
-    scales, the outlier block's real slots; its padding zeros); the GEMM on them equals the GEMM on its own pass.
-    1,300 columns: SwiGLU spreads a token over two programs (GLU_GROUP_BLOCK), the last group short."""
+@pytest.mark.parametrize("M,K,n_out,flags", [(3, 300, 5, False), (2, 256, 0, True), (70, 384, 3, False),
+                                             (2, 1300, 6, True)])
+def test_norm_and_swiglu_write_the_quantize_pass_codes(M, K, n_out, flags):
+    """A norm's and SwiGLU's outputs equal the reference's, and their per-group codes equal quantize_groups' of them,
+    bit for bit (codes, scales, the outlier block's real slots; its padding zeros); the GEMM on them equals the GEMM
+    on its own pass. Inputs as a model hands them: x a slice of a wider tensor, the residual of another stride, gate
+    and up the halves of one projection's output; ``flags``: round_sum and round_normed. 1,300 columns: SwiGLU
+    spreads a token over two programs (GLU_GROUP_BLOCK), the last group short."""
     int8 = _kernels()
     from laquant.kernels.rowwise import reference
     from laquant.kernels.rowwise.fused import rms_norm_triton, swiglu_triton
@@ -297,15 +301,16 @@ def test_norm_and_swiglu_write_the_quantize_pass_codes(M, K, n_out):
     mod, outliers = _gpu_module(K, 40, n_out)
     p = mod.packed()
     gen = torch.Generator().manual_seed(3)
-    x = (torch.randn(M, K, generator=gen) * 3).to(DEVICE, DTYPE)
-    res = torch.randn(M, K, generator=gen).to(DEVICE, DTYPE)
+    x = (torch.randn(M, 3 * K, generator=gen) * 3).to(DEVICE, DTYPE)[:, K:2 * K]
+    res = torch.randn(M, 2 * K, generator=gen).to(DEVICE, DTYPE)[:, :K]
     w = (torch.rand(K, generator=gen) + 0.5).to(DEVICE)
-    out, summed, codes = rms_norm_triton(x, w, 1e-6, res, packed=p)
-    ref, ref_sum = reference.rms_norm(x, w, 1e-6, res)  # its per-group kernel holds the row a group a row
-    torch.testing.assert_close(out, ref, **TOL)
+    out, summed, codes = rms_norm_triton(x, w, 1e-6, res, packed=p, round_sum=flags, round_normed=flags)
+    ref, ref_sum = reference.rms_norm(x, w, 1e-6, res, round_sum=flags, round_normed=flags)
+    torch.testing.assert_close(out, ref, **TOL)  # the per-group kernel holds the row a group a row
     torch.testing.assert_close(summed, ref_sum, **TOL)
-    up = torch.randn(M, K, generator=gen).to(DEVICE, DTYPE)
-    h, glu_codes = swiglu_triton(x, up, p)
+    gate, up = (torch.randn(M, 2 * K, generator=gen) * 2).to(DEVICE, DTYPE).split(K, dim=-1)
+    h, glu_codes = swiglu_triton(gate, up, p)
+    torch.testing.assert_close(h, reference.swiglu(gate, up), **TOL)
     for y, (xq, xs, xo) in ((out, codes), (h, glu_codes)):
         rq, rs, ro = int8.quantize_groups(y, p)
         assert torch.equal(xq, rq) and torch.equal(xs, rs)

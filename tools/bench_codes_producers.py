@@ -28,7 +28,7 @@ def cases(Ms=(1, 64, 4096)):
             yield "rms_norm+res", M, 2048, n_out
             yield "gated_norm", M, 2048, n_out
             yield "swiglu", M, 5632, n_out
-            yield "quantize_rows", M, 2048, n_out
+            yield "quantize_pass", M, 2048, n_out  # quantize_rows, or quantize_groups per group
             if M == 64:
                 yield "rms_norm+res", M, 4096, n_out
                 yield "swiglu", M, 11008, n_out
@@ -37,7 +37,7 @@ def cases(Ms=(1, 64, 4096)):
 def packed_for(width: int, n_out: int, act: str = "per_token"):
     from laquant.quant.modules import QuantLinear
 
-    outliers = torch.randperm(width)[:n_out]
+    outliers = torch.randperm(width, generator=torch.Generator().manual_seed(width + n_out))[:n_out]  # both acts
     return QuantLinear.from_linear(torch.nn.Linear(width, 64, bias=False).bfloat16(), outliers,
                                    act_granularity=act).cuda().packed()
 

@@ -19,7 +19,8 @@ from profile_prefill import random_gla
 from laquant.generate import DecodeSession
 from laquant.models import GLAConfig
 
-KERNELS = ("_splitk_gemm_kernel", "_rms_norm_kernel", "_gla_decode_kernel", "_swiglu_kernel", "_low_rank_gate_kernel")
+KERNELS = ("_splitk_gemm_kernel", "_rms_norm_group_kernel", "_rms_norm_kernel", "_gla_decode_kernel", "_swiglu_kernel",
+           "_glu_group_kernel", "_low_rank_gate_kernel")
 
 
 def short(name: str) -> str:

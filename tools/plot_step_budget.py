@@ -9,8 +9,8 @@ import sys
 
 CLASSES = [("GEMMs (lm_head too)", ("_splitk_gemm_kernel", "nvjet", "cublasLt::splitKreduce")),
            ("state decode step", ("_gla_decode_kernel",)),
-           ("norms, SwiGLU, gate", ("_rms_norm_kernel", "_swiglu_kernel", "_low_rank_gate_kernel",
-                                    "_gate_log_decay_kernel"))]
+           ("norms, SwiGLU, gate", ("_rms_norm_kernel", "_rms_norm_group_kernel", "_swiglu_kernel",
+                                    "_glu_group_kernel", "_low_rank_gate_kernel", "_gate_log_decay_kernel"))]
 # byte floors at 4,249 GB/s (b64_step_budget.md): weights and lm_head, the state read and written
 FLOORS = {"bf16_B64": (612, 379), "gla_int8_all_B64": (321, 98)}
 

@@ -319,6 +319,17 @@ if triton is not None:
                          xq_row, xs_row, KQ, GROUP)
 
     @triton.jit
+    def store_group_token(y, col, g, ok, dest, tok, xq_ptr, xs_ptr, xo_ptr, KQ, NO, n_out, GROUP: tl.constexpr):
+        """Token ``tok``'s per-group W8A8 codes of a tile of whole groups held a group a row (``y [G, GROUP]`` float32,
+        the values as the model dtype holds them, at input columns ``col``, groups ``g``; ``dest``: the weight's
+        column map loaded at them, ``-1 - slot`` at an outlier column): codes and scales (:func:`store_group_tile`),
+        the outlier values to their slots (:func:`store_outlier_slots`)."""
+        t64 = tok.to(tl.int64)
+        store_group_tile(tl.where(ok & (dest >= 0), y, 0.0), col, g, xq_ptr + t64 * KQ,
+                         xs_ptr + t64 * tl.cdiv(KQ, GROUP), KQ, GROUP)
+        store_outlier_slots(y, dest, ok, xo_ptr + t64 * NO, NO, n_out)
+
+    @triton.jit
     def store_group_tile(v, col, g, xq_row, xs_row, KQ, GROUP: tl.constexpr):
         """Per-group W8A8 codes of a tile of whole groups of one token, a group a row: ``v [G, GROUP]`` float32 (zeros
         where no code counts), at input columns ``col [G, GROUP]``, groups ``g [G]``: each row's scale at

@@ -196,9 +196,14 @@ def group_config(M: int, N: int, K: int, device: str | None = None) -> dict:
     per-token's tiles with 8 warps: a 128 x 128 float32 accumulator beside each group's int32 product spills from
     one warpgroup's registers (255 registers, 216 bytes of spills compiled for sm_90; 187 and none with 8 warps)."""
     bucket = m_bucket(M)
-    entry = _group_entry(table_key(device, GROUP_TABLES), bucket or PREFILL_BUCKET, N, K)
-    if bucket is None:  # prefill: the sweep's tiled entry (``--prefill``), else per-token's tiles with 8 warps
+    table = table_key(device, GROUP_TABLES)
+    if bucket is None:  # prefill: the sweep's tiled entry (``--buckets prefill``) of this GPU model alone (its tiles'
+        # shared memory and registers are another GPU's to fit), else per-token's tiles with 8 warps
+        model = _gpu_model(device) if device else None
+        own = table is not None and (table == device or (model is not None and _gpu_model(table) == model))
+        entry = _group_entry(table, PREFILL_BUCKET, N, K) if own else None
         return dict(entry) if entry is not None else dict(tiled_config(M), num_warps=8)
+    entry = _group_entry(table, bucket, N, K)
     if entry is not None:
         return _with_bm(entry, M)
     BM = 16 if M <= 16 else 32 if M <= 32 else 64

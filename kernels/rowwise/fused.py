@@ -23,23 +23,23 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_prologue
-    from ..common.triton_numerics import (rounded, store_codes, store_group_codes, store_group_tile,
+    from ..common.triton_numerics import (rounded, store_codes, store_group_codes, store_group_token,
                                           store_outlier_slots, store_scattered_codes, store_token_codes,
                                           stored_int8_codes, token_code_map)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
 MAX_ROW = 16384  # longer rows take the reference
-# a token's codes come from one program, its row in registers (store_codes): wider GEMMs quantize apart
+# a token's codes come from its row in registers (one program's, but for per-group SwiGLU): wider GEMMs quantize apart
 MAX_CODES_WIDTH = 16384
 # up to this many tokens a GEMM with outlier columns takes its codes scattered from the registers
 # (store_scattered_codes); more read the stored row back (byte scatters were 2-2.5x slower at 4,096 tokens)
 SCATTER_MAX_TOKENS = 256
 # more tokens than this (prefill): a norm writes the codes of a GEMM with outlier columns for several tokens a
 # program (TILED_TOKENS), the packed column map loaded once for them (H200, 4,096 x 2,048, 16 outliers: 36.5 ->
-# 28.3 us at 2 tokens; without outliers one token a program stays faster). SwiGLU keeps one token a program:
-# its rows walked in column blocks, several tokens a program, measured 0.72-1.33x by launch and shape, slower in
-# the model (eval/results/prefill_codes_h200/)
+# 28.3 us at 2 tokens; without outliers one token a program stays faster). SwiGLU of per-token codes keeps one
+# token a program: its rows walked in column blocks, several tokens a program, measured 0.72-1.33x by launch and
+# shape, slower in the model (eval/results/prefill_codes_h200/)
 TILED_CODES_MIN_TOKENS = 256
 TILED_TOKENS = 2
 # a per-group GEMM's codes from SwiGLU: this many columns a program (whole groups; a token's row over several)
@@ -134,7 +134,8 @@ if triton is not None:
         from them through ``dest`` (``SCATTER``: decode sizes); else read back from the token's ``width``
         elements this program just stored at ``y_ptr``, through the packed column map (``src``, ``oidx``:
         :func:`_code_map`; outlier columns). ``GROUP``: per-group codes (:func:`store_group_codes`, ``y`` the
-        token's whole row in order, ``dest`` loaded at it; ``NK`` then carries the outlier count: :func:`_codes`)."""
+        token's whole row in order, ``dest`` loaded at it; ``NK`` then carries the outlier count: :func:`_codes`):
+        the gated norms' (a plain norm and SwiGLU have per-group kernels of their own)."""
         tok = tl.program_id(0).to(tl.int64)
         if GROUP:
             store_group_codes(y, ok & (dest >= 0), xq_ptr + tok * KQ, xs_ptr + tok * tl.cdiv(KQ, GROUP), KQ, BQ, GROUP)
@@ -275,11 +276,7 @@ if triton is not None:
         s = rounded(tl.sigmoid(af) if SIGMOID else af * tl.sigmoid(af), a.dtype)
         y = (s * b.to(tl.float32)).to(a.dtype)
         tl.store(y_ptr + tok.to(tl.int64) * sy + col, y, mask=ok)
-        yf = y.to(tl.float32)
-        t64 = tok.to(tl.int64)
-        store_group_tile(tl.where(ok & (dest >= 0), yf, 0.0), col, g, xq_ptr + t64 * KQ,
-                         xs_ptr + t64 * tl.cdiv(KQ, GROUP), KQ, GROUP)
-        store_outlier_slots(yf, dest, ok, xo_ptr + t64 * NO, NO, n_out)
+        store_group_token(y.to(tl.float32), col, g, ok, dest, tok, xq_ptr, xs_ptr, xo_ptr, KQ, NO, n_out, GROUP)
 
     @triton.jit
     def _rms_norm_group_kernel(x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr, N, eps, sx0, sx1, xin, sr0, sr1, rin,
@@ -304,15 +301,13 @@ if triton is not None:
             if ROUND_SUM:
                 h = rounded(h, dtype)
             tl.store(ro_ptr + t64 * N + col, h.to(dtype), mask=ok)
+        # summed a group at a time, then over the groups: within an ulp of the one-row kernel's (and PyTorch's)
         y = h * tl.rsqrt(tl.sum(tl.sum(h * h, axis=1), axis=0) / N + eps)
         if ROUND_NORMED:
             y = rounded(y, dtype)
         y = (y * w).to(dtype)
         tl.store(y_ptr + t64 * N + col, y, mask=ok)
-        yf = y.to(tl.float32)
-        store_group_tile(tl.where(ok & (dest >= 0), yf, 0.0), col, g, xq_ptr + t64 * KQ,
-                         xs_ptr + t64 * tl.cdiv(KQ, GROUP), KQ, GROUP)
-        store_outlier_slots(yf, dest, ok, xo_ptr + t64 * NO, NO, n_out)
+        store_group_token(y.to(tl.float32), col, g, ok, dest, tok, xq_ptr, xs_ptr, xo_ptr, KQ, NO, n_out, GROUP)
 
 
 def empty_codes(M: int, packed, dtype, device) -> GemmCodes:
@@ -341,13 +336,13 @@ def _codes(M: int, packed, dtype, device, scatter: bool = False):
         return None, {}
     KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
     codes = empty_codes(M, packed, dtype, device)
-    if packed.group:  # per-group codes from a token's row in registers (store_group_codes): its columns' dest map
-        # (in the map's place: a per-group weight keeps every column in order), the outlier count in n_keep's place
-        ptrs = (packed.dest, packed.outlier_idx, *codes, KQ, NO, packed.n_out)
-        consts = dict(QUANT=True, **codes_consts(packed), GROUP=packed.group, IDENTITY=not scatter)
-        if scatter:  # the norms load dest at the token's columns through their scatter map
-            ptrs += (packed.dest, packed.n_out)
-            consts["SCATTER"] = True
+    if packed.group:  # the gated norms' per-group codes from a token's rows in registers (store_group_codes): the
+        # columns' dest map in the map's place (a per-group weight keeps every column in order), loaded at the token's
+        # columns through the scatter map; the outlier count in n_keep's place
+        if not scatter:
+            raise ValueError("per-group codes come from the norms here (SwiGLU's: _glu_group_kernel)")
+        ptrs = (packed.dest, packed.outlier_idx, *codes, KQ, NO, packed.n_out, packed.dest, packed.n_out)
+        consts = dict(QUANT=True, **codes_consts(packed), GROUP=packed.group, IDENTITY=False, SCATTER=True)
         return codes, dict(ptrs=ptrs, consts=consts)
     args = dict(ptrs=(packed.source, packed.outlier_idx, *codes, KQ, NO, packed.n_keep),
                 consts=dict(QUANT=True, **codes_consts(packed), IDENTITY=packed.identity))
@@ -425,6 +420,13 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
     return y, (ro if residual is not None else None), codes
 
 
+def _group_codes(M: int, packed, dtype, device):
+    """Empty per-group codes for ``M`` tokens of ``packed``'s GEMM and the arguments of a per-group producer kernel
+    that fill them (``dest_ptr, xq_ptr, xs_ptr, xo_ptr, KQ, NO, n_out``)."""
+    codes = empty_codes(M, packed, dtype, device)
+    return codes, (packed.dest, *codes, packed.qweight.shape[1], packed.outlier_idx.numel(), packed.n_out)
+
+
 def _launch_group_norm(x, weight, eps, residual, packed, round_sum, round_normed):
     """:func:`_launch_norm` of a plain norm writing a per-group GEMM's codes: :func:`_rms_norm_group_kernel`. (The
     row in one piece, as the per-token codes take it, measured 1.5-3x slower: eval/results/per_group_h200/.)"""
@@ -437,14 +439,12 @@ def _launch_group_norm(x, weight, eps, residual, packed, round_sum, round_normed
         raise ValueError(f"the norm's weight has {weight.numel()} elements: expected one per column ({N})")
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     ro = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else y
-    codes = empty_codes(M, packed, x.dtype, x.device)
-    KQ = packed.qweight.shape[1]
-    groups = next_power_of_2(cdiv(KQ, packed.group))
+    codes, args = _group_codes(M, packed, x.dtype, x.device)
+    groups = next_power_of_2(cdiv(packed.qweight.shape[1], packed.group))
     if M:
         launch_kernel(_rms_norm_group_kernel, (M,), x, residual if residual is not None else x, weight, y, ro, N, eps,
-                      *x_rows, *res_rows, packed.dest, *codes, KQ, packed.outlier_idx.numel(), packed.n_out,
-                      GROUPS=groups, GROUP=packed.group, HAS_RES=residual is not None, ROUND_SUM=round_sum,
-                      ROUND_NORMED=round_normed, num_warps=_codes_warps(groups * packed.group),
+                      *x_rows, *res_rows, *args, GROUPS=groups, GROUP=packed.group, HAS_RES=residual is not None,
+                      ROUND_SUM=round_sum, ROUND_NORMED=round_normed, num_warps=_codes_warps(groups * packed.group),
                       **pdl_launch(x.device, M))
     return y, (ro if residual is not None else None), codes
 
@@ -496,12 +496,11 @@ def glu_triton(gate: torch.Tensor, up: torch.Tensor, packed=None, activation: st
     check_codes(packed, N)
     y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     if packed is not None and packed.group:
-        codes = empty_codes(M, packed, gate.dtype, gate.device)
+        codes, args = _group_codes(M, packed, gate.dtype, gate.device)
         if M:
             groups = max(1, GLU_GROUP_BLOCK // packed.group)
             launch_kernel(_glu_group_kernel, (M, cdiv(packed.qweight.shape[1], groups * packed.group)),
-                          gate, up, y, N, *gate_rows, *up_rows, N, packed.dest, *codes, packed.qweight.shape[1],
-                          packed.outlier_idx.numel(), packed.n_out, GROUPS=groups, GROUP=packed.group,
+                          gate, up, y, N, *gate_rows, *up_rows, N, *args, GROUPS=groups, GROUP=packed.group,
                           SIGMOID=activation == "sigmoid", num_warps=4, **pdl_launch(gate.device, M))
         return y, codes
     codes, q = _codes(M, packed, gate.dtype, gate.device)
