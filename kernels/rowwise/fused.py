@@ -382,8 +382,6 @@ def check_codes(packed, width: int) -> None:
 def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int = 1, round_sum: bool = False,
                  round_normed: bool = False, gate_first: bool = False, gate_activation: str = "silu"):
     """``heads``: rows per token (the gated norm's heads), for the codes of a whole token."""
-    if packed is not None and packed.group and heads == 1 and g is None:
-        return _launch_group_norm(x, weight, eps, residual, packed, round_sum, round_normed)
     x, x_rows = addressable_rows(x)
     residual, res_rows = addressable_rows(residual) if residual is not None else (None, _NO_ROWS)
     g, g_rows = addressable_rows(g) if g is not None else (None, _NO_ROWS)
@@ -395,6 +393,9 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
                          f"column of each of a token's {heads} rows ({heads * N})")
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     ro = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else y
+    if packed is not None and packed.group and heads == 1 and g is None:  # a plain norm's per-group codes
+        codes = _launch_group_norm(x, x_rows, residual, res_rows, weight, eps, y, ro, packed, round_sum, round_normed)
+        return y, (ro if residual is not None else None), codes
     if packed is not None and packed.group and heads != 1 and not group_rows_fit(N, packed.group):
         raise ValueError(f"per-group codes from a norm of {heads} rows a token need rows of a power of two wide and "
                          f"a multiple of the group ({packed.group}), not {N}")
@@ -427,18 +428,12 @@ def _group_codes(M: int, packed, dtype, device):
     return codes, (packed.dest, *codes, packed.qweight.shape[1], packed.outlier_idx.numel(), packed.n_out)
 
 
-def _launch_group_norm(x, weight, eps, residual, packed, round_sum, round_normed):
-    """:func:`_launch_norm` of a plain norm writing a per-group GEMM's codes: :func:`_rms_norm_group_kernel`. (The
-    row in one piece, as the per-token codes take it, measured 1.5-3x slower: eval/results/per_group_h200/.)"""
-    x, x_rows = addressable_rows(x)
-    residual, res_rows = addressable_rows(residual) if residual is not None else (None, _NO_ROWS)
+def _launch_group_norm(x, x_rows, residual, res_rows, weight, eps, y, ro, packed, round_sum, round_normed):
+    """:func:`_rms_norm_group_kernel` for :func:`_launch_norm` (its rows, checks and outputs made): a plain norm writing
+    a per-group GEMM's codes, which it returns. (The row in one piece, as per-token codes take it, in the shared norm
+    kernel measured 1.5-3x slower: eval/results/per_group_h200/.)"""
     N = x.shape[-1]
     M = x.numel() // N if N else 0
-    check_codes(packed, N)
-    if weight.numel() != N:
-        raise ValueError(f"the norm's weight has {weight.numel()} elements: expected one per column ({N})")
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    ro = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else y
     codes, args = _group_codes(M, packed, x.dtype, x.device)
     groups = next_power_of_2(cdiv(packed.qweight.shape[1], packed.group))
     if M:
@@ -446,7 +441,7 @@ def _launch_group_norm(x, weight, eps, residual, packed, round_sum, round_normed
                       *x_rows, *res_rows, *args, GROUPS=groups, GROUP=packed.group, HAS_RES=residual is not None,
                       ROUND_SUM=round_sum, ROUND_NORMED=round_normed, num_warps=_codes_warps(groups * packed.group),
                       **pdl_launch(x.device, M))
-    return y, (ro if residual is not None else None), codes
+    return codes
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
