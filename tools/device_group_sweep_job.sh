@@ -5,7 +5,8 @@
 #   run: bash tools/device_kernels.sh 480 device_group_sweep_job.sh   (poll with the same line until JOB DONE)
 #   GROUP_BUCKETS (default 64): the sweep's M buckets ("prefill": the tiled kernel at 4,096 tokens, whose e2e number
 #   is the prefill's); E2E_BATCHES (default 64); SKIP_TESTS=1 skips the tests; HYBRIDS="qwen3_next ...": also those
-#   families' e2e with hybrid_int8, per token and per group (on the swept tiles), after the GLA's.
+#   families' e2e with hybrid_int8, per token and per group (on the swept tiles), after the GLA's. TEST_FILES: the
+#   tests' files (default tests/test_per_group_gemm.py).
 set -u
 . tools/device_job_env.sh "$@"
 timeout 280 python3 tools/sweep_group_gemm.py --out "$W/group_gemm" --buckets ${GROUP_BUCKETS:-64} > "$W/group_gemm.log" 2>&1
@@ -23,6 +24,6 @@ for fam in ${HYBRIDS:-}; do
   hybrid_e2e "$fam" ""
   PYTHONPATH="$PKG:$PYTHONPATH" hybrid_e2e "$fam" _per_group "" --set projections.act_granularity=per_group
 done
-[ -n "${SKIP_TESTS:-}" ] || timeout 200 python3 -m pytest -v -rfs --tb=short -p no:cacheprovider tests/test_per_group_gemm.py > "$W/gpu_tests.log" 2>&1
+[ -n "${SKIP_TESTS:-}" ] || timeout 200 python3 -m pytest -v -rfs --tb=short -p no:cacheprovider ${TEST_FILES:-tests/test_per_group_gemm.py} > "$W/gpu_tests.log" 2>&1
 log "per-group gpu tests rc $?"
 touch "$W/job.done"

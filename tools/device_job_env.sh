@@ -7,14 +7,18 @@ python3 -c "import torch, triton, transformers; print(torch.cuda.get_device_name
 'triton', triton.__version__, 'transformers', transformers.__version__)" > "$W/versions.txt" 2>&1
 log start
 BASE="$PWD/scratch/base_pkg"  # a checkout carried as scratch (laquant/ inside): the "before" of a timed pair
+# have_base: whether that checkout is here. scratch/ is git-ignored: a call must name it in run's carry, else a
+# PYTHONPATH of a missing BASE silently imports this tree and a "before" would time the "after"
+have_base() { [ -f "$BASE/laquant/__init__.py" ] || { echo "no base checkout at $BASE (carry scratch/base_pkg)" >&2; false; }; }
 # hybrid_e2e FAMILY TAG [CONFIG [FLAGS...]]: `laquant eval speed`'s e2e of a transformers hybrid (bf16 and hybrid_int8,
 # B = 1 and 64, prompt 1,024, 32 decode steps; CONFIG, JSON fields, default tools/family_configs.py's) into
 # $W/e2e_FAMILY$TAG; TAG _base runs the checkout in $BASE, first on PYTHONPATH. E2E_TIMEOUT: seconds (default 150).
 hybrid_e2e() {
   local fam=$1 tag=$2 cfg path=$PYTHONPATH
-  cfg=${3:-$(python3 tools/family_configs.py "$fam")}
+  cfg=${3:-$(python3 tools/family_configs.py "$fam")} || { log "$fam$tag e2e skipped: no config for $fam"; return 1; }
   shift $(($# < 3 ? $# : 3))
   if [ "$tag" = _base ]; then
+    have_base || { log "$fam$tag e2e skipped: no base checkout"; return 1; }
     [ -d "$BASE/laquant/assets" ] || cp -r laquant/assets "$BASE/laquant/assets"
     path="$BASE:$PYTHONPATH"
   fi

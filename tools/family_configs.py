@@ -15,6 +15,11 @@ def pattern(unit: list, n: int) -> list:
 
 
 CONFIGS = {
+    # Qwen3-Next-style (the hybrid target of issue #14, 1.14B): Gated DeltaNet layers and gated softmax attention, a
+    # dense MLP (no experts), as the earlier e2e runs took it (eval/results/gated_attention_h200/)
+    "qwen3_next": dict(
+        hidden_size=2048, num_hidden_layers=16, intermediate_size=5632, num_attention_heads=16, num_key_value_heads=2,
+        linear_num_key_heads=16, linear_num_value_heads=32, num_experts=0),
     # Nemotron-H-style: Mamba2 blocks and squared-ReLU MLP blocks alternating, attention every sixth block
     "nemotron_h": dict(
         vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_attention_heads=16, num_key_value_heads=4,
