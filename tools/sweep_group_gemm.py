@@ -151,7 +151,7 @@ def main():
                     rec["per_token_config"], rec["per_token_us"] = c, bench(lambda: call(c))
                     continue
                 rule = group_config(M, N, K)
-                best, rejected = None, []
+                best, rejected, timed = None, [], []
                 for c in [rule] + (prefill_candidates() if bucket == "prefill" else candidates(M, N, K)):
                     try:
                         state[0] = 0
@@ -164,12 +164,14 @@ def main():
                     except Exception as e:  # noqa: BLE001
                         rejected.append(f"{c}: {type(e).__name__}")
                         continue
+                    timed.append(dict(c, us=us))
                     if c is rule:
                         rec["per_group_rule_us"] = us
                     if best is None or us < best[0]:
                         best = (us, c)
                 rec["per_group_us"], rec["per_group_config"] = best
                 rec["per_group_rejected"] = rejected
+                rec["per_group_timed"] = timed  # every candidate: how far the losers were
             rec["per_group_over_per_token"] = rec["per_group_us"] / rec["per_token_us"]
             table[f"{bucket}@{N}x{K}"] = rec["per_group_config"]
             rows.append(rec)
