@@ -24,6 +24,7 @@ difference, not the shipped kernel's absolute time.
     TRITON_INTERPRET=1 python3 tools/probe_group_quant_gemm.py --smoke   # the check alone, small shapes, CPU
 """
 import argparse
+import importlib.util
 import itertools
 import json
 import statistics
@@ -34,7 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if importlib.util.find_spec("laquant") is None:  # a checkout without laquant installed; an installed one (or
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # one first on PYTHONPATH: a "before") wins
 
 from laquant.kernels.common.triton_numerics import stored_int8_codes  # noqa: E402
 
