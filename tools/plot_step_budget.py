@@ -3,6 +3,9 @@
 
     python3 tools/plot_step_budget.py eval/results/output_norm_h200/run1/timeline_fused.json \
         eval/results/b64_step_budget.png
+
+Every B = 64 variant of the JSON gets a bar (a recipe with ``+`` overrides, as graph_timeline names it, takes its
+recipe's floor).
 """
 import json
 import sys
@@ -12,7 +15,13 @@ CLASSES = [("GEMMs (lm_head too)", ("_splitk_gemm_kernel", "nvjet", "cublasLt::s
            ("norms, SwiGLU, gate", ("_rms_norm_kernel", "_rms_norm_group_kernel", "_swiglu_kernel",
                                     "_glu_group_kernel", "_low_rank_gate_kernel", "_gate_log_decay_kernel"))]
 # byte floors at 4,249 GB/s (b64_step_budget.md): weights and lm_head, the state read and written
-FLOORS = {"bf16_B64": (612, 379), "gla_int8_all_B64": (321, 98)}
+FLOORS = {"bf16": (612, 379), "gla_int8_all": (321, 98)}
+
+
+def label(variant: str) -> str:
+    """``gla_int8_all+projections.act_granularity=per_group_B64`` -> ``gla_int8_all\nact_granularity=per_group``."""
+    name, *overrides = variant.removesuffix("_B64").split("+")
+    return "\n".join([name] + [o.split(".", 1)[-1] for o in overrides])
 
 
 def classify(rows: list) -> dict:
@@ -33,8 +42,8 @@ def main(src: str, dst: str) -> None:
     import matplotlib.pyplot as plt
 
     data = json.loads(open(src).read())
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    variants = ["bf16_B64", "gla_int8_all_B64"]
+    variants = [v for v in data if v.endswith("_B64")]
+    fig, ax = plt.subplots(figsize=(3 + 2.5 * len(variants), 4.5))
     colors = ["#4c72b0", "#dd8452", "#55a868", "#8c8c8c"]
     for x, variant in enumerate(variants):
         parts = classify(data[variant]["rows"])
@@ -42,13 +51,13 @@ def main(src: str, dst: str) -> None:
         for (name, value), color in zip(parts.items(), colors):
             ax.bar(x, value, 0.5, bottom=bottom, color=color, label=name if x == 0 else None)
             bottom += value
-        weights, state = FLOORS[variant]
+        weights, state = FLOORS[variant.removesuffix("_B64").split("+")[0]]
         ax.bar(x + 0.4, weights + state, 0.2, color="white", edgecolor="black", hatch="//",
                label="byte floor" if x == 0 else None)
         ax.text(x, bottom + 20, f"{data[variant]['replay_us_per_step_noprof']:.0f} us replayed", ha="center")
     target = data["bf16_B64"]["replay_us_per_step_noprof"] / 2
     ax.axhline(target, color="red", linestyle="--", label=f"2x bf16 ({target:.0f} us)")
-    ax.set_xticks([0.1, 1.1], ["bf16", "gla_int8_all"])
+    ax.set_xticks([x + 0.1 for x in range(len(variants))], [label(v) for v in variants], fontsize=8)
     ax.set_ylabel("us of a graphed B = 64 decode step (timeline)")
     ax.set_title("1.37B GLA, H200: where the step goes")
     ax.legend(fontsize=8, loc="upper right")

@@ -19,6 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from laquant.api import calibrate
+from laquant.recipe import load_recipe
 from laquant.models import GLAConfig, GLAForCausalLM
 
 SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
@@ -38,12 +39,14 @@ def wall_ms(fn, reps: int = 10) -> float:
 
 def random_gla(cfg: GLAConfig, variant: str, device: str = "cuda") -> GLAForCausalLM:
     """A random GLA of ``cfg`` on ``device`` in bf16 (seed 0), calibrated with ``variant`` on random tokens unless
-    bf16."""
+    bf16; ``variant``: a recipe, ``+``-joined ``SECTION.FIELD=VALUE`` overrides after it as ``--set`` takes them
+    (``gla_int8_all+projections.act_granularity=per_group``)."""
     torch.manual_seed(0)
     model = GLAForCausalLM(cfg).to(device, torch.bfloat16).eval()
     if variant != "bf16":
-        model = calibrate(model, variant, data=torch.randint(0, cfg.vocab_size, (4, 512), device=device),
-                          progress=False).model
+        name, *overrides = variant.split("+")
+        model = calibrate(model, load_recipe(name, overrides),
+                          data=torch.randint(0, cfg.vocab_size, (4, 512), device=device), progress=False).model
     return model
 
 
