@@ -19,8 +19,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from laquant.api import calibrate
-from laquant.recipe import load_recipe
 from laquant.models import GLAConfig, GLAForCausalLM
+from laquant.recipe import load_recipe
 
 SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
             "cudaMemcpyAsync", "aten::nonzero", "aten::unique")
