@@ -15,7 +15,7 @@ log "per-group gpu tests rc $?"
 [ -z "${SKIP_BENCH:-}" ] && timeout 240 python3 tools/bench_codes_producers.py --act per_token per_group --M 1 64 --label new \
   --out "$W/producers_new.json" > "$W/producers_new.log" 2>&1
 log "producers new rc $?"
-[ -z "${SKIP_BASE:-}" ] && [ -d "$BASE" ] && PYTHONPATH="$BASE:$PYTHONPATH" timeout 240 python3 tools/bench_codes_producers.py --act per_group \
+[ -z "${SKIP_BASE:-}" ] && have_base && PYTHONPATH="$BASE:$PYTHONPATH" timeout 240 python3 tools/bench_codes_producers.py --act per_group \
   --M 1 64 --label base --out "$W/producers_base.json" > "$W/producers_base.log" 2>&1
 log "producers base rc $?"
 CONFIG='{"hidden_size": 2048, "num_hidden_layers": 24, "num_heads": 16, "vocab_size": 32000}'

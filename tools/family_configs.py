@@ -75,4 +75,6 @@ CONFIGS = {
 }
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in CONFIGS:
+        sys.exit(f"usage: family_configs.py FAMILY, one of: {', '.join(CONFIGS)}")
     print(json.dumps(CONFIGS[sys.argv[1]]))

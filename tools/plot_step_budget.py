@@ -18,9 +18,15 @@ CLASSES = [("GEMMs (lm_head too)", ("_splitk_gemm_kernel", "nvjet", "cublasLt::s
 FLOORS = {"bf16": (612, 379), "gla_int8_all": (321, 98)}
 
 
+def recipe_and_overrides(variant: str) -> list:
+    """``gla_int8_all+projections.act_granularity=per_group_B64`` -> ``[gla_int8_all,
+    projections.act_granularity=per_group]`` (graph_timeline's names)."""
+    return variant.removesuffix("_B64").split("+")
+
+
 def label(variant: str) -> str:
     """``gla_int8_all+projections.act_granularity=per_group_B64`` -> ``gla_int8_all\nact_granularity=per_group``."""
-    name, *overrides = variant.removesuffix("_B64").split("+")
+    name, *overrides = recipe_and_overrides(variant)
     return "\n".join([name] + [o.split(".", 1)[-1] for o in overrides])
 
 
@@ -51,7 +57,7 @@ def main(src: str, dst: str) -> None:
         for (name, value), color in zip(parts.items(), colors):
             ax.bar(x, value, 0.5, bottom=bottom, color=color, label=name if x == 0 else None)
             bottom += value
-        weights, state = FLOORS[variant.removesuffix("_B64").split("+")[0]]
+        weights, state = FLOORS[recipe_and_overrides(variant)[0]]
         ax.bar(x + 0.4, weights + state, 0.2, color="white", edgecolor="black", hatch="//",
                label="byte floor" if x == 0 else None)
         ax.text(x, bottom + 20, f"{data[variant]['replay_us_per_step_noprof']:.0f} us replayed", ha="center")
