@@ -14,6 +14,7 @@ and after, alternated); ``--write`` adds the kept entries to ``configs.STEP_TABL
 ``state_io.STEP_DECODE_LAUNCH``.
 
     python3 tools/sweep_step_tiles.py OUT.json [--batch 64] [--layers 24] [--recipe gla_int8_all] [--write]
+        [--decode-only]
     python3 tools/sweep_step_tiles.py OUT.json --model 'qwen3_next:{...}' [--hybrid-recipe hybrid_int8] [--write]
 """
 import argparse
@@ -135,14 +136,14 @@ def choose(label, options, apply, measure, min_gain, log) -> object:
     return kept
 
 
-def sweep(model, ids, min_gain: float, log: list, bucket_of_step: int) -> tuple[dict, dict]:
-    """Coordinate descent over the step's GEMM shapes (those of M bucket ``bucket_of_step``), then its decode
-    launches, from what the tables (overlays included) hold now; returns the entries to write: ``{table: {key:
-    {path: tiles}}}`` and ``{(kernel, format, bound): launch}``, None where the sweep's choice is the table's own (an
-    overlay entry to drop)."""
+def sweep(model, ids, min_gain: float, log: list, bucket_of_step: int, gemms: bool = True) -> tuple[dict, dict]:
+    """Coordinate descent over the step's GEMM shapes (those of M bucket ``bucket_of_step``; not when ``gemms`` is
+    False), then its decode launches, from what the tables (overlays included) hold now; returns the entries to write:
+    ``{table: {key: {path: tiles}}}`` and ``{(kernel, format, bound): launch}``, None where the sweep's choice is the
+    table's own (an overlay entry to drop)."""
     measure = lambda: step_us(model, ids)  # noqa: E731
     tiles = {}
-    for table, bucket, N, K in list(GEMMS):
+    for table, bucket, N, K in list(GEMMS) if gemms else ():
         key = configs.entry_key(table, bucket, N, K)
         if key is None or bucket != bucket_of_step:  # the prompt's GEMMs (the prefill) are not the step's
             continue
@@ -233,6 +234,8 @@ def main() -> None:
     p.add_argument("--hybrid-recipe", default="hybrid_int8")
     p.add_argument("--min-gain", type=float, default=0.01, help="keep an option this much faster (fraction)")
     p.add_argument("--write", action="store_true", help="merge what was kept into the committed overlays")
+    p.add_argument("--decode-only", action="store_true", help="the decode kernel's launch alone, the GEMMs' tiles as "
+                                                                "the tables hold them")
     args = p.parse_args()
     t0 = time.time()
     model = build(args)
@@ -240,7 +243,7 @@ def main() -> None:
     before = step_us(model, ids)
     print(f"step {before:.1f} us; GEMMs {GEMMS}; decode launches {DECODES}", flush=True)
     log: list = []
-    tiles, launches = sweep(model, ids, args.min_gain, log, configs.m_bucket(args.batch))
+    tiles, launches = sweep(model, ids, args.min_gain, log, configs.m_bucket(args.batch), not args.decode_only)
     kept_tiles = {t: dict(e) for t, e in configs.STEP_TABLES.items()}
     kept_launches = dict(state_io.STEP_DECODE_LAUNCH)
     after, table = [], []

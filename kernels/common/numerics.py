@@ -9,8 +9,9 @@ an all-zero slice gets scale ``tiny`` so dequantization returns exact zeros and 
 ``rounding="stochastic"`` rounds ``x / scale`` to one of its two neighbouring codes instead, up with
 probability equal to its distance from the lower one (so the expected code is ``x / scale``: small
 decays and updates survive in expectation where round-to-nearest would drop them). The caller gives
-8 random bits per element (``random``, integers 0..255): the Triton kernels draw them from Philox
-(:func:`philox4x32`, bit-identical to ``tl.randint4x``) and so do the references, so both round alike.
+8 random bits per element (``random``, integers 0..255): the Triton kernels draw them from Philox at
+:data:`STATE_PHILOX_ROUNDS` rounds (:func:`philox4x32`, bit-identical to ``tl.philox``) and so do the references,
+so both round alike.
 """
 
 from __future__ import annotations
@@ -130,15 +131,17 @@ def _stochastic(rounding: str, random: torch.Tensor | None, y: torch.Tensor) -> 
 
 
 def round_stochastic_int(y: torch.Tensor, random: torch.Tensor) -> torch.Tensor:
-    """``y`` (float32, ``|y| <= 127``) rounded to an integer, down or up in magnitude: up when
-    ``round(256 * frac) + r >= 256`` for the random byte ``r`` (``round``: half to even), that is with
-    probability ``round(256 * frac) / 256``. ``|y| + 2**15`` in float32 is exactly
-    ``2**15 + round(256 * |y|) / 256`` (its ulp is ``2**-8``), so its bits less those of ``2**15`` are
-    ``round(256 * |y|)``, and adding ``r`` then shifting out 8 bits rounds: integer operations, the
-    same in the kernels' twin (``triton_numerics.round_stochastic_int``)."""
-    m = (y.float().abs() + 32768.0).view(torch.int32) - 0x47000000
-    mag = ((m + random.to(torch.int32)) >> 8).float()
-    return torch.where(y < 0, -mag, mag)
+    """``y`` (float32, ``|y| <= 127``) rounded to an integer, down or up: ``floor(round(256 * y) / 256 +
+    r / 256)`` for the random byte ``r`` (``round``: half to even), so up with probability
+    ``round(256 * frac) / 256``, ``frac = y - floor(y)``. ``y + 128 + 2**15`` in float32 is exactly
+    ``2**15 + (128 + round(256 * y) / 256)`` (its ulp is ``2**-8``, and it stays inside ``[2**15, 2**16)``),
+    so its bits less those of ``2**15 + 128`` are ``round(256 * y)``; adding ``r`` and shifting out 8 bits
+    (arithmetic: a floor) rounds. Three integer and float operations and no sign test, the same in the
+    kernels' twin (``triton_numerics.round_stochastic_int``). Until 2026-12-04 the rule rounded ``|y|`` and
+    restored the sign (same probabilities; a negative ``y`` took ``r`` mirrored), three instructions more
+    an element in the int8 state's decode step."""
+    m = (y.float() + 32896.0).view(torch.int32)
+    return ((m + random.to(torch.int32) - 0x47008000) >> 8).float()
 
 
 def round_stochastic_fp8(y: torch.Tensor, random: torch.Tensor) -> torch.Tensor:
@@ -161,6 +164,13 @@ def round_stochastic_fp8(y: torch.Tensor, random: torch.Tensor) -> torch.Tensor:
 _PHILOX_KEY_A, _PHILOX_KEY_B = 0x9E3779B9, 0xBB67AE85
 _PHILOX_ROUND_A, _PHILOX_ROUND_B = 0xD2511F53, 0xCD9E8D57
 _U32 = 0xFFFFFFFF
+
+
+# Rounds of Philox the state's random bytes take: 7, the fewest Salmon et al. found Crush-resistant for
+# Philox4x32 (their default of 10 adds a safety margin; Triton's is 10 too). The bytes only dither a rounding:
+# uniform and decorrelated across elements and stores is what they need. 7 rounds took the int8 state's decode
+# step ~1.2 instructions an element fewer than 10 (of ~22; ``tools/sass_mix.py``).
+STATE_PHILOX_ROUNDS = 7
 
 
 def philox4x32(seed: int, c0, c1, c2, c3, n_rounds: int = 10) -> tuple[torch.Tensor, ...]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .formats import StateFormat, get_format
-from .numerics import ROUNDINGS, absmax_scale, dequantize, philox4x32
+from .numerics import ROUNDINGS, STATE_PHILOX_ROUNDS, absmax_scale, dequantize, philox4x32
 
 RANDOM_GROUP = 16  # elements of a state row that share one Philox call (16 random bytes)
 
@@ -27,7 +27,8 @@ def state_random_bytes(seed: int, slots: torch.Tensor, position, sub: int, shape
     """The random bytes (int64, 0..255) a stochastic store of states ``shape`` ``[N, ..., H, K, V]``
     uses: element ``(h, k, v)`` of slot ``slots[n]`` at store ``position`` (int or ``[N]``) takes
     byte ``v % 16`` (little-endian within the four 32-bit words) of
-    ``philox(seed, (h * K + k) * ceil(V / 16) + v // 16, slot, position, sub)``. ``sub`` is 0 for
+    ``philox(seed, (h * K + k) * ceil(V / 16) + v // 16, slot, position, sub)`` at
+    :data:`~.numerics.STATE_PHILOX_ROUNDS` rounds. ``sub`` is 0 for
     a store between calls or steps and ``j`` for a prefill's round trip or checkpoint after its
     ``j``-th 64-token chunk, so no two stores of one sequence share bits."""
     *lead, H, K, V = shape
@@ -37,7 +38,7 @@ def state_random_bytes(seed: int, slots: torch.Tensor, position, sub: int, shape
     c0 = torch.arange(H * K * groups, device=device, dtype=torch.int64).view(H, K, groups)
     c1 = slots.long().view(-1, *([1] * (extra + 3)))
     c2 = torch.as_tensor(position, dtype=torch.int64, device=device).reshape(-1, *([1] * (extra + 3)))
-    words = torch.stack(philox4x32(seed, c0, c1, c2, sub), -1)  # [N, ..., H, K, groups, 4]
+    words = torch.stack(philox4x32(seed, c0, c1, c2, sub, STATE_PHILOX_ROUNDS), -1)  # [N, ..., H, K, groups, 4]
     shifts = torch.arange(0, 32, 8, device=device)
     bytes_ = (words.unsqueeze(-1) >> shifts) & 0xFF  # [..., groups, 4 words, 4 bytes]
     bytes_ = bytes_.reshape(*bytes_.shape[:-3], groups * RANDOM_GROUP)[..., :V]

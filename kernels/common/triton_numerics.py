@@ -11,7 +11,7 @@ the scaled ones with one float32 scale per K row.
 
 Stochastic rounding (``SR``): :func:`state_random_bytes` draws one random byte per state element
 from ``tl.philox`` with the counters of :func:`laquant.kernels.common.state.state_random_bytes`
-(one Philox call per 16 elements of a row), and :func:`round_stochastic_fp8` /
+(one Philox call of ``STATE_PHILOX_ROUNDS`` rounds per 16 elements of a row), and :func:`round_stochastic_fp8` /
 :func:`round_stochastic_int` round with it exactly as their twins in :mod:`.numerics` do. The int8
 state is encoded and decoded on float32's bit patterns (integer adds and logic, no conversions), which
 give the same codes and values as the conversions.
@@ -30,7 +30,10 @@ except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
 if triton is not None:
+    from .numerics import STATE_PHILOX_ROUNDS
     from .pdl import pdl_wait
+
+    PHILOX_ROUNDS = tl.constexpr(STATE_PHILOX_ROUNDS)
 
     # Triton folds ``x.to(tl.bfloat16).to(tl.float32)`` back to x (and may contract the product before it
     # into an FMA): on an H200 (Triton 3.6) 24% of ``bf16(bf16(a * b) + bf16(c * d))`` differed from
@@ -386,7 +389,7 @@ if triton is not None:
             c0 = (rows[:, None] + (v0 // 16 + tl.arange(0, BV // 16))[None, :]).to(tl.uint32)
             zero = c0 * 0
             w0, w1, w2, w3 = tl.philox(seed, c0, (zero + slot).to(tl.uint32), (zero + position).to(tl.uint32),
-                                       (zero + sub).to(tl.uint32))
+                                       (zero + sub).to(tl.uint32), PHILOX_ROUNDS)
             words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BK, BV // 16, 4])
             shifts = (tl.arange(0, 4) * 8).to(tl.uint32)
             out = tl.reshape((words[:, :, :, None] >> shifts[None, None, None, :]) & 0xFF, [BK, BV])
@@ -395,7 +398,7 @@ if triton is not None:
             c0 = (rows[:, None] + (offs_v // 16)[None, :]).to(tl.uint32)
             zero = c0 * 0
             w0, w1, w2, w3 = tl.philox(seed, c0, (zero + slot).to(tl.uint32), (zero + position).to(tl.uint32),
-                                       (zero + sub).to(tl.uint32))
+                                       (zero + sub).to(tl.uint32), PHILOX_ROUNDS)
             word = (offs_v % 16 // 4)[None, :]
             picked = tl.where(word == 0, w0, tl.where(word == 1, w1, tl.where(word == 2, w2, w3)))
             out = (picked >> ((offs_v % 4) * 8).to(tl.uint32)[None, :]) & 0xFF
@@ -403,14 +406,11 @@ if triton is not None:
 
     @triton.jit
     def round_stochastic_int(y, r):
-        """``y`` (``|y| <= 127``) rounded down or up in magnitude to an integer with the random byte
-        ``r`` (int32): up when ``round(256 * frac) + r >= 256``, as ``numerics.round_stochastic_int``
-        (whose docstring says how). Returns int32, computed on float32's bits with integer
-        operations: the conversion units (floor, int <-> float) made the int8 state's decode step
-        conversion-bound."""
-        m = (tl.abs(y) + 32768.0).to(tl.int32, bitcast=True) - 0x47000000
-        mag = (m + r) >> 8
-        return tl.where(y < 0, -mag, mag)
+        """``y`` (``|y| <= 127``) rounded down or up to an integer with the random byte ``r`` (int32):
+        ``floor(round(256 * y) / 256 + r / 256)``, as ``numerics.round_stochastic_int`` (whose docstring says
+        how). Returns int32, computed on float32's bits with integer operations: the conversion units (floor,
+        int <-> float) made the int8 state's decode step conversion-bound."""
+        return ((y + 32896.0).to(tl.int32, bitcast=True) + r - 0x47008000) >> 8
 
     @triton.jit
     def round_stochastic_fp8(y, r):
