@@ -37,8 +37,10 @@ def rule_2026_12_04(y: torch.Tensor, random: torch.Tensor) -> torch.Tensor:
 
 def main(argv=None) -> int:
     import laquant
+    from laquant.adapters import new_cache
     from laquant.api import load
-    from laquant.kernels.common import numerics
+    from laquant.eval import ppl
+    from laquant.kernels.common import numerics, state
     from laquant.recipe import load_recipe
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -47,10 +49,6 @@ def main(argv=None) -> int:
     p.add_argument("--windows", type=int, default=8)
     args = p.parse_args(argv)
     assets = Path(laquant.__file__).parent / "assets"
-    from laquant.adapters import new_cache
-    from laquant.eval import ppl
-    from laquant.kernels.common import state
-
     shipped = numerics.round_stochastic_int, state.STATE_PHILOX_ROUNDS
     result = {"model": "gla-small (shipped)", "recipe": "gla_int8", "context": args.context, "torch": torch.__version__}
     variants = (("float32 state", ["state.format=fp32", "state.rounding=nearest"], shipped, 0),
