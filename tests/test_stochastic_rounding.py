@@ -193,6 +193,29 @@ def test_store_keys_separate_slots_positions_and_substores():
     assert torch.equal(a, state_random_bytes(1, torch.tensor([0, 1]), torch.tensor([3, 3]), 0, shape))
 
 
+def _byte_checks(shape=(4, 2, 64, 128)):
+    """The state's random bytes at two consecutive stores: chi-square of the byte histogram (255 degrees of freedom)
+    and the correlation of an element's bytes from one store to the next."""
+    a = state_random_bytes(1234, torch.arange(shape[0]), 5, 0, shape).flatten().float()
+    b = state_random_bytes(1234, torch.arange(shape[0]), 6, 0, shape).flatten().float()
+    expected = a.numel() / 256
+    chi2 = ((torch.bincount(a.long(), minlength=256) - expected) ** 2 / expected).sum().item()
+    return chi2, torch.corrcoef(torch.stack([a, b]))[0, 1].item()
+
+
+def test_state_random_bytes_are_uniform_and_fresh_each_store(monkeypatch):
+    """Philox at STATE_PHILOX_ROUNDS: uniform bytes, uncorrelated from one store of an element to the next (a
+    correlation would bias the rounding the same way step after step). The check can tell: at 4 rounds the next
+    store's bytes correlate (~0.3) and the histogram is off."""
+    from laquant.kernels.common import state
+
+    chi2, corr = _byte_checks()
+    assert chi2 < 255 + 5 * (2 * 255) ** 0.5 and abs(corr) < 0.02, (chi2, corr)
+    monkeypatch.setattr(state, "STATE_PHILOX_ROUNDS", 4)
+    chi2, corr = _byte_checks()
+    assert chi2 > 255 + 5 * (2 * 255) ** 0.5 and abs(corr) > 0.1, (chi2, corr)
+
+
 def test_stochastic_needs_a_key_and_a_scaled_format():
     with pytest.raises(ValueError, match="scaled state formats"):
         StateQuantizer("bf16", rounding="stochastic")
