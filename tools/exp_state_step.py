@@ -3,8 +3,9 @@ kernel with the int8 state (per-row scales renormalised every store, stochastic 
 its arithmetic, one change at a time, at the 1.37B GLA's shape (16 heads, K 64, V 128), CUDA-graph medians:
 
 - ``shipped``: ``gla_decode_step`` with the table's launch; ``fp32`` / ``int8 nearest``: the same kernel's bounds;
-- ``exp`` rows: a copy of its int8 path with ``CLAMP`` (the clamp to +-127, a no-op under fresh or growing scales),
-  ``RNG`` (0 Philox-10 as shipped, 1 a PCG hash a word of four bytes, 2 Philox-7, 3 none: nearest),
+- ``exp`` rows: a copy of its int8 path as of 2026-11-30 (the sign-magnitude rounding rule) with ``CLAMP`` (the clamp
+  to +-127, a no-op under fresh or growing scales), ``RNG`` (0 the shipped bytes, ``state_random_bytes``: Philox-10
+  until 2026-12-04, Philox-7 since; 1 a PCG hash a word of four bytes, 2 Philox-7, 3 none: nearest),
   ``SPLIT`` (the K rows split over this many programs a head, each writing its partial output).
 
     python tools/exp_state_step.py OUT.json [--shipped]   (timing; --shipped: the shipped kernel's rows only)
