@@ -50,6 +50,25 @@ def sass_mix():
     return _tool("sass_mix")
 
 
+def test_loop_body_is_the_largest_loop(sass_mix):
+    sass = """        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/                   FADD R2, R2, 1 ;
+        /*0020*/              @P0 BRA `(.L_x_1) ;
+.L_x_2:
+        /*0030*/                   FFMA R3, R3, R4, R5 ;
+        /*0040*/                   FMUL R3, R3, R3 ;
+        /*0050*/                   BRA `(.L_x_3) ;
+.L_x_3:
+        /*0060*/                   IADD3 R6, R6, 1, RZ ;
+        /*0070*/              @!P1 BRA !P2, `(.L_x_2) ;
+        /*0080*/                   EXIT ;"""
+    body = sass_mix.loop_body(sass)
+    assert body.startswith(".L_x_2:") and body.rstrip().endswith("`(.L_x_2) ;")
+    assert sass_mix.mix(body) == {"FFMA": 1, "FMUL": 1, "BRA": 2, "IADD3": 1}
+    assert sass_mix.loop_body(sass.replace("`(.L_x_2)", "`(.L_x_4)").replace("`(.L_x_1)", "`(.L_x_5)")) == ""
+
+
 def _index(fn, name):
     return (fn.arg_names.index(name),)
 

@@ -6,6 +6,9 @@ pressure, conversions and the cost of a numerics change without device time.
     python tools/sass_mix.py [--kernel delta|gla] [--format int8_row:stochastic ...] [--blocks 16x1 128x4 ...]
     python tools/sass_mix.py --kernel gla_verify --blocks 32x32x1 16x64x2 [--tokens 4] [--commit] [--prefetch]
 
+"loop" counts the largest loop's instructions (:func:`loop_body`: the decode kernels' walk over the state's row
+blocks, where their time goes), "loop / element" those a thread spends on each state element it holds there.
+
 Blocks are ``BLOCK_K x num_warps`` for the decode kernels and ``BLOCK_K x BLOCK_V x num_warps`` for the
 verify kernels (the delta rule's verify takes the whole K whatever BLOCK_K says; a scaled format the whole V).
 
@@ -185,6 +188,19 @@ def mix(sass: str) -> Counter:
     return ops
 
 
+def loop_body(sass: str) -> str:
+    """The SASS of the kernel's largest loop: from a label to the last branch back to it (the decode kernels' walk
+    over the state's row blocks; ``""`` for a kernel without a loop)."""
+    lines = sass.splitlines()
+    where = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", line))}
+    best = (0, 0)
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA\s+(?:!?U?P\w+,\s*)?`\((\.L_x_\d+)\)", line)
+        if m and m.group(1) in where and where[m.group(1)] < i and i - where[m.group(1)] > best[1] - best[0]:
+            best = (where[m.group(1)], i)
+    return "\n".join(lines[best[0]:best[1] + 1]) if best[1] else ""
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kernel", choices=sorted(SHAPES), default="delta")
@@ -194,7 +210,7 @@ def main(argv=None) -> int:
     p.add_argument("--commit", action="store_true", help="verify kernels: the commit")
     p.add_argument("--prefetch", action="store_true", help="verify kernels: the next token's inputs loaded ahead")
     args = p.parse_args(argv)
-    head = ["format", "blocks", "registers", "stack", "instructions"] + list(CLASSES)
+    head = ["format", "blocks", "registers", "stack", "instructions", "loop", "loop / element"] + list(CLASSES)
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for fmt in args.format:
         for blocks in args.blocks:
@@ -204,8 +220,11 @@ def main(argv=None) -> int:
             ops = mix(sass)
             counts = [sum(ops[o] for o in names) for names in CLASSES.values()]
             regs, stack = resources(usage)
-            print(f"| {fmt} | {blocks} | {regs} | {stack} | {sum(ops.values())} | " + " | ".join(map(str, counts))
-                  + " |", flush=True)
+            loop = sum(mix(loop_body(sass)).values())
+            # the decode kernels' loop holds one [BLOCK_K, V] block of the state, spread over the program's threads
+            per = f"{loop / (bk * SHAPES[args.kernel]['V'] / (32 * w)):.1f}" if bv is None and loop else "-"
+            print(f"| {fmt} | {blocks} | {regs} | {stack} | {sum(ops.values())} | {loop} | {per} | "
+                  + " | ".join(map(str, counts)) + " |", flush=True)
     return 0
 
 
