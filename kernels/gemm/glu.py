@@ -24,6 +24,7 @@ from ..common.counters import N_COUNTERS, arrival_counters
 from ..common.launch import launch_kernel
 from ..common.pdl import pdl_launch
 from ..common.sizes import cdiv, next_power_of_2, sm_count
+from .int8 import _bno
 
 try:
     import triton
@@ -158,7 +159,7 @@ def glu_config(M: int, NA: int, KQ: int, group: int, down_group: int, device: to
     input, the split filling the GPU's SMs once."""
     BM = min(64, max(16, next_power_of_2(M)))
     tiles = cdiv(M, BM) * cdiv(NA, down_group)
-    BK = min(group, 256) if group % 16 == 0 else group
+    BK = min(group, 256)
     return dict(BM=BM, BN=down_group, BK=BK, SPLIT_K=max(1, min(cdiv(KQ, BK), cdiv(sm_count(device, 4), tiles))),
                 num_warps=8 if BM * down_group >= 64 * 128 else 4, num_stages=3)
 
@@ -190,7 +191,7 @@ def glu_codes_triton(codes, packed, down, activation: str = "silu", config: dict
         raise ValueError(f"{n_m * n_n} tiles exceed the {N_COUNTERS} arrival counters")
     h = torch.empty(M, NA, dtype=xo.dtype, device=xq.device)
     out = empty_codes(M, down, xo.dtype, xq.device)
-    bno = min(64, max(16, next_power_of_2(NO)))
+    bno = _bno(NO, xo.dtype)  # the split-K GEMM's outlier block width: the same product
     part = torch.empty((split, M, 2 * NA), dtype=torch.float32, device=xq.device) if split > 1 else h
     cnt = arrival_counters(xq.device) if split > 1 else packed.source
     launch_kernel(_splitk_glu_kernel, (n_m, n_n, split),
