@@ -32,7 +32,8 @@ try:
 
     from ..common.pdl import pdl_release, pdl_wait
     from ..common.triton_numerics import rounded, row_absmax_scales, stored_int8_codes
-    from .int8 import _add_outlier_product, _group_scaled_products, _outlier_weight_tile
+    from .int8 import (_add_outlier_product, _group_scaled_products, _last_split_arrives, _outlier_weight_tile,
+                       _reset_counter, _summed_partials)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -111,17 +112,11 @@ if triton is not None:
             tl.store(part_ptr + pid_k * MN + mn_off, y_g, mask=out_mask)
             tl.store(part_ptr + pid_k * MN + NA + mn_off, y_u, mask=out_mask)
             tile = pid_n * tl.num_programs(0) + pid_m
-            tl.debug_barrier()  # every thread's partials are stored before the count is raised
-            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT_K - 1:
-                tot_g = tl.zeros([BM, BN], dtype=tl.float32)
-                tot_u = tl.zeros([BM, BN], dtype=tl.float32)
-                for s in range(0, SPLIT_K):
-                    tot_g += tl.load(part_ptr + s * MN + mn_off, mask=out_mask, other=0.0, cache_modifier=".cg")
-                    tot_u += tl.load(part_ptr + s * MN + NA + mn_off, mask=out_mask, other=0.0, cache_modifier=".cg")
-                _glu_codes(tot_g, tot_u, offs_m, offs_n, mm, mn, dest, pid_n, h_ptr, cq_ptr, cs_ptr, co_ptr, NA,
-                           KQD, NOD, n_out_d, BN, SIGMOID)
-                tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next call
+            if _last_split_arrives(cnt_ptr, tile, SPLIT_K):
+                _glu_codes(_summed_partials(part_ptr, MN, mn_off, out_mask, SPLIT_K, BM, BN),
+                           _summed_partials(part_ptr, MN, NA + mn_off, out_mask, SPLIT_K, BM, BN), offs_m, offs_n, mm,
+                           mn, dest, pid_n, h_ptr, cq_ptr, cs_ptr, co_ptr, NA, KQD, NOD, n_out_d, BN, SIGMOID)
+                _reset_counter(cnt_ptr, tile)
         else:
             _glu_codes(y_g, y_u, offs_m, offs_n, mm, mn, dest, pid_n, h_ptr, cq_ptr, cs_ptr, co_ptr, NA, KQD, NOD,
                        n_out_d, BN, SIGMOID)
