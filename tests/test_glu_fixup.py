@@ -7,17 +7,14 @@ import torch
 
 from conftest import DEVICE, INTERPRETED, rel_err, require_triton_kernels
 from laquant.quant.modules import QuantLinear
-
-DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32  # the interpreter's bf16 dot is wrong
+from test_per_group_gemm import DTYPE, _linear, _outliers
 
 
 def _module(K, N, n_out, seed, bias=False, outliers=None):
-    gen = torch.Generator().manual_seed(seed)
-    lin = torch.nn.Linear(K, N, bias=bias)
-    with torch.no_grad():
-        lin.weight.copy_(torch.randn(N, K, generator=gen) * 0.05)
-    outliers = torch.randperm(K, generator=gen)[:n_out] if outliers is None else outliers
-    return QuantLinear.from_linear(lin.to(DTYPE), outliers, act_granularity="per_group").to(DEVICE), outliers
+    """A per-group QuantLinear on the test device (``outliers``: these columns, else ``n_out`` random ones)."""
+    outliers = _outliers(K, n_out, seed) if outliers is None else outliers
+    return QuantLinear.from_linear(_linear(K, N, bias, seed, DTYPE), outliers,
+                                   act_granularity="per_group").to(DEVICE), outliers
 
 
 @pytest.mark.parametrize("M,K,NA,n_in,n_down,split,act", [(3, 300, 256, 5, 3, 2, "silu"),
