@@ -24,6 +24,7 @@ from ..common.counters import N_COUNTERS, arrival_counters
 from ..common.launch import launch_kernel
 from ..common.pdl import pdl_launch
 from ..common.sizes import cdiv, next_power_of_2, sm_count
+from .configs import m_bucket
 from .int8 import _bno
 
 try:
@@ -37,14 +38,12 @@ try:
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
-MAX_TOKENS = 256  # the split-K path's sizes: above them the GEMM runs tiled and the GLU kernel after it
-
-
 def glu_fixup_fits(packed, down, M: int) -> bool:
     """Whether :func:`glu_codes_triton` takes gate/up's stacked per-group weight ``packed`` feeding ``down``'s per-group
-    GEMM for ``M`` tokens: decode sizes, an even stack without bias, down reading every activation column in order."""
+    GEMM for ``M`` tokens: the split-K GEMM's sizes (:func:`.configs.m_bucket`; above them the GEMM runs tiled and the
+    GLU kernel after it), an even stack without bias, down reading every activation column in order."""
     NA = packed.qweight.shape[0] // 2
-    return (triton is not None and 0 < M <= MAX_TOKENS and bool(packed.group) and bool(down.group)
+    return (triton is not None and M > 0 and m_bucket(M) is not None and bool(packed.group) and bool(down.group)
             and packed.qweight.shape[0] == 2 * NA and packed.bias is None and down.in_features == NA
             and down.qweight.shape[1] >= NA and next_power_of_2(down.group) == down.group
             and packed.group % 16 == 0)
