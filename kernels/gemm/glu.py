@@ -33,8 +33,8 @@ try:
 
     from ..common.pdl import pdl_release, pdl_wait
     from ..common.triton_numerics import rounded, row_absmax_scales, stored_int8_codes
-    from .int8 import (_add_outlier_product, _group_scaled_products, _last_split_arrives, _outlier_weight_tile,
-                       _reset_counter)
+    from ..common.counters import last_to_arrive, reset_counter
+    from .int8 import _add_outlier_product, _group_scaled_products, _outlier_weight_tile
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -111,8 +111,8 @@ if triton is not None:
             tl.store(part_ptr + pid_k * MN + mn_off, y_g, mask=out_mask)
             tl.store(part_ptr + pid_k * MN + NA + mn_off, y_u, mask=out_mask)
             tile = pid_n * tl.num_programs(0) + pid_m
-            if _last_split_arrives(cnt_ptr, tile, SPLIT_K):
-                # gate's and up's partials summed in one loop (two, as _summed_partials twice, took 254 registers
+            if last_to_arrive(cnt_ptr, tile, SPLIT_K):
+                # gate's and up's partials summed in one loop (int8's _summed_partials twice took 254 registers
                 # against 226 at 64 x 128 over 8 warps, compiled for sm_90); each in split order as there
                 tot_g = tl.zeros([BM, BN], dtype=tl.float32)
                 tot_u = tl.zeros([BM, BN], dtype=tl.float32)
@@ -121,7 +121,7 @@ if triton is not None:
                     tot_u += tl.load(part_ptr + s * MN + NA + mn_off, mask=out_mask, other=0.0, cache_modifier=".cg")
                 _glu_codes(tot_g, tot_u, offs_m, offs_n, mm, mn, dest, pid_n, h_ptr, cq_ptr, cs_ptr, co_ptr, NA,
                            KQD, NOD, n_out_d, BN, SIGMOID)
-                _reset_counter(cnt_ptr, tile)
+                reset_counter(cnt_ptr, tile)
         else:
             _glu_codes(y_g, y_u, offs_m, offs_n, mm, mn, dest, pid_n, h_ptr, cq_ptr, cs_ptr, co_ptr, NA, KQD, NOD,
                        n_out_d, BN, SIGMOID)

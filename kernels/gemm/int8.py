@@ -71,6 +71,7 @@ try:
     import triton
     import triton.language as tl
 
+    from ..common.counters import last_to_arrive, reset_counter
     from ..common.pdl import pdl_release, pdl_wait
     from ..common.triton_numerics import (quantize_int8, row_absmax_scales, store_codes, store_token_codes,
                                           stored_int8_codes, token_code_map)
@@ -423,35 +424,24 @@ if triton is not None:
             tl.store(part_ptr + pid_k * MN + mn_off, y, mask=out_mask)
             if FIXUP:
                 tile = pid_n * tl.num_programs(0) + pid_m
-                if _last_split_arrives(cnt_ptr, tile, SPLIT_K):
+                if last_to_arrive(cnt_ptr, tile, SPLIT_K):
                     tot = _summed_partials(part_ptr, MN, mn_off, out_mask, SPLIT_K, BM, BN)
                     tl.store(y_ptr + offs_m[:, None].to(tl.int64) * s_ym + offs_n[None, :],
                              tot.to(y_ptr.dtype.element_ty), mask=out_mask)
-                    _reset_counter(cnt_ptr, tile)
+                    reset_counter(cnt_ptr, tile)
         else:
             tl.store(y_ptr + offs_m[:, None].to(tl.int64) * s_ym + offs_n[None, :], y.to(y_ptr.dtype.element_ty),
                      mask=out_mask)
 
     @triton.jit
-    def _last_split_arrives(cnt_ptr, tile, SPLIT_K):
-        """Counts this program's split of ``tile`` (its partial stored) on the tile's arrival counter; True for the
-        last of the ``SPLIT_K`` to arrive, which then sums the partials (:func:`_summed_partials`) and resets the
-        counter (:func:`_reset_counter`)."""
-        tl.debug_barrier()  # every thread's partial is stored before the count is raised
-        return tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1
-
-    @triton.jit
     def _summed_partials(part_ptr, MN, off, mask, SPLIT_K, BM: tl.constexpr, BN: tl.constexpr):
         """The ``[BM, BN]`` float32 partials at ``off`` of the ``SPLIT_K`` splits (``MN`` apart), summed in split order
-        (deterministic), read past L1 (the other splits wrote them)."""
+        (deterministic) by the last split to arrive (:func:`..common.counters.last_to_arrive`), read past L1 (the
+        other splits wrote them)."""
         tot = tl.zeros([BM, BN], dtype=tl.float32)
         for s in range(0, SPLIT_K):
             tot += tl.load(part_ptr + s * MN + off, mask=mask, other=0.0, cache_modifier=".cg")
         return tot
-
-    @triton.jit
-    def _reset_counter(cnt_ptr, tile):
-        tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next call
 
     @triton.jit
     def _group_scaled_products(a_rows, w_cols, g_rows, mm, mn, k_lo, k_hi, BM: tl.constexpr, BN: tl.constexpr,

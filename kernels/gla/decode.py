@@ -28,6 +28,7 @@ try:
     import triton
     import triton.language as tl
 
+    from ..common.counters import last_to_arrive, reset_counter
     from ..common.pdl import pdl_release
     from ..common.triton_numerics import (decayed_update, decode_state, head_state_rows, load_treated_logits,
                                           state_random_bytes, store_group_codes, store_state_rows, store_token_codes,
@@ -194,13 +195,11 @@ if triton is not None:
                 mine = (offs_o < NO) & (oi >= h * V) & (oi < h * V + V)
                 tl.store(xo_ptr + b64 * NO + offs_o, tl.load(o_ptr + b64 * s_ob + oi, mask=mine, other=0.0), mask=mine)
         elif CODES:
-            tl.debug_barrier()  # every thread's part of the row is stored before the count is raised
-            arrived = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel", scope="gpu")
-            if arrived == H - 1:
+            if last_to_arrive(cnt_ptr, b, H):  # the token's last head: its whole row is stored
                 src, idx = token_code_map(src_ptr, oidx_ptr, KQ, NO, BQ, BNO, HAS_OUT)
                 store_token_codes(o_ptr + b64 * s_ob, src, idx, xq_ptr + b64 * KQ, xs_ptr + b, xo_ptr + b64 * NO, KQ,
                                   NO, BQ, BNO, HAS_OUT, True)
-                tl.atomic_xchg(cnt_ptr + b, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+                reset_counter(cnt_ptr, b)
 
 
 def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantizer,
