@@ -18,6 +18,11 @@ from typing import Callable
 from laquant.errors import LaquantError
 
 
+# the names of the projections that close a block (attention's and a linear mixer's output projection, an MLP's down
+# projection, Granite 4's shared MLP's output_linear), in every family: recipe field projections.output_act_granularity
+OUTPUT_PROJECTIONS = ("o_proj", "out_proj", "down_proj", "output_linear")
+
+
 @dataclass(frozen=True)
 class LayerPaths:
     """Where a layer type's parts sit in its decoder layer, as dotted attribute paths, for layouts

@@ -16,6 +16,7 @@ import torch
 from laquant.calibration.stats import Stats
 from laquant.decisions import Decisions, GateDecision, ProjectionDecision, StateDecision
 from laquant.errors import LaquantError
+from laquant.families import OUTPUT_PROJECTIONS
 from laquant.kernels.common.formats import get_format
 from laquant.kernels.common.numerics import absmax_scale
 from laquant.kernels.common.state import StateQuantizer
@@ -88,7 +89,10 @@ def _projection_decision(name: str, stats: Stats, proj_recipe: dict, role: str |
         if proj_recipe.get("outlier_fallback", "keep") == "weight_only":
             return ProjectionDecision([], proj_recipe["weight_granularity"], "none", role)
         return None
-    return ProjectionDecision(outliers, proj_recipe["weight_granularity"], proj_recipe["act_granularity"], role)
+    granularity = proj_recipe["act_granularity"]
+    if proj_recipe.get("output_act_granularity") is not None and name.rpartition(".")[2] in OUTPUT_PROJECTIONS:
+        granularity = proj_recipe["output_act_granularity"]
+    return ProjectionDecision(outliers, proj_recipe["weight_granularity"], granularity, role)
 
 
 def _device(module) -> torch.device:

@@ -352,28 +352,36 @@ def test_per_group_producers_need_whole_groups():
         gated_rms_norm_triton(x, x, torch.ones(96, device=DEVICE), 1e-6, packed=mod.packed())
 
 
-def _per_group_gla(vocab: int, calib_len: int):
-    """A random GLA (hidden 256, two heads of V = 128) calibrated on the CPU with gla_int8_all per group, three
-    outlier columns in every projection: the codes' outlier paths run too."""
+# the granularity overrides of gla_int8_all the GLA tests take: per group everywhere, or per token but for the
+# projections that close a block (o_proj, down_proj), whose codes the decode kernel and SwiGLU write per group
+GRANULARITIES = {"per_group": ["projections.act_granularity=per_group"],
+                 "per_group_outputs": ["projections.output_act_granularity=per_group"]}
+
+
+def _per_group_gla(vocab: int, calib_len: int, granularity: str = "per_group"):
+    """A random GLA (hidden 256, two heads of V = 128) calibrated on the CPU with gla_int8_all and the
+    ``GRANULARITIES`` overrides named, three outlier columns in every projection: the codes' outlier paths run too."""
     import laquant
     from laquant.models import GLAConfig, GLAForCausalLM
     from laquant.recipe import load_recipe
 
     torch.manual_seed(0)
     model = GLAForCausalLM(GLAConfig(hidden_size=256, num_hidden_layers=2, num_heads=2, vocab_size=vocab)).eval()
-    laquant.calibrate(model, load_recipe("gla_int8_all", ["projections.act_granularity=per_group",
-                                                          "projections.outlier_top_k=3"]),
+    laquant.calibrate(model, load_recipe("gla_int8_all", [*GRANULARITIES[granularity], "projections.outlier_top_k=3"]),
                       torch.randint(0, vocab, (2, calib_len)), progress=False)
     return model
 
 
 def _quantize_passes(monkeypatch) -> list:
-    """The shapes of the inputs quantize_groups quantizes from now on (the pass still runs)."""
+    """The shapes of the inputs the GEMMs quantize in a pass of their own from now on, per group or per token (the
+    pass still runs)."""
     from laquant.kernels.gemm import int8
 
     passes = []
-    real = int8.quantize_groups
-    monkeypatch.setattr(int8, "quantize_groups", lambda x, p: passes.append(tuple(x.shape)) or real(x, p))
+    for name in ("quantize_groups", "quantize_rows"):
+        real = getattr(int8, name)
+        monkeypatch.setattr(int8, name,
+                            lambda x, *a, real=real, **kw: passes.append(tuple(x.shape)) or real(x, *a, **kw))
     return passes
 
 
@@ -392,7 +400,44 @@ def _interpreted_gla_kernels(monkeypatch) -> None:
 
 
 @torch.no_grad()
-def test_gla_per_group_model_path_takes_its_codes_from_the_producers(monkeypatch):
+def test_output_act_granularity_applies_to_the_projections_that_close_a_block(tiny_model_dir, tmp_path):
+    """``projections.output_act_granularity=per_group``: o_proj and down_proj per group, every other projection per
+    token; the checkpoint reloads bit-exactly by laquant.load and by from_pretrained; a value it does not know is
+    refused naming the allowed ones."""
+    import laquant
+    from laquant.errors import LaquantError
+    from laquant.families import OUTPUT_PROJECTIONS
+    from laquant.recipe import load_recipe
+
+    torch.manual_seed(5)
+    model, tok = laquant.load_model(tiny_model_dir)
+    result = laquant.calibrate(model, load_recipe("gla_int8_all", GRANULARITIES["per_group_outputs"]),
+                               torch.randint(0, 8192, (2, 96)), progress=False)
+    granularity = {n: m.act_granularity for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+    outputs = {n for n in granularity if n.rpartition(".")[2] in OUTPUT_PROJECTIONS}
+    assert {n.rpartition(".")[2] for n in outputs} == {"o_proj", "down_proj"}
+    assert {granularity[n] for n in outputs} == {"per_group"}
+    gate = {n for n, g in granularity.items() if g == "none"}  # the low-rank gate's weight-only linears
+    assert gate and all(".gk_proj." in n for n in gate)
+    assert {g for n, g in granularity.items() if n not in outputs | gate} == {"per_token"}
+    ids = torch.randint(0, 8192, (2, 30))
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    laquant.save(result, tmp_path / "ckpt", tokenizer=tok)
+    from transformers import AutoModelForCausalLM
+
+    reloaded = laquant.load(tmp_path / "ckpt")[0]
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", dtype=torch.float32).eval()
+    assert {n: m.act_granularity for n, m in reloaded.named_modules() if isinstance(m, QuantLinear)} == granularity
+    with torch.no_grad():
+        assert torch.equal(reloaded(input_ids=ids).logits, logits)
+        assert torch.equal(hf(input_ids=ids).logits, logits)
+    with pytest.raises(LaquantError, match="output_act_granularity.*allowed: None, per_token, per_tensor, per_group"):
+        load_recipe("gla_int8_all", ["projections.output_act_granularity=per_head"])
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_gla_per_group_model_path_takes_its_codes_from_the_producers(monkeypatch, granularity):
     """The GPU wiring on the CPU under Triton's interpreter (float32): a GLA calibrated with gla_int8_all per group
     runs its q/k/v/g and gate/up GEMMs on codes its norms write, down's on codes SwiGLU writes and o_proj's on codes
     the gated output norm writes (heads of 128 columns): no GEMM quantizes its input in a pass of its own. Its
@@ -401,7 +446,7 @@ def test_gla_per_group_model_path_takes_its_codes_from_the_producers(monkeypatch
 
     if not INTERPRETED:
         pytest.skip("checks the wiring under TRITON_INTERPRET=1")
-    model = _per_group_gla(vocab=128, calib_len=32)
+    model = _per_group_gla(vocab=128, calib_len=32, granularity=granularity)
     ids = torch.randint(0, 128, (2, 6))
     reference = model(ids).logits
     passes = _quantize_passes(monkeypatch)
@@ -412,7 +457,8 @@ def test_gla_per_group_model_path_takes_its_codes_from_the_producers(monkeypatch
 
 
 @torch.no_grad()
-def test_gla_per_group_decode_kernel_writes_o_projs_codes(monkeypatch):
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_gla_per_group_decode_kernel_writes_o_projs_codes(monkeypatch, granularity):
     """Under Triton's interpreter (float32): in decode steps the GLA decode kernel writes o_proj's per-group codes
     (each head's 128 columns a group); logits and states equal those of the steps that run the output norm's own
     kernel (which writes them then). No GEMM of either quantizes its own input."""
@@ -423,7 +469,7 @@ def test_gla_per_group_decode_kernel_writes_o_projs_codes(monkeypatch):
     from laquant.kernels.gla import decode
     from laquant.models import recurrent
 
-    model = _per_group_gla(vocab=128, calib_len=32)
+    model = _per_group_gla(vocab=128, calib_len=32, granularity=granularity)
     assert model.model.layers[0].attn.o_proj.n_outliers == 3
     passes = _quantize_passes(monkeypatch)
     monkeypatch.setattr(recurrent, "FUSED_CODES_MIN_BATCH", 2)
@@ -454,14 +500,15 @@ def test_gla_per_group_decode_kernel_writes_o_projs_codes(monkeypatch):
 
 @pytest.mark.gpu
 @torch.no_grad()
-def test_gpu_gla_per_group_steps_take_produced_codes(monkeypatch):
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_gpu_gla_per_group_steps_take_produced_codes(monkeypatch, granularity):
     """On CUDA (bf16): a per-group GLA's decode steps run no quantize pass (norms, SwiGLU and the decode kernel write
     the codes), match the steps whose output norm runs in its own kernel (the same state; logits within the bf16
     rounding of the norm's sum, which the decode kernel may group differently), and stay near the float32 CPU
     reference's logits."""
     from laquant.models import recurrent
 
-    model = _per_group_gla(vocab=512, calib_len=64)
+    model = _per_group_gla(vocab=512, calib_len=64, granularity=granularity)
     ids = torch.randint(0, 512, (3, 9))
     reference = model(ids).logits  # the CPU reference path, float32
     model = model.cuda().to(torch.bfloat16)
