@@ -19,7 +19,7 @@ def test_gla_int8_is_what_the_design_says():
     r = load_recipe("gla_int8")
     assert r["projections"] == {"format": "int8", "weight_granularity": "per_channel", "act_granularity": "per_token",
                                 "outlier_threshold": 6.0, "outlier_top_k": None, "outlier_max_fraction": 0.25,
-                                "outlier_fallback": "keep"}
+                                "outlier_fallback": "keep", "output_act_granularity": None}
     assert r["gates"]["scaling"] == "per_channel" and r["gates"]["clamp"] is True
     # the state is stored in int8 (per-row scales, stochastically rounded) between calls and decode
     # steps; a prefill keeps it float32 inside. The fp8 form it had before is gla_int8_fp8.

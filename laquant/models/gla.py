@@ -26,7 +26,7 @@ from laquant.models.fla_attention import Attention, attention_spec, attention_sp
 from laquant.models.graphed_step import OUTPUT_CACHE_FIELD, graph_step_allowed, graphed_step
 from laquant.models.recurrent import OutputNorm, RecurrentMixer
 from laquant.models.side_stream import fork
-from laquant.quant.fused import glu_fixup, glu_project, low_rank_gate, project, w8a8_inputs
+from laquant.quant.fused import glu_project, low_rank_gate, project, w8a8_inputs
 from laquant.serving.graphed_forward import graphed_logits
 
 ATTN_INPUTS = ("q_proj", "k_proj", "v_proj", "g_proj")  # the projections that read the normed hidden state
@@ -226,9 +226,6 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, codes=None) -> torch.Tensor:
         """``codes``: x's W8A8 codes for the fused gate/up GEMM, made by the norm before it."""
-        out = glu_fixup(self, MLP_INPUTS, "down_proj", x, codes)
-        if out is not None:
-            return out
         gate, up = project(self, MLP_INPUTS, x, codes)
         return glu_project(self, "down_proj", gate, up)
 

@@ -20,7 +20,6 @@ runs as one kernel on the GPU (:func:`low_rank_gate`).
 
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.nn as nn
@@ -197,29 +196,6 @@ def glu_w8a8(owner: nn.Module, down: str, gate: torch.Tensor, up: torch.Tensor,
 
     h, codes = glu_triton(gate, up, packed, activation)
     return project(owner, (down,), h, codes)[0]
-
-
-# LAQUANT_GLU_FIXUP=1 (read at each call): a per-group MLP at decode sizes runs gate/up's GEMM writing down's codes in
-# its split-K fixup (kernels/gemm/glu.py; the same values as the GEMM and the GLU kernel), opt-in until timed on a GPU.
-def glu_fixup(owner: nn.Module, names: tuple[str, ...], down: str, x: torch.Tensor, codes,
-              activation: str = "silu") -> torch.Tensor | None:
-    """``owner.<down>(act(gate) * up)`` for the gate/up projections ``names`` on x's per-group ``codes`` (written by
-    the norm before them), as one launch for gate/up and the activation (:func:`~laquant.kernels.gemm.glu.
-    glu_codes_triton`) and down's GEMM on the codes it wrote; None where that does not apply (not asked for, not
-    per group, not decode-sized, or the layouts do not fit), and the caller runs :func:`project` and
-    :func:`glu_project`."""
-    if os.environ.get("LAQUANT_GLU_FIXUP") != "1" or codes is None:
-        return None
-    packed = getattr(codes, "packed", None)
-    if packed is None or not packed.group or packed_group(owner, names, x) is not packed:
-        return None
-    down_packed = w8a8_inputs(owner, (down,), x, groups=True)
-    from laquant.kernels.gemm.glu import glu_codes_triton, glu_fixup_fits
-
-    if down_packed is None or not glu_fixup_fits(packed, down_packed, codes[0].shape[0]):
-        return None
-    h, down_codes = glu_codes_triton(codes, packed, down_packed, activation)
-    return project(owner, (down,), h.view(*x.shape[:-1], -1), down_codes)[0]
 
 
 def glu_project(owner: nn.Module, down: str, gate: torch.Tensor, up: torch.Tensor,
