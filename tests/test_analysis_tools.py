@@ -4,7 +4,9 @@
   specialized on the launch's own arguments (without that its counts were those of another program: no vectorized
   access, spills the GPU's kernel does not have);
 * tools/group_codes_ppl.py's per-group W8A8 reference is the per-token one when a group spans the row, and keeps the
-  outlier columns out of the groups."""
+  outlier columns out of the groups;
+* tools/step_ablation.py drops the launches of the kernels named, and only those, and puts every module's launches
+  back."""
 
 from __future__ import annotations
 
@@ -93,3 +95,38 @@ def test_model_launch_is_specialized_as_the_jit_does(kernel, commit, sass_mix):
     assert signature["seed"] == "i32" and not attrs.get(_index(fn, "seed"))
     if kernel == "gla":
         assert constexprs[_index(fn, "GNORM")] and constexprs[_index(fn, "CODES")]
+
+
+def test_step_ablation_skips_only_the_named_kernels_and_puts_the_launches_back(monkeypatch):
+    """tools/step_ablation.py's ``skip:KERNEL`` (what a kernel adds to the graphed step's critical path) replaces
+    ``launch_kernel`` in every laquant module that launches kernels; the named kernel's launches are dropped, the
+    others still launched, and every module gets the original back afterwards, also after an error."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "tools"))
+    step_ablation = _tool("step_ablation")
+    from laquant.kernels.common import launch
+    from laquant.kernels.gla import decode
+    from laquant.kernels.rowwise import fused
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    launched = []
+
+    class Kernel:
+        def __init__(self, name):
+            self.__name__ = name
+
+        def __getitem__(self, grid):  # launch_kernel's path for a kernel without Triton's device caches
+            return lambda *args, **kwargs: launched.append(self.__name__) or self.__name__
+
+    original = launch.launch_kernel
+    with step_ablation.ablated("skip:_gla_decode_kernel+_rms_norm_kernel"):
+        assert decode.launch_kernel is not original and fused.launch_kernel is decode.launch_kernel
+        assert decode.launch_kernel(Kernel("_gla_decode_kernel"), (1,)) is None
+        assert fused.launch_kernel(Kernel("_rms_norm_kernel"), (1,)) is None
+        assert fused.launch_kernel(Kernel("_swiglu_kernel"), (1,), 3) == "_swiglu_kernel"
+    assert launched == ["_swiglu_kernel"]
+    assert decode.launch_kernel is original and fused.launch_kernel is original and launch.launch_kernel is original
+    with pytest.raises(RuntimeError), step_ablation.ablated("skip:_gla_decode_kernel"):
+        raise RuntimeError("the step failed")
+    assert decode.launch_kernel is original
+    with pytest.raises(SystemExit, match="unknown ablation"), step_ablation.ablated("skip_decode"):
+        pass
