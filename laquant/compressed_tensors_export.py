@@ -165,14 +165,12 @@ def _quantized_modules(model, decisions: Decisions) -> tuple[dict[str, nn.Module
                                "is the model calibrated (laquant.load of a laquant checkpoint)?")
         if module.act_granularity == "none" and name not in dense:
             dense[name] = "weight-only int8 (the recipe's outlier_fallback), dequantized: this format's int8 is W8A8"
-        if module.act_granularity == "per_tensor":
-            raise LaquantError(f"{name}: per-tensor activation scales (act_granularity per_tensor) have no form "
-                               "an engine runs for int8 (vLLM's int8 W8A8 quantizes activations per token); "
-                               "calibrate with --set projections.act_granularity=per_token")
-        if module.act_granularity == "per_group":
-            raise LaquantError(f"{name}: per-group activation scales (act_granularity per_group) have no int8 form "
-                               "an engine runs (vLLM's int8 W8A8 quantizes activations per token); calibrate with "
-                               "--set projections.act_granularity=per_token for this export")
+        if module.act_granularity in ("per_tensor", "per_group"):
+            kind = module.act_granularity.replace("_", "-")
+            raise LaquantError(f"{name}: {kind} activation scales (act_granularity {module.act_granularity}) have "
+                               "no int8 form an engine runs (vLLM's int8 W8A8 quantizes activations per token); "
+                               "calibrate with --set projections.act_granularity=per_token (and without "
+                               "projections.output_act_granularity) for this export")
         linears[name] = module
     return linears, dense, dropped
 

@@ -267,8 +267,16 @@ def test_export_cli_and_its_errors(tmp_path, capsys):
                  "--quiet"]) == 0
     capsys.readouterr()
     fails(["export", str(per_tensor), "--format", "compressed-tensors", "--out", str(tmp_path / "z"), "--no-eval"],
-          "per_tensor", "--set projections.act_granularity=per_token")
-    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists() and not (tmp_path / "z").exists()
+          "per-tensor activation scales", "--set projections.act_granularity=per_token")
+    # per-group scales on the projections that close a block only: the message says which field to drop
+    out_groups = tmp_path / "og"
+    assert main(["calibrate", "--recipe", "hybrid_int8", "--model", str(model_dir), "--samples", "2", "--seq-len",
+                 "64", "--no-eval", "--set", "projections.output_act_granularity=per_group", "--out", str(out_groups),
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    fails(["export", str(out_groups), "--format", "compressed-tensors", "--out", str(tmp_path / "w"), "--no-eval"],
+          "per-group activation scales", "without projections.output_act_granularity")
+    assert not any((tmp_path / d).exists() for d in "xyzw")
     assert _leftovers(tmp_path) == []
 
 
