@@ -8,11 +8,11 @@ tokens); timed against bf16, per token and per group, in alternating rounds, B =
 """
 import argparse
 import json
-import time
 
 import torch
 
 from profile_prefill import random_gla
+from step_ablation import step_us
 
 from laquant.generate import DecodeSession, release_graphs
 from laquant.models import GLAConfig
@@ -27,17 +27,10 @@ def mixed(cfg: GLAConfig):
     return model
 
 
-def step_us(model, ids, steps: int = 40) -> float:
+def replay_us(model, ids, steps: int = 40) -> float:
+    """The model's graphed decode step on ``ids``, captured afresh (the model keeps its captured steps)."""
     release_graphs(model)
-    session = DecodeSession(model, ids, 3 + steps + 1, graphed=True)
-    for _ in range(3):
-        session.step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        session.step()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / steps * 1e6
+    return step_us(DecodeSession(model, ids, 3 + steps + 1, graphed=True), steps)
 
 
 @torch.no_grad()
@@ -61,7 +54,7 @@ def main() -> None:
         times = {k: [] for k in models}
         for _ in range(args.rounds):
             for k, m in models.items():
-                times[k].append(step_us(m, ids[:batch]))
+                times[k].append(replay_us(m, ids[:batch]))
         result["us_per_step"][f"B{batch}"] = times
         med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
         result[f"median_B{batch}"] = med
