@@ -29,8 +29,8 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         # the projections that close a block (o_proj, out_proj, down_proj: laquant.families.OUTPUT_PROJECTIONS) take
         # this one instead (null: act_granularity). Their inputs come from kernels that see a head or a group of a
         # token, not its whole row: per_group codes need no wait for the row's scale in the GLA decode kernel and
-        # SwiGLU (with act_granularity per_token, the 1.37B GLA's graphed B = 64 step 1.63x -> 1.67x bf16,
-        # eval/results/mixed_granularity_h200/)
+        # SwiGLU (with act_granularity per_token, the 1.37B GLA's graphed B = 64 decode 1.62x -> 1.65x bf16 for
+        # +0.05-0.10% perplexity on gla-small, eval/results/mixed_granularity_h200/)
         "output_act_granularity": ((None, "per_token", "per_tensor", "per_group"), None),
         "outlier_threshold": (ANY_NUMBER_OR_NULL, 6.0),
         "outlier_top_k": (ANY_INT_OR_NULL, None),

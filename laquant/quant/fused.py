@@ -20,7 +20,6 @@ runs as one kernel on the GPU (:func:`low_rank_gate`).
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn as nn
 
