@@ -42,7 +42,8 @@ def test_eval_ppl_table_and_json(capsys, tmp_path, tiny_model_dir):
     (["eval", "ppl", "{tiny}", "--context", "4096", "--max-tokens", "300"], "longer than the data"),
     (["eval", "ppl", "{llama}"], "model_type 'llama' is not supported; supported: gla"),
     (["eval", "ppl", "{tiny}", "--device", "cuda:7"] if not __import__("torch").cuda.is_available() else
-     ["eval", "ppl", "/no/such/model"], "cuda" if not __import__("torch").cuda.is_available() else "not found"),
+     ["eval", "ppl", "/no/such/model"],
+     "no CUDA device is available" if not __import__("torch").cuda.is_available() else "not found"),
     (["eval", "speed", "--out", "{tmp}/speed"] if not __import__("torch").cuda.is_available() else
      ["eval", "ppl", "/no/such/model"], "needs a CUDA device" if not __import__("torch").cuda.is_available() else
      "not found"),

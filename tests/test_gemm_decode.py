@@ -91,7 +91,7 @@ def test_auto_dispatch_follows_the_table(monkeypatch):
     assert calls[1][1]["SPLIT_K"] == 2 and "GROUP_M" in calls[2][1]  # M > 256: the tiled kernel
     linear_triton(_x(1, 96, outliers, torch.float32), mod.packed(), mode="w8a8")
     assert calls[-1][0] == "w8a8"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="mode must be auto, w8a8 or w8a16; got 'int4'"):
         linear_triton(_x(1, 96, outliers, torch.float32), mod.packed(), mode="int4")
 
 

@@ -172,10 +172,12 @@ def test_cli_generate(capsys):
     assert main(["generate", "no-such-model-dir", "--prompt", "x"]) == 2
     assert "not found" in capsys.readouterr().err
     assert main(["generate", "--prompt", "x", "--max-new-tokens", "0", "--device", "cpu"]) == 2
+    assert "--max-new-tokens must be >= 1, got 0" in capsys.readouterr().err
     assert main(["generate", "--prompt", "x", "--top-k", "3", "--device", "cpu"]) == 2
     assert "needs --temperature" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["generate", "--prompt", "x", "--greedy", "--temperature", "1"])
+    assert "not allowed with argument --greedy" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------- eval speed, e2e
@@ -194,7 +196,7 @@ def test_eval_speed_arguments(capsys):
     args = build_parser().parse_args(["eval", "speed", "--set", "projections.outlier_fallback=weight_only"])
     assert args.overrides == ["projections.outlier_fallback=weight_only"]
     assert main(["eval", "speed", "--suite", "e2e", "--set", "projections.outlier_fallback=bf16"]) == 2
-    assert "outlier_fallback" in capsys.readouterr().err
+    assert "outlier_fallback = 'bf16' is not allowed; allowed: keep, weight_only" in capsys.readouterr().err
     assert main(["eval", "speed", "--suite", "e2e", "--set", "projections.outlier_fallback=weight_only",
                  "some_checkpoint"]) == 2
     assert "timed as saved" in capsys.readouterr().err

@@ -5,6 +5,7 @@ decode up to one flipped 8-bit state code (another CPU's summation order), and w
 another version's CPU kernels elsewhere (one flipped int8 activation code moves a logit by up to
 ~1/127 of its scale)."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -59,4 +60,5 @@ def test_inspect_reads_a_legacy_checkpoint(legacy_dir, capsys):
 
     assert main(["inspect", str(legacy_dir), "--plots", str(legacy_dir / "plots-new")]) == 0
     out = capsys.readouterr().out
-    assert "recipe" in out and len(list((legacy_dir / "plots-new").glob("*.png"))) == 3
+    recipe = json.loads((legacy_dir / "config.json").read_text())["quantization_config"]["recipe"]["name"]
+    assert f": recipe {recipe} " in out and len(list((legacy_dir / "plots-new").glob("*.png"))) == 3

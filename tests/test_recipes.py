@@ -45,7 +45,7 @@ def test_overrides():
     (["projections.outlier_top_k=2.5"], "an integer > 0, or null"),
     (["projections.outlier_max_fraction=1.5"], "a number in (0, 1], or null"),
     (["projections.outlier_max_fraction=0"], "a number in (0, 1], or null"),
-    (["gates.clamp=yes please"], "gates.clamp"),
+    (["gates.clamp=yes please"], "gates.clamp = 'yes please' is not allowed; allowed: True, False"),
     (["state.renorm_interval=-1"], "an integer >= 0"),
     (["statefmt"], "expected SECTION.FIELD=VALUE"),
 ])

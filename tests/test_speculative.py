@@ -333,9 +333,10 @@ def test_cli_generate_with_a_draft(tiny_model_dir, capsys):
                  "--no-eos", "--draft", str(tiny_model_dir), "--draft-tokens", "3"]) == 0
     out = capsys.readouterr().out
     assert out.split("\n[")[0] == plain and "speculative" in out
-    assert main(["generate", "--prompt", "x", "--draft-tokens", "3"]) == 2  # --draft-tokens without --draft
+    assert main(["generate", "--prompt", "x", "--draft-tokens", "3"]) == 2
+    assert "--draft-tokens needs --draft" in capsys.readouterr().err
     assert main(["generate", "--prompt", "x", "--draft", str(tiny_model_dir), "--draft-tokens", "16"]) == 2
-    assert "laquant: error:" in capsys.readouterr().err
+    assert "--draft-tokens must be in 1..15, got 16" in capsys.readouterr().err
     from laquant.cli.generate import MAX_DRAFT_TOKENS as CLI_MAX
     from laquant.serving.speculative import MAX_DRAFT_TOKENS
 
