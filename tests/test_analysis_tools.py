@@ -128,5 +128,8 @@ def test_step_ablation_skips_only_the_named_kernels_and_puts_the_launches_back(m
     with pytest.raises(RuntimeError), step_ablation.ablated("skip:_gla_decode_kernel"):
         raise RuntimeError("the step failed")
     assert decode.launch_kernel is original
+    import laquant.errors
+
+    assert not hasattr(laquant.errors, "launch_kernel")  # a module that launches nothing is left alone
     with pytest.raises(SystemExit, match="unknown ablation"), step_ablation.ablated("skip_decode"):
         pass

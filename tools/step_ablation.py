@@ -7,8 +7,8 @@ the GPU's clock spreads over all of them.
 
 Ablations: ``none``; ``no_gate``: the low-rank gate's kernel gone (its warm-up output, kept, in its place);
 ``in_order``: the gate on the main stream after the norm instead of on the side stream (``LAQUANT_SIDE_STREAM=0``);
-``skip:KERNEL``: the captured step without any launch of the Triton kernel named so (its outputs left unwritten):
-what that kernel adds to the step's critical path, the overlap that PDL and the side stream give included.
+``skip:KERNEL[+KERNEL...]``: the captured step without any launch of the Triton kernels named so (their outputs left
+unwritten): what they add to the step's critical path, the overlap that PDL and the side stream give included.
 """
 import argparse
 import contextlib
@@ -65,8 +65,9 @@ def _patch_launches(skip) -> None:
     def launch_unless_skipped(kernel, grid, *args, **kwargs):
         return None if skip(kernel) else original(kernel, grid, *args, **kwargs)
 
+    launches = {original, _patch_launches.current} - {None}
     for name, module in list(sys.modules.items()):
-        if name.startswith("laquant") and getattr(module, "launch_kernel", None) in (original, _patch_launches.current):
+        if name.startswith("laquant") and getattr(module, "launch_kernel", None) in launches:
             module.launch_kernel = original if skip is None else launch_unless_skipped
     _patch_launches.current = None if skip is None else launch_unless_skipped
 
