@@ -202,7 +202,10 @@ def test_shipped_gla_small_drafts_for_its_quantized_form(trained_model_dir):
     ids = torch.randint(1, target.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(1))
     want = generate(target, ids, 40)
     stats = SpeculativeStats()
-    assert torch.equal(speculative_generate(target, draft, ids, 40, num_draft_tokens=4, stats=stats), want)
+    got = speculative_generate(target, draft, ids, 40, num_draft_tokens=4, stats=stats)
+    # greedy up to near-ties: the CPU's float32 GEMMs round a verify step's rows apart from a decode step's row (the
+    # 2026-12-04 state rounding parts these 40 tokens at position 49, logits 8.63876 / 8.63862)
+    _assert_same_up_to_near_ties(target, got, want, ids.shape[1], "gla-small drafting for its gla_int8 form")
     assert stats.acceptance > 0.5  # the unquantized model is a good draft for its quantized form
 
 
