@@ -36,6 +36,7 @@ from laquant.recipe import load_recipe
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ablation import add_data_arguments, load_inputs, perplexities, write_result  # noqa: E402
+from group_codes_ppl import markdown  # noqa: E402  (the same table)
 
 
 def static_scale(module: QuantLinear, bound: torch.Tensor) -> torch.Tensor:
@@ -97,19 +98,6 @@ def run(args: argparse.Namespace) -> dict:
                                                      "seed": args.seed},
             "device": "cpu", "dtype": "float32", "torch": torch.__version__, "seconds": round(time.time() - t0),
             "rows": rows}
-
-
-def markdown(result: dict) -> str:
-    base = result["rows"][0]
-    lines = [f"Model `{Path(result['model']).name}`, {result['data']} ({result['tokens']} tokens), context "
-             f"{result['context']}, CPU reference path, float32 compute; calibration {result['calibration']['samples']}"
-             f" x {result['calibration']['seq_len']} tokens.", "",
-             "| activations | ppl prefill | ppl decode |", "|---|---|---|"]
-    for r in result["rows"]:
-        cells = [f"{r[m]:.3f}" if r is base else f"{r[m]:.3f} ({100 * (r[m] / base[m] - 1):+.3f}%)"
-                 for m in ("prefill", "decode")]
-        lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
