@@ -6,7 +6,8 @@
 * tools/group_codes_ppl.py's per-group W8A8 reference is the per-token one when a group spans the row, and keeps the
   outlier columns out of the groups;
 * tools/step_ablation.py drops the launches of the kernels named, and only those, and puts every module's launches
-  back."""
+  back;
+* tools/static_codes_ppl.py's static W8A8 reference rounds to one calibrated scale and clips beyond it."""
 
 from __future__ import annotations
 
@@ -133,3 +134,28 @@ def test_step_ablation_skips_only_the_named_kernels_and_puts_the_launches_back(m
     assert not hasattr(laquant.errors, "launch_kernel")  # a module that launches nothing is left alone
     with pytest.raises(SystemExit, match="unknown ablation"), step_ablation.ablated("skip_decode"):
         pass
+
+
+def test_static_codes_reference_rounds_to_one_scale_and_clips(monkeypatch):
+    """tools/static_codes_ppl.py's static W8A8 product: the kept columns' codes ``clamp(round(x / s))`` times ``s`` with
+    the dequantized weight, the outlier columns in float; a value beyond ``127 s`` clips; the scale comes from the
+    largest bound of the non-outlier columns."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "tools"))
+    static_codes = _tool("static_codes_ppl")
+    from laquant.quant.modules import QuantLinear
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(40, 24)
+    module = QuantLinear.from_linear(linear, torch.tensor([3, 17]))
+    bound = torch.rand(40) + 0.5
+    bound[3] = 100.0  # an outlier column's bound is not the scale's
+    scale = static_codes.static_scale(module, bound)
+    assert scale.item() == pytest.approx(bound[module.keep_idx].max().item() / 127)
+    x = torch.randn(5, 40)
+    x[0, 5] = 1000.0  # clips to 127 s
+    y = static_codes.static_forward(module, scale)(x)
+    w = module.dequantized_weight()
+    kept = torch.clamp(torch.round(x[:, module.keep_idx] / scale), -127, 127) * scale
+    want = kept @ w[:, module.keep_idx].T + x[:, module.outlier_idx] @ w[:, module.outlier_idx].T + linear.bias
+    assert torch.allclose(y, want, atol=1e-4) and torch.isfinite(y).all()
+    assert (y - module(x)).abs().max() > 1  # the clipped value: not the per-token product
