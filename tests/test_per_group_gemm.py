@@ -434,10 +434,11 @@ def test_output_act_granularity_applies_to_the_projections_that_close_a_block(ti
 
 @pytest.mark.parametrize("granularity", GRANULARITIES)
 def test_gla_per_group_model_path_takes_its_codes_from_the_producers(monkeypatch, granularity):
-    """The GPU wiring on the CPU under Triton's interpreter (float32): a GLA calibrated with gla_int8_all per group
-    runs its q/k/v/g and gate/up GEMMs on codes its norms write, down's on codes SwiGLU writes and o_proj's on codes
-    the gated output norm writes (heads of 128 columns): no GEMM quantizes its input in a pass of its own. Its
-    logits equal the CPU reference path's to float rounding (the GEMMs sum their groups in another order)."""
+    """The GPU wiring on the CPU under Triton's interpreter (float32): a GLA calibrated with gla_int8_all per group (or
+    per group on o_proj and down only, ``GRANULARITIES``) runs its q/k/v/g and gate/up GEMMs on codes its norms write,
+    down's on codes SwiGLU writes and o_proj's on codes the gated output norm writes (heads of 128 columns): no GEMM
+    quantizes its input in a pass of its own. Its logits equal the CPU reference path's to float rounding (the GEMMs sum
+    their groups in another order)."""
     from conftest import INTERPRETED
 
     if not INTERPRETED:
@@ -498,10 +499,10 @@ def test_gla_per_group_decode_kernel_writes_o_projs_codes(monkeypatch, granulari
 @torch.no_grad()
 @pytest.mark.parametrize("granularity", GRANULARITIES)
 def test_gpu_gla_per_group_steps_take_produced_codes(monkeypatch, granularity):
-    """On CUDA (bf16): a per-group GLA's decode steps run no quantize pass (norms, SwiGLU and the decode kernel write
-    the codes), match the steps whose output norm runs in its own kernel (the same state; logits within the bf16
-    rounding of the norm's sum, which the decode kernel may group differently), and stay near the float32 CPU
-    reference's logits."""
+    """On CUDA (bf16): a per-group GLA's decode steps (either of ``GRANULARITIES``) run no quantize pass (norms, SwiGLU
+    and the decode kernel write the codes), match the steps whose output norm runs in its own kernel (the same state;
+    logits within the bf16 rounding of the norm's sum, which the decode kernel may group differently), and stay near the
+    float32 CPU reference's logits."""
     from laquant.models import recurrent
 
     model = _per_group_gla(vocab=512, calib_len=64, granularity=granularity)
