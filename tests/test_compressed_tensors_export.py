@@ -260,22 +260,19 @@ def test_export_cli_and_its_errors(tmp_path, capsys):
         "quant_method": "laquant", "format_version": 1, "recipe": {}, "decisions": {}}}))
     fails(["export", str(gla), "--format", "compressed-tensors", "--out", str(tmp_path / "y"), "--no-eval"],
           "GLA", "vLLM")
-    # a decision the format cannot run fails inside the staging folder: nothing is left behind
-    per_tensor = tmp_path / "pt"
-    assert main(["calibrate", "--recipe", "hybrid_int8", "--model", str(model_dir), "--samples", "2", "--seq-len",
-                 "64", "--no-eval", "--set", "projections.act_granularity=per_tensor", "--out", str(per_tensor),
-                 "--quiet"]) == 0
-    capsys.readouterr()
-    fails(["export", str(per_tensor), "--format", "compressed-tensors", "--out", str(tmp_path / "z"), "--no-eval"],
-          "per-tensor activation scales", "--set projections.act_granularity=per_token")
-    # per-group scales on the projections that close a block only: the message says which field to drop
-    out_groups = tmp_path / "og"
-    assert main(["calibrate", "--recipe", "hybrid_int8", "--model", str(model_dir), "--samples", "2", "--seq-len",
-                 "64", "--no-eval", "--set", "projections.output_act_granularity=per_group", "--out", str(out_groups),
-                 "--quiet"]) == 0
-    capsys.readouterr()
-    fails(["export", str(out_groups), "--format", "compressed-tensors", "--out", str(tmp_path / "w"), "--no-eval"],
-          "per-group activation scales", "without projections.output_act_granularity")
+    # a decision the format cannot run fails inside the staging folder: nothing is left behind (per-group scales on
+    # the projections that close a block only: the message says which field to drop)
+    for setting, out, needles in (
+            ("projections.act_granularity=per_tensor", "z",
+             ("per-tensor activation scales", "--set projections.act_granularity=per_token")),
+            ("projections.output_act_granularity=per_group", "w",
+             ("per-group activation scales", "without projections.output_act_granularity"))):
+        calibrated = tmp_path / f"calibrated_{out}"
+        assert main(["calibrate", "--recipe", "hybrid_int8", "--model", str(model_dir), "--samples", "2", "--seq-len",
+                     "64", "--no-eval", "--set", setting, "--out", str(calibrated), "--quiet"]) == 0
+        capsys.readouterr()
+        fails(["export", str(calibrated), "--format", "compressed-tensors", "--out", str(tmp_path / out), "--no-eval"],
+              *needles)
     assert not any((tmp_path / d).exists() for d in "xyzw")
     assert _leftovers(tmp_path) == []
 

@@ -60,19 +60,27 @@ def group_codes_linear(group: int):
     return linear
 
 
-def run(args: argparse.Namespace) -> dict:
+def calibrated_baseline(args: argparse.Namespace):
+    """``(model_dir, model, ids, stats, evaluate, rows)``: the model calibrated with ``args.recipe`` on the CPU (its
+    statistics kept), ``evaluate(model)`` its perplexities on ``ids``, ``rows`` the float model's and the
+    calibrated one's (printed as they come): what this tool and tools/static_codes_ppl.py compare against."""
     model_dir, model, ids, calib = load_inputs(args, "cpu")
 
     def evaluate(m) -> dict:
         return perplexities(m, ids, args.context)
 
-    t0 = time.time()
     rows = [{"name": "float", **evaluate(model)}]
     print(json.dumps(rows[-1]), flush=True)
     stats = collect_stats(model, laquant.adapters.get_adapter(model), calib, seed=args.seed, progress=False)
     calibrate(model, load_recipe(args.recipe), stats=stats)
     rows.append({"name": f"{args.recipe}, per-token activation scales", **evaluate(model)})
     print(json.dumps(rows[-1]), flush=True)
+    return model_dir, model, ids, stats, evaluate, rows
+
+
+def run(args: argparse.Namespace) -> dict:
+    t0 = time.time()
+    model_dir, model, ids, _, evaluate, rows = calibrated_baseline(args)
     saved = quant_modules.int8_outlier_linear
     quant_modules.int8_outlier_linear = group_codes_linear(args.group)
     try:

@@ -12,9 +12,8 @@ import json
 import torch
 
 from profile_prefill import random_gla
-from step_ablation import step_us
+from step_ablation import replay_us
 
-from laquant.generate import DecodeSession, release_graphs
 from laquant.models import GLAConfig
 
 PER_GROUP = "gla_int8_all+projections.act_granularity=per_group"
@@ -25,12 +24,6 @@ def mixed(cfg: GLAConfig):
     for layer, giver in zip(model.model.layers, donor.model.layers):
         layer.attn.o_proj, layer.mlp.down_proj = giver.attn.o_proj, giver.mlp.down_proj
     return model
-
-
-def replay_us(model, ids, steps: int = 40) -> float:
-    """The model's graphed decode step on ``ids``, captured afresh (the model keeps its captured steps)."""
-    release_graphs(model)
-    return step_us(DecodeSession(model, ids, 3 + steps + 1, graphed=True), steps)
 
 
 @torch.no_grad()

@@ -26,17 +26,13 @@ from pathlib import Path
 
 import torch
 
-import laquant.adapters
-from laquant.api import calibrate
-from laquant.calibration.run import collect_stats
 from laquant.families import OUTPUT_PROJECTIONS
 from laquant.kernels.common.numerics import dequantize
 from laquant.quant.modules import QuantLinear
-from laquant.recipe import load_recipe
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ablation import add_data_arguments, load_inputs, perplexities, write_result  # noqa: E402
-from group_codes_ppl import markdown  # noqa: E402  (the same table)
+from ablation import add_data_arguments, write_result  # noqa: E402
+from group_codes_ppl import calibrated_baseline, markdown  # noqa: E402  (the same baseline and table)
 
 
 def static_scale(module: QuantLinear, bound: torch.Tensor) -> torch.Tensor:
@@ -69,18 +65,8 @@ def static_modules(model, stats, outputs_only: bool) -> dict[str, QuantLinear]:
 
 
 def run(args: argparse.Namespace) -> dict:
-    model_dir, model, ids, calib = load_inputs(args, "cpu")
-
-    def evaluate(m) -> dict:
-        return perplexities(m, ids, args.context)
-
     t0 = time.time()
-    rows = [{"name": "float", **evaluate(model)}]
-    print(json.dumps(rows[-1]), flush=True)
-    stats = collect_stats(model, laquant.adapters.get_adapter(model), calib, seed=args.seed, progress=False)
-    calibrate(model, load_recipe(args.recipe), stats=stats)
-    rows.append({"name": f"{args.recipe}, per-token activation scales", **evaluate(model)})
-    print(json.dumps(rows[-1]), flush=True)
+    model_dir, model, ids, stats, evaluate, rows = calibrated_baseline(args)
     for outputs_only, what in ((True, "o_proj and down_proj"), (False, "every W8A8 projection")):
         for bound in ("act_absmax", "act_p999"):
             modules = static_modules(model, stats, outputs_only)

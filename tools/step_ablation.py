@@ -76,7 +76,11 @@ _patch_launches.current = None
 _ORIGINAL_LAUNCH = launch.launch_kernel
 
 
-def step_us(session: DecodeSession, steps: int = 40) -> float:
+def replay_us(model, ids, steps: int = 40) -> float:
+    """Microseconds a replay of ``model``'s graphed decode step on ``ids``, captured afresh (the model keeps its
+    captured steps), after 3 untimed steps."""
+    release_graphs(model)
+    session = DecodeSession(model, ids, 3 + steps + 1, graphed=True)
     for _ in range(3):
         session.step()
     torch.cuda.synchronize()
@@ -104,11 +108,8 @@ def main() -> None:
     times = {name: [] for name in args.ablations.split(",")}
     for _ in range(args.rounds):
         for name in times:
-            release_graphs(model)  # the model keeps its captured steps: each ablation captures its own
-            with ablated(name):
-                session = DecodeSession(model, ids, 3 + 40 + 1, graphed=True)
-                times[name].append(step_us(session))
-            del session
+            with ablated(name):  # each ablation captures its own step
+                times[name].append(replay_us(model, ids))
             torch.cuda.empty_cache()
     result = {"variant": args.variant, "batch": args.batch, "prompt": args.prompt, "layers": args.layers,
               "device": torch.cuda.get_device_name(), "torch": torch.__version__,
