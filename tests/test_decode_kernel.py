@@ -149,6 +149,40 @@ def test_every_tabled_launch_matches_reference(fmt):
             assert (new != ref).float().mean() < 0.005 and (new - ref).abs().max() <= 1, (block_k, num_warps)
 
 
+@pytest.mark.parametrize("fmt", ["fp32", "int8_row:stochastic"])
+@pytest.mark.parametrize("block_k,K", [(8, 20), (16, 64)])
+def test_prefetching_walk_stores_the_same_bits(fmt, block_k, K):
+    """The walk that loads each next block of state rows (and its q, k and decay) before this block's arithmetic
+    writes the same outputs and state bits as the walk that loads each block in turn, K a multiple of the block or
+    not; GLA's step and its Mamba2 (SSD) mode."""
+    from laquant.kernels.gla.decode import ssd_decode_step
+
+    name, _, rounding = fmt.partition(":")
+    (q, k, v, g), data, scale, idx, quant, n_stores = _case(3, 2, K, 40, 5, name)
+    quant = StateQuantizer(name, rounding=rounding or "nearest")
+    runs = []
+    for prefetch in (False, True):
+        d, s = data.clone(), None if scale is None else scale.clone()
+        o = gla_decode_step(q, k, v, g, d, s, idx, quant, n_stores, block_k=block_k, num_warps=1, seed=7,
+                            prefetch=prefetch)
+        runs.append((o, d, s))
+    (o0, d0, s0), (o1, d1, s1) = runs
+    assert torch.isfinite(o0.float()).all() and torch.equal(o0, o1) and torch.equal(d0, d1)
+    assert s0 is None or torch.equal(s0, s1)
+    assert not torch.equal(d0, data)  # the step stored something
+    gen = torch.Generator().manual_seed(3)
+    C, B_ = (torch.randn(3, 1, K, generator=gen).to(DEVICE) for _ in range(2))
+    x, dt = torch.randn(3, 2, 40, generator=gen).to(DEVICE), torch.randn(3, 2, generator=gen).to(DEVICE)
+    dt_bias, A_log, D = (torch.rand(2, generator=gen).to(DEVICE) for _ in range(3))
+    ssd = []
+    for prefetch in (False, True):
+        d, s = data.clone(), None if scale is None else scale.clone()
+        y = ssd_decode_step(C, B_, x, dt, dt_bias, A_log, D, None, d, s, idx, quant, n_stores, seed=7,
+                            block_k=block_k, num_warps=1, prefetch=prefetch)
+        ssd.append((y, d))
+    assert torch.isfinite(ssd[0][0]).all() and torch.equal(ssd[0][0], ssd[1][0]) and torch.equal(ssd[0][1], ssd[1][1])
+
+
 def _packed_for(width: int, n_out: int, dtype):
     from laquant.quant.modules import QuantLinear
 

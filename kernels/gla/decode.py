@@ -59,7 +59,7 @@ if triton is not None:
         SSD: tl.constexpr = False, HEADS_PER_GROUP: tl.constexpr = 1, DT_QUANT: tl.constexpr = False,
         DT_BOUNDS: tl.constexpr = False, DT_PER_CHANNEL: tl.constexpr = False, GNORM: tl.constexpr = False,
         CODES: tl.constexpr = False, BQ: tl.constexpr = 16, BNO: tl.constexpr = 16, HAS_OUT: tl.constexpr = False,
-        EARLY_STATE: tl.constexpr = False, GROUP: tl.constexpr = 0,
+        EARLY_STATE: tl.constexpr = False, GROUP: tl.constexpr = 0, PREFETCH: tl.constexpr = False,
     ):
         """``SSD`` (Mamba2's step, :func:`ssd_decode_step`): g holds the heads' dt logits ``[B, H]``, v their
         inputs x; the kernel takes dt = clamp(softplus(logit + dt_bias), dt_lo, dt_hi), the head's decay
@@ -106,17 +106,33 @@ if triton is not None:
             position = tl.load(nstore_ptr + slot) + 1
             if RENORM > 1:
                 renorm_now = position % RENORM == 0
-        readout = _gla_rows(raw0, scale0, 0, readout, q_ptr, k_ptr, g_ptr, state_ptr, scale_ptr, static_ptr, b, h, hq,
-                            slot, offs_v, mask_v, v, decay, qk_scale, seed, position, renorm_now, s_qb, s_qh, s_qk,
-                            s_kb, s_kh, s_kk, s_gb, s_gh, s_gk, s_sp, s_sh, s_sk, s_cp, s_ch, K, V, BLOCK_K, BLOCK_V,
-                            FMT, RENORM, QMAX, SR, SSD)
-        for k0 in range(BLOCK_K, K, BLOCK_K):
-            raw, scale = head_state_rows(state_ptr, scale_ptr, slot, h, k0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp,
-                                         s_ch, K, BLOCK_K, FMT)
-            readout = _gla_rows(raw, scale, k0, readout, q_ptr, k_ptr, g_ptr, state_ptr, scale_ptr, static_ptr, b, h,
-                                hq, slot, offs_v, mask_v, v, decay, qk_scale, seed, position, renorm_now, s_qb, s_qh,
-                                s_qk, s_kb, s_kh, s_kk, s_gb, s_gh, s_gk, s_sp, s_sh, s_sk, s_cp, s_ch, K, V, BLOCK_K,
-                                BLOCK_V, FMT, RENORM, QMAX, SR, SSD)
+        q, kk, row_decay = _gla_row_inputs(0, q_ptr, k_ptr, g_ptr, b, h, hq, decay, qk_scale, s_qb, s_qh, s_qk, s_kb,
+                                           s_kh, s_kk, s_gb, s_gh, s_gk, K, BLOCK_K, SSD)
+        if PREFETCH:  # the next block's rows and inputs loaded before this block's arithmetic and stores, so that
+            # their memory latency overlaps it (loaded after the stores, ptxas may not hoist them: they could alias)
+            raw, scale = raw0, scale0
+            for k0 in range(0, K, BLOCK_K):
+                raw_n, scale_n = head_state_rows(state_ptr, scale_ptr, slot, h, k0 + BLOCK_K, offs_v, mask_v, s_sp,
+                                                 s_sh, s_sk, s_cp, s_ch, K, BLOCK_K, FMT)
+                q_n, kk_n, row_decay_n = _gla_row_inputs(k0 + BLOCK_K, q_ptr, k_ptr, g_ptr, b, h, hq, decay, qk_scale,
+                                                         s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_gb, s_gh, s_gk, K,
+                                                         BLOCK_K, SSD)
+                readout = _gla_rows(raw, scale, q, kk, row_decay, k0, readout, state_ptr, scale_ptr, static_ptr, h,
+                                    slot, offs_v, mask_v, v, seed, position, renorm_now, s_sp, s_sh, s_sk, s_cp, s_ch,
+                                    K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR)
+                raw, scale, q, kk, row_decay = raw_n, scale_n, q_n, kk_n, row_decay_n
+        else:
+            readout = _gla_rows(raw0, scale0, q, kk, row_decay, 0, readout, state_ptr, scale_ptr, static_ptr, h, slot,
+                                offs_v, mask_v, v, seed, position, renorm_now, s_sp, s_sh, s_sk, s_cp, s_ch, K, V,
+                                BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR)
+            for k0 in range(BLOCK_K, K, BLOCK_K):
+                raw, scale = head_state_rows(state_ptr, scale_ptr, slot, h, k0, offs_v, mask_v, s_sp, s_sh, s_sk,
+                                             s_cp, s_ch, K, BLOCK_K, FMT)
+                q, kk, row_decay = _gla_row_inputs(k0, q_ptr, k_ptr, g_ptr, b, h, hq, decay, qk_scale, s_qb, s_qh,
+                                                   s_qk, s_kb, s_kh, s_kk, s_gb, s_gh, s_gk, K, BLOCK_K, SSD)
+                readout = _gla_rows(raw, scale, q, kk, row_decay, k0, readout, state_ptr, scale_ptr, static_ptr, h,
+                                    slot, offs_v, mask_v, v, seed, position, renorm_now, s_sp, s_sh, s_sk, s_cp, s_ch,
+                                    K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR)
         pdl_release(PDL)
         o = tl.sum(readout, axis=0)
         if SSD:
@@ -130,12 +146,9 @@ if triton is not None:
                      o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask_v)
 
     @triton.jit
-    def _gla_rows(raw, old_scale, k0, readout, q_ptr, k_ptr, g_ptr, state_ptr, scale_ptr, static_ptr, b, h, hq, slot,
-                  offs_v, mask_v, v, decay, qk_scale, seed, position, renorm_now, s_qb, s_qh, s_qk, s_kb, s_kh, s_kk,
-                  s_gb, s_gh, s_gk, s_sp, s_sh, s_sk, s_cp, s_ch, K, V, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-                  FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr, SSD: tl.constexpr):
-        """One block of state rows (``raw`` as stored, from :func:`head_state_rows`) decayed, updated with ``k v^T``,
-        stored back in its format; returns ``readout`` plus its ``q``-weighted rows."""
+    def _gla_row_inputs(k0, q_ptr, k_ptr, g_ptr, b, h, hq, decay, qk_scale, s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_gb,
+                        s_gh, s_gk, K, BLOCK_K: tl.constexpr, SSD: tl.constexpr):
+        """q (times ``qk_scale``), k and the decay of state rows ``k0 .. k0 + BLOCK_K`` (0, 0 and 1 past ``K``)."""
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
         q = tl.load(q_ptr + b * s_qb + hq * s_qh + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32) * qk_scale
@@ -145,6 +158,18 @@ if triton is not None:
         else:
             row_decay = tl.exp(tl.load(g_ptr + b * s_gb + h * s_gh + offs_k * s_gk, mask=mask_k,
                                        other=0.0).to(tl.float32))
+        return q, kk, row_decay
+
+    @triton.jit
+    def _gla_rows(raw, old_scale, q, kk, row_decay, k0, readout, state_ptr, scale_ptr, static_ptr, h, slot, offs_v,
+                  mask_v, v, seed, position, renorm_now, s_sp, s_sh, s_sk, s_cp, s_ch, K, V, BLOCK_K: tl.constexpr,
+                  BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr,
+                  SR: tl.constexpr):
+        """One block of state rows (``raw`` as stored, from :func:`head_state_rows`, with its inputs from
+        :func:`_gla_row_inputs`) decayed, updated with ``k v^T``, stored back in its format; returns ``readout`` plus
+        its ``q``-weighted rows."""
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
         ptrs = state_ptr + slot * s_sp + h * s_sh + offs_k[:, None] * s_sk + offs_v[None, :]
         sc_ptrs = scale_ptr + slot * s_cp + h * s_ch + offs_k
         mask = mask_k[:, None] & mask_v[None, :]
@@ -206,7 +231,7 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
                     n_stores: torch.Tensor | None = None, qk_scale: float | None = None,
                     block_k: int | None = None, num_warps: int | None = None,
                     out: torch.Tensor | None = None, seed: int = 0, norm: tuple | None = None, packed=None,
-                    early_state: bool = False):
+                    early_state: bool = False, prefetch: bool | None = None):
     """Triton decode step. q, k, g ``[B, H, K]``, v ``[B, H, V]``; ``state`` ``[P, H, K, V]`` with
     V contiguous; ``scale`` ``[P, H, K]`` float32 (fp8 only); ``pool_idx`` ``[B]`` int32. The slots
     are updated in place (``n_stores`` is read, not incremented: the caller counts). A stochastic
@@ -223,13 +248,16 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
     loads the slots and each head's first block of state rows before waiting for the kernel launched just before it
     on the stream, so their device-memory latency overlaps that kernel's tail. Only for callers where that kernel
     writes neither (a model layer's projection or conv precedes the step); two steps on one pool back to back would
-    read the state before the first had stored it."""
+    read the state before the first had stored it. ``prefetch``: the walk loads each next block of state rows before
+    this block's arithmetic (by default as :data:`~..common.state_io.DECODE_PREFETCH` says for this launch size)."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use gla_decode_step_reference")
     B, H, K = q.shape
     V = v.shape[-1]
     pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K, block_k,
                                                       num_warps)
+    if prefetch is not None:
+        consts["PREFETCH"] = prefetch
     o = torch.empty(B, H, V, dtype=v.dtype, device=v.device) if out is None else out
     qk_scale = K ** -0.5 if qk_scale is None else qk_scale
     norm_args, codes = _output_norm_args(norm, packed, o, v)
@@ -298,14 +326,15 @@ def ssd_decode_step_reference(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_
 def ssd_decode_step(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, state, scale, pool_idx,
                     quantizer: StateQuantizer, n_stores: torch.Tensor | None = None, seed: int = 0,
                     out: torch.Tensor | None = None, dt_treatment: dict | None = None, block_k: int | None = None,
-                    num_warps: int | None = None, early_state: bool = False) -> torch.Tensor:
+                    num_warps: int | None = None, early_state: bool = False,
+                    prefetch: bool | None = None) -> torch.Tensor:
     """:func:`ssd_decode_step_reference` in one launch of the GLA decode kernel (its ``SSD`` mode): the gate
     treatment of the dt logits, the time step, the decay, ``dt x``, the groups' C and B (read in place: any
     strides) and ``D x`` inside. Returns ``y`` ``[B, H, P]`` float32, or in ``out``'s dtype (on the GPU rounded
     once, to nearest even, as ``.to(dtype)`` rounds the float32 spec; Triton's interpreter truncates).
     ``block_k`` / ``num_warps``: the launch (rows a block, warps a program); by default the decode table's
     (:data:`~..common.state_io.DECODE_LAUNCH`, ``"ssd"``) for this many programs. ``early_state``: as
-    :func:`gla_decode_step`'s."""
+    :func:`gla_decode_step`'s, and so is ``prefetch``."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use ssd_decode_step_reference")
     Bsz, H, P = x.shape
@@ -315,6 +344,8 @@ def ssd_decode_step(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, sta
     lo, hi = time_step_limit if time_step_limit is not None else (0.0, float("inf"))
     pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, N, block_k,
                                                       num_warps, "ssd")
+    if prefetch is not None:
+        consts["PREFETCH"] = prefetch
     o = torch.empty(Bsz, H, P, dtype=torch.float32, device=x.device) if out is None else out
     per_head = None if dt_treatment is None else {k: None if t is None else t.reshape(1, -1)
                                                   for k, t in dt_treatment.items()}
