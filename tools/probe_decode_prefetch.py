@@ -59,7 +59,7 @@ def kernel_alone_us(launch, pools: int, B=64, H=16, K=64, V=128, layers=24, reps
     g = (torch.nn.functional.logsigmoid(torch.randn(B, H, K, device="cuda", generator=gen)) / 4).bfloat16()
     states = []
     for _ in range(pools):
-        data, scale = quant.store(torch.randn(B, H, K, V, device="cuda", generator=gen) * 0.1)
+        data, scale = StateQuantizer("int8_row").store(torch.randn(B, H, K, V, device="cuda", generator=gen) * 0.1)
         states.append((data, scale.squeeze(-1).contiguous()))
     idx = torch.arange(B, dtype=torch.int32, device="cuda")
     n_stores = torch.zeros(B, dtype=torch.int32, device="cuda")
