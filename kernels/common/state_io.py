@@ -146,6 +146,7 @@ STEP_DECODE_LAUNCH: dict = {
 # Buckets whose decode walk loads the next block of state rows before this block's arithmetic (the GLA kernel's
 # ``PREFETCH``): ``(kernel, format, max_programs)`` of DECODE_LAUNCH's buckets.
 DECODE_PREFETCH: set = set()
+PREFETCH_DISTANCE = 1
 
 
 def decode_prefetch(kernel: str, fmt: str, programs: int) -> bool:
@@ -264,5 +265,5 @@ def pool_args(state: torch.Tensor, scale: torch.Tensor | None, pool_idx: torch.T
                   SR=quantizer.stochastic,
                   BLOCK_K=min(block_k or default_k, 1 << (K - 1).bit_length()))
     if kernel in ("gla", "ssd") and decode_prefetch(kernel, fmt.name, pool_idx.numel() * H):
-        consts["PREFETCH"] = True
+        consts["PREFETCH"] = PREFETCH_DISTANCE
     return ptrs, strides, consts, num_warps or default_warps
