@@ -97,6 +97,27 @@ def test_step_decode_launch_replaces_one_bucket(monkeypatch):
     assert state_io.decode_launch("gla", "bf16", 1024) == (16, 1)  # unlisted: fp32's, not the int8 overlay
 
 
+def test_decode_prefetch_names_buckets_and_reaches_the_launch(monkeypatch):
+    """DECODE_PREFETCH's entries name existing buckets of kernels that have the prefetching walk (GLA's, its SSD mode),
+    and the launch arguments carry PREFETCH for those buckets alone."""
+    from laquant.kernels.common import state_io
+
+    for kernel, fmt, bound in state_io.DECODE_PREFETCH:
+        assert kernel in ("gla", "ssd") and bound in [b[0] for b in state_io.DECODE_LAUNCH[kernel][fmt]]
+    monkeypatch.setattr(state_io, "DECODE_PREFETCH", {("gla", "int8_row", None)})
+    quant = StateQuantizer("int8_row")
+    data, scale = quant.store(torch.randn(64, 16, 16, 8))
+    scale = scale.squeeze(-1).contiguous()
+    for B, kernel, expected in ((64, "gla", True), (2, "gla", False), (64, "ssd", False)):  # 1,024 / 32 programs
+        consts = state_io.pool_args(data, scale, torch.arange(B, dtype=torch.int32), None, quant, 16, 16, None, None,
+                                    kernel)[2]
+        assert consts.get("PREFETCH", False) is expected, (B, kernel)
+    fp32 = StateQuantizer("fp32")
+    consts = state_io.pool_args(torch.randn(64, 16, 16, 8), None, torch.arange(64, dtype=torch.int32), None, fp32,
+                                16, 16, None, None)[2]
+    assert "PREFETCH" not in consts
+
+
 def test_verify_launch_table_is_well_formed():
     """The verify table: per kernel and step, every format's buckets grow to a catch-all of four-field launches
     (block_k, block_v, num_warps, prefetch), a scaled format's block_v None where the step stores the state (its
@@ -161,7 +182,7 @@ def test_prefetching_walk_stores_the_same_bits(fmt, block_k, K):
     (q, k, v, g), data, scale, idx, quant, n_stores = _case(3, 2, K, 40, 5, name)
     quant = StateQuantizer(name, rounding=rounding or "nearest")
     runs = []
-    for prefetch in (0, 1, 2):
+    for prefetch in (False, True):
         d, s = data.clone(), None if scale is None else scale.clone()
         o = gla_decode_step(q, k, v, g, d, s, idx, quant, n_stores, block_k=block_k, num_warps=1, seed=7,
                             prefetch=prefetch)
@@ -175,7 +196,7 @@ def test_prefetching_walk_stores_the_same_bits(fmt, block_k, K):
     x, dt = torch.randn(3, 2, 40, generator=gen).to(DEVICE), torch.randn(3, 2, generator=gen).to(DEVICE)
     dt_bias, A_log, D = (torch.rand(2, generator=gen).to(DEVICE) for _ in range(3))
     ssd = []
-    for prefetch in (0, 1):
+    for prefetch in (False, True):
         d, s = data.clone(), None if scale is None else scale.clone()
         y = ssd_decode_step(C, B_, x, dt, dt_bias, A_log, D, None, d, s, idx, quant, n_stores, seed=7,
                             block_k=block_k, num_warps=1, prefetch=prefetch)

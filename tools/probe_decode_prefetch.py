@@ -21,9 +21,9 @@ from laquant.kernels.common import state_io
 KEY = ("gla", "int8_row", None)  # the int8 state's bucket of the most programs (B = 64: 1,024)
 
 
-def parse_launch(text: str) -> tuple[int, int, int]:
-    prefetch = len(text) - len(text.rstrip("p"))  # blocks ahead: "8x1pp" two
-    bk, w = text.rstrip("p").split("x")
+def parse_launch(text: str) -> tuple[int, int, bool]:
+    prefetch = text.endswith("p")
+    bk, w = text.removesuffix("p").split("x")
     return int(bk), int(w), prefetch
 
 
@@ -31,13 +31,11 @@ def parse_launch(text: str) -> tuple[int, int, int]:
 def tabled(launch):
     """The step's GLA int8 decode launch at B = 64 made ``launch`` ``(block_k, num_warps, prefetch)``."""
     saved_step, saved_pf = dict(state_io.STEP_DECODE_LAUNCH), set(state_io.DECODE_PREFETCH)
-    saved_distance = state_io.PREFETCH_DISTANCE
     bk, w, prefetch = launch
     state_io.STEP_DECODE_LAUNCH[KEY] = (bk, w)
     state_io.DECODE_PREFETCH.discard(KEY)
     if prefetch:
         state_io.DECODE_PREFETCH.add(KEY)
-        state_io.PREFETCH_DISTANCE = prefetch
     try:
         yield
     finally:
@@ -45,7 +43,6 @@ def tabled(launch):
         state_io.STEP_DECODE_LAUNCH.update(saved_step)
         state_io.DECODE_PREFETCH.clear()
         state_io.DECODE_PREFETCH.update(saved_pf)
-        state_io.PREFETCH_DISTANCE = saved_distance
 
 
 def kernel_alone_us(launch, pools: int, B=64, H=16, K=64, V=128, layers=24, reps=20) -> float:

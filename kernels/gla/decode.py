@@ -59,7 +59,7 @@ if triton is not None:
         SSD: tl.constexpr = False, HEADS_PER_GROUP: tl.constexpr = 1, DT_QUANT: tl.constexpr = False,
         DT_BOUNDS: tl.constexpr = False, DT_PER_CHANNEL: tl.constexpr = False, GNORM: tl.constexpr = False,
         CODES: tl.constexpr = False, BQ: tl.constexpr = 16, BNO: tl.constexpr = 16, HAS_OUT: tl.constexpr = False,
-        EARLY_STATE: tl.constexpr = False, GROUP: tl.constexpr = 0, PREFETCH: tl.constexpr = 0,
+        EARLY_STATE: tl.constexpr = False, GROUP: tl.constexpr = 0, PREFETCH: tl.constexpr = False,
     ):
         """``SSD`` (Mamba2's step, :func:`ssd_decode_step`): g holds the heads' dt logits ``[B, H]``, v their
         inputs x; the kernel takes dt = clamp(softplus(logit + dt_bias), dt_lo, dt_hi), the head's decay
@@ -108,24 +108,7 @@ if triton is not None:
                 renorm_now = position % RENORM == 0
         q, kk, row_decay = _gla_row_inputs(0, q_ptr, k_ptr, g_ptr, b, h, hq, decay, qk_scale, s_qb, s_qh, s_qk, s_kb,
                                            s_kh, s_kk, s_gb, s_gh, s_gk, K, BLOCK_K, SSD)
-        if PREFETCH == 2:  # probe: two blocks ahead
-            raw, scale = raw0, scale0
-            raw_n, scale_n = head_state_rows(state_ptr, scale_ptr, slot, h, BLOCK_K, offs_v, mask_v, s_sp, s_sh, s_sk,
-                                             s_cp, s_ch, K, BLOCK_K, FMT)
-            q_n, kk_n, row_decay_n = _gla_row_inputs(BLOCK_K, q_ptr, k_ptr, g_ptr, b, h, hq, decay, qk_scale, s_qb,
-                                                     s_qh, s_qk, s_kb, s_kh, s_kk, s_gb, s_gh, s_gk, K, BLOCK_K, SSD)
-            for k0 in range(0, K, BLOCK_K):
-                raw_f, scale_f = head_state_rows(state_ptr, scale_ptr, slot, h, k0 + 2 * BLOCK_K, offs_v, mask_v,
-                                                 s_sp, s_sh, s_sk, s_cp, s_ch, K, BLOCK_K, FMT)
-                q_f, kk_f, row_decay_f = _gla_row_inputs(k0 + 2 * BLOCK_K, q_ptr, k_ptr, g_ptr, b, h, hq, decay,
-                                                         qk_scale, s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_gb, s_gh,
-                                                         s_gk, K, BLOCK_K, SSD)
-                readout = _gla_rows(raw, scale, q, kk, row_decay, k0, readout, state_ptr, scale_ptr, static_ptr, h,
-                                    slot, offs_v, mask_v, v, seed, position, renorm_now, s_sp, s_sh, s_sk, s_cp, s_ch,
-                                    K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR)
-                raw, scale, q, kk, row_decay = raw_n, scale_n, q_n, kk_n, row_decay_n
-                raw_n, scale_n, q_n, kk_n, row_decay_n = raw_f, scale_f, q_f, kk_f, row_decay_f
-        elif PREFETCH:  # the next block's rows and inputs loaded before this block's arithmetic and stores, so that
+        if PREFETCH:  # the next block's rows and inputs loaded before this block's arithmetic and stores, so that
             # their memory latency overlaps it (loaded after the stores, ptxas may not hoist them: they could alias)
             raw, scale = raw0, scale0
             for k0 in range(0, K, BLOCK_K):
