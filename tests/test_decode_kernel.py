@@ -87,7 +87,7 @@ def test_step_decode_launch_replaces_one_bucket(monkeypatch):
     from laquant.kernels.common import state_io
 
     for (kernel, fmt, bound), (bk, w) in state_io.STEP_DECODE_LAUNCH.items():
-        assert bound in [b[0] for b in state_io.DECODE_LAUNCH[kernel][fmt]]
+        assert kernel in state_io.PREFETCHING_KERNELS and bound in [b[0] for b in state_io.DECODE_LAUNCH[kernel][fmt]]
         assert bk & (bk - 1) == 0 and w in (1, 2, 4, 8)
     monkeypatch.setattr(state_io, "DECODE_LAUNCH", {"gla": {"fp32": ((16, 64, 4), (None, 16, 1)),
                                                             "int8_row": ((16, 64, 4), (None, 16, 1))}})
@@ -98,17 +98,17 @@ def test_step_decode_launch_replaces_one_bucket(monkeypatch):
 
 
 def test_decode_prefetch_names_buckets_and_reaches_the_launch(monkeypatch):
-    """DECODE_PREFETCH's entries name existing buckets, and the launch arguments carry PREFETCH for those buckets
-    alone."""
+    """DECODE_PREFETCH's entries name existing buckets of the kernels with the prefetching walk, and the launch
+    arguments carry PREFETCH for those buckets alone."""
     from laquant.kernels.common import state_io
 
     for kernel, fmt, bound in state_io.DECODE_PREFETCH:
-        assert bound in [b[0] for b in state_io.DECODE_LAUNCH[kernel][fmt]]
-    monkeypatch.setattr(state_io, "DECODE_PREFETCH", {("gla", "int8_row", None)})
+        assert kernel in state_io.PREFETCHING_KERNELS and bound in [b[0] for b in state_io.DECODE_LAUNCH[kernel][fmt]]
+    monkeypatch.setattr(state_io, "DECODE_PREFETCH", {("gla", "int8_row", None), ("delta", "int8_row", None)})
     quant = StateQuantizer("int8_row")
     data, scale = quant.store(torch.randn(64, 16, 16, 8))
     scale = scale.squeeze(-1).contiguous()
-    for B, kernel, expected in ((64, "gla", True), (2, "gla", False), (64, "ssd", False)):  # 1,024 / 32 programs
+    for B, kernel, expected in ((64, "gla", True), (2, "gla", False), (64, "ssd", False), (64, "delta", False)):
         consts = state_io.pool_args(data, scale, torch.arange(B, dtype=torch.int32), None, quant, 16, 16, None, None,
                                     kernel)[2]
         assert consts.get("PREFETCH", False) is expected, (B, kernel)

@@ -100,30 +100,6 @@ def test_every_tabled_decode_launch_matches_reference(fmt):
             assert (new != ref).float().mean() < 0.01 and (new - ref).abs().max() <= 1, (block_k, num_warps)
 
 
-@pytest.mark.parametrize("fmt", ["fp32", "int8_row:stochastic"])
-@pytest.mark.parametrize("l2norm", [True, False])
-def test_prefetching_decode_walk_stores_the_same_bits(fmt, l2norm):
-    """Both passes loading each next block of state rows and inputs ahead give the plain walk's outputs and state bit
-    for bit (K not a multiple of the block), for the gated delta rule and KDA (per-row decay) alike."""
-    from laquant.kernels.kda.decode import kda_decode_step
-
-    name, _, rounding = fmt.partition(":")
-    args, data, scale, idx, _, n_stores = _decode_case(3, 1, 2, 20, 40, 5, name)
-    quant = StateQuantizer(name, rounding=rounding or "nearest")
-    q, k, v, g, beta = args
-    g_rows = -F.softplus(torch.randn(3, 2, 20, generator=torch.Generator().manual_seed(5))).to(DEVICE)
-    for step, gate in ((delta_decode_step, g), (kda_decode_step, g_rows)):
-        runs = []
-        for prefetch in (False, True):
-            d, s = data.clone(), None if scale is None else scale.clone()
-            o = step(q, k, v, gate, beta, d, s, idx, quant, n_stores, use_qk_l2norm=l2norm, block_k=8, num_warps=1,
-                     seed=3, prefetch=prefetch)
-            runs.append((o, d, s))
-        (o0, d0, s0), (o1, d1, s1) = runs
-        assert torch.isfinite(o0.float()).all() and not torch.equal(d0, data), step.__name__
-        assert torch.equal(o0, o1) and torch.equal(d0, d1) and (s0 is None or torch.equal(s0, s1)), step.__name__
-
-
 def test_decode_without_l2norm_and_with_a_qk_scale():
     args, data, scale, idx, quant, n_stores = _decode_case(2, 2, 2, 16, 32, 3, "fp32", dtype=torch.float32)
     ref = delta_decode_step_reference(*args, data.clone(), None, idx, quant, qk_scale=0.3)

@@ -33,8 +33,8 @@ try:
     import triton.language as tl
 
     from ..common.pdl import pdl_release
-    from ..common.triton_numerics import (decayed_update, decode_state, head_state_rows, load_state_rows,
-                                          state_random_bytes, store_state_rows, stored_row_scale, wait_with_first_rows)
+    from ..common.triton_numerics import (decayed_update, decode_state, load_state_rows, state_random_bytes,
+                                          store_state_rows, stored_row_scale, wait_with_first_rows)
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -72,22 +72,18 @@ def prepared_step(step, q, k, v, g, beta, h, qk_scale, use_qk_l2norm):
 if triton is not None:
 
     @triton.jit
-    def _row_inputs(k0, k_base, q_base, g_base, s_kk, s_qk, s_gk, K, BLOCK_K: tl.constexpr):
-        """k, q and the decay of rows ``k0 .. k0 + BLOCK_K`` in float32 (0, 0 and 1 past ``K``)."""
+    def _first_pass_rows(st, k0, kS, q_sq, k_sq, k_base, q_base, g_base, s_kk, s_qk, s_gk, K, BLOCK_K: tl.constexpr,
+                         L2NORM: tl.constexpr):
+        """Rows ``k0 .. k0 + BLOCK_K`` (``st``, float32) of the first pass: their share of ``k^T S`` of the decayed
+        state and of the squared norms of q and k (``L2NORM``)."""
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
         kk = tl.load(k_base + offs_k * s_kk, mask=mask_k, other=0.0).to(tl.float32)
-        qq = tl.load(q_base + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32)
-        decay = tl.exp(tl.load(g_base + offs_k * s_gk, mask=mask_k, other=0.0).to(tl.float32))
-        return kk, qq, decay
-
-    @triton.jit
-    def _first_pass_rows(st, kk, qq, decay, kS, q_sq, k_sq, L2NORM: tl.constexpr):
-        """A block of rows (``st``, float32, with their inputs from :func:`_row_inputs`) of the first pass: their
-        share of ``k^T S`` of the decayed state and of the squared norms of q and k (``L2NORM``)."""
         if L2NORM:
+            qq = tl.load(q_base + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32)
             q_sq += qq * qq
             k_sq += kk * kk
+        decay = tl.exp(tl.load(g_base + offs_k * s_gk, mask=mask_k, other=0.0).to(tl.float32))
         return kS + (kk * decay)[:, None] * st, q_sq, k_sq
 
     @triton.jit
@@ -115,11 +111,8 @@ if triton is not None:
         qk_scale, seed,
         H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr,
         BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr, SR: tl.constexpr, L2NORM: tl.constexpr,
-        PDL: tl.constexpr, EARLY_STATE: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+        PDL: tl.constexpr, EARLY_STATE: tl.constexpr = False,
     ):
-        """``PREFETCH`` (a walk of several blocks): each pass loads the next block's rows and inputs before this
-        block's arithmetic (and, in the second pass, stores), so that their memory latency overlaps it; loaded after
-        the stores, ptxas keeps them there (they could alias)."""
         pid = tl.program_id(0)
         b = pid // H
         h = pid % H
@@ -168,28 +161,15 @@ if triton is not None:
             kS = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)  # reduced over K once, after the loop
             q_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
             k_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
-            kk, qq, decay = _row_inputs(0, k_base, q_base, g_base, s_kk, s_qk, s_gk, K, BLOCK_K)
-            if PREFETCH:
-                raw, scale = raw0, scale0
-                for k0 in range(0, K, BLOCK_K):
-                    raw_n, scale_n = head_state_rows(state_ptr, scale_ptr, slot, h, k0 + BLOCK_K, offs_v, mask_v, s_sp,
-                                                     s_sh, s_sk, s_cp, s_ch, K, BLOCK_K, FMT)
-                    kk_n, qq_n, decay_n = _row_inputs(k0 + BLOCK_K, k_base, q_base, g_base, s_kk, s_qk, s_gk, K,
-                                                      BLOCK_K)
-                    kS, q_sq, k_sq = _first_pass_rows(decode_state(raw, scale, FMT), kk, qq, decay, kS, q_sq, k_sq,
-                                                      L2NORM)
-                    raw, scale, kk, qq, decay = raw_n, scale_n, kk_n, qq_n, decay_n
-            else:
-                kS, q_sq, k_sq = _first_pass_rows(decode_state(raw0, scale0, FMT), kk, qq, decay, kS, q_sq, k_sq,
-                                                  L2NORM)
-                for k0 in range(BLOCK_K, K, BLOCK_K):
-                    offs_k = k0 + tl.arange(0, BLOCK_K)
-                    mask_k = offs_k < K
-                    st, _ = load_state_rows(state_base + offs_k[:, None] * s_sk + offs_v[None, :],
-                                            scale_base + offs_k, mask_k, mask_k[:, None] & mask_v[None, :], FMT,
-                                            BLOCK_K)
-                    kk, qq, decay = _row_inputs(k0, k_base, q_base, g_base, s_kk, s_qk, s_gk, K, BLOCK_K)
-                    kS, q_sq, k_sq = _first_pass_rows(st, kk, qq, decay, kS, q_sq, k_sq, L2NORM)
+            kS, q_sq, k_sq = _first_pass_rows(decode_state(raw0, scale0, FMT), 0, kS, q_sq, k_sq, k_base, q_base,
+                                              g_base, s_kk, s_qk, s_gk, K, BLOCK_K, L2NORM)
+            for k0 in range(BLOCK_K, K, BLOCK_K):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                mask_k = offs_k < K
+                st, _ = load_state_rows(state_base + offs_k[:, None] * s_sk + offs_v[None, :], scale_base + offs_k,
+                                        mask_k, mask_k[:, None] & mask_v[None, :], FMT, BLOCK_K)
+                kS, q_sq, k_sq = _first_pass_rows(st, k0, kS, q_sq, k_sq, k_base, q_base, g_base, s_kk, s_qk, s_gk, K,
+                                                  BLOCK_K, L2NORM)
             if L2NORM:  # as fla and transformers: x * rsqrt(sum(x^2) + 1e-6)
                 q_mul = qk_scale * tl.rsqrt(tl.sum(q_sq, axis=0) + 1e-6)
                 k_mul = tl.rsqrt(tl.sum(k_sq, axis=0) + 1e-6)
@@ -197,35 +177,18 @@ if triton is not None:
 
             # pass 2: S = Diag(exp(g)) S + k delta^T, o = q S, S stored back in its format
             readout = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
-            if PREFETCH:
-                raw, scale = head_state_rows(state_ptr, scale_ptr, slot, h, 0, offs_v, mask_v, s_sp, s_sh, s_sk, s_cp,
-                                             s_ch, K, BLOCK_K, FMT)
-                kk, qq, decay = _row_inputs(0, k_base, q_base, g_base, s_kk, s_qk, s_gk, K, BLOCK_K)
-                for k0 in range(0, K, BLOCK_K):
-                    raw_n, scale_n = head_state_rows(state_ptr, scale_ptr, slot, h, k0 + BLOCK_K, offs_v, mask_v, s_sp,
-                                                     s_sh, s_sk, s_cp, s_ch, K, BLOCK_K, FMT)
-                    kk_n, qq_n, decay_n = _row_inputs(k0 + BLOCK_K, k_base, q_base, g_base, s_kk, s_qk, s_gk, K,
-                                                      BLOCK_K)
-                    offs_k = k0 + tl.arange(0, BLOCK_K)
-                    mask_k = offs_k < K
-                    readout += _update_rows(decode_state(raw, scale, FMT), scale, kk * k_mul, qq * q_mul, decay, delta,
-                                            state_base + offs_k[:, None] * s_sk + offs_v[None, :], scale_base + offs_k,
-                                            static_ptr + h * K + offs_k, mask_k, mask_k[:, None] & mask_v[None, :],
-                                            renorm_now, seed, slot, position, h, offs_k, K, V, BLOCK_K, BLOCK_V, FMT,
-                                            RENORM, QMAX, SR)
-                    raw, scale, kk, qq, decay = raw_n, scale_n, kk_n, qq_n, decay_n
-            else:
-                for k0 in range(0, K, BLOCK_K):
-                    offs_k = k0 + tl.arange(0, BLOCK_K)
-                    mask_k = offs_k < K
-                    mask = mask_k[:, None] & mask_v[None, :]
-                    kk, qq, decay = _row_inputs(k0, k_base, q_base, g_base, s_kk, s_qk, s_gk, K, BLOCK_K)
-                    ptrs = state_base + offs_k[:, None] * s_sk + offs_v[None, :]
-                    st, old_scale = load_state_rows(ptrs, scale_base + offs_k, mask_k, mask, FMT, BLOCK_K)
-                    readout += _update_rows(st, old_scale, kk * k_mul, qq * q_mul, decay, delta, ptrs,
-                                            scale_base + offs_k, static_ptr + h * K + offs_k, mask_k, mask, renorm_now,
-                                            seed, slot, position, h, offs_k, K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX,
-                                            SR)
+            for k0 in range(0, K, BLOCK_K):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                mask_k = offs_k < K
+                mask = mask_k[:, None] & mask_v[None, :]
+                kk = tl.load(k_base + offs_k * s_kk, mask=mask_k, other=0.0).to(tl.float32) * k_mul
+                qq = tl.load(q_base + offs_k * s_qk, mask=mask_k, other=0.0).to(tl.float32) * q_mul
+                decay = tl.exp(tl.load(g_base + offs_k * s_gk, mask=mask_k, other=0.0).to(tl.float32))
+                ptrs = state_base + offs_k[:, None] * s_sk + offs_v[None, :]
+                st, old_scale = load_state_rows(ptrs, scale_base + offs_k, mask_k, mask, FMT, BLOCK_K)
+                readout += _update_rows(st, old_scale, kk, qq, decay, delta, ptrs, scale_base + offs_k,
+                                        static_ptr + h * K + offs_k, mask_k, mask, renorm_now, seed, slot, position, h,
+                                        offs_k, K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR)
         pdl_release(PDL)
         o = tl.sum(readout, axis=0)
         tl.store(o_ptr + b * s_ob + h * s_oh + offs_v, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
@@ -235,8 +198,7 @@ if triton is not None:
 def delta_decode_step(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer,
                       n_stores: torch.Tensor | None = None, qk_scale: float | None = None,
                       use_qk_l2norm: bool = False, block_k: int | None = None, num_warps: int | None = None,
-                      out: torch.Tensor | None = None, seed: int = 0, early_state: bool = False,
-                      prefetch: bool | None = None) -> torch.Tensor:
+                      out: torch.Tensor | None = None, seed: int = 0, early_state: bool = False) -> torch.Tensor:
     """Triton decode step. q, k ``[B, Hk, K]``, v ``[B, Hv, V]``, g (log-decay) and beta ``[B, Hv]``;
     ``state`` ``[P, Hv, K, V]`` with V contiguous; ``scale`` ``[P, Hv, K]`` float32 (scaled formats
     only); ``pool_idx`` ``[B]`` int32. The slots are updated in place (``n_stores`` is read, not
@@ -247,8 +209,7 @@ def delta_decode_step(q, k, v, g, beta, state, scale, pool_idx, quantizer: State
     loads the slots and each head's first block of state rows before waiting for the kernel launched just before it
     on the stream, so their device-memory latency overlaps that kernel's tail. Only for callers where that kernel
     writes neither (a model layer's projection or conv precedes the step); two steps on one pool back to back would
-    read the state before the first had stored it. ``prefetch``: each pass loads its next block of state rows ahead
-    (by default as :data:`~..common.state_io.DECODE_PREFETCH` says for this launch size)."""
+    read the state before the first had stored it."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use delta_decode_step_reference")
     B, Hk, K = q.shape
@@ -258,11 +219,11 @@ def delta_decode_step(q, k, v, g, beta, state, scale, pool_idx, quantizer: State
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, g {tuple(g.shape)}, "
                          f"beta {tuple(beta.shape)}")
     return launch_decode(q, k, v, g.unsqueeze(-1).expand(B, H, K), beta, state, scale, pool_idx, quantizer, n_stores,
-                         qk_scale, use_qk_l2norm, block_k, num_warps, out, seed, early_state, prefetch)
+                         qk_scale, use_qk_l2norm, block_k, num_warps, out, seed, early_state)
 
 
 def launch_decode(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_scale, use_qk_l2norm, block_k,
-                  num_warps, out, seed=0, early_state=False, prefetch=None):
+                  num_warps, out, seed=0, early_state=False):
     """The decode kernel on checked arguments, g ``[B, Hv, K]`` a per-row log-decay (an expanded
     per-head one has stride 0 over K): the gated delta rule's and KDA's step share it."""
     B, Hk, K = q.shape
@@ -271,8 +232,6 @@ def launch_decode(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores,
         raise ValueError(f"state pool must be [P, Hv, K, V] = [P, {H}, {K}, {V}]; got {tuple(state.shape)}")
     pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K, block_k,
                                                       num_warps, "delta")
-    if prefetch is not None:
-        consts["PREFETCH"] = prefetch
     o = torch.empty(B, H, V, dtype=v.dtype, device=v.device) if out is None else out
     launch_kernel(_delta_decode_kernel, (B * H,),
         q, k, v, g, beta, o, *pool,

@@ -30,13 +30,12 @@ def kda_decode_step_reference(q, k, v, g, beta, state, scale, pool_idx, quantize
 def kda_decode_step(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQuantizer,
                     n_stores: torch.Tensor | None = None, qk_scale: float | None = None,
                     use_qk_l2norm: bool = False, block_k: int | None = None, num_warps: int | None = None,
-                    out: torch.Tensor | None = None, seed: int = 0, early_state: bool = False,
-                    prefetch: bool | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, seed: int = 0, early_state: bool = False) -> torch.Tensor:
     """Triton decode step. q, k ``[B, Hk, K]``, v ``[B, Hv, V]``, g (log-decay) ``[B, Hv, K]``, beta
     ``[B, Hv]``; ``state`` ``[P, Hv, K, V]`` with V contiguous; ``scale`` ``[P, Hv, K]`` float32
     (scaled formats only); ``pool_idx`` ``[B]`` int32. The slots are updated in place (``n_stores``
     is read, not incremented: the caller counts; stochastic rounding keys its bits by ``seed``). Returns ``o`` ``[B, Hv, V]``.
-    ``early_state`` and ``prefetch``: as :func:`~laquant.kernels.delta.decode.delta_decode_step`'s."""
+    ``early_state``: as :func:`~laquant.kernels.delta.decode.delta_decode_step`'s."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use kda_decode_step_reference")
     B, Hk, K = q.shape
@@ -46,4 +45,4 @@ def kda_decode_step(q, k, v, g, beta, state, scale, pool_idx, quantizer: StateQu
                          f"[B, Hv]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"g {tuple(g.shape)}, beta {tuple(beta.shape)}")
     return launch_decode(q, k, v, g, beta, state, scale, pool_idx, quantizer, n_stores, qk_scale, use_qk_l2norm,
-                         block_k, num_warps, out, seed, early_state, prefetch)
+                         block_k, num_warps, out, seed, early_state)
