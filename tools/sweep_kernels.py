@@ -80,7 +80,10 @@ def state_decode(*flags):
     ``--write`` puts the fastest per format and launch size (stochastic rounding's for the 8-bit formats: the
     recipes') into ``kernels/common/state_io.py`` (``--from FILE[,FILE]``: from a sweep's lines);
     ``--kernels gla``, ``--batches 1 64``, ``--blocks 8 16`` narrow the sweep; ``--jobs N`` processes compile
-    every launch first (``--compile-only I N``: launch shard I of N, run once untimed)."""
+    every launch first (``--compile-only I N``: launch shard I of N, run once untimed). ``--pools N`` (default 24):
+    each timing runs the launch once on each of N state pools, so that the state streams from device memory as a
+    model's layers' pools do (1: one pool, hot in L2 from one call to the next, as the tables were swept until
+    2026-12-04; that hid the decode walks' memory latency, eval/results/decode_prefetch_h200/)."""
     flags = list(flags)
     listed = lambda name, cast, default: _flag_values(flags, name, default, cast)  # noqa: E731
     if "--from" in flags:
@@ -93,6 +96,7 @@ def state_decode(*flags):
     out = open(listed("--out", str, [])[0], "w") if "--out" in flags else None
     shard, shards = listed("--compile-only", int, [0, 1]) if "--compile-only" in flags else (None, 1)
     jobs = listed("--jobs", int, [1])[0]
+    n_pools = listed("--pools", int, [24])[0]
     if jobs > 1:  # each process compiles a share of the launches, so that the timing finds them in Triton's cache
         import subprocess
 
@@ -109,8 +113,10 @@ def state_decode(*flags):
             for name in STATE_FORMATS:
                 fmt, _, rounding = name.partition(":")
                 quant = StateQuantizer(fmt, rounding=rounding or "nearest")
-                data, scale = StateQuantizer(fmt).store(torch.randn(B, H, K, V, device="cuda") * 0.1)
-                scale = scale.squeeze(-1).contiguous() if scale is not None else None
+                pools = []
+                for _ in range(1 if shard is not None else n_pools):
+                    data, scale = StateQuantizer(fmt).store(torch.randn(B, H, K, V, device="cuda") * 0.1)
+                    pools.append((data, scale.squeeze(-1).contiguous() if scale is not None else None))
                 moved = 2 * data.numel() * data.element_size() + (2 * scale.numel() * 4 if scale is not None else 0)
                 for bk, w in STATE_CONFIGS:
                     if bk not in blocks or bk > K or bk * V // (32 * w) < 4:
@@ -118,11 +124,12 @@ def state_decode(*flags):
                     n += 1
                     if shard is not None:
                         if n % shards == shard:
-                            step(data, scale, quant, bk, w)
+                            step(*pools[0], quant, bk, w)
                         continue
-                    us = do_bench_cudagraph(lambda: step(data, scale, quant, bk, w), rep=30) * 1e3
+                    us = do_bench_cudagraph(lambda: [step(d, c, quant, bk, w) for d, c in pools], rep=30) * 1e3
+                    us /= len(pools)
                     row = dict(device=torch.cuda.get_device_name(), kernel=kernel, shape=[B, Hk, H, K, V], B=B,
-                               programs=B * H, format=name, block_k=bk, num_warps=w, us=round(us, 2),
+                               programs=B * H, pools=len(pools), format=name, block_k=bk, num_warps=w, us=round(us, 2),
                                state_GBps=round(moved / us / 1e3, 1))
                     rows.append(row)
                     print(json.dumps(row), file=out, flush=True)
