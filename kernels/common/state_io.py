@@ -160,7 +160,8 @@ DECODE_PREFETCH: set = {("gla", "int8_row", None), ("ssd", "int8_row", None)}
 
 
 def decode_prefetch(kernel: str, fmt: str, programs: int) -> bool:
-    """Whether ``kernel``'s decode walk over ``programs`` programs loads its next block ahead (:data:`DECODE_PREFETCH`)."""
+    """Whether ``kernel``'s decode walk over ``programs`` programs loads each next block ahead
+    (:data:`DECODE_PREFETCH`)."""
     formats = DECODE_LAUNCH[kernel]
     fmt = fmt if fmt in formats else "fp32"
     return (kernel, fmt, bucket_of(formats[fmt], programs)[0]) in DECODE_PREFETCH
