@@ -170,17 +170,17 @@ def test_every_tabled_launch_matches_reference(fmt):
             assert (new != ref).float().mean() < 0.005 and (new - ref).abs().max() <= 1, (block_k, num_warps)
 
 
-@pytest.mark.parametrize("fmt", ["fp32", "int8_row:stochastic"])
+@pytest.mark.parametrize("fmt,renorm", [("fp32", 1), ("int8_row:stochastic", 1), ("int8_row", 0), ("int8_row", 3)])
 @pytest.mark.parametrize("block_k,K", [(8, 20), (16, 64)])
-def test_prefetching_walk_stores_the_same_bits(fmt, block_k, K):
+def test_prefetching_walk_stores_the_same_bits(fmt, renorm, block_k, K):
     """The walk that loads each next block of state rows (and its q, k and decay) before this block's arithmetic
     writes the same outputs and state bits as the walk that loads each block in turn, K a multiple of the block or
-    not; GLA's step and its Mamba2 (SSD) mode."""
+    not, with fresh, growing or static (calibrated) row scales; GLA's step and its Mamba2 (SSD) mode."""
     from laquant.kernels.gla.decode import ssd_decode_step
 
     name, _, rounding = fmt.partition(":")
-    (q, k, v, g), data, scale, idx, quant, n_stores = _case(3, 2, K, 40, 5, name)
-    quant = StateQuantizer(name, rounding=rounding or "nearest")
+    (q, k, v, g), data, scale, idx, quant, n_stores = _case(3, 2, K, 40, 5, name, renorm)
+    quant = StateQuantizer(name, renorm, quant.static_scale, rounding=rounding or "nearest")
     runs = []
     for prefetch in (False, True):
         d, s = data.clone(), None if scale is None else scale.clone()
