@@ -222,8 +222,10 @@ _WITHOUT_LAQUANT = textwrap.dedent("""
     for folder in sys.argv[2:]:  # laquant importable now: the remote code loads the checkpoint through it
         model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32).eval()
         with torch.no_grad():
-            same = torch.equal(model(input_ids=ids).logits, load_file(f"{folder}/expected.safetensors")["logits"])
-        print("RESULT", folder, "remote:", type(model).__name__, "same logits" if same else "DIFFERENT logits")
+            got, want = model(input_ids=ids).logits, load_file(f"{folder}/expected.safetensors")["logits"]
+        off = (got - want).abs().max().item() / want.abs().max().item()
+        print("RESULT", folder, "remote:", type(model).__name__, "same logits" if torch.equal(got, want)
+              else f"logits off by {off:.3e} of the largest")
 """)
 
 
@@ -252,7 +254,13 @@ def test_without_laquant_a_checkpoint_never_loads_as_random_weights(gla, tiny_mo
     assert "trust_remote_code=True" in lines[f"{gla_dir} plain"]
     for folder in (gla_dir, hybrid):
         assert "Run `pip install laquant`" in lines[f"{folder} remote, laquant missing"]
-        assert lines[f"{folder} remote"].endswith("same logits"), lines
+        # bit for bit in one process (the tests above). Across processes a local CI run once saw the logits differ
+        # (on a loaded machine; not reproduced, the cause not found: float32 GEMMs on the CPU do not promise the same
+        # rounding in another process). Rounding stays far under 1e-5 of the largest logit; a checkpoint loaded as
+        # random weights would be off by about the logits' whole size.
+        result = lines[f"{folder} remote"]
+        assert result.endswith("same logits") or ("logits off by" in result
+                                                  and float(result.split("off by ")[1].split()[0]) < 1e-5), lines
 
 
 def test_calibrate_cli_writes_shards(tiny_model_dir, tmp_path, capsys):
