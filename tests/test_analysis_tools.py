@@ -7,7 +7,9 @@
   outlier columns out of the groups;
 * tools/step_ablation.py drops the launches of the kernels named, and only those, and puts every module's launches
   back;
-* tools/static_codes_ppl.py's static W8A8 reference rounds to one calibrated scale and clips beyond it."""
+* tools/static_codes_ppl.py's static W8A8 reference rounds to one calibrated scale and clips beyond it;
+* tools/probe_decode_prefetch.py (and tools/with_decode_launch.py) set one decode launch for B = 64 and put the
+  tables back."""
 
 from __future__ import annotations
 
@@ -159,3 +161,24 @@ def test_static_codes_reference_rounds_to_one_scale_and_clips(monkeypatch):
     want = kept @ w[:, module.keep_idx].T + x[:, module.outlier_idx] @ w[:, module.outlier_idx].T + linear.bias
     assert torch.allclose(y, want, atol=1e-4) and torch.isfinite(y).all()
     assert (y - module(x)).abs().max() > 1  # the clipped value: not the per-token product
+
+
+def test_probe_decode_prefetch_sets_one_launch_and_puts_the_tables_back():
+    from laquant.kernels.common import state_io
+
+    probe = _tool("probe_decode_prefetch")
+    assert probe.parse_launch("8x1p") == (8, 1, True) and probe.parse_launch("16x2") == (16, 2, False)
+    step, ahead = dict(state_io.STEP_DECODE_LAUNCH), set(state_io.DECODE_PREFETCH)
+    with probe.tabled("ssd", (32, 2, False)):
+        assert state_io.decode_launch("ssd", "int8_row", 10**6) == (32, 2)
+        assert not state_io.decode_prefetch("ssd", "int8_row", 10**6)
+        assert state_io.decode_launch("ssd", "int8_row", 1) == state_io.bucket_launch(
+            state_io.DECODE_LAUNCH["ssd"]["int8_row"], 1)  # the small-batch buckets untouched
+    with probe.tabled("gla", (16, 1, True)):
+        assert state_io.decode_launch("gla", "int8_row", 10**6) == (16, 1)
+        assert state_io.decode_prefetch("gla", "int8_row", 10**6)
+    assert state_io.STEP_DECODE_LAUNCH == step and state_io.DECODE_PREFETCH == ahead
+    with pytest.raises(SystemExit, match="no prefetching walk"):
+        with probe.tabled("delta", (8, 1, True)):
+            pass
+    assert state_io.STEP_DECODE_LAUNCH == step and state_io.DECODE_PREFETCH == ahead

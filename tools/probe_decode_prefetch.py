@@ -30,8 +30,11 @@ def tabled(kernel: str, launch):
     """``kernel``'s int8 decode launch at B = 64 (its bucket of the most programs) made ``launch``
     ``(block_k, num_warps, prefetch)``."""
     key = (kernel, "int8_row", None)
-    saved_step, saved_pf = dict(state_io.STEP_DECODE_LAUNCH), set(state_io.DECODE_PREFETCH)
     bk, w, prefetch = launch
+    if prefetch and kernel not in state_io.PREFETCHING_KERNELS:
+        raise SystemExit(f"{kernel}'s decode kernel has no prefetching walk (those that do: "
+                         f"{', '.join(state_io.PREFETCHING_KERNELS)}); drop the 'p'")
+    saved_step, saved_pf = dict(state_io.STEP_DECODE_LAUNCH), set(state_io.DECODE_PREFETCH)
     state_io.STEP_DECODE_LAUNCH[key] = (bk, w)
     state_io.DECODE_PREFETCH.discard(key)
     if prefetch:

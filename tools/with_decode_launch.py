@@ -2,7 +2,7 @@
 ``KERNEL:FORMAT:BKxW[p]`` (``p``: the walk loads each next block ahead), e.g. to time a launch end to end against
 another in one job without editing the tables (issue #14, ``eval/results/decode_prefetch_h200/``).
 
-    python3 tools/with_decode_launch.py delta:int8_row:8x1p eval speed --suite e2e ...
+    python3 tools/with_decode_launch.py ssd:int8_row:16x1p eval speed --suite e2e ...
 """
 import sys
 
