@@ -112,6 +112,11 @@ def test_decode_prefetch_names_buckets_and_reaches_the_launch(monkeypatch):
         consts = state_io.pool_args(data, scale, torch.arange(B, dtype=torch.int32), None, quant, 16, 16, None, None,
                                     kernel)[2]
         assert consts.get("PREFETCH", False) is expected, (B, kernel)
+    args = (data, scale, torch.arange(64, dtype=torch.int32), None, quant, 16, 16, None, None)
+    assert "PREFETCH" not in state_io.pool_args(*args, "gla", prefetch=False)[2]  # a caller's choice overrides
+    assert state_io.pool_args(*args, "ssd", prefetch=True)[2]["PREFETCH"] is True
+    with pytest.raises(ValueError, match="delta's decode kernel has no prefetching walk"):
+        state_io.pool_args(*args, "delta", prefetch=True)
     fp32 = StateQuantizer("fp32")
     consts = state_io.pool_args(torch.randn(64, 16, 16, 8), None, torch.arange(64, dtype=torch.int32), None, fp32,
                                 16, 16, None, None)[2]

@@ -159,21 +159,26 @@ PREFETCHING_KERNELS = ("gla", "ssd")
 DECODE_PREFETCH: set = {("gla", "int8_row", None), ("ssd", "int8_row", None)}
 
 
+def _decode_bucket(kernel: str, fmt: str, programs: int) -> tuple[tuple, tuple]:
+    """``((kernel, format, max_programs), launch)``: the DECODE_LAUNCH bucket holding ``programs`` (a format the sweep
+    left out takes fp32's), the key the overlays (STEP_DECODE_LAUNCH, DECODE_PREFETCH) name it by."""
+    formats = DECODE_LAUNCH[kernel]
+    fmt = fmt if fmt in formats else "fp32"
+    bound, *launch = bucket_of(formats[fmt], programs)
+    return (kernel, fmt, bound), tuple(launch)
+
+
 def decode_prefetch(kernel: str, fmt: str, programs: int) -> bool:
     """Whether ``kernel``'s decode walk over ``programs`` programs loads each next block ahead
     (:data:`DECODE_PREFETCH`)."""
-    formats = DECODE_LAUNCH[kernel]
-    fmt = fmt if fmt in formats else "fp32"
-    return (kernel, fmt, bucket_of(formats[fmt], programs)[0]) in DECODE_PREFETCH
+    return _decode_bucket(kernel, fmt, programs)[0] in DECODE_PREFETCH
 
 
 def decode_launch(kernel: str, fmt: str, programs: int) -> tuple[int, int]:
     """The table's ``(block_k, num_warps)`` for ``kernel``'s decode step in state format ``fmt`` over ``programs``
     programs (:data:`STEP_DECODE_LAUNCH`'s where it has that bucket); a format the sweep left out takes fp32's."""
-    formats = DECODE_LAUNCH[kernel]
-    fmt = fmt if fmt in formats else "fp32"
-    bound, *launch = bucket_of(formats[fmt], programs)
-    return STEP_DECODE_LAUNCH.get((kernel, fmt, bound), tuple(launch))
+    key, launch = _decode_bucket(kernel, fmt, programs)
+    return STEP_DECODE_LAUNCH.get(key, launch)
 
 
 def tabled_decode_launches(kernel: str, fmt: str) -> set:
@@ -252,11 +257,12 @@ def verify_launch(kernel: str, step: str, fmt: str, programs: int) -> tuple:
 def pool_args(state: torch.Tensor, scale: torch.Tensor | None, pool_idx: torch.Tensor,
               n_stores: torch.Tensor | None, quantizer: StateQuantizer, H: int, K: int,
               block_k: int | None, num_warps: int | None,
-              kernel: str = "gla") -> tuple[tuple, tuple, dict, int]:
+              kernel: str = "gla", prefetch: bool | None = None) -> tuple[tuple, tuple, dict, int]:
     """What the decode kernels take for a state pool ``state`` ``[P, H, K, V]`` (per-row ``scale``
     ``[P, H, K]``): its pointers (state, scales, slots, store counts, static scales), its strides,
-    the format constexprs with ``BLOCK_K``, and ``num_warps`` (defaults: ``kernel``'s entry of
-    :data:`DECODE_LAUNCH` for one program per sequence and head)."""
+    the format constexprs with ``BLOCK_K`` (and ``PREFETCH`` where the walk loads ahead), and ``num_warps``
+    (defaults: ``kernel``'s entry of :data:`DECODE_LAUNCH` for one program per sequence and head, and of
+    :data:`DECODE_PREFETCH`)."""
     fmt = quantizer.format
     code = kernel_code(fmt)
     if state.stride(-1) != 1 or (scale is not None and scale.stride(-1) != 1):
@@ -275,6 +281,11 @@ def pool_args(state: torch.Tensor, scale: torch.Tensor | None, pool_idx: torch.T
     consts = dict(FMT=code, RENORM=quantizer.renorm_interval, QMAX=fmt.qmax if fmt.is_scaled else 1.0,
                   SR=quantizer.stochastic,
                   BLOCK_K=min(block_k or default_k, 1 << (K - 1).bit_length()))
-    if kernel in PREFETCHING_KERNELS and decode_prefetch(kernel, fmt.name, pool_idx.numel() * H):
+    if prefetch and kernel not in PREFETCHING_KERNELS:
+        raise ValueError(f"{kernel}'s decode kernel has no prefetching walk (those that do: "
+                         f"{', '.join(PREFETCHING_KERNELS)})")
+    if prefetch is None:
+        prefetch = kernel in PREFETCHING_KERNELS and decode_prefetch(kernel, fmt.name, pool_idx.numel() * H)
+    if prefetch:
         consts["PREFETCH"] = True
     return ptrs, strides, consts, num_warps or default_warps

@@ -255,9 +255,7 @@ def gla_decode_step(q, k, v, g, state, scale, pool_idx, quantizer: StateQuantize
     B, H, K = q.shape
     V = v.shape[-1]
     pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, K, block_k,
-                                                      num_warps)
-    if prefetch is not None:
-        consts["PREFETCH"] = prefetch
+                                                      num_warps, prefetch=prefetch)
     o = torch.empty(B, H, V, dtype=v.dtype, device=v.device) if out is None else out
     qk_scale = K ** -0.5 if qk_scale is None else qk_scale
     norm_args, codes = _output_norm_args(norm, packed, o, v)
@@ -343,9 +341,7 @@ def ssd_decode_step(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, sta
         raise ValueError(f"{H} heads do not split into {G} groups")
     lo, hi = time_step_limit if time_step_limit is not None else (0.0, float("inf"))
     pool, pool_strides, consts, num_warps = pool_args(state, scale, pool_idx, n_stores, quantizer, H, N, block_k,
-                                                      num_warps, "ssd")
-    if prefetch is not None:
-        consts["PREFETCH"] = prefetch
+                                                      num_warps, "ssd", prefetch)
     o = torch.empty(Bsz, H, P, dtype=torch.float32, device=x.device) if out is None else out
     per_head = None if dt_treatment is None else {k: None if t is None else t.reshape(1, -1)
                                                   for k, t in dt_treatment.items()}
