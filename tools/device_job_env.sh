@@ -35,3 +35,13 @@ private_pkg() {
     "$1/laquant/eval" && cp -r kernels "$1/laquant/kernels" && cp -r recipes "$1/laquant/recipes" \
     && mkdir -p "$1/laquant/eval" && (cd eval && tar cf - --exclude=results .) | (cd "$1/laquant/eval" && tar xf -)
 }
+# launch_e2e TAG KERNEL:FORMAT:BKxW[p] ARGS...: `laquant eval speed --suite e2e ARGS` with that one decode launch at
+# B = 64 (tools/with_decode_launch.py), into $W/e2e_TAG: a launch timed end to end against another in one job.
+# E2E_TIMEOUT: seconds (default 110).
+launch_e2e() {
+  local tag=$1 launch=$2
+  shift 2
+  PYTHONPATH="tools:${PYTHONPATH:-}" timeout "${E2E_TIMEOUT:-110}" python3 tools/with_decode_launch.py "$launch" \
+    eval speed --suite e2e "$@" --out "$W/e2e_$tag" > "$W/e2e_$tag.log" 2>&1
+  log "e2e $tag rc $?"
+}

@@ -4,13 +4,10 @@
 #   run: bash tools/device_kernels.sh 420 device_ssd_prefetch_job.sh   (poll with the same line until JOB DONE)
 set -u
 . tools/device_job_env.sh "$@"
-export PYTHONPATH="tools:${PYTHONPATH:-}"
 CFG=$(python3 tools/family_configs.py nemotron_h)
+E2E_TIMEOUT=100
 for run in before_1:16x1 after_1:16x1p after_2:16x1p before_2:16x1; do
-  tag=${run%%:*}
-  timeout 100 python3 tools/with_decode_launch.py "ssd:int8_row:${run#*:}" eval speed --suite e2e \
-    --hybrid-recipe hybrid_int8 --batch 1 64 --prompt 1024 --gen 32 --no-profile --model "nemotron_h:$CFG" \
-    --out "$W/e2e_nemotron_h_$tag" > "$W/e2e_nemotron_h_$tag.log" 2>&1
-  log "e2e nemotron_h $tag rc $?"
+  launch_e2e "nemotron_h_${run%%:*}" "ssd:int8_row:${run#*:}" --hybrid-recipe hybrid_int8 --batch 1 64 --prompt 1024 \
+    --gen 32 --no-profile --model "nemotron_h:$CFG"
 done
 touch "$W/job.done"
