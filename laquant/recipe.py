@@ -97,9 +97,14 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> dict:
 
 def _apply_override(recipe: dict, item: str) -> None:
     key, sep, value = item.partition("=")
+    if sep and key.strip() == "keep":  # the roles kept in high precision: a YAML list or comma-separated roles
+        roles = yaml.safe_load(value)
+        recipe["keep"] = [r.strip() for r in roles.split(",") if r.strip()] if isinstance(roles, str) else roles
+        return
     parts = key.strip().split(".")
     if not sep or len(parts) != 2 or not all(parts):
-        raise LaquantError(f"--set {item!r}: expected SECTION.FIELD=VALUE, e.g. state.format=fp32")
+        raise LaquantError(f"--set {item!r}: expected SECTION.FIELD=VALUE, e.g. state.format=fp32, or "
+                           f"keep=ROLE,ROLE,... (roles from: {', '.join(KEEPABLE)})")
     section = recipe.setdefault(parts[0], {})
     if not isinstance(section, dict):
         raise LaquantError(f"--set {item!r}: recipe section {parts[0]!r} is not a mapping")

@@ -38,6 +38,36 @@ def gla(tiny_model_dir, tmp_path_factory):
     return model, ids, logits, root / "whole", root / "sharded"
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_quantized_lm_head_reloads_bit_exact(tied, tmp_path):
+    """lm_head quantized too (``--set keep=embeddings,norms``): an int8 QuantLinear while the embeddings stay as they
+    were, also where the two were tied, and both loaders give the calibrated model's logits bit for bit."""
+    from laquant.loading import default_model_dir
+    from laquant.models import GLAConfig, GLAForCausalLM
+    from laquant.recipe import load_recipe
+
+    torch.manual_seed(1)
+    cfg = GLAConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=8192, bos_token_id=0, eos_token_id=0,
+                    tie_word_embeddings=tied)
+    GLAForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path / "base")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_model_dir() / name, tmp_path / "base" / name)
+    model, tok = laquant.load_model(tmp_path / "base")
+    assert (model.lm_head.weight is model.get_input_embeddings().weight) == tied
+    embeddings = model.get_input_embeddings().weight.detach().clone()
+    result = laquant.calibrate(model, load_recipe("gla_int8_all", ["keep=embeddings,norms"]),
+                               torch.randint(0, 8192, (2, 96)), progress=False)
+    assert type(model.lm_head).__name__ == "QuantLinear" and model.lm_head.qweight.dtype == torch.int8
+    assert torch.equal(model.get_input_embeddings().weight, embeddings)
+    laquant.save(result, tmp_path / "q", tokenizer=tok)
+    ids = torch.randint(0, 8192, (2, 30))
+    logits = _logits(model, ids)
+    assert torch.equal(_logits(laquant.load(tmp_path / "q")[0], ids), logits)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "q", dtype=torch.float32).eval()
+    assert type(hf.lm_head).__name__ == "QuantLinear"
+    assert torch.equal(_logits(hf, ids), logits)
+
+
 def _logits(model, ids):
     with torch.no_grad():
         return model(input_ids=ids).logits

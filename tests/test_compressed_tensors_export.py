@@ -207,6 +207,20 @@ def test_weight_only_projections_are_written_dense(tmp_path):
         assert torch.equal(tensors[f"{name}.weight"], q.dequantized_weight().to(torch.bfloat16))
 
 
+def test_a_quantized_lm_head_is_written_dense(tmp_path):
+    """lm_head quantized too (``--set keep=...`` without lm_head) has no W8A8 form engines load for it: written dense
+    (its dequantized weight), in the ignore list."""
+    from laquant.compressed_tensors_export import write_compressed_tensors
+
+    model, _, _ = _calibrated("qwen3_5", sets=["keep=embeddings,norms,routers,experts,conv,decay"])
+    assert type(model.lm_head).__name__ == "QuantLinear"
+    summary = write_compressed_tensors(model, model.config.quantization_config.decisions, tmp_path)
+    ignore = json.loads((tmp_path / "config.json").read_text())["quantization_config"]["ignore"]
+    assert "lm_head" in ignore and "lm_head" not in summary.int8 and "lm_head" in summary.dense
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    assert torch.equal(tensors["lm_head.weight"], model.lm_head.dequantized_weight().to(torch.bfloat16))
+
+
 def _checkpoint(family, tmp_path):
     from laquant.loading import default_model_dir
 

@@ -36,7 +36,19 @@ def test_overrides():
     assert r["gates"]["clamp"] is False
 
 
+def test_keep_override_names_the_roles_kept_in_high_precision():
+    """``--set keep=...`` (comma-separated or a YAML list) replaces the recipe's keep: lm_head quantized too."""
+    assert load_recipe("gla_int8_all", ["keep=embeddings,norms"])["keep"] == ["embeddings", "norms"]
+    assert load_recipe("gla_int8_all", ["keep=[embeddings, norms, lm_head]"])["keep"] == ["embeddings", "norms",
+                                                                                          "lm_head"]
+    assert load_recipe("hybrid_int8", ["keep=embeddings, norms, routers, experts"])["keep"] == [
+        "embeddings", "norms", "routers", "experts"]
+
+
 @pytest.mark.parametrize("overrides,message", [
+    (["keep=embeddings,norms,head"], "keep must be a list of roles from: embeddings, norms, lm_head"),
+    (["keep=norms,lm_head"], "keep must include embeddings: laquant does not quantize them"),
+    (["keep="], "keep must be a list of roles from"),
     (["state.format=fp4"], "state.format = 'fp4' is not allowed; allowed: fp32, bf16, fp8_row"),
     (["state.renorm=2"], "unknown key state.renorm; allowed: format, renorm_interval, prefill_roundtrip, rounding"),
     (["state.rounding=up"], "state.rounding = 'up' is not allowed; allowed: nearest, stochastic"),

@@ -23,7 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=2048, help="tokens per calibration sequence")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override a recipe field, e.g. --set state.format=fp32 (repeatable)")
+                   help="override a recipe field, e.g. --set state.format=fp32, or the roles kept in high "
+                        "precision, e.g. --set keep=embeddings,norms (lm_head quantized too) (repeatable)")
     p.add_argument("--stats", default=None, help="reuse statistics (stats.safetensors) instead of calibrating")
     p.add_argument("--out", default=None, help="output folder (default: ./laquant-<recipe>)")
     p.add_argument("--format", choices=["laquant", "compressed-tensors"], default="laquant",

@@ -36,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="recipe for the quantized e2e FAMILY:{json} hybrids (default: hybrid_int8)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", dest="overrides",
                    help="e2e: override a field of --recipe and --hybrid-recipe, e.g. "
-                        "--set projections.outlier_fallback=weight_only (repeatable; named in the variant)")
+                        "--set projections.outlier_fallback=weight_only, or --set keep=embeddings,norms (lm_head "
+                        "quantized too) (repeatable; named in the variant)")
     p.add_argument("--peers", action="store_true",
                    help="e2e: also time, in the same process, fla's own GLAForCausalLM for each config:{json} "
                         "model (variant fla_bf16) and transformers' own model for each FAMILY:{json} hybrid "
