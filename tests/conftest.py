@@ -109,19 +109,24 @@ def trained_model_dir():
     return os.environ.get("LAQUANT_TEST_MODEL") or str(default_model_dir())
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    """A tiny random GLA checkpoint in fla's format, with the embedded tokenizer (plumbing tests only)."""
+def write_tiny_gla(out, **config):
+    """A tiny random GLA checkpoint in fla's format (``config`` fields over the defaults), with the embedded
+    tokenizer, written to ``out`` (plumbing tests only)."""
     import shutil
 
     from laquant.loading import default_model_dir
     from laquant.models import GLAConfig, GLAForCausalLM
 
-    out = tmp_path_factory.mktemp("tiny-gla")
     torch.manual_seed(1)
-    cfg = GLAConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=8192, bos_token_id=0,
-                    eos_token_id=0)
+    cfg = GLAConfig(**{**dict(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=8192, bos_token_id=0,
+                              eos_token_id=0), **config})
     GLAForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out)  # stored as bf16, like the shipped model
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(default_model_dir() / name, out / name)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """:func:`write_tiny_gla`'s checkpoint with the default config."""
+    return write_tiny_gla(tmp_path_factory.mktemp("tiny-gla"))

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import same_tensors
+from conftest import same_tensors, write_tiny_gla
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM
 
@@ -42,17 +42,9 @@ def gla(tiny_model_dir, tmp_path_factory):
 def test_a_quantized_lm_head_reloads_bit_exact(tied, tmp_path):
     """lm_head quantized too (``--set keep=embeddings,norms``): an int8 QuantLinear while the embeddings stay as they
     were, also where the two were tied, and both loaders give the calibrated model's logits bit for bit."""
-    from laquant.loading import default_model_dir
-    from laquant.models import GLAConfig, GLAForCausalLM
     from laquant.recipe import load_recipe
 
-    torch.manual_seed(1)
-    cfg = GLAConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=8192, bos_token_id=0, eos_token_id=0,
-                    tie_word_embeddings=tied)
-    GLAForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path / "base")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(default_model_dir() / name, tmp_path / "base" / name)
-    model, tok = laquant.load_model(tmp_path / "base")
+    model, tok = laquant.load_model(write_tiny_gla(tmp_path / "base", tie_word_embeddings=tied))
     assert (model.lm_head.weight is model.get_input_embeddings().weight) == tied
     embeddings = model.get_input_embeddings().weight.detach().clone()
     result = laquant.calibrate(model, load_recipe("gla_int8_all", ["keep=embeddings,norms"]),
