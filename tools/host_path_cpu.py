@@ -7,6 +7,8 @@ not Triton's and not the GPU's. The lm_head is left out (its CPU matmul would do
     python3 tools/host_path_cpu.py                      # per-layer time (two depths' difference, medians of 5
                                                         # alternated rounds), gla_int8_all
     python3 tools/host_path_cpu.py --recipe gla_int8 --tokens 64 --attribute   # and the wrappers' share
+    python3 tools/host_path_cpu.py --family qwen3_next   # a hybrid of tools/family_configs.py, hybrid_int8 (per layer:
+                                                         # the difference of 1 and 3 periods of its layer pattern)
 
 ``--attribute`` times the projection groups' lookups, the norms, GEMM and gate wrappers (inclusive, per call) by
 wrapping them; the wrapping itself adds ~1 us a call.
@@ -21,13 +23,49 @@ import time
 import torch
 
 
-def build(layers: int, recipe: str):
-    from profile_prefill import random_gla
+def period(family: str) -> int:
+    """The layers of one repeat of a family's layer pattern in ``family_configs`` (1 for GLA)."""
+    if family == "gla":
+        return 1
+    from family_configs import CONFIGS
 
-    from laquant.models import GLAConfig
+    fields = CONFIGS[family]
+    types = fields.get("layer_types") or fields.get("layers_block_type")
+    if types is None:
+        return 4 if family == "qwen3_next" else 1  # qwen3_next: transformers' full_attention_interval
+    return next(p for p in range(1, len(types) + 1) if types == (types[:p] * len(types))[:len(types)])
 
-    model = random_gla(GLAConfig(hidden_size=2048, num_hidden_layers=layers, num_heads=16, vocab_size=32000), recipe,
-                       device="cpu")
+
+def build(layers: int, recipe: str, family: str = "gla"):
+    """A random 2048-wide model of ``layers`` layers calibrated with ``recipe`` on the CPU, without its lm_head."""
+    if family == "gla":
+        from profile_prefill import random_gla
+
+        from laquant.models import GLAConfig
+
+        model = random_gla(GLAConfig(hidden_size=2048, num_hidden_layers=layers, num_heads=16, vocab_size=32000),
+                           recipe, device="cpu")
+    else:
+        from family_configs import CONFIGS
+
+        from laquant.adapters import install
+        from laquant.api import calibrate
+        from laquant.eval.speed import hybrid_config, hybrid_model
+        from laquant.recipe import load_recipe
+
+        fields = dict(CONFIGS[family])
+        for key in ("layer_types", "layers_block_type", "mlp_layer_types"):
+            if key in fields:
+                fields[key] = fields[key][:layers]
+        if "layers_block_type" not in fields:
+            fields["num_hidden_layers"] = layers
+        cfg = hybrid_config(family, fields)
+        torch.manual_seed(0)
+        model = hybrid_model(family, cfg).to(torch.bfloat16).eval()
+        install(model)
+        if recipe != "bf16":
+            model = calibrate(model, load_recipe(recipe), data=torch.randint(0, cfg.vocab_size, (2, 256)),
+                              progress=False).model
     model.lm_head = torch.nn.Identity()
     return model
 
@@ -55,6 +93,21 @@ def forward_ms(model, tokens: int, reps: int = 30, warmup: int = 3) -> float:
         for _ in range(reps):
             model(ids, use_cache=True)
     return (time.perf_counter() - t0) / reps * 1e3
+
+
+def aten_ops(model, tokens: int) -> dict:
+    """The PyTorch ops one forward calls from Python (not those they call in turn), by name: each costs the host a
+    dispatch, and on a GPU's host an allocating one several microseconds."""
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = torch.randint(0, 32000, (1, tokens))
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        model(ids, use_cache=True)
+    counts: dict = {}
+    for event in prof.events():
+        if event.name.startswith("aten::") and (event.cpu_parent is None or not event.cpu_parent.name.startswith("aten::")):
+            counts[event.name] = counts.get(event.name, 0) + 1
+    return counts
 
 
 ATTRIBUTED = [("laquant.quant.fused", n) for n in ("packed_group", "w8a8_inputs", "project", "low_rank_gate")] + [
@@ -91,25 +144,37 @@ def attribute(stats: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--recipe", default="gla_int8_all")
+    ap.add_argument("--family", default="gla", help="gla, or a hybrid family of tools/family_configs.py")
+    ap.add_argument("--recipe", help="default: gla_int8_all for gla, hybrid_int8 for a hybrid")
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--attribute", action="store_true")
     args = ap.parse_args()
-    small, large = build(2, args.recipe), build(6, args.recipe)
+    recipe = args.recipe or ("gla_int8_all" if args.family == "gla" else "hybrid_int8")
+    unit = period(args.family)
+    few, many = (2, 6) if unit == 1 else (unit, 3 * unit)
+    small, large = build(few, recipe, args.family), build(many, recipe, args.family)
     calls = stub_launches()
     rounds = [(forward_ms(small, args.tokens), forward_ms(large, args.tokens)) for _ in range(5)]  # alternated
     a, b = (sorted(r[i] for r in rounds)[2] for i in (0, 1))  # medians: this machine's speed drifts
     calls.clear()
+    forward_ms(small, args.tokens, reps=1, warmup=0)
+    launches = len(calls)
+    calls.clear()
     forward_ms(large, args.tokens, reps=1, warmup=0)
-    print(f"{args.recipe}, {args.tokens} tokens: {(b - a) / 4 * 1e3:.0f} us of host time a layer "
-          f"({len(calls) / 6:.0f} Triton launches a layer, stubbed)")
+    ops = aten_ops(small, args.tokens), aten_ops(large, args.tokens)
+    per_layer = {k: (ops[1].get(k, 0) - ops[0].get(k, 0)) / (many - few) for k in set(ops[0]) | set(ops[1])}
+    print(f"{args.family} {recipe}, {args.tokens} tokens: {(b - a) / (many - few) * 1e3:.0f} us of host time a layer "
+          f"({(len(calls) - launches) / (many - few):.1f} Triton launches a layer, stubbed; "
+          f"{sum(per_layer.values()):.1f} PyTorch ops a layer: "
+          + ", ".join(f"{k.removeprefix('aten::')} {n:g}" for k, n in sorted(per_layer.items(), key=lambda kv: -kv[1])
+                      if n) + ")")
     if args.attribute:
         stats: dict = {}
         attribute(stats)
         reps = 30
         forward_ms(large, args.tokens, reps=reps, warmup=0)
         for key, (n, t) in sorted(stats.items(), key=lambda kv: -kv[1][1]):
-            print(f"  {key:42s} {n / reps / 6:4.1f} a layer  {t / n * 1e6:6.1f} us a call (inclusive)")
+            print(f"  {key:42s} {n / reps / many:4.1f} a layer  {t / n * 1e6:6.1f} us a call (inclusive)")
 
 
 if __name__ == "__main__":

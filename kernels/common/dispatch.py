@@ -8,10 +8,9 @@ with laquant's mixers, as ``tools/train.py`` does for the hybrid, runs the diffe
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from .env import getenv
 from .formats import KERNEL_FORMATS
 
 try:
@@ -25,7 +24,7 @@ _CHOICES = ("auto", "reference")
 
 
 def kernel_choice() -> str:
-    choice = os.environ.get("LAQUANT_KERNELS", "auto")
+    choice = getenv("LAQUANT_KERNELS", "auto")
     if choice not in _CHOICES:
         raise ValueError(f"LAQUANT_KERNELS must be one of {', '.join(_CHOICES)}; got {choice!r}")
     return choice

@@ -35,6 +35,8 @@ import os
 
 import torch
 
+from .env import getenv
+
 try:
     import triton
     import triton.language as tl
@@ -68,7 +70,7 @@ PDL_EARLY_ROWS = 16
 def pdl_enabled(device: torch.device, rows: int) -> bool:
     """Whether a launch over ``rows`` tokens (or sequences) on ``device`` uses PDL (the env switch
     is read at each launch)."""
-    mode = os.environ.get("LAQUANT_PDL", "1")
+    mode = getenv("LAQUANT_PDL", "1")
     if device.type != "cuda" or mode == "0" or (rows > PDL_MAX_ROWS and mode != "all") or not _triton_has_pdl():
         return False
     return _device_has_pdl(device.index if device.index is not None else torch.cuda.current_device())

@@ -57,7 +57,7 @@ kernel that made the input (:mod:`..rowwise.fused`), whose codes :func:`int8_gem
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -113,6 +113,9 @@ class PackedOutlierWeight:
     dest: torch.Tensor
     n_out: int
     group: int = 0
+    # launch arguments derived from the fields above alone, computed at the first launch that needs them (the
+    # eager paths are bound by the host's Python): kernel wrappers' own keys
+    host: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def pack(cls, qweight, weight_scale, keep_idx, outlier_idx, outlier_weight, bias, in_features, group=0):

@@ -315,9 +315,9 @@ def empty_codes(M: int, packed, dtype, device) -> GemmCodes:
     codes ``[M, KQ]``, float32 scales ``[M]`` (``[M, cdiv(KQ, group)]`` for a per-group weight, as quantize_groups
     lays them out), the outlier block ``[M, NO]`` in ``dtype`` (one column without)."""
     KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
-    scales = (M, cdiv(KQ, packed.group)) if packed.group else (M,)
-    return GemmCodes((torch.empty(M, KQ, dtype=torch.int8, device=device),
-                      torch.empty(scales, dtype=torch.float32, device=device),
+    scales = torch.empty(M, cdiv(KQ, packed.group), dtype=torch.float32, device=device) if packed.group else \
+        torch.empty(M, dtype=torch.float32, device=device)
+    return GemmCodes((torch.empty(M, KQ, dtype=torch.int8, device=device), scales,
                       torch.empty(M, max(NO, 1), dtype=dtype, device=device)), packed)
 
 
@@ -334,8 +334,8 @@ def _codes(M: int, packed, dtype, device, scatter: bool = False):
     scatter them from its registers (the norms), which it does at up to :data:`SCATTER_MAX_TOKENS`."""
     if packed is None:
         return None, {}
-    KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
     codes = empty_codes(M, packed, dtype, device)
+    KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
     if packed.group:  # the gated norms' per-group codes from a token's rows in registers (store_group_codes): the
         # columns' dest map in the map's place (a per-group weight keeps every column in order), loaded at the token's
         # columns through the scatter map; the outlier count in n_keep's place
@@ -344,12 +344,13 @@ def _codes(M: int, packed, dtype, device, scatter: bool = False):
         ptrs = (packed.dest, packed.outlier_idx, *codes, KQ, NO, packed.n_out, packed.dest, packed.n_out)
         consts = dict(QUANT=True, **codes_consts(packed), GROUP=packed.group, IDENTITY=False, SCATTER=True)
         return codes, dict(ptrs=ptrs, consts=consts)
-    args = dict(ptrs=(packed.source, packed.outlier_idx, *codes, KQ, NO, packed.n_keep),
-                consts=dict(QUANT=True, **codes_consts(packed), IDENTITY=packed.identity))
+    consts = packed.host.get("codes_consts")
+    if consts is None:
+        consts = packed.host["codes_consts"] = dict(QUANT=True, **codes_consts(packed), IDENTITY=packed.identity)
     if scatter:
-        args["ptrs"] += (packed.dest, packed.n_out)
-        args["consts"]["SCATTER"] = M <= SCATTER_MAX_TOKENS
-    return codes, args
+        return codes, dict(ptrs=(packed.source, packed.outlier_idx, *codes, KQ, NO, packed.n_keep, packed.dest,
+                                 packed.n_out), consts=dict(consts, SCATTER=M <= SCATTER_MAX_TOKENS))
+    return codes, dict(ptrs=(packed.source, packed.outlier_idx, *codes, KQ, NO, packed.n_keep), consts=dict(consts))
 
 
 _NO_CODES = dict(consts=dict(QUANT=False, BQ=16, BNO=16, HAS_OUT=False, IDENTITY=True))
@@ -391,8 +392,8 @@ def _launch_norm(x, weight, eps, residual=None, g=None, packed=None, heads: int 
     if weight.numel() not in (N, heads * N):
         raise ValueError(f"the norm's weight has {weight.numel()} elements: expected one per column ({N}) or per "
                          f"column of each of a token's {heads} rows ({heads * N})")
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    ro = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else y
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    ro = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else y
     if packed is not None and packed.group and heads == 1 and g is None:  # a plain norm's per-group codes
         codes = _launch_group_norm(x, x_rows, residual, res_rows, weight, eps, y, ro, packed, round_sum, round_normed)
         return y, (ro if residual is not None else None), codes
@@ -489,7 +490,7 @@ def glu_triton(gate: torch.Tensor, up: torch.Tensor, packed=None, activation: st
     N = gate.shape[-1]
     M = gate.numel() // N if N else 0
     check_codes(packed, N)
-    y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    y = torch.empty_like(gate, memory_format=torch.contiguous_format)
     if packed is not None and packed.group:
         codes, args = _group_codes(M, packed, gate.dtype, gate.device)
         if M:

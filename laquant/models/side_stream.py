@@ -13,9 +13,9 @@ two event records. ``LAQUANT_SIDE_STREAM=0`` keeps captures in order too.
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from laquant.kernels.common.env import getenv
 
 _SIDE_STREAMS: dict[tuple[int, int], torch.cuda.Stream] = {}
 
@@ -23,7 +23,7 @@ _SIDE_STREAMS: dict[tuple[int, int], torch.cuda.Stream] = {}
 def forks(x: torch.Tensor) -> bool:
     """Whether work on ``x`` started now by :func:`fork` runs on the side stream: on CUDA, while the
     current stream captures a graph, unless ``LAQUANT_SIDE_STREAM=0``."""
-    return (x.is_cuda and os.environ.get("LAQUANT_SIDE_STREAM", "1") != "0"
+    return (x.is_cuda and getenv("LAQUANT_SIDE_STREAM", "1") != "0"
             and torch.cuda.is_current_stream_capturing())
 
 

@@ -24,6 +24,8 @@ import torch
 import torch.nn as nn
 
 from laquant.kernels.common.dispatch import use_triton
+from laquant.kernels.gemm.int8 import choose_config, device_name, group_config, int8_gemm
+from laquant.kernels.rowwise.fused import codes_fit
 from laquant.quant.modules import GPU_MODES, QuantLinear, buffers_key
 
 
@@ -124,8 +126,6 @@ def w8a8_inputs(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor, group
     if packed is None or _members(owner, names[:1])[0].act_granularity not in (
             ("per_token", "per_group") if groups else ("per_token",)):
         return None
-    from laquant.kernels.rowwise.fused import codes_fit
-
     return packed if codes_fit(packed) else None  # wider: the GEMM quantizes its input itself
 
 
@@ -174,12 +174,11 @@ def joined_columns(parts) -> torch.Tensor:
 
 def _gemm_on_codes(x: torch.Tensor, codes: tuple, packed) -> torch.Tensor:
     """The W8A8 GEMM of ``packed`` on x's codes ``(xq, xs, xo)``: ``[*x.shape[:-1], N]``."""
-    from laquant.kernels.gemm.int8 import choose_config, device_name, group_config, int8_gemm
-
-    M, N = codes[0].shape[0], packed.qweight.shape[0]
+    M, N, K = codes[0].shape[0], packed.qweight.shape[0], packed.in_features
     y = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
-    tiles = group_config if packed.group else lambda *a: choose_config("w8a8", *a)
-    int8_gemm(*codes, packed, y.view(M, N), tiles(M, N, packed.in_features, device_name(x.device)))
+    device = device_name(x.device)
+    cfg = group_config(M, N, K, device) if packed.group else choose_config("w8a8", M, N, K, device)
+    int8_gemm(*codes, packed, y.view(M, N), cfg)
     return y
 
 
@@ -291,9 +290,25 @@ def low_rank_gate(gate: nn.Module, x: torch.Tensor):
     a QuantGate of two weight-only int8 linears without outlier columns (the first without bias,
     rank <= 64), and no hooks to honour."""
     linears = list(gate) if isinstance(gate, nn.Sequential) else []
-    if (len(linears) != 2 or getattr(gate, "channel_start", 0) is not None
-            or not _runs_packed(linears[:1], x) or not _runs_packed(linears[1:], x)
-            or gate._forward_hooks or gate._forward_pre_hooks):
+    if (len(linears) != 2 or not use_triton(x) or gate._forward_hooks or gate._forward_pre_hooks
+            or any(m._forward_hooks or m._forward_pre_hooks for m in linears)):
+        return None
+    # the checks below and the packing run again only when a linear's buffers changed or x is on another device
+    key = _key(linears)
+    if key is None:
+        return None
+    key = (key, getattr(gate, "channel_start", 0), x.device)
+    cached = gate.__dict__.get("_low_rank_gate")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    pair = _low_rank_pair(gate, linears, x)
+    gate.__dict__["_low_rank_gate"] = (key, pair)
+    return pair
+
+
+def _low_rank_pair(gate: nn.Module, linears: list, x: torch.Tensor):
+    if (getattr(gate, "channel_start", 0) is not None
+            or not _runs_packed(linears[:1], x) or not _runs_packed(linears[1:], x)):
         return None
     first, second = linears
     if (first.act_granularity != "none" or second.act_granularity != "none" or first.n_outliers
