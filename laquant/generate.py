@@ -99,15 +99,19 @@ def graphable_cache(cache) -> bool:
     return not isinstance(cache, GLAStateCache) or not cache.kv
 
 
-def static_cache(prefill_cache, capacity: int):
+def static_cache(prefill_cache, capacity: int, keys: torch.Tensor | None = None):
     """A static copy of a prefilled cache for a captured decode step, with room for ``capacity`` tokens
-    in all (softmax layers keep that many keys: a hybrid's, or fla's attn layers in laquant's GLA)."""
+    in all (softmax layers keep that many keys: a hybrid's, or fla's attn layers in laquant's GLA). ``keys``: a
+    left-padded batch's cached positions that each sequence attends to (bool ``[B, seen]``; a hybrid's cache only),
+    for a static cache of positions one a sequence (:class:`~laquant.models.static_hybrid.StaticHybridCache`)."""
     from laquant.families import static_hybrid_class
     from laquant.models.cache import GLAStateCache
 
     if isinstance(prefill_cache, GLAStateCache):
+        if keys is not None:
+            raise ValueError("laquant's GLA has no static cache for a padded batch")
         return prefill_cache.static_copy(capacity)
-    return static_hybrid_class(prefill_cache).from_cache(prefill_cache, capacity)
+    return static_hybrid_class(prefill_cache).from_cache(prefill_cache, capacity, padded=keys is not None, keys=keys)
 
 
 def _cached_tokens(cache) -> int:

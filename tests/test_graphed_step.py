@@ -346,7 +346,7 @@ def _generate_as_eagerly(model, ids, n):
 def test_a_hybrid_cache_after_graph_steps_goes_on_eagerly(stand_in):
     """The cache transformers' generate returns holds the static states and views of the static keys; a
     second generate takes them over (the first keeps copies); both go on eagerly as the eager runs'
-    caches do. A padded batch decodes eagerly."""
+    caches do."""
     model = _hybrid("qwen3_next")
     ids = torch.randint(1, 100, (2, 7))
     kw = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, return_dict_in_generate=True)
@@ -381,11 +381,86 @@ def test_a_hybrid_cache_after_graph_steps_goes_on_eagerly(stand_in):
     stores = [s.n_stores for s in store.states.values()]
     model(input_ids=second.sequences[:, -1:], **cache_kwargs(model, cache), use_cache=True)  # positions by the hook
     assert store.seen_tokens == n + 2 and [s.n_stores for s in store.states.values()] == [k + 1 for k in stores]
-    padded = torch.ones_like(ids)
-    padded[0, 0] = 0
-    release_step_graphs(model)
-    model.generate(ids, attention_mask=padded, **kw)
-    assert not model.__dict__.get("_laquant_step_graphs")  # eager: no graph was captured
+
+
+def _left_padded(B: int = 3, T: int = 7, pads=(3, 0, 1)):
+    torch.manual_seed(3)
+    ids = torch.randint(1, 100, (B, T))
+    mask = torch.ones_like(ids)
+    for row, pad in enumerate(pads):
+        mask[row, :pad] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+def _generate_padded(model, ids, mask, n, graphs: bool):
+    model.laquant_graph_steps = graphs
+    try:
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=0,
+                             output_logits=True, return_dict_in_generate=True)
+    finally:
+        del model.laquant_graph_steps
+    return out.sequences, torch.stack(out.logits, 1)
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "bamba", "nemotron_h", "zamba2", "minimax", "kimi_linear",
+                                    "falcon_h1"])
+@torch.no_grad()
+def test_hf_generate_on_a_left_padded_batch_takes_graph_steps(family, stand_in):
+    """Prompts of several lengths, left-padded: the decode steps replay a graph of their own (each sequence's
+    padded keys masked, its positions its own), with the eager steps' tokens and logits, and each sequence's are
+    those it gets alone (MiniMax's eager steps too: laquant hands transformers' generate its cache class)."""
+    model = _hybrid(family)
+    ids, mask = _left_padded()
+    want, want_logits = _generate_padded(model, ids, mask, 6, graphs=False)
+    got, logits = _generate_padded(model, ids, mask, 6, graphs=True)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(logits, want_logits, atol=1e-5, rtol=1e-5)
+    (graph,) = model.__dict__["_laquant_step_graphs"].values()
+    assert isinstance(graph, gs.StepGraph) and graph.padded
+    for row in (0, 2):  # the padded sequences, alone
+        pad = int((mask[row] == 0).sum())
+        alone, alone_logits = _hf_generate(model, ids[row:row + 1, pad:], 6, graphs=True)
+        assert torch.equal(got[row, pad:], alone[0])
+        torch.testing.assert_close(logits[row], alone_logits[0], atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_a_padded_graph_follows_the_padding_it_is_given(stand_in):
+    """The cache that holds a padded graph's tensors continues it only while the mask keeps the padding it adopted
+    (every later position attended); another padding, or none, is loaded again or takes the unpadded graph."""
+    model = _hybrid("qwen3_next")
+    ids, mask = _left_padded()
+    _generate_padded(model, ids, mask, 3, graphs=True)
+    (graph,) = model.__dict__["_laquant_step_graphs"].values()
+    n = graph.keys.shape[1]
+    longer = torch.cat([graph.keys, torch.ones(3, 2, dtype=torch.bool)], 1)
+    assert graph._same_padding(longer) and not graph._same_padding(None)
+    other = longer.clone()
+    other[1, 0] = False
+    assert not graph._same_padding(other)
+    hole = longer.clone()
+    hole[0, n] = False
+    assert not graph._same_padding(hole)
+    _generate_padded(model, ids, torch.ones_like(mask), 3, graphs=True)  # unpadded: a graph of its own
+    assert sorted(g.padded for g in model.__dict__["_laquant_step_graphs"].values()) == [False, True]
+
+
+@torch.no_grad()
+def test_a_static_cache_takes_a_padding_only_where_it_was_made_for_one():
+    from laquant.models.static_hybrid import StaticHybridCache
+    from test_static_hybrid import _prefilled
+
+    model = _hybrid("qwen3_next")
+    cache = _prefilled(model, torch.randint(1, 100, (2, 5)))
+    keys = torch.ones(2, 5, dtype=torch.bool)
+    keys[0, :2] = False
+    with pytest.raises(ValueError, match="padded static cache"):
+        StaticHybridCache.from_cache(cache, 16, keys=keys)
+    static = StaticHybridCache.from_cache(cache, 16, padded=True, keys=keys)
+    assert static.positions.tolist() == [[3], [5]]  # each sequence's attended positions so far
+    assert (static.mask[0, 0, 0, :2] == torch.finfo(static.mask.dtype).min).all() and (static.mask[0, 0, 0, 2:5] == 0).all()
+    with pytest.raises(ValueError, match="padded static cache"):
+        StaticHybridCache.from_cache(cache, 16, padded=True, keys=keys[:, :4])
 
 
 @pytest.mark.parametrize("graphs", [False, True])
@@ -533,3 +608,21 @@ def test_gpu_hf_generate_on_a_hybrid_replays(dtype, monkeypatch):
     assert model.get_experts_implementation()[""] == "grouped_mm"
     release_step_graphs(model)
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h", "minimax"])
+@torch.no_grad()
+def test_gpu_hf_generate_on_a_left_padded_batch_replays(family):
+    """A left-padded batch on the GPU: its decode steps replay a captured graph with the eager steps' tokens
+    (logits to bf16 rounding)."""
+    model = _hybrid(family).to("cuda", torch.bfloat16)
+    ids, mask = _left_padded()
+    ids, mask = ids.cuda(), mask.cuda()
+    want, want_logits = _generate_padded(model, ids, mask, 12, graphs=False)
+    got, logits = _generate_padded(model, ids, mask, 12, graphs=True)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(logits, want_logits, atol=3e-2, rtol=3e-2)
+    (graph,) = model.__dict__["_laquant_step_graphs"].values()
+    assert graph.padded and graph.graph is not None
+    release_step_graphs(model)

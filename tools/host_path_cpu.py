@@ -161,10 +161,11 @@ def main() -> None:
     launches = len(calls)
     calls.clear()
     forward_ms(large, args.tokens, reps=1, warmup=0)
+    launches = (len(calls) - launches) / (many - few)
     ops = aten_ops(small, args.tokens), aten_ops(large, args.tokens)
     per_layer = {k: (ops[1].get(k, 0) - ops[0].get(k, 0)) / (many - few) for k in set(ops[0]) | set(ops[1])}
     print(f"{args.family} {recipe}, {args.tokens} tokens: {(b - a) / (many - few) * 1e3:.0f} us of host time a layer "
-          f"({(len(calls) - launches) / (many - few):.1f} Triton launches a layer, stubbed; "
+          f"({launches:.1f} Triton launches a layer, stubbed; "
           f"{sum(per_layer.values()):.1f} PyTorch ops a layer: "
           + ", ".join(f"{k.removeprefix('aten::')} {n:g}" for k, n in sorted(per_layer.items(), key=lambda kv: -kv[1])
                       if n) + ")")

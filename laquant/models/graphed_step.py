@@ -15,8 +15,9 @@ new token per sequence on CUDA, no gradients, and
   and no pending verify, checkpoint request or token mask (:func:`graph_step_allowed`);
 * a transformers hybrid with laquant's mixers (every family): the adapter wraps the
   instance's ``prepare_inputs_for_generation`` and ``forward`` (``laquant.adapters.hybrid``); the
-  transformers cache must keep every token's keys and the batch must have no padding
-  (:func:`hybrid_graph_step`).
+  transformers cache must keep every token's keys (:func:`hybrid_graph_step`). A left-padded batch (transformers'
+  ``generate`` on prompts of several lengths) replays a graph of its own, whose static cache masks each
+  sequence's padded positions and takes each sequence's position from transformers' ``position_ids``.
 
 The graph is captured once per (model, batch size, state / conv / key layout, seed, parameter storage)
 on a static cache (softmax layers' keys in buffers with room for 1,024 more tokens; a larger one is captured
@@ -89,8 +90,9 @@ def _capturing() -> bool:
 def hybrid_graph_step(model, args: tuple, kwargs: dict):
     """transformers' forward output of one decode step of a transformers hybrid with laquant's mixers as
     a replay, or None where it runs eagerly: besides :func:`graph_step_allowed`'s conditions, the
-    transformers cache must hold every token's keys (no sliding window) and the batch no padding (the
-    positions transformers passes all equal the cached length)."""
+    transformers cache must hold every token's keys (no sliding window); without padding the positions
+    transformers passes must all equal the cached length, and a padded batch (a 2-D mask with zeros) must pass
+    its positions and attend this step's token in every sequence."""
     from laquant.models.static_hybrid import StaticHybridCache, kv_layers
 
     ids = kwargs.get("input_ids", args[0] if args else None)
@@ -107,28 +109,40 @@ def hybrid_graph_step(model, args: tuple, kwargs: dict):
         return None
     seen = lengths.pop() if lengths else store.seen_tokens
     positions, mask = kwargs.get("position_ids"), kwargs.get("attention_mask")
-    if positions is not None and not bool((positions == seen).all()):  # padding, or positions of their own
+    if mask is not None and mask.dim() != 2:
         return None
-    if mask is not None and (mask.dim() != 2 or not bool(mask.all())):
+    keys = None  # a padded batch's cached positions that each sequence attends to
+    if mask is not None and not bool(mask.all()):
+        B = ids.shape[0]
+        if (tuple(mask.shape) != (B, seen + 1) or positions is None or tuple(positions.shape) != (B, 1)
+                or not bool(mask[:, seen].all())):
+            return None
+        keys = mask[:, :seen].bool()
+    elif positions is not None and not bool((positions == seen).all()):  # positions of their own
         return None
     store.seen_tokens = seen  # transformers' generate passes the positions, so laquant's count may lag
-    logits = graphed_step(model, ids, cache)
+    logits = graphed_step(model, ids, cache, keys, positions if keys is not None else None)
     if logits is None:
         return None
     return CausalLMOutputWithPast(logits=logits, **{OUTPUT_CACHE_FIELD: cache})
 
 
-def graphed_step(model, input_ids: torch.Tensor, cache) -> torch.Tensor | None:
+def graphed_step(model, input_ids: torch.Tensor, cache, keys: torch.Tensor | None = None,
+                 positions: torch.Tensor | None = None) -> torch.Tensor | None:
     """The logits ``[B, 1, V]`` of one decode step as a graph replay, the cache advanced as an eager
     step would advance it; None where this step must run eagerly (a capture the GPU refused, states
-    that cannot be static: then every later call of the same key is eager too)."""
+    that cannot be static: then every later call of the same key is eager too). ``keys``, ``positions``: a
+    left-padded batch's (a hybrid's): the cached positions each sequence attends to (bool ``[B, seen]``) and the
+    step's positions ``[B, 1]``."""
     store = state_store(cache)
     seen = store.seen_tokens
     graph = store.step_graph
+    padded = keys is not None
     full = lambda g: g.capacity is not None and g.capacity <= seen  # noqa: E731  (a hybrid's key buffers)
-    if graph is None or not graph.held_by(cache) or full(graph):  # a generate call's first step, or keys to grow
+    if graph is None or not graph.held_by(cache) or full(graph) or graph.padded != padded:
+        # a generate call's first step, keys to grow, or a batch padded where the held graph's was not (or the reverse)
         graphs = model.__dict__.setdefault(_GRAPHS, {})
-        key = _key(model, cache)
+        key = _key(model, cache, padded)
         graph = graphs.get(key)
         if graph and full(graph):  # captured again with room for ROOM more tokens (the cache keeps copies)
             graphs.pop(key).release()
@@ -141,13 +155,14 @@ def graphed_step(model, input_ids: torch.Tensor, cache) -> torch.Tensor | None:
             try:
                 # normal tensors even under torch.inference_mode: a later generate without it updates them in place
                 with torch.inference_mode(False), torch.no_grad():
-                    graph = StepGraph(model, cache, -(-(seen + ROOM) // ROOM) * ROOM, capture=input_ids.is_cuda)
+                    graph = StepGraph(model, cache, -(-(seen + ROOM) // ROOM) * ROOM, capture=input_ids.is_cuda,
+                                      keys=keys)
             except (ValueError, _Refused):
                 graph = False
             graphs[key] = graph
         if graph is False:
             return None
-    return graph.run(cache, input_ids)
+    return graph.run(cache, input_ids, keys, positions)
 
 
 def release_step_graphs(model) -> None:
@@ -157,15 +172,16 @@ def release_step_graphs(model) -> None:
             graph.release()
 
 
-def _key(model, cache) -> tuple:
+def _key(model, cache, padded: bool = False) -> tuple:
     """What a captured step depends on: the batch, the states', conv inputs' and keys' layout, the seed
-    (a launch argument) and the parameters' storage (a model moved or reloaded needs a new capture)."""
+    (a launch argument), whether the batch is padded (its positions are one a sequence) and the parameters'
+    storage (a model moved or reloaded needs a new capture)."""
     store = state_store(cache)
     states = _state_tensors(cache)
     conv = tuple((str(k), tuple(t.shape), t.dtype) for k, t in sorted(store.conv.items(), key=lambda kv: str(kv[0])))
     kv = tuple((i, tuple(k.shape[:-2]), k.shape[-1], v.shape[-1], k.dtype) for i, (k, v) in _held_keys(cache).items())
     params = tuple(p.data_ptr() for p in model.parameters())
-    return states[0].data.shape[0], state_layout(states), conv, kv, store.seed, params
+    return states[0].data.shape[0], state_layout(states), conv, kv, store.seed, padded, params
 
 
 class _Refused(Exception):
@@ -176,11 +192,14 @@ class StepGraph:
     """One captured decode step of ``model`` on a static cache (laquant's GLA: a static
     :class:`GLAStateCache`; a transformers hybrid: a :class:`~laquant.models.static_hybrid.StaticHybridCache`
     with keys for ``capacity`` tokens), and the cache that has adopted its tensors. ``capture=False``:
-    the step runs eagerly on the static cache (the CPU stand-in of a replay, for tests)."""
+    the step runs eagerly on the static cache (the CPU stand-in of a replay, for tests). ``keys``: a left-padded
+    batch's cached positions each sequence attends to (see :func:`graphed_step`)."""
 
-    def __init__(self, model, cache, capacity: int, capture: bool = True):
+    def __init__(self, model, cache, capacity: int, capture: bool = True, keys: torch.Tensor | None = None):
         self.model = weakref.ref(model)  # the model holds its graphs: no reference cycle
-        self.static = static_cache(cache, capacity)  # ValueError where the states cannot be static
+        self.static = static_cache(cache, capacity, keys)  # ValueError where the states cannot be static
+        self.padded = keys is not None
+        self.keys = None  # the adopted cache's padding: the positions of its first tokens each sequence attends to
         self.store = state_store(self.static)
         self.capacity = self.static.capacity  # None: no softmax layers' keys
         first = _state_tensors(self.static)[0].data
@@ -218,9 +237,12 @@ class StepGraph:
         owner = self.owner() if self.owner is not None else None
         return owner is cache and _holds(cache, self.static)
 
-    def run(self, cache, input_ids: torch.Tensor) -> torch.Tensor:
-        if not self.held_by(cache):
-            self._adopt(cache)
+    def run(self, cache, input_ids: torch.Tensor, keys: torch.Tensor | None = None,
+            positions: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.held_by(cache) or not self._same_padding(keys):
+            self._adopt(cache, keys)
+        if positions is not None:
+            self.static.set_positions(positions)
         self.ids.copy_(input_ids)
         if self.graph is not None:
             self.graph.replay()
@@ -232,13 +254,26 @@ class StepGraph:
         _mirror_keys(cache, self.static, store.seen_tokens)
         return logits
 
-    def _adopt(self, cache) -> None:
-        """Make ``cache`` hold the static tensors with its current contents; a cache that held any of
-        them before keeps copies."""
+    def _same_padding(self, keys: torch.Tensor | None) -> bool:
+        """Whether ``keys`` (a padded batch's, see :func:`graphed_step`) continue the padding adopted: the same
+        positions masked, every later one attended."""
+        if self.keys is None or keys is None:
+            return self.keys is None and keys is None
+        n = self.keys.shape[1]
+        return keys.shape[0] == self.keys.shape[0] and keys.shape[1] >= n and bool(
+            (keys[:, :n] == self.keys).all() & keys[:, n:].all())
+
+    def _adopt(self, cache, keys: torch.Tensor | None = None) -> None:
+        """Make ``cache`` hold the static tensors with its current contents (``keys``: its padding, as
+        :func:`graphed_step` takes it); a cache that held any of them before keeps copies."""
         owner = self.owner() if self.owner is not None else None
         if owner is not None and owner is not cache:
             _detach(owner, self.static)
-        self.static.load_from(cache)
+        if keys is None:
+            self.static.load_from(cache)
+        else:
+            self.static.load_from(cache, keys)
+        self.keys = None if keys is None else keys.clone()
         store = state_store(cache)
         store.states = dict(self.store.states) if isinstance(self.store.states, dict) else list(self.store.states)
         store.conv = dict(self.store.conv)

@@ -14,7 +14,10 @@ changes from step to step to live on the device:
 * the attention mask: an additive ``[B, 1, 1, capacity]`` mask, 0 up to ``pos`` and the dtype's
   minimum after it, passed to the model as a ready 4-D mask (transformers uses a 4-D mask as given,
   and the linear layers take none at one token);
-* the positions: ``position_ids`` is a view of ``pos``, so the rotary embedding follows it;
+* the positions: ``position_ids`` is a view of ``pos``, so the rotary embedding follows it; in a cache made for a
+  left-padded batch (``padded``, transformers' ``generate`` on prompts of several lengths) it is a ``[B, 1]`` buffer
+  of each sequence's own position, written before each step (the mask then hides each sequence's padded positions,
+  as :meth:`StaticHybridCache.load_from` is told);
 * the attention: transformers' SDPA path repeats every key head for its query heads before a masked
   call (``repeat_kv``), which over the whole capacity was most of a B = 64 step (4.8 of 9.5 ms on the
   1.14B qwen3_next, ``eval/results/graphed_hybrid_h200.md``). :func:`static_decode_attention` (registered
@@ -114,16 +117,24 @@ class StaticHybridCache:
     (see the module's docstring); what the forward's cache keyword takes in a graphed decode step."""
 
     def __init__(self, states: HybridStates, kv: dict[int, tuple[torch.Tensor, torch.Tensor]], batch: int,
-                 capacity: int, dtype: torch.dtype, device):
+                 capacity: int, dtype: torch.dtype, device, padded: bool = False):
         self.laquant_states = states  # where state_store() finds the linear layers' store
         self.kv = kv
         self.capacity = capacity
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
         self.mask = torch.full((batch, 1, 1, capacity), torch.finfo(dtype).min, dtype=dtype, device=device)
+        # a padded batch's positions, one a sequence (set_positions); None: every sequence's is pos
+        self.positions = torch.zeros(batch, 1, dtype=torch.long, device=device) if padded else None
+
+    @property
+    def padded(self) -> bool:
+        return self.positions is not None
 
     @classmethod
-    def from_cache(cls, cache, capacity: int) -> StaticHybridCache:
-        """A static copy of the prefilled transformers ``cache`` with room for ``capacity`` tokens in all."""
+    def from_cache(cls, cache, capacity: int, padded: bool = False, keys: torch.Tensor | None = None
+                   ) -> StaticHybridCache:
+        """A static copy of the prefilled transformers ``cache`` with room for ``capacity`` tokens in all; ``padded``,
+        ``keys``: as :meth:`load_from` takes them."""
         states = state_store(cache)
         if states is None or not states.states:
             raise ValueError("a static hybrid cache needs the linear layers' states: run the prompt through the "
@@ -141,16 +152,21 @@ class StaticHybridCache:
         dtype = next(iter(kv.values()))[0].dtype if kv else torch.float32
         buffers = {i: (k.new_zeros(*k.shape[:-2], capacity, k.shape[-1]),
                        v.new_zeros(*v.shape[:-2], capacity, v.shape[-1])) for i, (k, v) in kv.items()}
-        out = cls(static_states, buffers, ref.shape[0], capacity, dtype, ref.device)
-        out.load_from(cache)
+        out = cls(static_states, buffers, ref.shape[0], capacity, dtype, ref.device, padded=padded)
+        out.load_from(cache, keys)
         return out
 
-    def load_from(self, cache) -> None:
-        """Copy a prefilled transformers ``cache`` (of the same layout) into the static tensors."""
+    def load_from(self, cache, keys: torch.Tensor | None = None) -> None:
+        """Copy a prefilled transformers ``cache`` (of the same layout) into the static tensors. ``keys`` (bool
+        ``[B, seen]``, a padded cache's): the cached positions each sequence attends to, False at its padding (None:
+        all of them)."""
         states = state_store(cache)
         seen = states.seen_tokens
         if seen >= self.capacity:
             raise ValueError(f"the cache to load holds {seen} tokens; this static cache has room for {self.capacity}")
+        if keys is not None and (not self.padded or tuple(keys.shape) != (self.mask.shape[0], seen)):
+            raise ValueError(f"a mask of the cached positions {tuple(keys.shape)} needs a padded static cache of "
+                             f"{self.mask.shape[0]} sequences after {seen} tokens")
         kv = kv_layers(cache)
         if sorted(kv) != sorted(self.kv):
             raise ValueError("the cache to load does not match the static cache's attention layers")
@@ -163,16 +179,28 @@ class StaticHybridCache:
             mk[..., :seen, :].copy_(k)
             mv[..., :seen, :].copy_(v)
         self.mask.fill_(torch.finfo(self.mask.dtype).min)
-        self.mask[..., :seen] = 0
+        if keys is None:
+            self.mask[..., :seen] = 0
+        else:
+            self.mask[:, 0, 0, :seen].masked_fill_(keys.to(self.mask.device, torch.bool), 0)
         self.pos.fill_(seen)
+        if self.padded:  # each sequence's next position: its attended positions so far (transformers' count)
+            counts = keys.sum(-1, keepdim=True) if keys is not None else torch.full_like(self.positions, seen)
+            self.positions.copy_(counts)
+
+    def set_positions(self, position_ids: torch.Tensor) -> None:
+        """A padded cache's positions of the next step's tokens ``[B, 1]`` (transformers' ``position_ids``)."""
+        self.positions.copy_(position_ids)
 
     def begin_step(self) -> dict:
         """Open position ``pos`` for this step's token; the forward's extra arguments."""
         self.mask.index_fill_(-1, self.pos, 0)
-        return {"position_ids": self.pos.view(1, 1), "attention_mask": self.mask}
+        return {"position_ids": self.positions if self.padded else self.pos.view(1, 1), "attention_mask": self.mask}
 
     def end_step(self) -> None:
         self.pos += 1
+        if self.padded:
+            self.positions += 1
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """transformers' ``Cache.update``: write the step's keys and values at ``pos``, return every position's."""
