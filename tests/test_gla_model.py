@@ -163,8 +163,87 @@ def test_generate_equals_the_greedy_decode_loop(tiny_model_dir, recipe):
         tokens.append(logits.argmax(-1, keepdim=True))
         logits = model(input_ids=tokens[-1], past_key_values=cache, use_cache=True).logits[:, -1]
     assert torch.equal(out, torch.cat(tokens, 1))
-    with pytest.raises(ValueError, match="unpadded prompts only"):
-        model.generate(ids, attention_mask=torch.tensor([[0] + [1] * 8, [1] * 9]), max_new_tokens=2)
+
+
+def _padded_mask(ids: torch.Tensor, side: str) -> torch.Tensor:
+    mask = torch.ones_like(ids)
+    if side == "left":
+        mask[0, :4], mask[2, :1] = 0, 0
+    else:
+        mask[0, -4:], mask[2, -1:] = 0, 0
+    return mask
+
+
+def _delta_model():
+    from laquant.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM
+
+    cfg = GatedDeltaNetConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, head_dim=16, expand_v=1.5,
+                              num_v_heads=4, vocab_size=300)
+    return GatedDeltaNetForCausalLM(cfg).eval()
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("make", [lambda: _random_model(), lambda: _random_model(use_short_conv=True),
+                                  _delta_model], ids=["gla", "gla-conv", "gated-deltanet"])
+def test_a_padded_batch_runs_as_each_sequence_alone(make, side):
+    """A batch padded on either side (``attention_mask``): each sequence's logits at its tokens, and the state and
+    short-conv inputs it leaves in the cache, are those of the sequence alone (the padding is no token: zero keys,
+    log-decays and conv inputs); without the mask they are not."""
+    torch.manual_seed(0)
+    model = make()
+    ids = torch.randint(1, 300, (3, 11))
+    mask = _padded_mask(ids, side)
+    cache = model.new_cache()
+    logits = model(ids, attention_mask=mask, cache=cache, use_cache=True).logits
+    assert cache.token_mask is None  # the padding was this call's only
+    unmasked = model.new_cache()
+    model(ids, cache=unmasked, use_cache=True)
+    for row in range(3):
+        real = mask[row].bool()
+        alone_cache = model.new_cache()
+        alone = model(ids[row:row + 1, real], cache=alone_cache, use_cache=True).logits[0]
+        assert rel_err(logits[row, real], alone) < 1e-5
+        for mine, theirs in zip(cache.states, alone_cache.states):
+            assert rel_err(mine.load()[row], theirs.load()[0]) < 1e-5
+        for key in cache.conv:
+            assert rel_err(cache.conv[key][row], alone_cache.conv[key][0]) < 1e-5
+        if row == 0:  # the mask is not a no-op: unmasked, the padding enters the state
+            assert rel_err(unmasked.states[0].load()[row], alone_cache.states[0].load()[0]) > 1e-3
+    torch.testing.assert_close(model(ids, attention_mask=mask).logits, logits)  # a cacheless call too
+
+
+@torch.no_grad()
+def test_hf_generate_on_a_left_padded_batch_gives_each_sequence_its_own_tokens():
+    torch.manual_seed(0)
+    model = _random_model(use_short_conv=True, bos_token_id=0, eos_token_id=0)
+    ids = torch.randint(1, 300, (3, 9))
+    mask = _padded_mask(ids, "left")
+    out = model.generate(ids.masked_fill(mask == 0, 0), attention_mask=mask, max_new_tokens=6, do_sample=False,
+                         pad_token_id=0)
+    for row in range(3):
+        alone = model.generate(ids[row:row + 1, mask[row].bool()], max_new_tokens=6, do_sample=False)
+        assert torch.equal(out[row, -6:], alone[0, -6:])
+
+
+@torch.no_grad()
+def test_a_padding_mask_that_cannot_be_honoured_is_an_error():
+    model = _random_model()
+    ids = torch.randint(1, 300, (2, 6))
+    holes = torch.tensor([[1, 0, 1, 1, 1, 1], [1] * 6])
+    with pytest.raises(ValueError, match="before or after its tokens"):
+        model(ids, attention_mask=holes)
+    cache = model.new_cache()
+    model(ids, cache=cache, use_cache=True)
+    left = torch.tensor([[0] * 8 + [1] * 4, [1] * 12])
+    with pytest.raises(ValueError, match="must start the sequences"):
+        model(ids, attention_mask=left, cache=cache, use_cache=True)
+    with pytest.raises(ValueError, match="attention_mask must be"):
+        model(ids, attention_mask=left[:, :3])
+    model(ids, attention_mask=torch.ones(2, 6, dtype=torch.long))  # all ones: no padding
+    hybrid = _random_model(attn={"layers": [1], "num_heads": 3})
+    with pytest.raises(ValueError, match="softmax attn layers"):
+        hybrid(ids, attention_mask=torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6]))
 
 
 @pytest.mark.parametrize("recipe,affine", [(None, True), ("gla_int8_all", True), ("gla_int8_all", False)])

@@ -424,6 +424,21 @@ def test_hf_generate_on_a_left_padded_batch_takes_graph_steps(family, stand_in):
         torch.testing.assert_close(logits[row], alone_logits[0], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("make", [lambda: _gla(use_short_conv=True), lambda: _delta("fp8_row")], ids=["gla-conv", "delta"])
+@torch.no_grad()
+def test_hf_generate_on_a_left_padded_batch_of_laquants_models_takes_graph_steps(make, stand_in):
+    """laquant's own models take the padding in the prefill (as no token); their decode steps, whose tokens are all
+    real, replay the unpadded step's graph."""
+    model = make()
+    ids, mask = _left_padded(T=9)
+    want, want_logits = _generate_padded(model, ids, mask, 6, graphs=False)
+    got, logits = _generate_padded(model, ids, mask, 6, graphs=True)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(logits, want_logits, atol=1e-5, rtol=1e-5)
+    (graph,) = model.__dict__["_laquant_step_graphs"].values()
+    assert isinstance(graph, gs.StepGraph) and not graph.padded
+
+
 @torch.no_grad()
 def test_a_padded_graph_follows_the_padding_it_is_given(stand_in):
     """The cache that holds a padded graph's tensors continues it only while the mask keeps the padding it adopted

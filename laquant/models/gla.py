@@ -448,16 +448,16 @@ class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, use_cache=True,
                                       cache=None, **kwargs) -> dict:
         # transformers' generate hands the cache over as `cache` from 5.24 on, as `past_key_values` before
-        if attention_mask is not None and not bool(attention_mask.all()):
-            raise ValueError("laquant's GLA generates from unpadded prompts only (a recurrent state has no "
-                             "mask); generate each prompt length as its own batch")
         cache = _one_cache(cache, past_key_values)
         if use_cache and cache is None:
             cache = self.new_cache()
         if cache is not None:
             input_ids = input_ids[:, cache.seen_tokens:]  # only the tokens the state has not seen
+        inputs = {"input_ids": input_ids, "cache": cache, "use_cache": use_cache, "logits_to_keep": 1}
+        if attention_mask is not None and not bool(attention_mask[:, -input_ids.shape[1]:].all()):
+            inputs["attention_mask"] = attention_mask  # a padded prompt (forward masks it); its decode steps need none
         # a decode step may replay a CUDA graph (laquant.models.graphed_step); laquant's own loops call forward without
-        return {"input_ids": input_ids, "cache": cache, "use_cache": use_cache, "logits_to_keep": 1, "graph_step": True}
+        return {**inputs, "graph_step": True}
 
     def forward(
         self,
@@ -468,6 +468,7 @@ class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
         logits_to_keep: int = 0,
         past_key_values: GLAStateCache | None = None,
         graph_step: bool = False,
+        attention_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """``cache`` (or, as transformers before 5.24 named it, ``past_key_values``) carries the
@@ -478,8 +479,13 @@ class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
         (set by transformers' generate, through :meth:`prepare_inputs_for_generation`): a one-token step
         on CUDA replays a captured graph (:mod:`laquant.models.graphed_step`; same logits). A cacheless call
         (``use_cache`` off) replays a captured forward where ``laquant_graph_forward`` is on
-        (:mod:`laquant.serving.graphed_forward`)."""
+        (:mod:`laquant.serving.graphed_forward`). ``attention_mask`` ``[B, S]`` (the last ``T`` columns this call's
+        tokens, 0 at padding): a batch padded on the left or on the right runs as each sequence alone would
+        (:meth:`padding_mask`), its logits at the padding meaningless."""
         cache = _one_cache(cache, past_key_values)
+        mask = self.padding_mask(attention_mask, input_ids, cache)
+        if mask is not None:
+            return self._forward_padded(input_ids, mask, labels, cache, use_cache, logits_to_keep)
         if graph_step and graph_step_allowed(self, input_ids, cache, labels, logits_to_keep):
             logits = graphed_step(self, input_ids, cache)
             if logits is not None:
@@ -494,10 +500,60 @@ class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
                 cache = self.new_cache()
             hidden = self.model(input_ids, cache)
             logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+        return self._output(logits, labels, cache)
+
+    @staticmethod
+    def _output(logits, labels, cache) -> CausalLMOutputWithPast:
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{OUTPUT_CACHE_FIELD: cache})
+
+    def padding_mask(self, attention_mask: torch.Tensor | None, input_ids: torch.Tensor, cache) -> torch.Tensor | None:
+        """This call's padding (``[B, T]``, 0 at a padded token) where ``attention_mask`` pads any of its tokens, else
+        None. Padding runs through the recurrent layers as no token at all (zero keys and log-decays, zero short-conv
+        inputs, :class:`~laquant.models.cache.GLAStateCache`'s ``token_mask``), so it must start the sequences (a
+        fresh cache) and sit before or after each one's tokens; softmax ``attn`` layers take none. Anything else is
+        an error that says so, never a mask ignored."""
+        if attention_mask is None:
+            return None
+        T = input_ids.shape[1]
+        if attention_mask.dim() != 2 or attention_mask.shape[0] != input_ids.shape[0] or attention_mask.shape[1] < T:
+            raise ValueError(f"attention_mask must be [batch, tokens] covering this call's {tuple(input_ids.shape)} "
+                             f"tokens; got {tuple(attention_mask.shape)}")
+        mask = attention_mask[:, -T:]
+        if bool(mask.all()):
+            return None
+        if any(isinstance(layer.attn, Attention) for layer in self.model.layers):
+            raise ValueError("a padded batch needs a model without softmax attn layers (their keys take no padding "
+                             "mask here); run each prompt length as its own batch")
+        if cache is not None and cache.seen_tokens:
+            raise ValueError("padding must start the sequences: a padded call cannot continue a cache that has seen "
+                             f"{cache.seen_tokens} tokens")
+        mask = mask.bool()
+        if not _padded_rows_ok(mask):
+            raise ValueError("attention_mask must pad each sequence before or after its tokens, not between them")
+        return mask
+
+    def _forward_padded(self, input_ids, mask, labels, cache, use_cache, logits_to_keep) -> CausalLMOutputWithPast:
+        """:meth:`forward` of a padded call (:meth:`padding_mask`): the recurrent layers take the padding as no token
+        (through the cache's ``token_mask``; a cacheless call runs on a cache of its own, not returned)."""
+        if logits_to_keep and labels is not None:
+            raise ValueError("logits_to_keep cannot be combined with labels (the loss needs every position)")
+        run = cache if cache is not None else self.new_cache()
+        run.token_mask = mask
+        try:
+            hidden = self.model(input_ids, run)
+        finally:
+            run.token_mask = None
+        logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+        return self._output(logits, labels, cache if cache is not None else (run if use_cache else None))
+
+
+def _padded_rows_ok(mask: torch.Tensor) -> bool:
+    """Whether each row of a 0/1 mask ``[B, T]`` is its real tokens then padding, or padding then its real tokens."""
+    steps = (mask[:, 1:] != mask[:, :-1]).sum(-1)
+    return bool((steps <= 1).all())
 
 
 def _one_cache(cache, past_key_values):

@@ -71,6 +71,9 @@ def short_conv(x: torch.Tensor, states, layer_idx: int, conv: nn.Conv1d, activat
     if cols is not None:
         x = x.index_select(-1, cols)
     B, T, C = x.shape
+    mask = getattr(states, "token_mask", None) if states is not None else None
+    if mask is not None:  # padding is no input: a sequence padded on the left starts from zeros, as alone
+        x = x * mask[:, :, None].to(x.dtype)
     if prev is None:
         prev = x.new_zeros(B, W - 1, C)
     inp = torch.cat([prev.to(x.dtype), x], 1)
@@ -78,13 +81,13 @@ def short_conv(x: torch.Tensor, states, layer_idx: int, conv: nn.Conv1d, activat
     if activation is not None:
         out = ACT2FN[activation](out)
     if states is not None:
-        mask = getattr(states, "token_mask", None)
         if getattr(states, "static", False):  # a static cache (a CUDA-graphed step): the kept tensor in place
             prev.copy_(inp[:, inp.shape[1] - (W - 1):])
         elif mask is None:
             states.conv[layer_idx] = inp[:, inp.shape[1] - (W - 1):]
-        else:  # padded past the real tokens: keep the W - 1 inputs that end at the last real one
-            idx = mask.sum(-1).long()[:, None] + torch.arange(W - 1, device=x.device)
+        else:  # padded (past the real tokens, or before them): keep the W - 1 inputs that end at the last real one
+            last = (mask.long() * torch.arange(1, T + 1, device=mask.device)).amax(-1)  # its position + 1 (0: none)
+            idx = last.to(x.device)[:, None] + torch.arange(W - 1, device=x.device)
             states.conv[layer_idx] = inp.gather(1, idx[..., None].expand(B, W - 1, C))
         if getattr(states, "pending", None) is not None:  # a verify step: the commit picks the window
             states.pending.conv[layer_idx] = inp
