@@ -105,7 +105,8 @@ def aten_ops(model, tokens: int) -> dict:
         model(ids, use_cache=True)
     counts: dict = {}
     for event in prof.events():
-        if event.name.startswith("aten::") and (event.cpu_parent is None or not event.cpu_parent.name.startswith("aten::")):
+        parent = event.cpu_parent
+        if event.name.startswith("aten::") and (parent is None or not parent.name.startswith("aten::")):
             counts[event.name] = counts.get(event.name, 0) + 1
     return counts
 
