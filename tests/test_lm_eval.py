@@ -115,3 +115,22 @@ def test_graphed_scoring_of_a_hybrid_replays_lm_evals_calls(tmp_path, monkeypatc
     for metric, value in eager["results"][TEXT_TASK].items():
         assert math.isclose(graphed["results"][TEXT_TASK][metric], value, rel_tol=1e-5), metric
     assert "laquant_graph_forward" not in model.__dict__ and graphed_forward._GRAPHS not in model.__dict__
+
+
+@torch.no_grad()
+def test_lm_evals_batched_generation_equals_one_prompt_at_a_time(checkpoint):
+    """lm-eval's generate_until left-pads a batch of prompts for transformers' generate: on a laquant checkpoint each
+    prompt gets the text it gets alone (until 2026-12-04 laquant's GLA refused a padded batch)."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    model, tok = laquant.load(checkpoint)
+    prompts = ["The river rose", "She counted the coins twice, then wrote", "A"]
+    requests = [Instance(request_type="generate_until", doc={}, idx=i,
+                         arguments=(p, {"until": ["\n\n"], "max_gen_toks": 8, "do_sample": False}))
+                for i, p in enumerate(prompts)]
+    outputs = {}
+    for batch_size in (3, 1):
+        lm = HFLM(pretrained=model, tokenizer=tok, backend="causal", batch_size=batch_size)
+        outputs[batch_size] = lm.generate_until(requests)
+    assert outputs[3] == outputs[1] and all(outputs[1])
