@@ -139,3 +139,30 @@ def test_gpu_results_equal_kernel_grid_across_alignments_streams_and_graphs():
     scaled_add[(16,)](x, y, want, 4096, 3.0, BLOCK=256)  # the kernel's own fused multiply-add, as launched plainly
     torch.cuda.synchronize()
     torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+def test_environment_switches_are_read_as_os_environ_has_them(monkeypatch):
+    """The launch paths' environment reads (``kernels/common/env.py``) see every change made through ``os.environ``,
+    as ``os.environ.get`` does, with or without the fast lookup."""
+    import os
+
+    from laquant.kernels.common import env
+    from laquant.kernels.common.dispatch import kernel_choice
+
+    name = "LAQUANT_TEST_SWITCH"
+    for fast in (True, False):
+        if not fast:
+            monkeypatch.setattr(env, "_DATA", None)
+        monkeypatch.delenv(name, raising=False)
+        assert env.getenv(name, "dflt") == "dflt"
+        monkeypatch.setenv(name, "on")
+        assert env.getenv(name, "dflt") == "on" == os.environ.get(name)
+        os.environ[name] = "é"
+        assert env.getenv(name, "dflt") == "é"
+        del os.environ[name]
+        assert env.getenv(name, "dflt") == "dflt"
+    monkeypatch.setenv("LAQUANT_KERNELS", "reference")
+    assert kernel_choice() == "reference"
+    monkeypatch.setenv("LAQUANT_KERNELS", "bogus")
+    with pytest.raises(ValueError, match="LAQUANT_KERNELS"):
+        kernel_choice()
