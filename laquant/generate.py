@@ -75,6 +75,31 @@ def _check_args(model, input_ids, max_new_tokens, do_sample, temperature, top_k)
         raise LaquantError(f"input_ids holds token ids outside the model's vocabulary [0, {vocab})")
 
 
+def _left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The prompts' padding as a bool mask ``[B, T]`` (False at a padded token), or None where there is none. Prompts
+    of several lengths are padded on the left: each row's padding before its tokens, its last token real."""
+    if attention_mask is None:
+        return None
+    if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise LaquantError(f"attention_mask must be [batch, prompt length] as input_ids {tuple(input_ids.shape)}")
+    mask = attention_mask.to(input_ids.device) != 0
+    if bool(mask.all()):
+        return None
+    if not bool(mask[:, -1].all()) or bool((mask[:, :-1] & ~mask[:, 1:]).any()):
+        raise LaquantError("attention_mask must pad the prompts on the left (each row's padding before its tokens, "
+                           "its last token real)")
+    return mask
+
+
+def _padding_kwargs(model, mask: torch.Tensor) -> dict:
+    """A padded prompt's forward arguments: the mask, and for a transformers hybrid each sequence's positions (as
+    transformers' generate counts them: from its first real token)."""
+    if hasattr(model, "new_cache"):  # laquant's models: the padding runs as no token, positions are not read
+        return {"attention_mask": mask.long()}
+    positions = mask.long().cumsum(-1) - 1
+    return {"attention_mask": mask.long(), "position_ids": positions.masked_fill(~mask, 1)}
+
+
 def is_graphable(model) -> bool:
     """Whether ``model``'s decode step can run on a static cache as one CUDA graph: laquant's GLA and
     transformers' hybrids with laquant's mixers (:mod:`laquant.models.static_hybrid`), on CUDA."""
@@ -185,13 +210,18 @@ def graphed_prefill_refusal(model, tokens: int) -> str | None:
     return None
 
 
-def prefill(model, input_ids: torch.Tensor, graphed: bool = False):
+def prefill(model, input_ids: torch.Tensor, graphed: bool = False, padding: torch.Tensor | None = None):
     """``(logits [B, V] of the last position, cache)`` of ``input_ids [B, T]`` from a fresh cache; ``graphed``:
     replayed as a CUDA graph per token-count bucket and batch size (:mod:`laquant.serving.graphed_prefill`: the
     prompt padded to the bucket, its padding masked out of the state), captured on first use; eagerly where
-    that capture failed (warned once). Raises where the model or prompt is not covered."""
+    that capture failed (warned once). ``padding``: prompts padded on the left (bool ``[B, T]``, False at the
+    padding), prefilled eagerly. Raises where the model or prompt is not covered."""
     cache = _fresh_cache(model)
     with torch.no_grad():  # as the replay: with gradients on, the model would take its reference ops
+        if padding is not None:
+            if graphed:
+                raise LaquantError("a graphed prefill takes prompts of one length; prefill a padded batch eagerly")
+            return _forward(model, input_ids, cache, **_padding_kwargs(model, padding))
         if graphed:
             refusal = graphed_prefill_refusal(model, input_ids.shape[1])
             if refusal is not None:
@@ -276,11 +306,13 @@ class _DecodeGraph:
     """One captured decode step on a static cache: reads ``tok [B, 1]``, writes the chosen token
     back into it and into ``history[:, pos]``, advances ``pos`` and marks finished rows."""
 
-    def __init__(self, model, prefill_cache, capacity: int, choose, eos: int | None, experts: dict | None):
+    def __init__(self, model, prefill_cache, capacity: int, choose, eos: int | None, experts: dict | None,
+                 keys: torch.Tensor | None = None):
         self.model = weakref.ref(model)  # the model holds its graphs: no reference cycle
         self.choose, self.eos = choose, eos
         self.experts = experts  # the MoE experts implementation of its steps (None: as the model is set)
-        self.cache = static_cache(prefill_cache, kv_room(_cached_tokens(prefill_cache), capacity))
+        # keys: a hybrid's left-padded prompts (each sequence's attended positions; static_cache)
+        self.cache = static_cache(prefill_cache, kv_room(_cached_tokens(prefill_cache), capacity), keys)
         states = _state_tensors(self.cache)
         batch, device = states[0].data.shape[0], states[0].data.device
         self.tok = torch.zeros(batch, 1, dtype=torch.long, device=device)
@@ -310,8 +342,11 @@ class _DecodeGraph:
         self.history.index_copy_(1, self.pos, nxt[:, None])
         self.pos += 1
 
-    def load(self, prefill_cache, first: torch.Tensor) -> None:
-        self.cache.load_from(prefill_cache)
+    def load(self, prefill_cache, first: torch.Tensor, keys: torch.Tensor | None = None) -> None:
+        if keys is None:
+            self.cache.load_from(prefill_cache)
+        else:
+            self.cache.load_from(prefill_cache, keys)
         self.tok.copy_(first[:, None])
         self.history[:, 0] = first
         self.pos.fill_(1)
@@ -319,9 +354,9 @@ class _DecodeGraph:
             torch.eq(first, self.eos, out=self.done)
 
 
-def _graph_for(model, prefill_cache, batch, steps, key, choose, eos) -> _DecodeGraph:
+def _graph_for(model, prefill_cache, batch, steps, key, choose, eos, keys=None) -> _DecodeGraph:
     """The model's captured step for ``key``, capturing it on first use (or when ``steps`` exceed
-    the captured token history)."""
+    the captured token history); ``keys``: a hybrid's left-padded prompts (its own graph, see :func:`static_cache`)."""
     from laquant.models.cache import state_layout, state_store
     from laquant.models.static_hybrid import kv_layers
 
@@ -334,7 +369,7 @@ def _graph_for(model, prefill_cache, batch, steps, key, choose, eos) -> _DecodeG
     experts = decode_experts_implementation(model, batch)
     runs = tuple(sorted({**setting, **(experts or {})}.items()))  # the implementation the steps run
     # the seed is a launch argument baked into the graph, and so are the weights' addresses
-    full_key = (batch, layout, kv, seed, runs, weights_key(model), *key)
+    full_key = (batch, layout, kv, seed, runs, weights_key(model), keys is not None, *key)
     g = graphs.get(full_key)
     if isinstance(g, _NotInPlace):  # refused before: not captured again
         raise g
@@ -344,7 +379,7 @@ def _graph_for(model, prefill_cache, batch, steps, key, choose, eos) -> _DecodeG
         try:
             # normal tensors even under torch.inference_mode: a later call without it loads into them in place
             with torch.inference_mode(False), torch.no_grad():
-                g = _DecodeGraph(model, prefill_cache, graph_history(steps), choose, eos, experts)
+                g = _DecodeGraph(model, prefill_cache, graph_history(steps), choose, eos, experts, keys)
         except _NotInPlace as exc:
             graphs[full_key] = exc
             raise
@@ -375,16 +410,17 @@ class DecodeSession:
     """A prompt prefilled and ready to decode: :meth:`step` makes one token per sequence (one
     ``graph.replay()`` when graphed), :meth:`tokens` returns what was generated. :func:`generate`
     and ``laquant eval speed`` both decode through it. ``graphed_prefill``: the prompt's prefill replayed as a CUDA
-    graph (:func:`prefill`)."""
+    graph (:func:`prefill`). ``attention_mask``: prompts of several lengths padded on the left (0 at the padding)."""
 
     def __init__(self, model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int | None = None, eos_token_id: int | None = None,
                  graphed: bool | None = None, generator: torch.Generator | None = None,
-                 graphed_prefill: bool = False):
+                 graphed_prefill: bool = False, attention_mask: torch.Tensor | None = None):
         _check_args(model, input_ids, max_new_tokens, do_sample, temperature, top_k)
         device = next(model.parameters()).device
         if input_ids.device != device:
             input_ids = input_ids.to(device)
+        padding = _left_padding(input_ids, attention_mask)
         auto = graphed is None
         if auto:
             graphed = is_graphable(model)
@@ -405,16 +441,19 @@ class DecodeSession:
         # the eager decode steps run the MoE experts as the graphed ones (the prefill as the model is set)
         self._experts = decode_experts_implementation(model, input_ids.shape[0]) if device.type == "cuda" else None
         with torch.no_grad():
-            logits, cache = prefill(model, input_ids, graphed_prefill)
+            logits, cache = prefill(model, input_ids, graphed_prefill, padding)
             first = self._choose(logits)
             self.cache = cache
             self.made = 1
+            # a hybrid's padded prompts: its softmax layers mask each sequence's padding and take its positions at
+            # every step (laquant's models need neither once the prefill took the padding as no token)
+            self._padding = padding if padding is not None and not hasattr(model, "new_cache") else None
             if graphed:
                 key = (do_sample, float(temperature), top_k, eos_token_id)
                 try:
                     self.graph = _graph_for(model, cache, input_ids.shape[0], max_new_tokens, key, self._choose,
-                                            eos_token_id)
-                    self.graph.load(cache, first)
+                                            eos_token_id, self._padding)
+                    self.graph.load(cache, first, self._padding)
                 except (_NotInPlace, ValueError) as exc:  # in-place steps, or a cache a static one cannot hold
                     if not auto:
                         raise exc if isinstance(exc, LaquantError) else LaquantError(
@@ -436,7 +475,7 @@ class DecodeSession:
             self.graph.graph.replay()
         else:
             with torch.no_grad(), experts_implementation(self.model, self._experts):
-                logits, self.cache = _forward(self.model, self.tok[:, None], self.cache)
+                logits, self.cache = _forward(self.model, self.tok[:, None], self.cache, **self._step_padding())
                 nxt = self._choose(logits)
                 if self.done is not None:
                     nxt = torch.where(self.done, torch.full_like(nxt, self.eos), nxt)
@@ -444,6 +483,16 @@ class DecodeSession:
                 self.tok = nxt
                 self.generated.append(nxt)
         self.made += 1
+
+    def _step_padding(self) -> dict:
+        """An eager step's mask and positions for a hybrid's padded prompts (none otherwise): the padding, then every
+        token since; each sequence's position counts its own tokens."""
+        if self._padding is None:
+            return {}
+        B, T = self._padding.shape
+        new = torch.ones(B, self.made, dtype=torch.bool, device=self._padding.device)
+        mask = torch.cat([self._padding, new], 1)
+        return {"attention_mask": mask.long(), "position_ids": mask.sum(-1, keepdim=True) - 1}
 
     def finished(self) -> bool:
         """Every sequence has produced EOS (a host sync; False without an eos_token_id)."""
@@ -484,13 +533,14 @@ def trim_after_eos(new: torch.Tensor, eos: int | None) -> torch.Tensor:
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, eos_token_id: int | None = None,
              graphed: bool | None = None, generator: torch.Generator | None = None, draft_model=None,
-             num_draft_tokens: int = 4, verify_numerics: str = "decode", graphed_prefill: bool = False
-             ) -> torch.Tensor:
-    """Generate up to ``max_new_tokens`` tokens after ``input_ids [B, T]`` (unpadded prompts of one
-    length); returns ``[B, T + n]``. ``graphed``: None graphs on CUDA (laquant's GLA, the hybrids) and decodes
-    eagerly elsewhere (and where the model's decode step cannot be captured, or a ``generator`` is
-    given); True insists on the graph; False is the eager reference loop. ``generator`` drives
-    sampling in the eager loop only (the graph draws from the default CUDA generator).
+             num_draft_tokens: int = 4, verify_numerics: str = "decode", graphed_prefill: bool = False,
+             attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Generate up to ``max_new_tokens`` tokens after ``input_ids [B, T]``; returns ``[B, T + n]``. Prompts of
+    several lengths come padded on the left with their ``attention_mask`` (0 at the padding; each sequence decodes
+    as it would alone; not with a ``draft_model`` or ``graphed_prefill``). ``graphed``: None graphs on CUDA
+    (laquant's GLA, the hybrids) and decodes eagerly elsewhere (and where the model's decode step cannot be
+    captured, or a ``generator`` is given); True insists on the graph; False is the eager reference loop.
+    ``generator`` drives sampling in the eager loop only (the graph draws from the default CUDA generator).
     ``draft_model``: greedy speculative decoding, ``num_draft_tokens`` proposed a round by this model,
     or by prompt lookup with ``"ngram"`` (:mod:`laquant.serving.speculative`: each round one CUDA graph
     where the caches allow it, unless ``graphed=False``; the same tokens as without it; ``verify_numerics="prefill"``:
@@ -500,6 +550,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: 
     DeltaNet without softmax layers, on CUDA): a capture costs about three eager prefills, a replay its GPU time
     alone, so it pays for prompts of one bucket served repeatedly (its first call is slower)."""
     if draft_model is not None:
+        if _left_padding(input_ids, attention_mask) is not None:
+            raise LaquantError("speculative decoding (draft_model) takes prompts of one length: drop the padding")
         if graphed_prefill:
             raise LaquantError("graphed_prefill is not taken with a draft_model (its prefill runs eagerly)")
         if do_sample:
@@ -510,7 +562,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: 
                                     graphed=graphed, verify_numerics=verify_numerics)
     return DecodeSession(model, input_ids, max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                          eos_token_id=eos_token_id, graphed=graphed, generator=generator,
-                         graphed_prefill=graphed_prefill).run()
+                         graphed_prefill=graphed_prefill, attention_mask=attention_mask).run()
 
 
 __all__ = ["DecodeSession", "capture_graph", "generate", "graphable_cache", "is_graphable", "pick_tokens", "prefill",

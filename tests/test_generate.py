@@ -539,3 +539,85 @@ def test_gpu_graphed_loop_with_attn_layers(dtype):
     graphs = list(model.__dict__["_laquant_decode_graphs"].values())
     assert graphs and all(isinstance(g, _DecodeGraph) for g in graphs)
     assert max(g.cache.capacity for g in graphs) >= 1100 + 12
+
+
+# ------------------------------------------------------------------------------------ padded prompts
+class _StandInGraph:
+    """The CPU stand-in of a captured step: a replay runs the step on the static cache."""
+
+    def __init__(self, fn):
+        self.replay = fn
+
+
+def _graphs_on_the_cpu(monkeypatch):
+    """laquant.generate's graphed loop on the CPU: no warm-up stream, each replay the captured function run eagerly."""
+    import laquant.generate as gen
+
+    monkeypatch.setattr(gen, "is_graphable", lambda model: True)
+    monkeypatch.setattr(gen, "warm_up_outside_capture", lambda fn, runs=2: [fn() for _ in range(runs)])
+    monkeypatch.setattr(gen, "capture_graph", lambda fn, pool=None: (_StandInGraph(fn), None))
+
+
+def _padded_model(kind):
+    if kind == "gla-conv":
+        return _tiny_gla(use_short_conv=True)
+    from test_static_hybrid import _installed
+
+    return _installed(kind)
+
+
+@pytest.mark.parametrize("kind", ["gla-conv", "qwen3_next", "nemotron_h", "minimax", "kimi_linear"])
+@torch.no_grad()
+def test_padded_prompts_decode_as_each_one_alone(kind, monkeypatch):
+    """Prompts of several lengths padded on the left (``attention_mask``): each sequence gets the tokens it gets
+    alone, in the eager loop and in the graphed one (its CPU stand-in: the static cache's steps), whose static cache
+    masks a hybrid's padded keys and counts each sequence's positions on the device."""
+    model = _padded_model(kind)
+    torch.manual_seed(2)
+    ids = torch.randint(1, 100, (3, 8))
+    mask = torch.ones_like(ids)
+    mask[0, :3], mask[2, :1] = 0, 0
+    eager = generate(model, ids.masked_fill(mask == 0, 0), 6, attention_mask=mask, graphed=False)
+    for row in range(3):
+        pad = int((mask[row] == 0).sum())
+        alone = generate(model, ids[row:row + 1, pad:], 6, graphed=False)
+        assert torch.equal(eager[row, pad:], alone[0])
+    _graphs_on_the_cpu(monkeypatch)
+    graphed = generate(model, ids.masked_fill(mask == 0, 0), 6, attention_mask=mask, graphed=True)
+    assert torch.equal(graphed, eager)
+    (graph,) = model.__dict__["_laquant_decode_graphs"].values()
+    assert getattr(graph.cache, "padded", False) == (kind != "gla-conv")
+    unpadded = generate(model, ids, 6, graphed=True)  # prompts of one length: the unpadded graph
+    assert torch.equal(unpadded, generate(model, ids, 6, graphed=False))
+    assert len(model.__dict__["_laquant_decode_graphs"]) == (1 if kind == "gla-conv" else 2)
+
+
+def test_padding_that_generate_cannot_take_is_an_error():
+    model = _tiny_gla()
+    ids = torch.randint(1, 100, (2, 5))
+    right = torch.tensor([[1, 1, 1, 0, 0], [1] * 5])
+    with pytest.raises(LaquantError, match="on the left"):
+        generate(model, ids, 3, attention_mask=right)
+    with pytest.raises(LaquantError, match="attention_mask must be"):
+        generate(model, ids, 3, attention_mask=right[:, :4])
+    left = torch.tensor([[0, 0, 1, 1, 1], [1] * 5])
+    with pytest.raises(LaquantError, match="one length"):
+        generate(model, ids, 3, attention_mask=left, draft_model="ngram")
+    with pytest.raises(LaquantError, match="graphed prefill"):
+        generate(model, ids, 3, attention_mask=left, graphed_prefill=True)
+    assert torch.equal(generate(model, ids, 3, attention_mask=torch.ones_like(ids)), generate(model, ids, 3))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["gla-conv", "qwen3_next", "minimax"])
+@torch.no_grad()
+def test_gpu_graphed_loop_on_padded_prompts(kind):
+    """Left-padded prompts on the GPU: the captured loop gives the eager loop's tokens (bf16)."""
+    model = _padded_model(kind).to("cuda", torch.bfloat16)
+    torch.manual_seed(2)
+    ids = torch.randint(1, 100, (3, 8), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[0, :3], mask[2, :1] = 0, 0
+    ids = ids.masked_fill(mask == 0, 0)
+    eager = generate(model, ids, 12, attention_mask=mask, graphed=False)
+    assert torch.equal(generate(model, ids, 12, attention_mask=mask, graphed=True), eager)

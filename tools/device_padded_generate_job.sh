@@ -5,7 +5,7 @@
 #   run: bash tools/device_kernels.sh 540 device_padded_generate_job.sh   (poll with the same line until JOB DONE)
 set -u
 . tools/device_job_env.sh "$@"
-timeout 300 python3 -m pytest -v -rfs --tb=short -m gpu -k "padded or padding" tests/test_graphed_step.py \
+timeout 300 python3 -m pytest -v -rfs --tb=short -m gpu -k "padded or padding" tests/test_graphed_step.py tests/test_generate.py \
   > "$W/gpu_tests.log" 2>&1
 log "gpu tests rc $?"
 GLA='config:{"hidden_size": 2048, "num_hidden_layers": 24, "num_heads": 16, "vocab_size": 32000}'
