@@ -276,13 +276,14 @@ def test_without_laquant_a_checkpoint_never_loads_as_random_weights(gla, tiny_mo
     assert "trust_remote_code=True" in lines[f"{gla_dir} plain"]
     for folder in (gla_dir, hybrid):
         assert "Run `pip install laquant`" in lines[f"{folder} remote, laquant missing"]
-        # bit for bit in one process (the tests above). Across processes a local CI run once saw the logits differ
-        # (on a loaded machine; not reproduced, the cause not found: float32 GEMMs on the CPU do not promise the same
-        # rounding in another process). Rounding stays far under 1e-5 of the largest logit; a checkpoint loaded as
-        # random weights would be off by about the logits' whole size.
+        # bit for bit in one process (the tests above). Across processes the logits can differ: float32 GEMMs on
+        # the CPU do not promise the same rounding in another process (their blocking follows the buffers' alignment),
+        # and one ulp there can move an int8 activation code, which moves this quantized model's logits by ~1% of
+        # the largest (CI runs of 2026-12-04 saw 8.687e-3 twice, and the full suite once passed after; a run of this
+        # test alone never failed). A checkpoint loaded as random weights would be off by about the logits' whole size.
         result = lines[f"{folder} remote"]
         assert result.endswith("same logits") or ("logits off by" in result
-                                                  and float(result.split("off by ")[1].split()[0]) < 1e-5), lines
+                                                  and float(result.split("off by ")[1].split()[0]) < 5e-2), lines
 
 
 def test_calibrate_cli_writes_shards(tiny_model_dir, tmp_path, capsys):
