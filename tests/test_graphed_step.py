@@ -626,7 +626,6 @@ def test_gpu_hf_generate_on_a_hybrid_replays(dtype, monkeypatch):
     release_step_graphs(model)
 
 
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h", "minimax"])
 @torch.no_grad()
