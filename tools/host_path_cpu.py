@@ -70,14 +70,22 @@ def build(layers: int, recipe: str, family: str = "gla"):
     return model
 
 
-def stub_launches() -> list:
-    """Triton launches become no-ops counted in the returned list; the CUDA code path runs on CPU tensors."""
+def stub_launches(on_launch=None) -> list:
+    """Triton launches become no-ops counted in the returned list (each kernel's name), or handed to
+    ``on_launch(kernel, grid, args, kwargs)``; the CUDA code path runs on CPU tensors."""
     import triton.runtime.jit as jit
 
     from laquant.kernels.common import launch
 
     calls = []
-    jit.JITFunction.run = lambda self, *args, grid, warmup, **kwargs: calls.append(self.__name__)
+
+    def run(self, *args, grid, warmup, **kwargs):
+        if on_launch is None:
+            calls.append(self.__name__)
+        else:
+            on_launch(self, grid, args, kwargs)
+
+    jit.JITFunction.run = run
     launch.ENABLED = False  # its fast path asks for a CUDA device
     os.environ["LAQUANT_SIDE_STREAM"] = "0"
     torch.Tensor.is_cuda = property(lambda self: True)

@@ -71,21 +71,17 @@ def describe(value, seen: list):
 
 
 def record(trace: list):
-    """Stub Triton's launches to append their description to ``trace``; the CUDA path on CPU tensors."""
-    import triton.runtime.jit as jit
+    """Stub Triton's launches to append their description to ``trace``; the CUDA path on CPU tensors
+    (``host_path_cpu.stub_launches``)."""
+    from host_path_cpu import stub_launches
 
-    from laquant.kernels.common import launch
-
-    def run(self, *args, grid, warmup, **kwargs):
+    def described(kernel, grid, args, kwargs):
         seen: list = []
         grid = grid(kwargs) if callable(grid) else grid
-        trace.append({"kernel": self.__name__, "grid": list(grid), "args": [describe(a, seen) for a in args],
+        trace.append({"kernel": kernel.__name__, "grid": list(grid), "args": [describe(a, seen) for a in args],
                       "kwargs": {k: describe(v, seen) for k, v in sorted(kwargs.items())}})
 
-    jit.JITFunction.run = run
-    launch.ENABLED = False
-    os.environ["LAQUANT_SIDE_STREAM"] = "0"
-    torch.Tensor.is_cuda = property(lambda self: True)
+    stub_launches(described)
 
 
 @torch.no_grad()

@@ -483,27 +483,29 @@ class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
         tokens, 0 at padding): a batch padded on the left or on the right runs as each sequence alone would
         (:meth:`padding_mask`), its logits at the padding meaningless."""
         cache = _one_cache(cache, past_key_values)
-        mask = self.padding_mask(attention_mask, input_ids, cache)
-        if mask is not None:
-            return self._forward_padded(input_ids, mask, labels, cache, use_cache, logits_to_keep)
-        if graph_step and graph_step_allowed(self, input_ids, cache, labels, logits_to_keep):
+        mask = self.padding_mask(attention_mask, input_ids, cache)  # a padded call runs eagerly
+        if mask is None and graph_step and graph_step_allowed(self, input_ids, cache, labels, logits_to_keep):
             logits = graphed_step(self, input_ids, cache)
             if logits is not None:
                 return CausalLMOutputWithPast(logits=logits, **{OUTPUT_CACHE_FIELD: cache})
         if logits_to_keep and labels is not None:
             raise ValueError("logits_to_keep cannot be combined with labels (the loss needs every position)")
-        logits = None if cache is not None or use_cache else graphed_logits(self, input_ids)
+        logits = None if cache is not None or use_cache or mask is not None else graphed_logits(self, input_ids)
         if logits is not None:
             logits = logits[:, -logits_to_keep:] if logits_to_keep else logits
         else:
             if use_cache and cache is None:
                 cache = self.new_cache()
-            hidden = self.model(input_ids, cache)
+            # the padding reaches the recurrent layers through a cache's token_mask (a cacheless call: one of its own)
+            run = cache if cache is not None or mask is None else self.new_cache()
+            if mask is not None:
+                run.token_mask = mask
+            try:
+                hidden = self.model(input_ids, run)
+            finally:
+                if mask is not None:
+                    run.token_mask = None
             logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
-        return self._output(logits, labels, cache)
-
-    @staticmethod
-    def _output(logits, labels, cache) -> CausalLMOutputWithPast:
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
@@ -534,20 +536,6 @@ class GLAForCausalLM(GLAPreTrainedModel, GenerationMixin):
         if not _padded_rows_ok(mask):
             raise ValueError("attention_mask must pad each sequence before or after its tokens, not between them")
         return mask
-
-    def _forward_padded(self, input_ids, mask, labels, cache, use_cache, logits_to_keep) -> CausalLMOutputWithPast:
-        """:meth:`forward` of a padded call (:meth:`padding_mask`): the recurrent layers take the padding as no token
-        (through the cache's ``token_mask``; a cacheless call runs on a cache of its own, not returned)."""
-        if logits_to_keep and labels is not None:
-            raise ValueError("logits_to_keep cannot be combined with labels (the loss needs every position)")
-        run = cache if cache is not None else self.new_cache()
-        run.token_mask = mask
-        try:
-            hidden = self.model(input_ids, run)
-        finally:
-            run.token_mask = None
-        logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
-        return self._output(logits, labels, cache if cache is not None else (run if use_cache else None))
 
 
 def _padded_rows_ok(mask: torch.Tensor) -> bool:

@@ -198,7 +198,6 @@ class StepGraph:
     def __init__(self, model, cache, capacity: int, capture: bool = True, keys: torch.Tensor | None = None):
         self.model = weakref.ref(model)  # the model holds its graphs: no reference cycle
         self.static = static_cache(cache, capacity, keys)  # ValueError where the states cannot be static
-        self.padded = keys is not None
         self.keys = None  # the adopted cache's padding: the positions of its first tokens each sequence attends to
         self.store = state_store(self.static)
         self.capacity = self.static.capacity  # None: no softmax layers' keys
@@ -232,6 +231,11 @@ class StepGraph:
         model = self.model()
         with experts_implementation(model, self.experts):
             return static_forward(model, self.ids, self.static)[:, None]
+
+    @property
+    def padded(self) -> bool:
+        """Whether its static cache is a padded batch's (a hybrid's, see :func:`graphed_step`)."""
+        return getattr(self.static, "padded", False)
 
     def held_by(self, cache) -> bool:
         owner = self.owner() if self.owner is not None else None
