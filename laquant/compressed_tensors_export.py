@@ -18,6 +18,9 @@ engine. The int8 codes and scales are laquant's own, copied as they are. The res
   dequantized (weight-only int8 is what laquant ran) and listed in ``ignore``; the clamp and logit rounding are dropped. A gate that is a slice of a W8A8
   projection (Mamba2's ``dt`` channels of ``in_proj``) keeps the projection's int8 form and loses
   only the logit treatment.
+* **MoE experts** (laquant's int8 weights, weight-only): this export's scheme is W8A8 for ``Linear`` layers; the
+  experts are written dense (their int8 weights dequantized, in transformers' 3-D layout) and their modules listed in
+  ``ignore``.
 * **the recurrent state format** is an engine option, not a tensor (vLLM's
   ``--mamba-ssm-cache-dtype``): :func:`engine_state_dtype` says which.
 * projections that vLLM runs as one fused layer (q/k/v, gate/up, Qwen3.5's ``in_proj_qkv`` +
@@ -25,7 +28,7 @@ engine. The int8 codes and scales are laquant's own, copied as they are. The res
   dense, all are.
 
 Everything that is not a quantized projection (embeddings, norms, conv, decay parameters, routers,
-expert weights, lm_head) is written as the checkpoint holds it; laquant-only tensors (outlier
+expert weights the recipe kept, lm_head) is written as the checkpoint holds it; laquant-only tensors (outlier
 indices, logit bounds, static state scales) are not written.
 """
 
@@ -45,6 +48,7 @@ from laquant.errors import LaquantError
 from laquant.export_options import OUTLIER_POLICIES, check_exportable  # noqa: F401  (re-exported)
 from laquant.families import get_family
 from laquant.kernels.common.numerics import quantize_int8
+from laquant.quant.experts import QuantExperts
 from laquant.quant.modules import QuantGate, QuantLinear
 
 QUANT_METHOD = "compressed-tensors"
@@ -221,6 +225,14 @@ def plan_export(model, decisions: Decisions | dict, outliers: str = "requantize"
                 summary.requantized[name] = q.n_outliers
             summary.int8.append(name)
     summary.dense = {n: dense[n] for n in linears if n in dense}
+    for name in decisions.experts:
+        experts = model.get_submodule(name)
+        if not isinstance(experts, QuantExperts):
+            raise LaquantError(f"{name} is a {type(experts).__name__}, not laquant's int8 experts: is the model "
+                               "calibrated (laquant.load of a laquant checkpoint)?")
+        w_in, w_out = experts.dequantized()
+        tensors[name] = {"gate_up_proj" if experts.gated else "up_proj": w_in, "down_proj": w_out}
+        summary.dense[name] = "MoE experts (int8 weights, weight-only: dequantized; this export's int8 is W8A8 Linear)"
     return summary, tensors
 
 
@@ -338,7 +350,8 @@ def serving_markdown(summary: Exported, source: str, recipe_name: str, perplexit
                  + (" (finer than laquant's 8- and 4-bit formats, at two or four times their memory)."
                     if state == "bfloat16" else "."))
     lines.append("- Never quantized by laquant, written as they were and listed in `ignore` where they are linear "
-                 "layers: embeddings, norms, lm_head, MoE routers and expert weights, short convs, decay parameters.")
+                 "layers: embeddings, norms, MoE routers, short convs, decay parameters (and lm_head and MoE expert "
+                 "weights where the recipe kept them).")
     lines.append(f"- `ignore` lists {len(summary.ignore)} modules by name.")
     if perplexity_table is not None:
         lines += ["", "## Perplexity", "", perplexity_note, "", perplexity_table]

@@ -88,7 +88,29 @@ class StateDecision(_ReadsAsJSON):
         return cls(d["format"], d["renorm_interval"], d.get("prefill_roundtrip", True), d.get("rounding", "nearest"))
 
 
-SECTIONS = {"projections": ProjectionDecision, "gates": GateDecision, "state": StateDecision}
+@dataclass(eq=True)
+class ExpertsDecision(_ReadsAsJSON):
+    """A MoE layer's routed experts with int8 weights, one scale per expert and output channel (weight-only);
+    ``activation``, ``gated`` and the SwiGLU ``limit`` are the experts' own, recorded so that a reload into experts of
+    another form fails instead of computing something else."""
+
+    activation: str
+    gated: bool = True
+    limit: float | None = None
+    weight_granularity: str = "per_channel"
+    format: str = "int8"
+
+    def to_dict(self) -> dict:
+        return {"format": self.format, "weight_granularity": self.weight_granularity, "activation": self.activation,
+                "gated": self.gated, "limit": self.limit}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ExpertsDecision:
+        return cls(d["activation"], d["gated"], d["limit"], d["weight_granularity"], d["format"])
+
+
+SECTIONS = {"projections": ProjectionDecision, "gates": GateDecision, "state": StateDecision,
+            "experts": ExpertsDecision}
 
 
 @dataclass(eq=True)
@@ -98,6 +120,7 @@ class Decisions(_ReadsAsJSON):
     projections: dict[str, ProjectionDecision] = field(default_factory=dict)
     gates: dict[str, GateDecision] = field(default_factory=dict)
     state: dict[str, StateDecision] = field(default_factory=dict)
+    experts: dict[str, ExpertsDecision] = field(default_factory=dict)
 
     def __getitem__(self, section: str) -> dict:
         if section not in SECTIONS:
@@ -108,7 +131,10 @@ class Decisions(_ReadsAsJSON):
         return iter(SECTIONS)
 
     def to_dict(self) -> dict:
-        return {section: {name: d.to_dict() for name, d in getattr(self, section).items()} for section in SECTIONS}
+        """Every section, but ``experts`` only where the model has quantized experts (the JSON of a checkpoint
+        without them is as it was before the section existed)."""
+        return {section: {name: d.to_dict() for name, d in getattr(self, section).items()} for section in SECTIONS
+                if section != "experts" or self.experts}
 
     @classmethod
     def from_dict(cls, d: dict) -> Decisions:
@@ -116,5 +142,5 @@ class Decisions(_ReadsAsJSON):
                       for section, kind in SECTIONS.items()})
 
     def every_module(self) -> list[tuple[str, object]]:
-        """``(module name, decision)`` for every module, projections first, then gates, then state."""
+        """``(module name, decision)`` for every module: projections first, then gates, state and experts."""
         return [(name, d) for section in SECTIONS for name, d in getattr(self, section).items()]

@@ -10,16 +10,18 @@ checkpoint's state dict into (:func:`build_empty`). Decisions are typed
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import torch
 
 from laquant.calibration.stats import Stats
-from laquant.decisions import Decisions, GateDecision, ProjectionDecision, StateDecision
+from laquant.decisions import Decisions, ExpertsDecision, GateDecision, ProjectionDecision, StateDecision
 from laquant.errors import LaquantError
 from laquant.families import OUTPUT_PROJECTIONS
 from laquant.kernels.common.formats import get_format
 from laquant.kernels.common.numerics import absmax_scale
 from laquant.kernels.common.state import StateQuantizer
+from laquant.quant.experts import QuantExperts, unsupported_reason
 from laquant.quant.modules import QuantGate, QuantLinear
 
 
@@ -74,7 +76,26 @@ def plan(adapter, stats: Stats, recipe: dict) -> Decisions:
     for name in adapter.mixers():
         decisions.state[name] = StateDecision(state_recipe["format"], state_recipe["renorm_interval"],
                                               state_recipe["prefill_roundtrip"], state_recipe["rounding"])
+    if recipe["experts"]["format"] == "int8" and "experts" not in recipe["keep"]:
+        decisions.experts = experts_decisions(adapter)
     return decisions
+
+
+def experts_decisions(adapter) -> dict[str, ExpertsDecision]:
+    """int8 weights for every MoE experts module :class:`QuantExperts` can stand in for; the others stay as they are,
+    with a warning that names them and why."""
+    out, left = {}, {}
+    for name in adapter.kept().get("experts", []):
+        experts = adapter.module(name)
+        if (reason := unsupported_reason(experts)) is not None:
+            left[name] = reason
+            continue
+        probe = QuantExperts.shaped_like(experts)
+        out[name] = ExpertsDecision(probe.activation, probe.gated, probe.limit)
+    if left:
+        name, reason = next(iter(left.items()))
+        warnings.warn(f"laquant: {len(left)} MoE experts modules keep their weights ({name}: {reason})", stacklevel=3)
+    return out
 
 
 def _projection_decision(name: str, stats: Stats, proj_recipe: dict, role: str | None = None):
@@ -184,7 +205,30 @@ class StateHandler:
         cls._set(mixer, name, d, static)
 
 
-HANDLERS = {ProjectionDecision: ProjectionHandler, GateDecision: GateHandler, StateDecision: StateHandler}
+class ExpertsHandler:
+    @staticmethod
+    def _check(new: QuantExperts, name, d: ExpertsDecision) -> QuantExperts:
+        if (new.activation, new.gated, new.limit) != (d.activation, d.gated, d.limit):
+            raise LaquantError(f"{name}: the checkpoint's experts are {d.activation} (gated={d.gated}, limit={d.limit}), "
+                               f"this model's {new.activation} (gated={new.gated}, limit={new.limit}); load it into "
+                               "the model it was made from")
+        return new
+
+    @classmethod
+    def from_stats(cls, experts, name, d: ExpertsDecision, stats, adapter):
+        return cls._check(QuantExperts.from_experts(experts), name, d)
+
+    @classmethod
+    def empty(cls, experts, name, d: ExpertsDecision, adapter, dtype):
+        try:
+            new = QuantExperts.shaped_like(experts)
+        except ValueError as exc:
+            raise LaquantError(f"{name}: {exc}; the checkpoint has them in int8") from None
+        return cls._check(new, name, d)
+
+
+HANDLERS = {ProjectionDecision: ProjectionHandler, GateDecision: GateHandler, StateDecision: StateHandler,
+            ExpertsDecision: ExpertsHandler}
 
 
 def handler_for(decision):

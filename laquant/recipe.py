@@ -64,10 +64,16 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     "softmax_attention": {
         "format": (("int8", "keep"), "keep"),
     },
+    # hybrids with MoE MLPs: the routed experts' weights in int8, one scale per expert and output channel, the tokens
+    # as they are (weight-only; laquant.quant.experts). Applies where the model has experts transformers' way
+    "experts": {
+        "format": (("int8", "keep"), "keep"),
+    },
 }
 TOP_LEVEL = ("name", "description", *SCHEMA, "keep", "families")
-# routers, experts, conv and decay (MoE routers and expert weights, short convs, A_log / dt_bias /
-# D / slope_rate) are never quantized: a recipe may list them in keep, and they are kept either way
+# routers, conv and decay (MoE routers, short convs, A_log / dt_bias / D / slope_rate) are never quantized: a recipe
+# may list them in keep, and they are kept either way. experts: int8 where the experts section says so and keep does
+# not list them (keep wins)
 KEEPABLE = ("embeddings", "norms", "lm_head", "routers", "experts", "conv", "decay")
 ALWAYS_KEPT = ("embeddings", "norms")
 
@@ -142,7 +148,8 @@ def validate_recipe(raw: dict, source: str = "recipe") -> dict:
         raise LaquantError(f"{source}: state.rounding = stochastic applies to the scaled state formats "
                            f"({', '.join(SCALED_STATE_FORMATS)}), not {state['format']!r}; "
                            "set state.rounding=nearest or a scaled state.format")
-    keep = raw.get("keep", list(KEEPABLE))
+    int8_experts = recipe["experts"]["format"] == "int8"
+    keep = raw.get("keep", [r for r in KEEPABLE if not (r == "experts" and int8_experts)])
     if not isinstance(keep, list) or any(k not in KEEPABLE for k in keep):
         raise LaquantError(f"{source}: keep must be a list of roles from: {', '.join(KEEPABLE)}; got {keep!r}")
     missing = [r for r in ALWAYS_KEPT if r not in keep]

@@ -58,6 +58,12 @@ HYBRID_SIZES = {
     "tiny": dict(hidden_size=64, num_hidden_layers=4, intermediate_size=128, num_attention_heads=2,
                  num_key_value_heads=1, head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2,
                  linear_key_head_dim=32, linear_value_head_dim=32, num_experts=0),
+    # the MoE form (Qwen3-Next's own): 8 routed experts, 2 a token, and a shared expert in every layer, trained with
+    # the router's load-balancing loss; the reference for the accuracy of quantized experts
+    "small_moe": dict(hidden_size=256, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                      linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
+                      linear_value_head_dim=64, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
+                      shared_expert_intermediate_size=256, decoder_sparse_step=1, output_router_logits=True),
 }
 # kimi_linear: 3 KDA layers, then one MLA softmax-attention layer (no q low rank), dense SwiGLU MLPs
 KIMI_SIZES = {

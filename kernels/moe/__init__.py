@@ -1,0 +1,1 @@
+"""MoE experts with int8 weights (weight-only: the activations stay in the model's dtype)."""
