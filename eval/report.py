@@ -113,6 +113,8 @@ def report_markdown(recipe: dict, model_ref: str, calib: dict, table: str, stats
         f"- projections quantized: {len(decisions['projections'])}, outlier input channels kept in bf16: {n_out}{kept}",
         f"- gates quantized: {len(decisions['gates'])}; state formats: "
         f"{sorted({d['format'] for d in decisions['state'].values()})}",
+        *([f"- MoE experts modules with int8 weights (weight-only, per expert and output channel): "
+           f"{len(decisions['experts'])}"] if decisions.get("experts") else []),
         "",
         "## Perplexity and size",
         "",

@@ -128,13 +128,12 @@ class Decisions(_ReadsAsJSON):
         return getattr(self, section)
 
     def __iter__(self):
-        return iter(SECTIONS)
+        return iter([section for section in SECTIONS if section != "experts" or self.experts])
 
     def to_dict(self) -> dict:
         """Every section, but ``experts`` only where the model has quantized experts (the JSON of a checkpoint
         without them is as it was before the section existed)."""
-        return {section: {name: d.to_dict() for name, d in getattr(self, section).items()} for section in SECTIONS
-                if section != "experts" or self.experts}
+        return {section: {name: d.to_dict() for name, d in getattr(self, section).items()} for section in self}
 
     @classmethod
     def from_dict(cls, d: dict) -> Decisions:

@@ -8,7 +8,7 @@ import torch
 import laquant
 from laquant.adapters import get_adapter
 from laquant.calibration.run import calibration_batches, collect_stats
-from laquant.decisions import Decisions, GateDecision, ProjectionDecision, StateDecision
+from laquant.decisions import Decisions, ExpertsDecision, GateDecision, ProjectionDecision, StateDecision
 from laquant.errors import LaquantError
 from laquant.quantize import handler_for, plan
 from laquant.recipe import load_recipe
@@ -53,6 +53,18 @@ def test_decisions_round_trip_the_json_a_checkpoint_holds():
     assert decisions["projections"]["model.layers.0.attn.q_proj"]["outliers"] == [3, 17]
     assert decisions["projections"]["model.layers.0.attn.q_proj"].get("role") is None
     assert [n for n, _ in decisions.every_module()] == [*WRITTEN["projections"], *WRITTEN["gates"], *WRITTEN["state"]]
+
+
+def test_experts_decisions_round_trip_and_appear_only_where_there_are_some():
+    experts = {"model.layers.1.mlp.experts": {"format": "int8", "weight_granularity": "per_channel",
+                                              "activation": "silu", "gated": True, "limit": 7.0}}
+    written = {**WRITTEN, "experts": experts}
+    decisions = Decisions.from_dict(written)
+    assert decisions.experts["model.layers.1.mlp.experts"] == ExpertsDecision("silu", True, 7.0)
+    assert json.dumps(Decisions.from_dict(decisions.to_dict()).to_dict()) == json.dumps(decisions.to_dict())
+    assert decisions.to_dict()["experts"] == experts and list(decisions)[-1] == "experts"
+    assert [n for n, _ in decisions.every_module()][-1] == "model.layers.1.mlp.experts"
+    assert "experts" not in Decisions.from_dict(WRITTEN).to_dict()
 
 
 def test_an_unknown_decision_kind_has_no_handler():

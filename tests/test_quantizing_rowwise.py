@@ -292,7 +292,12 @@ def test_codes_path_under_the_interpreter_equals_the_reference_path(family, monk
     from laquant.quant import fused
 
     model = _interpreted_codes_model(family)
-    laquant.calibrate(model, "hybrid_int8", torch.randint(0, VOCAB, (2, 64)), progress=False)
+    # the MoE experts stay float (their kernel is not on the path sent to the interpreter here): with int8 experts
+    # Ling's logits differed by 1.3e-3 between the two paths, the experts' inputs and routing equal up to 1e-7 in
+    # the first MoE layer and 1.2e-3 apart in the next one (an int8 rounding of the layers between, on a tie),
+    # which says nothing of the wiring this test checks
+    laquant.calibrate(model, load_recipe("hybrid_int8", ["experts.format=keep"]), torch.randint(0, VOCAB, (2, 64)),
+                      progress=False)
     ids = torch.randint(0, VOCAB, (2, 11))
     reference = model(ids).logits
 

@@ -61,7 +61,7 @@ CONFIGS = {
         layer_types=pattern(["linear_attention"] * 3 + ["full_attention"], LAYERS), mlp_layer_types=["dense"] * LAYERS,
         **TOKENS),
     # MiniMax-Text-01-style: Lightning attention layers, softmax attention every eighth, MoE MLPs (the family has no
-    # dense MLP; laquant keeps the experts in bf16)
+    # dense MLP; hybrid_int8 gives the experts int8 weights since 2026-12-05, kept in bf16 before)
     "minimax": dict(
         vocab_size=32000, hidden_size=2048, num_hidden_layers=LAYERS, intermediate_size=1408, num_attention_heads=16,
         num_key_value_heads=4, head_dim=128, num_local_experts=4, num_experts_per_tok=2, block_size=256,

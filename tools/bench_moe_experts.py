@@ -1,0 +1,80 @@
+"""A MoE layer's routed experts: laquant's int8 grouped kernels (kernels/moe/grouped.py) against transformers' bf16
+``grouped_mm`` and ``batched_mm`` on the layer shapes of released MoE hybrids, T = 1 ... 4,096 tokens; GPU time of
+a CUDA graph of one call (triton.testing.do_bench_cudagraph), the byte floor (each chosen expert's weights read once,
+at the device's copy bandwidth measured in the same run) and the int8 output against the reference.
+
+    python3 tools/bench_moe_experts.py OUT.json      (GPU)
+"""
+import json
+import sys
+import types
+
+import torch
+import triton
+from transformers.integrations import moe
+
+from laquant.kernels.moe.grouped import int8_experts_triton
+from laquant.kernels.moe.reference import int8_experts
+from laquant.quant.experts import QuantExperts
+
+# name: (experts, hidden, intermediate, top-k), each a layer of the released model
+SHAPES = {"qwen3_next_80b_a3b": (512, 2048, 512, 10), "kimi_linear_48b_a3b": (256, 2304, 1024, 8),
+          "minimax_family_config": (4, 2048, 1408, 2)}
+TOKENS = (1, 8, 64, 256, 4096)
+
+
+def copy_bandwidth() -> float:
+    a = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    ms = triton.testing.do_bench_cudagraph(lambda: b.copy_(a))
+    return 2 * a.numel() / (ms * 1e-3)
+
+
+def hf_experts(E, H, I, dtype):
+    self = types.SimpleNamespace(
+        gate_up_proj=torch.randn(E, 2 * I, H, device="cuda", dtype=dtype) / H ** 0.5,
+        down_proj=torch.randn(E, H, I, device="cuda", dtype=dtype) / I ** 0.5, has_gate=True, has_bias=False,
+        is_transposed=False, has_post_expert_norm=False, _is_expert_parallel=False, num_experts=E,
+        act_fn=torch.nn.SiLU())
+    self._apply_gate = lambda h: moe._default_apply_gate(self, h)
+    return self
+
+
+def main():
+    bandwidth = copy_bandwidth()
+    rows = []
+    for name, (E, H, I, k) in SHAPES.items():
+        bf16 = hf_experts(E, H, I, torch.bfloat16)
+        with torch.no_grad():
+            q = QuantExperts.from_experts(bf16)
+        for T in TOKENS:
+            x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+            logits = torch.randn(T, E, device="cuda")
+            weights, index = logits.softmax(-1).topk(k, -1)
+            used = index.unique().numel()
+            args = (x, index, weights.to(torch.bfloat16), q.in_qweight, q.in_scale, q.out_qweight, q.out_scale,
+                    "silu", True)
+            err = ((int8_experts_triton(*args).float() - int8_experts(*args).float()).norm()
+                   / int8_experts(*args).float().norm()).item()
+            times = {"int8_grouped": triton.testing.do_bench_cudagraph(lambda: int8_experts_triton(*args))}
+            for impl in ("grouped_mm", "batched_mm"):
+                fn = getattr(moe, f"{impl}_experts_forward")
+                try:
+                    times[f"bf16_{impl}"] = triton.testing.do_bench_cudagraph(lambda: fn(bf16, x, index, weights))
+                except Exception as exc:  # an implementation this torch or shape does not capture
+                    times[f"bf16_{impl}"] = None
+                    print(f"{name} T={T} {impl}: {type(exc).__name__}: {exc}", flush=True)
+            expert_bytes = 3 * H * I
+            floor_int8 = used * expert_bytes / bandwidth * 1e3
+            row = dict(shape=name, E=E, H=H, I=I, k=k, T=T, experts_used=used,
+                       ms={n: (round(t, 4) if t else None) for n, t in times.items()},
+                       floor_ms_int8=round(floor_int8, 4), floor_ms_bf16=round(2 * floor_int8, 4),
+                       int8_of_floor=round(floor_int8 / times["int8_grouped"], 3), rel_err_vs_reference=err)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                   copy_GBps=round(bandwidth / 1e9, 1), rows=rows), open(sys.argv[1], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
