@@ -209,9 +209,9 @@ class ExpertsHandler:
     @staticmethod
     def _check(new: QuantExperts, name, d: ExpertsDecision) -> QuantExperts:
         if (new.activation, new.gated, new.limit) != (d.activation, d.gated, d.limit):
-            raise LaquantError(f"{name}: the checkpoint's experts are {d.activation} (gated={d.gated}, limit={d.limit}), "
-                               f"this model's {new.activation} (gated={new.gated}, limit={new.limit}); load it into "
-                               "the model it was made from")
+            raise LaquantError(f"{name}: the checkpoint's experts are {d.activation} (gated={d.gated}, "
+                               f"limit={d.limit}), this model's {new.activation} (gated={new.gated}, "
+                               f"limit={new.limit}); load it into the model it was made from")
         return new
 
     @classmethod
