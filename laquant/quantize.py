@@ -21,7 +21,7 @@ from laquant.families import OUTPUT_PROJECTIONS
 from laquant.kernels.common.formats import get_format
 from laquant.kernels.common.numerics import absmax_scale
 from laquant.kernels.common.state import StateQuantizer
-from laquant.quant.experts import QuantExperts, unsupported_reason
+from laquant.quant.experts import QuantExperts, experts_form, unsupported_reason
 from laquant.quant.modules import QuantGate, QuantLinear
 
 
@@ -90,8 +90,7 @@ def experts_decisions(adapter) -> dict[str, ExpertsDecision]:
         if (reason := unsupported_reason(experts)) is not None:
             left[name] = reason
             continue
-        probe = QuantExperts.shaped_like(experts)
-        out[name] = ExpertsDecision(probe.activation, probe.gated, probe.limit)
+        out[name] = ExpertsDecision(*experts_form(experts))
     if left:
         name, reason = next(iter(left.items()))
         warnings.warn(f"laquant: {len(left)} MoE experts modules keep their weights ({name}: {reason})", stacklevel=3)

@@ -68,8 +68,8 @@ if triton is not None:
     @triton.jit
     def _experts_in_kernel(x_ptr, w_ptr, s_ptr, pairs_ptr, block_expert_ptr, a_ptr, S, H, I, E, s_xt, limit,
                            TOPK: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, LIMIT: tl.constexpr,
-                           BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           PRECISION: tl.constexpr):
         pid_m = tl.program_id(0)
         expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
         if expert >= E:
@@ -162,8 +162,8 @@ def int8_experts_triton(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weight
     a = torch.empty(S, I, dtype=x.dtype, device=x.device)
     launch_kernel(_experts_in_kernel, (n_blocks, cdiv(I, block_n)), x, in_codes, in_scale, pairs, block_expert, a,
                   S, H, I, E, x.stride(0), float(limit or 0.0), TOPK=k, GATED=gated, ACT=activation,
-                  LIMIT=limit is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-                  BLOCK_K=block_k, PRECISION=precision, num_warps=4, num_stages=3)
+                  LIMIT=limit is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision,
+                  num_warps=4, num_stages=3)
     y = torch.empty(S, H, dtype=torch.float32, device=x.device)
     routing = top_k_weights.reshape(-1).float()
     launch_kernel(_experts_out_kernel, (n_blocks, cdiv(H, block_n)), a, out_codes, out_scale, routing, pairs,

@@ -9,8 +9,7 @@ experts are most of the weights: int8 halves what a checkpoint holds and what a 
 
 Which experts modules it takes: transformers' layout with its default gating (``act(gate) * up``, gate rows
 first) or a SwiGLU limit (:data:`LIMITED_GATES`), no biases, no norm after the experts, an activation the kernels
-have (:data:`ACTIVATIONS`). Anything else
-keeps its experts as they are (:func:`unsupported_reason` says why).
+have (:data:`ACTIVATIONS`). Anything else keeps its experts as they are (:func:`unsupported_reason` says why).
 """
 
 from __future__ import annotations
@@ -64,6 +63,12 @@ def unsupported_reason(experts: nn.Module) -> str | None:
     return None
 
 
+def experts_form(experts: nn.Module) -> tuple[str, bool, float | None]:
+    """``(activation, gated, limit)`` of a supported transformers experts module (:func:`unsupported_reason` None)."""
+    limit = getattr(experts, "limit", None) if type(experts).__name__ in LIMITED_GATES else None
+    return ACTIVATIONS[type(experts.act_fn).__name__], _layout(experts)[0], None if limit is None else float(limit)
+
+
 class QuantExperts(Float32Buffers, nn.Module):
     """A MoE layer's routed experts with int8 weights: ``in_qweight [E, 2I or I, H]`` (the gate's rows then the up
     projection's, or the up projection alone) and ``out_qweight [E, H, I]``, each with a float32 scale per expert
@@ -90,11 +95,9 @@ class QuantExperts(Float32Buffers, nn.Module):
         reason = unsupported_reason(experts)
         if reason is not None:
             raise ValueError(f"{type(experts).__name__} cannot take int8 weights: {reason}")
-        gated, w_in, w_out = _layout(experts)
-        E, H, I = w_out.shape
-        limit = getattr(experts, "limit", None) if type(experts).__name__ in LIMITED_GATES else None
-        return cls(E, H, I, gated, ACTIVATIONS[type(experts.act_fn).__name__],
-                   None if limit is None else float(limit)).to(w_out.device)
+        activation, gated, limit = experts_form(experts)
+        E, H, I = experts.down_proj.shape
+        return cls(E, H, I, gated, activation, limit).to(experts.down_proj.device)
 
     @classmethod
     def from_experts(cls, experts: nn.Module) -> QuantExperts:
@@ -127,4 +130,3 @@ class QuantExperts(Float32Buffers, nn.Module):
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, hidden={self.hidden_size}, intermediate={self.intermediate_size}, "
                 f"gated={self.gated}, activation={self.activation}, limit={self.limit}, weights=int8 per channel")
-
