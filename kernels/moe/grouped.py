@@ -66,16 +66,22 @@ if triton is not None:
             return r * r
 
     @triton.jit
+    def _block(block_expert_ptr, pairs_ptr, S, BLOCK_M: tl.constexpr):
+        """This program's block: its expert (past the last used one: no work), its pairs (padding rows as ``S``)
+        and which of them are real."""
+        pid_m = tl.program_id(0)
+        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        pair = tl.load(pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+        return expert, pair, pair < S
+
+    @triton.jit
     def _experts_in_kernel(x_ptr, w_ptr, s_ptr, pairs_ptr, block_expert_ptr, a_ptr, S, H, I, E, s_xt, limit,
                            TOPK: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, LIMIT: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                            PRECISION: tl.constexpr):
-        pid_m = tl.program_id(0)
-        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        expert, pair, valid = _block(block_expert_ptr, pairs_ptr, S, BLOCK_M)
         if expert >= E:
             return
-        pair = tl.load(pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-        valid = pair < S
         token = (pair // TOPK).to(tl.int64)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < I
@@ -109,12 +115,9 @@ if triton is not None:
     def _experts_out_kernel(a_ptr, w_ptr, s_ptr, rw_ptr, pairs_ptr, block_expert_ptr, y_ptr, S, H, I, E,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             PRECISION: tl.constexpr):
-        pid_m = tl.program_id(0)
-        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        expert, pair, valid = _block(block_expert_ptr, pairs_ptr, S, BLOCK_M)
         if expert >= E:
             return
-        pair = tl.load(pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-        valid = pair < S
         rows = pair.to(tl.int64)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < H
