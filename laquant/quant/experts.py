@@ -91,13 +91,15 @@ class QuantExperts(Float32Buffers, nn.Module):
 
     @classmethod
     def shaped_like(cls, experts: nn.Module) -> QuantExperts:
-        """Empty (to load a checkpoint into), of ``experts``' shapes, on its device."""
+        """Empty (to load a checkpoint into), of ``experts``' shapes, built on its device (the meta device while
+        transformers' ``from_pretrained`` builds the model: no host copy of a layer's experts on the way)."""
         reason = unsupported_reason(experts)
         if reason is not None:
             raise ValueError(f"{type(experts).__name__} cannot take int8 weights: {reason}")
         activation, gated, limit = experts_form(experts)
         E, H, I = experts.down_proj.shape
-        return cls(E, H, I, gated, activation, limit).to(experts.down_proj.device)
+        with torch.device(experts.down_proj.device):
+            return cls(E, H, I, gated, activation, limit)
 
     @classmethod
     def from_experts(cls, experts: nn.Module) -> QuantExperts:
