@@ -1,7 +1,8 @@
 """A MoE layer's routed experts: laquant's int8 grouped kernels (kernels/moe/grouped.py) against transformers' bf16
 ``grouped_mm`` and ``batched_mm`` on the layer shapes of released MoE hybrids, T = 1 ... 4,096 tokens; GPU time of
 a CUDA graph of one call (triton.testing.do_bench_cudagraph), the byte floor (each chosen expert's weights read once,
-at the device's copy bandwidth measured in the same run) and the int8 output against the reference.
+at the device's copy bandwidth measured in the same run), and the int8 output against its reference and against
+transformers' bf16 experts.
 
     python3 tools/bench_moe_experts.py OUT.json      (GPU)
 """
@@ -21,6 +22,7 @@ from laquant.quant.experts import QuantExperts
 SHAPES = {"qwen3_next_80b_a3b": (512, 2048, 512, 10), "kimi_linear_48b_a3b": (256, 2304, 1024, 8),
           "minimax_family_config": (4, 2048, 1408, 2)}
 TOKENS = (1, 8, 64, 256, 4096)
+DTYPE = torch.bfloat16  # the tokens' and transformers' experts' dtype
 
 
 def copy_bandwidth() -> float:
@@ -44,18 +46,20 @@ def main():
     bandwidth = copy_bandwidth()
     rows = []
     for name, (E, H, I, k) in SHAPES.items():
-        bf16 = hf_experts(E, H, I, torch.bfloat16)
+        bf16 = hf_experts(E, H, I, DTYPE)
         with torch.no_grad():
             q = QuantExperts.from_experts(bf16)
         for T in TOKENS:
-            x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+            x = torch.randn(T, H, device="cuda", dtype=DTYPE)
             logits = torch.randn(T, E, device="cuda")
             weights, index = logits.softmax(-1).topk(k, -1)
             used = index.unique().numel()
-            args = (x, index, weights.to(torch.bfloat16), q.in_qweight, q.in_scale, q.out_qweight, q.out_scale,
+            args = (x, index, weights.to(DTYPE), q.in_qweight, q.in_scale, q.out_qweight, q.out_scale,
                     "silu", True)
-            err = ((int8_experts_triton(*args).float() - int8_experts(*args).float()).norm()
-                   / int8_experts(*args).float().norm()).item()
+            got = int8_experts_triton(*args).float()
+            err = ((got - int8_experts(*args).float()).norm() / got.norm()).item()
+            bf16_out = moe.grouped_mm_experts_forward(bf16, x, index, weights).float()
+            err_bf16 = ((got - bf16_out).norm() / bf16_out.norm()).item()  # int8 weights against the bf16 ones
             times = {"int8_grouped": triton.testing.do_bench_cudagraph(lambda: int8_experts_triton(*args))}
             for impl in ("grouped_mm", "batched_mm"):
                 fn = getattr(moe, f"{impl}_experts_forward")
@@ -69,7 +73,8 @@ def main():
             row = dict(shape=name, E=E, H=H, I=I, k=k, T=T, experts_used=used,
                        ms={n: (round(t, 4) if t else None) for n, t in times.items()},
                        floor_ms_int8=round(floor_int8, 4), floor_ms_bf16=round(2 * floor_int8, 4),
-                       int8_of_floor=round(floor_int8 / times["int8_grouped"], 3), rel_err_vs_reference=err)
+                       int8_of_floor=round(floor_int8 / times["int8_grouped"], 3), rel_err_vs_reference=err,
+                       rel_err_vs_bf16=err_bf16)
             rows.append(row)
             print(json.dumps(row), flush=True)
     json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
