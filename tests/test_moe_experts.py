@@ -44,7 +44,12 @@ def _routing(T, k, E, gen, device="cpu"):
 # blocks); one token; top-1; every expert chosen by all tokens
 CASES = [(5, 2, 4, 40, 24, True, "silu", None), (33, 3, 7, 72, 40, False, "relu2", None),
          (1, 1, 3, 16, 8, True, "silu", None), (70, 2, 4, 48, 40, True, "silu", 0.3),
-         (9, 4, 4, 24, 56, True, "silu", None)]
+         (9, 4, 4, 24, 56, True, "silu", None),
+         # released models' widths (whole tiles, long K loops), a decode batch and a prefill: too slow interpreted
+         pytest.param(64, 8, 64, 2048, 512, True, "silu", None, marks=pytest.mark.gpu),
+         pytest.param(1, 10, 512, 2048, 512, True, "silu", None, marks=pytest.mark.gpu),
+         pytest.param(1000, 2, 8, 2304, 1408, True, "silu", None, marks=pytest.mark.gpu),
+         pytest.param(300, 6, 16, 1024, 768, False, "relu2", None, marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("T, k, E, H, I, gated, activation, limit", CASES)
