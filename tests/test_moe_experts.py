@@ -69,6 +69,27 @@ def test_grouped_kernels_match_the_reference(T, k, E, H, I, gated, activation, l
         assert rel_err(int8_experts(*args[:-1], None), want) > 1e-3
 
 
+def test_an_empty_batch_and_an_unknown_activation():
+    """No tokens: an empty output from both paths (the kernels launch nothing); an activation the kernels lack: the
+    same error from both, whether or not any token is routed."""
+    gen = torch.Generator().manual_seed(3)
+    weights = _experts(3, 16, 8, True, gen)
+    paths = [int8_experts]
+    if not INTERPRETED or require_triton_kernels():
+        from laquant.kernels.moe.grouped import int8_experts_triton
+
+        paths.append(int8_experts_triton)
+    for path in paths:
+        for T in (0, 2):
+            x = torch.randn(T, 16, generator=gen)
+            index, routing = _routing(T, 2, 3, gen)
+            args = [t.to(DEVICE) for t in (x, index, routing, *weights)]
+            if T == 0:
+                assert path(*args, "silu", True).shape == (0, 16), path.__name__
+            with pytest.raises(ValueError, match="activation must be one of"):
+                path(*args, "gelu", True)
+
+
 def test_pairs_are_aligned_to_blocks_of_one_expert():
     from laquant.kernels.moe.grouped import align_pairs
 

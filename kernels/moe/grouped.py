@@ -22,7 +22,7 @@ import torch
 
 from ..common.launch import launch_kernel
 from ..common.sizes import cdiv
-from .reference import ACTIVATIONS, check_experts
+from .reference import check_experts
 
 try:
     import triton
@@ -148,9 +148,7 @@ def int8_experts_triton(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weight
                         limit: float | None = None) -> torch.Tensor:
     """Twin of :func:`.reference.int8_experts`, two launches and the pairs' sum. ``x`` may have any row stride;
     the weights and scales must be contiguous."""
-    check_experts(x, top_k_index, top_k_weights, in_codes, in_scale, out_codes, out_scale, gated)
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}")
+    check_experts(x, top_k_index, top_k_weights, in_codes, in_scale, out_codes, out_scale, activation, gated)
     if x.stride(1) != 1 or not all(t.is_contiguous() for t in (in_codes, in_scale, out_codes, out_scale)):
         raise ValueError("the kernels need x's columns and the expert weights and scales contiguous")
     T, k = top_k_index.shape

@@ -33,7 +33,10 @@ def activate(h: torch.Tensor, activation: str) -> torch.Tensor:
     raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}")
 
 
-def check_experts(x, top_k_index, top_k_weights, in_codes, in_scale, out_codes, out_scale, gated: bool) -> None:
+def check_experts(x, top_k_index, top_k_weights, in_codes, in_scale, out_codes, out_scale, activation: str,
+                  gated: bool) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}")
     if x.dim() != 2 or top_k_index.dim() != 2 or top_k_weights.shape != top_k_index.shape:
         raise ValueError(f"expected x [T, H], top_k_index and top_k_weights [T, k]; got {tuple(x.shape)}, "
                          f"{tuple(top_k_index.shape)}, {tuple(top_k_weights.shape)}")
@@ -64,7 +67,7 @@ def int8_experts(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torc
     """``out [T, H]`` in x's dtype for ``x [T, H]`` routed to ``top_k_index [T, k]`` with ``top_k_weights [T, k]``;
     ``in_codes [E, 2I or I, H]`` / ``out_codes [E, H, I]`` int8 with float32 ``in_scale [E, 2I or I]`` /
     ``out_scale [E, H]``. Experts no token chose are not read."""
-    check_experts(x, top_k_index, top_k_weights, in_codes, in_scale, out_codes, out_scale, gated)
+    check_experts(x, top_k_index, top_k_weights, in_codes, in_scale, out_codes, out_scale, activation, gated)
     T, k = top_k_index.shape
     pair_out = torch.zeros(T * k, x.shape[1], dtype=torch.float32, device=x.device)
     expert_of_pair = top_k_index.reshape(-1)
@@ -75,4 +78,4 @@ def int8_experts(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torc
         a = gate(h, activation, gated, limit)
         y = (a.to(x.dtype).float() @ out_codes[e].float().T) * out_scale[e]
         pair_out[pairs] = y * weight_of_pair[pairs, None]
-    return pair_out.view(T, k, -1).sum(1).to(x.dtype)
+    return pair_out.view(T, k, x.shape[1]).sum(1).to(x.dtype)

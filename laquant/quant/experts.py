@@ -19,19 +19,25 @@ import torch.nn as nn
 
 from laquant.kernels.common.dispatch import use_triton
 from laquant.kernels.common.numerics import dequantize, quantize_int8
+from laquant.kernels.moe.reference import ACTIVATIONS as KERNEL_ACTIVATIONS
 from laquant.kernels.moe.reference import int8_experts
 from laquant.quant.modules import Float32Buffers
 
-# transformers' activation modules -> the kernels' names
+# transformers' activation modules -> the kernels' names (laquant.kernels.moe.reference.ACTIVATIONS)
 ACTIVATIONS = {"SiLUActivation": "silu", "SiLU": "silu", "ReLUSquaredActivation": "relu2"}
 # experts classes whose gating is ``min(act(gate), limit) * clamp(up, -limit, limit)`` with their ``limit`` (None:
 # the default gating)
 LIMITED_GATES = ("BailingHybridExperts",)
 
 
+def _gated(experts: nn.Module) -> bool:
+    """Whether transformers' experts gate their input projection (``gate_up_proj``) or not (``up_proj``)."""
+    return getattr(experts, "has_gate", hasattr(experts, "gate_up_proj"))
+
+
 def _layout(experts: nn.Module) -> tuple[bool, torch.Tensor, torch.Tensor]:
     """``(gated, input projection [E, 2I or I, H], down projection [E, H, I])`` of transformers' experts."""
-    gated = getattr(experts, "has_gate", hasattr(experts, "gate_up_proj"))
+    gated = _gated(experts)
     return gated, getattr(experts, "gate_up_proj" if gated else "up_proj"), experts.down_proj
 
 
@@ -39,7 +45,7 @@ def unsupported_reason(experts: nn.Module) -> str | None:
     """Why ``experts`` (a transformers experts module) cannot become a :class:`QuantExperts`; None if it can."""
     from transformers.integrations import moe
 
-    gated = getattr(experts, "has_gate", hasattr(experts, "gate_up_proj"))
+    gated = _gated(experts)
     weights = ("gate_up_proj" if gated else "up_proj", "down_proj")
     if not all(isinstance(getattr(experts, n, None), torch.Tensor) and getattr(experts, n).dim() == 3
                for n in weights):
@@ -56,7 +62,7 @@ def unsupported_reason(experts: nn.Module) -> str | None:
         return f"its own gating ({type(experts).__name__}._apply_gate)"
     act = type(getattr(experts, "act_fn", None)).__name__
     if act not in ACTIVATIONS:
-        return f"activation {act} (the kernels have {', '.join(sorted(set(ACTIVATIONS.values())))})"
+        return f"activation {act} (the kernels have {', '.join(KERNEL_ACTIVATIONS)})"
     E, n_in, H = getattr(experts, weights[0]).shape
     if experts.down_proj.shape != (E, H, n_in // 2 if gated else n_in):
         return f"down_proj {tuple(experts.down_proj.shape)} does not fit {weights[0]} {(E, n_in, H)}"
@@ -66,7 +72,7 @@ def unsupported_reason(experts: nn.Module) -> str | None:
 def experts_form(experts: nn.Module) -> tuple[str, bool, float | None]:
     """``(activation, gated, limit)`` of a supported transformers experts module (:func:`unsupported_reason` None)."""
     limit = getattr(experts, "limit", None) if type(experts).__name__ in LIMITED_GATES else None
-    return ACTIVATIONS[type(experts.act_fn).__name__], _layout(experts)[0], None if limit is None else float(limit)
+    return ACTIVATIONS[type(experts.act_fn).__name__], _gated(experts), None if limit is None else float(limit)
 
 
 class QuantExperts(Float32Buffers, nn.Module):
@@ -79,8 +85,8 @@ class QuantExperts(Float32Buffers, nn.Module):
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, gated: bool, activation: str,
                  limit: float | None = None):
         super().__init__()
-        if activation not in ACTIVATIONS.values():
-            raise ValueError(f"activation must be one of {sorted(set(ACTIVATIONS.values()))}; got {activation!r}")
+        if activation not in KERNEL_ACTIVATIONS:
+            raise ValueError(f"activation must be one of {KERNEL_ACTIVATIONS}; got {activation!r}")
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
         self.gated, self.activation, self.limit = gated, activation, limit
         n_in = (2 if gated else 1) * intermediate_size
