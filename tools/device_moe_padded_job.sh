@@ -22,7 +22,7 @@ E2E_TIMEOUT=220 hybrid_e2e qwen3_next _moe_kept "$QWEN_MOE" --set experts.format
 # the trained model is over one call's carry beside the tree: four calls each copy a quarter into /tmp/moe_parts
 # (scratch/moe1: configs, tokenizer and model.safetensors' first quarter, as split -n 4 -d names it; moe2-4: the rest)
 M=/tmp/qwen3next-moe-small
-for i in $(seq 30); do [ -f /tmp/moe_parts/moe_w.03 ] && break; sleep 10; done
+for i in $(seq 12); do [ -f /tmp/moe_parts/moe_w.03 ] && break; sleep 10; done
 if [ -f /tmp/moe_parts/moe_w.03 ] && [ -f /tmp/moe_parts/config.json ]; then
   mkdir -p $M && cp /tmp/moe_parts/*.json $M/ && cat /tmp/moe_parts/moe_w.0[0-3] > $M/model.safetensors
   timeout 300 python3 tools/ablation.py $M --device cuda --context 256 --samples 64 \
