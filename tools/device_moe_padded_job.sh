@@ -3,7 +3,7 @@
 # and of the padded-batch paths, then the experts' kernel bench, the MoE e2e (experts int8 against kept), the trained
 # MoE's perplexity through the GPU kernels, every hybrid GPU test, then the padded-generate bench. Results under $1.
 #   run: bash tools/device_kernels.sh 540 device_moe_padded_job.sh   (each call: `mkdir -p /tmp/moe_parts &&
-#   cp .moeparts/moeN/* /tmp/moe_parts/ && ...` carrying scratch/moeN, N = 1 ... 4; poll until JOB DONE)
+#   cp .moeparts/moeN/* /tmp/moe_parts/ && ...` carrying .moeparts/moeN, N = 1 ... 6; poll until JOB DONE)
 set -u
 . tools/device_job_env.sh "$@"
 timeout 240 python3 -m pytest -v -rfs --tb=short tests/test_moe_experts.py > "$W/gpu_tests_moe.log" 2>&1
@@ -19,12 +19,12 @@ QWEN_MOE='{"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 
 QWEN_MOE=$(echo "$QWEN_MOE" | tr -d '\n')
 E2E_TIMEOUT=220 hybrid_e2e qwen3_next _moe "$QWEN_MOE"
 E2E_TIMEOUT=220 hybrid_e2e qwen3_next _moe_kept "$QWEN_MOE" --set experts.format=keep
-# the trained model is over one call's carry beside the tree: four calls each copy a quarter into /tmp/moe_parts
-# (.moeparts/moe1: configs, tokenizer and model.safetensors' first quarter, as split -n 4 -d names it; moe2-4: the rest)
+# the trained model is over one call's carry beside the tree (55 MiB of 64): six calls each copy a sixth into /tmp/moe_parts
+# (.moeparts/moe1: configs, tokenizer and model.safetensors' first sixth, as split -n 6 -d names it; moe2-6: the rest)
 M=/tmp/qwen3next-moe-small
-for i in $(seq 12); do [ -f /tmp/moe_parts/moe_w.03 ] && break; sleep 10; done
-if [ -f /tmp/moe_parts/moe_w.03 ] && [ -f /tmp/moe_parts/config.json ]; then
-  mkdir -p $M && cp /tmp/moe_parts/*.json $M/ && cat /tmp/moe_parts/moe_w.0[0-3] > $M/model.safetensors
+for i in $(seq 12); do [ -f /tmp/moe_parts/moe_w.05 ] && break; sleep 10; done
+if [ -f /tmp/moe_parts/moe_w.05 ] && [ -f /tmp/moe_parts/config.json ]; then
+  mkdir -p $M && cp /tmp/moe_parts/*.json $M/ && cat /tmp/moe_parts/moe_w.0[0-5] > $M/model.safetensors
   timeout 300 python3 tools/ablation.py $M --device cuda --context 256 --samples 64 \
     --seq-len 256 --max-tokens 32768 --recipes hybrid_int8 hybrid_int8,experts.format=keep --quiet \
     --out "$W/ablation_moe_gpu" > "$W/ablation_moe_gpu.log" 2>&1
