@@ -19,10 +19,10 @@ QWEN_MOE='{"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 
 QWEN_MOE=$(echo "$QWEN_MOE" | tr -d '\n')
 E2E_TIMEOUT=220 hybrid_e2e qwen3_next _moe "$QWEN_MOE"
 E2E_TIMEOUT=220 hybrid_e2e qwen3_next _moe_kept "$QWEN_MOE" --set experts.format=keep
-# the trained model is over one call's carry beside the tree (55 MiB of 64): six calls each copy a sixth into /tmp/moe_parts
+# the trained model is over one call's carry beside the tree (58 MB of 64), so it is optional: six calls each copy a sixth into /tmp/moe_parts
 # (.moeparts/moe1: configs, tokenizer and model.safetensors' first sixth, as split -n 6 -d names it; moe2-6: the rest)
 M=/tmp/qwen3next-moe-small
-for i in $(seq 12); do [ -f /tmp/moe_parts/moe_w.05 ] && break; sleep 10; done
+for i in $(seq 12); do [ ! -d /tmp/moe_parts ] || [ -f /tmp/moe_parts/moe_w.05 ] && break; sleep 10; done
 if [ -f /tmp/moe_parts/moe_w.05 ] && [ -f /tmp/moe_parts/config.json ]; then
   mkdir -p $M && cp /tmp/moe_parts/*.json $M/ && cat /tmp/moe_parts/moe_w.0[0-5] > $M/model.safetensors
   timeout 300 python3 tools/ablation.py $M --device cuda --context 256 --samples 64 \
