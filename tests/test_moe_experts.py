@@ -40,11 +40,11 @@ def _routing(T, k, E, gen, device="cpu"):
     return index.to(device), weights.to(device)
 
 
-# (T, k, E, H, I, gated, activation, limit): odd sizes; a few pairs an expert (16-row blocks) and many (64-row
-# blocks); one token; top-1; every expert chosen by all tokens
+# (T, k, E, H, I, gated, activation, limit): odd sizes; a few pairs an expert (16-row blocks), more (32) and many
+# (64-row blocks); one token; top-1; every expert chosen by all tokens
 CASES = [(5, 2, 4, 40, 24, True, "silu", None), (33, 3, 7, 72, 40, False, "relu2", None),
          (1, 1, 3, 16, 8, True, "silu", None), (70, 2, 4, 48, 40, True, "silu", 0.3),
-         (9, 4, 4, 24, 56, True, "silu", None),
+         (9, 4, 4, 24, 56, True, "silu", None), (50, 2, 4, 56, 40, True, "silu", None),
          # released models' widths (whole tiles, long K loops), a decode batch and a prefill: too slow interpreted
          pytest.param(64, 8, 64, 2048, 512, True, "silu", None, marks=pytest.mark.gpu),
          pytest.param(1, 10, 512, 2048, 512, True, "silu", None, marks=pytest.mark.gpu),
@@ -69,6 +69,21 @@ def test_grouped_kernels_match_the_reference(T, k, E, H, I, gated, activation, l
         assert rel_err(int8_experts(*args[:-1], None), want) > 1e-3
 
 
+@pytest.mark.parametrize("tiles", [(16, 64, 128, 128), (32, 128, 32, 64), (64, 32, 64, 128, 8)])
+def test_grouped_kernels_match_the_reference_at_other_tiles(tiles):
+    """The tiles the rule picks at this size are one choice; a sweep's (``tiles=``) must compute the same."""
+    require_triton_kernels()
+    from laquant.kernels.moe.grouped import Tiles, int8_experts_triton
+
+    gen = torch.Generator().manual_seed(11)
+    weights = _experts(5, 136, 72, True, gen, DEVICE)
+    index, routing = _routing(40, 2, 5, gen, DEVICE)
+    x = torch.randn(40, 136, generator=gen).to(DEVICE, DTYPE)
+    args = (x, index, routing, *weights, "silu", True)
+    got = int8_experts_triton(*args, tiles=Tiles(*tiles))
+    assert torch.isfinite(got).all() and rel_err(got, int8_experts(*args)) < (1e-5 if INTERPRETED else 1e-2)
+
+
 def test_an_empty_batch_and_an_unknown_activation():
     """No tokens: an empty output from both paths (the kernels launch nothing); an activation the kernels lack: the
     same error from both, whether or not any token is routed."""
@@ -90,24 +105,41 @@ def test_an_empty_batch_and_an_unknown_activation():
                 path(*args, "gelu", True)
 
 
-def test_pairs_are_aligned_to_blocks_of_one_expert():
-    from laquant.kernels.moe.grouped import align_pairs
+@pytest.mark.parametrize("T, k, E", [(37, 3, 6), (1, 10, 512), (300, 4, 700), (1000, 2, 8)])
+def test_pairs_are_aligned_to_blocks_of_one_expert(T, k, E):
+    """The one-launch alignment against its PyTorch spec: the same blocks' experts and, in each expert's blocks, the
+    same pairs (their order inside an expert's blocks may differ: the kernel takes rows by atomics)."""
+    from laquant.kernels.moe.grouped import align_pairs_reference
 
-    gen = torch.Generator().manual_seed(1)
-    index, _ = _routing(37, 3, 6, gen)
-    index[:20, 0] = 2  # one expert takes many pairs
+    gen = torch.Generator().manual_seed(T + E)
+    index, _ = _routing(T, k, E, gen)
+    index[: T // 2, 0] = 2  # one expert takes many pairs
+    paths = [align_pairs_reference]
+    if not INTERPRETED or require_triton_kernels():
+        from laquant.kernels.moe.grouped import align_pairs
+
+        paths.append(align_pairs)
+    S = index.numel()
     for block in (16, 64):
-        pairs, block_expert = align_pairs(index, 6, block)
-        S = index.numel()
-        real = pairs[pairs < S]
-        assert sorted(real.tolist()) == list(range(S))  # every pair once
-        for b, e in enumerate(block_expert.tolist()):
-            rows = pairs[b * block:(b + 1) * block]
-            rows = rows[rows < S]
-            if e >= 6:
-                assert rows.numel() == 0
+        want_experts = None
+        for path in paths:
+            pairs, block_expert = (t.cpu() for t in path(index.to(DEVICE), E, block))
+            real = pairs[pairs < S]
+            assert sorted(real.tolist()) == list(range(S)), path.__name__  # every pair once
+            per_expert = {}
+            for b, e in enumerate(block_expert.tolist()):
+                rows = pairs[b * block:(b + 1) * block]
+                rows = rows[rows < S]
+                if e >= E:
+                    assert rows.numel() == 0
+                else:
+                    assert (index.reshape(-1)[rows.long()] == e).all(), path.__name__
+                    per_expert.setdefault(e, []).extend(rows.tolist())
+            if want_experts is None:
+                want_experts, want_pairs = block_expert, per_expert
             else:
-                assert (index.reshape(-1)[rows.long()] == e).all()
+                assert torch.equal(block_expert, want_experts), path.__name__
+                assert {e: sorted(p) for e, p in per_expert.items()} == {e: sorted(p) for e, p in want_pairs.items()}
 
 
 def test_experts_no_token_chose_are_not_read():

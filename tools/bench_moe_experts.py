@@ -4,8 +4,14 @@ a CUDA graph of one call (triton.testing.do_bench_cudagraph), the byte floor (ea
 at the device's copy bandwidth measured in the same run), and the int8 output against its reference and against
 transformers' bf16 experts.
 
-    python3 tools/bench_moe_experts.py OUT.json      (GPU)
+The alignment's one launch (``align_pairs``) is timed against its PyTorch spec. ``--sweep``: at the decode sizes
+(T = 1, 8, 64) each shape is also timed at every tile of a small grid (the rule's block of rows and the next,
+output tiles of 32-128, two K steps) and at the rule's choice (``_tiles``),
+and the fastest is reported beside the rule's.
+
+    python3 tools/bench_moe_experts.py OUT.json [--sweep]      (GPU)
 """
+import itertools
 import json
 import sys
 import types
@@ -14,7 +20,7 @@ import torch
 import triton
 from transformers.integrations import moe
 
-from laquant.kernels.moe.grouped import int8_experts_triton
+from laquant.kernels.moe.grouped import Tiles, _tiles, align_pairs, align_pairs_reference, int8_experts_triton
 from laquant.kernels.moe.reference import int8_experts
 from laquant.quant.experts import QuantExperts
 
@@ -42,6 +48,24 @@ def hf_experts(E, H, I, dtype):
     return self
 
 
+SWEEP = "--sweep" in sys.argv
+
+
+def sweep(args, rule):
+    """Every tile of the grid (and the rule's) at these arguments: [{tiles, ms}], the output checked each time."""
+    want = int8_experts_triton(*args).float()
+    rows = sorted({rule.block_m, min(2 * rule.block_m, 64)})  # the rule's block and the next
+    grid = {Tiles(m, n_in, n_out, bk) for m in rows for n_in, n_out, bk in itertools.product(
+        (32, 64, 128), (32, 64, 128), (128, 256) if m <= 32 else (64, 128))}
+    out = []
+    for tiles in sorted(grid | {rule}):
+        got = int8_experts_triton(*args, tiles=tiles).float()
+        assert ((got - want).norm() / want.norm()).item() < 1e-2, tiles
+        ms = triton.testing.do_bench_cudagraph(lambda: int8_experts_triton(*args, tiles=tiles))
+        out.append(dict(tiles=tiles._asdict(), ms=round(ms, 4)))
+    return out
+
+
 def main():
     bandwidth = copy_bandwidth()
     rows = []
@@ -60,7 +84,10 @@ def main():
             err = ((got - int8_experts(*args).float()).norm() / got.norm()).item()
             bf16_out = moe.grouped_mm_experts_forward(bf16, x, index, weights).float()
             err_bf16 = ((got - bf16_out).norm() / bf16_out.norm()).item()  # int8 weights against the bf16 ones
+            rule = _tiles(T * k, E, I, H, torch.cuda.get_device_properties(0).multi_processor_count)
             times = {"int8_grouped": triton.testing.do_bench_cudagraph(lambda: int8_experts_triton(*args))}
+            for impl, align in (("align_one_launch", align_pairs), ("align_torch", align_pairs_reference)):
+                times[impl] = triton.testing.do_bench_cudagraph(lambda: align(index, E, rule.block_m))
             for impl in ("grouped_mm", "batched_mm"):
                 fn = getattr(moe, f"{impl}_experts_forward")
                 try:
@@ -74,7 +101,11 @@ def main():
                        ms={n: (round(t, 4) if t else None) for n, t in times.items()},
                        floor_ms_int8=round(floor_int8, 4), floor_ms_bf16=round(2 * floor_int8, 4),
                        int8_of_floor=round(floor_int8 / times["int8_grouped"], 3), rel_err_vs_reference=err,
-                       rel_err_vs_bf16=err_bf16)
+                       rel_err_vs_bf16=err_bf16, rule=rule._asdict())
+            if SWEEP and T <= 64:
+                row["sweep"] = sweep(args, rule)
+                best = min(row["sweep"], key=lambda r: r["ms"])
+                row["best"], row["rule_over_best"] = best, round(times["int8_grouped"] / best["ms"], 3)
             rows.append(row)
             print(json.dumps(row), flush=True)
     json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,

@@ -1,8 +1,8 @@
 """A MoE layer's routed experts with int8 weights on the GPU: two grouped GEMMs over the tokens sorted by expert.
 
 Spec: :func:`.reference.int8_experts`. The ``T x k`` (token, expert) pairs are sorted by expert and each expert's
-pairs padded to whole blocks of ``BLOCK_M`` rows (:func:`align_pairs`: PyTorch operations of fixed shapes, no
-host synchronization, so a decode step holding them replays as a CUDA graph). A program takes one block, so one
+pairs padded to whole blocks of ``BLOCK_M`` rows (:func:`align_pairs`: one launch of fixed shapes, no host
+synchronization, so a decode step holding it replays as a CUDA graph). A program takes one block, so one
 expert, and a tile of output channels; it reads that expert's int8 weights once for the block's rows and turns
 them into the activations' dtype for the tensor cores (int8 values are exact in bf16), with float32 sums and the
 per-channel scales applied after the sum.
@@ -12,16 +12,18 @@ per-channel scales applied after the sum.
 * ``_experts_out_kernel``: the down projection times the routing weight, each pair's ``y`` in float32; the ``k``
   pairs of a token are summed after, in float32.
 
-Blocks past the used experts' (the grid is sized for the worst case) return at once. The tiles are not swept
-yet; what they are chosen by is :func:`_tiles`.
+Blocks past the used experts' (the grid is sized for the worst case) return at once. The tiles are chosen by
+:func:`_tiles`'s rule; ``tools/bench_moe_experts.py --sweep`` times others.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ..common.launch import launch_kernel
-from ..common.sizes import cdiv
+from ..common.sizes import cdiv, sm_count
 from .reference import check_experts
 
 try:
@@ -31,12 +33,17 @@ except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
 
-def align_pairs(top_k_index: torch.Tensor, num_experts: int, block_m: int):
-    """The (token, expert) pairs sorted by expert, each expert's padded to whole blocks of ``block_m``:
+def _n_blocks(pairs: int, num_experts: int, block_m: int) -> int:
+    return cdiv(pairs, block_m) + min(num_experts, pairs)
+
+
+def align_pairs_reference(top_k_index: torch.Tensor, num_experts: int, block_m: int):
+    """Spec of :func:`align_pairs` (PyTorch, ~20 launches): the (token, expert) pairs sorted by expert, each expert's padded to whole blocks of ``block_m``:
     ``(pairs [n_blocks * block_m] int32, block_expert [n_blocks] int32)``, a pair as ``token * k + j``, padding
     rows as ``T * k``, and blocks past the last used expert's as expert ``num_experts``. ``n_blocks`` is the
-    worst case of the routing, ``cdiv(T * k, block_m) + min(num_experts, T * k)``, so the shapes depend on
-    ``T``, ``k`` and the experts alone."""
+    worst case of the routing, :func:`_n_blocks`, so the shapes depend on ``T``, ``k`` and the experts alone. Here
+    an expert's pairs keep their order; the kernel's may not, which changes no result: a row's sums do not depend
+    on the rows beside it."""
     expert_of_pair = top_k_index.reshape(-1).long()
     S, device = expert_of_pair.numel(), expert_of_pair.device
     sorted_expert, order = torch.sort(expert_of_pair, stable=True)
@@ -47,7 +54,7 @@ def align_pairs(top_k_index: torch.Tensor, num_experts: int, block_m: int):
     first = counts.cumsum(0) - counts  # each expert's first pair in sorted order
     rank = torch.arange(S, device=device) - first[sorted_expert]
     dest = padded_end[sorted_expert] - padded[sorted_expert] + rank
-    n_blocks = cdiv(S, block_m) + min(num_experts, S)
+    n_blocks = _n_blocks(S, num_experts, block_m)
     pairs = torch.full((n_blocks * block_m,), S, dtype=torch.int32, device=device)
     pairs.scatter_(0, dest, order.to(torch.int32))
     block_start = torch.arange(n_blocks, device=device) * block_m
@@ -56,6 +63,48 @@ def align_pairs(top_k_index: torch.Tensor, num_experts: int, block_m: int):
 
 
 if triton is not None:
+
+    @triton.jit
+    def _align_kernel(expert_ptr, pairs_ptr, block_expert_ptr, end_ptr, cursor_ptr, S, E, n_blocks,
+                      BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
+        """One program: :func:`align_pairs_reference` in one launch. Counts by atomics, each expert's padded
+        range by a running cumsum, then each pair takes the next row of its expert's range by an atomic; the
+        barriers order the phases (one block of threads)."""
+        c = tl.arange(0, CHUNK)
+        for e0 in range(0, E, CHUNK):
+            tl.store(end_ptr + e0 + c, tl.zeros([CHUNK], tl.int32), mask=e0 + c < E)
+        for r0 in range(0, n_blocks * BLOCK_M, CHUNK):
+            tl.store(pairs_ptr + r0 + c, tl.full([CHUNK], 0, tl.int32) + S, mask=r0 + c < n_blocks * BLOCK_M)
+        tl.debug_barrier()
+        for s0 in range(0, S, CHUNK):
+            ok = s0 + c < S
+            expert = tl.load(expert_ptr + s0 + c, mask=ok, other=0)
+            tl.atomic_add(end_ptr + expert, tl.full([CHUNK], 1, tl.int32), mask=ok)
+        tl.debug_barrier()
+        total = tl.sum(tl.zeros([CHUNK], tl.int32), 0)
+        for e0 in range(0, E, CHUNK):
+            ok = e0 + c < E
+            count = tl.load(end_ptr + e0 + c, mask=ok, other=0, cache_modifier=".cg")  # the atomics' sums, in L2
+            padded = (count + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+            end = tl.cumsum(padded, 0) + total
+            tl.store(cursor_ptr + e0 + c, end - padded, mask=ok)
+            tl.store(end_ptr + e0 + c, end, mask=ok)
+            total += tl.sum(padded, 0)
+        tl.debug_barrier()
+        for s0 in range(0, S, CHUNK):
+            ok = s0 + c < S
+            expert = tl.load(expert_ptr + s0 + c, mask=ok, other=0)
+            row = tl.atomic_add(cursor_ptr + expert, tl.full([CHUNK], 1, tl.int32), mask=ok)
+            tl.store(pairs_ptr + row, s0 + c, mask=ok)
+        # a block's expert: how many experts' ranges end at or before its first row (E past the last)
+        b = tl.arange(0, 32)
+        for b0 in range(0, n_blocks, 32):
+            first_row = (b0 + b) * BLOCK_M
+            before = tl.zeros([32], tl.int32)
+            for e0 in range(0, E, CHUNK):
+                end = tl.load(end_ptr + e0 + c, mask=e0 + c < E, other=2**31 - 1, cache_modifier=".cg")
+                before += tl.sum((end[None, :] <= first_row[:, None]).to(tl.int32), 1)
+            tl.store(block_expert_ptr + b0 + b, before, mask=b0 + b < n_blocks)
 
     @triton.jit
     def _activate(h, ACT: tl.constexpr):
@@ -134,20 +183,50 @@ if triton is not None:
         tl.store(y_ptr + rows[:, None] * H + n[None, :], y, mask=valid[:, None] & n_ok[None, :])
 
 
-def _tiles(pairs: int, num_experts: int) -> tuple[int, int, int]:
-    """``(BLOCK_M, BLOCK_N, BLOCK_K)``: 16-row blocks where an expert gets a few pairs (decode: the weights' bytes
-    bound the step, padding rows cost no bytes), 64 where it gets many (prefill)."""
-    if pairs <= 16 * num_experts:
-        return 16, 64, 128
-    return 64, 128, 64
+def align_pairs(top_k_index: torch.Tensor, num_experts: int, block_m: int):
+    """:func:`align_pairs_reference` in one launch (the PyTorch spec is ~20, the most of a decode step's experts
+    call)."""
+    expert_of_pair = top_k_index.reshape(-1).contiguous()
+    S, device = expert_of_pair.numel(), expert_of_pair.device
+    n_blocks = _n_blocks(S, num_experts, block_m)
+    pairs = torch.empty(n_blocks * block_m, dtype=torch.int32, device=device)
+    block_expert = torch.empty(n_blocks, dtype=torch.int32, device=device)
+    scratch = torch.empty(2, num_experts, dtype=torch.int32, device=device)
+    launch_kernel(_align_kernel, (1,), expert_of_pair, pairs, block_expert, scratch[0], scratch[1], S, num_experts,
+                  n_blocks, BLOCK_M=block_m, CHUNK=256, num_warps=8)
+    return pairs, block_expert
+
+
+class Tiles(NamedTuple):
+    block_m: int
+    block_n_in: int  # the input projection's output channels a program takes
+    block_n_out: int  # the down projection's
+    block_k: int
+    num_warps: int = 4
+
+
+def _tiles(pairs: int, num_experts: int, I: int, H: int, sms: int) -> Tiles:
+    """Blocks of 16 rows where an expert gets a few pairs (decode: the weights' bytes bound the call and padding
+    rows cost none), 32 or 64 where it gets more (prefill). Output channels: the widest tile that still gives two
+    programs an SM, down to 32 (few experts at decode, e.g. MiniMax's 4, stream their weights through too few
+    programs otherwise)."""
+    used = min(num_experts, pairs)
+    per_expert = cdiv(pairs, used)
+    block_m = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64
+    blocks = max(used, cdiv(pairs, block_m))
+
+    def block_n(n):
+        return next((b for b in (128, 64) if blocks * cdiv(n, b) >= 2 * sms), 32)
+
+    return Tiles(block_m, block_n(I), block_n(H), 128 if block_m <= 32 else 64)
 
 
 def int8_experts_triton(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                         in_codes: torch.Tensor, in_scale: torch.Tensor, out_codes: torch.Tensor,
                         out_scale: torch.Tensor, activation: str, gated: bool,
-                        limit: float | None = None) -> torch.Tensor:
-    """Twin of :func:`.reference.int8_experts`, two launches and the pairs' sum. ``x`` may have any row stride;
-    the weights and scales must be contiguous."""
+                        limit: float | None = None, tiles: Tiles | None = None) -> torch.Tensor:
+    """Twin of :func:`.reference.int8_experts`, three launches and the pairs' sum. ``x`` may have any row stride;
+    the weights and scales must be contiguous. ``tiles``: :func:`_tiles`'s choice unless given (a sweep's)."""
     check_experts(x, top_k_index, top_k_weights, in_codes, in_scale, out_codes, out_scale, activation, gated)
     if x.stride(1) != 1 or not all(t.is_contiguous() for t in (in_codes, in_scale, out_codes, out_scale)):
         raise ValueError("the kernels need x's columns and the expert weights and scales contiguous")
@@ -156,18 +235,18 @@ def int8_experts_triton(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weight
     S = T * k
     if S == 0:
         return torch.zeros_like(x)
-    block_m, block_n, block_k = _tiles(S, E)
-    pairs, block_expert = align_pairs(top_k_index, E, block_m)
+    tiles = tiles or _tiles(S, E, I, H, sm_count(x.device, 132))
+    pairs, block_expert = align_pairs(top_k_index, E, tiles.block_m)
     n_blocks = block_expert.numel()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    common = dict(BLOCK_M=tiles.block_m, BLOCK_K=tiles.block_k, PRECISION=precision, num_warps=tiles.num_warps,
+                  num_stages=3)
     a = torch.empty(S, I, dtype=x.dtype, device=x.device)
-    launch_kernel(_experts_in_kernel, (n_blocks, cdiv(I, block_n)), x, in_codes, in_scale, pairs, block_expert, a,
-                  S, H, I, E, x.stride(0), float(limit or 0.0), TOPK=k, GATED=gated, ACT=activation,
-                  LIMIT=limit is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision,
-                  num_warps=4, num_stages=3)
+    launch_kernel(_experts_in_kernel, (n_blocks, cdiv(I, tiles.block_n_in)), x, in_codes, in_scale, pairs,
+                  block_expert, a, S, H, I, E, x.stride(0), float(limit or 0.0), TOPK=k, GATED=gated,
+                  ACT=activation, LIMIT=limit is not None, BLOCK_N=tiles.block_n_in, **common)
     y = torch.empty(S, H, dtype=torch.float32, device=x.device)
     routing = top_k_weights.reshape(-1).float()
-    launch_kernel(_experts_out_kernel, (n_blocks, cdiv(H, block_n)), a, out_codes, out_scale, routing, pairs,
-                  block_expert, y, S, H, I, E, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                  PRECISION=precision, num_warps=4, num_stages=3)
+    launch_kernel(_experts_out_kernel, (n_blocks, cdiv(H, tiles.block_n_out)), a, out_codes, out_scale, routing,
+                  pairs, block_expert, y, S, H, I, E, BLOCK_N=tiles.block_n_out, **common)
     return y.view(T, k, H).sum(1).to(x.dtype)
