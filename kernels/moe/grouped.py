@@ -38,12 +38,12 @@ def _n_blocks(pairs: int, num_experts: int, block_m: int) -> int:
 
 
 def align_pairs_reference(top_k_index: torch.Tensor, num_experts: int, block_m: int):
-    """Spec of :func:`align_pairs` (PyTorch, ~20 launches): the (token, expert) pairs sorted by expert, each expert's padded to whole blocks of ``block_m``:
-    ``(pairs [n_blocks * block_m] int32, block_expert [n_blocks] int32)``, a pair as ``token * k + j``, padding
-    rows as ``T * k``, and blocks past the last used expert's as expert ``num_experts``. ``n_blocks`` is the
-    worst case of the routing, :func:`_n_blocks`, so the shapes depend on ``T``, ``k`` and the experts alone. Here
-    an expert's pairs keep their order; the kernel's may not, which changes no result: a row's sums do not depend
-    on the rows beside it."""
+    """Spec of :func:`align_pairs` (PyTorch, ~20 launches): the (token, expert) pairs sorted by expert, each
+    expert's padded to whole blocks of ``block_m``: ``(pairs [n_blocks * block_m] int32, block_expert [n_blocks]
+    int32)``, a pair as ``token * k + j``, padding rows as ``T * k``, and blocks past the last used expert's as
+    expert ``num_experts``. ``n_blocks`` is the worst case of the routing, :func:`_n_blocks`, so the shapes depend
+    on ``T``, ``k`` and the experts alone. Here an expert's pairs keep their order; the kernel's may not, which
+    changes no result: a row's sums do not depend on the rows beside it."""
     expert_of_pair = top_k_index.reshape(-1).long()
     S, device = expert_of_pair.numel(), expert_of_pair.device
     sorted_expert, order = torch.sort(expert_of_pair, stable=True)
