@@ -178,7 +178,7 @@ if triton is not None:
             a = tl.load(a_ptr + rows[:, None] * I + k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_rows + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0).to(a.dtype)
             acc = tl.dot(a, w, acc, input_precision=PRECISION)
-        routing = tl.load(rw_ptr + rows, mask=valid, other=0.0)
+        routing = tl.load(rw_ptr + rows, mask=valid, other=0.0).to(tl.float32)
         y = acc * tl.load(s_ptr + expert * H + n, mask=n_ok, other=0.0)[None, :] * routing[:, None]
         tl.store(y_ptr + rows[:, None] * H + n[None, :], y, mask=valid[:, None] & n_ok[None, :])
 
@@ -246,7 +246,7 @@ def int8_experts_triton(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weight
                   block_expert, a, S, H, I, E, x.stride(0), float(limit or 0.0), TOPK=k, GATED=gated,
                   ACT=activation, LIMIT=limit is not None, BLOCK_N=tiles.block_n_in, **common)
     y = torch.empty(S, H, dtype=torch.float32, device=x.device)
-    routing = top_k_weights.reshape(-1).float()
+    routing = top_k_weights.reshape(-1)  # read in its dtype, turned to float32 in the kernel
     launch_kernel(_experts_out_kernel, (n_blocks, cdiv(H, tiles.block_n_out)), a, out_codes, out_scale, routing,
                   pairs, block_expert, y, S, H, I, E, BLOCK_N=tiles.block_n_out, **common)
     return y.view(T, k, H).sum(1).to(x.dtype)
