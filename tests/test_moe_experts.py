@@ -84,6 +84,22 @@ def test_grouped_kernels_match_the_reference_at_other_tiles(tiles):
     assert torch.isfinite(got).all() and rel_err(got, int8_experts(*args)) < (1e-5 if INTERPRETED else 1e-2)
 
 
+def test_a_prefill_aligns_its_pairs_by_the_pytorch_spec(monkeypatch):
+    """Above ALIGN_ONE_LAUNCH_MAX_PAIRS pairs the kernels take the PyTorch alignment (faster there); same result."""
+    require_triton_kernels()
+    from laquant.kernels.moe import grouped
+
+    gen = torch.Generator().manual_seed(12)
+    weights = _experts(6, 40, 24, True, gen, DEVICE)
+    index, routing = _routing(30, 2, 6, gen, DEVICE)
+    x = torch.randn(30, 40, generator=gen).to(DEVICE, DTYPE)
+    args = (x, index, routing, *weights, "silu", True)
+    one_launch = grouped.int8_experts_triton(*args)
+    monkeypatch.setattr(grouped, "ALIGN_ONE_LAUNCH_MAX_PAIRS", 0)
+    monkeypatch.setattr(grouped, "align_pairs", None)  # not called
+    assert torch.equal(grouped.int8_experts_triton(*args), one_launch)
+
+
 def test_an_empty_batch_and_an_unknown_activation():
     """No tokens: an empty output from both paths (the kernels launch nothing); an activation the kernels lack: the
     same error from both, whether or not any token is routed."""

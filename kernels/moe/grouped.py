@@ -207,18 +207,28 @@ class Tiles(NamedTuple):
 
 def _tiles(pairs: int, num_experts: int, I: int, H: int, sms: int) -> Tiles:
     """Blocks of 16 rows where an expert gets a few pairs (decode: the weights' bytes bound the call and padding
-    rows cost none), 32 or 64 where it gets more (prefill). Output channels: the widest tile that still gives two
-    programs an SM, down to 32 (few experts at decode, e.g. MiniMax's 4, stream their weights through too few
-    programs otherwise)."""
+    rows cost none), 32 or 64 where it gets more. The output tiles follow the H200 sweep of 2026-12-05
+    (``eval/results/moe_experts_h200/run2/``: within 5% of the best of 36 at every decode size swept, T = 1-64 on
+    three released layer shapes): at decode sizes narrow input-projection tiles (32 channels) where a 16-row block
+    has few rows, 64 and 128 once the blocks alone fill the SMs; above 32 rows a block, the widest tile that still
+    gives two programs an SM (MiniMax's 4 wide experts ran 44 programs at 64 tokens with 128)."""
     used = min(num_experts, pairs)
     per_expert = cdiv(pairs, used)
     block_m = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64
     blocks = max(used, cdiv(pairs, block_m))
+    if block_m == 64:
+        def block_n(n):
+            return next((b for b in (128, 64) if blocks * cdiv(n, b) >= 2 * sms), 32)
 
-    def block_n(n):
-        return next((b for b in (128, 64) if blocks * cdiv(n, b) >= 2 * sms), 32)
+        return Tiles(64, block_n(I), block_n(H), 64)
+    if blocks >= sms:
+        return Tiles(block_m, 64, 128, 128)
+    return Tiles(block_m, 32 if block_m == 16 else 64, 64, 128)
 
-    return Tiles(block_m, block_n(I), block_n(H), 128 if block_m <= 32 else 64)
+
+# above this many pairs the one-program alignment is slower than its PyTorch spec's launches (0.36 against 0.13 ms at
+# 40,960 pairs, 0.047 against 0.12 at 8,192 on the H200): a prefill's
+ALIGN_ONE_LAUNCH_MAX_PAIRS = 8192
 
 
 def int8_experts_triton(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
@@ -236,7 +246,8 @@ def int8_experts_triton(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weight
     if S == 0:
         return torch.zeros_like(x)
     tiles = tiles or _tiles(S, E, I, H, sm_count(x.device, 132))
-    pairs, block_expert = align_pairs(top_k_index, E, tiles.block_m)
+    align = align_pairs if S <= ALIGN_ONE_LAUNCH_MAX_PAIRS else align_pairs_reference
+    pairs, block_expert = align(top_k_index, E, tiles.block_m)
     n_blocks = block_expert.numel()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     common = dict(BLOCK_M=tiles.block_m, BLOCK_K=tiles.block_k, PRECISION=precision, num_warps=tiles.num_warps,
