@@ -1,6 +1,7 @@
 """~1B-parameter configs of the transformers hybrid families for `laquant eval speed --suite e2e --model FAMILY:{json}`
 (random weights, speed only), each after the layout of a released model of the family (dense MLPs where the family
-allows, so that a B = 64 step is not an MoE benchmark). `python3 tools/family_configs.py FAMILY` prints one as JSON.
+allows, so that a B = 64 step is not an MoE benchmark). `python3 tools/family_configs.py FAMILY` prints one as JSON;
+`--moe` prints the family's MoE config instead (MOE_CONFIGS: the MoE experts' speed).
 """
 import json
 import sys
@@ -74,7 +75,19 @@ CONFIGS = {
         **TOKENS),
 }
 
+# MoE configs of families whose CONFIGS entry is dense, for the int8 experts' e2e (eval/results/moe_experts_h200/)
+MOE_CONFIGS = {
+    # Qwen3-Next-style with its MoE in every layer (32 experts of 512, top-4, a shared expert of 512): 2.25B
+    # parameters, 1.6B of them experts
+    "qwen3_next": dict(
+        hidden_size=2048, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=2, linear_num_key_heads=16,
+        linear_num_value_heads=32, num_experts=32, num_experts_per_tok=4, moe_intermediate_size=512,
+        shared_expert_intermediate_size=512, decoder_sparse_step=1),
+}
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or sys.argv[1] not in CONFIGS:
-        sys.exit(f"usage: family_configs.py FAMILY, one of: {', '.join(CONFIGS)}")
-    print(json.dumps(CONFIGS[sys.argv[1]]))
+    args = [a for a in sys.argv[1:] if a != "--moe"]
+    table = MOE_CONFIGS if "--moe" in sys.argv else CONFIGS
+    if len(args) != 1 or args[0] not in table:
+        sys.exit(f"usage: family_configs.py FAMILY [--moe], FAMILY one of: {', '.join(table)}")
+    print(json.dumps(table[args[0]]))
