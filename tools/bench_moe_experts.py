@@ -5,11 +5,11 @@ at the device's copy bandwidth measured in the same run), and the int8 output ag
 transformers' bf16 experts.
 
 The alignment's one launch (``align_pairs``) is timed against its PyTorch spec. ``--sweep``: at the decode sizes
-(T = 1, 8, 64) each shape is also timed at every tile of a small grid (the rule's block of rows and the next,
+(T = 1, 8, 64; every T with ``--sweep-prefill`` too) each shape is also timed at every tile of a small grid (the rule's block of rows and the next,
 output tiles of 32-128, two K steps) and at the rule's choice (``_tiles``),
 and the fastest is reported beside the rule's.
 
-    python3 tools/bench_moe_experts.py OUT.json [--sweep]      (GPU)
+    python3 tools/bench_moe_experts.py OUT.json [--sweep [--sweep-prefill]]      (GPU)
 """
 import itertools
 import json
@@ -102,7 +102,7 @@ def main():
                        floor_ms_int8=round(floor_int8, 4), floor_ms_bf16=round(2 * floor_int8, 4),
                        int8_of_floor=round(floor_int8 / times["int8_grouped"], 3), rel_err_vs_reference=err,
                        rel_err_vs_bf16=err_bf16, rule=rule._asdict())
-            if SWEEP and T <= 64:
+            if SWEEP and (T <= 64 or "--sweep-prefill" in sys.argv):
                 row["sweep"] = sweep(args, rule)
                 best = min(row["sweep"], key=lambda r: r["ms"])
                 row["best"], row["rule_over_best"] = best, round(times["int8_grouped"] / best["ms"], 3)
