@@ -5,9 +5,9 @@ at the device's copy bandwidth measured in the same run), and the int8 output ag
 transformers' bf16 experts.
 
 The alignment's one launch (``align_pairs``) is timed against its PyTorch spec. ``--sweep``: at the decode sizes
-(T = 1, 8, 64; every T with ``--sweep-prefill`` too) each shape is also timed at every tile of a small grid (the rule's block of rows and the next,
-output tiles of 32-128, two K steps) and at the rule's choice (``_tiles``),
-and the fastest is reported beside the rule's.
+(T = 1, 8, 64; every T with ``--sweep-prefill`` too) each shape is also timed at every tile of a small grid (the
+rule's block of rows and the next, output tiles of 32-128, two K steps) and at the rule's choice (``_tiles``), and
+the fastest is reported beside the rule's.
 
     python3 tools/bench_moe_experts.py OUT.json [--sweep [--sweep-prefill]]      (GPU)
 """
