@@ -42,3 +42,25 @@ def test_a_tiny_hybrid_trains_on_laquants_mixers(arch):
 def test_sizes_are_defined_for_every_arch():
     assert set(train.ARCH_SIZES) == set(train.ARCHS)
     assert all("small" in sizes and "tiny" in sizes for sizes in train.ARCH_SIZES.values())
+
+
+def test_a_training_text_subset_is_what_train_reads(tmp_path, monkeypatch):
+    """tools/train_data_subset.py: every file train.py reads, cut to its first documents, readable by it."""
+    import lzma
+    import sys
+
+    for rel in train.TRAIN_FILES:
+        path = tmp_path / "full" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = "\n\n".join(f"{rel} document {i}" for i in range(10))
+        with (lzma.open if path.suffix == ".xz" else open)(path, "wt", encoding="utf-8") as f:
+            f.write(text)
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "tools"))
+    monkeypatch.setattr(sys, "argv", ["x", "--data-dir", str(tmp_path / "full"), "--out", str(tmp_path / "sub"),
+                                      "--fraction", "0.3"])
+    import train_data_subset
+
+    train_data_subset.main()
+    docs = train.read_documents(tmp_path / "sub")
+    assert len(docs) == 3 * len(train.TRAIN_FILES)
+    assert all(d.endswith(("document 0", "document 1", "document 2")) for d in docs)
