@@ -69,17 +69,22 @@ def test_grouped_kernels_match_the_reference(T, k, E, H, I, gated, activation, l
         assert rel_err(int8_experts(*args[:-1], None), want) > 1e-3
 
 
+def _case(T, k, E, H, I, seed):
+    """A gated SiLU layer's arguments on DEVICE, tokens in DTYPE."""
+    gen = torch.Generator().manual_seed(seed)
+    weights = _experts(E, H, I, True, gen, DEVICE)
+    index, routing = _routing(T, k, E, gen, DEVICE)
+    x = torch.randn(T, H, generator=gen).to(DEVICE, DTYPE)
+    return (x, index, routing, *weights, "silu", True)
+
+
 @pytest.mark.parametrize("tiles", [(16, 64, 128, 128), (32, 128, 32, 64), (64, 32, 64, 128, 8)])
 def test_grouped_kernels_match_the_reference_at_other_tiles(tiles):
     """The tiles the rule picks at this size are one choice; a sweep's (``tiles=``) must compute the same."""
     require_triton_kernels()
     from laquant.kernels.moe.grouped import Tiles, int8_experts_triton
 
-    gen = torch.Generator().manual_seed(11)
-    weights = _experts(5, 136, 72, True, gen, DEVICE)
-    index, routing = _routing(40, 2, 5, gen, DEVICE)
-    x = torch.randn(40, 136, generator=gen).to(DEVICE, DTYPE)
-    args = (x, index, routing, *weights, "silu", True)
+    args = _case(40, 2, 5, 136, 72, seed=11)
     got = int8_experts_triton(*args, tiles=Tiles(*tiles))
     assert torch.isfinite(got).all() and rel_err(got, int8_experts(*args)) < (1e-5 if INTERPRETED else 1e-2)
 
@@ -89,11 +94,7 @@ def test_a_prefill_aligns_its_pairs_by_the_pytorch_spec(monkeypatch):
     require_triton_kernels()
     from laquant.kernels.moe import grouped
 
-    gen = torch.Generator().manual_seed(12)
-    weights = _experts(6, 40, 24, True, gen, DEVICE)
-    index, routing = _routing(30, 2, 6, gen, DEVICE)
-    x = torch.randn(30, 40, generator=gen).to(DEVICE, DTYPE)
-    args = (x, index, routing, *weights, "silu", True)
+    args = _case(30, 2, 6, 40, 24, seed=12)
     one_launch = grouped.int8_experts_triton(*args)
     monkeypatch.setattr(grouped, "ALIGN_ONE_LAUNCH_MAX_PAIRS", 0)
     monkeypatch.setattr(grouped, "align_pairs", None)  # not called
