@@ -20,6 +20,7 @@ import torch
 import triton
 from transformers.integrations import moe
 
+from laquant.kernels.common.sizes import sm_count
 from laquant.kernels.moe.grouped import Tiles, _tiles, align_pairs, align_pairs_reference, int8_experts_triton
 from laquant.kernels.moe.reference import int8_experts
 from laquant.quant.experts import QuantExperts
@@ -51,16 +52,19 @@ def hf_experts(E, H, I, dtype):
 SWEEP = "--sweep" in sys.argv
 
 
-def sweep(args, rule):
-    """Every tile of the grid (and the rule's) at these arguments: [{tiles, ms}], the output checked each time."""
-    want = int8_experts_triton(*args).float()
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+def sweep(args, rule, want):
+    """Every tile of the grid (and the rule's) at these arguments: [{tiles, ms}], each output checked against
+    ``want`` (the rule's)."""
     rows = sorted({rule.block_m, min(2 * rule.block_m, 64)})  # the rule's block and the next
     grid = {Tiles(m, n_in, n_out, bk) for m in rows for n_in, n_out, bk in itertools.product(
         (32, 64, 128), (32, 64, 128), (128, 256) if m <= 32 else (64, 128))}
     out = []
     for tiles in sorted(grid | {rule}):
-        got = int8_experts_triton(*args, tiles=tiles).float()
-        assert ((got - want).norm() / want.norm()).item() < 1e-2, tiles
+        assert rel_err(int8_experts_triton(*args, tiles=tiles), want) < 1e-2, tiles
         ms = triton.testing.do_bench_cudagraph(lambda: int8_experts_triton(*args, tiles=tiles))
         out.append(dict(tiles=tiles._asdict(), ms=round(ms, 4)))
     return out
@@ -80,11 +84,11 @@ def main():
             used = index.unique().numel()
             args = (x, index, weights.to(DTYPE), q.in_qweight, q.in_scale, q.out_qweight, q.out_scale,
                     "silu", True)
-            got = int8_experts_triton(*args).float()
-            err = ((got - int8_experts(*args).float()).norm() / got.norm()).item()
-            bf16_out = moe.grouped_mm_experts_forward(bf16, x, index, weights).float()
-            err_bf16 = ((got - bf16_out).norm() / bf16_out.norm()).item()  # int8 weights against the bf16 ones
-            rule = _tiles(T * k, E, I, H, torch.cuda.get_device_properties(0).multi_processor_count)
+            got = int8_experts_triton(*args)
+            err = rel_err(int8_experts(*args), got)  # relative to the kernels' output, as recorded so far
+            # int8 weights against the bf16 ones
+            err_bf16 = rel_err(got, moe.grouped_mm_experts_forward(bf16, x, index, weights))
+            rule = _tiles(T * k, E, I, H, sm_count(x.device))
             times = {"int8_grouped": triton.testing.do_bench_cudagraph(lambda: int8_experts_triton(*args))}
             for impl, align in (("align_one_launch", align_pairs), ("align_torch", align_pairs_reference)):
                 times[impl] = triton.testing.do_bench_cudagraph(lambda: align(index, E, rule.block_m))
@@ -103,7 +107,7 @@ def main():
                        int8_of_floor=round(floor_int8 / times["int8_grouped"], 3), rel_err_vs_reference=err,
                        rel_err_vs_bf16=err_bf16, rule=rule._asdict())
             if SWEEP and (T <= 64 or "--sweep-prefill" in sys.argv):
-                row["sweep"] = sweep(args, rule)
+                row["sweep"] = sweep(args, rule, got)
                 best = min(row["sweep"], key=lambda r: r["ms"])
                 row["best"], row["rule_over_best"] = best, round(times["int8_grouped"] / best["ms"], 3)
             rows.append(row)

@@ -35,10 +35,9 @@ def _gated(experts: nn.Module) -> bool:
     return getattr(experts, "has_gate", hasattr(experts, "gate_up_proj"))
 
 
-def _layout(experts: nn.Module) -> tuple[bool, torch.Tensor, torch.Tensor]:
-    """``(gated, input projection [E, 2I or I, H], down projection [E, H, I])`` of transformers' experts."""
-    gated = _gated(experts)
-    return gated, getattr(experts, "gate_up_proj" if gated else "up_proj"), experts.down_proj
+def _layout(experts: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input projection [E, 2I or I, H], down projection [E, H, I])`` of transformers' experts."""
+    return getattr(experts, "gate_up_proj" if _gated(experts) else "up_proj"), experts.down_proj
 
 
 def unsupported_reason(experts: nn.Module) -> str | None:
@@ -111,7 +110,7 @@ class QuantExperts(Float32Buffers, nn.Module):
     def from_experts(cls, experts: nn.Module) -> QuantExperts:
         """``experts``' weights quantized per expert and output channel."""
         new = cls.shaped_like(experts)
-        _, w_in, w_out = _layout(experts)
+        w_in, w_out = _layout(experts)
         for qweight, scale, w in ((new.in_qweight, new.in_scale, w_in), (new.out_qweight, new.out_scale, w_out)):
             for e in range(w.shape[0]):  # one expert at a time: no float32 copy of them all
                 q, s = quantize_int8(w[e].detach(), dim=-1)
