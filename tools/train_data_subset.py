@@ -1,11 +1,12 @@
 """A small copy of the training text for a device call, whose carry beside the tree is a few MB: every file
 tools/train.py reads (its TRAIN_FILES), each cut to its first ``--fraction`` of documents (at least one), the .xz
-files compressed again.
+files compressed again. Written beside ``--out`` first and moved into place whole.
 
     python3 tools/train_data_subset.py --data-dir ../shared/data --out .devdata_subset --fraction 0.15
 """
 import argparse
 import lzma
+import shutil
 from pathlib import Path
 
 from train import TRAIN_FILES
@@ -19,8 +20,14 @@ def main():
     args = p.parse_args()
     if not 0 < args.fraction <= 1:
         p.error(f"--fraction must be in (0, 1]; got {args.fraction}")
+    missing = [rel for rel in TRAIN_FILES if not (Path(args.data_dir) / rel).is_file()]
+    if missing:
+        p.error(f"--data-dir {args.data_dir} lacks {', '.join(missing)} (the shared data folder has them)")
+    out = Path(args.out)
+    partial = out.with_name(out.name + ".partial")  # moved into place once every file is written
+    shutil.rmtree(partial, ignore_errors=True)
     for rel in TRAIN_FILES:
-        src, dst = Path(args.data_dir) / rel, Path(args.out) / rel
+        src, dst = Path(args.data_dir) / rel, partial / rel
         opener = lzma.open if src.suffix == ".xz" else open
         with opener(src, "rt", encoding="utf-8") as f:
             docs = f.read().split("\n\n")
@@ -29,6 +36,8 @@ def main():
         with opener(dst, "wt", encoding="utf-8") as f:
             f.write(kept)
         print(f"{rel}: {len(kept):,} of {sum(map(len, docs)):,} characters, {dst.stat().st_size:,} bytes")
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
 
 
 if __name__ == "__main__":
