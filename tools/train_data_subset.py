@@ -2,7 +2,7 @@
 tools/train.py reads (its TRAIN_FILES), each cut to its first ``--fraction`` of documents (at least one), the .xz
 files compressed again. Written beside ``--out`` first and moved into place whole.
 
-    python3 tools/train_data_subset.py --data-dir ../shared/data --out .devdata_subset --fraction 0.15
+    python3 tools/train_data_subset.py --data-dir ../shared/data --out .devdata_subset --fraction 0.08
 """
 import argparse
 import lzma
