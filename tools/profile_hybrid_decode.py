@@ -12,8 +12,12 @@ or of a given JSON config, bf16 and ``hybrid_int8``, on CUDA:
 - one prefill of the prompt at B = 1 as ``eval speed`` times it: wall ms, kernels and GPU ms.
 
     python tools/profile_hybrid_decode.py OUT.json [CONFIG_JSON]     # DEVICE=cpu: a smoke run
-    BATCH=64 PROMPT=1024 python tools/profile_hybrid_decode.py OUT.json CONFIG_JSON  # other shapes
+    BATCH=64 PROMPT=1024 python tools/profile_hybrid_decode.py OUT.json FIELDS_JSON  # other shapes; the fields
+                                                       # over eval speed's defaults, as `--model qwen3_next:{...}`
     FAMILY=nemotron_h python tools/profile_hybrid_decode.py OUT.json   # another family, tools/family_configs.py's
+    TOP=60 ...                                                         # more kernels in each top list
+
+The replayed step's kernels are also listed in launch order (``graphed_sequence``): one layer's chain read off it.
 """
 import cProfile
 import io
@@ -31,11 +35,12 @@ from laquant.adapters import cache_kwargs, install, new_cache
 from laquant.api import calibrate
 from laquant.generate import DecodeSession
 from laquant.eval.saturation import SaturationCounter
-from laquant.eval.speed import summarize_kernels
+from laquant.eval.speed import short_kernel_name, summarize_kernels
 
 DEVICE = os.environ.get("DEVICE", "cuda")
 FAMILY = os.environ.get("FAMILY", "qwen3_next")
 BATCH, PROMPT = int(os.environ.get("BATCH", 1)), int(os.environ.get("PROMPT", 512))
+TOP = int(os.environ.get("TOP", 20))
 SMALL = "eval/results/long_context_qwen3next-small_cpu/qwen3next-small_config.json"
 DROP = ("architectures", "transformers_version", "dtype", "rope_parameters")
 
@@ -66,10 +71,15 @@ def ms_per_step(model, prompt, ids, counter=None) -> float:
     return (time.perf_counter() - t0) / (ids.shape[1] - 5) * 1e3
 
 
-def top_kernels(prof, top: int = 20) -> dict:
+def cuda_kernels(prof) -> list[tuple[str, float, float]]:
+    """The profiled CUDA kernels as ``(name, start_us, duration_us)``, in launch order."""
+    return sorted(((e.name, e.time_range.start, e.time_range.end - e.time_range.start)
+                   for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda k: k[1])
+
+
+def top_kernels(prof) -> dict:
     """The profiled CUDA kernels summarized (``laquant.eval.speed.summarize_kernels``, no layer markers)."""
-    return summarize_kernels([(e.name, e.time_range.start, e.time_range.end - e.time_range.start)
-                              for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA], 0, top=top)
+    return summarize_kernels(cuda_kernels(prof), 0, top=TOP)
 
 
 def host_tottime(fn, lines: int) -> list[str]:
@@ -107,8 +117,8 @@ def prefill_profile(model, prompt) -> dict:
 
 @torch.no_grad()
 def main(out_path: str, config_path: str | None = None) -> None:
-    if FAMILY == "qwen3_next":
-        config_path = config_path or SMALL
+    if FAMILY == "qwen3_next" and config_path is None:
+        config_path = SMALL
         cfg = {k: v for k, v in json.load(open(config_path)).items() if k not in DROP}
         build = lambda: Qwen3NextForCausalLM(Qwen3NextConfig(**cfg))  # noqa: E731
     else:
@@ -149,6 +159,7 @@ def main(out_path: str, config_path: str | None = None) -> None:
                 sync()
             replay = top_kernels(prof)
             row.update({f"graphed_{k}": replay[k] for k in ("kernels_per_step", "gpu_ms_per_step", "top_kernels")})
+            row["graphed_sequence"] = [[short_kernel_name(n), round(d, 2)] for n, _, d in cuda_kernels(prof)]
         counter = SaturationCounter(model, 64)
         row["eval_loop_ms_per_step"] = ms_per_step(model, prompt, ids, counter)
         counter.close()
@@ -163,8 +174,8 @@ def main(out_path: str, config_path: str | None = None) -> None:
         row["gpu_ms_per_step"] = sum(e.device_time for e in cuda) / 1e3 / 10
         row["host_tottime_20_steps"] = host_tottime(lambda: steps(model, cache, ids[:, 13:33]), 25)
         result[variant] = row
-        print(variant, {k: v for k, v in row.items() if not k.startswith(("host", "graphed_top", "prefill_top",
-                                                                         "prefill_host"))},
+        print(variant, {k: v for k, v in row.items()
+                        if not k.startswith(("host", "graphed_top", "graphed_seq", "prefill_top", "prefill_host"))},
               flush=True)
         del model
         if DEVICE == "cuda":
