@@ -12,12 +12,12 @@ BASE="$PWD/scratch/base_pkg"  # a checkout carried as scratch (laquant/ inside):
 have_base() { [ -f "$BASE/laquant/__init__.py" ] || { echo "no base checkout at $BASE (carry scratch/base_pkg)" >&2; false; }; }
 # hybrid_e2e FAMILY TAG [CONFIG [FLAGS...]]: `laquant eval speed`'s e2e of a transformers hybrid (bf16 and hybrid_int8,
 # B = 1 and 64, prompt 1,024, 32 decode steps; CONFIG, JSON fields, default tools/family_configs.py's) into
-# $W/e2e_FAMILY$TAG; TAG _base runs the checkout in $BASE, first on PYTHONPATH. E2E_TIMEOUT: seconds (default 150).
+# $W/e2e_FAMILY$TAG; a TAG with _base in it runs the checkout in $BASE, first on PYTHONPATH. E2E_TIMEOUT: seconds (default 150).
 hybrid_e2e() {
   local fam=$1 tag=$2 cfg path=$PYTHONPATH
   cfg=${3:-$(python3 tools/family_configs.py "$fam")} || { log "$fam$tag e2e skipped: no config for $fam"; return 1; }
   shift $(($# < 3 ? $# : 3))
-  if [ "$tag" = _base ]; then
+  if [[ "$tag" == *_base* ]]; then
     have_base || { log "$fam$tag e2e skipped: no base checkout"; return 1; }
     [ -d "$BASE/laquant/assets" ] || cp -r laquant/assets "$BASE/laquant/assets"
     path="$BASE:$PYTHONPATH"

@@ -26,6 +26,7 @@ import torch
 try:
     import triton
     import triton.language as tl
+    from triton.language.extra import libdevice
 except ImportError:  # laquant's CPU path needs no Triton
     triton = None
 
@@ -53,6 +54,17 @@ if triton is not None:
                                             dtype=tl.float16, is_pure=True, pack=1).to(tl.float32)
         else:
             out = x.to(dtype).to(tl.float32)
+        return out
+
+    @triton.jit
+    def exp_as_torch(x):
+        """``exp`` of float32 ``x`` as PyTorch's CUDA kernels compute it (CUDA's ``expf``: libdevice's ``__nv_expf``),
+        where ``tl.exp`` is the faster ``ex2.approx`` (an ulp or two off). The interpreter (no libdevice) and ROCm
+        take ``tl.exp``."""
+        if PTX_ROUNDING:
+            out = libdevice.exp(x)
+        else:
+            out = tl.exp(x)
         return out
 
     @triton.jit

@@ -9,8 +9,8 @@ per-channel scales applied after the sum.
 
 * ``_experts_in_kernel``: the expert's input projection (gate and up rows at once where gated) and the
   activation, writing each pair's ``a`` in x's dtype;
-* ``_experts_out_kernel``: the down projection times the routing weight, each pair's ``y`` in float32; the ``k``
-  pairs of a token are summed after, in float32.
+* ``_experts_out_kernel``: the down projection times the routing weight, each pair's ``y`` in float32;
+* ``_sum_pairs_kernel``: a token's ``k`` pairs summed in float32 and rounded to x's dtype.
 
 Blocks past the used experts' (the grid is sized for the worst case) return at once. The tiles are chosen by
 :func:`_tiles`'s rule; ``tools/bench_moe_experts.py --sweep`` times others.
@@ -183,6 +183,18 @@ if triton is not None:
         tl.store(y_ptr + rows[:, None] * H + n[None, :], y, mask=valid[:, None] & n_ok[None, :])
 
 
+    @triton.jit
+    def _sum_pairs_kernel(y_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK_H: tl.constexpr):
+        """A token's ``TOPK`` pairs summed in float32, in their order, and rounded to the output's dtype."""
+        t = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        ok = h < H
+        acc = tl.load(y_ptr + t * TOPK * H + h, mask=ok, other=0.0)
+        for i in tl.static_range(1, TOPK):
+            acc += tl.load(y_ptr + (t * TOPK + i) * H + h, mask=ok, other=0.0)
+        tl.store(out_ptr + t * H + h, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
 def align_pairs(top_k_index: torch.Tensor, num_experts: int, block_m: int):
     """:func:`align_pairs_reference` in one launch (the spec's ~20 took most of a decode-sized experts call's time:
     ~50 us of 70 on the H200)."""
@@ -235,7 +247,8 @@ def int8_experts_triton(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weight
                         in_codes: torch.Tensor, in_scale: torch.Tensor, out_codes: torch.Tensor,
                         out_scale: torch.Tensor, activation: str, gated: bool,
                         limit: float | None = None, tiles: Tiles | None = None) -> torch.Tensor:
-    """Twin of :func:`.reference.int8_experts`, three launches and the pairs' sum. ``x`` may have any row stride;
+    """Twin of :func:`.reference.int8_experts` in four launches (the alignment, the two GEMMs, the pairs' sum and
+    cast; PyTorch's sum and cast were two). ``x`` may have any row stride;
     the weights and scales must be contiguous. ``top_k_index`` must lie in ``[0, E)``, as a router's top-k over the
     E experts does (not checked: that would synchronize with the host; transformers' expert-parallel sentinels are
     not taken). ``tiles``: :func:`_tiles`'s choice unless given (a sweep's)."""
@@ -262,4 +275,6 @@ def int8_experts_triton(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weight
     routing = top_k_weights.reshape(-1)  # read in its dtype, turned to float32 in the kernel
     launch_kernel(_experts_out_kernel, (n_blocks, cdiv(H, tiles.block_n_out)), a, out_codes, out_scale, routing,
                   pairs, block_expert, y, S, H, I, E, BLOCK_N=tiles.block_n_out, **common)
-    return y.view(T, k, H).sum(1).to(x.dtype)
+    out = torch.empty(T, H, dtype=x.dtype, device=x.device)
+    launch_kernel(_sum_pairs_kernel, (T, cdiv(H, 1024)), y, out, H, TOPK=k, BLOCK_H=1024, num_warps=4)
+    return out

@@ -1,4 +1,5 @@
-"""Reference for a MoE layer's routed experts with int8 weights (the spec for :mod:`.grouped`).
+"""Reference for a MoE layer's routed experts with int8 weights (the spec for :mod:`.grouped`), and for its router's
+choice of experts (the spec for :mod:`.route`) and the sigmoid-gated shared expert's sum (:mod:`.combine`), at the end.
 
 transformers holds a layer's experts as 3-D weights: ``gate_up_proj [E, 2I, H]`` (the gate's rows, then the up
 projection's) or ``up_proj [E, I, H]`` for experts without a gate, and ``down_proj [E, H, I]``. Here each is int8
@@ -79,3 +80,71 @@ def int8_experts(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torc
         y = (a.to(x.dtype).float() @ out_codes[e].float().T) * out_scale[e]
         pair_out[pairs] = y * weight_of_pair[pairs, None]
     return pair_out.view(T, k, x.shape[1]).sum(1).to(x.dtype)
+
+
+# a router's formulas, as transformers' MoE routers compute them from their logits (laquant.models.fused_moe maps
+# each router class to one):
+#   "softmax": softmax over the experts in float32, the top k of it (Qwen3-Next, Qwen3.5-MoE, MiniMax);
+#   "topk_softmax": the top k logits in float32, softmax over them (Granite 4);
+#   "grouped_sigmoid": sigmoid of the logits, plus a bias for the choice only; each group of experts scored by its top
+#   two, the best groups kept, the top k experts in them (DeepSeek-V3's: Kimi Linear, Nemotron-H, Ling / Ring)
+ROUTINGS = ("softmax", "topk_softmax", "grouped_sigmoid")
+
+
+def check_route(logits: torch.Tensor, top_k: int, routing: str, bias: torch.Tensor | None, n_group: int,
+                topk_group: int) -> None:
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing must be one of {ROUTINGS}; got {routing!r}")
+    if logits.dim() != 2:
+        raise ValueError(f"expected router logits [T, E]; got {tuple(logits.shape)}")
+    E = logits.shape[1]
+    if not 0 < top_k <= E:
+        raise ValueError(f"top_k must be in [1, {E}] for {E} experts; got {top_k}")
+    if routing == "grouped_sigmoid":
+        if bias is None or bias.shape != (E,):
+            raise ValueError(f"grouped_sigmoid routing needs a bias of shape ({E},); got "
+                             f"{None if bias is None else tuple(bias.shape)}")
+        if n_group < 1 or E % n_group or E // n_group < 2 or not 0 < topk_group <= n_group:
+            raise ValueError(f"{E} experts cannot form {n_group} groups of >= 2 with {topk_group} kept")
+        if topk_group * (E // n_group) < top_k:
+            raise ValueError(f"{topk_group} groups of {E // n_group} experts hold fewer than top_k = {top_k}")
+
+
+def route(logits: torch.Tensor, top_k: int, routing: str, renormalize: bool = True,
+          out_dtype: torch.dtype = torch.float32, bias: torch.Tensor | None = None, n_group: int = 1,
+          topk_group: int = 1, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weights [T, k] in out_dtype, expert indices [T, k] int64)`` of a MoE router's ``logits [T, E]``, by the
+    ``routing`` formula (:data:`ROUTINGS`), transformers' operations in transformers' order. ``renormalize``: the k
+    weights divided by their sum ("softmax"; "grouped_sigmoid" adds 1e-20 to the sum); "grouped_sigmoid" then
+    multiplies by ``scale``. The experts come in descending order of what chose them (ties: the lower index first)."""
+    check_route(logits, top_k, routing, bias, n_group, topk_group)
+    x = logits.float()
+    if routing == "softmax":
+        probs = torch.softmax(x, dim=-1)
+        weights, indices = torch.topk(probs, top_k, dim=-1)
+        if renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+    elif routing == "topk_softmax":
+        top, indices = torch.topk(x, top_k, dim=-1)
+        weights = torch.softmax(top, dim=-1)
+    else:
+        scores = x.sigmoid()
+        choice = scores + bias.float()
+        T, E = x.shape
+        groups = choice.view(T, n_group, E // n_group).topk(2, dim=-1)[0].sum(dim=-1)
+        kept = torch.zeros_like(groups).scatter_(1, torch.topk(groups, topk_group, dim=-1)[1], 1).bool()
+        choice = choice.masked_fill(~kept.repeat_interleave(E // n_group, dim=1), float("-inf"))
+        indices = torch.topk(choice, top_k, dim=-1)[1]
+        weights = scores.gather(1, indices)
+        if renormalize:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        weights = weights * scale
+    return weights.to(out_dtype), indices
+
+
+def gated_shared_sum(x: torch.Tensor, gate_weight: torch.Tensor, shared: torch.Tensor,
+                     routed: torch.Tensor) -> torch.Tensor:
+    """Qwen3-Next's and Qwen3.5-MoE's MoE output: ``routed + sigmoid(x @ gate_weight^T) * shared`` for tokens ``x
+    [T, H]``, the shared expert's gate ``gate_weight [1, H]``, its output ``shared [T, H]`` and the routed experts'
+    ``routed [T, H]``, each operation rounded to x's dtype as transformers' operations are."""
+    return routed + torch.sigmoid(F.linear(x, gate_weight)) * shared

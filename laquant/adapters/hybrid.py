@@ -13,7 +13,8 @@ names), so the state path runs on laquant's ops in the recipe's state format, an
 layers' norms that feed W8A8 projections their codes-writing forward (:mod:`laquant.models.quantizing_rowwise`,
 transformers' own forward wherever those projections are not W8A8 on the GPU) and Qwen3-Next's gated
 attention layers, and the MLA layers of Kimi Linear and Ling / Ring, a forward for the static decode step
-(:mod:`laquant.models.gated_attention`, :mod:`laquant.models.mla_attention`); everything else stays transformers'.
+(:mod:`laquant.models.gated_attention`, :mod:`laquant.models.mla_attention`), and the MoE routers their choice of
+experts in one launch (:mod:`laquant.models.fused_moe`); everything else stays transformers'.
 
 Roles: ``projections`` (the mixers' and MLPs' ``nn.Linear``), ``gates`` (the mixer's gate
 projection: GDN's ``in_proj_ba``, Mamba2's ``dt`` channels of ``in_proj``, KDA's
@@ -35,7 +36,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from laquant.adapters.base import Adapter, MixerInfo
 from laquant.errors import LaquantError
-from laquant.models import gated_attention, mla_attention, quantizing_rowwise
+from laquant.models import fused_moe, gated_attention, mla_attention, quantizing_rowwise
 from laquant.models.cache import passed_cache, reorder_rows, state_store
 
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -283,6 +284,7 @@ class HybridAdapter(Adapter):
                 _assign(layer, path, self.mixer_class(_resolve(layer, path)))
         self._share_tied_blocks()
         quantizing_rowwise.install(self.layers)
+        fused_moe.install(self.model)
         gated_attention.install(self.layers)
         mla_attention.install(self.layers)
         if not getattr(self.model, "_laquant_positions_hook", False):

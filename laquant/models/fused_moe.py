@@ -1,0 +1,180 @@
+"""transformers' MoE blocks with fewer launches on the GPU: the router's choice of experts in one, and Qwen3-Next's /
+Qwen3.5-MoE's sigmoid-gated shared expert added to the routed experts in one.
+
+A MoE router turns its logits into each token's top k experts and their weights with 6-15 PyTorch launches (softmax,
+a top-k and its sort, a sum, a division, a cast; the grouped routers' group scores and masks and a second top-k):
+on an H200 ~17 us of a one-token decode step's MoE layer, beside ~5 for the router's GEMM
+(``eval/results/moe_router_h200/``). :func:`install` gives each router of a class in :data:`ROUTERS` a forward that,
+on the GPU, keeps transformers' logits (the same GEMM) and runs the rest as
+:func:`laquant.kernels.moe.route.route_triton`, by the formula its table entry names
+(:data:`laquant.kernels.moe.reference.ROUTINGS`); and each MoE block of a class in :data:`GATED_SHARED_BLOCKS` a
+forward whose last five launches (the shared expert's one-column gate, its sigmoid, the product, the sum) are
+:func:`laquant.kernels.moe.combine.gated_shared_sum_triton`. Elsewhere (CPU, autograd, a stream being captured
+before the check below) they run transformers' forward.
+
+The classes change (their names kept), not the parameters or their names: checkpoints are untouched. The kernels
+compute transformers' formulas in float32 with CUDA's ``exp`` and IEEE divisions, rounding as PyTorch's operations
+do; the order of a few sums differs (the k routing weights', the shared gate's dot), by an ulp. Because a
+transformers release could change a formula under the same class name, each class's first use in a process also
+runs transformers' forward on the same tokens and compares: for a router the same experts for every token (a tie
+at the k-th place may go either way: up to 1% of the tokens, at least one) and weights within a few ulps of float32
+(two of a 16-bit dtype); for a block its output within a few ulps of its dtype (:func:`outputs_agree`). A class
+that differs is warned about and keeps transformers' forward from then on.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from laquant.kernels.common.dispatch import use_triton
+from laquant.models.quantizing_rowwise import mix_into, original_class
+
+
+class RouterForm(NamedTuple):
+    routing: str  # laquant.kernels.moe.reference.ROUTINGS
+    logits: str  # "linear": F.linear in the input's dtype; "linear_float": then float32; "float_linear": in float32
+    weights_dtype: str  # the weights' dtype: "logits" (the logits'), "input" (the hidden states'), "float32"
+    renormalize: bool | str = True  # or the router's attribute that says
+
+
+_GROUPED = RouterForm("grouped_sigmoid", "float_linear", "float32", "norm_topk_prob")
+ROUTERS = {
+    "Qwen3NextTopKRouter": RouterForm("softmax", "linear", "logits", "norm_topk_prob"),
+    "Qwen3_5MoeTopKRouter": RouterForm("softmax", "linear", "logits"),
+    "MiniMaxTopKRouter": RouterForm("softmax", "linear", "float32"),
+    "GraniteMoeHybridTopKRouter": RouterForm("topk_softmax", "linear_float", "input"),
+    "KimiLinearTopkRouter": _GROUPED,
+    "NemotronHTopkRouter": _GROUPED,
+    "BailingHybridTopkRouter": _GROUPED,
+}
+# MoE blocks whose output is ``experts + sigmoid(shared_expert_gate(x)) * shared_expert(x)``
+GATED_SHARED_BLOCKS = ("Qwen3NextSparseMoeBlock", "Qwen3_5MoeSparseMoeBlock")
+_CHECKED: dict[type, bool] = {}  # class -> whether the fused forward reproduced transformers' forward
+
+
+def _fused(router, hidden_states: torch.Tensor, form: RouterForm):
+    x = hidden_states.reshape(-1, router.weight.shape[1])
+    if form.logits == "float_linear":
+        logits = F.linear(x.float(), router.weight.float())
+    else:
+        logits = F.linear(x, router.weight)
+        if form.logits == "linear_float":
+            logits = logits.float()
+    out_dtype = {"logits": logits.dtype, "input": hidden_states.dtype, "float32": torch.float32}[form.weights_dtype]
+    renormalize = getattr(router, form.renormalize) if isinstance(form.renormalize, str) else form.renormalize
+    from laquant.kernels.moe.route import route_triton
+
+    if form.routing == "grouped_sigmoid":
+        weights, indices = route_triton(logits, router.top_k, form.routing, bool(renormalize), out_dtype,
+                                        router.e_score_correction_bias, router.num_group, router.topk_group,
+                                        float(router.routed_scaling_factor))
+    else:
+        weights, indices = route_triton(logits, router.top_k, form.routing, bool(renormalize), out_dtype)
+    return logits, weights, indices
+
+
+def routing_agrees(ours, theirs) -> str | None:
+    """Why the routing ``ours`` (``(logits, weights, indices)``) is not transformers' ``theirs``; None if it is."""
+    (_, w, i), (_, w_ref, i_ref) = ours, theirs
+    if w.dtype != w_ref.dtype or i.shape != i_ref.shape:
+        return f"weights {w.dtype} {tuple(i.shape)} against {w_ref.dtype} {tuple(i_ref.shape)}"
+    i_sorted, order = i.sort(dim=-1)
+    i_ref_sorted, order_ref = i_ref.sort(dim=-1)
+    same = (i_sorted == i_ref_sorted).all(dim=-1)
+    allowed = max(1, same.numel() // 100)
+    if int((~same).sum()) > allowed:
+        return f"other experts for {int((~same).sum())} of {same.numel()} tokens"
+    a = w.gather(-1, order)[same].float()
+    b = w_ref.gather(-1, order_ref)[same].float()
+    tol = (16 if w.dtype == torch.float32 else 2) * torch.finfo(w.dtype).eps
+    if not torch.isfinite(a).all() or ((a - b).abs() > tol * b.abs().clamp_min(1e-30)).any():
+        return f"weights off by up to {((a - b).abs() / b.abs().clamp_min(1e-30)).max().item():.2e} (relative)"
+    return None
+
+
+def outputs_agree(ours: torch.Tensor, theirs: torch.Tensor) -> str | None:
+    """Why a MoE block's output ``ours`` is not transformers' ``theirs`` (relative error of the whole output above
+    four ulps of its dtype); None if it is."""
+    if ours.dtype != theirs.dtype or ours.shape != theirs.shape:
+        return f"output {ours.dtype} {tuple(ours.shape)} against {theirs.dtype} {tuple(theirs.shape)}"
+    err = ((ours.float() - theirs.float()).norm() / theirs.float().norm().clamp_min(1e-30)).item()
+    return None if err <= 4 * torch.finfo(ours.dtype).eps else f"output off by {err:.2e} (relative)"
+
+
+def _checked(module, inputs: torch.Tensor, fused, original, agree):
+    """``fused()``'s result where ``module``'s class reproduces transformers' forward (``original()``), checked at
+    the class's first use in the process (:data:`_CHECKED`); ``original()``'s where it does not, or inside a stream
+    capture before the check."""
+    cls = original_class(module)
+    state = _CHECKED.get(cls)
+    if state is True:
+        return fused()
+    if state is False or (inputs.is_cuda and torch.cuda.is_current_stream_capturing()):  # the check synchronizes
+        return original()
+    ours, theirs = fused(), original()
+    why = agree(ours, theirs)
+    _CHECKED[cls] = why is None
+    if why is None:
+        return ours
+    import transformers
+
+    warnings.warn(f"laquant's fused forward of {cls.__name__} does not reproduce its forward in transformers "
+                  f"{transformers.__version__} ({why}); it keeps transformers' forward", stacklevel=3)
+    return theirs
+
+
+def _on_kernels(module, x: torch.Tensor) -> bool:
+    return use_triton(x) and not (torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters()))
+
+
+class _FusedRouting:
+    """Mixed into a router's class by :func:`install` (the original class next in the MRO)."""
+
+    def forward(self, hidden_states):
+        if not _on_kernels(self, hidden_states):
+            return super().forward(hidden_states)
+        form = ROUTERS[original_class(self).__name__]
+        return _checked(self, hidden_states, lambda: _fused(self, hidden_states, form),
+                        lambda: super(_FusedRouting, self).forward(hidden_states), routing_agrees)
+
+
+def _gated_shared_block(block, hidden_states: torch.Tensor) -> torch.Tensor:
+    from laquant.kernels.moe.combine import gated_shared_sum_triton
+
+    x = hidden_states.view(-1, hidden_states.shape[-1])
+    shared = block.shared_expert(x)
+    _, routing_weights, selected_experts = block.gate(x)
+    routed = block.experts(x, selected_experts, routing_weights)
+    return gated_shared_sum_triton(x, block.shared_expert_gate.weight, shared, routed).view(hidden_states.shape)
+
+
+def _gated_shared_fits(block) -> bool:
+    """The block has the parts its fused forward calls, and no hooks it would skip (the shared expert's gate is
+    not called as a module) or run twice (the first-use check runs both forwards: a calibration observer would
+    count those tokens twice)."""
+    gate = getattr(block, "shared_expert_gate", None)
+    return (isinstance(gate, torch.nn.Linear) and gate.bias is None and gate.weight.shape[0] == 1
+            and all(getattr(block, n, None) is not None for n in ("shared_expert", "gate", "experts"))
+            and not any(m._forward_hooks or m._forward_pre_hooks for m in block.modules()))
+
+
+class _FusedGatedShared:
+    """Mixed into a MoE block's class by :func:`install` (the original class next in the MRO)."""
+
+    def forward(self, hidden_states):
+        if (hidden_states.dim() != 3 or not _on_kernels(self, hidden_states) or not _gated_shared_fits(self)
+                or hidden_states.dtype != self.shared_expert_gate.weight.dtype):
+            return super().forward(hidden_states)
+        return _checked(self, hidden_states, lambda: _gated_shared_block(self, hidden_states),
+                        lambda: super(_FusedGatedShared, self).forward(hidden_states), outputs_agree)
+
+
+def install(model) -> int:
+    """Give every router of ``model`` whose class is in :data:`ROUTERS` the one-launch routing, and every MoE block
+    of a class in :data:`GATED_SHARED_BLOCKS` the one-launch shared-expert sum; returns how many. Idempotent."""
+    modules = list(model.modules())
+    return mix_into(modules, _FusedRouting, ROUTERS) + mix_into(modules, _FusedGatedShared, GATED_SHARED_BLOCKS)
