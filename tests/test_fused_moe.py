@@ -66,9 +66,10 @@ def test_route_kernel_ties_nan_and_dtypes():
     x = torch.randn(5, 24, generator=torch.Generator().manual_seed(1)).to(DEVICE, torch.bfloat16)
     w, i = route_triton(x, 3, "softmax", out_dtype=torch.bfloat16)
     w_ref, i_ref = route(x, 3, "softmax", out_dtype=torch.bfloat16)
-    assert w.dtype == torch.bfloat16 and torch.equal(i, i_ref)
-    # one bf16 ulp apart at most (the interpreter truncates to bf16 where the GPU rounds to nearest)
-    assert ((w.float() - w_ref.float()).abs() <= 2 ** -7 * w_ref.float().abs()).all()
+    # bf16 logits tie (equal probabilities): torch's order among them is its own, so the experts compare as sets;
+    # the weights one bf16 ulp apart at most (the interpreter truncates to bf16 where the GPU rounds to nearest)
+    assert w.dtype == torch.bfloat16 and fused_moe.routing_agrees((None, w, i), (None, w_ref, i_ref)) is None
+    assert torch.equal(i.sort(-1)[0], i_ref.sort(-1)[0])
     w, i = route_triton(x[:0], 3, "softmax")
     assert w.shape == (0, 3) and i.shape == (0, 3)
 
@@ -124,6 +125,13 @@ def test_fused_routing_reproduces_each_family(family, dtype, fresh_checks):
     x = torch.randn(9, router.weight.shape[1], generator=torch.Generator().manual_seed(5)).to(DEVICE, dtype)
     with torch.no_grad():
         theirs = router._laquant_base.forward(router, x)
+        if theirs[1].shape != (9, router.top_k):  # this transformers' router returns another layout (Granite 4's
+            # on 5.17): the first-use check must see it and keep transformers' forward
+            with pytest.warns(UserWarning, match="does not reproduce"):
+                ours = router(x)
+            assert fused_moe._CHECKED == {router._laquant_base: False}
+            assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+            return
         ours = router(x)
     assert fused_moe._CHECKED == {router._laquant_base: True}
     assert torch.equal(ours[0], theirs[0])  # the same logits, from the same GEMM

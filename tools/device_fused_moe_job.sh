@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The MoE blocks in fewer launches (2026-12-05, eval/results/moe_router_h200/): the router's choice of experts and
+# The MoE blocks in fewer launches (2026-12-05, eval/results/fused_moe_h200/): the router's choice of experts and
 # Qwen3-Next's gated shared-expert sum in one launch each, the experts' pairs summed in one. GPU tests first; the
 # 2.25B Qwen3-Next-style MoE's e2e before (scratch/base_pkg: the checkout before, carried) and after; MiniMax and
 # Granite 4 after; then, beside every hybrid GPU test, a trained MoE hybrid (tools/train.py's qwen3_next small_moe,

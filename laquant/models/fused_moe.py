@@ -4,7 +4,7 @@ Qwen3.5-MoE's sigmoid-gated shared expert added to the routed experts in one.
 A MoE router turns its logits into each token's top k experts and their weights with 6-15 PyTorch launches (softmax,
 a top-k and its sort, a sum, a division, a cast; the grouped routers' group scores and masks and a second top-k):
 on an H200 ~17 us of a one-token decode step's MoE layer, beside ~5 for the router's GEMM
-(``eval/results/moe_router_h200/``). :func:`install` gives each router of a class in :data:`ROUTERS` a forward that,
+(``eval/results/fused_moe_h200/``). :func:`install` gives each router of a class in :data:`ROUTERS` a forward that,
 on the GPU, keeps transformers' logits (the same GEMM) and runs the rest as
 :func:`laquant.kernels.moe.route.route_triton`, by the formula its table entry names
 (:data:`laquant.kernels.moe.reference.ROUTINGS`); and each MoE block of a class in :data:`GATED_SHARED_BLOCKS` a
