@@ -98,6 +98,7 @@ ROUTER_FAMILIES = {"qwen3_next": "model.layers.1.mlp.gate", "minimax": "model.la
 def fresh_checks(monkeypatch):
     """The fused forward taken on this device (interpreted on CPU), each class checked anew."""
     monkeypatch.setattr(fused_moe, "_CHECKED", {})
+    monkeypatch.setattr(fused_moe, "_LAYOUTS", {})
     monkeypatch.setattr(fused_moe, "use_triton", lambda x: True)
 
 
@@ -125,15 +126,11 @@ def test_fused_routing_reproduces_each_family(family, dtype, fresh_checks):
     x = torch.randn(9, router.weight.shape[1], generator=torch.Generator().manual_seed(5)).to(DEVICE, dtype)
     with torch.no_grad():
         theirs = router._laquant_base.forward(router, x)
-        if theirs[1].shape != (9, router.top_k):  # this transformers' router returns another layout (Granite 4's
-            # on 5.17): the first-use check must see it and keep transformers' forward
-            with pytest.warns(UserWarning, match="does not reproduce"):
-                ours = router(x)
-            assert fused_moe._CHECKED == {router._laquant_base: False}
-            assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
-            return
         ours = router(x)
     assert fused_moe._CHECKED == {router._laquant_base: True}
+    layout = fused_moe.output_layout(theirs, router.weight.shape[0], router.top_k)  # transformers' order of outputs
+    assert layout is not None and fused_moe._LAYOUTS == {router._laquant_base: layout}
+    ours, theirs = (tuple(t[n] for n in layout) for t in (ours, theirs))  # (logits, weights, indices)
     assert torch.equal(ours[0], theirs[0])  # the same logits, from the same GEMM
     assert fused_moe.routing_agrees(ours, theirs) is None
     assert torch.equal(ours[2].sort(-1)[0], theirs[2].sort(-1)[0])
@@ -165,6 +162,35 @@ def test_a_router_that_differs_keeps_transformers_forward(fresh_checks, monkeypa
     assert fused_moe._CHECKED == {router._laquant_base: False}
     for got in (first, second):
         assert all(torch.equal(a, b) for a, b in zip(got, theirs))
+
+
+def test_a_router_returning_another_order_gets_its_order(fresh_checks, monkeypatch):
+    """transformers 5.17's Granite 4 router returned (indices, weights, logits): the fused forward returns what the
+    router's forward returns, in its order."""
+    require_triton_kernels()
+    model, router = _router("qwen3_next", torch.float32)
+    install(model)
+    base = router._laquant_base
+    forward = base.forward
+    monkeypatch.setattr(base, "forward", lambda self, h: tuple(reversed(forward(self, h))))
+    x = torch.randn(5, router.weight.shape[1], generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    with torch.no_grad():
+        theirs = forward(router, x)
+        first, second = router(x), router(x)
+    assert fused_moe._CHECKED == {base: True} and fused_moe._LAYOUTS == {base: (2, 1, 0)}
+    for got in (first, second):
+        assert got[2].shape == theirs[0].shape and got[0].dtype == torch.int64
+        assert fused_moe.routing_agrees(tuple(reversed(got)), theirs) is None
+
+
+def test_output_layout_reads_where_each_output_sits():
+    logits, weights, idx = torch.randn(3, 8), torch.rand(3, 2), torch.zeros(3, 2, dtype=torch.int64)
+    assert fused_moe.output_layout((logits, weights, idx), 8, 2) == (0, 1, 2)
+    assert fused_moe.output_layout((idx, weights, logits), 8, 2) == (2, 1, 0)
+    assert fused_moe.output_layout((torch.randn(3, 2), torch.rand(3, 2), idx), 2, 2) == (0, 1, 2)  # k = E: in order
+    assert fused_moe.output_layout((logits, weights), 8, 2) is None
+    assert fused_moe.output_layout((logits, weights, weights), 8, 2) is None
+    assert fused_moe.arranged(("l", "w", "i"), (2, 1, 0)) == ("i", "w", "l")
 
 
 def test_routing_agrees_names_what_differs():

@@ -19,7 +19,8 @@ transformers release could change a formula under the same class name, each clas
 runs transformers' forward on the same tokens and compares: for a router the same experts for every token (a tie
 at the k-th place may go either way: up to 1% of the tokens, at least one) and weights within a few ulps of float32
 (two of a 16-bit dtype); for a block its output within a few ulps of its dtype (:func:`outputs_agree`). A class
-that differs is warned about and keeps transformers' forward from then on.
+that differs is warned about and keeps transformers' forward from then on. A router's outputs come in the order its
+forward returns them, read off that first run (transformers 5.17's Granite 4 router returned the indices first).
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ ROUTERS = {
 # MoE blocks whose output is ``experts + sigmoid(shared_expert_gate(x)) * shared_expert(x)``
 GATED_SHARED_BLOCKS = ("Qwen3NextSparseMoeBlock", "Qwen3_5MoeSparseMoeBlock")
 _CHECKED: dict[type, bool] = {}  # class -> whether the fused forward reproduced transformers' forward
+# router class -> where its forward puts (logits, weights, indices): transformers 5.25's routers return them in that
+# order; 5.17's Granite 4 router returned (indices, weights, logits). Read off the forward's output at the check
+_LAYOUTS: dict[type, tuple[int, int, int]] = {}
 
 
 def _fused(router, hidden_states: torch.Tensor, form: RouterForm):
@@ -77,8 +81,34 @@ def _fused(router, hidden_states: torch.Tensor, form: RouterForm):
     return logits, weights, indices
 
 
+def output_layout(outputs, num_experts: int, top_k: int) -> tuple[int, int, int] | None:
+    """Where a router's output tuple holds ``(logits, weights, indices)``: the one integer tensor is the indices, the
+    float one ``num_experts`` wide the logits, the other the weights (the first float tensor the logits where they are
+    as wide); None where the output is not such a triple."""
+    if not (isinstance(outputs, tuple) and len(outputs) == 3 and all(isinstance(t, torch.Tensor) for t in outputs)):
+        return None
+    ints = [n for n, t in enumerate(outputs) if not t.is_floating_point()]
+    floats = [n for n, t in enumerate(outputs) if t.is_floating_point()]
+    if len(ints) != 1 or len(floats) != 2:
+        return None
+    logits = next((n for n in floats if outputs[n].shape[-1] == num_experts), None)
+    if logits is None:
+        return None
+    weights = floats[1] if logits == floats[0] else floats[0]
+    return (logits, weights, ints[0]) if outputs[weights].shape[-1] == top_k else None
+
+
+def arranged(routing: tuple, layout: tuple[int, int, int]) -> tuple:
+    """``(logits, weights, indices)`` placed where ``layout`` says."""
+    out = [None, None, None]
+    for value, where in zip(routing, layout):
+        out[where] = value
+    return tuple(out)
+
+
 def routing_agrees(ours, theirs) -> str | None:
-    """Why the routing ``ours`` (``(logits, weights, indices)``) is not transformers' ``theirs``; None if it is."""
+    """Why the routing ``ours`` (``(logits, weights, indices)``) is not transformers' ``theirs`` (the same order);
+    None if it is."""
     (_, w, i), (_, w_ref, i_ref) = ours, theirs
     if w.dtype != w_ref.dtype or i.shape != i_ref.shape:
         return f"weights {w.dtype} {tuple(i.shape)} against {w_ref.dtype} {tuple(i_ref.shape)}"
@@ -107,15 +137,16 @@ def outputs_agree(ours: torch.Tensor, theirs: torch.Tensor) -> str | None:
 
 def _checked(module, inputs: torch.Tensor, fused, original, agree):
     """``fused()``'s result where ``module``'s class reproduces transformers' forward (``original()``), checked at
-    the class's first use in the process (:data:`_CHECKED`); ``original()``'s where it does not, or inside a stream
-    capture before the check."""
+    the class's first use in the process (:data:`_CHECKED`: ``agree(ours, theirs)``, transformers' forward run
+    first); ``original()``'s where it does not, or inside a stream capture before the check."""
     cls = original_class(module)
     state = _CHECKED.get(cls)
     if state is True:
         return fused()
     if state is False or (inputs.is_cuda and torch.cuda.is_current_stream_capturing()):  # the check synchronizes
         return original()
-    ours, theirs = fused(), original()
+    theirs = original()
+    ours = fused()
     why = agree(ours, theirs)
     _CHECKED[cls] = why is None
     if why is None:
@@ -137,9 +168,23 @@ class _FusedRouting:
     def forward(self, hidden_states):
         if not _on_kernels(self, hidden_states):
             return super().forward(hidden_states)
-        form = ROUTERS[original_class(self).__name__]
-        return _checked(self, hidden_states, lambda: _fused(self, hidden_states, form),
-                        lambda: super(_FusedRouting, self).forward(hidden_states), routing_agrees)
+        cls = original_class(self)
+        form = ROUTERS[cls.__name__]
+
+        def original():
+            out = super(_FusedRouting, self).forward(hidden_states)
+            if cls not in _CHECKED:  # the check's run: learn where this transformers puts each output
+                _LAYOUTS[cls] = output_layout(out, self.weight.shape[0], self.top_k)
+            return out
+
+        def agree(ours, theirs):
+            layout = _LAYOUTS.get(cls)
+            if layout is None:
+                return "its output is not (logits, weights, indices) in some order"
+            return routing_agrees(*(tuple(t[n] for n in layout) for t in (ours, theirs)))
+
+        return _checked(self, hidden_states, lambda: arranged(_fused(self, hidden_states, form),
+                                                              _LAYOUTS.get(cls, (0, 1, 2))), original, agree)
 
 
 def _gated_shared_block(block, hidden_states: torch.Tensor) -> torch.Tensor:
