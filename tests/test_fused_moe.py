@@ -145,6 +145,17 @@ def test_fused_routing_reproduces_each_family(family, dtype, fresh_checks):
     assert fused_moe.routing_agrees((None, w, i), theirs) is None
 
 
+def test_the_switch_keeps_transformers_forward(fresh_checks, monkeypatch):
+    require_triton_kernels()
+    model, router = _router("minimax", torch.float32)
+    install(model)
+    monkeypatch.setenv("LAQUANT_FUSED_MOE", "0")
+    x = torch.randn(4, router.weight.shape[1], generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    with torch.no_grad():
+        got, theirs = router(x), router._laquant_base.forward(router, x)
+    assert fused_moe._CHECKED == {} and all(torch.equal(a, b) for a, b in zip(got, theirs))
+
+
 def test_a_router_that_differs_keeps_transformers_forward(fresh_checks, monkeypatch):
     """A router class whose forward does not match its table entry (as a transformers release could change it) is
     warned about once and runs transformers' forward from then on."""

@@ -10,7 +10,7 @@ on the GPU, keeps transformers' logits (the same GEMM) and runs the rest as
 (:data:`laquant.kernels.moe.reference.ROUTINGS`); and each MoE block of a class in :data:`GATED_SHARED_BLOCKS` a
 forward whose last five launches (the shared expert's one-column gate, its sigmoid, the product, the sum) are
 :func:`laquant.kernels.moe.combine.gated_shared_sum_triton`. Elsewhere (CPU, autograd, a stream being captured
-before the check below) they run transformers' forward.
+before the check below, ``LAQUANT_FUSED_MOE=0`` for comparisons) they run transformers' forward.
 
 The classes change (their names kept), not the parameters or their names: checkpoints are untouched. The kernels
 compute transformers' formulas in float32 with CUDA's ``exp`` and IEEE divisions, rounding as PyTorch's operations
@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from laquant.kernels.common.dispatch import use_triton
+from laquant.kernels.common.env import getenv
 from laquant.models.quantizing_rowwise import mix_into, original_class
 
 
@@ -159,7 +160,8 @@ def _checked(module, inputs: torch.Tensor, fused, original, agree):
 
 
 def _on_kernels(module, x: torch.Tensor) -> bool:
-    return use_triton(x) and not (torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters()))
+    return (use_triton(x) and getenv("LAQUANT_FUSED_MOE", "1") != "0"
+            and not (torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())))
 
 
 class _FusedRouting:
