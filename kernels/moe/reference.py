@@ -116,7 +116,8 @@ def route(logits: torch.Tensor, top_k: int, routing: str, renormalize: bool = Tr
     """``(weights [T, k] in out_dtype, expert indices [T, k] int64)`` of a MoE router's ``logits [T, E]``, by the
     ``routing`` formula (:data:`ROUTINGS`), transformers' operations in transformers' order. ``renormalize``: the k
     weights divided by their sum ("softmax"; "grouped_sigmoid" adds 1e-20 to the sum); "grouped_sigmoid" then
-    multiplies by ``scale``. The experts come in descending order of what chose them (ties: the lower index first)."""
+    multiplies by ``scale``. The experts come in ``torch.topk``'s descending order (where transformers asks for them
+    unsorted, the same set; the kernel breaks ties by the lower index)."""
     check_route(logits, top_k, routing, bias, n_group, topk_group)
     x = logits.float()
     if routing == "softmax":

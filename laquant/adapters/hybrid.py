@@ -13,8 +13,8 @@ names), so the state path runs on laquant's ops in the recipe's state format, an
 layers' norms that feed W8A8 projections their codes-writing forward (:mod:`laquant.models.quantizing_rowwise`,
 transformers' own forward wherever those projections are not W8A8 on the GPU) and Qwen3-Next's gated
 attention layers, and the MLA layers of Kimi Linear and Ling / Ring, a forward for the static decode step
-(:mod:`laquant.models.gated_attention`, :mod:`laquant.models.mla_attention`), and the MoE routers their choice of
-experts in one launch (:mod:`laquant.models.fused_moe`); everything else stays transformers'.
+(:mod:`laquant.models.gated_attention`, :mod:`laquant.models.mla_attention`), and the MoE routers and Qwen3-Next's
+MoE blocks forwards of fewer launches (:mod:`laquant.models.fused_moe`); everything else stays transformers'.
 
 Roles: ``projections`` (the mixers' and MLPs' ``nn.Linear``), ``gates`` (the mixer's gate
 projection: GDN's ``in_proj_ba``, Mamba2's ``dt`` channels of ``in_proj``, KDA's
