@@ -172,7 +172,7 @@ def main(out_path: str, config_path: str | None = None) -> None:
         cuda = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         row["kernels_per_step"] = len(cuda) / 10
         row["gpu_ms_per_step"] = sum(e.device_time for e in cuda) / 1e3 / 10
-        row["host_tottime_20_steps"] = host_tottime(lambda: steps(model, cache, ids[:, 13:33]), 25)
+        row["host_tottime_20_steps"] = host_tottime(lambda m=model: steps(m, cache, ids[:, 13:33]), 25)
         result[variant] = row
         print(variant, {k: v for k, v in row.items()
                         if not k.startswith(("host", "graphed_top", "graphed_seq", "prefill_top", "prefill_host"))},
