@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import DEVICE, rel_err, require_triton_kernels
-from test_hybrid import _model
+from test_hybrid import VOCAB, _model
 
 from laquant.adapters import install
 from laquant.kernels.moe.reference import gated_shared_sum, route
@@ -292,3 +292,32 @@ def test_a_block_that_differs_keeps_transformers_forward(fresh_checks, monkeypat
             first = block(x)
         second = block(x)
     assert torch.equal(first, theirs) and torch.equal(second, theirs)
+
+
+@pytest.mark.parametrize("family", list(ROUTER_FAMILIES))
+def test_whole_models_decode_alike_with_the_fused_blocks(family, fresh_checks, monkeypatch):
+    """A prompt and two decode steps of each MoE family's tiny model through laquant's adapters: the fused routers
+    and blocks (interpreted) give transformers' logits and choose no fallback."""
+    require_triton_kernels()
+    try:
+        model = _model(family).to(DEVICE)
+    except (AttributeError, ImportError, KeyError):
+        pytest.skip(f"this transformers has no {family}")
+    install(model)
+    ids = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    from laquant.adapters import cache_kwargs, new_cache
+
+    def run():
+        cache = new_cache(model)
+        out = [model(input_ids=ids[:, :5], **cache_kwargs(model, cache), use_cache=True).logits[:, -1]]
+        for t in (5, 6):
+            out.append(model(input_ids=ids[:, t:t + 1], **cache_kwargs(model, cache), use_cache=True).logits[:, -1])
+        return torch.stack(out)
+
+    with torch.no_grad():
+        monkeypatch.setenv("LAQUANT_FUSED_MOE", "0")
+        want = run()
+        monkeypatch.setenv("LAQUANT_FUSED_MOE", "1")
+        got = run()
+    assert fused_moe._CHECKED and all(fused_moe._CHECKED.values())  # every fused class ran and matched
+    assert torch.isfinite(got).all() and rel_err(got, want) < 1e-5
