@@ -209,6 +209,11 @@ def test_routing_agrees_names_what_differs():
     i = torch.tensor([[2, 0], [1, 3]])
     assert fused_moe.routing_agrees((None, w, i), (None, w[:, [1, 0]], i[:, [1, 0]])) is None  # order is free
     assert "other experts for 2 of 2" in fused_moe.routing_agrees((None, w, i), (None, w, i + 1))
+    # one token of one: other experts with other weights are not a tie
+    assert "other experts for 1 of 1" in fused_moe.routing_agrees((None, w[:1], i[:1]), (None, w[1:], i[:1] + 1))
+    # a tie at the k-th place: other experts, the same weights
+    tie_w, tie_i = torch.tensor([[0.5, 0.25, 0.25]]), torch.tensor([[4, 1, 2]])
+    assert fused_moe.routing_agrees((None, tie_w, tie_i), (None, tie_w, torch.tensor([[4, 1, 3]]))) is None
     assert "weights off" in fused_moe.routing_agrees((None, w * 1.01, i), (None, w, i))
     assert "weights torch.bfloat16" in fused_moe.routing_agrees((None, w.bfloat16(), i), (None, w, i))
 

@@ -17,7 +17,8 @@ compute transformers' formulas in float32 with CUDA's ``exp`` and IEEE divisions
 do; the order of a few sums differs (the k routing weights', the shared gate's dot), by an ulp. Because a
 transformers release could change a formula under the same class name, each class's first use in a process also
 runs transformers' forward on the same tokens and compares: for a router the same experts for every token (a tie
-at the k-th place may go either way: up to 1% of the tokens, at least one) and weights within a few ulps of float32
+at the k-th place may go either way: other experts with the same weights, for up to 1% of the tokens, at least one)
+and weights within a few ulps of float32
 (two of a 16-bit dtype); for a block its output within an ulp of its dtype (:func:`outputs_agree`). A class
 that differs is warned about and keeps transformers' forward from then on. A router's outputs come in the order its
 forward returns them, read off that first run (transformers 5.17's Granite 4 router returned the indices first).
@@ -116,13 +117,18 @@ def routing_agrees(ours, theirs) -> str | None:
     i_sorted, order = i.sort(dim=-1)
     i_ref_sorted, order_ref = i_ref.sort(dim=-1)
     same = (i_sorted == i_ref_sorted).all(dim=-1)
-    allowed = max(1, same.numel() // 100)
-    if int((~same).sum()) > allowed:
+    tol = (16 if w.dtype == torch.float32 else 2) * torch.finfo(w.dtype).eps
+
+    def off(a, b):
+        return (a - b).abs() > tol * b.abs().clamp_min(1e-30)
+
+    # a token whose experts differ must be a tie at the k-th place: the same weights, sorted, on other experts
+    swapped = ~same & ~off(w.float().sort(-1)[0], w_ref.float().sort(-1)[0]).any(dim=-1)
+    if bool((~same & ~swapped).any()) or int(swapped.sum()) > max(1, same.numel() // 100):
         return f"other experts for {int((~same).sum())} of {same.numel()} tokens"
     a = w.gather(-1, order)[same].float()
     b = w_ref.gather(-1, order_ref)[same].float()
-    tol = (16 if w.dtype == torch.float32 else 2) * torch.finfo(w.dtype).eps
-    if not torch.isfinite(a).all() or ((a - b).abs() > tol * b.abs().clamp_min(1e-30)).any():
+    if not torch.isfinite(a).all() or off(a, b).any():
         return f"weights off by up to {((a - b).abs() / b.abs().clamp_min(1e-30)).max().item():.2e} (relative)"
     return None
 
