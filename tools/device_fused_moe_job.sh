@@ -7,8 +7,9 @@
 #   first, here: python3 tools/train_data_subset.py --data-dir ../shared/data --out .devdata_subset --fraction 0.08
 #   run: bash tools/device_kernels.sh 540 device_fused_moe_job.sh   (carry .devdata_subset and scratch/base_pkg)
 # FOLLOWUP=1 (no carry): what that run left, ~5 minutes: the mended fused-MoE GPU tests, Granite 4's e2e with its
-# router fused on transformers 5.17 (its forward's output order learned), and the Qwen3-Next-style MoE's B = 1 step
-# profiled kernel by kernel after the change: FOLLOWUP=1 bash tools/device_kernels.sh 420 device_fused_moe_job.sh
+# router fused on transformers 5.17 (its forward's output order learned), the Qwen3-Next-style MoE's B = 1 step
+# profiled kernel by kernel after the change, and the routers alone against transformers' (tools/bench_moe_router.py):
+#   FOLLOWUP=1 bash tools/device_kernels.sh 480 device_fused_moe_job.sh
 set -u
 . tools/device_job_env.sh "$@"
 if [ -n "${FOLLOWUP:-}" ]; then
@@ -19,6 +20,8 @@ if [ -n "${FOLLOWUP:-}" ]; then
   BATCH=1 TOP=60 timeout 200 python3 tools/profile_hybrid_decode.py "$W/profile_moe_b1.json" "$W/moe_fields.json" \
     > "$W/profile_moe_b1.log" 2>&1
   log "profile rc $?"
+  timeout 200 python3 tools/bench_moe_router.py "$W/moe_router.json" > "$W/moe_router.log" 2>&1
+  log "router bench rc $?"
   touch "$W/job.done"
   exit 0
 fi
