@@ -136,12 +136,7 @@ def test_fused_routing_reproduces_each_family(family, dtype, fresh_checks):
     assert torch.equal(ours[2].sort(-1)[0], theirs[2].sort(-1)[0])
     assert ours[1].dtype == theirs[1].dtype
     # the spec, from transformers' logits with the table's settings
-    renorm = getattr(router, form.renormalize) if isinstance(form.renormalize, str) else form.renormalize
-    extra = {}
-    if form.routing == "grouped_sigmoid":
-        extra = dict(bias=router.e_score_correction_bias, n_group=router.num_group, topk_group=router.topk_group,
-                     scale=float(router.routed_scaling_factor))
-    w, i = route(theirs[0], router.top_k, form.routing, bool(renorm), theirs[1].dtype, **extra)
+    w, i = route(theirs[0], **fused_moe.route_arguments(router, form, theirs[0], x.dtype))
     assert fused_moe.routing_agrees((None, w, i), theirs) is None
 
 

@@ -80,13 +80,11 @@ def main(out_path: str):
             fused_moe._CHECKED.pop(type(r)._laquant_base, None)
             ours = r(x)  # the first-use check
             agrees = fused_moe._CHECKED[type(r)._laquant_base]
-            theirs = type(r)._laquant_base.forward(r, x)
             row = dict(router=name, cls=cls_name, hidden=hidden, experts=experts, top_k=top_k, grouped=grouped,
                        tokens=T, agrees=agrees, outputs=len(ours),
                        transformers_ms=round(timed_ms(lambda: type(r)._laquant_base.forward(r, x)), 4),
                        fused_ms=round(timed_ms(lambda: r(x)), 4),
                        gemm_ms=round(timed_ms(lambda: torch.nn.functional.linear(x.to(r.weight.dtype), r.weight)), 4))
-            del theirs
             row["speedup"] = round(row["transformers_ms"] / row["fused_ms"], 2)
             rows.append(row)
             print(row, flush=True)

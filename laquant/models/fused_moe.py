@@ -62,6 +62,18 @@ _CHECKED: dict[type, bool] = {}  # class -> whether the fused forward reproduced
 _LAYOUTS: dict[type, tuple[int, int, int]] = {}
 
 
+def route_arguments(router, form: RouterForm, logits: torch.Tensor, input_dtype: torch.dtype) -> dict:
+    """The keyword arguments of :func:`laquant.kernels.moe.reference.route` (and its kernel twin) that route as
+    ``router`` does by its table entry ``form``, for its ``logits`` of hidden states of ``input_dtype``."""
+    out_dtype = {"logits": logits.dtype, "input": input_dtype, "float32": torch.float32}[form.weights_dtype]
+    renormalize = getattr(router, form.renormalize) if isinstance(form.renormalize, str) else form.renormalize
+    args = dict(top_k=router.top_k, routing=form.routing, renormalize=bool(renormalize), out_dtype=out_dtype)
+    if form.routing == "grouped_sigmoid":
+        args.update(bias=router.e_score_correction_bias, n_group=router.num_group, topk_group=router.topk_group,
+                    scale=float(router.routed_scaling_factor))
+    return args
+
+
 def _fused(router, hidden_states: torch.Tensor, form: RouterForm):
     x = hidden_states.reshape(-1, router.weight.shape[1])
     if form.logits == "float_linear":
@@ -70,16 +82,9 @@ def _fused(router, hidden_states: torch.Tensor, form: RouterForm):
         logits = F.linear(x, router.weight)
         if form.logits == "linear_float":
             logits = logits.float()
-    out_dtype = {"logits": logits.dtype, "input": hidden_states.dtype, "float32": torch.float32}[form.weights_dtype]
-    renormalize = getattr(router, form.renormalize) if isinstance(form.renormalize, str) else form.renormalize
     from laquant.kernels.moe.route import route_triton
 
-    if form.routing == "grouped_sigmoid":
-        weights, indices = route_triton(logits, router.top_k, form.routing, bool(renormalize), out_dtype,
-                                        router.e_score_correction_bias, router.num_group, router.topk_group,
-                                        float(router.routed_scaling_factor))
-    else:
-        weights, indices = route_triton(logits, router.top_k, form.routing, bool(renormalize), out_dtype)
+    weights, indices = route_triton(logits, **route_arguments(router, form, logits, hidden_states.dtype))
     return logits, weights, indices
 
 
