@@ -101,6 +101,23 @@ def test_a_prefill_aligns_its_pairs_by_the_pytorch_spec(monkeypatch):
     assert torch.equal(grouped.int8_experts_triton(*args), one_launch)
 
 
+@pytest.mark.parametrize("index", [[4, 0, 2], [1, 1, 3]])
+def test_one_token_takes_a_block_a_pair_without_the_alignment(monkeypatch, index):
+    """One token's pairs are each a block of their own (no alignment launch), in the router's order, whatever the
+    experts' order; a router that picks an expert twice still gets both pairs' sum."""
+    require_triton_kernels()
+    from laquant.kernels.moe import grouped
+
+    x, _, _, *weights = _case(1, 3, 5, 40, 24, seed=13)[:7]
+    index = torch.tensor([index], device=DEVICE)
+    routing = torch.tensor([[0.5, 0.3, 0.2]], device=DEVICE)
+    monkeypatch.setattr(grouped, "align_pairs", None)  # neither is called
+    monkeypatch.setattr(grouped, "align_pairs_reference", None)
+    args = (x, index, routing, *weights, "silu", True)
+    got = grouped.int8_experts_triton(*args)
+    assert torch.isfinite(got).all() and rel_err(got, int8_experts(*args)) < (1e-5 if INTERPRETED else 1e-2)
+
+
 def test_an_empty_batch_and_an_unknown_activation():
     """No tokens: an empty output from both paths (the kernels launch nothing); an activation the kernels lack: the
     same error from both, whether or not any token is routed."""
@@ -277,15 +294,16 @@ def test_int8_experts_replay_in_a_cuda_graph():
     codes_in, scale_in, codes_out, scale_out = _experts(64, 256, 160, True, gen, "cuda")
     module.in_qweight.copy_(codes_in), module.in_scale.copy_(scale_in)
     module.out_qweight.copy_(codes_out), module.out_scale.copy_(scale_out)
-    x = torch.randn(32, 256, device="cuda", dtype=torch.bfloat16)
-    index, routing = _routing(32, 4, 64, gen, "cuda")
-    module(x, index, routing)  # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = module(x, index, routing)
-    for seed in range(3):
-        g = torch.Generator().manual_seed(100 + seed)
-        new_index, new_routing = _routing(32, 4, 64, g, "cuda")
-        x.copy_(torch.randn(32, 256, generator=g).cuda()), index.copy_(new_index), routing.copy_(new_routing)
-        graph.replay()
-        assert torch.equal(out, module(x, index, routing))
+    for T in (32, 1):  # one token takes no alignment: its blocks read the router's indices as they are at replay
+        x = torch.randn(T, 256, device="cuda", dtype=torch.bfloat16)
+        index, routing = _routing(T, 4, 64, gen, "cuda")
+        module(x, index, routing)  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = module(x, index, routing)
+        for seed in range(3):
+            g = torch.Generator().manual_seed(100 + seed)
+            new_index, new_routing = _routing(T, 4, 64, g, "cuda")
+            x.copy_(torch.randn(T, 256, generator=g).cuda()), index.copy_(new_index), routing.copy_(new_routing)
+            graph.replay()
+            assert torch.equal(out, module(x, index, routing))

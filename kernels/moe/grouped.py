@@ -2,10 +2,10 @@
 
 Spec: :func:`.reference.int8_experts`. The ``T x k`` (token, expert) pairs are grouped by expert and each expert's
 pairs padded to whole blocks of ``BLOCK_M`` rows (:func:`align_pairs`: one launch of fixed shapes, no host
-synchronization, so a decode step holding it replays as a CUDA graph). A program takes one block, so one
-expert, and a tile of output channels; it reads that expert's int8 weights once for the block's rows and turns
-them into the activations' dtype for the tensor cores (int8 values are exact in bf16), with float32 sums and the
-per-channel scales applied after the sum.
+synchronization, so a decode step holding it replays as a CUDA graph; one token's pairs need none: each is a block
+of its own). A program takes one block, so one expert, and a tile of output channels; it reads that expert's int8
+weights once for the block's rows and turns them into the activations' dtype for the tensor cores (int8 values are
+exact in bf16), with float32 sums and the per-channel scales applied after the sum.
 
 * ``_experts_in_kernel``: the expert's input projection (gate and up rows at once where gated) and the
   activation, writing each pair's ``a`` in x's dtype;
@@ -115,21 +115,26 @@ if triton is not None:
             return r * r
 
     @triton.jit
-    def _block(block_expert_ptr, pairs_ptr, S, BLOCK_M: tl.constexpr):
+    def _block(block_expert_ptr, pairs_ptr, S, BLOCK_M: tl.constexpr, DIRECT: tl.constexpr):
         """This program's block: its expert (past the last used one: no work), its pairs (padding rows as ``S``)
-        and which of them are real."""
+        and which of them are real. ``DIRECT`` (one token: its pairs' experts are distinct): block ``j`` is pair
+        ``j`` alone and ``block_expert_ptr`` the router's top-k indices, so no alignment ran."""
         pid_m = tl.program_id(0)
         expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-        pair = tl.load(pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+        if DIRECT:
+            row = tl.arange(0, BLOCK_M)
+            pair = tl.where(row == 0, pid_m, S)
+        else:
+            pair = tl.load(pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
         return expert, pair, pair < S
 
     @triton.jit
     def _experts_in_kernel(x_ptr, w_ptr, s_ptr, pairs_ptr, block_expert_ptr, a_ptr, S, H, I, E, s_xt, limit,
                            TOPK: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, LIMIT: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                           PRECISION: tl.constexpr):
-        expert, pair, valid = _block(block_expert_ptr, pairs_ptr, S, BLOCK_M)
-        if expert >= E:
+                           PRECISION: tl.constexpr, DIRECT: tl.constexpr):
+        expert, pair, valid = _block(block_expert_ptr, pairs_ptr, S, BLOCK_M, DIRECT)
+        if (expert < 0) | (expert >= E):
             return
         token = (pair // TOPK).to(tl.int64)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -163,9 +168,9 @@ if triton is not None:
     @triton.jit
     def _experts_out_kernel(a_ptr, w_ptr, s_ptr, rw_ptr, pairs_ptr, block_expert_ptr, y_ptr, S, H, I, E,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            PRECISION: tl.constexpr):
-        expert, pair, valid = _block(block_expert_ptr, pairs_ptr, S, BLOCK_M)
-        if expert >= E:
+                            PRECISION: tl.constexpr, DIRECT: tl.constexpr):
+        expert, pair, valid = _block(block_expert_ptr, pairs_ptr, S, BLOCK_M, DIRECT)
+        if (expert < 0) | (expert >= E):
             return
         rows = pair.to(tl.int64)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -248,7 +253,8 @@ def int8_experts_triton(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weight
                         out_scale: torch.Tensor, activation: str, gated: bool,
                         limit: float | None = None, tiles: Tiles | None = None) -> torch.Tensor:
     """Twin of :func:`.reference.int8_experts` in four launches (the alignment, the two GEMMs, the pairs' sum and
-    cast; PyTorch's sum and cast were two). ``x`` may have any row stride;
+    cast; PyTorch's sum and cast were two), three for one token (each pair its own block, no alignment: ~4.6 us a
+    MoE layer of a one-token decode step on the H200). ``x`` may have any row stride;
     the weights and scales must be contiguous. ``top_k_index`` must lie in ``[0, E)``, as a router's top-k over the
     E experts does (not checked: that would synchronize with the host; transformers' expert-parallel sentinels are
     not taken). ``tiles``: :func:`_tiles`'s choice unless given (a sweep's)."""
@@ -261,12 +267,16 @@ def int8_experts_triton(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weight
     if S == 0:
         return torch.zeros_like(x)
     tiles = tiles or _tiles(S, E, I, H, sm_count(x.device, 132))
-    align = align_pairs if S <= ALIGN_ONE_LAUNCH_MAX_PAIRS else align_pairs_reference
-    pairs, block_expert = align(top_k_index, E, tiles.block_m)
+    direct = T == 1  # a token's k experts are distinct: a block a pair, in the router's order
+    if direct:
+        pairs, block_expert = top_k_index, top_k_index.reshape(-1).contiguous()
+    else:
+        align = align_pairs if S <= ALIGN_ONE_LAUNCH_MAX_PAIRS else align_pairs_reference
+        pairs, block_expert = align(top_k_index, E, tiles.block_m)
     n_blocks = block_expert.numel()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     common = dict(BLOCK_M=tiles.block_m, BLOCK_K=tiles.block_k, PRECISION=precision, num_warps=tiles.num_warps,
-                  num_stages=3)
+                  num_stages=3, DIRECT=direct)
     a = torch.empty(S, I, dtype=x.dtype, device=x.device)
     launch_kernel(_experts_in_kernel, (n_blocks, cdiv(I, tiles.block_n_in)), x, in_codes, in_scale, pairs,
                   block_expert, a, S, H, I, E, x.stride(0), float(limit or 0.0), TOPK=k, GATED=gated,
