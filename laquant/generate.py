@@ -184,27 +184,34 @@ def _forward(model, ids, cache, **kwargs):
 
 
 def prefill_graphs(model):
-    """``model``'s captured fresh prefills (:class:`~laquant.serving.graphed_prefill.GraphedPrefill`, one graph
-    per token-count bucket and batch size), made on first use; :func:`release_graphs` frees them."""
+    """``model``'s captured fresh prefills, one graph per token-count bucket and batch size, made on first use
+    (:class:`~laquant.serving.graphed_prefill.GraphedPrefill` for laquant's models,
+    :class:`~laquant.serving.graphed_hybrid_prefill.HybridPrefillGraphs` for the transformers hybrids);
+    :func:`release_graphs` frees them."""
+    from laquant.serving.graphed_hybrid_prefill import HybridPrefillGraphs
     from laquant.serving.graphed_prefill import GraphedPrefill
 
     graphs = model.__dict__.get("_laquant_prefill_graphs")
     if graphs is None:
-        graphs = model.__dict__["_laquant_prefill_graphs"] = GraphedPrefill(model, MAX_GRAPHED_PREFILL)
+        kind = GraphedPrefill if hasattr(model, "new_cache") else HybridPrefillGraphs
+        graphs = model.__dict__["_laquant_prefill_graphs"] = kind(model, MAX_GRAPHED_PREFILL)
     return graphs
 
 
 def graphed_prefill_refusal(model, tokens: int) -> str | None:
     """Why a fresh prefill of ``tokens`` tokens of ``model`` cannot replay as a CUDA graph, or None."""
+    from laquant.serving.graphed_hybrid_prefill import hybrid_prefill_graphable
     from laquant.serving.graphed_prefill import model_graphable
 
     if not next(model.parameters()).is_cuda:
         return "CUDA graphs need a CUDA device"
-    if not model_graphable(model):
+    if not (model_graphable(model) or hybrid_prefill_graphable(model)):
         return (f"a graphed prefill covers laquant's GLA, Gated DeltaNet and DeltaNet with recurrent layers only, no "
-                f"state round trip inside the prefill and no per-tensor activation scales; this is "
-                f"{type(model).__name__}" + (" with softmax attn layers, prefill_roundtrip or per-tensor activations"
-                                             if hasattr(model, "new_cache") else ""))
+                f"state round trip inside the prefill and no per-tensor activation scales, and the transformers "
+                f"hybrids laquant adapted (laquant.adapters.install) without per-tensor activation scales or forward "
+                f"hooks; this is {type(model).__name__}"
+                + (" with softmax attn layers, prefill_roundtrip or per-tensor activations"
+                   if hasattr(model, "new_cache") else ""))
     if tokens > MAX_GRAPHED_PREFILL:
         return f"the prompt has {tokens} tokens, more than the {MAX_GRAPHED_PREFILL} a graphed prefill captures"
     return None
@@ -212,10 +219,11 @@ def graphed_prefill_refusal(model, tokens: int) -> str | None:
 
 def prefill(model, input_ids: torch.Tensor, graphed: bool = False, padding: torch.Tensor | None = None):
     """``(logits [B, V] of the last position, cache)`` of ``input_ids [B, T]`` from a fresh cache; ``graphed``:
-    replayed as a CUDA graph per token-count bucket and batch size (:mod:`laquant.serving.graphed_prefill`: the
-    prompt padded to the bucket, its padding masked out of the state), captured on first use; eagerly where
-    that capture failed (warned once). ``padding``: prompts padded on the left (bool ``[B, T]``, False at the
-    padding), prefilled eagerly. Raises where the model or prompt is not covered."""
+    replayed as a CUDA graph per token-count bucket and batch size, captured on first use: the prompt padded to the
+    bucket, its padding masked out of the state (:mod:`laquant.serving.graphed_prefill`; a transformers hybrid's
+    padded on the left and its padding's keys dropped from the cache, :mod:`laquant.serving.graphed_hybrid_prefill`);
+    eagerly where that capture failed (warned once). ``padding``: prompts padded on the left (bool ``[B, T]``, False
+    at the padding), prefilled eagerly. Raises where the model or prompt is not covered."""
     cache = _fresh_cache(model)
     with torch.no_grad():  # as the replay: with gradients on, the model would take its reference ops
         if padding is not None:
@@ -547,8 +555,9 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: 
     faster verify steps with 8-bit states, the tokens up to near-ties, see
     :func:`~laquant.serving.speculative.speculative_generate`). ``graphed_prefill``: the prompt's prefill replays a
     CUDA graph captured per token-count bucket and batch size (:func:`prefill`; laquant's GLA, Gated DeltaNet and
-    DeltaNet without softmax layers, on CUDA): a capture costs about three eager prefills, a replay its GPU time
-    alone, so it pays for prompts of one bucket served repeatedly (its first call is slower)."""
+    DeltaNet without softmax layers, and the transformers hybrids, on CUDA): a capture costs about three eager
+    prefills (a hybrid's four: its check), a replay its GPU time alone, so it pays for prompts of one bucket served
+    repeatedly (its first call is slower)."""
     if draft_model is not None:
         if _left_padding(input_ids, attention_mask) is not None:
             raise LaquantError("speculative decoding (draft_model) takes prompts of one length: drop the padding")

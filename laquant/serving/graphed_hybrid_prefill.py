@@ -1,0 +1,242 @@
+"""A transformers hybrid's fresh prefill replayed as a CUDA graph: its time to first token.
+
+An eager prefill of a quantized hybrid is bound by the host up to a few thousand tokens: ~25 Triton launches a layer,
+each 21-32 us of the lent H200s' host time, against a GPU that finishes a 1K-token layer sooner (Granite 4's 1K
+prefill: 11,001 tok/s on the wall clock against bf16's 18,207 while its kernels took 0.85x bf16's GPU time,
+``eval/results/fused_moe_h200/``). :class:`HybridPrefillGraphs` captures the prefill once per token-count bucket
+(:func:`~laquant.serving.graphed_prefill.bucket_for`) and batch size and replays it.
+
+How: the prompt is padded **on the left** to its bucket, with the padding masked as transformers' padded batches are
+(``attention_mask`` 0 there, each sequence's ``position_ids`` counting its real tokens from 0). laquant's mixers take
+left padding as no input, so a sequence starts from zeros at its first real token as it would alone (the recurrent
+states, the short convs' kept inputs, the softmax layers' keys at positions ``0 .. T-1``). After a replay the cache is
+copied out of the graph's memory with the padding's keys and values dropped: a cache of ``T`` tokens, as an eager
+prefill of the prompt gives it, that decodes without any mask (CPU-tested for every family against the unpadded
+prefill, ``tests/test_graphed_hybrid_prefill.py``).
+
+transformers' mask builders skip the explicit mask where they can read the device and see no padding, and take a
+stream capture for tracing, where they cannot. Every run here (the capture, its warm-ups and the eager check) builds
+its masks as under tracing (:func:`_traced_masks`), so all of them run the same attention kernels.
+
+Numerics: an eager prefill's up to rounding (the GEMMs see ``bucket`` rows, the chunked kernels another chunk
+alignment, the attention an explicit mask). A new capture is checked once against the same padded prefill run
+eagerly, bit for bit on the logits and every state (transformers' code runs inside, and may decide at capture what
+it decides per call eagerly); a capture that differs or fails turns the model's graphed prefills off, warned, and
+its prefills run eagerly. What it covers: the hybrids whose decode steps laquant graphs
+(:func:`laquant.generate.is_graphable`), on CUDA, without gradients, no quantized linear with per-tensor activation
+scales, no forward hooks but laquant's (:func:`~laquant.serving.graphed_forward.forward_graphable`), prompts of one
+length of at most :data:`laquant.generate.MAX_GRAPHED_PREFILL` tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import warnings
+import weakref
+
+import torch
+
+from laquant.serving.graphed_prefill import bucket_for
+
+
+def hybrid_prefill_graphable(model) -> bool:
+    """Whether ``model``'s fresh prefills can replay padded: a transformers hybrid laquant adapted, whose decode steps
+    laquant graphs, with no per-tensor activation scales and no forward hooks but laquant's."""
+    from laquant.adapters.hybrid import is_adapted_hybrid
+    from laquant.serving.graphed_forward import forward_graphable
+
+    return (is_adapted_hybrid(model) and getattr(model, "_laquant_positions_hook", False)
+            and forward_graphable(model))
+
+
+@contextlib.contextmanager
+def _traced_masks():
+    """transformers' mask builders (``masking_utils``) as under a stream capture, also outside one: an explicit mask
+    from the padding, never a device read to see whether it could be skipped."""
+    from transformers import masking_utils
+
+    saved = masking_utils.is_tracing
+    masking_utils.is_tracing = _tracing
+    try:
+        yield
+    finally:
+        masking_utils.is_tracing = saved
+
+
+def _tracing(tensor=None):
+    return True
+
+
+def _kv_tensors(cache):
+    """The keys and values tensors of ``cache``'s softmax layers (transformers' cache layers)."""
+    for layer in getattr(cache, "layers", ()):
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            if isinstance(t, torch.Tensor) and t.numel():
+                yield t
+
+
+def _all_tensors(logits, cache) -> list[torch.Tensor]:
+    """What the faithfulness check compares: the logits, the states (and their scales) and conv inputs, the keys and
+    values."""
+    from laquant.models.cache import state_store
+
+    store = state_store(cache)
+    states = [t for s in store.states.values() for t in (s.data, s.scale) if t is not None]
+    return [logits, *states, *store.conv.values(), *_kv_tensors(cache)]
+
+
+class _Capture:
+    """One bucket's static inputs (token ids, mask and positions, padded on the left) and its captured prefill
+    (``graph`` None: each replay re-runs it eagerly on the same tensors, the CPU tests' path). The warm-ups and the
+    capture run on the first prompt's tokens: on all-padding inputs a fused MoE router's first-use check
+    (:mod:`laquant.models.fused_moe`) would see every token tie."""
+
+    def __init__(self, model, bucket: int, input_ids: torch.Tensor, use_graph: bool, pool=None):
+        self._model, self.bucket = weakref.ref(model), bucket  # the model holds its captures: no cycle
+        device, batch = next(model.parameters()).device, input_ids.shape[0]
+        self.ids = torch.zeros(batch, bucket, dtype=torch.long, device=device)
+        self.mask = torch.zeros(batch, bucket, dtype=torch.long, device=device)
+        self.positions = torch.zeros(batch, bucket, dtype=torch.long, device=device)
+        self.fill(input_ids)
+        self.graph = None
+        if use_graph:
+            from laquant.generate import capture_graph, warm_up_outside_capture
+
+            warm_up_outside_capture(self.run_eagerly)
+            self.graph, (self.logits, self.cache) = capture_graph(self.run_eagerly, pool)
+
+    @torch.no_grad()  # as the eager prefill: with gradients on, the model would take its reference ops
+    def run_eagerly(self):
+        """``(logits [B, vocab] of the last position, cache)`` of the static inputs, eagerly."""
+        from laquant.adapters import cache_kwargs, new_cache, returned_cache
+
+        model = self._model()
+        cache = new_cache(model)
+        with _traced_masks():
+            out = model(input_ids=self.ids, attention_mask=self.mask, position_ids=self.positions,
+                        **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1], returned_cache(out)
+
+    def fill(self, input_ids: torch.Tensor) -> None:
+        """``input_ids [B, T]`` into the static inputs, padded on the left."""
+        T = input_ids.shape[1]
+        pad = self.bucket - T
+        self.ids[:, :pad].zero_()
+        self.ids[:, pad:].copy_(input_ids)
+        self.mask[:, :pad].zero_()
+        self.mask[:, pad:].fill_(1)
+        self.positions[:, :pad].fill_(1)  # as transformers' generate fills a padded position's
+        self.positions[:, pad:].copy_(torch.arange(T, device=self.positions.device))
+
+    def replay(self, input_ids: torch.Tensor):
+        """``(logits, cache)`` of ``input_ids``, in the graph's memory (valid until the next replay)."""
+        self.fill(input_ids)
+        if self.graph is None:
+            return self.run_eagerly()
+        self.graph.replay()
+        return self.logits, self.cache
+
+    def copied_out(self, logits: torch.Tensor, cache, tokens: int):
+        """``(logits, cache)`` out of the graph's memory: the cache of the prompt's ``tokens`` tokens alone, the
+        padding's keys and values dropped (every other tensor and setting of the cache copied as it is)."""
+        from laquant.models.cache import state_store
+
+        drop = self.bucket - tokens
+        memo = {id(t): t[..., drop:, :].clone() for t in _kv_tensors(cache)}
+        out = copy.deepcopy(cache, memo)
+        state_store(out).seen_tokens = tokens
+        return logits.clone(), out
+
+
+class HybridPrefillGraphs:
+    """Fresh prefills of a transformers hybrid ``model`` replayed per token-count bucket and batch size (captured on
+    first use), of at most ``max_tokens`` tokens; ``use_graph`` False re-runs them eagerly on the same static tensors
+    (CPU, tests). Called as :class:`~laquant.serving.graphed_prefill.GraphedPrefill` is, on an empty cache."""
+
+    def __init__(self, model, max_tokens: int, use_graph: bool = True):
+        self._model, self.max_tokens, self.use_graph = weakref.ref(model), max_tokens, use_graph
+        self.captures: dict = {}
+        self.refused: dict = {}  # key -> why its capture ran out of memory (that key's prefills run eagerly)
+        self.failure: str | None = None  # a capture failed otherwise, or replayed other numbers: all run eagerly
+        self.pool = None
+
+    @property
+    def model(self):
+        return self._model()
+
+    def __call__(self, fresh_cache, input_ids: torch.Tensor):
+        """``(logits [B, 1, vocab], cache)`` of ``input_ids [B, T]``, or None where this prefill runs eagerly (a
+        failure before, a refused bucket, a capture that failed or replayed other numbers: warned once)."""
+        from laquant.generate import weights_key
+        from laquant.models.cache import state_store
+
+        store = state_store(fresh_cache)
+        if store is not None and (store.states or store.seen_tokens) or any(True for _ in _kv_tensors(fresh_cache)):
+            raise ValueError("a graphed hybrid prefill starts from an empty cache")
+        model = self.model
+        if self.failure is not None or model is None or input_ids.shape[1] > self.max_tokens:
+            return None
+        setting = model.get_experts_implementation() if hasattr(model, "get_experts_implementation") else {}
+        key = (bucket_for(input_ids.shape[1]), input_ids.shape[0], tuple(sorted(setting.items())), weights_key(model))
+        if key in self.refused:
+            return None
+        capture = self.captures.get(key)
+        if capture is None:
+            capture = self._capture(key, input_ids)
+            if capture is None:
+                return None
+            logits, cache = capture.replay(input_ids)
+            if self.use_graph and not self._faithful(capture, logits, cache):
+                return None
+        else:
+            logits, cache = capture.replay(input_ids)
+        logits, cache = capture.copied_out(logits, cache, input_ids.shape[1])
+        return logits[:, None], cache
+
+    def _capture(self, key, input_ids: torch.Tensor) -> _Capture | None:
+        if not self.captures:  # a pool dies with the last graph that used it (a failed capture's included):
+            self.pool = None  # capturing into its handle again trips an assert in PyTorch's caching allocator
+        if self.use_graph and self.pool is None:  # one replay's outputs are copied out before the next
+            self.pool = torch.cuda.graph_pool_handle()
+        try:
+            with torch.inference_mode(False):  # normal tensors: later replays copy into them in place
+                capture = _Capture(self.model, key[0], input_ids, self.use_graph, self.pool)
+        except RuntimeError as exc:  # an op the capture refuses: slower, never wrong, so eagerly
+            from laquant.generate import capture_failure
+
+            self._give_up(key, capture_failure(exc), isinstance(exc, torch.OutOfMemoryError),
+                          "a hybrid's prefill could not be captured as a CUDA graph")
+            return None
+        self.captures[key] = capture
+        return capture
+
+    def _faithful(self, capture: _Capture, logits: torch.Tensor, cache) -> bool:
+        """Whether a new capture's replay equals the same padded prefill run eagerly, bit for bit."""
+        replayed = [t.clone() for t in _all_tensors(logits, cache)]
+        try:
+            eager = _all_tensors(*capture.run_eagerly())
+        except torch.OutOfMemoryError as exc:
+            key = next(k for k, c in self.captures.items() if c is capture)
+            del self.captures[key]
+            self._give_up(key, f"{type(exc).__name__}: {exc}", True, "a hybrid's prefill capture could not be checked")
+            return False
+        if len(eager) == len(replayed) and all(a.shape == b.shape and torch.equal(a, b)
+                                               for a, b in zip(replayed, eager)):
+            return True
+        self.captures.clear()
+        self._give_up(None, "a replay differed from the same prefill run eagerly", False,
+                      f"{type(self.model).__name__}'s prefill does not replay as a CUDA graph")
+        return False
+
+    def _give_up(self, key, why: str, out_of_memory: bool, what: str) -> None:
+        """Eagerly from now on, warned: the prefills of ``key``'s bucket and batch size after running out of memory,
+        every prefill of the model after anything else."""
+        if out_of_memory:
+            self.refused[key] = why
+            scope = f"prefills of {key[1]} x {key[0]} tokens run eagerly"
+        else:
+            self.failure = why
+            scope = "its prefills run eagerly"
+        warnings.warn(f"laquant: {what} ({why}); {scope}", stacklevel=4)

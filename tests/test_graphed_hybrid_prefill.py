@@ -1,0 +1,189 @@
+"""A transformers hybrid's fresh prefill replayed per token-count bucket (laquant.serving.graphed_hybrid_prefill): the
+prompt padded on the left and masked, its padding's keys dropped from the cache, against the eager prefill of the
+prompt alone (CPU: re-run eagerly on the same static tensors; GPU: captured as a CUDA graph), and what stays eager."""
+
+import pytest
+import torch
+from conftest import rel_err
+from test_hybrid import FAMILIES
+
+from laquant.adapters import cache_kwargs, install, new_cache, returned_cache
+from laquant.models.cache import state_store
+from laquant.models.static_hybrid import kv_layers
+from laquant.serving.graphed_hybrid_prefill import HybridPrefillGraphs, hybrid_prefill_graphable
+
+
+def _model(family, recipe=None, device="cpu", dtype=torch.float32):
+    torch.manual_seed(3)
+    model = FAMILIES[family]().to(device, dtype).eval()
+    install(model)
+    if recipe is not None:
+        from laquant.api import calibrate
+        from laquant.recipe import load_recipe
+
+        data = torch.randint(1, 500, (2, 64), generator=torch.Generator().manual_seed(0)).to(device)
+        model = calibrate(model, load_recipe(recipe), data=data, progress=False).model
+    return model
+
+
+@torch.no_grad()
+def _eager(model, ids):
+    cache = new_cache(model)
+    out = model(input_ids=ids, **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1)
+    return out.logits, returned_cache(out)
+
+
+@torch.no_grad()
+def _step(model, cache, tok):
+    return model(input_ids=tok, **cache_kwargs(model, cache), use_cache=True).logits[:, -1]
+
+
+def _assert_same_cache(cache, ref, tokens: int, quantized: bool):
+    store, ref_store = state_store(cache), state_store(ref)
+    assert store.seen_tokens == ref_store.seen_tokens == tokens
+    assert sorted(store.states) == sorted(ref_store.states) and store.states
+    for i, s in store.states.items():
+        r = ref_store.states[i]
+        assert s.format == r.format and s.data.shape == r.data.shape and torch.isfinite(s.data.float()).all()
+        if s.scale is None:
+            assert rel_err(s.data.float(), r.data.float()) < 1e-5, i
+        else:  # stochastic codes of float32 states equal up to summation order: a code apart at most, and rarely
+            assert (s.data.int() - r.data.int()).abs().max() <= 1 and (s.data != r.data).float().mean() < 1e-2
+            assert rel_err(s.scale, r.scale) < 1e-5
+    assert sorted(store.conv) == sorted(ref_store.conv)
+    for i, t in store.conv.items():
+        assert t.shape == ref_store.conv[i].shape and rel_err(t, ref_store.conv[i]) < 1e-5
+    kv, ref_kv = kv_layers(cache), kv_layers(ref)
+    assert sorted(kv) == sorted(ref_kv)
+    for i, (k, v) in kv.items():
+        assert k.shape == ref_kv[i][0].shape and k.shape[-2] == tokens and k.is_contiguous()
+        assert rel_err(k, ref_kv[i][0]) < (1e-4 if quantized else 1e-5) and rel_err(v, ref_kv[i][1]) < 1e-4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_padded_prefill_equals_the_prompt_alone(family):
+    """Every family: the logits, states, conv inputs and keys of a prompt padded on the left to its bucket equal the
+    prompt's eager prefill, and its cache decodes as that one does; batches of 1 and 2, a prompt of a bucket's length
+    (no padding), a shorter one after it in the same static tensors."""
+    model = _model(family)
+    graphs = HybridPrefillGraphs(model, 4096, use_graph=False)
+    for B, T, seed in ((2, 37, 1), (1, 64, 2), (1, 5, 3), (1, 70, 4)):
+        ids = torch.randint(1, 500, (B, T), generator=torch.Generator().manual_seed(seed))
+        fresh = new_cache(model)
+        logits, cache = graphs(fresh, ids)
+        ref_logits, ref_cache = _eager(model, ids)
+        assert logits.shape == ref_logits.shape and logits.shape[:2] == (B, 1)
+        assert rel_err(logits, ref_logits) < 1e-5, (B, T)
+        _assert_same_cache(cache, ref_cache, T, quantized=False)
+        tok = torch.randint(1, 500, (B, 1), generator=torch.Generator().manual_seed(seed + 10))
+        assert rel_err(_step(model, cache, tok), _step(model, ref_cache, tok)) < 1e-5
+        assert not state_store(fresh).states  # the empty cache stays empty
+    assert sorted(k[:2] for k in graphs.captures) == [(64, 1), (64, 2), (128, 1)]
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h", "kimi_linear", "granitemoehybrid"])
+def test_padded_prefill_of_a_quantized_hybrid(family):
+    """``hybrid_int8`` (int8 projections and experts, int8 states rounded stochastically): the padded prefill's
+    logits and states are the prompt's up to summation order, and the copy-out is the graph memory's, not a view."""
+    model = _model(family, "hybrid_int8")
+    graphs = HybridPrefillGraphs(model, 4096, use_graph=False)
+    ids = torch.randint(1, 500, (2, 45), generator=torch.Generator().manual_seed(5))
+    logits, cache = graphs(new_cache(model), ids)
+    ref_logits, ref_cache = _eager(model, ids)
+    assert rel_err(logits, ref_logits) < 1e-4
+    _assert_same_cache(cache, ref_cache, 45, quantized=True)
+    capture = next(iter(graphs.captures.values()))
+    kept = {i: s.data.clone() for i, s in state_store(cache).states.items()}
+    capture.replay(torch.randint(1, 500, (2, 45), generator=torch.Generator().manual_seed(6)))
+    assert all(torch.equal(state_store(cache).states[i].data, t) for i, t in kept.items())
+
+
+def test_a_replay_that_differs_turns_the_graphs_off(monkeypatch):
+    """The check of a new capture: a replay whose numbers differ from the same prefill run eagerly turns the model's
+    graphed prefills off, warned, and they run eagerly from then on; a refused bucket's prefills run eagerly."""
+    model = _model("qwen3_next")
+    graphs = HybridPrefillGraphs(model, 4096, use_graph=False)
+    ids = torch.randint(1, 500, (1, 20), generator=torch.Generator().manual_seed(7))
+    graphs(new_cache(model), ids)
+    (key, capture), = graphs.captures.items()
+    logits, cache = capture.replay(ids)
+    assert graphs._faithful(capture, logits.clone(), cache)
+    with pytest.warns(UserWarning, match="does not replay as a CUDA graph .*differed.*run eagerly"):
+        assert not graphs._faithful(capture, logits + 1e-3, cache)
+    assert graphs.failure and not graphs.captures and graphs(new_cache(model), ids) is None
+
+    graphs = HybridPrefillGraphs(model, 4096, use_graph=False)
+    graphs.refused[key] = "out of memory"
+    assert graphs(new_cache(model), ids) is None and graphs.failure is None
+    assert graphs(new_cache(model), ids.repeat(2, 1)) is not None  # another batch size
+    with pytest.raises(ValueError, match="empty cache"):
+        graphs(cache, ids)
+    assert HybridPrefillGraphs(model, 16, use_graph=False)(new_cache(model), ids) is None  # past max_tokens
+
+
+def test_a_capture_that_fails_runs_eagerly(monkeypatch):
+    from laquant.serving import graphed_hybrid_prefill
+
+    model = _model("nemotron_h")
+    graphs = HybridPrefillGraphs(model, 4096, use_graph=False)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(graphed_hybrid_prefill, "_Capture", refuse)
+    with pytest.warns(UserWarning, match="could not be captured .*not permitted.*its prefills run eagerly"):
+        assert graphs(new_cache(model), torch.ones(1, 9, dtype=torch.long)) is None
+    assert graphs.failure
+
+
+def test_what_a_graphed_hybrid_prefill_covers(monkeypatch):
+    """Covered: an adapted hybrid (the refusal names the CUDA device first); not: forward hooks (calibration's
+    observers), per-tensor activation scales, a model laquant did not adapt. generate's prefill picks the hybrid's
+    graphs, and the masks' tracing switch is put back."""
+    from transformers import masking_utils
+
+    from laquant.generate import graphed_prefill_refusal, prefill_graphs
+
+    model, quantized = _model("qwen3_next"), _model("qwen3_next", "hybrid_int8")
+    assert hybrid_prefill_graphable(model)
+    assert graphed_prefill_refusal(model, 20) == "CUDA graphs need a CUDA device"
+    assert isinstance(prefill_graphs(model), HybridPrefillGraphs)
+    before = masking_utils.is_tracing
+    HybridPrefillGraphs(model, 4096, use_graph=False)(new_cache(model), torch.ones(1, 3, dtype=torch.long))
+    assert masking_utils.is_tracing is before
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    assert graphed_prefill_refusal(model, 20) is None
+    handle = model.model.layers[0].register_forward_hook(lambda *a: None)
+    assert not hybrid_prefill_graphable(model) and "transformers hybrids" in graphed_prefill_refusal(model, 20)
+    handle.remove()
+    assert hybrid_prefill_graphable(quantized)
+    next(m for m in quantized.modules() if type(m).__name__ == "QuantLinear").act_granularity = "per_tensor"
+    assert not hybrid_prefill_graphable(quantized)
+    torch.manual_seed(3)
+    assert not hybrid_prefill_graphable(FAMILIES["qwen3_next"]().eval())  # not adapted
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family,recipe", [("qwen3_next", None), ("qwen3_next", "hybrid_int8"),
+                                           ("nemotron_h", "hybrid_int8"), ("kimi_linear", "hybrid_int8"),
+                                           ("granitemoehybrid", "hybrid_int8"), ("minimax", "hybrid_int8")])
+@torch.no_grad()
+def test_gpu_graphed_hybrid_prefill(family, recipe):
+    """On CUDA, captured: no failure (the capture replays its eager run bit for bit, checked at capture), the prompt's
+    logits and states close to its eager prefill's, and generate's greedy tokens after it those of the eager prefill
+    (float32: no near-ties); the graphs are kept per bucket and batch size and released."""
+    from laquant.generate import generate, prefill, prefill_graphs, release_graphs
+
+    model = _model(family, recipe, device="cuda")
+    for B, T in ((1, 128), (2, 100), (1, 100)):
+        ids = torch.randint(1, 500, (B, T), device="cuda")
+        logits, cache = prefill(model, ids, graphed=True)
+        assert prefill_graphs(model).failure is None, prefill_graphs(model).failure
+        ref_logits, ref_cache = prefill(model, ids)
+        assert rel_err(logits, ref_logits) < 1e-4, (B, T)
+        _assert_same_cache(cache, ref_cache, T, quantized=recipe is not None)
+    assert sorted(k[:2] for k in prefill_graphs(model).captures) == [(128, 1), (128, 2)]
+    ids = torch.randint(1, 500, (2, 90), device="cuda")
+    assert torch.equal(generate(model, ids, 12, graphed_prefill=True), generate(model, ids, 12))
+    release_graphs(model)
+    assert "_laquant_prefill_graphs" not in model.__dict__
