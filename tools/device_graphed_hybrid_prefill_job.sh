@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# What the sessions of 2026-12-05 built without a GPU, and what the fused-MoE run left (~12 minutes, no carry):
+#   bash tools/device_kernels.sh 540 device_graphed_hybrid_prefill_job.sh   (then poll with the same command)
+# 1. GPU tests: the hybrids' graphed prefill (laquant/serving/graphed_hybrid_prefill.py, never captured yet), the int8
+#    experts (one token: a block a pair, no alignment launch; its CUDA-graph replay), the fused MoE blocks (the tests
+#    mended after the last GPU run: ties as sets, the router's output order learned).
+# 2. e2e (`laquant eval speed`, prompt 1,024, B = 1 and 64): the 2.25B Qwen3-Next-style MoE (B = 1 without the
+#    alignment launch; its prefill replayed as a graph, `prefill_graphed_tok_per_s`), the dense 1.14B qwen3_next (the
+#    graphed prefill beside the eager one), Granite 4 (its router fused on transformers 5.17 since the order is learned).
+# 3. The Qwen3-Next-style MoE's B = 1 step kernel by kernel, and the routers alone against transformers'
+#    (tools/bench_moe_router.py).
+set -u
+. tools/device_job_env.sh "$@"
+timeout 240 python3 -m pytest -v -rfs --tb=short tests/test_graphed_hybrid_prefill.py tests/test_moe_experts.py \
+  tests/test_fused_moe.py > "$W/gpu_tests.log" 2>&1
+log "gpu tests rc $?"
+QWEN_MOE=$(python3 tools/family_configs.py qwen3_next --moe)
+E2E_TIMEOUT=240 hybrid_e2e qwen3_next _moe "$QWEN_MOE"
+E2E_TIMEOUT=200 hybrid_e2e qwen3_next ""
+E2E_TIMEOUT=200 hybrid_e2e granitemoehybrid ""
+echo "$QWEN_MOE" > "$W/moe_fields.json"
+BATCH=1 TOP=60 timeout 200 python3 tools/profile_hybrid_decode.py "$W/profile_moe_b1.json" "$W/moe_fields.json" \
+  > "$W/profile_moe_b1.log" 2>&1
+log "profile rc $?"
+timeout 200 python3 tools/bench_moe_router.py "$W/moe_router.json" > "$W/moe_router.log" 2>&1
+log "router bench rc $?"
+touch "$W/job.done"
