@@ -223,24 +223,25 @@ def prefill(model, input_ids: torch.Tensor, graphed: bool = False, padding: torc
     bucket, its padding masked out of the state (:mod:`laquant.serving.graphed_prefill`; a transformers hybrid's
     padded on the left and its padding's keys dropped from the cache, :mod:`laquant.serving.graphed_hybrid_prefill`);
     eagerly where that capture failed (warned once). ``padding``: prompts padded on the left (bool ``[B, T]``, False
-    at the padding), prefilled eagerly. Raises where the model or prompt is not covered."""
+    at the padding), prefilled eagerly (a transformers hybrid's may replay too). Raises where the model or prompt is
+    not covered."""
     cache = _fresh_cache(model)
+    padded = {} if padding is None else _padding_kwargs(model, padding)
     with torch.no_grad():  # as the replay: with gradients on, the model would take its reference ops
-        if padding is not None:
-            if graphed:
-                raise LaquantError("a graphed prefill takes prompts of one length; prefill a padded batch eagerly")
-            return _forward(model, input_ids, cache, **_padding_kwargs(model, padding))
         if graphed:
+            if padding is not None and hasattr(model, "new_cache"):
+                raise LaquantError("laquant's models take a graphed prefill of prompts of one length; prefill a padded "
+                                   "batch eagerly")
             refusal = graphed_prefill_refusal(model, input_ids.shape[1])
             if refusal is not None:
                 raise LaquantError(f"no graphed prefill: {refusal}; prefill eagerly (graphed_prefill=False)")
             graphs = prefill_graphs(model)
             if graphs.failure is None:  # else a capture failed before (warned then): eagerly
-                replayed = graphs(cache, input_ids)
+                replayed = graphs(cache, input_ids) if padding is None else graphs(cache, input_ids, padding)
                 if replayed is not None:
                     logits, cache = replayed
                     return logits[:, -1], cache
-        return _forward(model, input_ids, cache)
+        return _forward(model, input_ids, cache, **padded)
 
 
 def warm_up_outside_capture(fn, runs: int = 2) -> None:
@@ -545,7 +546,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: 
              attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids [B, T]``; returns ``[B, T + n]``. Prompts of
     several lengths come padded on the left with their ``attention_mask`` (0 at the padding; each sequence decodes
-    as it would alone; not with a ``draft_model`` or ``graphed_prefill``). ``graphed``: None graphs on CUDA
+    as it would alone; not with a ``draft_model``, nor with ``graphed_prefill`` on laquant's own models).
+    ``graphed``: None graphs on CUDA
     (laquant's GLA, the hybrids) and decodes eagerly elsewhere (and where the model's decode step cannot be
     captured, or a ``generator`` is given); True insists on the graph; False is the eager reference loop.
     ``generator`` drives sampling in the eager loop only (the graph draws from the default CUDA generator).

@@ -81,6 +81,46 @@ def test_padded_prefill_equals_the_prompt_alone(family):
     assert sorted(k[:2] for k in graphs.captures) == [(64, 1), (64, 2), (128, 1)]
 
 
+@pytest.mark.parametrize("family", ["qwen3_next", "minimax", "kimi_linear", "granitemoehybrid", "zamba2"])
+@torch.no_grad()
+def test_prompts_of_several_lengths(family):
+    """Prompts padded on the left with their mask (laquant.generate's ``attention_mask``): the replay's cache is the
+    eager padded prefill's (their own padding kept, the bucket's dropped), and each sequence then decodes as alone."""
+    from laquant.generate import _padding_kwargs
+
+    model = _model(family)
+    ids = torch.randint(1, 500, (3, 21), generator=torch.Generator().manual_seed(8))
+    padding = torch.ones_like(ids, dtype=torch.bool)
+    padding[0, :6], padding[2, :1] = False, False
+    ids = ids.masked_fill(~padding, 0)
+    logits, cache = HybridPrefillGraphs(model, 4096, use_graph=False)(new_cache(model), ids, padding)
+    ref_cache = new_cache(model)
+    ref = model(input_ids=ids, **cache_kwargs(model, ref_cache), use_cache=True, logits_to_keep=1,
+                **_padding_kwargs(model, padding))
+    assert rel_err(logits, ref.logits) < 1e-5
+    _assert_same_cache(cache, returned_cache(ref), 21, quantized=False)
+    alone = _eager(model, ids[:1, 6:])[0]
+    assert rel_err(logits[:1], alone) < 1e-5
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "minimax"])
+def test_generate_with_the_graphed_prefill(family, monkeypatch):
+    """laquant.generate with ``graphed_prefill`` on a hybrid (its replays run eagerly on the static tensors here):
+    the tokens of the eager prefill, prompts of one length and prompts padded on the left."""
+    import laquant.generate as gen
+
+    model = _model(family)
+    graphs = model.__dict__["_laquant_prefill_graphs"] = HybridPrefillGraphs(model, 4096, use_graph=False)
+    monkeypatch.setattr(gen, "graphed_prefill_refusal", lambda model, tokens: None)
+    ids = torch.randint(1, 500, (2, 30), generator=torch.Generator().manual_seed(9))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    for kwargs in ({}, {"attention_mask": mask}):
+        want = gen.generate(model, ids, 6, graphed=False, **kwargs)
+        assert torch.equal(gen.generate(model, ids, 6, graphed=False, graphed_prefill=True, **kwargs), want)
+    assert len(graphs.captures) == 1  # one bucket and batch size: the padded prompts replay the same capture
+
+
 @pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h", "kimi_linear", "granitemoehybrid"])
 def test_padded_prefill_of_a_quantized_hybrid(family):
     """``hybrid_int8`` (int8 projections and experts, int8 states rounded stochastically): the padded prefill's
@@ -171,7 +211,8 @@ def test_what_a_graphed_hybrid_prefill_covers(monkeypatch):
 def test_gpu_graphed_hybrid_prefill(family, recipe):
     """On CUDA, captured: no failure (the capture replays its eager run bit for bit, checked at capture), the prompt's
     logits and states close to its eager prefill's, and generate's greedy tokens after it those of the eager prefill
-    (float32: no near-ties); the graphs are kept per bucket and batch size and released."""
+    (float32: no near-ties), prompts of several lengths too; the graphs are kept per bucket and batch size and
+    released."""
     from laquant.generate import generate, prefill, prefill_graphs, release_graphs
 
     model = _model(family, recipe, device="cuda")
@@ -185,5 +226,9 @@ def test_gpu_graphed_hybrid_prefill(family, recipe):
     assert sorted(k[:2] for k in prefill_graphs(model).captures) == [(128, 1), (128, 2)]
     ids = torch.randint(1, 500, (2, 90), device="cuda")
     assert torch.equal(generate(model, ids, 12, graphed_prefill=True), generate(model, ids, 12))
+    mask = torch.ones_like(ids)
+    mask[0, :7] = 0  # prompts of several lengths
+    assert torch.equal(generate(model, ids, 12, graphed_prefill=True, attention_mask=mask),
+                       generate(model, ids, 12, attention_mask=mask))
     release_graphs(model)
     assert "_laquant_prefill_graphs" not in model.__dict__

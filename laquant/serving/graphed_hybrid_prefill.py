@@ -24,8 +24,9 @@ eagerly, bit for bit on the logits and every state (transformers' code runs insi
 it decides per call eagerly); a capture that differs or fails turns the model's graphed prefills off, warned, and
 its prefills run eagerly. What it covers: the hybrids whose decode steps laquant graphs
 (:func:`laquant.generate.is_graphable`), on CUDA, without gradients, no quantized linear with per-tensor activation
-scales, no forward hooks but laquant's (:func:`~laquant.serving.graphed_forward.forward_graphable`), prompts of one
-length of at most :data:`laquant.generate.MAX_GRAPHED_PREFILL` tokens.
+scales, no forward hooks but laquant's (:func:`~laquant.serving.graphed_forward.forward_graphable`), prompts of at
+most :data:`laquant.generate.MAX_GRAPHED_PREFILL` tokens; prompts of several lengths padded on the left with their
+mask too (their own padding stays in the cache, as an eager padded prefill keeps it).
 """
 
 from __future__ import annotations
@@ -93,13 +94,14 @@ class _Capture:
     capture run on the first prompt's tokens: on all-padding inputs a fused MoE router's first-use check
     (:mod:`laquant.models.fused_moe`) would see every token tie."""
 
-    def __init__(self, model, bucket: int, input_ids: torch.Tensor, use_graph: bool, pool=None):
+    def __init__(self, model, bucket: int, input_ids: torch.Tensor, padding: torch.Tensor | None, use_graph: bool,
+                 pool=None):
         self._model, self.bucket = weakref.ref(model), bucket  # the model holds its captures: no cycle
         device, batch = next(model.parameters()).device, input_ids.shape[0]
         self.ids = torch.zeros(batch, bucket, dtype=torch.long, device=device)
         self.mask = torch.zeros(batch, bucket, dtype=torch.long, device=device)
         self.positions = torch.zeros(batch, bucket, dtype=torch.long, device=device)
-        self.fill(input_ids)
+        self.fill(input_ids, padding)
         self.graph = None
         if use_graph:
             from laquant.generate import capture_graph, warm_up_outside_capture
@@ -119,20 +121,27 @@ class _Capture:
                         **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1)
         return out.logits[:, -1], returned_cache(out)
 
-    def fill(self, input_ids: torch.Tensor) -> None:
-        """``input_ids [B, T]`` into the static inputs, padded on the left."""
+    def fill(self, input_ids: torch.Tensor, padding: torch.Tensor | None = None) -> None:
+        """``input_ids [B, T]`` into the static inputs, padded on the left; ``padding`` (bool ``[B, T]``, False at a
+        prompt's own padding, on the left): those positions are masked too, and each sequence's positions count its
+        real tokens (:func:`laquant.generate._padding_kwargs`)."""
         T = input_ids.shape[1]
         pad = self.bucket - T
         self.ids[:, :pad].zero_()
         self.ids[:, pad:].copy_(input_ids)
         self.mask[:, :pad].zero_()
-        self.mask[:, pad:].fill_(1)
         self.positions[:, :pad].fill_(1)  # as transformers' generate fills a padded position's
-        self.positions[:, pad:].copy_(torch.arange(T, device=self.positions.device))
+        if padding is None:
+            self.mask[:, pad:].fill_(1)
+            self.positions[:, pad:].copy_(torch.arange(T, device=self.positions.device))
+        else:
+            self.mask[:, pad:].copy_(padding)
+            self.positions[:, pad:].copy_((padding.long().cumsum(-1) - 1).masked_fill(~padding, 1))
 
-    def replay(self, input_ids: torch.Tensor):
-        """``(logits, cache)`` of ``input_ids``, in the graph's memory (valid until the next replay)."""
-        self.fill(input_ids)
+    def replay(self, input_ids: torch.Tensor, padding: torch.Tensor | None = None):
+        """``(logits, cache)`` of ``input_ids`` (``padding``: as :meth:`fill` takes it), in the graph's memory (valid
+        until the next replay)."""
+        self.fill(input_ids, padding)
         if self.graph is None:
             return self.run_eagerly()
         self.graph.replay()
@@ -166,9 +175,11 @@ class HybridPrefillGraphs:
     def model(self):
         return self._model()
 
-    def __call__(self, fresh_cache, input_ids: torch.Tensor):
-        """``(logits [B, 1, vocab], cache)`` of ``input_ids [B, T]``, or None where this prefill runs eagerly (a
-        failure before, a refused bucket, a capture that failed or replayed other numbers: warned once)."""
+    def __call__(self, fresh_cache, input_ids: torch.Tensor, padding: torch.Tensor | None = None):
+        """``(logits [B, 1, vocab], cache)`` of ``input_ids [B, T]`` (``padding``: prompts of several lengths padded
+        on the left, bool ``[B, T]``, False at the padding: the cache keeps their padded positions, as the eager
+        prefill's does), or None where this prefill runs eagerly (a failure before, a refused bucket, a capture that
+        failed or replayed other numbers: warned once)."""
         from laquant.generate import weights_key
         from laquant.models.cache import state_store
 
@@ -184,25 +195,25 @@ class HybridPrefillGraphs:
             return None
         capture = self.captures.get(key)
         if capture is None:
-            capture = self._capture(key, input_ids)
+            capture = self._capture(key, input_ids, padding)
             if capture is None:
                 return None
-            logits, cache = capture.replay(input_ids)
+            logits, cache = capture.replay(input_ids, padding)
             if self.use_graph and not self._faithful(capture, logits, cache):
                 return None
         else:
-            logits, cache = capture.replay(input_ids)
+            logits, cache = capture.replay(input_ids, padding)
         logits, cache = capture.copied_out(logits, cache, input_ids.shape[1])
         return logits[:, None], cache
 
-    def _capture(self, key, input_ids: torch.Tensor) -> _Capture | None:
+    def _capture(self, key, input_ids: torch.Tensor, padding: torch.Tensor | None) -> _Capture | None:
         if not self.captures:  # a pool dies with the last graph that used it (a failed capture's included):
             self.pool = None  # capturing into its handle again trips an assert in PyTorch's caching allocator
         if self.use_graph and self.pool is None:  # one replay's outputs are copied out before the next
             self.pool = torch.cuda.graph_pool_handle()
         try:
             with torch.inference_mode(False):  # normal tensors: later replays copy into them in place
-                capture = _Capture(self.model, key[0], input_ids, self.use_graph, self.pool)
+                capture = _Capture(self.model, key[0], input_ids, padding, self.use_graph, self.pool)
         except RuntimeError as exc:  # an op the capture refuses: slower, never wrong, so eagerly
             from laquant.generate import capture_failure
 
