@@ -9,6 +9,8 @@
 #    graphed prefill beside the eager one), Granite 4 (its router fused on transformers 5.17 since the order is learned).
 # 3. The Qwen3-Next-style MoE's B = 1 step kernel by kernel, and the routers alone against transformers'
 #    (tools/bench_moe_router.py).
+# 4. The decode GEMMs beside the fastest pure read of their weights (tools/read_floor_probe.py): how far a call of
+#    4-46 MB can get from copy bandwidth at all, the 1.37B GLA's shapes and the 7B ones.
 set -u
 . tools/device_job_env.sh "$@"
 timeout 240 python3 -m pytest -v -rfs --tb=short tests/test_graphed_hybrid_prefill.py tests/test_moe_experts.py \
@@ -24,4 +26,9 @@ BATCH=1 TOP=60 timeout 200 python3 tools/profile_hybrid_decode.py "$W/profile_mo
 log "profile rc $?"
 timeout 200 python3 tools/bench_moe_router.py "$W/moe_router.json" > "$W/moe_router.log" 2>&1
 log "router bench rc $?"
+for shapes in gla 7b; do
+  timeout 150 python3 tools/read_floor_probe.py --out "$W/read_floor_$shapes" --shapes $shapes \
+    > "$W/read_floor_$shapes.log" 2>&1
+  log "read floor $shapes rc $?"
+done
 touch "$W/job.done"
