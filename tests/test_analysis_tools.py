@@ -182,3 +182,19 @@ def test_probe_decode_prefetch_sets_one_launch_and_puts_the_tables_back():
         with probe.tabled("delta", (8, 1, True)):
             pass
     assert state_io.STEP_DECODE_LAUNCH == step and state_io.DECODE_PREFETCH == ahead
+
+
+def test_read_floor_kernel_sums_each_programs_chunk():
+    """tools/read_floor_probe.py's read-only kernel reads every word of the weight once: its per-program sums (int32,
+    wrapping) are the chunks' (interpreted here)."""
+    from conftest import INTERPRETED, require_triton_kernels
+
+    require_triton_kernels()
+    probe = _tool("read_floor_probe")
+    device = "cpu" if INTERPRETED else "cuda"
+    gen = torch.Generator().manual_seed(0)
+    for N, K, programs in ((64, 96, 3), (40, 1024, 7)):
+        words = torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=gen).view(torch.int32).reshape(-1)
+        got = probe.read_all(words.to(device), programs, torch.empty(programs, dtype=torch.int32, device=device))
+        assert torch.equal(got.cpu(), probe.read_reference(words, programs))
+        assert not torch.equal(probe.read_reference(words, programs), probe.read_reference(words.roll(1), programs))
