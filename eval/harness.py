@@ -83,28 +83,33 @@ def evaluate(model, tokenizer, tasks: list[str], manager, *, batch_size: int = 1
     ``{"results": {task: {metric: value}}, "n_samples": ..., "model_num_parameters": ...,
     "model_dtype": ...}``. ``graphed``: lm-eval's scoring forwards replay CUDA graphs where the model allows it
     (``model.laquant_graph_forward`` on for the call: :mod:`laquant.serving.graphed_forward`; padded to length
-    buckets, so the scores move by rounding)."""
+    buckets, so the scores move by rounding), and so do a transformers hybrid's prefills in its generation tasks
+    (``model.laquant_graph_prefill``: :mod:`laquant.serving.graphed_hybrid_prefill`; their decode steps replay graphs
+    anyway)."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
 
     lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
               max_length=max_length)
-    before = model.__dict__.get("laquant_graph_forward")
+    switches = ("laquant_graph_forward", "laquant_graph_prefill")
+    before = {name: model.__dict__.get(name) for name in switches}
     if graphed:
-        model.laquant_graph_forward = True
+        for name in switches:
+            setattr(model, name, True)
     try:
         out = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
                                       num_fewshot=num_fewshot, log_samples=False, random_seed=seed,
                                       numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
                                       bootstrap_iters=0)
     finally:
-        if before is None:
-            model.__dict__.pop("laquant_graph_forward", None)
-        else:
-            model.laquant_graph_forward = before
-        from laquant.serving.graphed_forward import release_forward_graphs
+        for name, value in before.items():
+            if value is None:
+                model.__dict__.pop(name, None)
+            else:
+                setattr(model, name, value)
+        from laquant.generate import release_graphs
 
-        release_forward_graphs(model)  # their logits buffers: B x bucket x vocab each
+        release_graphs(model)  # the forwards' logits buffers (B x bucket x vocab each), the prefills' activations
     results = {task: {k.split(",")[0]: v for k, v in r.items() if k != "alias" and isinstance(v, (int, float))}
                for task, r in out["results"].items()}
     info = lm.get_model_info()

@@ -159,6 +159,10 @@ def test_a_replay_that_differs_turns_the_graphs_off(monkeypatch):
     with pytest.raises(ValueError, match="empty cache"):
         graphs(cache, ids)
     assert HybridPrefillGraphs(model, 16, use_graph=False)(new_cache(model), ids) is None  # past max_tokens
+    few = HybridPrefillGraphs(model, 4096, use_graph=False, max_captures=2)
+    for batch in (1, 2, 1, 3):  # the least recently used capture is freed first
+        few(new_cache(model), ids.repeat(batch, 1))
+    assert [k[1] for k in few.captures] == [1, 3]
 
 
 def test_a_capture_that_fails_runs_eagerly(monkeypatch):
@@ -230,5 +234,86 @@ def test_gpu_graphed_hybrid_prefill(family, recipe):
     mask[0, :7] = 0  # prompts of several lengths
     assert torch.equal(generate(model, ids, 12, graphed_prefill=True, attention_mask=mask),
                        generate(model, ids, 12, attention_mask=mask))
+    for m in (torch.ones_like(ids), mask):  # transformers' generate, its prefill replayed where switched on
+        want = model.generate(ids, attention_mask=m, max_new_tokens=8, do_sample=False)
+        model.laquant_graph_prefill = True
+        got = model.generate(ids, attention_mask=m, max_new_tokens=8, do_sample=False)
+        model.laquant_graph_prefill = False
+        assert torch.equal(got, want)
+    assert prefill_graphs(model).failure is None
     release_graphs(model)
     assert "_laquant_prefill_graphs" not in model.__dict__
+
+
+def _hf_graphs_on_the_cpu(model, monkeypatch) -> HybridPrefillGraphs:
+    """transformers' generate through the hybrid's graphed prefill, its replays run eagerly on the static tensors."""
+    import laquant.generate as gen
+    from laquant.serving import graphed_forward
+
+    graphs = model.__dict__["_laquant_prefill_graphs"] = HybridPrefillGraphs(model, 4096, use_graph=False)
+    monkeypatch.setattr(gen, "graphed_prefill_refusal", lambda model, tokens: None)
+    monkeypatch.setattr(graphed_forward, "_on_graph_device", lambda t: True)
+    return graphs
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "minimax", "nemotron_h", "falcon_h1"])
+@torch.no_grad()
+def test_transformers_generate_replays_its_prefill(family, monkeypatch):
+    """``model.laquant_graph_prefill = True``: transformers' generate takes the replayed prefill (prompts of one length,
+    left-padded ones), the same tokens as without it; the caller's own cache object is the one filled; off by
+    default."""
+    model = _model(family)
+    graphs = _hf_graphs_on_the_cpu(model, monkeypatch)
+    ids = torch.randint(1, 500, (2, 12), generator=torch.Generator().manual_seed(11))
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0
+    want = {k: model.generate(ids, attention_mask=m, max_new_tokens=5, do_sample=False) for k, m in
+            (("one length", torch.ones_like(ids)), ("padded", mask))}
+    assert not graphs.captures  # off by default
+    model.laquant_graph_prefill = True
+    replays = []
+    call = HybridPrefillGraphs.__call__
+    monkeypatch.setattr(HybridPrefillGraphs, "__call__", lambda self, *a: replays.append(a[-1]) or call(self, *a))
+    for k, m in (("one length", torch.ones_like(ids)), ("padded", mask)):
+        assert torch.equal(model.generate(ids, attention_mask=m, max_new_tokens=5, do_sample=False), want[k]), k
+    assert len(graphs.captures) == 1 and replays[0] is None and torch.equal(replays[1], mask.bool())
+    own = new_cache(model)  # a cache the caller passes: filled in place, as the eager prefill fills it
+    ref = new_cache(model)
+    model.generate(ids, **cache_kwargs(model, own), max_new_tokens=1, do_sample=False)
+    model.laquant_graph_prefill = False
+    model.generate(ids, **cache_kwargs(model, ref), max_new_tokens=1, do_sample=False)
+    _assert_same_cache(own, ref, 12, quantized=False)
+
+
+def test_what_transformers_generate_prefills_eagerly(monkeypatch):
+    """The prefill calls that stay eager with graphed prefills on: more than the last position's logits, right
+    padding, positions of their own, a cache that holds tokens already."""
+    from laquant.serving.graphed_hybrid_prefill import hybrid_generate_prefill
+
+    model = _model("qwen3_next")
+    _hf_graphs_on_the_cpu(model, monkeypatch)
+    model.laquant_graph_prefill = True
+    ids = torch.randint(1, 500, (2, 12), generator=torch.Generator().manual_seed(12))
+
+    def call(**kwargs):
+        base = dict(input_ids=ids, cache=new_cache(model), logits_to_keep=1, use_cache=True)
+        with torch.no_grad():
+            return hybrid_generate_prefill(model, (), {**base, **kwargs})
+
+    assert call() is not None
+    assert call(logits_to_keep=0) is None
+    right = torch.ones_like(ids)
+    right[0, -3:] = 0
+    assert call(attention_mask=right) is None
+    assert call(position_ids=torch.arange(1, 13).expand(2, 12)) is None
+    assert call(position_ids=torch.arange(12).expand(2, 12)) is not None
+    left = torch.ones_like(ids)
+    left[0, :4] = 0
+    counted = (left.cumsum(-1) - 1).clamp(min=0)  # transformers 5.25's: 0 at the padding
+    assert call(attention_mask=left, position_ids=counted) is not None
+    assert call(attention_mask=left, position_ids=torch.arange(12).expand(2, 12)) is None
+    full = new_cache(model)
+    with torch.no_grad():
+        model(input_ids=ids[:, :3], **cache_kwargs(model, full), use_cache=True)
+    assert call(cache=full) is None
+    assert call(output_hidden_states=True) is None

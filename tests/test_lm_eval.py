@@ -115,6 +115,10 @@ def test_graphed_scoring_of_a_hybrid_replays_lm_evals_calls(tmp_path, monkeypatc
     for metric, value in eager["results"][TEXT_TASK].items():
         assert math.isclose(graphed["results"][TEXT_TASK][metric], value, rel_tol=1e-5), metric
     assert "laquant_graph_forward" not in model.__dict__ and graphed_forward._GRAPHS not in model.__dict__
+    assert "laquant_graph_prefill" not in model.__dict__  # on for the call only (generation tasks' prefills)
+    model.laquant_graph_prefill = False
+    evaluate(model, tok, [TEXT_TASK], manager, graphed=True)
+    assert model.laquant_graph_prefill is False
 
 
 @torch.no_grad()

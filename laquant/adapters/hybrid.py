@@ -147,8 +147,11 @@ def _graph_step_forward(model, *args, laquant_graph_step: bool = False, **kwargs
     forwards are on (:func:`laquant.serving.graphed_forward.graphed_logits`)."""
     if laquant_graph_step:
         from laquant.models.graphed_step import hybrid_graph_step
+        from laquant.serving.graphed_hybrid_prefill import hybrid_generate_prefill
 
         out = hybrid_graph_step(model, args, kwargs)
+        if out is None:
+            out = hybrid_generate_prefill(model, args, kwargs)
         if out is not None:
             return out
         if (moved := _positions_from_state_store(model, args, kwargs)) is not None:  # what the hook skipped

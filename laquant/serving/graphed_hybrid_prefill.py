@@ -33,12 +33,22 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import warnings
 import weakref
+from collections import OrderedDict
 
 import torch
 
 from laquant.serving.graphed_prefill import bucket_for
+
+
+def graph_prefill_enabled(model) -> bool:
+    """Whether transformers' ``generate`` on ``model`` replays its prefills (:func:`hybrid_generate_prefill`):
+    ``model.laquant_graph_prefill`` where set, else ``LAQUANT_GRAPH_PREFILL=1``. Off by default: a capture costs about
+    four eager prefills, so it pays for prompts of one bucket and batch size served repeatedly."""
+    flag = getattr(model, "laquant_graph_prefill", None)
+    return bool(flag) if flag is not None else os.environ.get("LAQUANT_GRAPH_PREFILL", "0") == "1"
 
 
 def hybrid_prefill_graphable(model) -> bool:
@@ -162,11 +172,13 @@ class _Capture:
 class HybridPrefillGraphs:
     """Fresh prefills of a transformers hybrid ``model`` replayed per token-count bucket and batch size (captured on
     first use), of at most ``max_tokens`` tokens; ``use_graph`` False re-runs them eagerly on the same static tensors
-    (CPU, tests). Called as :class:`~laquant.serving.graphed_prefill.GraphedPrefill` is, on an empty cache."""
+    (CPU, tests). Called as :class:`~laquant.serving.graphed_prefill.GraphedPrefill` is, on an empty cache. At most
+    ``max_captures`` stay captured (each holds its bucket's activations); the least recently used is freed first."""
 
-    def __init__(self, model, max_tokens: int, use_graph: bool = True):
+    def __init__(self, model, max_tokens: int, use_graph: bool = True, max_captures: int = 8):
         self._model, self.max_tokens, self.use_graph = weakref.ref(model), max_tokens, use_graph
-        self.captures: dict = {}
+        self.max_captures = max_captures
+        self.captures: OrderedDict = OrderedDict()  # least recently used first
         self.refused: dict = {}  # key -> why its capture ran out of memory (that key's prefills run eagerly)
         self.failure: str | None = None  # a capture failed otherwise, or replayed other numbers: all run eagerly
         self.pool = None
@@ -202,11 +214,14 @@ class HybridPrefillGraphs:
             if self.use_graph and not self._faithful(capture, logits, cache):
                 return None
         else:
+            self.captures.move_to_end(key)
             logits, cache = capture.replay(input_ids, padding)
         logits, cache = capture.copied_out(logits, cache, input_ids.shape[1])
         return logits[:, None], cache
 
     def _capture(self, key, input_ids: torch.Tensor, padding: torch.Tensor | None) -> _Capture | None:
+        while len(self.captures) >= self.max_captures:
+            self.captures.popitem(last=False)
         if not self.captures:  # a pool dies with the last graph that used it (a failed capture's included):
             self.pool = None  # capturing into its handle again trips an assert in PyTorch's caching allocator
         if self.use_graph and self.pool is None:  # one replay's outputs are copied out before the next
@@ -251,3 +266,73 @@ class HybridPrefillGraphs:
             self.failure = why
             scope = "its prefills run eagerly"
         warnings.warn(f"laquant: {what} ({why}); {scope}", stacklevel=4)
+
+
+def hybrid_generate_prefill(model, args: tuple, kwargs: dict):
+    """The prefill transformers' ``generate`` hands a hybrid's forward, as a replay (:class:`HybridPrefillGraphs`, the
+    model's :func:`laquant.generate.prefill_graphs`), or None where it runs eagerly: graphed prefills off
+    (:func:`graph_prefill_enabled`), not CUDA, gradients on, a cache that holds anything already, inputs other than
+    token ids with their mask and positions (as ``generate`` makes them from the mask: each sequence counts its real
+    tokens), more logits than the last position's, or a model or prompt :func:`laquant.generate.graphed_prefill_refusal`
+    refuses. The replay's cache is copied into the caller's cache object, which ``generate`` keeps."""
+    from laquant.generate import graphed_prefill_refusal, prefill_graphs
+    from laquant.models.cache import passed_cache, state_store
+    from laquant.serving.graphed_forward import _capturing, _on_graph_device
+
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    cache = passed_cache(kwargs)
+    extra = set(kwargs) - {"input_ids", "attention_mask", "position_ids", "logits_to_keep", "use_cache", "return_dict",
+                           "cache", "past_key_values", "cache_params", "cache_position"}
+    if (len(args) > 1 or extra or not graph_prefill_enabled(model) or not isinstance(ids, torch.Tensor)
+            or ids.dim() != 2 or ids.shape[1] < 2 or not _on_graph_device(ids) or kwargs.get("logits_to_keep") != 1
+            or cache is None or not kwargs.get("use_cache", True) or model.training or torch.is_grad_enabled()
+            or _capturing()):
+        return None
+    store = state_store(cache)
+    if store.states or store.seen_tokens or any(True for _ in _kv_tensors(cache)):
+        return None
+    padding = _left_padding(ids, kwargs.get("attention_mask"), kwargs.get("position_ids"))
+    if padding is False or graphed_prefill_refusal(model, ids.shape[1]) is not None:
+        return None
+    from laquant.adapters import new_cache
+
+    graphs = prefill_graphs(model)
+    replayed = graphs(new_cache(model), ids, padding) if graphs.failure is None else None
+    if replayed is None or not _fill(cache, replayed[1]):
+        return None
+    from laquant.models.graphed_step import OUTPUT_CACHE_FIELD
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return CausalLMOutputWithPast(logits=replayed[0], **{OUTPUT_CACHE_FIELD: cache})
+
+
+def _left_padding(ids: torch.Tensor, mask, positions):
+    """The prompts' padding (bool ``[B, T]``, None: none) where ``mask`` pads them on the left and ``positions`` (None:
+    ``arange``) count each sequence's real tokens from 0, as :meth:`_Capture.fill` does, else False (this call runs
+    eagerly). Reads the device."""
+    if mask is not None and (not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(ids.shape)):
+        return False
+    padding = None if mask is None or bool(mask.all()) else mask != 0
+    if padding is not None and (not bool(padding[:, -1].all()) or bool((padding[:, :-1] & ~padding[:, 1:]).any())):
+        return False
+    if positions is not None:  # a padded position's own is no input (transformers 5.25 gives it 0, laquant 1)
+        real = torch.ones_like(ids, dtype=torch.bool) if padding is None else padding
+        want = real.long().cumsum(-1) - 1
+        if tuple(positions.shape) != tuple(ids.shape) or not bool((positions == want)[real].all()):
+            return False
+    return padding
+
+
+def _fill(cache, replayed) -> bool:
+    """Copy a replay's copied-out cache into ``cache`` (the caller's, of the same layer classes): its layers' keys and
+    values, and the linear layers' state store. False (nothing copied) where the layers differ."""
+    from laquant.models.cache import state_store
+
+    mine, theirs = getattr(cache, "layers", None), getattr(replayed, "layers", None)
+    if mine is None or theirs is None or len(mine) != len(theirs) or any(
+            type(a) is not type(b) for a, b in zip(mine, theirs)):
+        return False
+    for a, b in zip(mine, theirs):
+        a.__dict__.update(b.__dict__)
+    cache.laquant_states = state_store(replayed)
+    return True
