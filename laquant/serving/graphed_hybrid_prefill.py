@@ -27,6 +27,11 @@ its prefills run eagerly. What it covers: the hybrids whose decode steps laquant
 scales, no forward hooks but laquant's (:func:`~laquant.serving.graphed_forward.forward_graphable`), prompts of at
 most :data:`laquant.generate.MAX_GRAPHED_PREFILL` tokens; prompts of several lengths padded on the left with their
 mask too (their own padding stays in the cache, as an eager padded prefill keeps it).
+
+Callers: :func:`laquant.generate.prefill` (``generate(..., graphed_prefill=True)``, ``laquant eval speed``'s graphed
+prefill column), and transformers' ``generate`` where ``model.laquant_graph_prefill`` (or ``LAQUANT_GRAPH_PREFILL=1``)
+is on (:func:`hybrid_generate_prefill`, through the forward laquant's adapter wraps; ``laquant eval lm-eval --graphed``
+turns it on for its generation tasks): the replay's cache is copied into the cache object ``generate`` passed.
 """
 
 from __future__ import annotations
