@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="on a GPU, replay each scoring forward of laquant's GLA / Gated DeltaNet / DeltaNet or of a "
                         "transformers hybrid with laquant's mixers as a CUDA graph captured per batch size and length "
                         "bucket (4-9x faster on a 1.37B GLA and a 1024 x 8 qwen3_next; the tokens padded to the "
-                        "bucket, so the scores move by rounding)")
+                        "bucket, so the scores move by rounding); a hybrid's generation tasks replay their prefills "
+                        "too")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--no-verify", action="store_true",
                    help="skip checking a checkpoint's files against its sha256 digests (laquant.json)")
