@@ -145,7 +145,7 @@ class _Capture:
         self.ids[:, :pad].zero_()
         self.ids[:, pad:].copy_(input_ids)
         self.mask[:, :pad].zero_()
-        self.positions[:, :pad].fill_(1)  # as transformers' generate fills a padded position's
+        self.positions[:, :pad].fill_(1)  # any value: a padded position is no input (as laquant.generate's)
         if padding is None:
             self.mask[:, pad:].fill_(1)
             self.positions[:, pad:].copy_(torch.arange(T, device=self.positions.device))
@@ -315,10 +315,12 @@ def _left_padding(ids: torch.Tensor, mask, positions):
     """The prompts' padding (bool ``[B, T]``, None: none) where ``mask`` pads them on the left and ``positions`` (None:
     ``arange``) count each sequence's real tokens from 0, as :meth:`_Capture.fill` does, else False (this call runs
     eagerly). Reads the device."""
-    if mask is not None and (not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(ids.shape)):
-        return False
-    padding = None if mask is None or bool(mask.all()) else mask != 0
-    if padding is not None and (not bool(padding[:, -1].all()) or bool((padding[:, :-1] & ~padding[:, 1:]).any())):
+    from laquant.errors import LaquantError
+    from laquant.generate import _left_padding as checked_padding
+
+    try:
+        padding = checked_padding(ids, mask)
+    except LaquantError:  # not padded on the left
         return False
     if positions is not None:  # a padded position's own is no input (transformers 5.25 gives it 0, laquant 1)
         real = torch.ones_like(ids, dtype=torch.bool) if padding is None else padding
