@@ -96,7 +96,7 @@ def test_model_decode_steps_take_the_kernel(static, monkeypatch):
     """In a qwen3_next laquant model (float32, two key heads of two value heads each), each decode step's conv is
     the one kernel, reading q, k and v out of in_proj_qkvz's per-key-head layout in place, on the dynamic cache
     and on the static one a graph replays; the logits equal transformers' own model's over the whole sequence.
-    The prompt keeps short_conv's PyTorch path (more than one token)."""
+    The prompt's conv is one kernel too (short_conv_triton), gathering the same columns."""
     import copy
 
     import laquant.kernels.conv.short_conv as module
@@ -110,12 +110,96 @@ def test_model_decode_steps_take_the_kernel(static, monkeypatch):
     install(model)
     ids = torch.randint(0, test_hybrid.VOCAB, (2, 9), generator=torch.Generator().manual_seed(0)).to(DEVICE)
 
-    calls = []
-    real = module.short_conv_step_triton
+    calls, prompts = [], []
+    real, real_prompt = module.short_conv_step_triton, module.short_conv_triton
     monkeypatch.setattr(module, "short_conv_step_triton", lambda *a, **k: calls.append(a[5]) or real(*a, **k))
+    monkeypatch.setattr(module, "short_conv_triton", lambda *a, **k: prompts.append(a[5]) or real_prompt(*a, **k))
     if INTERPRETED:  # the mixers' side only: the state kernels keep their references
         monkeypatch.setattr(hybrid_mixers, "use_triton", lambda x, state_format=None: state_format is None)
     got, seq = greedy_decode_steps(model, ids, static=static)
     assert len(calls) == 3 * 3 and all(cols is not None for cols in calls)  # 3 linear-attention layers, 3 steps
+    assert len(prompts) == 3 and all(cols is not None for cols in prompts)  # the prompt, each layer
     want = reference(input_ids=seq).logits[:, ids.shape[1] - 1:]
     assert torch.isfinite(got).all() and rel_err(got, want) < 1e-4
+
+
+# ------------------------------------------------------------------------------------------------ a prompt's conv
+@pytest.mark.parametrize("B,T,C,W", [(2, 9, 37, 4), (1, 2, 130, 4), (3, 5, 8, 3), (1, 40, 24, 2)])
+@pytest.mark.parametrize("prev", [True, False])
+@pytest.mark.parametrize("activation", ["silu", None])
+@pytest.mark.parametrize("masked", [False, True])
+def test_prompt_spec_is_the_model_path(B, T, C, W, prev, activation, masked):
+    """short_conv_reference equals short_conv's F.conv1d path for a prompt, after kept inputs or from none, with a
+    padding mask or none, the kept inputs included (the CPU: the reference path runs there)."""
+    from laquant.kernels.conv.short_conv import short_conv_reference
+
+    gen = torch.Generator().manual_seed(B * 100 + T + C + W)
+    conv = _conv(C, W, True, gen, torch.float32).cpu()
+    store = _Store(static=False)
+    if prev:
+        short_conv(torch.randn(B, 3, C, generator=gen), store, 0, conv, activation)
+    kept = store.conv.get(0)
+    kept = kept.clone() if kept is not None else None
+    x = torch.randn(B, T, C, generator=gen)
+    mask = _token_mask(B, T, gen) if masked else None
+    store.token_mask = mask
+    want = short_conv(x, store, 0, conv, activation)
+    got, got_kept = short_conv_reference(x, kept, conv.weight.view(C, W), conv.bias, activation, mask=mask)
+    assert rel_err(got, want) < 1e-6
+    assert torch.equal(got_kept, store.conv[0])
+
+
+def _token_mask(B, T, gen):
+    """A float mask of padding at the end of some rows (a graphed prefill's), one row without any real token."""
+    mask = torch.ones(B, T)
+    for row in range(B):
+        mask[row, int(torch.randint(0, T + 1, (1,), generator=gen)):] = 0.0
+    return mask
+
+
+@pytest.mark.parametrize("B,T,C,W,N", [(2, 9, 37, 4, 37), (1, 70, 300, 4, 333), (3, 2, 24, 4, 50), (2, 33, 130, 2, 130),
+                                       (1, 1, 16, 3, 40)])
+@pytest.mark.parametrize("prev", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("masked", [False, True])
+def test_prompt_kernel_matches_spec(B, T, C, W, N, prev, bias, masked):
+    """Odd sizes, prompts shorter than the kept window, a gather of scattered columns out of a wider strided row,
+    kept inputs before the prompt or none, padding masked (the kept inputs end at each row's last real token), the
+    outputs and the inputs to keep."""
+    from laquant.kernels.conv.short_conv import short_conv_reference, short_conv_triton
+
+    gen = torch.Generator().manual_seed(B * 1000 + T + C + N)
+    conv = _conv(C, W, bias, gen, DTYPE)
+    rows = torch.randn(B, T, 2 * N, generator=gen).to(DEVICE, DTYPE)
+    x = rows[:, :, ::2]  # strided: every other column of a wider buffer
+    cols = None if N == C else torch.randperm(N, generator=gen)[:C].to(DEVICE, torch.int32)
+    kept = torch.randn(B, W - 1, C, generator=gen).to(DEVICE, DTYPE) if prev else None
+    mask = _token_mask(B, T, gen).to(DEVICE) if masked else None
+    weight = conv.weight.view(C, W)
+    want, want_kept = short_conv_reference(x, kept, weight, conv.bias, "silu", cols, mask)
+    got, got_kept = short_conv_triton(x, kept, weight, conv.bias, "silu", cols, mask=mask)
+    assert got.dtype == x.dtype and got.shape == (B, T, C) and torch.isfinite(got).all()
+    if not want.any():  # every input masked, no bias: zeros
+        assert not got.any()
+    else:
+        assert rel_err(got.float(), want.float()) < (1e-6 if DTYPE == torch.float32 else 1e-2)
+    assert torch.equal(got_kept, want_kept)  # copies: exact
+    out, none = short_conv_triton(x, kept, weight, conv.bias, None, cols, keep=False, mask=mask)
+    plain = short_conv_reference(x, kept, weight, conv.bias, None, cols, mask)[0]
+    assert none is None and (out - plain).abs().max() <= 1e-2 * max(plain.abs().max(), 1)
+
+
+def test_prompt_kernel_refuses_bad_input():
+    from laquant.kernels.conv.short_conv import short_conv_triton
+
+    weight = torch.randn(8, 4, device=DEVICE)
+    with pytest.raises(ValueError, match="activation"):
+        short_conv_triton(torch.randn(2, 5, 8, device=DEVICE), None, weight, None, "gelu")
+    with pytest.raises(ValueError, match="cols"):
+        short_conv_triton(torch.randn(2, 5, 9, device=DEVICE), None, weight, None, "silu")
+    with pytest.raises(TypeError, match="int32"):
+        short_conv_triton(torch.randn(2, 5, 9, device=DEVICE), None, weight, None, "silu",
+                          torch.arange(8, device=DEVICE))
+    with pytest.raises(ValueError, match="kept inputs"):
+        short_conv_triton(torch.randn(2, 5, 8, device=DEVICE), torch.randn(2, 2, 8, device=DEVICE), weight, None,
+                          "silu")

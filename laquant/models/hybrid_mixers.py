@@ -55,9 +55,18 @@ def short_conv(x: torch.Tensor, states, layer_idx: int, conv: nn.Conv1d, activat
     """Depthwise causal conv over ``x [B, T, C]``, continuing from the last ``W - 1`` inputs kept in
     the state store ``states`` (None: no cache) and keeping this call's last ones there. ``cols``
     (int32 ``[C]``): x is a projection's output ``[B, T, N]`` whose columns ``cols`` are the conv's input.
-    A decode token on the GPU is one kernel (:mod:`laquant.kernels.conv.short_conv`)."""
+    A decode token on the GPU is one kernel (:mod:`laquant.kernels.conv.short_conv`), and so is a prompt's conv
+    where nothing else is to be recorded (no verify step or state checkpoints, not a static cache)."""
     W = conv.kernel_size[0]
     prev = states.conv.get(layer_idx) if states is not None else None
+    if _one_kernel_prompt(x, states, prev, activation):
+        from laquant.kernels.conv.short_conv import short_conv_triton
+
+        out, kept = short_conv_triton(x, prev, conv.weight.view(-1, W), conv.bias, activation, cols,
+                                      keep=states is not None, mask=getattr(states, "token_mask", None))
+        if states is not None:
+            states.conv[layer_idx] = kept
+        return out
     if _one_kernel_step(x, states, prev, activation):
         from laquant.kernels.conv.short_conv import short_conv_step_triton
 
@@ -94,6 +103,15 @@ def short_conv(x: torch.Tensor, states, layer_idx: int, conv: nn.Conv1d, activat
         if getattr(states, "checkpoints", None) is not None:
             states.checkpoints.keep_conv(layer_idx, inp, W)
     return out.to(x.dtype)
+
+
+def _one_kernel_prompt(x: torch.Tensor, states, prev: torch.Tensor | None, activation: str | None) -> bool:
+    """Whether :func:`short_conv` runs a prompt (more than one token, or a first one) as one kernel: on the GPU, with
+    nothing else to record (no verify step or state checkpoints) into a cache that is not static."""
+    recorded = states is not None and (getattr(states, "static", False) or any(
+        getattr(states, name, None) is not None for name in ("pending", "checkpoints")))
+    return ((x.shape[1] > 1 or prev is None) and activation in ONE_KERNEL_ACTIVATIONS and use_triton(x)
+            and (prev is None or prev.stride(-1) == 1) and not recorded)
 
 
 def _one_kernel_step(x: torch.Tensor, states, prev: torch.Tensor | None, activation: str | None) -> bool:
