@@ -198,3 +198,21 @@ def test_read_floor_kernel_sums_each_programs_chunk():
         got = probe.read_all(words.to(device), programs, torch.empty(programs, dtype=torch.int32, device=device))
         assert torch.equal(got.cpu(), probe.read_reference(words, programs))
         assert not torch.equal(probe.read_reference(words, programs), probe.read_reference(words.roll(1), programs))
+
+
+def test_short_conv_bench_runs_both_paths(monkeypatch):
+    """tools/bench_short_conv.py times the model's short_conv by the PyTorch path and by the kernel: both are taken
+    (the switch reaches the model's function) and agree (interpreted here)."""
+    from conftest import require_triton_kernels
+
+    from laquant.kernels.conv import short_conv as module
+
+    require_triton_kernels()
+    bench = _tool("bench_short_conv")
+    calls = []
+    real = module.short_conv_triton
+    monkeypatch.setattr(module, "short_conv_triton", lambda *a, **k: calls.append(1) or real(*a, **k))
+    gen = torch.Generator().manual_seed(0)
+    conv, x, cols = bench._case(40, 24, 4, 2, 9, "cpu", torch.float32, gen)
+    (a, ka), (b, kb) = bench.run(conv, x, cols, False), bench.run(conv, x, cols, True)
+    assert len(calls) == 1 and torch.allclose(a, b, rtol=1e-5, atol=1e-6) and torch.equal(ka, kb)
