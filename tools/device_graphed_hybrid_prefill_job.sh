@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the sessions of 2026-12-05 built without a GPU, and what the fused-MoE run left (~12 minutes, no carry):
+# What the sessions of 2026-12-05 built without a GPU, and what the fused-MoE run left (~17 minutes, no carry: two polls):
 #   bash tools/device_kernels.sh 540 device_graphed_hybrid_prefill_job.sh   (then poll with the same command)
 # 1. GPU tests: the hybrids' graphed prefill (laquant/serving/graphed_hybrid_prefill.py, never captured yet), the int8
 #    experts (one token: a block a pair, no alignment launch; its CUDA-graph replay), the fused MoE blocks (the tests
@@ -12,6 +12,9 @@
 #    (tools/bench_moe_router.py).
 # 4. The decode GEMMs beside the fastest pure read of their weights (tools/read_floor_probe.py): how far a call of
 #    4-46 MB can get from copy bandwidth at all, the 1.37B GLA's shapes and the 7B ones.
+# 5. Last (it may not finish in the device time left): the int8 experts at prefill sizes, every tile of the sweep's
+#    grid against the rule's (tools/bench_moe_experts.py --sweep --sweep-prefill), and the experts with T = 1 now
+#    without the alignment launch against transformers' bf16 ones.
 set -u
 . tools/device_job_env.sh "$@"
 timeout 300 python3 -m pytest -v -rfs --tb=short tests/test_graphed_hybrid_prefill.py tests/test_moe_experts.py \
@@ -34,4 +37,7 @@ for shapes in gla 7b; do
     > "$W/read_floor_$shapes.log" 2>&1
   log "read floor $shapes rc $?"
 done
+timeout 300 python3 tools/bench_moe_experts.py "$W/moe_experts_sweep.json" --sweep --sweep-prefill \
+  > "$W/moe_experts_sweep.log" 2>&1
+log "moe experts sweep rc $?"
 touch "$W/job.done"
