@@ -247,8 +247,8 @@ def short_conv_step_triton(x: torch.Tensor, state: torch.Tensor, weight: torch.T
 def short_conv_triton(x: torch.Tensor, prev: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
                       activation: str | None, cols: torch.Tensor | None = None, keep: bool = True,
                       mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Twin of :func:`short_conv_reference`, one launch (with a ``mask``, and ``keep``, two more small ones for each
-    row's last real token). ``keep`` False: no kept inputs, None in their place. ``x`` and ``mask`` may have any
+    """Twin of :func:`short_conv_reference`, one launch (with a ``mask`` and ``keep``, three more small ones for each
+    row's last real token, :func:`last_real`). ``keep`` False: no kept inputs, None in their place. ``x`` and ``mask`` may have any
     strides; the kept inputs' channels and the weight must be contiguous, ``cols`` int32."""
     _check_prompt(x, prev, weight, bias, activation, cols, mask)
     if (prev is not None and prev.stride(-1) != 1) or not weight.is_contiguous():
