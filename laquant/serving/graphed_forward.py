@@ -289,15 +289,18 @@ class GraphedForward:
         return capture
 
     def _give_up(self, key, exc: RuntimeError, what: str) -> None:
-        """Eagerly from now on, warned: forwards of ``key``'s batch size and bucket after running out of memory, every
-        forward of the model after any other failure."""
         from laquant.generate import capture_failure
 
-        why = capture_failure(exc)
-        if isinstance(exc, torch.OutOfMemoryError):
-            self.refused[key] = why
-            scope = f"forwards of {key[0]} x {key[1]} tokens run eagerly"
-        else:
-            self.failure = why
-            scope = "its forwards run eagerly"
-        warnings.warn(f"laquant: {what} ({why}); {scope}", stacklevel=5)
+        give_up(self, key, capture_failure(exc), isinstance(exc, torch.OutOfMemoryError), what, "forwards")
+
+
+def give_up(graphs, key: tuple, why: str, out_of_memory: bool, what: str, calls: str) -> None:
+    """Eagerly from now on, warned: after running out of memory, the ``calls`` of ``key``'s batch size and bucket
+    (``key[:2]``; ``graphs.refused``), after any other failure every one of the model's (``graphs.failure``)."""
+    if out_of_memory:
+        graphs.refused[key] = why
+        scope = f"{calls} of {key[0]} x {key[1]} tokens run eagerly"
+    else:
+        graphs.failure = why
+        scope = f"its {calls} run eagerly"
+    warnings.warn(f"laquant: {what} ({why}); {scope}", stacklevel=5)

@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-import warnings
 import weakref
 from collections import OrderedDict
 
@@ -207,7 +206,7 @@ class HybridPrefillGraphs:
         if self.failure is not None or model is None or input_ids.shape[1] > self.max_tokens:
             return None
         setting = model.get_experts_implementation() if hasattr(model, "get_experts_implementation") else {}
-        key = (bucket_for(input_ids.shape[1]), input_ids.shape[0], tuple(sorted(setting.items())), weights_key(model))
+        key = (input_ids.shape[0], bucket_for(input_ids.shape[1]), tuple(sorted(setting.items())), weights_key(model))
         if key in self.refused:
             return None
         capture = self.captures.get(key)
@@ -233,7 +232,7 @@ class HybridPrefillGraphs:
             self.pool = torch.cuda.graph_pool_handle()
         try:
             with torch.inference_mode(False):  # normal tensors: later replays copy into them in place
-                capture = _Capture(self.model, key[0], input_ids, padding, self.use_graph, self.pool)
+                capture = _Capture(self.model, key[1], input_ids, padding, self.use_graph, self.pool)
         except RuntimeError as exc:  # an op the capture refuses: slower, never wrong, so eagerly
             from laquant.generate import capture_failure
 
@@ -262,15 +261,9 @@ class HybridPrefillGraphs:
         return False
 
     def _give_up(self, key, why: str, out_of_memory: bool, what: str) -> None:
-        """Eagerly from now on, warned: the prefills of ``key``'s bucket and batch size after running out of memory,
-        every prefill of the model after anything else."""
-        if out_of_memory:
-            self.refused[key] = why
-            scope = f"prefills of {key[1]} x {key[0]} tokens run eagerly"
-        else:
-            self.failure = why
-            scope = "its prefills run eagerly"
-        warnings.warn(f"laquant: {what} ({why}); {scope}", stacklevel=4)
+        from laquant.serving.graphed_forward import give_up
+
+        give_up(self, key, why, out_of_memory, what, "prefills")
 
 
 def hybrid_generate_prefill(model, args: tuple, kwargs: dict):
