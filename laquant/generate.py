@@ -199,13 +199,11 @@ def prefill_graphs(model):
 
 
 def graphed_prefill_refusal(model, tokens: int) -> str | None:
-    """Why a fresh prefill of ``tokens`` tokens of ``model`` cannot replay as a CUDA graph, or None."""
-    from laquant.serving.graphed_hybrid_prefill import hybrid_prefill_graphable
-    from laquant.serving.graphed_prefill import model_graphable
-
+    """Why a fresh prefill of ``tokens`` tokens of ``model`` cannot replay as a CUDA graph, or None. The model's modules
+    are walked once, by its :func:`prefill_graphs` (this runs before every graphed prefill)."""
     if not next(model.parameters()).is_cuda:
         return "CUDA graphs need a CUDA device"
-    if not (model_graphable(model) or hybrid_prefill_graphable(model)):
+    if not prefill_graphs(model).model_graphable():
         return (f"a graphed prefill covers laquant's GLA, Gated DeltaNet and DeltaNet with recurrent layers only, no "
                 f"state round trip inside the prefill and no per-tensor activation scales, and the transformers "
                 f"hybrids laquant adapted (laquant.adapters.install) without per-tensor activation scales or forward "

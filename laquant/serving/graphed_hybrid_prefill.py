@@ -186,10 +186,24 @@ class HybridPrefillGraphs:
         self.refused: dict = {}  # key -> why its capture ran out of memory (that key's prefills run eagerly)
         self.failure: str | None = None  # a capture failed otherwise, or replayed other numbers: all run eagerly
         self.pool = None
+        self.walk = None  # the model's modules, walked at the first check (graphed_forward._Walk)
 
     @property
     def model(self):
         return self._model()
+
+    def model_graphable(self) -> bool:
+        """:func:`hybrid_prefill_graphable` of the model, its modules walked once (a capture holds the modules it saw:
+        a model whose modules are replaced must release its graphs, as laquant's quantize and ``_apply`` do); the
+        hooks, which come and go, checked at every call."""
+        from laquant.adapters.hybrid import is_adapted_hybrid
+        from laquant.serving.graphed_forward import _Walk
+
+        model = self.model
+        if not (is_adapted_hybrid(model) and getattr(model, "_laquant_positions_hook", False)):
+            return False
+        self.walk = self.walk or _Walk(model)
+        return self.walk.graphable()
 
     def __call__(self, fresh_cache, input_ids: torch.Tensor, padding: torch.Tensor | None = None):
         """``(logits [B, 1, vocab], cache)`` of ``input_ids [B, T]`` (``padding``: prompts of several lengths padded
