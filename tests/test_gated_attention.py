@@ -142,6 +142,90 @@ def test_static_steps_take_the_fused_layer(family, monkeypatch):
         assert torch.equal(fused.kv[i][0], plain.kv[i][0]) and torch.equal(fused.kv[i][1], plain.kv[i][1])
 
 
+def _prompt_inputs(B, T, Hq, Hkv, D, R, batch_cos, gen, dtype, device="cpu"):
+    """A prompt's q and gate interleaved per head as q_proj writes them, k a column slice of a wider projection
+    (strided views), the formula weights, cos / sin ``[B or 1, T, R]``."""
+    qg = (torch.randn(B, T, Hq, 2 * D, generator=gen) * 2).to(device, dtype)
+    kv = (torch.randn(B, T, 2 * Hkv * D + 5, generator=gen) * 2).to(device, dtype)
+    k = kv[..., :Hkv * D].view(B, T, Hkv, D)
+    wq, wk = ((1.0 + torch.randn(D, generator=gen) * 0.3).to(device) for _ in range(2))
+    angles = torch.rand(B if batch_cos else 1, T, R // 2, generator=gen) * 6
+    angles = torch.cat([angles, angles], -1)
+    return qg[..., :D], qg[..., D:], k, wq, wk, angles.cos().to(device, dtype), angles.sin().to(device, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prompt_spec_is_transformers_modules(dtype):
+    """qk_norm_rope_reference gives, bit for bit, what Qwen3NextAttention's ops give a prompt on the CPU: q_norm and
+    k_norm, the transposes, apply_rotary_pos_emb (partial), the gate's reshape."""
+    from laquant.kernels.attention.qk_norm_rope import qk_norm_rope_reference
+
+    gen = torch.Generator().manual_seed(5)
+    q, gate, k, wq, wk, cos, sin = _prompt_inputs(2, 7, 6, 2, 64, 16, True, gen, dtype)
+    qn, kn = Qwen3NextRMSNorm(64, eps=1e-6), Qwen3NextRMSNorm(64, eps=1e-6)
+    with torch.no_grad():
+        qn.weight.copy_(wq - 1.0)
+        kn.weight.copy_(wk - 1.0)
+        want_q, want_k = apply_rotary_pos_emb(qn(q).transpose(1, 2), kn(k).transpose(1, 2), cos, sin)
+    query, key, gate_out = qk_norm_rope_reference(q, gate, k, wq, wk, 1e-6, cos, sin)
+    assert torch.equal(query, want_q) and torch.equal(key, want_k) and query.is_contiguous() and key.is_contiguous()
+    assert torch.equal(gate_out, gate.reshape(2, 7, -1)) and gate_out.is_contiguous()
+
+
+@pytest.mark.parametrize("B,T,Hq,Hkv,D,R,batch_cos", [(2, 5, 6, 2, 64, 16, False), (1, 9, 4, 4, 32, 32, True),
+                                                      (3, 3, 3, 1, 48, 12, True), (1, 33, 16, 2, 128, 32, False)])
+def test_prompt_kernel_matches_the_spec(B, T, Hq, Hkv, D, R, batch_cos):
+    """The prompt kernel on strided q / gate / k views, partial rotary, odd head counts and widths, cos per sequence or
+    shared: the query and key heads in attention's layout and the gate."""
+    from laquant.kernels.attention.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
+
+    gen = torch.Generator().manual_seed(B + T + D)
+    args = _prompt_inputs(B, T, Hq, Hkv, D, R, batch_cos, gen, DTYPE, DEVICE)
+    want_q, want_k, want_g = qk_norm_rope_reference(*args[:5], 1e-6, *args[5:])
+    got_q, got_k, got_g = qk_norm_rope_triton(*args[:5], 1e-6, *args[5:])
+    assert torch.equal(got_g, want_g) and got_q.shape == (B, Hq, T, D) and got_k.shape == (B, Hkv, T, D)
+    tol = 1e-6 if INTERPRETED else 1e-2
+    assert rel_err(got_q.float().cpu(), want_q.float().cpu()) < tol
+    assert rel_err(got_k.float().cpu(), want_k.float().cpu()) < tol
+    with pytest.raises(ValueError, match="cos and sin"):
+        qk_norm_rope_triton(*args[:5], 1e-6, args[5][:, :1], args[6][:, :1])
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+@torch.no_grad()
+def test_prompts_take_the_fused_layer(family, monkeypatch):
+    """On the GPU (here: the prompt kernel interpreted, the rest on its references) a prompt and eager decode steps on
+    the dynamic cache run each gated attention through one q / k kernel around transformers' cache update and
+    attention: the logits and the cache's keys are transformers' forward's to float32 rounding."""
+    from laquant.adapters import cache_kwargs, new_cache
+
+    model = _model(family)
+    install(model)
+    calls = []
+    real = qk_norm_rope.qk_norm_rope_triton
+    monkeypatch.setattr(qk_norm_rope, "qk_norm_rope_triton", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(gated_attention, "use_triton", lambda x, state_format=None: True)
+    gen = torch.Generator().manual_seed(3)
+    ids, steps = torch.randint(0, VOCAB, (2, 9), generator=gen), torch.randint(0, VOCAB, (2, 2), generator=gen)
+
+    def run():
+        cache = new_cache(model)
+        out = [model(input_ids=ids, **cache_kwargs(model, cache), use_cache=True).logits]
+        out += [model(input_ids=steps[:, t:t + 1], **cache_kwargs(model, cache), use_cache=True).logits
+                for t in range(2)]
+        return torch.cat(out, 1), cache
+
+    got, got_cache = run()
+    layers = sum(type(m).__name__ in gated_attention.GATED_ATTENTIONS for m in model.modules())
+    assert len(calls) == 3 * layers > 0
+    transformers_forward(model, gated_attention.GATED_ATTENTIONS)
+    want, want_cache = run()
+    assert len(calls) == 3 * layers and rel_err(got, want) < 1e-5
+    for a, b in zip(got_cache.layers, want_cache.layers):
+        if getattr(b, "keys", None) is not None and b.keys.numel():
+            assert rel_err(a.keys, b.keys) < 1e-5 and torch.equal(a.values, b.values)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
 @torch.no_grad()
@@ -162,3 +246,28 @@ def test_gpu_static_steps_match_transformers(family):
     for i in fused.kv:
         assert rel_err(fused.kv[i][0].float(), plain.kv[i][0].float()) < 2e-2
         assert torch.equal(fused.kv[i][1], plain.kv[i][1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+@torch.no_grad()
+def test_gpu_prompts_match_transformers(family):
+    """bf16 on the GPU: a prompt through the prompt kernel against transformers' forward: the logits and the cached
+    keys agree to bf16's rounding, the values equal."""
+    from laquant.adapters import cache_kwargs, new_cache
+
+    model = _model(family).to("cuda", torch.bfloat16)
+    install(model)
+    ids = torch.randint(0, VOCAB, (3, 77), generator=torch.Generator().manual_seed(4)).cuda()
+
+    def run():
+        cache = new_cache(model)
+        return model(input_ids=ids, **cache_kwargs(model, cache), use_cache=True).logits, cache
+
+    got, got_cache = run()
+    transformers_forward(model, gated_attention.GATED_ATTENTIONS)
+    want, want_cache = run()
+    assert rel_err(got.float(), want.float()) < 2e-2
+    for a, b in zip(got_cache.layers, want_cache.layers):
+        if getattr(b, "keys", None) is not None and b.keys.numel():
+            assert rel_err(a.keys.float(), b.keys.float()) < 2e-2 and torch.equal(a.values, b.values)

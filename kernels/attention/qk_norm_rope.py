@@ -1,6 +1,7 @@
 """A decode token's query and key heads made ready for a gated softmax attention (Qwen3-Next, Qwen3.5),
 in one launch: per-head RMSNorm, partial rotary embedding, and the key and value written into a
-static cache at a device-side position.
+static cache at a device-side position. A prompt's (:func:`qk_norm_rope_triton`) the same for every token, the
+query and key heads written in attention's ``[B, H, T, D]`` layout (the cache update is then transformers').
 
 In transformers this is about 35 launches a layer: the q and k norms (float32 upcast, square, mean,
 rsqrt, two products, downcast: ~10 each), the rotary embedding's slices, products, negation and two
@@ -9,7 +10,8 @@ two ``index_copy_`` of the cache update. :func:`qk_norm_rope_step_triton` reads 
 where the projections wrote them (strided views of one output) and writes the query heads, the gate
 (contiguous, for the gated output's kernel) and the cache.
 
-Spec: :func:`qk_norm_rope_step`, which is transformers' formulas op for op (``Qwen3NextRMSNorm``:
+Spec: :func:`qk_norm_rope_step` (:func:`qk_norm_rope_reference` for a prompt), which is transformers' formulas op for
+op (``Qwen3NextRMSNorm``:
 the normalized rows times the float32 weight, one rounding; ``apply_rotary_pos_emb``: each product
 and the sum rounded to the model's dtype). The kernel rounds where they do; only the order of the
 mean's sum differs, so the two agree to the rounding of the dtype, not bit for bit.
@@ -86,7 +88,88 @@ def qk_norm_rope_step(q: torch.Tensor, gate: torch.Tensor | None, k: torch.Tenso
     return query[:, :, None].contiguous(), None if gate is None else gate.reshape(gate.shape[0], -1).contiguous()
 
 
+def _check_prompt(q, gate, k, q_weight, k_weight, cos, sin):
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(f"expected q [B, T, Hq, D] and k [B, T, Hkv, D]; got {tuple(q.shape)}, {tuple(k.shape)}")
+    B, T, Hq, D = q.shape
+    Hkv = k.shape[2]
+    if (gate is not None and gate.shape != q.shape) or k.shape != (B, T, Hkv, D):
+        raise ValueError(f"gate {None if gate is None else tuple(gate.shape)} and k {tuple(k.shape)} do not fit "
+                         f"q {tuple(q.shape)}")
+    if q_weight.shape != (D,) or k_weight.shape != (D,):
+        raise ValueError(f"the norm weights must be [{D}]; got {tuple(q_weight.shape)}, {tuple(k_weight.shape)}")
+    R = cos.shape[-1]
+    if cos.shape != sin.shape or cos.dim() != 3 or cos.shape[0] not in (1, B) or cos.shape[1] != T or R > D or R % 2:
+        raise ValueError(f"cos and sin must be [B or 1, {T}, R] with an even R <= {D}; got {tuple(cos.shape)}, "
+                         f"{tuple(sin.shape)}")
+    if cos.dtype != q.dtype or sin.dtype != q.dtype:
+        raise TypeError(f"cos and sin must be in q's dtype {q.dtype} (transformers casts them to it); got {cos.dtype}")
+    if Hq % Hkv:
+        raise ValueError(f"{Hq} query heads do not group over {Hkv} key heads")
+
+
+def qk_norm_rope_reference(q: torch.Tensor, gate: torch.Tensor | None, k: torch.Tensor, q_weight: torch.Tensor,
+                           k_weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor):
+    """A prompt: ``q [B, T, Hq, D]``, its output ``gate`` (or None), ``k [B, T, Hkv, D]``, ``cos`` and ``sin``
+    ``[B or 1, T, R]``. Each head of q and k normalized and rotated as :func:`qk_norm_rope_step` does it. Returns
+    ``(query [B, Hq, T, D], key [B, Hkv, T, D], gate [B, T, Hq * D] or None)``, each contiguous."""
+    _check_prompt(q, gate, k, q_weight, k_weight, cos, sin)
+    query = _rotate(rms_norm(q, q_weight, eps)[0].transpose(1, 2), cos, sin)
+    key = _rotate(rms_norm(k, k_weight, eps)[0].transpose(1, 2), cos, sin)
+    out_gate = None if gate is None else gate.reshape(*gate.shape[:2], -1).contiguous()
+    return query.contiguous(), key.contiguous(), out_gate
+
+
 if triton is not None:
+
+    @triton.jit
+    def _normed_rotated(x, xp, w, wp, c, s, d, D, R, eps):
+        """A head's row ``x`` (``xp``: its elements ``i +- R / 2``) normalized, times the weight, its first ``R``
+        channels rotated, each product and sum rounded to x's dtype as PyTorch rounds them."""
+        half = R // 2
+        dtype = x.dtype
+        xf = x.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / D + eps)
+        n = rounded(xf * rstd * w, dtype)
+        npart = rounded(xp.to(tl.float32) * rstd * wp, dtype)
+        rot = tl.where(d < half, -npart, npart)
+        y = (rounded(n * c, dtype) + rounded(rot * s, dtype)).to(dtype)
+        return tl.where(d < R, y, n.to(dtype))
+
+    @triton.jit
+    def _qk_norm_rope_prompt_kernel(q_ptr, g_ptr, k_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, qo_ptr, go_ptr, ko_ptr,
+                                    eps, T, Hq, Hkv, D, R, sqb, sqt, sqh, sgb, sgt, sgh, skb, skt, skh, scb, sct, ssb,
+                                    sst, BLOCK_D: tl.constexpr, HAS_GATE: tl.constexpr):
+        """Program ``(b * T + t, h)``: token t's query head ``h < Hq`` (and its gate), else its key head ``h - Hq``;
+        the rotated half read again from a second load, as the decode kernel does."""
+        bt = tl.program_id(0)
+        b = (bt // T).to(tl.int64)
+        t = (bt % T).to(tl.int64)
+        h = tl.program_id(1)
+        d = tl.arange(0, BLOCK_D)
+        in_row = d < D
+        half = R // 2
+        partner = tl.where(d < half, d + half, d - half)
+        if h < Hq:
+            row = q_ptr + b * sqb + t * sqt + h.to(tl.int64) * sqh
+            w_ptr = wq_ptr
+        else:
+            row = k_ptr + b * skb + t * skt + (h - Hq).to(tl.int64) * skh
+            w_ptr = wk_ptr
+        x = tl.load(row + d, mask=in_row, other=0.0)
+        xp = tl.load(row + partner, mask=d < R, other=0.0)
+        w = tl.load(w_ptr + d, mask=in_row, other=0.0)
+        wp = tl.load(w_ptr + partner, mask=d < R, other=0.0)
+        c = tl.load(cos_ptr + b * scb + t * sct + d, mask=d < R, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + b * ssb + t * sst + d, mask=d < R, other=0.0).to(tl.float32)
+        y = _normed_rotated(x, xp, w, wp, c, s, d, D, R, eps)
+        if h < Hq:
+            tl.store(qo_ptr + ((b * Hq + h) * T + t) * D + d, y, mask=in_row)
+            if HAS_GATE:
+                gv = tl.load(g_ptr + b * sgb + t * sgt + h.to(tl.int64) * sgh + d, mask=in_row, other=0.0)
+                tl.store(go_ptr + (b * T + t) * Hq * D + h * D + d, gv, mask=in_row)
+        else:
+            tl.store(ko_ptr + ((b * Hkv + h - Hq) * T + t) * D + d, y, mask=in_row)
 
     @triton.jit
     def _qk_norm_rope_kernel(q_ptr, g_ptr, k_ptr, v_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr,
@@ -115,14 +198,7 @@ if triton is not None:
         wp = tl.load(w_ptr + partner, mask=d < R, other=0.0)
         c = tl.load(cos_ptr + b * scb + d, mask=d < R, other=0.0).to(tl.float32)
         s = tl.load(sin_ptr + b * ssb + d, mask=d < R, other=0.0).to(tl.float32)
-        dtype = x.dtype
-        xf = x.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / D + eps)
-        n = rounded(xf * rstd * w, dtype)
-        npart = rounded(xp.to(tl.float32) * rstd * wp, dtype)
-        rot = tl.where(d < half, -npart, npart)
-        y = (rounded(n * c, dtype) + rounded(rot * s, dtype)).to(dtype)
-        y = tl.where(d < R, y, n.to(dtype))
+        y = _normed_rotated(x, xp, w, wp, c, s, d, D, R, eps)
         if h < Hq:
             out = (b * Hq + h) * D
             tl.store(qo_ptr + out + d, y, mask=in_row)
@@ -164,3 +240,29 @@ def qk_norm_rope_step_triton(q: torch.Tensor, gate: torch.Tensor | None, k: torc
             BLOCK_D=next_power_of_2(max(D, Dv)), HAS_GATE=gate is not None, num_warps=1 if D <= 128 else 2,
             **pdl_launch(q.device, B))
     return query, gate_out
+
+
+def qk_norm_rope_triton(q: torch.Tensor, gate: torch.Tensor | None, k: torch.Tensor, q_weight: torch.Tensor,
+                        k_weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor):
+    """Twin of :func:`qk_norm_rope_reference`, one launch. q, gate and k may be strided views (each head's channels
+    contiguous); the weights (float32) and the cos / sin rows must be contiguous."""
+    _check_prompt(q, gate, k, q_weight, k_weight, cos, sin)
+    tensors = (q, k, cos, sin) + (() if gate is None else (gate,))
+    if any(t.stride(-1) != 1 for t in tensors) or not (q_weight.is_contiguous() and k_weight.is_contiguous()):
+        raise ValueError("the kernel needs each head's channels, the weights and cos / sin rows contiguous")
+    if q_weight.dtype != torch.float32 or k_weight.dtype != torch.float32:
+        raise TypeError("the norm weights must be float32 (the formula's weight, e.g. 1 + w)")
+    B, T, Hq, D = q.shape
+    Hkv = k.shape[2]
+    query = torch.empty(B, Hq, T, D, dtype=q.dtype, device=q.device)
+    key = torch.empty(B, Hkv, T, D, dtype=k.dtype, device=k.device)
+    gate_out = None if gate is None else torch.empty(B, T, Hq * D, dtype=gate.dtype, device=gate.device)
+    if B and T:
+        g = gate if gate is not None else q
+        batch_cos = cos.shape[0] > 1
+        launch_kernel(_qk_norm_rope_prompt_kernel, (B * T, Hq + Hkv),
+            q, g, k, q_weight, k_weight, cos, sin, query, gate_out if gate_out is not None else query, key, eps, T, Hq,
+            Hkv, D, cos.shape[-1], *q.stride()[:3], *g.stride()[:3], *k.stride()[:3],
+            cos.stride(0) if batch_cos else 0, cos.stride(1), sin.stride(0) if batch_cos else 0, sin.stride(1),
+            BLOCK_D=next_power_of_2(D), HAS_GATE=gate is not None, num_warps=1 if D <= 128 else 2)
+    return query, key, gate_out

@@ -17,8 +17,13 @@ On a step of :class:`~laquant.models.static_hybrid.StaticHybridCache` (the graph
 
 Its roundings are transformers' (the norms' float32 formula with one rounding, each rotary product
 and sum rounded, the sigmoid rounded before its product); on the CPU it runs the kernels' PyTorch
-specs, which are transformers' ops. Anything else (a prompt, a dynamic cache, attention weights
-wanted, hooks on the norms) runs transformers' forward.
+specs, which are transformers' ops.
+
+A prompt (or any call on a dynamic cache, or without one) on the GPU takes the same kernels around transformers' own
+cache update and attention function (:func:`_prompt`): transformers' q and k norms and rotary embedding were ~20
+elementwise launches a layer of a prompt, in a 512-token Qwen3-Next-style MoE prefill likely most of the 56 generic
+elementwise kernels that took 0.76 ms of its 7.8 ms (``eval/results/moe_experts_h200/run4_verify/``). Anything else
+(attention weights wanted, hooks on the norms, the CPU) runs transformers' forward.
 """
 
 from __future__ import annotations
@@ -71,6 +76,46 @@ def _static_step(attn: nn.Module, x: torch.Tensor, position_embeddings, attentio
     return glu_project(attn, "o_proj", gate.view(B, 1, -1), out.reshape(B, 1, -1), activation="sigmoid")
 
 
+def _takes_prompt(attn: nn.Module, x: torch.Tensor, position_embeddings, cache, kwargs: dict) -> bool:
+    from laquant.models.static_hybrid import StaticHybridCache
+
+    return (use_triton(x) and not isinstance(cache, StaticHybridCache) and x.dim() == 3 and not attn.training
+            and not kwargs.get("output_attentions") and position_embeddings is not None
+            and position_embeddings[0].dim() == 3 and position_embeddings[0].dtype == x.dtype
+            and _norm_ok(attn.q_norm) and _norm_ok(attn.k_norm))
+
+
+def _prompt(attn: nn.Module, x: torch.Tensor, position_embeddings, attention_mask, cache, kwargs: dict):
+    """transformers' forward of a gated attention (Qwen3-Next's) with the q / k norms and rotary embedding in one
+    launch (:func:`~laquant.kernels.attention.qk_norm_rope.qk_norm_rope_triton`), q, k and v as one GEMM where they are
+    quantized alike, and ``o_proj(o * sigmoid(gate))`` as :func:`~laquant.quant.fused.glu_project`; the cache update
+    and the attention function are transformers' own."""
+    import sys
+
+    from laquant.kernels.attention.qk_norm_rope import qk_norm_rope_triton
+    from laquant.models.cache import CACHE_KEYWORDS
+    from laquant.models.static_hybrid import ALL_ATTENTION_FUNCTIONS
+    from laquant.quant.fused import glu_project, project
+
+    B, T = x.shape[:2]
+    D = attn.head_dim
+    qg, k, v = project(attn, _QKV, x)
+    heads = qg.view(B, T, -1, 2 * D)  # [B, T, Hq, query | gate]
+    kv_heads = k.shape[-1] // D
+    cos, sin = position_embeddings
+    query, key, gate = qk_norm_rope_triton(heads[..., :D], heads[..., D:], k.view(B, T, kv_heads, D),
+                                           formula_weight(attn.q_norm), formula_weight(attn.k_norm), attn.q_norm.eps,
+                                           cos, sin)
+    value = v.view(B, T, kv_heads, -1).transpose(1, 2)
+    if cache is not None:
+        key, value = cache.update(key, value, attn.layer_idx)
+    eager = sys.modules[original_class(attn).__module__].eager_attention_forward
+    interface = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, eager)
+    rest = {name: arg for name, arg in kwargs.items() if name not in CACHE_KEYWORDS}
+    out, weights = interface(attn, query, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **rest)
+    return glu_project(attn, "o_proj", gate, out.reshape(B, T, -1).contiguous(), activation="sigmoid"), weights
+
+
 class _StaticStepAttention:
     """Mixed into a gated attention's class by :func:`install` (the original class next in the MRO)."""
 
@@ -78,6 +123,8 @@ class _StaticStepAttention:
         cache = passed_cache(kwargs)
         if not args and _takes_step(self, hidden_states, position_embeddings, cache, kwargs):
             return _static_step(self, hidden_states, position_embeddings, attention_mask, cache), None
+        if not args and _takes_prompt(self, hidden_states, position_embeddings, cache, kwargs):
+            return _prompt(self, hidden_states, position_embeddings, attention_mask, cache, kwargs)
         return super().forward(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
 
 
