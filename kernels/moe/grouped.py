@@ -117,8 +117,9 @@ if triton is not None:
     @triton.jit
     def _block(block_expert_ptr, pairs_ptr, S, BLOCK_M: tl.constexpr, DIRECT: tl.constexpr):
         """This program's block: its expert (past the last used one: no work), its pairs (padding rows as ``S``)
-        and which of them are real. ``DIRECT`` (one token: its pairs' experts are distinct): block ``j`` is pair
-        ``j`` alone and ``block_expert_ptr`` the router's top-k indices, so no alignment ran."""
+        and which of them are real. ``DIRECT`` (one token): block ``j`` is pair ``j`` alone and ``block_expert_ptr``
+        the router's top-k indices, so no alignment ran (a router's k experts are distinct; an expert chosen twice
+        would be read twice, still right)."""
         pid_m = tl.program_id(0)
         expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
         if DIRECT:
