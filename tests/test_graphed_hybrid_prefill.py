@@ -320,24 +320,28 @@ def test_what_transformers_generate_prefills_eagerly(monkeypatch):
 
 
 @pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h"])
-def test_padded_prefill_through_the_conv_kernel(family, monkeypatch):
-    """The short convs on their prompt kernel (interpreted; the other kernels keep their references): the prompt
-    padded on the left to its bucket gives the unpadded prefill's logits, kept conv inputs and next step."""
+def test_padded_prefill_through_the_prompt_kernels(family, monkeypatch):
+    """The short convs and the gated attention on their prompt kernels (interpreted; the other kernels keep their
+    references): the prompt padded on the left to its bucket gives the unpadded prefill's logits and cache."""
     from conftest import INTERPRETED, require_triton_kernels
 
     require_triton_kernels()
     if not INTERPRETED:
         pytest.skip("the CPU's interpreted kernels")
+    from laquant.kernels.attention import qk_norm_rope
     from laquant.kernels.conv import short_conv as module
-    from laquant.models import hybrid_mixers
+    from laquant.models import gated_attention, hybrid_mixers
 
-    calls = []
-    real = module.short_conv_triton
+    calls, attention = [], []
+    real, real_attention = module.short_conv_triton, qk_norm_rope.qk_norm_rope_triton
     monkeypatch.setattr(module, "short_conv_triton", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(qk_norm_rope, "qk_norm_rope_triton",
+                        lambda *a, **k: attention.append(1) or real_attention(*a, **k))
     monkeypatch.setattr(hybrid_mixers, "use_triton", lambda x, state_format=None: state_format is None)
+    monkeypatch.setattr(gated_attention, "use_triton", lambda x, state_format=None: True)
     model = _model(family)
     ids = torch.randint(1, 500, (2, 23), generator=torch.Generator().manual_seed(13))
     logits, cache = HybridPrefillGraphs(model, 4096, use_graph=False)(new_cache(model), ids)
     ref_logits, ref_cache = _eager(model, ids)
-    assert calls and rel_err(logits, ref_logits) < 1e-5
+    assert calls and bool(attention) == (family == "qwen3_next") and rel_err(logits, ref_logits) < 1e-5
     _assert_same_cache(cache, ref_cache, 23, quantized=False)
