@@ -224,7 +224,6 @@ def prefill(model, input_ids: torch.Tensor, graphed: bool = False, padding: torc
     at the padding), prefilled eagerly (a transformers hybrid's may replay too). Raises where the model or prompt is
     not covered."""
     cache = _fresh_cache(model)
-    padded = {} if padding is None else _padding_kwargs(model, padding)
     with torch.no_grad():  # as the replay: with gradients on, the model would take its reference ops
         if graphed:
             if padding is not None and hasattr(model, "new_cache"):
@@ -239,7 +238,7 @@ def prefill(model, input_ids: torch.Tensor, graphed: bool = False, padding: torc
                 if replayed is not None:
                     logits, cache = replayed
                     return logits[:, -1], cache
-        return _forward(model, input_ids, cache, **padded)
+        return _forward(model, input_ids, cache, **({} if padding is None else _padding_kwargs(model, padding)))
 
 
 def warm_up_outside_capture(fn, runs: int = 2) -> None:

@@ -49,16 +49,23 @@ def _check(q, gate, k, v, q_weight, k_weight, cos, sin, keys, values, pos):
             or values.shape[-1] != v.shape[-1]:
         raise ValueError(f"cache keys {tuple(keys.shape)} / values {tuple(values.shape)} do not fit k {tuple(k.shape)}"
                          f" and v {tuple(v.shape)}")
+    _check_heads(q, Hq, Hkv, D, q_weight, k_weight, cos, sin, (B,), "[B or 1, R]")
+    if pos.numel() != 1 or pos.dtype != torch.long:
+        raise ValueError("pos must be one int64 position")
+
+
+def _check_heads(q, Hq, Hkv, D, q_weight, k_weight, cos, sin, rows: tuple, layout: str):
+    """What a decode token's and a prompt's checks share: the norm weights, cos and sin (``[B or 1, *rows[1:], R]``:
+    ``layout`` names it) and the heads' grouping."""
     if q_weight.shape != (D,) or k_weight.shape != (D,):
         raise ValueError(f"the norm weights must be [{D}]; got {tuple(q_weight.shape)}, {tuple(k_weight.shape)}")
     R = cos.shape[-1]
-    if cos.shape != sin.shape or cos.dim() != 2 or cos.shape[0] not in (1, B) or R > D or R % 2:
-        raise ValueError(f"cos and sin must be [B or 1, R] with an even R <= {D}; got {tuple(cos.shape)}, "
+    if (cos.shape != sin.shape or cos.dim() != len(rows) + 1 or cos.shape[0] not in (1, rows[0])
+            or tuple(cos.shape[1:-1]) != rows[1:] or R > D or R % 2):
+        raise ValueError(f"cos and sin must be {layout} with an even R <= {D}; got {tuple(cos.shape)}, "
                          f"{tuple(sin.shape)}")
     if cos.dtype != q.dtype or sin.dtype != q.dtype:
         raise TypeError(f"cos and sin must be in q's dtype {q.dtype} (transformers casts them to it); got {cos.dtype}")
-    if pos.numel() != 1 or pos.dtype != torch.long:
-        raise ValueError("pos must be one int64 position")
     if Hq % Hkv:
         raise ValueError(f"{Hq} query heads do not group over {Hkv} key heads")
 
@@ -96,16 +103,7 @@ def _check_prompt(q, gate, k, q_weight, k_weight, cos, sin):
     if (gate is not None and gate.shape != q.shape) or k.shape != (B, T, Hkv, D):
         raise ValueError(f"gate {None if gate is None else tuple(gate.shape)} and k {tuple(k.shape)} do not fit "
                          f"q {tuple(q.shape)}")
-    if q_weight.shape != (D,) or k_weight.shape != (D,):
-        raise ValueError(f"the norm weights must be [{D}]; got {tuple(q_weight.shape)}, {tuple(k_weight.shape)}")
-    R = cos.shape[-1]
-    if cos.shape != sin.shape or cos.dim() != 3 or cos.shape[0] not in (1, B) or cos.shape[1] != T or R > D or R % 2:
-        raise ValueError(f"cos and sin must be [B or 1, {T}, R] with an even R <= {D}; got {tuple(cos.shape)}, "
-                         f"{tuple(sin.shape)}")
-    if cos.dtype != q.dtype or sin.dtype != q.dtype:
-        raise TypeError(f"cos and sin must be in q's dtype {q.dtype} (transformers casts them to it); got {cos.dtype}")
-    if Hq % Hkv:
-        raise ValueError(f"{Hq} query heads do not group over {Hkv} key heads")
+    _check_heads(q, Hq, Hkv, D, q_weight, k_weight, cos, sin, (B, T), f"[B or 1, {T}, R]")
 
 
 def qk_norm_rope_reference(q: torch.Tensor, gate: torch.Tensor | None, k: torch.Tensor, q_weight: torch.Tensor,
@@ -123,10 +121,19 @@ def qk_norm_rope_reference(q: torch.Tensor, gate: torch.Tensor | None, k: torch.
 if triton is not None:
 
     @triton.jit
-    def _normed_rotated(x, xp, w, wp, c, s, d, D, R, eps):
-        """A head's row ``x`` (``xp``: its elements ``i +- R / 2``) normalized, times the weight, its first ``R``
-        channels rotated, each product and sum rounded to x's dtype as PyTorch rounds them."""
+    def _normed_rotated(row, w_ptr, cos_row, sin_row, d, D, R, eps):
+        """A head's row at ``row`` normalized, times the weight at ``w_ptr``, its first ``R`` channels rotated by the
+        cos / sin rows, each product and sum rounded to the row's dtype as PyTorch rounds them. The rotated half
+        ``rotate_half(x)[i]`` is x's normalized element ``i +- R / 2``, normalized again from a second load (the same
+        bits as the first: the row's scale is one number)."""
         half = R // 2
+        partner = tl.where(d < half, d + half, d - half)
+        x = tl.load(row + d, mask=d < D, other=0.0)
+        xp = tl.load(row + partner, mask=d < R, other=0.0)
+        w = tl.load(w_ptr + d, mask=d < D, other=0.0)
+        wp = tl.load(w_ptr + partner, mask=d < R, other=0.0)
+        c = tl.load(cos_row + d, mask=d < R, other=0.0).to(tl.float32)
+        s = tl.load(sin_row + d, mask=d < R, other=0.0).to(tl.float32)
         dtype = x.dtype
         xf = x.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / D + eps)
@@ -140,29 +147,20 @@ if triton is not None:
     def _qk_norm_rope_prompt_kernel(q_ptr, g_ptr, k_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, qo_ptr, go_ptr, ko_ptr,
                                     eps, T, Hq, Hkv, D, R, sqb, sqt, sqh, sgb, sgt, sgh, skb, skt, skh, scb, sct, ssb,
                                     sst, BLOCK_D: tl.constexpr, HAS_GATE: tl.constexpr):
-        """Program ``(b * T + t, h)``: token t's query head ``h < Hq`` (and its gate), else its key head ``h - Hq``;
-        the rotated half read again from a second load, as the decode kernel does."""
+        """Program ``(b * T + t, h)``: token t's query head ``h < Hq`` (and its gate), else its key head ``h - Hq``."""
         bt = tl.program_id(0)
         b = (bt // T).to(tl.int64)
         t = (bt % T).to(tl.int64)
         h = tl.program_id(1)
         d = tl.arange(0, BLOCK_D)
         in_row = d < D
-        half = R // 2
-        partner = tl.where(d < half, d + half, d - half)
         if h < Hq:
             row = q_ptr + b * sqb + t * sqt + h.to(tl.int64) * sqh
             w_ptr = wq_ptr
         else:
             row = k_ptr + b * skb + t * skt + (h - Hq).to(tl.int64) * skh
             w_ptr = wk_ptr
-        x = tl.load(row + d, mask=in_row, other=0.0)
-        xp = tl.load(row + partner, mask=d < R, other=0.0)
-        w = tl.load(w_ptr + d, mask=in_row, other=0.0)
-        wp = tl.load(w_ptr + partner, mask=d < R, other=0.0)
-        c = tl.load(cos_ptr + b * scb + t * sct + d, mask=d < R, other=0.0).to(tl.float32)
-        s = tl.load(sin_ptr + b * ssb + t * sst + d, mask=d < R, other=0.0).to(tl.float32)
-        y = _normed_rotated(x, xp, w, wp, c, s, d, D, R, eps)
+        y = _normed_rotated(row, w_ptr, cos_ptr + b * scb + t * sct, sin_ptr + b * ssb + t * sst, d, D, R, eps)
         if h < Hq:
             tl.store(qo_ptr + ((b * Hq + h) * T + t) * D + d, y, mask=in_row)
             if HAS_GATE:
@@ -176,29 +174,19 @@ if triton is not None:
                              pos_ptr, qo_ptr, go_ptr, eps, Hq, D, Dv, R, sqb, sqh, sgb, sgh, skb, skh, svb, svh,
                              scb, ssb, sKb, sKh, sKs, sVb, sVh, sVs,
                              BLOCK_D: tl.constexpr, HAS_GATE: tl.constexpr, PDL: tl.constexpr):
-        """Program ``(b, h)``: query head ``h < Hq`` (and its gate), else key and value head ``h - Hq``.
-        The rotated half ``rotate_half(x)[i]`` is x's normalized element ``i +- R / 2``, normalized
-        again from a second load (the same bits as the first: the row's scale is one number)."""
+        """Program ``(b, h)``: query head ``h < Hq`` (and its gate), else key and value head ``h - Hq``."""
         pdl_prologue(PDL)
         b = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         d = tl.arange(0, BLOCK_D)
         in_row = d < D
-        half = R // 2
-        partner = tl.where(d < half, d + half, d - half)
         if h < Hq:
             row = q_ptr + b * sqb + h.to(tl.int64) * sqh
             w_ptr = wq_ptr
         else:
             row = k_ptr + b * skb + (h - Hq).to(tl.int64) * skh
             w_ptr = wk_ptr
-        x = tl.load(row + d, mask=in_row, other=0.0)
-        xp = tl.load(row + partner, mask=d < R, other=0.0)
-        w = tl.load(w_ptr + d, mask=in_row, other=0.0)
-        wp = tl.load(w_ptr + partner, mask=d < R, other=0.0)
-        c = tl.load(cos_ptr + b * scb + d, mask=d < R, other=0.0).to(tl.float32)
-        s = tl.load(sin_ptr + b * ssb + d, mask=d < R, other=0.0).to(tl.float32)
-        y = _normed_rotated(x, xp, w, wp, c, s, d, D, R, eps)
+        y = _normed_rotated(row, w_ptr, cos_ptr + b * scb, sin_ptr + b * ssb, d, D, R, eps)
         if h < Hq:
             out = (b * Hq + h) * D
             tl.store(qo_ptr + out + d, y, mask=in_row)

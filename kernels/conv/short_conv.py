@@ -40,19 +40,25 @@ except ImportError:  # laquant's CPU path needs no Triton
 ACTIVATIONS = (None, "silu", "swish")  # transformers' names; swish is silu
 
 
-def _check(x, state, weight, bias, activation, cols, state_out):
+def _check_channels(activation, columns: int, C: int, cols, bias):
+    """What a token's and a prompt's checks share: the activation, x's ``columns`` against the conv's ``C`` channels
+    (or the ``cols`` gathering them), the bias."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}")
+    if (cols.shape != (C,)) if cols is not None else columns != C:
+        raise ValueError(f"x has {columns} columns; the conv {C} channels (pass cols to gather them)")
+    if bias is not None and bias.shape != (C,):
+        raise ValueError(f"bias must be [{C}]; got {tuple(bias.shape)}")
+
+
+def _check(x, state, weight, bias, activation, cols, state_out):
     if x.dim() != 2 or state.dim() != 3 or weight.dim() != 2:
         raise ValueError(f"expected x [B, N], state [B, W - 1, C], weight [C, W]; got {tuple(x.shape)}, "
                          f"{tuple(state.shape)}, {tuple(weight.shape)}")
     B, Wm1, C = state.shape
     if weight.shape != (C, Wm1 + 1) or x.shape[0] != B:
         raise ValueError(f"state {tuple(state.shape)} does not fit weight {tuple(weight.shape)} or x {tuple(x.shape)}")
-    if (cols.shape != (C,)) if cols is not None else x.shape[1] != C:
-        raise ValueError(f"x has {x.shape[1]} columns; the conv {C} channels (pass cols to gather them)")
-    if bias is not None and bias.shape != (C,):
-        raise ValueError(f"bias must be [{C}]; got {tuple(bias.shape)}")
+    _check_channels(activation, x.shape[1], C, cols, bias)
     if state_out is not None and (state_out.shape != state.shape or state_out.stride(-1) != 1):
         raise ValueError("state_out must have the state's shape and contiguous channels")
 
@@ -77,19 +83,14 @@ def short_conv_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, 
 
 
 def _check_prompt(x, prev, weight, bias, activation, cols, mask=None):
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}")
     if x.dim() != 3 or weight.dim() != 2 or weight.shape[1] < 2:
         raise ValueError(f"expected x [B, T, N] and weight [C, W] with W >= 2; got {tuple(x.shape)}, "
                          f"{tuple(weight.shape)}")
     C, W = weight.shape
-    if (cols.shape != (C,)) if cols is not None else x.shape[2] != C:
-        raise ValueError(f"x has {x.shape[2]} columns; the conv {C} channels (pass cols to gather them)")
+    _check_channels(activation, x.shape[2], C, cols, bias)
     if prev is not None and prev.shape != (x.shape[0], W - 1, C):
         raise ValueError(f"the kept inputs must be [B, W - 1, C] = [{x.shape[0]}, {W - 1}, {C}]; "
                          f"got {tuple(prev.shape)}")
-    if bias is not None and bias.shape != (C,):
-        raise ValueError(f"bias must be [{C}]; got {tuple(bias.shape)}")
     if mask is not None and tuple(mask.shape) != tuple(x.shape[:2]):
         raise ValueError(f"mask must be [B, T] = {list(x.shape[:2])}; got {tuple(mask.shape)}")
 
@@ -248,8 +249,8 @@ def short_conv_triton(x: torch.Tensor, prev: torch.Tensor | None, weight: torch.
                       activation: str | None, cols: torch.Tensor | None = None, keep: bool = True,
                       mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Twin of :func:`short_conv_reference`, one launch (with a ``mask`` and ``keep``, three more small ones for each
-    row's last real token, :func:`last_real`). ``keep`` False: no kept inputs, None in their place. ``x`` and ``mask`` may have any
-    strides; the kept inputs' channels and the weight must be contiguous, ``cols`` int32."""
+    row's last real token, :func:`last_real`). ``keep`` False: no kept inputs, None in their place. ``x`` and ``mask``
+    may have any strides; the kept inputs' channels and the weight must be contiguous, ``cols`` int32."""
     _check_prompt(x, prev, weight, bias, activation, cols, mask)
     if (prev is not None and prev.stride(-1) != 1) or not weight.is_contiguous():
         raise ValueError("the kernel needs contiguous kept-input channels and a contiguous [C, W] weight")

@@ -55,14 +55,15 @@ def graph_prefill_enabled(model) -> bool:
     return bool(flag) if flag is not None else os.environ.get("LAQUANT_GRAPH_PREFILL", "0") == "1"
 
 
-def hybrid_prefill_graphable(model) -> bool:
+def hybrid_prefill_graphable(model, walk=None) -> bool:
     """Whether ``model``'s fresh prefills can replay padded: a transformers hybrid laquant adapted, whose decode steps
-    laquant graphs, with no per-tensor activation scales and no forward hooks but laquant's."""
+    laquant graphs, with no per-tensor activation scales and no forward hooks but laquant's. ``walk``: its modules as
+    walked before (:class:`~laquant.serving.graphed_forward._Walk`), else walked now."""
     from laquant.adapters.hybrid import is_adapted_hybrid
-    from laquant.serving.graphed_forward import forward_graphable
+    from laquant.serving.graphed_forward import _Walk
 
     return (is_adapted_hybrid(model) and getattr(model, "_laquant_positions_hook", False)
-            and forward_graphable(model))
+            and (walk or _Walk(model)).graphable())
 
 
 @contextlib.contextmanager
@@ -83,13 +84,11 @@ def _tracing(tensor=None):
     return True
 
 
-def _kv_tensors(cache):
-    """The keys and values tensors of ``cache``'s softmax layers (transformers' cache layers)."""
-    for layer in getattr(cache, "layers", ()):
-        for name in ("keys", "values"):
-            t = getattr(layer, name, None)
-            if isinstance(t, torch.Tensor) and t.numel():
-                yield t
+def _kv_tensors(cache) -> list[torch.Tensor]:
+    """The keys and values tensors of ``cache``'s softmax layers (:func:`~laquant.models.static_hybrid.kv_layers`)."""
+    from laquant.models.static_hybrid import kv_layers
+
+    return [t for kv in kv_layers(cache).values() for t in kv]
 
 
 def _all_tensors(logits, cache) -> list[torch.Tensor]:
@@ -196,14 +195,10 @@ class HybridPrefillGraphs:
         """:func:`hybrid_prefill_graphable` of the model, its modules walked once (a capture holds the modules it saw:
         a model whose modules are replaced must release its graphs, as laquant's quantize and ``_apply`` do); the
         hooks, which come and go, checked at every call."""
-        from laquant.adapters.hybrid import is_adapted_hybrid
         from laquant.serving.graphed_forward import _Walk
 
-        model = self.model
-        if not (is_adapted_hybrid(model) and getattr(model, "_laquant_positions_hook", False)):
-            return False
-        self.walk = self.walk or _Walk(model)
-        return self.walk.graphable()
+        self.walk = self.walk or _Walk(self.model)
+        return hybrid_prefill_graphable(self.model, self.walk)
 
     def __call__(self, fresh_cache, input_ids: torch.Tensor, padding: torch.Tensor | None = None):
         """``(logits [B, 1, vocab], cache)`` of ``input_ids [B, T]`` (``padding``: prompts of several lengths padded
@@ -214,7 +209,7 @@ class HybridPrefillGraphs:
         from laquant.models.cache import state_store
 
         store = state_store(fresh_cache)
-        if store is not None and (store.states or store.seen_tokens) or any(True for _ in _kv_tensors(fresh_cache)):
+        if store is not None and (store.states or store.seen_tokens) or _kv_tensors(fresh_cache):
             raise ValueError("a graphed hybrid prefill starts from an empty cache")
         model = self.model
         if self.failure is not None or model is None or input_ids.shape[1] > self.max_tokens:
@@ -301,7 +296,7 @@ def hybrid_generate_prefill(model, args: tuple, kwargs: dict):
             or _capturing()):
         return None
     store = state_store(cache)
-    if store.states or store.seen_tokens or any(True for _ in _kv_tensors(cache)):
+    if store.states or store.seen_tokens or _kv_tensors(cache):
         return None
     padding = _left_padding(ids, kwargs.get("attention_mask"), kwargs.get("position_ids"))
     if padding is False or graphed_prefill_refusal(model, ids.shape[1]) is not None:
