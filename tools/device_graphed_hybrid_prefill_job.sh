@@ -4,11 +4,12 @@
 # 1. GPU tests: the hybrids' graphed prefill (laquant/serving/graphed_hybrid_prefill.py, never captured yet), the int8
 #    experts (one token: a block a pair, no alignment launch; its CUDA-graph replay), the fused MoE blocks (the tests
 #    mended after the last GPU run: ties as sets, the router's output order learned), the prompt's short conv in one
-#    launch, the gated attention's prompt kernel; then that conv against the PyTorch path it replaces
-#    (tools/bench_short_conv.py); after the first e2e rows, every model's GPU tests (the prompt paths changed).
-# 2. e2e (`laquant eval speed`, prompt 1,024, B = 1 and 64): the 2.25B Qwen3-Next-style MoE (B = 1 without the
-#    alignment launch; its prefill replayed as a graph, `prefill_graphed_tok_per_s`), the dense 1.14B qwen3_next (the
-#    graphed prefill beside the eager one), Granite 4 (its router fused on transformers 5.17 since the order is learned).
+#    launch, the gated attention's prompt kernel; after the dense qwen3_next's e2e rows, every model's GPU tests (the
+#    prompt paths changed); after the MoE's e2e rows, the conv against the PyTorch path it replaces
+#    (tools/bench_short_conv.py). Correctness and the headline hybrid first: a session's device time may end early.
+# 2. e2e (`laquant eval speed`, prompt 1,024, B = 1 and 64): the dense 1.14B qwen3_next (the graphed prefill beside
+#    the eager one), the 2.25B Qwen3-Next-style MoE (B = 1 without the alignment launch; its prefill replayed as a
+#    graph, `prefill_graphed_tok_per_s`), Granite 4 (its router fused on transformers 5.17 since the order is learned).
 # 3. The Qwen3-Next-style MoE's B = 1 step kernel by kernel, and the routers alone against transformers'
 #    (tools/bench_moe_router.py).
 # 4. The decode GEMMs beside the fastest pure read of their weights (tools/read_floor_probe.py): how far a call of
@@ -21,15 +22,15 @@ set -u
 timeout 300 python3 -m pytest -v -rfs --tb=short tests/test_graphed_hybrid_prefill.py tests/test_moe_experts.py \
   tests/test_fused_moe.py tests/test_short_conv.py tests/test_gated_attention.py > "$W/gpu_tests.log" 2>&1
 log "gpu tests rc $?"
-timeout 120 python3 tools/bench_short_conv.py --out "$W/short_conv" > "$W/short_conv.log" 2>&1
-log "short conv bench rc $?"
-QWEN_MOE=$(python3 tools/family_configs.py qwen3_next --moe)
-E2E_TIMEOUT=240 hybrid_e2e qwen3_next _moe "$QWEN_MOE"
 E2E_TIMEOUT=200 hybrid_e2e qwen3_next ""
 # the models on the changed prompt paths (short convs, gated attention) and graphs, every family
 timeout 420 python3 -m pytest -v -rfs --tb=short -m gpu tests/test_hybrid.py tests/test_static_hybrid.py \
   tests/test_graphed_step.py tests/test_generate.py tests/test_graphed_prefill.py > "$W/gpu_tests_models.log" 2>&1
 log "model gpu tests rc $?"
+QWEN_MOE=$(python3 tools/family_configs.py qwen3_next --moe)
+E2E_TIMEOUT=240 hybrid_e2e qwen3_next _moe "$QWEN_MOE"
+timeout 120 python3 tools/bench_short_conv.py --out "$W/short_conv" > "$W/short_conv.log" 2>&1
+log "short conv bench rc $?"
 E2E_TIMEOUT=200 hybrid_e2e granitemoehybrid ""
 echo "$QWEN_MOE" > "$W/moe_fields.json"
 BATCH=1 TOP=60 timeout 200 python3 tools/profile_hybrid_decode.py "$W/profile_moe_b1.json" "$W/moe_fields.json" \
