@@ -20,8 +20,19 @@
 set -u
 . tools/device_job_env.sh "$@"
 timeout 300 python3 -m pytest -v -rfs --tb=short tests/test_graphed_hybrid_prefill.py tests/test_moe_experts.py \
-  tests/test_fused_moe.py tests/test_short_conv.py tests/test_gated_attention.py > "$W/gpu_tests.log" 2>&1
+  tests/test_fused_moe.py tests/test_short_conv.py tests/test_gated_attention.py tests/test_delta_kernels.py \
+  tests/test_verify.py > "$W/gpu_tests.log" 2>&1
 log "gpu tests rc $?"
+# the delta rule's decode kernel with its sums as FMAs (this tree) against the checkout before (scratch/base_pkg, if
+# carried): B = 64, qwen3_next's 32 heads of 128 x 128, streamed from 24 pools, one after the other
+timeout 150 python3 tools/probe_decode_prefetch.py "$W/delta_fma.json" --kernel delta --launches 16x1 --skip-step \
+  > "$W/delta_fma.log" 2>&1
+log "delta probe rc $?"
+if have_base; then
+  PYTHONPATH="$BASE:$PYTHONPATH" timeout 150 python3 tools/probe_decode_prefetch.py "$W/delta_fma_base.json" \
+    --kernel delta --launches 16x1 --skip-step > "$W/delta_fma_base.log" 2>&1
+  log "delta probe base rc $?"
+fi
 E2E_TIMEOUT=200 hybrid_e2e qwen3_next ""
 # the models on the changed prompt paths (short convs, gated attention) and graphs, every family
 timeout 420 python3 -m pytest -v -rfs --tb=short -m gpu tests/test_hybrid.py tests/test_static_hybrid.py \

@@ -84,15 +84,15 @@ if triton is not None:
             q_sq += qq * qq
             k_sq += kk * kk
         decay = tl.exp(tl.load(g_base + offs_k * s_gk, mask=mask_k, other=0.0).to(tl.float32))
-        return kS + (kk * decay)[:, None] * st, q_sq, k_sq
+        return tl.fma(tl.broadcast_to((kk * decay)[:, None], st.shape), st, kS), q_sq, k_sq
 
     @triton.jit
-    def _update_rows(st, old_scale, kk, qq, decay, delta, ptrs, scale_ptrs, static_ptrs, mask_k, mask, renorm_now,
+    def _update_rows(st, old_scale, kk, decay, delta, ptrs, scale_ptrs, static_ptrs, mask_k, mask, renorm_now,
                      seed, slot, position, h, offs_k, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr,
                      BLOCK_V: tl.constexpr, FMT: tl.constexpr, RENORM: tl.constexpr, QMAX: tl.constexpr,
                      SR: tl.constexpr):
         """Rows ``offs_k`` of the step's second half: ``S = Diag(decay) S + k delta^T`` stored back in
-        its format; returns their share of the readout ``q S`` (summed over K by the caller)."""
+        its format; returns the updated rows in float32 (the caller reads them out with ``q``)."""
         st = decayed_update(st, decay, kk, delta)
         new_scale = old_scale
         if FMT >= 2:
@@ -101,7 +101,7 @@ if triton is not None:
         if SR:
             rbits = state_random_bytes(seed, slot, position, 0, h, offs_k, 0, K, V, BLOCK_K, BLOCK_V)
         store_state_rows(st, ptrs, scale_ptrs, mask_k, mask, new_scale, FMT, SR, rbits, RENORM > 0)
-        return qq[:, None] * st
+        return st
 
     @triton.jit
     def _delta_decode_kernel(
@@ -151,9 +151,10 @@ if triton is not None:
             ptrs = state_base + offs_k[:, None] * s_sk + offs_v[None, :]
             st, old_scale = decode_state(raw0, scale0, FMT), scale0
             delta = beta * (v - k_mul * tl.sum((kk * decay)[:, None] * st, axis=0))
-            readout = _update_rows(st, old_scale, kk * k_mul, qq * q_mul, decay, delta, ptrs, scale_base + offs_k,
-                                   static_ptr + h * K + offs_k, mask_k, mask, renorm_now, seed, slot, position, h,
-                                   offs_k, K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR)
+            st = _update_rows(st, old_scale, kk * k_mul, decay, delta, ptrs, scale_base + offs_k,
+                              static_ptr + h * K + offs_k, mask_k, mask, renorm_now, seed, slot, position, h, offs_k,
+                              K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR)
+            readout = (qq * q_mul)[:, None] * st  # products summed as the verify kernel sums them
         else:
             # pass 1: the norms of q and k (when asked) and k^T S of the decayed incoming state
             q_mul = qk_scale
@@ -186,9 +187,10 @@ if triton is not None:
                 decay = tl.exp(tl.load(g_base + offs_k * s_gk, mask=mask_k, other=0.0).to(tl.float32))
                 ptrs = state_base + offs_k[:, None] * s_sk + offs_v[None, :]
                 st, old_scale = load_state_rows(ptrs, scale_base + offs_k, mask_k, mask, FMT, BLOCK_K)
-                readout += _update_rows(st, old_scale, kk, qq, decay, delta, ptrs, scale_base + offs_k,
-                                        static_ptr + h * K + offs_k, mask_k, mask, renorm_now, seed, slot, position, h,
-                                        offs_k, K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR)
+                st = _update_rows(st, old_scale, kk, decay, delta, ptrs, scale_base + offs_k,
+                                  static_ptr + h * K + offs_k, mask_k, mask, renorm_now, seed, slot, position, h,
+                                  offs_k, K, V, BLOCK_K, BLOCK_V, FMT, RENORM, QMAX, SR)
+                readout = tl.fma(tl.broadcast_to(qq[:, None], st.shape), st, readout)
         pdl_release(PDL)
         o = tl.sum(readout, axis=0)
         tl.store(o_ptr + b * s_ob + h * s_oh + offs_v, o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
