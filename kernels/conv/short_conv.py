@@ -170,20 +170,28 @@ if triton is not None:
         tl.store(out_ptr + (b * T + t[:, None]) * C + c[None, :], y.to(out_ptr.dtype.element_ty), mask=ok)
         if KEEP:
             if pid_t == 0:
-                end = T
-                if MASKED:
-                    end = tl.load(last_ptr + b)
-                for i in tl.static_range(W - 1):
-                    src = tl.zeros([BLOCK_C], dtype=tl.int64) + (end - (W - 1) + i)  # the input kept in slot i
-                    v = tl.load(x_row + src * s_xt + col * s_xc, mask=c_ok & (src >= 0), other=0.0)
-                    if MASKED:
-                        m = tl.load(m_ptr + b * s_mb + src * s_mt, mask=c_ok & (src >= 0), other=0)
-                        v = v * m.to(v.dtype)
-                    if HAS_PREV:
-                        before = tl.load(p_ptr + b * s_pb + (W - 1 + src) * s_pw + c, mask=c_ok & (src < 0),
-                                         other=0.0)
-                        v = tl.where(src >= 0, v, before.to(v.dtype))
-                    tl.store(k_ptr + (b * (W - 1) + i) * C + c, v.to(k_ptr.dtype.element_ty), mask=c_ok)
+                _store_kept(x_row, col, c, c_ok, b, T, p_ptr, m_ptr, last_ptr, k_ptr, s_xt, s_xc, s_pb, s_pw, s_mb,
+                            s_mt, C, W, HAS_PREV, MASKED, BLOCK_C)
+
+    @triton.jit
+    def _store_kept(x_row, col, c, c_ok, b, T, p_ptr, m_ptr, last_ptr, k_ptr, s_xt, s_xc, s_pb, s_pw, s_mb, s_mt, C,
+                    W: tl.constexpr, HAS_PREV: tl.constexpr, MASKED: tl.constexpr, BLOCK_C: tl.constexpr):
+        """The ``W - 1`` inputs to keep for channels ``c``: those that end at the row's last real token. A function of
+        its own because, inside the caller's runtime ``if``, Triton's compiler rejects names that the tap loop left
+        with other types (the interpreter does not check it)."""
+        end = T
+        if MASKED:
+            end = tl.load(last_ptr + b)
+        for i in tl.static_range(W - 1):
+            src = tl.zeros([BLOCK_C], dtype=tl.int64) + (end - (W - 1) + i)  # the input kept in slot i
+            v = tl.load(x_row + src * s_xt + col * s_xc, mask=c_ok & (src >= 0), other=0.0)
+            if MASKED:
+                m = tl.load(m_ptr + b * s_mb + src * s_mt, mask=c_ok & (src >= 0), other=0)
+                v = v * m.to(v.dtype)
+            if HAS_PREV:
+                before = tl.load(p_ptr + b * s_pb + (W - 1 + src) * s_pw + c, mask=c_ok & (src < 0), other=0.0)
+                v = tl.where(src >= 0, v, before.to(v.dtype))
+            tl.store(k_ptr + (b * (W - 1) + i) * C + c, v.to(k_ptr.dtype.element_ty), mask=c_ok)
 
     @triton.jit
     def _short_conv_step_kernel(x_ptr, cols_ptr, s_ptr, so_ptr, w_ptr, b_ptr, out_ptr, C, s_xb, s_xc, s_sb, s_sw,

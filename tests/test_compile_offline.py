@@ -1,0 +1,63 @@
+"""Kernels compile for sm_90 without a GPU (tools/compile_offline.py): the CPU suite runs them only under Triton's
+interpreter, which does not check what the compiler rejects (a prompt short conv that could never have compiled
+passed every interpreted test)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+TOOLS = Path(__file__).parents[1] / "tools"
+
+
+def _run(code: str, tmp_path) -> subprocess.CompletedProcess:
+    """``code`` in a fresh Python without TRITON_INTERPRET (the kernels then are JIT functions), tools/ importable."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(TOOLS), str(tmp_path), env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compiler():
+    pytest.importorskip("triton")
+    try:
+        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
+    except ImportError:
+        pytest.skip("Triton without its NVIDIA backend")
+
+
+def test_the_kernels_compile_for_sm90(tmp_path):
+    done = _run("import compile_offline, sys; sys.exit(compile_offline.main([]))", tmp_path)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    lines = done.stdout.splitlines()
+    assert sum(line.startswith("ok") for line in lines) >= 40 and not any("FAILED" in line for line in lines)
+
+
+def test_a_kernel_the_interpreter_runs_but_the_compiler_rejects_fails(tmp_path):
+    """The pattern the prompt short conv had: a name re-typed inside a runtime ``if``."""
+    (tmp_path / "retyped.py").write_text(textwrap.dedent('''
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def retyped(x_ptr, BLOCK: tl.constexpr):
+            src = tl.arange(0, BLOCK)
+            tl.store(x_ptr + src, src)
+            if tl.program_id(0) == 0:
+                src = tl.zeros([2 * BLOCK], dtype=tl.int64)
+                tl.store(x_ptr + src, src)
+        '''))
+    code = textwrap.dedent('''
+        import torch, compile_offline, retyped
+        x = torch.zeros(64, dtype=torch.int64)
+        [(fn, kw, error)] = compile_offline.compile_launches([(retyped.retyped, (x,), dict(BLOCK=16))])
+        print("ERROR", error)
+        ''')
+    done = _run(code, tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "ERROR CompilationError" in done.stdout

@@ -1,0 +1,159 @@
+"""Compile for sm_90, without a GPU, the kernels a CPU run only interprets: the launches their wrappers make on CPU
+tensors, specialized as Triton's JIT specializes them (``tools/sass_mix.py``'s ``compile_like_jit``).
+
+Triton's interpreter runs a kernel's Python as written, so it does not check what the compiler rejects: a name that a
+runtime ``if`` gives another type than it had before (the prompt short conv's kept inputs, 2026-12-05, caught by a
+review before its first GPU run), a shape the layouts cannot take, an op without a lowering. This runs every case in
+:data:`CASES` through the whole compile (TTIR to cubin, Triton's bundled ptxas), as a GPU's first launch would.
+
+    python tools/compile_offline.py [CASE ...]      (TRITON_INTERPRET must be unset: the kernels must be JIT functions)
+
+Prints one line a launch and exits 1 if any fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+@contextlib.contextmanager
+def captured(module):
+    """``module.launch_kernel`` (and its PDL options, as on Hopper) replaced by a recorder: yields the list of
+    ``(kernel, args, kwargs)`` the wrappers called inside launch."""
+    launches = []
+    saved = module.launch_kernel, getattr(module, "pdl_launch", None)
+    module.launch_kernel = lambda fn, grid, *args, **kwargs: launches.append((fn, args, kwargs))
+    if saved[1] is not None:
+        module.pdl_launch = lambda device, rows: {"PDL": 1 if rows <= 16 else 2, "launch_pdl": True}
+    try:
+        yield launches
+    finally:
+        module.launch_kernel = saved[0]
+        if saved[1] is not None:
+            module.pdl_launch = saved[1]
+
+
+def short_conv():
+    """The prompt conv in every combination of kept inputs, mask, earlier inputs, gather and activation, and the
+    decode token's conv."""
+    from laquant.kernels.conv import short_conv as sc
+
+    B, T, C, W = 2, 37, 96, 4
+    x = torch.randn(B, T, C + 8, dtype=torch.bfloat16)
+    weight, bias = torch.randn(C, W, dtype=torch.bfloat16), torch.randn(C, dtype=torch.bfloat16)
+    cols = torch.arange(4, C + 4, dtype=torch.int32)
+    with captured(sc) as launches:
+        for keep, masked, prev, gather, silu in itertools.product((True, False), repeat=5):
+            sc.short_conv_triton(x if gather else x[..., :C], torch.randn(B, W - 1, C, dtype=torch.bfloat16)
+                                 if prev else None, weight, bias, "silu" if silu else None, cols if gather else None,
+                                 keep=keep, mask=torch.ones(B, T, dtype=torch.bool) if masked else None)
+        sc.short_conv_step_triton(x[:, 0], torch.randn(B, W - 1, C, dtype=torch.bfloat16), weight, bias, "silu", cols)
+    return launches
+
+
+def qk_norm_rope():
+    """The gated attention's q / k norms and rotary embedding: a prompt and a decode token, with the gate and
+    without."""
+    from laquant.kernels.attention import qk_norm_rope as qk
+
+    B, T, Hq, Hkv, D, R, S = 2, 5, 4, 2, 64, 16, 11
+    qg = torch.randn(B, T, Hq, 2 * D, dtype=torch.bfloat16)
+    kv = torch.randn(B, T, 2 * Hkv * D, dtype=torch.bfloat16)
+    k = kv[..., :Hkv * D].view(B, T, Hkv, D)
+    wq, wk = torch.ones(D), torch.ones(D)
+    cos, sin = torch.ones(1, T, R, dtype=torch.bfloat16), torch.zeros(1, T, R, dtype=torch.bfloat16)
+    keys, values = (torch.zeros(B, Hkv, S, D, dtype=torch.bfloat16) for _ in range(2))
+    v = kv[:, 0, Hkv * D:].view(B, Hkv, D)
+    with captured(qk) as launches:
+        for gated in (True, False):
+            gate = qg[..., D:] if gated else None
+            qk.qk_norm_rope_triton(qg[..., :D], gate, k, wq, wk, 1e-6, cos, sin)
+            qk.qk_norm_rope_step_triton(qg[:, 0, :, :D], None if gate is None else gate[:, 0], k[:, 0], v, wq, wk,
+                                        1e-6, cos[:, 0], sin[:, 0], keys, values, torch.tensor([3]))
+    return launches
+
+
+def experts():
+    """The int8 experts: one token (a block a pair, no alignment) and several."""
+    from laquant.kernels.moe import grouped
+
+    E, H, I, k = 8, 256, 128, 2
+    in_codes = torch.zeros(E, 2 * I, H, dtype=torch.int8)
+    out_codes = torch.zeros(E, H, I, dtype=torch.int8)
+    with captured(grouped) as launches:
+        for T in (1, 9):
+            x = torch.randn(T, H, dtype=torch.bfloat16)
+            index = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
+            grouped.int8_experts_triton(x, index, torch.rand(T, k, dtype=torch.bfloat16), in_codes,
+                                        torch.ones(E, 2 * I), out_codes, torch.ones(E, H), "silu", True)
+    return launches
+
+
+def delta_decode():
+    """The gated delta rule's decode step at B = 64 (rows in blocks) and at B = 1 (the whole head a block), int8
+    state with stochastic rounding."""
+    from laquant.kernels.common.state import StateQuantizer
+    from laquant.kernels.delta import decode
+
+    H, Hk, K, V = 4, 2, 128, 128
+    quant = StateQuantizer("int8_row", rounding="stochastic")
+    with captured(decode) as launches:
+        for B in (1, 64):
+            proj = torch.randn(B, 2 * Hk * K + H * V, dtype=torch.bfloat16)
+            q, k = proj[:, :Hk * K].view(B, Hk, K), proj[:, Hk * K:2 * Hk * K].view(B, Hk, K)
+            v = proj[:, 2 * Hk * K:].view(B, H, V)
+            state, scale = torch.zeros(B, H, K, V, dtype=torch.int8), torch.ones(B, H, K)
+            decode.delta_decode_step(q, k, v, torch.zeros(B, H), torch.zeros(B, H), state, scale,
+                                     torch.arange(B, dtype=torch.int32), quant, torch.zeros(B, dtype=torch.int32),
+                                     use_qk_l2norm=True, block_k=16 if B > 1 else None, num_warps=1 if B > 1 else 8,
+                                     early_state=True)
+    return launches
+
+
+CASES = {"short_conv": short_conv, "qk_norm_rope": qk_norm_rope, "experts": experts, "delta_decode": delta_decode}
+
+
+def describe(fn, kwargs) -> str:
+    flags = ", ".join(f"{k}={v}" for k, v in kwargs.items() if k.isupper())
+    return f"{getattr(fn, '__name__', fn)}({flags})"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("cases", nargs="*", choices=[[], *CASES], default=[], help="default: all")
+    args = p.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("unset TRITON_INTERPRET: under the interpreter the kernels are not JIT functions")
+    failed = 0
+    for name in args.cases or CASES:
+        for fn, kw, error in compile_launches(CASES[name]()):
+            failed += error is not None
+            print(f"ok      {name}: {describe(fn, kw)}" if error is None else
+                  f"FAILED  {name}: {describe(fn, kw)}: {error}", flush=True)
+    return 1 if failed else 0
+
+
+def compile_launches(launches) -> list[tuple]:
+    """``(kernel, kwargs, None or the compiler's error)`` for each captured launch, compiled for sm_90."""
+    from sass_mix import compile_like_jit
+
+    out = []
+    for fn, a, kw in launches:
+        try:
+            compile_like_jit(fn, a, kw)
+            out.append((fn, kw, None))
+        except Exception as e:  # noqa: BLE001 - every compiler error is a finding
+            out.append((fn, kw, f"{type(e).__name__}: {str(e).strip()[-800:]}"))
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
