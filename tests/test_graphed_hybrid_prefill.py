@@ -205,14 +205,15 @@ def test_what_a_graphed_hybrid_prefill_covers(monkeypatch):
     assert not hybrid_prefill_graphable(quantized)
     torch.manual_seed(3)
     assert not hybrid_prefill_graphable(FAMILIES["qwen3_next"]().eval())  # not adapted
+    minimax = _model("minimax")  # its GPU test failed, cause not recorded: eager until a GPU run says why
+    assert not hybrid_prefill_graphable(minimax) and "MiniMax's not yet" in graphed_prefill_refusal(minimax, 20)
 
 
 # (family, recipe, config overrides, captures): transformers' float32 experts (grouped_mm) copy from the host, which a
 # capture refuses: that model's prefills run eagerly, as its decode steps do (tests/test_static_hybrid.py's GPU_CASES)
 GPU_PREFILL_CASES = [("qwen3_next", None, {"num_experts": 0}, True), ("qwen3_next", None, {}, False),
                      ("qwen3_next", "hybrid_int8", {}, True), ("nemotron_h", "hybrid_int8", {}, True),
-                     ("kimi_linear", "hybrid_int8", {}, True), ("granitemoehybrid", "hybrid_int8", {}, True),
-                     ("minimax", "hybrid_int8", {}, True)]
+                     ("kimi_linear", "hybrid_int8", {}, True), ("granitemoehybrid", "hybrid_int8", {}, True)]
 
 
 @pytest.mark.gpu
