@@ -189,6 +189,38 @@ def test_prompt_kernel_matches_spec(B, T, C, W, N, prev, bias, masked):
     assert none is None and (out - plain).abs().max() <= 1e-2 * max(plain.abs().max(), 1)
 
 
+def _runs(starts, length: int) -> torch.Tensor:
+    """Columns in runs of ``length`` from each of ``starts`` (qwen3_next's q, k and v: runs of a head's columns)."""
+    return torch.cat([torch.arange(s, s + length) for s in starts]).to(torch.int32)
+
+
+@pytest.mark.parametrize("cols,N", [
+    (_runs([0, 384, 128, 512], 128), 768),  # blocks that are runs, aligned: read as one
+    (_runs([3, 387], 128), 600),  # runs whose first column is not 16-byte aligned: gathered
+    (_runs([0, 200, 64, 400], 64), 512),  # blocks of two runs each: gathered
+    (_runs([256, 8], 100), 400),  # the second block partial (C = 200 of 128-channel blocks), its run shorter
+])
+@pytest.mark.parametrize("strided", [False, True])
+def test_prompt_kernel_reads_runs_of_columns_as_one(cols, N, strided):
+    """Gathered channels whose block of columns is one aligned run take the kernel's contiguous read; blocks that are
+    not (unaligned, two runs, a partial block) its gather: every case gives the spec's outputs and kept inputs."""
+    from laquant.kernels.conv.short_conv import short_conv_reference, short_conv_triton
+
+    gen = torch.Generator().manual_seed(N)
+    C, W, B, T = cols.numel(), 4, 2, 21
+    conv = _conv(C, W, True, gen, DTYPE)
+    rows = torch.randn(B, T, 2 * N, generator=gen).to(DEVICE, DTYPE)
+    x = rows[:, :, ::2] if strided else rows[:, :, :N]
+    kept = torch.randn(B, W - 1, C, generator=gen).to(DEVICE, DTYPE)
+    mask = _token_mask(B, T, gen).to(DEVICE)
+    weight, cols = conv.weight.view(C, W), cols.to(DEVICE)
+    for m in (None, mask):
+        want, want_kept = short_conv_reference(x, kept, weight, conv.bias, "silu", cols, m)
+        got, got_kept = short_conv_triton(x, kept, weight, conv.bias, "silu", cols, mask=m)
+        assert rel_err(got.float(), want.float()) < (1e-6 if DTYPE == torch.float32 else 1e-2)
+        assert torch.equal(got_kept, want_kept)
+
+
 def test_prompt_kernel_refuses_bad_input():
     from laquant.kernels.conv.short_conv import short_conv_triton
 

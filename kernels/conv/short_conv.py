@@ -136,21 +136,50 @@ if triton is not None:
                            KEEP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
         """Rows ``BLOCK_T`` of the prompt and channels ``BLOCK_C``: tap ``j`` of output ``t`` reads input
         ``t - (W - 1) + j``, from the prompt (times its mask), or before it from the kept inputs. The programs of
-        the first rows also write the ``W - 1`` inputs to keep, those that end at the row's last real token."""
+        the first rows also write the ``W - 1`` inputs to keep, those that end at the row's last real token.
+
+        Gathered channels whose columns are one run (consecutive, the first a multiple of 16 bytes: qwen3_next's q, k
+        and v are runs of a head's 128 columns in its fused projection) are read as one: the compiler can then
+        vectorize the loads, which it cannot for columns read from a table (~200 against ~2,300 GB/s on an H100,
+        eval/results/graphed_hybrid_prefill_h100/)."""
         b = tl.program_id(0).to(tl.int64)
         pid_t = tl.program_id(1)
         t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-        c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+        lane = tl.arange(0, BLOCK_C)
+        c = tl.program_id(2) * BLOCK_C + lane
         c_ok = c < C
-        col = (tl.load(cols_ptr + c, mask=c_ok, other=0) if GATHER else c).to(tl.int64)
         x_row = x_ptr + b * s_xb
+        if GATHER:
+            col = tl.load(cols_ptr + c, mask=c_ok, other=0).to(tl.int64)
+            first = tl.load(cols_ptr + tl.program_id(2) * BLOCK_C).to(tl.int64)  # a program's first channel exists
+            ALIGN: tl.constexpr = 16 // (x_ptr.dtype.element_ty.primitive_bitwidth // 8)  # elements in 16 bytes
+            off_run = tl.max(tl.where(c_ok, tl.abs(col - first - lane), 0), axis=0)
+            if (off_run == 0) & (first % ALIGN == 0):
+                _conv_rows(x_row + tl.multiple_of(first, ALIGN) * s_xc, lane.to(tl.int64), t, c, c_ok, b, pid_t, T,
+                           C, p_ptr, m_ptr, last_ptr, w_ptr, b_ptr, out_ptr, k_ptr, s_xt, s_xc, s_pb, s_pw,
+                           s_mb, s_mt, W, HAS_PREV, MASKED, HAS_BIAS, SILU, KEEP, BLOCK_T, BLOCK_C)
+            else:
+                _conv_rows(x_row, col, t, c, c_ok, b, pid_t, T, C, p_ptr, m_ptr, last_ptr, w_ptr, b_ptr,
+                           out_ptr, k_ptr, s_xt, s_xc, s_pb, s_pw, s_mb, s_mt, W, HAS_PREV, MASKED, HAS_BIAS, SILU,
+                           KEEP, BLOCK_T, BLOCK_C)
+        else:
+            _conv_rows(x_row, c.to(tl.int64), t, c, c_ok, b, pid_t, T, C, p_ptr, m_ptr, last_ptr, w_ptr,
+                       b_ptr, out_ptr, k_ptr, s_xt, s_xc, s_pb, s_pw, s_mb, s_mt, W, HAS_PREV, MASKED, HAS_BIAS, SILU,
+                       KEEP, BLOCK_T, BLOCK_C)
+
+    @triton.jit
+    def _conv_rows(x_cols, col, t, c, c_ok, b, pid_t, T, C, p_ptr, m_ptr, last_ptr, w_ptr, b_ptr, out_ptr,
+                   k_ptr, s_xt, s_xc, s_pb, s_pw, s_mb, s_mt, W: tl.constexpr, HAS_PREV: tl.constexpr,
+                   MASKED: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, KEEP: tl.constexpr,
+                   BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+        """The program's tile: channels ``c`` read at ``x_cols + col * s_xc`` of each row."""
         wdt = w_ptr.dtype.element_ty
         acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
         for j in tl.static_range(W):
             src = t - (W - 1) + j
             ok = (t < T)[:, None] & c_ok[None, :]
-            v = tl.load(x_row + src[:, None].to(tl.int64) * s_xt + col[None, :] * s_xc, mask=ok & (src >= 0)[:, None],
-                        other=0.0)
+            v = tl.load(x_cols + src[:, None].to(tl.int64) * s_xt + col[None, :] * s_xc,
+                        mask=ok & (src >= 0)[:, None], other=0.0)
             if MASKED:
                 m = tl.load(m_ptr + b * s_mb + src * s_mt, mask=(t < T) & (src >= 0), other=0)
                 v = v * m.to(v.dtype)[:, None]
@@ -170,21 +199,21 @@ if triton is not None:
         tl.store(out_ptr + (b * T + t[:, None]) * C + c[None, :], y.to(out_ptr.dtype.element_ty), mask=ok)
         if KEEP:
             if pid_t == 0:
-                _store_kept(x_row, col, c, c_ok, b, T, p_ptr, m_ptr, last_ptr, k_ptr, s_xt, s_xc, s_pb, s_pw, s_mb,
+                _store_kept(x_cols, col, c, c_ok, b, T, p_ptr, m_ptr, last_ptr, k_ptr, s_xt, s_xc, s_pb, s_pw, s_mb,
                             s_mt, C, W, HAS_PREV, MASKED, BLOCK_C)
 
     @triton.jit
-    def _store_kept(x_row, col, c, c_ok, b, T, p_ptr, m_ptr, last_ptr, k_ptr, s_xt, s_xc, s_pb, s_pw, s_mb, s_mt, C,
+    def _store_kept(x_cols, col, c, c_ok, b, T, p_ptr, m_ptr, last_ptr, k_ptr, s_xt, s_xc, s_pb, s_pw, s_mb, s_mt, C,
                     W: tl.constexpr, HAS_PREV: tl.constexpr, MASKED: tl.constexpr, BLOCK_C: tl.constexpr):
-        """The ``W - 1`` inputs to keep for channels ``c``: those that end at the row's last real token. A function of
-        its own because, inside the caller's runtime ``if``, Triton's compiler rejects names that the tap loop left
-        with other types (the interpreter does not check it)."""
+        """The ``W - 1`` inputs to keep for channels ``c`` (read at ``x_cols + col * s_xc`` of a row): those that end
+        at the row's last real token. A function of its own because, inside the caller's runtime ``if``, Triton's
+        compiler rejects names that the tap loop left with other types (the interpreter does not check it)."""
         end = T
         if MASKED:
             end = tl.load(last_ptr + b)
         for i in tl.static_range(W - 1):
             src = tl.zeros([BLOCK_C], dtype=tl.int64) + (end - (W - 1) + i)  # the input kept in slot i
-            v = tl.load(x_row + src * s_xt + col * s_xc, mask=c_ok & (src >= 0), other=0.0)
+            v = tl.load(x_cols + src * s_xt + col * s_xc, mask=c_ok & (src >= 0), other=0.0)
             if MASKED:
                 m = tl.load(m_ptr + b * s_mb + src * s_mt, mask=c_ok & (src >= 0), other=0)
                 v = v * m.to(v.dtype)
