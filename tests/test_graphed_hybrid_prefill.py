@@ -10,7 +10,7 @@ from test_hybrid import FAMILIES
 from laquant.adapters import cache_kwargs, install, new_cache, returned_cache
 from laquant.models.cache import state_store
 from laquant.models.static_hybrid import kv_layers
-from laquant.serving.graphed_hybrid_prefill import HybridPrefillGraphs, hybrid_prefill_graphable
+from laquant.serving.graphed_hybrid_prefill import UNVERIFIED_MODEL_TYPES, HybridPrefillGraphs, hybrid_prefill_graphable
 
 
 def _model(family, recipe=None, device="cpu", dtype=torch.float32, **overrides):
@@ -224,16 +224,32 @@ def test_gpu_graphed_hybrid_prefill(family, recipe, overrides, captures):
     logits and states close to its eager prefill's, and generate's greedy tokens after it those of the eager prefill
     (float32: no near-ties), prompts of several lengths too; the graphs are kept per bucket and batch size and
     released. A model whose capture is refused gives the eager prefill's results."""
+    _check_graphed_prefill(_model(family, recipe, device="cuda", **overrides), recipe is not None, captures)
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(reason="failed on an H100 on 2026-12-05, cause not recorded; run with --runxfail to see why",
+                   strict=False)
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f in UNVERIFIED_MODEL_TYPES])
+@torch.no_grad()
+def test_gpu_graphed_prefill_of_the_unverified_families(family, monkeypatch):
+    """The refused model types (UNVERIFIED_MODEL_TYPES) with the refusal lifted, through the same checks."""
+    from laquant.serving import graphed_hybrid_prefill
+
+    monkeypatch.setattr(graphed_hybrid_prefill, "UNVERIFIED_MODEL_TYPES", ())
+    _check_graphed_prefill(_model(family, "hybrid_int8", device="cuda"), True, True)
+
+
+def _check_graphed_prefill(model, quantized: bool, captures: bool):
     from laquant.generate import generate, prefill, prefill_graphs, release_graphs
 
-    model = _model(family, recipe, device="cuda", **overrides)
     for B, T in ((1, 128), (2, 100), (1, 100)):
         ids = torch.randint(1, 500, (B, T), device="cuda")
         logits, cache = prefill(model, ids, graphed=True)
         assert (prefill_graphs(model).failure is None) == captures, prefill_graphs(model).failure
         ref_logits, ref_cache = prefill(model, ids)
         assert rel_err(logits, ref_logits) < 1e-4, (B, T)
-        _assert_same_cache(cache, ref_cache, T, quantized=recipe is not None)
+        _assert_same_cache(cache, ref_cache, T, quantized=quantized)
     assert sorted(k[:2] for k in prefill_graphs(model).captures) == ([(1, 128), (2, 128)] if captures else [])
     ids = torch.randint(1, 500, (2, 90), device="cuda")
     assert torch.equal(generate(model, ids, 12, graphed_prefill=True), generate(model, ids, 12))
