@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What the session of 2026-12-05 (sixteenth) built after its one GPU run, and what that run (eval/results/
 # graphed_hybrid_prefill_h100/) left undone, most needed first (~25 minutes, three polls):
-#   bash tools/device_kernels.sh 540 device_conv_runs_job.sh     (carry scratch/base_pkg: the checkout before, for 3.)
+#   bash tools/device_kernels.sh 540 device_conv_runs_job.sh     (carry scratch/base_pkg: for 3., commit e832aaf, the
+#   tree before the short conv's runs, built as device_job_env.sh's private_pkg builds one, its assets left out)
 # 1. Why MiniMax's graphed prefill failed its GPU test (refused since): the test with the refusal lifted, its traceback.
 # 2. The prompt short conv reading qwen3_next's gathered columns as runs (vectorized loads), against the PyTorch path
 #    (tools/bench_short_conv.py): it ran at 203-234 GB/s before, contiguous channels at 1.9-2.5 TB/s.
