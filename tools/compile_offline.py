@@ -118,7 +118,21 @@ def delta_decode():
     return launches
 
 
-CASES = {"short_conv": short_conv, "qk_norm_rope": qk_norm_rope, "experts": experts, "delta_decode": delta_decode}
+def state_kernels():
+    """The GLA and delta-rule decode and verify kernels as a model's B = 64 launch makes them (``tools/sass_mix.py``'s
+    :func:`model_launch`: int8 state, stochastic rounding; GLA's decode with its output norm writing o_proj's codes),
+    and the commits."""
+    from sass_mix import model_launch
+
+    launches = [model_launch(kernel, "int8_row:stochastic", 16, 1) for kernel in ("gla", "delta")]
+    for kernel in ("gla_verify", "delta_verify"):
+        for commit in (False, True):
+            launches.append(model_launch(kernel, "int8_row:stochastic", 32, 1, block_v=32, commit=commit))
+    return launches
+
+
+CASES = {"short_conv": short_conv, "qk_norm_rope": qk_norm_rope, "experts": experts, "delta_decode": delta_decode,
+         "state_kernels": state_kernels}
 
 
 def describe(fn, kwargs) -> str:
