@@ -38,6 +38,26 @@ def test_the_kernels_compile_for_sm90(tmp_path):
     assert sum(line.startswith("ok") for line in lines) >= 50 and not any("FAILED" in line for line in lines)
 
 
+def test_gathered_columns_in_aligned_runs_are_read_with_wide_loads(tmp_path):
+    """The prompt conv over qwen3_next-like columns (aligned runs of a head's 128) has the plain conv's vectorized
+    reads in its run path; over rows whose runs cannot be aligned it has none. Which path a block takes at run time is
+    tests/test_short_conv.py's (interpreted)."""
+    code = textwrap.dedent('''
+        import torch, compile_offline
+        [(fn, args, kwargs)] = compile_offline.short_conv_runs()
+        print("RUNS", compile_offline.wide_loads(fn, args, kwargs))
+        from laquant.kernels.conv import short_conv as sc
+        with compile_offline.captured(sc) as launches:
+            x = torch.randn(1, 64, 769, dtype=torch.bfloat16)[..., 1:]  # rows of odd length: no aligned run
+            sc.short_conv_triton(x, None, torch.randn(512, 4, dtype=torch.bfloat16), None, "silu", args[1])
+        print("UNALIGNED", compile_offline.wide_loads(*launches[0]))
+        ''')
+    done = _run(code, tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    counts = dict(line.split() for line in done.stdout.splitlines() if line.startswith(("RUNS", "UNALIGNED")))
+    assert int(counts["RUNS"]) >= 8 and int(counts["UNALIGNED"]) == 0, counts
+
+
 def test_a_kernel_the_interpreter_runs_but_the_compiler_rejects_fails(tmp_path):
     """The pattern the prompt short conv had: a name re-typed inside a runtime ``if``."""
     (tmp_path / "retyped.py").write_text(textwrap.dedent('''

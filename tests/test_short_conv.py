@@ -198,7 +198,7 @@ def _runs(starts, length: int) -> torch.Tensor:
     (_runs([0, 384, 128, 512], 128), 768),  # blocks that are runs, aligned: read as one
     (_runs([3, 387], 128), 600),  # runs whose first column is not 16-byte aligned: gathered
     (_runs([0, 200, 64, 400], 64), 512),  # blocks of two runs each: gathered
-    (_runs([256, 8], 100), 400),  # the second block partial (C = 200 of 128-channel blocks), its run shorter
+    (_runs([256, 4], 100), 400),  # the second block partial (C = 200 of 128-channel blocks), one aligned run
 ])
 @pytest.mark.parametrize("strided", [False, True])
 def test_prompt_kernel_reads_runs_of_columns_as_one(cols, N, strided):
@@ -219,6 +219,34 @@ def test_prompt_kernel_reads_runs_of_columns_as_one(cols, N, strided):
         got, got_kept = short_conv_triton(x, kept, weight, conv.bias, "silu", cols, mask=m)
         assert rel_err(got.float(), want.float()) < (1e-6 if DTYPE == torch.float32 else 1e-2)
         assert torch.equal(got_kept, want_kept)
+
+
+def test_prompt_kernel_takes_the_run_path_where_a_block_is_an_aligned_run(monkeypatch):
+    """Which blocks read their columns as one run (interpreted: the kernel's tile routine spied on): every block of
+    aligned runs, none of runs one column off alignment, only the run block of a block of two runs and a run."""
+    from conftest import INTERPRETED
+
+    from laquant.kernels.conv import short_conv as sc
+
+    if not INTERPRETED:
+        pytest.skip("the tile routine is spied on under the interpreter")
+    taken = []
+    real = sc._conv_rows
+
+    def spy(x_cols, col, *args, **kwargs):
+        lanes = col.handle.data
+        taken.append(bool((lanes == range(lanes.size)).all()))
+        return real(x_cols, col, *args, **kwargs)
+
+    monkeypatch.setattr(sc, "_conv_rows", spy)
+    gen = torch.Generator().manual_seed(0)
+    for cols, N, want in ((_runs([0, 384, 128, 512], 128), 768, [True] * 4), (_runs([1, 385], 128), 600, [False] * 2),
+                          (_runs([256, 4], 100), 400, [False, True])):
+        conv = _conv(cols.numel(), 4, False, gen, DTYPE)
+        x = torch.randn(1, 5, N, generator=gen).to(DEVICE, DTYPE)
+        taken.clear()
+        sc.short_conv_triton(x, None, conv.weight.view(cols.numel(), 4), None, "silu", cols.to(DEVICE), keep=False)
+        assert taken == want, (cols[:3], taken)
 
 
 def test_prompt_kernel_refuses_bad_input():

@@ -16,12 +16,24 @@ import torch.nn as nn
 
 from laquant.models import hybrid_mixers
 
-# name -> (projection width N, conv channels C gathered from it (None: all of N), width W)
+# name -> (projection width N, conv channels C gathered from it (None: all of N), width W, the gathered columns:
+# "grouped" as qwen3_next's in_proj_qkvz holds them, per key head q, k, then its value heads, each head 128
+# columns (runs the kernel reads as one), "scattered" sorted random columns (the kernel's gather))
 SHAPES = {
-    "qwen3_next 1.14B (q, k, v out of in_proj_qkvz)": (12288, 8192, 4),
-    "Nemotron-H / Mamba2 xBC": (6144, None, 4),
-    "Kimi Linear KDA q, k, v": (12288, None, 4),
+    "qwen3_next 1.14B (q, k, v out of in_proj_qkvz)": (12288, 8192, 4, "grouped"),
+    "the same widths, scattered columns": (12288, 8192, 4, "scattered"),
+    "Nemotron-H / Mamba2 xBC": (6144, None, 4, None),
+    "Kimi Linear KDA q, k, v": (12288, None, 4, None),
 }
+
+
+def grouped_columns(key_heads: int = 16, head: int = 128, values_per_key: int = 2) -> torch.Tensor:
+    """qwen3_next's conv columns (``Qwen3NextGatedDeltaNet``'s ``conv_columns``): per key head a group of q, k, its
+    value heads and their z heads, each ``head`` wide; the conv reads every q, then every k, then every v."""
+    group = (2 + 2 * values_per_key) * head
+    starts = ([g * group for g in range(key_heads)] + [g * group + head for g in range(key_heads)]
+              + [g * group + 2 * head + i * head for g in range(key_heads) for i in range(values_per_key)])
+    return torch.cat([torch.arange(s, s + head) for s in starts]).to(torch.int32)
 
 
 class _Store:
@@ -29,14 +41,18 @@ class _Store:
         self.conv, self.static = {}, False
 
 
-def _case(N, C, W, B, T, device, dtype, gen):
+def _case(N, C, W, B, T, device, dtype, gen, columns=None):
     C = C or N
     conv = nn.Conv1d(C, C, W, groups=C, bias=False, padding=W - 1).to(device, dtype)
     with torch.no_grad():
         conv.weight.copy_(torch.randn(C, 1, W, generator=gen).to(device, dtype) * 0.5)
     x = torch.randn(B, T, N, generator=gen).to(device, dtype)
-    cols = None if C == N else torch.randperm(N, generator=gen)[:C].sort().values.to(device, torch.int32)
-    return conv, x, cols
+    if columns == "grouped":
+        cols = grouped_columns()
+        assert (cols.numel(), int(cols.max()) + 1) == (C, N), "the grouped layout is qwen3_next's 1.14B widths"
+    else:
+        cols = None if C == N else torch.randperm(N, generator=gen)[:C].sort().values
+    return conv, x, None if cols is None else cols.to(device, torch.int32)
 
 
 def run(conv, x, cols, kernel: bool):
@@ -70,9 +86,9 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
     rows = []
-    for name, (N, C, W) in SHAPES.items():
+    for name, (N, C, W, columns) in SHAPES.items():
         for T in [int(t) for t in args.tokens.split(",")]:
-            conv, x, cols = _case(N, C, W, 1, T, "cuda", torch.bfloat16, gen)
+            conv, x, cols = _case(N, C, W, 1, T, "cuda", torch.bfloat16, gen, columns)
             (a, ka), (b, kb) = run(conv, x, cols, False), run(conv, x, cols, True)
             rec = dict(layer=name, N=N, C=C or N, W=W, tokens=T, rel_err=((a.float() - b.float()).norm()
                        / a.float().norm()).item(), kept_equal=bool(torch.equal(ka, kb)))

@@ -59,6 +59,27 @@ def short_conv():
     return launches
 
 
+def short_conv_runs():
+    """The prompt conv over qwen3_next-like gathered columns: blocks that are aligned runs of a head's columns (the
+    launch whose loads must vectorize, :func:`wide_loads`)."""
+    from laquant.kernels.conv import short_conv as sc
+
+    B, T, W, head = 1, 64, 4, 128
+    cols = torch.cat([torch.arange(s, s + head) for s in (0, 3 * head, head, 4 * head)]).to(torch.int32)
+    x = torch.randn(B, T, 6 * head, dtype=torch.bfloat16)
+    with captured(sc) as launches:
+        sc.short_conv_triton(x, None, torch.randn(cols.numel(), W, dtype=torch.bfloat16), None, "silu", cols)
+    return launches
+
+
+def wide_loads(fn, args: tuple, kwargs: dict) -> int:
+    """How many 128-bit global loads the launch's sm_90 code has."""
+    from sass_mix import compile_like_jit, cubin_sass
+
+    sass, _ = cubin_sass(compile_like_jit(fn, args, kwargs).asm["cubin"])
+    return sass.count("LDG.E.128")
+
+
 def qk_norm_rope():
     """The gated attention's q / k norms and rotary embedding: a prompt and a decode token, with the gate and
     without."""
@@ -131,8 +152,8 @@ def state_kernels():
     return launches
 
 
-CASES = {"short_conv": short_conv, "qk_norm_rope": qk_norm_rope, "experts": experts, "delta_decode": delta_decode,
-         "state_kernels": state_kernels}
+CASES = {"short_conv": short_conv, "short_conv_runs": short_conv_runs, "qk_norm_rope": qk_norm_rope,
+         "experts": experts, "delta_decode": delta_decode, "state_kernels": state_kernels}
 
 
 def describe(fn, kwargs) -> str:

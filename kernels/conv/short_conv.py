@@ -155,7 +155,9 @@ if triton is not None:
             ALIGN: tl.constexpr = 16 // (x_ptr.dtype.element_ty.primitive_bitwidth // 8)  # elements in 16 bytes
             off_run = tl.max(tl.where(c_ok, tl.abs(col - first - lane), 0), axis=0)
             if (off_run == 0) & (first % ALIGN == 0):
-                _conv_rows(x_row + tl.multiple_of(first, ALIGN) * s_xc, lane.to(tl.int64), t, c, c_ok, b, pid_t, T,
+                # first // ALIGN * ALIGN is first here, and its alignment the compiler's own to prove (a hint on first
+                # would hold for it outside this branch too)
+                _conv_rows(x_row + first // ALIGN * ALIGN * s_xc, lane.to(tl.int64), t, c, c_ok, b, pid_t, T,
                            C, p_ptr, m_ptr, last_ptr, w_ptr, b_ptr, out_ptr, k_ptr, s_xt, s_xc, s_pb, s_pw,
                            s_mb, s_mt, W, HAS_PREV, MASKED, HAS_BIAS, SILU, KEEP, BLOCK_T, BLOCK_C)
             else:
