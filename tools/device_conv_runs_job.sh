@@ -5,7 +5,8 @@
 #   tree before the short conv's runs, built as device_job_env.sh's private_pkg builds one, its assets left out)
 # 1. Why MiniMax's graphed prefill failed its GPU test (refused since): the test with the refusal lifted, its traceback.
 # 2. The prompt short conv reading qwen3_next's gathered columns as runs (vectorized loads), against the PyTorch path
-#    (tools/bench_short_conv.py): it ran at 203-234 GB/s before, contiguous channels at 1.9-2.5 TB/s.
+#    (tools/bench_short_conv.py: qwen3_next's own columns, and scattered ones): scattered columns ran at 203-234 GB/s
+#    on the H100, contiguous channels at 1.9-2.5 TB/s; qwen3_next's own columns were never timed.
 # 3. e2e of the dense qwen3_next, this tree and the checkout before (scratch/base_pkg): the prefill with the faster conv.
 # 4. The GPU tests the last run's time limit cut (the delta kernels' rest, the verify kernels), compile check included.
 # 5. The last job's leftovers: Granite 4's e2e, the MoE's B = 1 profile, the router bench, the read-floor probe.
