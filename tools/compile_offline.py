@@ -14,7 +14,6 @@ Prints one line a launch and exits 1 if any fails.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import os
 import sys
@@ -23,22 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-
-@contextlib.contextmanager
-def captured(module):
-    """``module.launch_kernel`` (and its PDL options, as on Hopper) replaced by a recorder: yields the list of
-    ``(kernel, args, kwargs)`` the wrappers called inside launch."""
-    launches = []
-    saved = module.launch_kernel, getattr(module, "pdl_launch", None)
-    module.launch_kernel = lambda fn, grid, *args, **kwargs: launches.append((fn, args, kwargs))
-    if saved[1] is not None:
-        module.pdl_launch = lambda device, rows: {"PDL": 1 if rows <= 16 else 2, "launch_pdl": True}
-    try:
-        yield launches
-    finally:
-        module.launch_kernel = saved[0]
-        if saved[1] is not None:
-            module.pdl_launch = saved[1]
+from sass_mix import captured, compile_like_jit, cubin_sass, model_launch  # noqa: E402
 
 
 def short_conv():
@@ -74,8 +58,6 @@ def short_conv_runs():
 
 def wide_loads(fn, args: tuple, kwargs: dict) -> int:
     """How many 128-bit global loads the launch's sm_90 code has."""
-    from sass_mix import compile_like_jit, cubin_sass
-
     sass, _ = cubin_sass(compile_like_jit(fn, args, kwargs).asm["cubin"])
     return sass.count("LDG.E.128")
 
@@ -143,8 +125,6 @@ def state_kernels():
     """The GLA and delta-rule decode and verify kernels as a model's B = 64 launch makes them (``tools/sass_mix.py``'s
     :func:`model_launch`: int8 state, stochastic rounding; GLA's decode with its output norm writing o_proj's codes),
     and the commits."""
-    from sass_mix import model_launch
-
     launches = [model_launch(kernel, "int8_row:stochastic", 16, 1) for kernel in ("gla", "delta")]
     for kernel in ("gla_verify", "delta_verify"):
         for commit in (False, True):
@@ -178,8 +158,6 @@ def main(argv=None) -> int:
 
 def compile_launches(launches) -> list[tuple]:
     """``(kernel, kwargs, None or the compiler's error)`` for each captured launch, compiled for sm_90."""
-    from sass_mix import compile_like_jit
-
     out = []
     for fn, a, kw in launches:
         try:

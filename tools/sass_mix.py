@@ -23,6 +23,7 @@ compiled that way showed 255 registers and 189 spill instructions; the launch th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import subprocess
@@ -112,12 +113,7 @@ def model_launch(kernel: str, fmt: str, block_k: int, num_warps: int, block_v: i
     launch = dict(num_warps=num_warps, seed=SEED)
     if not decode:
         launch.update(block_v=block_v, prefetch=prefetch)
-    captured = []
-    saved = module.launch_kernel, getattr(module, "pdl_launch", None)
-    module.launch_kernel = lambda fn, grid, *a, **kw: captured.append((fn, a, kw))
-    if decode:
-        module.pdl_launch = lambda device, rows: {"PDL": 1 if rows <= 16 else 2, "launch_pdl": True}
-    try:
+    with captured(module) as launches:
         if kernel == "gla":
             from laquant.kernels.gemm.int8 import PackedOutlierWeight
 
@@ -144,11 +140,24 @@ def model_launch(kernel: str, fmt: str, block_k: int, num_warps: int, block_v: i
                 module.delta_commit(q, k, v, g, beta, *pool, T, n_stores, use_qk_l2norm=True, **launch)
             else:
                 module.delta_verify(q, k, v, g, beta, *pool, n_stores, use_qk_l2norm=True, **launch)
+    return launches[0]
+
+
+@contextlib.contextmanager
+def captured(module):
+    """``module.launch_kernel`` (and its PDL options where it has them, as on Hopper) replaced by a recorder: yields
+    the list of ``(kernel, args, kwargs)`` the wrappers called inside launch instead of running them."""
+    launches = []
+    saved = module.launch_kernel, getattr(module, "pdl_launch", None)
+    module.launch_kernel = lambda fn, grid, *args, **kwargs: launches.append((fn, args, kwargs))
+    if saved[1] is not None:
+        module.pdl_launch = lambda device, rows: {"PDL": 1 if rows <= 16 else 2, "launch_pdl": True}
+    try:
+        yield launches
     finally:
         module.launch_kernel = saved[0]
-        if decode:
+        if saved[1] is not None:
             module.pdl_launch = saved[1]
-    return captured[0]
 
 
 def cubin_sass(cubin: bytes) -> tuple[str, str]:
