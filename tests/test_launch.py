@@ -31,9 +31,9 @@ class _Kernel:
     @staticmethod
     def binder(*args, **kwargs):
         bound = {f"a{i}": a for i, a in enumerate(args)}
-        bound.update(kwargs)
+        bound.update((k, v) for k, v in kwargs.items() if k != "enable_fp_fusion")  # a compile option alone
         spec = [("*", a.data_ptr() % 16 == 0) if torch.is_tensor(a) else ("i32", a == 1) for a in args]
-        return bound, spec, {k: v for k, v in kwargs.items() if k in ("num_warps", "launch_pdl")}
+        return bound, spec, {k: v for k, v in kwargs.items() if k in ("num_warps", "launch_pdl", "enable_fp_fusion")}
 
     def __getitem__(self, grid):
         def slow(*args, **kwargs):
@@ -89,7 +89,7 @@ def test_off_or_interpreted_launches_through_kernel_grid(cpu_cuda, monkeypatch):
     monkeypatch.setattr(launch_mod, "ENABLED", False)
     for _ in range(2):
         out = launch_mod.launch_kernel(kernel, (1,), torch.zeros(4), 3)
-        assert out.runs == [("slow", (1,), (out.runs[0][2][0], 3), {})]
+        assert out.runs == [("slow", (1,), (out.runs[0][2][0], 3), {"enable_fp_fusion": True})]
     monkeypatch.setattr(launch_mod, "ENABLED", True)
 
     class Interpreted:  # Triton's interpreter gives functions without device_caches
@@ -100,6 +100,18 @@ def test_off_or_interpreted_launches_through_kernel_grid(cpu_cuda, monkeypatch):
     kernel.device_caches = {0: (None, None, None, None)}  # a Triton whose per-device caches look otherwise
     out = launch_mod.launch_kernel(kernel, (1,), torch.zeros(4), 3)
     assert out.runs[0][0] == "slow" and len(out.runs) == 1
+
+
+def test_every_launch_asks_for_fmas_unless_it_says_otherwise(cpu_cuda):
+    """mul + add contracted (``enable_fp_fusion``) whatever Triton's default is (3.9 warns that 3.10 turns it off);
+    a launch that turns it off keeps that, and compiles a kernel of its own."""
+    kernel = _Kernel()
+    x = torch.zeros(16)
+    fused = launch_mod.launch_kernel(kernel, (1,), x, 7)
+    assert fused.runs[0][3] == {"enable_fp_fusion": True}
+    unfused = launch_mod.launch_kernel(kernel, (1,), x, 7, enable_fp_fusion=False)
+    assert unfused is not fused and unfused.runs[0][3] == {"enable_fp_fusion": False}
+    assert launch_mod.launch_kernel(kernel, (1,), x, 7) is fused and len(kernel.compiled) == 2
 
 
 @pytest.mark.gpu
@@ -136,7 +148,8 @@ def test_gpu_results_equal_kernel_grid_across_alignments_streams_and_graphs():
     x.add_(1.0)
     graph.replay()
     want = torch.empty_like(out)
-    scaled_add[(16,)](x, y, want, 4096, 3.0, BLOCK=256)  # the kernel's own fused multiply-add, as launched plainly
+    # the kernel's own fused multiply-add, launched plainly (with the option launch_kernel sets)
+    scaled_add[(16,)](x, y, want, 4096, 3.0, BLOCK=256, enable_fp_fusion=launch_mod.FP_FUSION)
     torch.cuda.synchronize()
     torch.testing.assert_close(out, want, rtol=0, atol=0)
 

@@ -56,10 +56,13 @@ def jit_specialization(fn, args: tuple, kwargs: dict) -> tuple:
     from triton.compiler import make_backend
     from triton.runtime.jit import JITFunction, create_function_from_signature
 
+    from laquant.kernels.common.launch import FP_FUSION
+
     if not isinstance(fn, JITFunction):  # under TRITON_INTERPRET=1: the same function, for its binder alone
         fn = JITFunction(fn.fn)
     backend = make_backend(GPUTarget(*TARGET))
     kwargs = {k: v for k, v in kwargs.items() if k != "launch_pdl"}  # a launch option, not a compile option
+    kwargs.setdefault("enable_fp_fusion", FP_FUSION)  # as launch_kernel, which the recorder stands in for, sets it
     bound, specialization, options = create_function_from_signature(fn.signature, fn.params, backend)(*args, **kwargs)
     return fn._pack_args(backend, kwargs, bound, specialization, options)
 

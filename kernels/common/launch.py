@@ -11,6 +11,12 @@ pre-run-hook lookups, the check that the globals a kernel reads kept the values 
 kernels read constants only). A key not seen yet takes ``kernel[grid]`` (which compiles as usual) and caches what
 it ran. So a ``TRITON_DEBUG`` set after a kernel's first launch does not recompile that kernel here.
 ``LAQUANT_FAST_LAUNCH=0`` (read at import) launches through ``kernel[grid]``, as does the Triton interpreter.
+
+Every launch asks for mul + add contracted into FMAs (``enable_fp_fusion``, :data:`FP_FUSION`) unless it says
+otherwise (the delta rule's decode and verify kernels turn it off, so that the two store the same state bits). Triton
+up to 3.9 contracts by default, and 3.9 warns, where a launch leaves it unset, that the default turns off in 3.10.
+The kernels were written, tested and timed with FMAs (the state decode kernels are bound by instruction issue; their
+offline instruction counts, ``tools/sass_mix.py``, count them), so the option is not left to Triton's default.
 """
 
 from __future__ import annotations
@@ -25,11 +31,14 @@ except ImportError:  # laquant's CPU path needs no Triton
     knobs = None
 
 ENABLED = os.environ.get("LAQUANT_FAST_LAUNCH", "1") != "0" and knobs is not None
+FP_FUSION = True  # enable_fp_fusion where a launch does not set it (see above)
 _COMPILED: dict = {}  # (id(kernel), device) -> {(specialization, options): compiled kernel}
 
 
 def launch_kernel(kernel, grid: tuple, *args, **kwargs):
-    """``kernel[grid](*args, **kwargs)`` (``grid`` a tuple of 1-3 ints); returns what that returns."""
+    """``kernel[grid](*args, **kwargs)`` (``grid`` a tuple of 1-3 ints), with ``enable_fp_fusion=FP_FUSION`` where
+    ``kwargs`` do not set it; returns what that returns."""
+    kwargs.setdefault("enable_fp_fusion", FP_FUSION)
     caches = getattr(kernel, "device_caches", None)  # a JITFunction's; the interpreter's functions have none
     if not ENABLED or caches is None:
         return kernel[grid](*args, **kwargs)
