@@ -251,6 +251,63 @@ def test_gated_shared_sum_kernel_matches_the_spec(T, H, dtype):
         gated_shared_sum_triton(x, gate_weight.double(), shared, routed)
 
 
+@pytest.mark.parametrize("T, k, H, dtype", [(3, 3, 72, torch.float32), (1, 1, 1100, torch.float32),
+                                            (5, 2, 40, torch.bfloat16),
+                                            pytest.param(64, 4, 2048, torch.bfloat16, marks=pytest.mark.gpu)])
+def test_gated_shared_sum_of_the_experts_pairs_is_their_sum_bit_for_bit(T, k, H, dtype):
+    """The gated shared sum reading the int8 experts' float32 pairs gives what it gives on their sum as the experts'
+    last launch rounds it (summed in order, rounded once to the dtype), bit for bit."""
+    require_triton_kernels()
+    from laquant.kernels.moe.combine import gated_shared_sum_triton
+    from laquant.kernels.moe.grouped import sum_pairs_triton
+
+    gen = torch.Generator().manual_seed(T * k + H)
+    x, shared = (torch.randn(T, H + 8, generator=gen).to(DEVICE, dtype)[:, :H] for _ in range(2))  # strided rows
+    gate_weight = (torch.randn(1, H, generator=gen) / H ** 0.5).to(DEVICE, dtype)
+    pairs = (torch.randn(T * k, H, generator=gen) * 3).to(DEVICE)
+    routed = sum_pairs_triton(pairs, k, dtype)  # what the int8 experts' forward returns from these pairs
+    want = gated_shared_sum_triton(x, gate_weight, shared, routed)
+    got = gated_shared_sum_triton(x, gate_weight, shared, pairs, k)
+    assert torch.isfinite(got).all() and torch.equal(got, want)
+    assert rel_err(routed, pairs.view(T, k, H).sum(1)) < (1e-6 if dtype == torch.float32 else 1e-2)
+    with pytest.raises(ValueError, match=r"routed \[%d, %d\]" % (T * k, H)):
+        gated_shared_sum_triton(x, gate_weight, shared, pairs[1:], k)
+    with pytest.raises(ValueError, match="routed be torch.float32"):
+        gated_shared_sum_triton(x, gate_weight, shared, pairs.to(dtype if dtype != torch.float32 else torch.half), k)
+
+
+def test_a_quantized_block_sums_its_experts_pairs_in_the_shared_sum(fresh_checks, monkeypatch):
+    """qwen3_next's MoE block with laquant's int8 experts: the fused forward hands the experts' pairs to the shared
+    sum (the experts' own sum launch not made) and gives what the experts' forward then the shared sum give, bit for
+    bit."""
+    require_triton_kernels()
+    from laquant.api import calibrate
+    from laquant.kernels.moe import grouped
+    from laquant.quant import experts as quant_experts
+    from laquant.recipe import load_recipe
+
+    model = _model("qwen3_next")
+    install(model)
+    data = torch.randint(1, VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
+    model = calibrate(model, load_recipe("hybrid_int8"), data=data, progress=False).model.to(DEVICE)
+    block = model.get_submodule("model.layers.1.mlp")
+    assert type(block.experts).__name__ == "QuantExperts" and isinstance(block, fused_moe._FusedGatedShared)
+    monkeypatch.setattr(quant_experts, "use_triton", lambda x: True)
+    sums = []
+    real_sum = grouped.int8_experts_triton
+    monkeypatch.setattr(grouped, "int8_experts_triton", lambda *a, **kw: sums.append(1) or real_sum(*a, **kw))
+    x = torch.randn(2, 5, block.gate.weight.shape[1], generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    with torch.no_grad():
+        block(x)  # the first-use check against transformers' forward
+        assert fused_moe._CHECKED[block._laquant_base] is True
+        sums.clear()
+        got = block(x)
+        assert sums == []
+        monkeypatch.setattr(type(block.experts), "pair_outputs", lambda self, *a: None)
+        want = block(x)
+    assert sums == [1] and torch.isfinite(got).all() and torch.equal(got, want)
+
+
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5_moe"])
 def test_fused_gated_shared_block_reproduces_transformers(family, fresh_checks, monkeypatch):
     require_triton_kernels()

@@ -85,7 +85,8 @@ def qk_norm_rope():
 
 
 def experts():
-    """The int8 experts: one token (a block a pair, no alignment) and several."""
+    """The int8 experts: one token (a block a pair, no alignment) and several; Qwen3-Next's gated shared sum after
+    them."""
     from laquant.kernels.moe import grouped
 
     E, H, I, k = 8, 256, 128, 2
@@ -97,6 +98,18 @@ def experts():
             index = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
             grouped.int8_experts_triton(x, index, torch.rand(T, k, dtype=torch.bfloat16), in_codes,
                                         torch.ones(E, 2 * I), out_codes, torch.ones(E, H), "silu", True)
+    return launches + gated_shared_sum(H, k)
+
+
+def gated_shared_sum(H: int = 256, k: int = 2):
+    """Qwen3-Next's gated shared-expert sum, of the routed experts' output and of their pairs before the sum."""
+    from laquant.kernels.moe import combine
+
+    T = 9
+    x, shared, gate = (torch.randn(rows, H, dtype=torch.bfloat16) for rows in (T, T, 1))
+    with captured(combine) as launches:
+        combine.gated_shared_sum_triton(x, gate, shared, torch.randn(T, H, dtype=torch.bfloat16))
+        combine.gated_shared_sum_triton(x, gate, shared, torch.randn(T * k, H), k)
     return launches
 
 

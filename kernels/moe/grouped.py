@@ -10,7 +10,8 @@ exact in bf16), with float32 sums and the per-channel scales applied after the s
 * ``_experts_in_kernel``: the expert's input projection (gate and up rows at once where gated) and the
   activation, writing each pair's ``a`` in x's dtype;
 * ``_experts_out_kernel``: the down projection times the routing weight, each pair's ``y`` in float32;
-* ``_sum_pairs_kernel``: a token's ``k`` pairs summed in float32 and rounded to x's dtype.
+* ``_sum_pairs_kernel``: a token's ``k`` pairs summed in float32 and rounded to x's dtype (where nothing else
+  reads the sum: :func:`int8_expert_pairs_triton`).
 
 Blocks past the used experts' (the grid is sized for the worst case) return at once. The tiles are chosen by
 :func:`_tiles`'s rule; ``tools/bench_moe_experts.py --sweep`` times others.
@@ -190,15 +191,22 @@ if triton is not None:
 
 
     @triton.jit
+    def summed_pairs(y_ptr, t, h, ok, H, TOPK: tl.constexpr):
+        """Columns ``h`` of token ``t``'s ``TOPK`` pairs (``y [T * TOPK, H]`` float32) summed in float32, in their
+        order: what :func:`_sum_pairs_kernel` rounds and stores, and the gated shared sum
+        (:mod:`laquant.kernels.moe.combine`) reads in its place."""
+        acc = tl.load(y_ptr + t * TOPK * H + h, mask=ok, other=0.0)
+        for i in tl.static_range(1, TOPK):
+            acc += tl.load(y_ptr + (t * TOPK + i) * H + h, mask=ok, other=0.0)
+        return acc
+
+    @triton.jit
     def _sum_pairs_kernel(y_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK_H: tl.constexpr):
         """A token's ``TOPK`` pairs summed in float32, in their order, and rounded to the output's dtype."""
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         ok = h < H
-        acc = tl.load(y_ptr + t * TOPK * H + h, mask=ok, other=0.0)
-        for i in tl.static_range(1, TOPK):
-            acc += tl.load(y_ptr + (t * TOPK + i) * H + h, mask=ok, other=0.0)
-        tl.store(out_ptr + t * H + h, acc.to(out_ptr.dtype.element_ty), mask=ok)
+        tl.store(out_ptr + t * H + h, summed_pairs(y_ptr, t, h, ok, H, TOPK).to(out_ptr.dtype.element_ty), mask=ok)
 
 
 def align_pairs(top_k_index: torch.Tensor, num_experts: int, block_m: int):
@@ -259,6 +267,33 @@ def int8_experts_triton(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weight
     the weights and scales must be contiguous. ``top_k_index`` must lie in ``[0, E)``, as a router's top-k over the
     E experts does (not checked: that would synchronize with the host; transformers' expert-parallel sentinels are
     not taken). ``tiles``: :func:`_tiles`'s choice unless given (a sweep's)."""
+    T, k = top_k_index.shape
+    if T * k == 0:
+        check_experts(x, top_k_index, top_k_weights, in_codes, in_scale, out_codes, out_scale, activation, gated)
+        return torch.zeros_like(x)
+    return sum_pairs_triton(int8_expert_pairs_triton(x, top_k_index, top_k_weights, in_codes, in_scale, out_codes,
+                                                     out_scale, activation, gated, limit, tiles), k, x.dtype)
+
+
+def sum_pairs_triton(y: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """Each token's ``k`` pairs of ``y [T * k, H]`` (float32, contiguous) summed in float32 in their order and rounded
+    to ``dtype``: ``[T, H]``, one launch."""
+    H = y.shape[1]
+    T = y.shape[0] // k
+    out = torch.empty(T, H, dtype=dtype, device=y.device)
+    launch_kernel(_sum_pairs_kernel, (T, cdiv(H, 1024)), y, out, H, TOPK=k, BLOCK_H=1024, num_warps=4)
+    return out
+
+
+def int8_expert_pairs_triton(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                             in_codes: torch.Tensor, in_scale: torch.Tensor, out_codes: torch.Tensor,
+                             out_scale: torch.Tensor, activation: str, gated: bool,
+                             limit: float | None = None, tiles: Tiles | None = None) -> torch.Tensor:
+    """:func:`int8_experts_triton` before its last launch: each (token, expert) pair's output times its routing
+    weight, ``[T * k, H]`` float32 (pair ``t * k + j``), which that launch sums per token in order
+    (:func:`summed_pairs`) and rounds to x's dtype. A kernel that reads the sum anyway (the shared expert's gated
+    sum, :func:`laquant.kernels.moe.combine.gated_shared_sum_triton`) takes these in its place, one launch less.
+    The arguments are :func:`int8_experts_triton`'s; at least one pair."""
     check_experts(x, top_k_index, top_k_weights, in_codes, in_scale, out_codes, out_scale, activation, gated)
     if x.stride(1) != 1 or not all(t.is_contiguous() for t in (in_codes, in_scale, out_codes, out_scale)):
         raise ValueError("the kernels need x's columns and the expert weights and scales contiguous")
@@ -266,7 +301,7 @@ def int8_experts_triton(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weight
     E, H, I = out_codes.shape
     S = T * k
     if S == 0:
-        return torch.zeros_like(x)
+        raise ValueError("no (token, expert) pair to compute")
     tiles = tiles or _tiles(S, E, I, H, sm_count(x.device, 132))
     direct = T == 1  # a token's k experts are distinct: a block a pair, in the router's order
     if direct:
@@ -286,6 +321,4 @@ def int8_experts_triton(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weight
     routing = top_k_weights.reshape(-1)  # read in its dtype, turned to float32 in the kernel
     launch_kernel(_experts_out_kernel, (n_blocks, cdiv(H, tiles.block_n_out)), a, out_codes, out_scale, routing,
                   pairs, block_expert, y, S, H, I, E, BLOCK_N=tiles.block_n_out, **common)
-    out = torch.empty(T, H, dtype=x.dtype, device=x.device)
-    launch_kernel(_sum_pairs_kernel, (T, cdiv(H, 1024)), y, out, H, TOPK=k, BLOCK_H=1024, num_warps=4)
-    return out
+    return y

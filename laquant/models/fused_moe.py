@@ -9,7 +9,8 @@ on the GPU, keeps transformers' logits (the same GEMM) and runs the rest as
 :func:`laquant.kernels.moe.route.route_triton`, by the formula its table entry names
 (:data:`laquant.kernels.moe.reference.ROUTINGS`); and each MoE block of a class in :data:`GATED_SHARED_BLOCKS` a
 forward whose last five launches (the shared expert's one-column gate, its sigmoid, the product, the sum) are
-:func:`laquant.kernels.moe.combine.gated_shared_sum_triton`. Elsewhere (CPU, autograd, a stream being captured
+:func:`laquant.kernels.moe.combine.gated_shared_sum_triton`, which also sums laquant's int8 experts' pairs (their last
+launch, :meth:`laquant.quant.experts.QuantExperts.pair_outputs`). Elsewhere (CPU, autograd, a stream being captured
 before the check below, ``LAQUANT_FUSED_MOE=0`` for comparisons) they run transformers' forward.
 
 The classes change (their names kept), not the parameters or their names: checkpoints are untouched. The kernels
@@ -207,8 +208,14 @@ def _gated_shared_block(block, hidden_states: torch.Tensor) -> torch.Tensor:
     x = hidden_states.view(-1, hidden_states.shape[-1])
     shared = block.shared_expert(x)
     _, routing_weights, selected_experts = block.gate(x)
-    routed = block.experts(x, selected_experts, routing_weights)
-    return gated_shared_sum_triton(x, block.shared_expert_gate.weight, shared, routed).view(hidden_states.shape)
+    pairs_of = getattr(block.experts, "pair_outputs", None)  # laquant's int8 experts: their sum is summed here
+    pairs = pairs_of(x, selected_experts, routing_weights) if pairs_of is not None else None
+    if pairs is not None:
+        out = gated_shared_sum_triton(x, block.shared_expert_gate.weight, shared, pairs, selected_experts.shape[1])
+    else:
+        routed = block.experts(x, selected_experts, routing_weights)
+        out = gated_shared_sum_triton(x, block.shared_expert_gate.weight, shared, routed)
+    return out.view(hidden_states.shape)
 
 
 def _gated_shared_fits(block) -> bool:

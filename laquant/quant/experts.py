@@ -134,6 +134,19 @@ class QuantExperts(Float32Buffers, nn.Module):
             return int8_experts_triton(*args)
         return int8_experts(*args)
 
+    def pair_outputs(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                     top_k_weights: torch.Tensor) -> torch.Tensor | None:
+        """On the kernels' path, what :meth:`forward` sums per token before its last launch: each (token, expert)
+        pair's output times its routing weight, ``[T * k, H]`` float32
+        (:func:`~laquant.kernels.moe.grouped.int8_expert_pairs_triton`), for a kernel that adds the sum to more
+        (Qwen3-Next's gated shared expert). None elsewhere, or without a pair; no forward hooks run."""
+        if not use_triton(hidden_states) or top_k_index.numel() == 0:
+            return None
+        from laquant.kernels.moe.grouped import int8_expert_pairs_triton
+
+        return int8_expert_pairs_triton(hidden_states, top_k_index, top_k_weights, self.in_qweight, self.in_scale,
+                                        self.out_qweight, self.out_scale, self.activation, self.gated, self.limit)
+
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, hidden={self.hidden_size}, intermediate={self.intermediate_size}, "
                 f"gated={self.gated}, activation={self.activation}, limit={self.limit}, weights=int8 per channel")
