@@ -8,8 +8,11 @@
 #    (tools/bench_short_conv.py: qwen3_next's own columns, and scattered ones): scattered columns ran at 203-234 GB/s
 #    on the H100, contiguous channels at 1.9-2.5 TB/s; qwen3_next's own columns were never timed.
 # 3. e2e of the dense qwen3_next, this tree and the checkout before (scratch/base_pkg): the prefill with the faster conv.
-# 4. The GPU tests the last run's time limit cut (the delta kernels' rest, the verify kernels), compile check included.
-# 5. The last job's leftovers: Granite 4's e2e, the MoE's B = 1 profile, the router bench, the read-floor probe.
+# 4. The GPU tests the last run's time limit cut (the delta kernels' rest, the verify kernels), compile check included,
+#    and the fused MoE's (the seventeenth session's shared sum over the int8 experts' pairs among them).
+# 5. e2e of the Qwen3-Next-style MoE, this tree and the same checkout before (its MoE layers one launch fewer since
+#    the seventeenth session, and the conv's runs).
+# 6. The last job's leftovers: Granite 4's e2e, the MoE's B = 1 profile, the router bench, the read-floor probe.
 set -u
 . tools/device_job_env.sh "$@"
 timeout 240 python3 -m pytest -v -rfsxX --tb=long --runxfail -m gpu -k unverified tests/test_graphed_hybrid_prefill.py \
@@ -20,10 +23,12 @@ log "short conv bench rc $?"
 E2E_TIMEOUT=200 hybrid_e2e qwen3_next ""
 E2E_TIMEOUT=200 hybrid_e2e qwen3_next _base
 timeout 420 python3 -m pytest -v -rfs --tb=short tests/test_delta_kernels.py tests/test_verify.py \
-  tests/test_compile_offline.py > "$W/gpu_tests.log" 2>&1
+  tests/test_compile_offline.py tests/test_fused_moe.py > "$W/gpu_tests.log" 2>&1
 log "gpu tests rc $?"
-E2E_TIMEOUT=200 hybrid_e2e granitemoehybrid ""
 python3 tools/family_configs.py qwen3_next --moe > "$W/moe_fields.json"
+E2E_TIMEOUT=240 hybrid_e2e qwen3_next _moe "$(cat "$W/moe_fields.json")"
+E2E_TIMEOUT=240 hybrid_e2e qwen3_next _moe_base "$(cat "$W/moe_fields.json")"
+E2E_TIMEOUT=200 hybrid_e2e granitemoehybrid ""
 BATCH=1 TOP=60 timeout 200 python3 tools/profile_hybrid_decode.py "$W/profile_moe_b1.json" "$W/moe_fields.json" \
   > "$W/profile_moe_b1.log" 2>&1
 log "profile rc $?"
