@@ -4,6 +4,7 @@ passed every interpreted test)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,9 +16,12 @@ import pytest
 TOOLS = Path(__file__).parents[1] / "tools"
 
 
-def _run(code: str, tmp_path) -> subprocess.CompletedProcess:
-    """``code`` in a fresh Python without TRITON_INTERPRET (the kernels then are JIT functions), tools/ importable."""
+def _run(code: str, tmp_path, interpret: bool = False) -> subprocess.CompletedProcess:
+    """``code`` in a fresh Python without TRITON_INTERPRET (the kernels then are JIT functions; ``interpret``: with
+    it), tools/ importable."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
     env["PYTHONPATH"] = os.pathsep.join([str(TOOLS), str(tmp_path), env.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
 
@@ -84,3 +88,52 @@ def test_a_kernel_the_interpreter_runs_but_the_compiler_rejects_fails(tmp_path):
     done = _run(code, tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "ERROR CompilationError" in done.stdout
+
+
+def test_launches_recorded_in_an_interpreted_run_compile(tmp_path):
+    """tools/launch_record.py records what a CPU run launches (each distinct specialization once), and
+    compile_offline.py --recorded compiles each for sm_90, and reports a launch it cannot rebuild."""
+    path = tmp_path / "launches.jsonl"
+    record = textwrap.dedent(f'''
+        import json, torch, launch_record
+        from laquant.kernels.conv.short_conv import short_conv_step_triton
+        from laquant.kernels.moe.combine import gated_shared_sum_triton
+        recorder = launch_record.Recorder()
+        for C in (37, 37, 64):  # the second launch specializes as the first: recorded once
+            x, prev = torch.randn(2, C)[:, :C], torch.randn(2, 3, C)
+            short_conv_step_triton(x, prev, torch.randn(C, 4), None, "silu", None, state_out=torch.empty_like(prev))
+        x, shared, gate = torch.randn(3, 40), torch.randn(3, 40), torch.randn(1, 40)
+        gated_shared_sum_triton(x, gate, shared, torch.randn(6, 40), 2)
+        recorder.stop()
+        recorder.records["bogus"] = dict(kernel="laquant.kernels.moe.combine:_no_such_kernel", args=[], kwargs={{}})
+        recorder.write({str(path)!r})
+        ''')
+    done = _run(record, tmp_path, interpret=True)
+    assert done.returncode == 0, done.stderr[-4000:]
+    kernels = [json.loads(line)["kernel"] for line in path.read_text().splitlines()]
+    assert sorted(k.rsplit(":", 1)[1] for k in kernels) == ["_gated_shared_sum_kernel", "_no_such_kernel",
+                                                            "_short_conv_step_kernel", "_short_conv_step_kernel"]
+    done = _run(f"import compile_offline, sys; sys.exit(compile_offline.main(['--recorded', {str(path)!r}]))",
+                tmp_path)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 1 and sum(line.startswith("ok") for line in lines) == 3, done.stdout + done.stderr
+    assert any(line.startswith("FAILED") and "not rebuilt" in line for line in lines)
+
+
+def test_a_recorded_launch_keeps_its_layout():
+    """What specializes a compile survives the record: dtype, shape, strides, 16-byte alignment, scalars, dtypes."""
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import launch_record
+    finally:
+        sys.path.remove(str(TOOLS))
+    import torch
+
+    for t in (torch.randn(5, 8)[:, 1:], torch.randn(4, 6, dtype=torch.float64).t(), torch.zeros(0, 3, dtype=torch.int8),
+              torch.randn(16, dtype=torch.bfloat16)[8:]):
+        back = launch_record.decode_value(json.loads(json.dumps(launch_record.encode_value(t))))
+        assert (back.dtype, back.shape, back.stride()) == (t.dtype, t.shape, t.stride())
+        assert (back.data_ptr() % 16 == 0) == (t.data_ptr() % 16 == 0)
+    for v in (3, 1, 2.5, True, None, "silu", torch.int32):
+        assert launch_record.decode_value(json.loads(json.dumps(launch_record.encode_value(v)))) == v
+    assert launch_record.encode_launch(type("K", (), {"fn": lambda: None})(), (), {}) is None  # not laquant's

@@ -7,8 +7,10 @@ review before its first GPU run), a shape the layouts cannot take, an op without
 :data:`CASES` through the whole compile (TTIR to cubin, Triton's bundled ptxas), as a GPU's first launch would.
 
     python tools/compile_offline.py [CASE ...]      (TRITON_INTERPRET must be unset: the kernels must be JIT functions)
+    python tools/compile_offline.py --recorded launches.jsonl [--jobs N]
 
-Prints one line a launch and exits 1 if any fails.
+``--recorded`` compiles instead every launch a CPU test run recorded (``tools/launch_record.py``: the whole suite's
+launches, not only these cases'). Prints one line a launch and exits 1 if any fails.
 """
 
 from __future__ import annotations
@@ -157,15 +159,52 @@ def describe(fn, kwargs) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("cases", nargs="*", choices=[[], *CASES], default=[], help="default: all")
+    p.add_argument("--recorded", metavar="PATH", help="the launches tools/launch_record.py recorded, instead of CASES")
+    p.add_argument("--jobs", type=int, default=1, help="--recorded: compiles run side by side")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("unset TRITON_INTERPRET: under the interpreter the kernels are not JIT functions")
+    if args.recorded:
+        if args.cases:
+            p.error("--recorded compiles the recorded launches: name no CASE")
+        return compile_recorded(args.recorded, args.jobs)
     failed = 0
     for name in args.cases or CASES:
         for fn, kw, error in compile_launches(CASES[name]()):
             failed += error is not None
             print(f"ok      {name}: {describe(fn, kw)}" if error is None else
                   f"FAILED  {name}: {describe(fn, kw)}: {error}", flush=True)
+    return 1 if failed else 0
+
+
+def _compile_record(record: dict) -> tuple[str, str | None]:
+    from launch_record import decode_launch
+
+    try:
+        fn, a, kw = decode_launch(record)
+    except Exception as e:  # noqa: BLE001 - a launch that cannot be rebuilt is a finding too
+        return record["kernel"], f"not rebuilt: {type(e).__name__}: {e}"
+    [(fn, kw, error)] = compile_launches([(fn, a, kw)])
+    return describe(fn, kw), error
+
+
+def compile_recorded(path: str, jobs: int = 1) -> int:
+    """Compile every launch recorded in ``path`` (:mod:`launch_record`), ``jobs`` at a time; 1 if any fails."""
+    from launch_record import read_records
+
+    records = read_records(path)
+    if jobs > 1:
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            results = pool.map(_compile_record, records, chunksize=4)
+    else:
+        results = map(_compile_record, records)
+    failed = 0
+    for what, error in results:
+        failed += error is not None
+        print(f"ok      {what}" if error is None else f"FAILED  {what}: {error}", flush=True)
+    print(f"{len(records) - failed} of {len(records)} recorded launches compile for sm_90")
     return 1 if failed else 0
 
 
