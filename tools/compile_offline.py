@@ -188,6 +188,15 @@ def _compile_record(record: dict) -> tuple[str, str | None]:
     return describe(fn, kw), error
 
 
+def _report(results) -> int:
+    """Print each ``(launch, error or None)`` as it comes; returns how many failed."""
+    failed = 0
+    for what, error in results:
+        failed += error is not None
+        print(f"ok      {what}" if error is None else f"FAILED  {what}: {error}", flush=True)
+    return failed
+
+
 def compile_recorded(path: str, jobs: int = 1) -> int:
     """Compile every launch recorded in ``path`` (:mod:`launch_record`), ``jobs`` at a time; 1 if any fails."""
     from launch_record import read_records
@@ -197,13 +206,9 @@ def compile_recorded(path: str, jobs: int = 1) -> int:
         import multiprocessing
 
         with multiprocessing.get_context("fork").Pool(jobs) as pool:
-            results = pool.map(_compile_record, records, chunksize=4)
+            failed = _report(pool.imap(_compile_record, records, chunksize=4))
     else:
-        results = map(_compile_record, records)
-    failed = 0
-    for what, error in results:
-        failed += error is not None
-        print(f"ok      {what}" if error is None else f"FAILED  {what}: {error}", flush=True)
+        failed = _report(map(_compile_record, records))
     print(f"{len(records) - failed} of {len(records)} recorded launches compile for sm_90")
     return 1 if failed else 0
 
