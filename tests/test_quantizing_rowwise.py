@@ -74,6 +74,42 @@ def test_zamba2_norms_inside_its_hybrid_layers():
     assert len(quantizing_rowwise._with_nested(layers)) == len({id(b) for b in blocks})
 
 
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5_vl", "nemotron_h", "mamba2", "zamba2", "kimi_linear",
+                                    "minimax", "granitemoehybrid"])
+@torch.no_grad()
+def test_the_last_norm_is_one_launch(family, monkeypatch):
+    """Every family's last norm (before the lm_head) gets the one-launch forward: transformers' own on the CPU, and
+    where the kernel runs (interpreted here) transformers' output to float32 rounding, in one launch."""
+    from laquant.adapters import get_adapter
+    from laquant.adapters.hybrid import _resolve
+    from laquant.kernels.rowwise import fused as rowwise
+
+    try:
+        model = _model(family)
+    except (AttributeError, ImportError, KeyError):
+        pytest.skip(f"this transformers has no {family}")
+    install(model)
+    text = _resolve(model, get_adapter(model).prefix)
+    norm = next(getattr(text, n) for n in quantizing_rowwise.FINAL_NORMS if hasattr(text, n))
+    assert isinstance(norm, quantizing_rowwise._FusedFinalNorm) and type(norm).__name__ == norm._laquant_base.__name__
+    assert quantizing_rowwise.install_final_norm(text) == 1 and type(norm).__mro__[2] is norm._laquant_base
+    with torch.no_grad():
+        norm.weight.normal_(0.0, 0.5)
+    x = torch.randn(2, 5, norm.weight.shape[0]) * 3
+    want = norm._laquant_base.forward(norm, x)
+    assert torch.equal(norm(x), want)
+    if not INTERPRETED or os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    calls = []
+    real = rowwise.rms_norm_triton
+    monkeypatch.setattr(rowwise, "rms_norm_triton", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(quantizing_rowwise, "use_triton", lambda x, state_format=None: True)
+    got = norm(x)
+    assert calls == [1] and got.dtype == want.dtype and rel_err(got, want) < 1e-6
+    logits = model(torch.randint(0, VOCAB, (2, 6))).logits  # the whole model through it
+    assert calls == [1, 1] and torch.isfinite(logits).all()
+
+
 def test_other_families_keep_their_norms():
     model = _model("mamba2")
     for block in model.backbone.layers:  # a norm class the tables do not hold keeps transformers' forward

@@ -15,7 +15,10 @@ gives
 * each MLP of a class in :data:`SWIGLU_MLPS` a forward that runs ``silu(gate) * up`` as laquant's
   SwiGLU kernel writing ``down_proj``'s codes, where ``down_proj`` is W8A8 on the GPU;
 * each attention of a class in :data:`GROUPED_INPUTS`, whose input no norm's codes reach, a forward that
-  quantizes that input once and runs its q/k/v projections' one GEMM ahead of transformers' forward.
+  quantizes that input once and runs its q/k/v projections' one GEMM ahead of transformers' forward;
+
+and :func:`install_final_norm` gives the text model's last norm (before the lm_head, which no recipe quantizes) the
+fused norm without codes on the GPU: one launch a step where transformers' formula makes ~8.
 
 The tables hold the classes of qwen3_next, Qwen3.5 (dense and MoE), Kimi Linear, Ling / Ring, MiniMax,
 Bamba, Granite 4, Falcon-H1, Nemotron-H, OLMo hybrid, Mamba-2 and Zamba2. Anywhere else (CPU, bf16 projections,
@@ -174,14 +177,21 @@ def _submodule(layer: nn.Module, path: str) -> nn.Module | None:
         return None
 
 
+def _on_norm_kernel(norm: nn.Module, x: torch.Tensor) -> bool:
+    """Whether laquant's fused RMSNorm can compute ``norm`` (a class in :data:`NORM_WEIGHTS`) of ``x``: on the GPU,
+    rows it takes, and for Llama's ``w * x.to(dtype)`` a weight in x's dtype (the product's dtype is the weight's)."""
+    from laquant.kernels.rowwise.fused import MAX_ROW
+
+    round_normed = NORM_WEIGHTS[original_class(norm).__name__][2]
+    return use_triton(x) and x.shape[-1] <= MAX_ROW and not (round_normed and norm.weight.dtype != x.dtype)
+
+
 class _QuantizingNorm:
     """Mixed into a norm's class by :func:`install` (the original class next in the MRO)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from laquant.kernels.rowwise.fused import MAX_ROW
-
         _, eps_name, round_normed = NORM_WEIGHTS[self._laquant_base.__name__]
-        if use_triton(x) and x.shape[-1] <= MAX_ROW and not (round_normed and self.weight.dtype != x.dtype):
+        if _on_norm_kernel(self, x):
             from laquant.quant.fused import hand_over, w8a8_inputs
 
             for owner, names in self.__dict__["_laquant_consumers"]:
@@ -194,6 +204,31 @@ class _QuantizingNorm:
                                                     round_normed=round_normed)
                     return hand_over(out, codes, owner, names, packed)
         return super().forward(x)
+
+
+class _FusedFinalNorm:
+    """Mixed into a text model's last norm (before the lm_head) by :func:`install_final_norm`: on the GPU, laquant's
+    fused RMSNorm in one launch, where transformers' formula is ~8 (the float32 cast, the square, mean, epsilon,
+    rsqrt, the products and the cast back), every decode step's. The same formula (:data:`NORM_WEIGHTS`), only the
+    order of the mean's sum differing."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _on_norm_kernel(self, x):
+            from laquant.kernels.rowwise.fused import rms_norm_triton
+
+            _, eps_name, round_normed = NORM_WEIGHTS[self._laquant_base.__name__]
+            return rms_norm_triton(x, formula_weight(self), getattr(self, eps_name), round_normed=round_normed)[0]
+        return super().forward(x)
+
+
+FINAL_NORMS = ("norm", "norm_f", "final_layernorm")  # where a text model keeps its last norm
+
+
+def install_final_norm(text_model: nn.Module) -> int:
+    """Give ``text_model``'s last norm (the first of :data:`FINAL_NORMS` it has), of a class in :data:`NORM_WEIGHTS`,
+    the one-launch forward; returns 1 if it did. Idempotent."""
+    norm = next((m for name in FINAL_NORMS if isinstance(m := getattr(text_model, name, None), nn.Module)), None)
+    return mix_into([norm], _FusedFinalNorm, NORM_WEIGHTS)
 
 
 def _through_gate(owner: nn.Module, names: tuple[str, ...]) -> tuple[nn.Module, tuple[str, ...]]:
