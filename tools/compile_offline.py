@@ -147,8 +147,18 @@ def state_kernels():
     return launches
 
 
+def rotary():
+    """The rotary embedding's cos and sin, in the model's dtype and in float32 (OLMo hybrid's)."""
+    from laquant.kernels.attention import rotary as kernels
+
+    with captured(kernels) as launches:
+        for dtype in (torch.bfloat16, torch.float32):
+            kernels.rotary_cos_sin_triton(torch.arange(64).view(64, 1), torch.rand(32), 1.0, dtype)
+    return launches
+
+
 CASES = {"short_conv": short_conv, "short_conv_runs": short_conv_runs, "qk_norm_rope": qk_norm_rope,
-         "experts": experts, "delta_decode": delta_decode, "state_kernels": state_kernels}
+         "experts": experts, "delta_decode": delta_decode, "state_kernels": state_kernels, "rotary": rotary}
 
 
 def describe(fn, kwargs) -> str:

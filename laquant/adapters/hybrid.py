@@ -11,8 +11,8 @@ Building an adapter only reads the model and checks its layout against what the 
 then puts laquant's mixers in place of transformers' linear-attention modules (same parameter
 names), so the state path runs on laquant's ops in the recipe's state format, and gives the decoder
 layers' norms that feed W8A8 projections their codes-writing forward (:mod:`laquant.models.quantizing_rowwise`,
-transformers' own forward wherever those projections are not W8A8 on the GPU), the last norm a one-launch forward on
-the GPU, and Qwen3-Next's gated
+transformers' own forward wherever those projections are not W8A8 on the GPU), the last norm and the rotary
+embedding's cos and sin a one-launch forward on the GPU (:mod:`laquant.models.fused_rotary`), and Qwen3-Next's gated
 attention layers, and the MLA layers of Kimi Linear and Ling / Ring, a forward for the static decode step
 (:mod:`laquant.models.gated_attention`, :mod:`laquant.models.mla_attention`), and the MoE routers and Qwen3-Next's
 MoE blocks forwards of fewer launches (:mod:`laquant.models.fused_moe`); everything else stays transformers'.
@@ -37,7 +37,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from laquant.adapters.base import Adapter, MixerInfo
 from laquant.errors import LaquantError
-from laquant.models import fused_moe, gated_attention, mla_attention, quantizing_rowwise
+from laquant.models import fused_moe, fused_rotary, gated_attention, mla_attention, quantizing_rowwise
 from laquant.models.cache import passed_cache, reorder_rows, state_store
 
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -289,6 +289,7 @@ class HybridAdapter(Adapter):
         self._share_tied_blocks()
         quantizing_rowwise.install(self.layers)
         quantizing_rowwise.install_final_norm(_resolve(self.model, self.prefix))
+        fused_rotary.install(_resolve(self.model, self.prefix))
         fused_moe.install(self.model)
         gated_attention.install(self.layers)
         mla_attention.install(self.layers)

@@ -27,7 +27,6 @@ forward returns them, read off that first run (transformers 5.17's Granite 4 rou
 
 from __future__ import annotations
 
-import warnings
 from typing import NamedTuple
 
 import torch
@@ -35,6 +34,7 @@ import torch.nn.functional as F
 
 from laquant.kernels.common.dispatch import use_triton
 from laquant.kernels.common.env import getenv
+from laquant.models.first_use import checked_forward, outputs_agree
 from laquant.models.quantizing_rowwise import mix_into, original_class
 
 
@@ -139,39 +139,6 @@ def routing_agrees(ours, theirs) -> str | None:
     return None
 
 
-def outputs_agree(ours: torch.Tensor, theirs: torch.Tensor) -> str | None:
-    """Why a MoE block's output ``ours`` is not transformers' ``theirs`` (the whole output's relative error above an
-    ulp of a 16-bit dtype, eight of float32); None if it is."""
-    if ours.dtype != theirs.dtype or ours.shape != theirs.shape:
-        return f"output {ours.dtype} {tuple(ours.shape)} against {theirs.dtype} {tuple(theirs.shape)}"
-    err = ((ours.float() - theirs.float()).norm() / theirs.float().norm().clamp_min(1e-30)).item()
-    tol = (8 if ours.dtype == torch.float32 else 1) * torch.finfo(ours.dtype).eps
-    return None if err <= tol else f"output off by {err:.2e} (relative)"
-
-
-def _checked(module, inputs: torch.Tensor, fused, original, agree):
-    """``fused()``'s result where ``module``'s class reproduces transformers' forward (``original()``), checked at
-    the class's first use in the process (:data:`_CHECKED`: ``agree(ours, theirs)``, transformers' forward run
-    first); ``original()``'s where it does not, or inside a stream capture before the check."""
-    cls = original_class(module)
-    state = _CHECKED.get(cls)
-    if state is True:
-        return fused()
-    if state is False or (inputs.is_cuda and torch.cuda.is_current_stream_capturing()):  # the check synchronizes
-        return original()
-    theirs = original()
-    ours = fused()
-    why = agree(ours, theirs)
-    _CHECKED[cls] = why is None
-    if why is None:
-        return ours
-    import transformers
-
-    warnings.warn(f"laquant's fused forward of {cls.__name__} does not reproduce its forward in transformers "
-                  f"{transformers.__version__} ({why}); it keeps transformers' forward", stacklevel=3)
-    return theirs
-
-
 def _on_kernels(module, x: torch.Tensor) -> bool:
     return (use_triton(x) and getenv("LAQUANT_FUSED_MOE", "1") != "0"
             and not (torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())))
@@ -198,8 +165,9 @@ class _FusedRouting:
                 return "its output is not (logits, weights, indices) in some order"
             return routing_agrees(*(tuple(t[n] for n in layout) for t in (ours, theirs)))
 
-        return _checked(self, hidden_states, lambda: arranged(_fused(self, hidden_states, form),
-                                                              _LAYOUTS.get(cls, (0, 1, 2))), original, agree)
+        return checked_forward(self, hidden_states, lambda: arranged(_fused(self, hidden_states, form),
+                                                                     _LAYOUTS.get(cls, (0, 1, 2))), original, agree,
+                               _CHECKED)
 
 
 def _gated_shared_block(block, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -235,8 +203,8 @@ class _FusedGatedShared:
         if (hidden_states.dim() != 3 or not _on_kernels(self, hidden_states) or not _gated_shared_fits(self)
                 or hidden_states.dtype != self.shared_expert_gate.weight.dtype):
             return super().forward(hidden_states)
-        return _checked(self, hidden_states, lambda: _gated_shared_block(self, hidden_states),
-                        lambda: super(_FusedGatedShared, self).forward(hidden_states), outputs_agree)
+        return checked_forward(self, hidden_states, lambda: _gated_shared_block(self, hidden_states),
+                               lambda: super(_FusedGatedShared, self).forward(hidden_states), outputs_agree, _CHECKED)
 
 
 def install(model) -> int:
