@@ -59,6 +59,7 @@ def test_the_spec_is_each_table_class_forward():
     positions = torch.randint(0, 40000, (3, 7), generator=torch.Generator().manual_seed(0))
     for name, rotary in seen.items():
         for dtype in (torch.float32, torch.bfloat16):
+            rotary.to(dtype)  # the buffers as a model cast to that dtype holds them
             x = torch.randn(3, 7, 16, dtype=dtype)
             out = x.dtype if fused_rotary.ROTARIES[name] == "input" else torch.float32
             want = rotary_cos_sin(positions, rotary.inv_freq, rotary.attention_scaling, out)
@@ -87,6 +88,11 @@ def test_kernel_matches_the_spec(shape, half, dtype):
                 assert fused_rotary.outputs_agree(g, w) is None
     with pytest.raises(ValueError, match="integer position_ids"):
         rotary_cos_sin_triton(positions.float(), inv_freq, 1.0, dtype)
+    # a model cast to bf16 casts its inv_freq too: taken to float32 as transformers' forward takes it
+    low = inv_freq.to(torch.bfloat16)
+    got = rotary_cos_sin_triton(positions, low, 1.0, torch.float32)
+    want = rotary_cos_sin(positions, low, 1.0, torch.float32)
+    assert all(rel_err(g, w) < 1e-6 for g, w in zip(got, want) if g.numel())
 
 
 @torch.no_grad()

@@ -25,7 +25,7 @@ except ImportError:  # laquant's CPU path needs no Triton
 def rotary_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor, scaling: float,
                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)``, each ``[*position_ids.shape, 2 * len(inv_freq)]`` in ``dtype``: transformers' default rotary
-    embedding of integer ``position_ids`` with the float32 inverse frequencies ``inv_freq``."""
+    embedding of integer ``position_ids`` with the inverse frequencies ``inv_freq`` (taken to float32)."""
     freqs = position_ids[..., None].float() * inv_freq.float()
     emb = torch.cat((freqs, freqs), dim=-1)
     return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
@@ -38,8 +38,8 @@ if triton is not None:
         row = tl.program_id(0).to(tl.int64)
         i = tl.arange(0, BLOCK)
         ok = i < 2 * HALF
-        f = tl.load(pos_ptr + row).to(tl.float32) * tl.load(inv_ptr + tl.where(i < HALF, i, i - HALF), mask=ok,
-                                                           other=0.0)
+        inv = tl.load(inv_ptr + tl.where(i < HALF, i, i - HALF), mask=ok, other=0.0).to(tl.float32)
+        f = tl.load(pos_ptr + row).to(tl.float32) * inv
         out = row * 2 * HALF + i
         tl.store(cos_ptr + out, (tl.cos(f) * scaling).to(cos_ptr.dtype.element_ty), mask=ok)
         tl.store(sin_ptr + out, (tl.sin(f) * scaling).to(sin_ptr.dtype.element_ty), mask=ok)
@@ -47,9 +47,10 @@ if triton is not None:
 
 def rotary_cos_sin_triton(position_ids: torch.Tensor, inv_freq: torch.Tensor, scaling: float,
                           dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Twin of :func:`rotary_cos_sin`, one launch. ``inv_freq``: float32, 1-D, contiguous."""
-    if position_ids.is_floating_point() or inv_freq.dtype != torch.float32 or inv_freq.dim() != 1:
-        raise ValueError(f"expected integer position_ids and a float32 1-D inv_freq; got {position_ids.dtype} and "
+    """Twin of :func:`rotary_cos_sin`, one launch. ``inv_freq``: 1-D, of any float dtype (a model cast to bf16 casts
+    its buffers too; transformers' forward then takes it to float32, as the kernel does)."""
+    if position_ids.is_floating_point() or not inv_freq.is_floating_point() or inv_freq.dim() != 1:
+        raise ValueError(f"expected integer position_ids and a 1-D float inv_freq; got {position_ids.dtype} and "
                          f"{inv_freq.dtype} {tuple(inv_freq.shape)}")
     half = inv_freq.shape[0]
     cos = torch.empty(*position_ids.shape, 2 * half, dtype=dtype, device=position_ids.device)

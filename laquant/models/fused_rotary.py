@@ -37,7 +37,7 @@ def _on_kernel(module, x: torch.Tensor, position_ids) -> bool:
     return (use_triton(x) and getenv("LAQUANT_FUSED_ROTARY", "1") != "0"
             and getattr(module, "rope_type", None) == "default" and isinstance(position_ids, torch.Tensor)
             and position_ids.dim() == 2 and not position_ids.is_floating_point() and position_ids.device == x.device
-            and isinstance(inv_freq, torch.Tensor) and inv_freq.dim() == 1 and inv_freq.dtype == torch.float32
+            and isinstance(inv_freq, torch.Tensor) and inv_freq.dim() == 1 and inv_freq.is_floating_point()
             and inv_freq.device == x.device)
 
 
