@@ -9,6 +9,9 @@ not Triton's and not the GPU's. The lm_head is left out (its CPU matmul would do
     python3 tools/host_path_cpu.py --recipe gla_int8 --tokens 64 --attribute   # and the wrappers' share
     python3 tools/host_path_cpu.py --family qwen3_next   # a hybrid of tools/family_configs.py, hybrid_int8 (per layer:
                                                          # the difference of 1 and 3 periods of its layer pattern)
+    python3 tools/host_path_cpu.py --family qwen3_next --decode-step 8 [--moe]
+                                                         # the launches of one eager decode step of 8 sequences on a
+                                                         # dynamic cache, a layer and outside the layers
 
 ``--attribute`` times the projection groups' lookups, the norms, GEMM and gate wrappers (inclusive, per call) by
 wrapping them; the wrapping itself adds ~1 us a call.
@@ -36,8 +39,9 @@ def period(family: str) -> int:
     return next(p for p in range(1, len(types) + 1) if types == (types[:p] * len(types))[:len(types)])
 
 
-def build(layers: int, recipe: str, family: str = "gla"):
-    """A random 2048-wide model of ``layers`` layers calibrated with ``recipe`` on the CPU, without its lm_head."""
+def build(layers: int, recipe: str, family: str = "gla", moe: bool = False):
+    """A random 2048-wide model of ``layers`` layers calibrated with ``recipe`` on the CPU, without its lm_head
+    (``moe``: the family's MoE config, ``family_configs.MOE_CONFIGS``)."""
     if family == "gla":
         from profile_prefill import random_gla
 
@@ -46,14 +50,14 @@ def build(layers: int, recipe: str, family: str = "gla"):
         model = random_gla(GLAConfig(hidden_size=2048, num_hidden_layers=layers, num_heads=16, vocab_size=32000),
                            recipe, device="cpu")
     else:
-        from family_configs import CONFIGS
+        from family_configs import CONFIGS, MOE_CONFIGS
 
         from laquant.adapters import install
         from laquant.api import calibrate
         from laquant.eval.speed import hybrid_config, hybrid_model
         from laquant.recipe import load_recipe
 
-        fields = dict(CONFIGS[family])
+        fields = dict((MOE_CONFIGS if moe else CONFIGS)[family])
         for key in ("layer_types", "layers_block_type", "mlp_layer_types"):
             if key in fields:
                 fields[key] = fields[key][:layers]
@@ -119,6 +123,74 @@ def aten_ops(model, tokens: int) -> dict:
     return counts
 
 
+def decode_step_launches(model, batch: int, calls: list, prompt: int = 16) -> tuple[dict, dict]:
+    """``(Triton launches, PyTorch ops)`` by name of one eager decode step of ``batch`` sequences after a
+    ``prompt``-token prefill on a dynamic cache, launches stubbed (:func:`stub_launches`'s ``calls``). The fused
+    forwards' first-use checks are taken as passed: stubbed kernels cannot pass them, and on a GPU they pass (or the
+    class is warned of)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from laquant.adapters import cache_kwargs, new_cache
+    from laquant.models import fused_moe
+    from laquant.models.quantizing_rowwise import original_class
+
+    checked = [(fused_moe._FusedRouting, fused_moe._CHECKED), (fused_moe._FusedGatedShared, fused_moe._CHECKED)]
+    try:
+        from laquant.models import fused_rotary
+
+        checked.append((fused_rotary._FusedRotary, fused_rotary._CHECKED))
+    except ImportError:  # a checkout from before it (counted against this one)
+        pass
+    for module in model.modules():
+        for fused, checks in checked:
+            if isinstance(module, fused):
+                checks[original_class(module)] = True
+    torch.cuda.is_current_stream_capturing = lambda: False
+    cache = new_cache(model)
+    ids = torch.randint(0, 1000, (batch, prompt + 1))
+    with torch.no_grad():
+        model(input_ids=ids[:, :prompt], **cache_kwargs(model, cache), use_cache=True)
+        calls.clear()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            model(input_ids=ids[:, prompt:], **cache_kwargs(model, cache), use_cache=True)
+    ops: dict = {}
+    for event in prof.events():
+        parent = event.cpu_parent
+        if event.name.startswith("aten::") and (parent is None or not parent.name.startswith("aten::")):
+            ops[event.name] = ops.get(event.name, 0) + 1
+    triton: dict = {}
+    for name in calls:
+        triton[name] = triton.get(name, 0) + 1
+    return triton, ops
+
+
+# PyTorch ops that launch no kernel (views, allocations, metadata); the rest are counted as launches (`to` and
+# `contiguous` too, though some copy nothing: upper bounds)
+NO_LAUNCH = ("empty", "empty_like", "empty_strided", "view", "reshape", "slice", "select", "unsqueeze", "squeeze",
+             "unflatten", "split_with_sizes", "split", "expand", "transpose", "alias", "as_strided", "t", "permute",
+             "chunk", "narrow", "detach", "lift_fresh", "_unsafe_view", "unbind")
+
+
+def report_decode_step(family: str, recipe: str, batch: int, moe: bool) -> None:
+    """Print the launches a layer (two depths' difference) and outside the layers of one eager decode step."""
+    unit = period(family)
+    few, many = (2, 6) if unit == 1 else (unit, 3 * unit)
+    models = build(few, recipe, family, moe), build(many, recipe, family, moe)
+    calls = stub_launches()
+    (t0, o0), (t1, o1) = (decode_step_launches(m, batch, calls) for m in models)
+
+    def launching(ops):
+        return {k: v for k, v in ops.items() if k.removeprefix("aten::") not in NO_LAUNCH}
+
+    o0, o1 = launching(o0), launching(o1)
+    for what, a, b in (("Triton", t0, t1), ("PyTorch ops that launch", o0, o1)):
+        layer = {k: (b.get(k, 0) - a.get(k, 0)) / (many - few) for k in set(a) | set(b)}
+        outside = {k: a.get(k, 0) - few * layer[k] for k in set(a) | set(b)}
+        for where, counts in (("a layer", layer), ("outside the layers", outside)):
+            items = sorted(((n, k.removeprefix("aten::")) for k, n in counts.items() if n), reverse=True)
+            print(f"{what}, {where}: {sum(counts.values()):g} ({', '.join(f'{k} {n:g}' for n, k in items)})")
+
+
 ATTRIBUTED = [("laquant.quant.fused", n) for n in ("packed_group", "w8a8_inputs", "project", "low_rank_gate")] + [
     ("laquant.kernels.gemm.int8", "int8_gemm"), ("laquant.kernels.rowwise.fused", "_launch_norm"),
     ("laquant.kernels.rowwise.fused", "glu_triton"), ("laquant.kernels.gla.gate", "low_rank_gate_log_decay_triton"),
@@ -157,8 +229,14 @@ def main() -> None:
     ap.add_argument("--recipe", help="default: gla_int8_all for gla, hybrid_int8 for a hybrid")
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--attribute", action="store_true")
+    ap.add_argument("--decode-step", type=int, metavar="B",
+                    help="count one eager decode step's launches of B sequences")
+    ap.add_argument("--moe", action="store_true", help="the family's MoE config (family_configs.MOE_CONFIGS)")
     args = ap.parse_args()
     recipe = args.recipe or ("gla_int8_all" if args.family == "gla" else "hybrid_int8")
+    if args.decode_step:
+        report_decode_step(args.family, recipe, args.decode_step, args.moe)
+        return
     unit = period(args.family)
     few, many = (2, 6) if unit == 1 else (unit, 3 * unit)
     small, large = build(few, recipe, args.family), build(many, recipe, args.family)
