@@ -10,6 +10,8 @@
 # 3. e2e of the dense qwen3_next, this tree and the checkout before (scratch/base_pkg): the prefill with the faster conv.
 # 4. The GPU tests the last run's time limit cut (the delta kernels' rest, the verify kernels), compile check included,
 #    and the fused MoE's (the seventeenth session's shared sum over the int8 experts' pairs among them).
+#    Then the model GPU tests that cross the seventeenth session's last norm and rotary cos / sin in one launch, and the
+#    rotary kernel's own.
 # 5. e2e of the Qwen3-Next-style MoE, this tree and the same checkout before (its MoE layers one launch fewer since
 #    the seventeenth session, and the conv's runs).
 # 6. The last job's leftovers: Granite 4's e2e, the MoE's B = 1 profile, the router bench, the read-floor probe.
@@ -25,6 +27,9 @@ E2E_TIMEOUT=200 hybrid_e2e qwen3_next _base
 timeout 420 python3 -m pytest -v -rfs --tb=short tests/test_delta_kernels.py tests/test_verify.py \
   tests/test_compile_offline.py tests/test_fused_moe.py > "$W/gpu_tests.log" 2>&1
 log "gpu tests rc $?"
+timeout 300 python3 -m pytest -v -rfs --tb=short -m gpu tests/test_fused_rotary.py tests/test_static_hybrid.py \
+  tests/test_gated_attention.py tests/test_graphed_hybrid_prefill.py > "$W/gpu_tests_models.log" 2>&1
+log "model gpu tests rc $?"
 python3 tools/family_configs.py qwen3_next --moe > "$W/moe_fields.json"
 E2E_TIMEOUT=240 hybrid_e2e qwen3_next _moe "$(cat "$W/moe_fields.json")"
 E2E_TIMEOUT=240 hybrid_e2e qwen3_next _moe_base "$(cat "$W/moe_fields.json")"
