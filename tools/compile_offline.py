@@ -178,12 +178,8 @@ def main(argv=None) -> int:
         if args.cases:
             p.error("--recorded compiles the recorded launches: name no CASE")
         return compile_recorded(args.recorded, args.jobs)
-    failed = 0
-    for name in args.cases or CASES:
-        for fn, kw, error in compile_launches(CASES[name]()):
-            failed += error is not None
-            print(f"ok      {name}: {describe(fn, kw)}" if error is None else
-                  f"FAILED  {name}: {describe(fn, kw)}: {error}", flush=True)
+    failed = sum(_report((f"{name}: {describe(fn, kw)}", error) for fn, kw, error in compile_launches(CASES[name]()))
+                 for name in args.cases or CASES)
     return 1 if failed else 0
 
 

@@ -22,6 +22,7 @@ import importlib
 import os
 import sys
 import time
+from collections import Counter
 
 import torch
 
@@ -93,7 +94,28 @@ def stub_launches(on_launch=None) -> list:
     launch.ENABLED = False  # its fast path asks for a CUDA device
     os.environ["LAQUANT_SIDE_STREAM"] = "0"
     torch.Tensor.is_cuda = property(lambda self: True)
+    torch.cuda.is_current_stream_capturing = lambda: False  # CPU torch cannot answer it
     return calls
+
+
+def assume_checks_pass(model) -> None:
+    """Mark the fused forwards' classes in ``model`` as having passed their first-use check against transformers'
+    forward (laquant.models.first_use): stubbed kernels cannot pass it, and on a GPU they pass (or the class is
+    warned of and keeps transformers' forward)."""
+    from laquant.models import fused_moe
+    from laquant.models.quantizing_rowwise import original_class
+
+    checked = [(fused_moe._FusedRouting, fused_moe._CHECKED), (fused_moe._FusedGatedShared, fused_moe._CHECKED)]
+    try:
+        from laquant.models import fused_rotary
+
+        checked.append((fused_rotary._FusedRotary, fused_rotary._CHECKED))
+    except ImportError:  # a checkout from before it (counted against this one)
+        pass
+    for module in model.modules():
+        for fused, checks in checked:
+            if isinstance(module, fused):
+                checks[original_class(module)] = True
 
 
 def forward_ms(model, tokens: int, reps: int = 30, warmup: int = 3) -> float:
@@ -115,6 +137,11 @@ def aten_ops(model, tokens: int) -> dict:
     ids = torch.randint(0, 32000, (1, tokens))
     with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
         model(ids, use_cache=True)
+    return top_level_ops(prof)
+
+
+def top_level_ops(prof) -> dict:
+    """The ``aten::`` ops of a CPU profile called from Python (not from another aten op), by name."""
     counts: dict = {}
     for event in prof.events():
         parent = event.cpu_parent
@@ -123,29 +150,22 @@ def aten_ops(model, tokens: int) -> dict:
     return counts
 
 
+def depths(family: str) -> tuple[int, int]:
+    """The two model depths whose difference gives a layer's share: 2 and 6 layers, or 1 and 3 periods of the
+    family's layer pattern."""
+    unit = period(family)
+    return (2, 6) if unit == 1 else (unit, 3 * unit)
+
+
 def decode_step_launches(model, batch: int, calls: list, prompt: int = 16) -> tuple[dict, dict]:
     """``(Triton launches, PyTorch ops)`` by name of one eager decode step of ``batch`` sequences after a
-    ``prompt``-token prefill on a dynamic cache, launches stubbed (:func:`stub_launches`'s ``calls``). The fused
-    forwards' first-use checks are taken as passed: stubbed kernels cannot pass them, and on a GPU they pass (or the
-    class is warned of)."""
+    ``prompt``-token prefill on a dynamic cache, launches stubbed (:func:`stub_launches`'s ``calls``), the fused
+    forwards' first-use checks taken as passed (:func:`assume_checks_pass`)."""
     from torch.profiler import ProfilerActivity, profile
 
     from laquant.adapters import cache_kwargs, new_cache
-    from laquant.models import fused_moe
-    from laquant.models.quantizing_rowwise import original_class
 
-    checked = [(fused_moe._FusedRouting, fused_moe._CHECKED), (fused_moe._FusedGatedShared, fused_moe._CHECKED)]
-    try:
-        from laquant.models import fused_rotary
-
-        checked.append((fused_rotary._FusedRotary, fused_rotary._CHECKED))
-    except ImportError:  # a checkout from before it (counted against this one)
-        pass
-    for module in model.modules():
-        for fused, checks in checked:
-            if isinstance(module, fused):
-                checks[original_class(module)] = True
-    torch.cuda.is_current_stream_capturing = lambda: False
+    assume_checks_pass(model)
     cache = new_cache(model)
     ids = torch.randint(0, 1000, (batch, prompt + 1))
     with torch.no_grad():
@@ -153,15 +173,7 @@ def decode_step_launches(model, batch: int, calls: list, prompt: int = 16) -> tu
         calls.clear()
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             model(input_ids=ids[:, prompt:], **cache_kwargs(model, cache), use_cache=True)
-    ops: dict = {}
-    for event in prof.events():
-        parent = event.cpu_parent
-        if event.name.startswith("aten::") and (parent is None or not parent.name.startswith("aten::")):
-            ops[event.name] = ops.get(event.name, 0) + 1
-    triton: dict = {}
-    for name in calls:
-        triton[name] = triton.get(name, 0) + 1
-    return triton, ops
+    return dict(Counter(calls)), top_level_ops(prof)
 
 
 # PyTorch ops that launch no kernel (views, allocations, metadata); the rest are counted as launches (`to` and
@@ -173,8 +185,7 @@ NO_LAUNCH = ("empty", "empty_like", "empty_strided", "view", "reshape", "slice",
 
 def report_decode_step(family: str, recipe: str, batch: int, moe: bool) -> None:
     """Print the launches a layer (two depths' difference) and outside the layers of one eager decode step."""
-    unit = period(family)
-    few, many = (2, 6) if unit == 1 else (unit, 3 * unit)
+    few, many = depths(family)
     models = build(few, recipe, family, moe), build(many, recipe, family, moe)
     calls = stub_launches()
     (t0, o0), (t1, o1) = (decode_step_launches(m, batch, calls) for m in models)
@@ -237,9 +248,10 @@ def main() -> None:
     if args.decode_step:
         report_decode_step(args.family, recipe, args.decode_step, args.moe)
         return
-    unit = period(args.family)
-    few, many = (2, 6) if unit == 1 else (unit, 3 * unit)
+    few, many = depths(args.family)
     small, large = build(few, recipe, args.family), build(many, recipe, args.family)
+    assume_checks_pass(small)
+    assume_checks_pass(large)
     calls = stub_launches()
     rounds = [(forward_ms(small, args.tokens), forward_ms(large, args.tokens)) for _ in range(5)]  # alternated
     a, b = (sorted(r[i] for r in rounds)[2] for i in (0, 1))  # medians: this machine's speed drifts

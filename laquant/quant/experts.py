@@ -124,10 +124,14 @@ class QuantExperts(Float32Buffers, nn.Module):
         return (dequantize(self.in_qweight, self.in_scale.unsqueeze(-1)),
                 dequantize(self.out_qweight, self.out_scale.unsqueeze(-1)))
 
+    def _experts_args(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        """The arguments of :func:`~laquant.kernels.moe.reference.int8_experts` and its kernel twins."""
+        return (hidden_states, top_k_index, top_k_weights, self.in_qweight, self.in_scale, self.out_qweight,
+                self.out_scale, self.activation, self.gated, self.limit)
+
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
-        args = (hidden_states, top_k_index, top_k_weights, self.in_qweight, self.in_scale, self.out_qweight,
-                self.out_scale, self.activation, self.gated, self.limit)
+        args = self._experts_args(hidden_states, top_k_index, top_k_weights)
         if use_triton(hidden_states):
             from laquant.kernels.moe.grouped import int8_experts_triton
 
@@ -144,8 +148,7 @@ class QuantExperts(Float32Buffers, nn.Module):
             return None
         from laquant.kernels.moe.grouped import int8_expert_pairs_triton
 
-        return int8_expert_pairs_triton(hidden_states, top_k_index, top_k_weights, self.in_qweight, self.in_scale,
-                                        self.out_qweight, self.out_scale, self.activation, self.gated, self.limit)
+        return int8_expert_pairs_triton(*self._experts_args(hidden_states, top_k_index, top_k_weights))
 
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, hidden={self.hidden_size}, intermediate={self.intermediate_size}, "
