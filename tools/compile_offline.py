@@ -207,7 +207,11 @@ def compile_recorded(path: str, jobs: int = 1) -> int:
     """Compile every launch recorded in ``path`` (:mod:`launch_record`), ``jobs`` at a time; 1 if any fails."""
     from launch_record import read_records
 
-    records = read_records(path)
+    try:
+        records = read_records(path)
+    except (OSError, ValueError) as e:  # missing, or not launch_record's JSON lines
+        raise SystemExit(f"compile_offline: cannot read recorded launches from {path}: {e} (record them with "
+                         "PYTHONPATH=tools python -m pytest -p launch_record --record-launches PATH)") from e
     if jobs > 1:
         import multiprocessing
 
