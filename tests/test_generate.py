@@ -160,6 +160,29 @@ def test_mixer_uses_a_static_caches_tensors():
     assert plain.get(2).n_stores == 2 and plain.seen_tokens == 10  # an ordinary cache counts in Python
 
 
+def test_dynamic_cache_layers_share_one_steps_slots(monkeypatch):
+    """A dynamic cache's decode step makes its pool slots once for all its layers, with the values each layer's kernel
+    would have been given; a new count or batch gets new ones, and a tensor made while a graph captures is not kept."""
+    from laquant.models import recurrent
+
+    monkeypatch.setattr(recurrent, "_EAGER_SLOTS", {})
+    cache = _filled_cache(n_stores=4)
+    mixers = [recurrent.RecurrentMixer(layer_idx=i) for i in range(3)]
+    first, second = (m._pool_slots(cache.get(m.layer_idx), 2, "cpu") for m in mixers[1:])
+    assert first[0] is second[0] and first[2] is second[2]
+    assert first[0].tolist() == [0, 1] and first[2].tolist() == [4, 4] and first[2].dtype == torch.int32
+    later = mixers[1]._pool_slots(State(cache.get(1).data, None, "fp32", 5), 2, "cpu")
+    assert later[2].tolist() == [5, 5] and later[2] is not first[2]
+    assert mixers[1]._pool_slots(cache.get(1), 3, torch.device("cpu"))[0].tolist() == [0, 1, 2]
+    for n in range(6, 6 + 2 * recurrent._EAGER_SLOTS_KEPT):
+        recurrent.eager_pool_slots(2, n, torch.device("cpu"))
+    assert len(recurrent._EAGER_SLOTS) == recurrent._EAGER_SLOTS_KEPT  # the oldest steps' slots let go
+    monkeypatch.setattr(recurrent, "_EAGER_SLOTS", {})
+    monkeypatch.setattr(recurrent, "_capturing", lambda device: True)
+    assert recurrent.eager_pool_slots(2, 9, torch.device("cpu"))[1].tolist() == [9, 9]
+    assert recurrent._EAGER_SLOTS == {}
+
+
 # ------------------------------------------------------------------------------------------- CLI
 def test_cli_generate(capsys):
     assert main(["generate", "--prompt", "The history of", "--max-new-tokens", "4", "--device", "cpu",

@@ -33,6 +33,34 @@ FUSED_OUTPUT_NORM = os.environ.get("LAQUANT_FUSED_OUTPUT_NORM", "1") != "0"
 FUSED_CODES_MIN_BATCH = 16
 
 
+# A dynamic cache's decode step hands every layer's kernel the same two read-only tensors (slot b is sequence b, each
+# stored n times): made once a step, not twice a layer (2 launches a recurrent layer fewer in an eager step).
+_EAGER_SLOTS: dict[tuple[int, int, torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_EAGER_SLOTS_KEPT = 4  # steps of up to this many caches or devices interleaved
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def eager_pool_slots(batch: int, n_stores: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(pool_idx, n_stores)`` int32 ``[batch]`` for a dynamic cache's decode step: ``arange(batch)`` and ``n_stores``
+    everywhere. Kept for the next layers of the step; never kept from inside a CUDA graph capture, where a tensor made
+    holds its values only in the graph's replays."""
+    # a tensor freed on one stream may be reused there while another stream still reads it: one entry per stream
+    stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0
+    key = (batch, n_stores, device, stream)
+    slots = _EAGER_SLOTS.get(key)
+    if slots is None:
+        slots = (torch.arange(batch, dtype=torch.int32, device=device),
+                 torch.full((batch,), n_stores, dtype=torch.int32, device=device))
+        if not _capturing(device):
+            while len(_EAGER_SLOTS) >= _EAGER_SLOTS_KEPT:
+                del _EAGER_SLOTS[next(iter(_EAGER_SLOTS))]
+            _EAGER_SLOTS[key] = slots
+    return slots
+
+
 class OutputNorm:
     """A mixer's gated output norm handed to :meth:`RecurrentMixer.attend_gla`, which a decode step on the kernels
     runs in its own launch: ``gated_rms_norm(o, z, weight, eps)`` per head (z ``[B, T, H, V]``), with the W8A8
@@ -215,8 +243,8 @@ class RecurrentMixer(Float32Buffers, nn.Module):
         slots = getattr(stored, "slots", None)
         if slots is not None:  # a static cache's persistent tensors (models.cache.StaticState): graph-replayable
             return slots.pool_idx, self.state_quantizer, slots.n_stores
-        n_stores = torch.full((batch,), stored.n_stores, dtype=torch.int32, device=device)
-        return torch.arange(batch, dtype=torch.int32, device=device), self.state_quantizer, n_stores
+        pool_idx, n_stores = eager_pool_slots(batch, stored.n_stores, torch.device(device))
+        return pool_idx, self.state_quantizer, n_stores
 
     def _count_decode_step(self, states, stored: State) -> None:
         if getattr(stored, "slots", None) is not None:  # counted on the device, synced after the loop
