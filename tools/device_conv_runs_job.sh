@@ -21,7 +21,7 @@ set -u
 . tools/device_job_env.sh "$@"
 timeout 360 python3 -m pytest -v -rfs --tb=short -m gpu tests/test_fused_rotary.py tests/test_fused_moe.py \
   tests/test_quantizing_rowwise.py tests/test_launch.py tests/test_static_hybrid.py tests/test_gated_attention.py \
-  tests/test_graphed_hybrid_prefill.py > "$W/gpu_tests_models.log" 2>&1
+  tests/test_graphed_hybrid_prefill.py -k "not unverified" > "$W/gpu_tests_models.log" 2>&1
 log "model gpu tests rc $?"
 E2E_TIMEOUT=200 hybrid_e2e qwen3_next ""
 E2E_TIMEOUT=200 hybrid_e2e qwen3_next _base
