@@ -16,13 +16,15 @@
 #    the seventeenth session, and the conv's runs).
 # 6. The last job's leftovers: Granite 4's e2e, the MoE's B = 1 profile, the router bench, the read-floor probe.
 # Order (eighteenth session, the first with a GPU since): 4.'s model and kernel GPU tests first (the seventeenth
-# session's last norm, rotary and MoE sum had never run on a GPU), then 3., 5., 1., 2., the delta / verify tests, 6.
+# session's last norm, rotary and MoE sum had never run on a GPU), the read-floor probe on the GLA's shapes (the GEMM target's yardstick), then 3., 5., 1., 2., the delta / verify tests, 6.
 set -u
 . tools/device_job_env.sh "$@"
 timeout 360 python3 -m pytest -v -rfs --tb=short -m gpu tests/test_fused_rotary.py tests/test_fused_moe.py \
   tests/test_quantizing_rowwise.py tests/test_launch.py tests/test_static_hybrid.py tests/test_gated_attention.py \
   tests/test_graphed_hybrid_prefill.py -k "not unverified" > "$W/gpu_tests_models.log" 2>&1
 log "model gpu tests rc $?"
+timeout 150 python3 tools/read_floor_probe.py --out "$W/read_floor_gla" --shapes gla > "$W/read_floor_gla.log" 2>&1
+log "read floor gla rc $?"
 E2E_TIMEOUT=200 hybrid_e2e qwen3_next ""
 E2E_TIMEOUT=200 hybrid_e2e qwen3_next _base
 python3 tools/family_configs.py qwen3_next --moe > "$W/moe_fields.json"
@@ -42,9 +44,6 @@ BATCH=1 TOP=60 timeout 200 python3 tools/profile_hybrid_decode.py "$W/profile_mo
 log "profile rc $?"
 timeout 200 python3 tools/bench_moe_router.py "$W/moe_router.json" > "$W/moe_router.log" 2>&1
 log "router bench rc $?"
-for shapes in gla 7b; do
-  timeout 150 python3 tools/read_floor_probe.py --out "$W/read_floor_$shapes" --shapes $shapes \
-    > "$W/read_floor_$shapes.log" 2>&1
-  log "read floor $shapes rc $?"
-done
+timeout 150 python3 tools/read_floor_probe.py --out "$W/read_floor_7b" --shapes 7b > "$W/read_floor_7b.log" 2>&1
+log "read floor 7b rc $?"
 touch "$W/job.done"
