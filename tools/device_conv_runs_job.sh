@@ -16,7 +16,8 @@
 #    the seventeenth session, and the conv's runs).
 # 6. The last job's leftovers: Granite 4's e2e, the MoE's B = 1 profile, the router bench, the read-floor probe.
 # Order (eighteenth session, the first with a GPU since): 4.'s model and kernel GPU tests first (the seventeenth
-# session's last norm, rotary and MoE sum had never run on a GPU), the read-floor probe on the GLA's shapes (the GEMM target's yardstick), then 3., 5., 1., 2., the delta / verify tests, 6.
+# session's last norm, rotary and MoE sum had never run on a GPU), the read-floor probe on the GLA's shapes (the
+# GEMM target's yardstick), then 3., 5., 1., 2., the delta / verify tests, 6.
 set -u
 . tools/device_job_env.sh "$@"
 timeout 360 python3 -m pytest -v -rfs --tb=short -m gpu tests/test_fused_rotary.py tests/test_fused_moe.py \
