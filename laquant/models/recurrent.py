@@ -56,7 +56,7 @@ def eager_pool_slots(batch: int, n_stores: int, device: torch.device) -> tuple[t
                  torch.full((batch,), n_stores, dtype=torch.int32, device=device))
         if not _capturing(device):
             while len(_EAGER_SLOTS) >= _EAGER_SLOTS_KEPT:
-                del _EAGER_SLOTS[next(iter(_EAGER_SLOTS))]
+                _EAGER_SLOTS.pop(next(iter(_EAGER_SLOTS)), None)
             _EAGER_SLOTS[key] = slots
     return slots
 
