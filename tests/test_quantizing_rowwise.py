@@ -110,6 +110,37 @@ def test_the_last_norm_is_one_launch(family, monkeypatch):
     assert calls == [1, 1] and torch.isfinite(logits).all()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h", "zamba2", "granitemoehybrid"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.no_grad()
+def test_gpu_the_last_norm_matches_transformers(family, dtype, monkeypatch):
+    """On the GPU the last norm's one launch gives transformers' output: float32 to its rounding, bf16 within one
+    rounding (only the mean's summation order differs), on an odd number of tokens."""
+    from laquant.adapters import get_adapter
+    from laquant.adapters.hybrid import _resolve
+    from laquant.kernels.rowwise import fused as rowwise
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    try:
+        model = _model(family)
+    except (AttributeError, ImportError, KeyError):
+        pytest.skip(f"this transformers has no {family}")
+    install(model)
+    model = model.to("cuda", dtype)
+    text = _resolve(model, get_adapter(model).prefix)
+    norm = next(getattr(text, n) for n in quantizing_rowwise.FINAL_NORMS if hasattr(text, n))
+    norm.weight.normal_(0.0, 0.5)
+    x = (torch.randn(3, 37, norm.weight.shape[0], device="cuda") * 3).to(dtype)
+    calls = []
+    real = rowwise.rms_norm_triton
+    monkeypatch.setattr(rowwise, "rms_norm_triton", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    got, want = norm(x), norm._laquant_base.forward(norm, x)
+    assert calls == [1] and got.dtype == want.dtype and torch.isfinite(got).all()
+    assert rel_err(got, want) < (1e-6 if dtype == torch.float32 else 8e-3)
+
+
 def test_other_families_keep_their_norms():
     model = _model("mamba2")
     for block in model.backbone.layers:  # a norm class the tables do not hold keeps transformers' forward
