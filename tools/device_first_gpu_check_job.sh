@@ -5,8 +5,8 @@
 #   bash tools/device_kernels.sh 300 device_first_gpu_check_job.sh      (carry scratch/base_pkg for the e2e pair)
 set -u
 . tools/device_job_env.sh "$@"
-timeout 240 python3 -m pytest -v -rfs --tb=short -m gpu tests/test_fused_rotary.py tests/test_fused_moe.py \
-  tests/test_quantizing_rowwise.py tests/test_static_hybrid.py > "$W/gpu_tests_first.log" 2>&1
+timeout 240 python3 -m pytest -v -rfs --tb=short -m gpu tests/test_quantizing_rowwise.py tests/test_fused_rotary.py \
+  tests/test_fused_moe.py tests/test_static_hybrid.py > "$W/gpu_tests_first.log" 2>&1
 log "first gpu tests rc $?"
 E2E_TIMEOUT=200 hybrid_e2e qwen3_next ""
 E2E_TIMEOUT=200 hybrid_e2e qwen3_next _base
