@@ -162,7 +162,7 @@ def test_mixer_uses_a_static_caches_tensors():
 
 def test_dynamic_cache_layers_share_one_steps_slots(monkeypatch):
     """A dynamic cache's decode step makes its pool slots once for all its layers, with the values each layer's kernel
-    would have been given; a new count or batch gets new ones, and a tensor made while a graph captures is not kept."""
+    would have been given; a new count or batch gets new ones, and a graph capture gets tensors of its own, not kept."""
     from laquant.models import recurrent
 
     monkeypatch.setattr(recurrent, "_EAGER_SLOTS", {})
@@ -178,9 +178,12 @@ def test_dynamic_cache_layers_share_one_steps_slots(monkeypatch):
         recurrent.eager_pool_slots(2, n, torch.device("cpu"))
     assert len(recurrent._EAGER_SLOTS) == recurrent._EAGER_SLOTS_KEPT  # the oldest steps' slots let go
     monkeypatch.setattr(recurrent, "_EAGER_SLOTS", {})
+    kept = recurrent.eager_pool_slots(2, 9, torch.device("cpu"))
     monkeypatch.setattr(recurrent, "_capturing", lambda device: True)
-    assert recurrent.eager_pool_slots(2, 9, torch.device("cpu"))[1].tolist() == [9, 9]
-    assert recurrent._EAGER_SLOTS == {}
+    captured = recurrent.eager_pool_slots(2, 9, torch.device("cpu"))
+    assert captured[1].tolist() == [9, 9] and captured[0] is not kept[0] and captured[1] is not kept[1]
+    recurrent.eager_pool_slots(2, 10, torch.device("cpu"))
+    assert list(recurrent._EAGER_SLOTS.values()) == [kept]  # a capture neither reads nor adds kept slots
 
 
 # ------------------------------------------------------------------------------------------- CLI

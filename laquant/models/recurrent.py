@@ -45,20 +45,25 @@ def _capturing(device: torch.device) -> bool:
 
 def eager_pool_slots(batch: int, n_stores: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """``(pool_idx, n_stores)`` int32 ``[batch]`` for a dynamic cache's decode step: ``arange(batch)`` and ``n_stores``
-    everywhere. Kept for the next layers of the step; never kept from inside a CUDA graph capture, where a tensor made
-    holds its values only in the graph's replays."""
+    everywhere. Kept for the next layers of the step. Inside a CUDA graph capture neither kept nor taken from what is
+    kept: a tensor made there holds its values only in the graph's replays, and a kept one may be let go before them."""
+    if _capturing(device):
+        return _made_slots(batch, n_stores, device)
     # a tensor freed on one stream may be reused there while another stream still reads it: one entry per stream
     stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0
     key = (batch, n_stores, device, stream)
     slots = _EAGER_SLOTS.get(key)
     if slots is None:
-        slots = (torch.arange(batch, dtype=torch.int32, device=device),
-                 torch.full((batch,), n_stores, dtype=torch.int32, device=device))
-        if not _capturing(device):
-            while len(_EAGER_SLOTS) >= _EAGER_SLOTS_KEPT:
-                _EAGER_SLOTS.pop(next(iter(_EAGER_SLOTS)), None)
-            _EAGER_SLOTS[key] = slots
+        slots = _made_slots(batch, n_stores, device)
+        while len(_EAGER_SLOTS) >= _EAGER_SLOTS_KEPT:
+            _EAGER_SLOTS.pop(next(iter(_EAGER_SLOTS)), None)
+        _EAGER_SLOTS[key] = slots
     return slots
+
+
+def _made_slots(batch: int, n_stores: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.arange(batch, dtype=torch.int32, device=device),
+            torch.full((batch,), n_stores, dtype=torch.int32, device=device))
 
 
 class OutputNorm:
