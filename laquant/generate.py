@@ -207,7 +207,7 @@ def graphed_prefill_refusal(model, tokens: int) -> str | None:
         return (f"a graphed prefill covers laquant's GLA, Gated DeltaNet and DeltaNet with recurrent layers only, no "
                 f"state round trip inside the prefill and no per-tensor activation scales, and the transformers "
                 f"hybrids laquant adapted (laquant.adapters.install) without per-tensor activation scales or forward "
-                f"hooks, MiniMax's not yet (its GPU test failed); this is {type(model).__name__}"
+                f"hooks; this is {type(model).__name__}"
                 + (" with softmax attn layers, prefill_roundtrip or per-tensor activations"
                    if hasattr(model, "new_cache") else ""))
     if tokens > MAX_GRAPHED_PREFILL:

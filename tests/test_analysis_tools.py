@@ -216,3 +216,6 @@ def test_short_conv_bench_runs_both_paths(monkeypatch):
     conv, x, cols = bench._case(40, 24, 4, 2, 9, "cpu", torch.float32, gen)
     (a, ka), (b, kb) = bench.run(conv, x, cols, False), bench.run(conv, x, cols, True)
     assert len(calls) == 1 and torch.allclose(a, b, rtol=1e-5, atol=1e-6) and torch.equal(ka, kb)
+    for N, C, W, columns in bench.SHAPES.values():  # every timed case's layout builds (a wrong check stopped a run)
+        _, x, cols = bench._case(N, C, W, 1, 2, "cpu", torch.float32, gen, columns)
+        assert x.shape[-1] == N and (cols is None or (cols.numel() == C and int(cols.max()) < N))

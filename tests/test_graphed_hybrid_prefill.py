@@ -10,7 +10,14 @@ from test_hybrid import FAMILIES
 from laquant.adapters import cache_kwargs, install, new_cache, returned_cache
 from laquant.models.cache import state_store
 from laquant.models.static_hybrid import kv_layers
-from laquant.serving.graphed_hybrid_prefill import UNVERIFIED_MODEL_TYPES, HybridPrefillGraphs, hybrid_prefill_graphable
+from laquant.serving.graphed_hybrid_prefill import HybridPrefillGraphs, hybrid_prefill_graphable
+
+
+# how far a quantized model's padded prefill may be from the prompt's own: the summation order (~1e-7 apart) tips an
+# int8 activation code over now and then, which moves what follows by ~1e-4 (CPU, 100 tokens: qwen3_next's logits
+# 2.5e-4, MiniMax's keys 4.2e-4 and a state's scales 1.4e-4; on the H100 MiniMax's scales 8e-5). Misplaced padding or
+# positions move them by 1e-2 and more.
+QUANTIZED_TOL = 1e-3
 
 
 def _model(family, recipe=None, device="cpu", dtype=torch.float32, **overrides):
@@ -49,7 +56,7 @@ def _assert_same_cache(cache, ref, tokens: int, quantized: bool):
             assert rel_err(s.data.float(), r.data.float()) < 1e-5, i
         else:  # stochastic codes of float32 states equal up to summation order: a code apart at most, and rarely
             assert (s.data.int() - r.data.int()).abs().max() <= 1 and (s.data != r.data).float().mean() < 1e-2
-            assert rel_err(s.scale, r.scale) < 1e-5
+            assert rel_err(s.scale, r.scale) < QUANTIZED_TOL
     assert sorted(store.conv) == sorted(ref_store.conv)
     for i, t in store.conv.items():
         assert t.shape == ref_store.conv[i].shape and rel_err(t, ref_store.conv[i]) < 1e-5
@@ -57,7 +64,8 @@ def _assert_same_cache(cache, ref, tokens: int, quantized: bool):
     assert sorted(kv) == sorted(ref_kv)
     for i, (k, v) in kv.items():
         assert k.shape == ref_kv[i][0].shape and k.shape[-2] == tokens and k.is_contiguous()
-        assert rel_err(k, ref_kv[i][0]) < (1e-4 if quantized else 1e-5) and rel_err(v, ref_kv[i][1]) < 1e-4
+        tol = QUANTIZED_TOL if quantized else 1e-5
+        assert rel_err(k, ref_kv[i][0]) < tol and rel_err(v, ref_kv[i][1]) < max(tol, 1e-4)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -121,20 +129,23 @@ def test_generate_with_the_graphed_prefill(family, monkeypatch):
     assert len(graphs.captures) == 1  # one bucket and batch size: the padded prompts replay the same capture
 
 
-@pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h", "kimi_linear", "granitemoehybrid"])
+@pytest.mark.parametrize("family", ["qwen3_next", "minimax", "nemotron_h", "kimi_linear", "granitemoehybrid"])
+@torch.no_grad()
 def test_padded_prefill_of_a_quantized_hybrid(family):
     """``hybrid_int8`` (int8 projections and experts, int8 states rounded stochastically): the padded prefill's
-    logits and states are the prompt's up to summation order, and the copy-out is the graph memory's, not a view."""
+    logits and states are the prompt's up to summation order and the int8 activation codes it tips over
+    (:data:`QUANTIZED_TOL`), and the copy-out is the graph memory's, not a view."""
     model = _model(family, "hybrid_int8")
     graphs = HybridPrefillGraphs(model, 4096, use_graph=False)
-    ids = torch.randint(1, 500, (2, 45), generator=torch.Generator().manual_seed(5))
-    logits, cache = graphs(new_cache(model), ids)
-    ref_logits, ref_cache = _eager(model, ids)
-    assert rel_err(logits, ref_logits) < 1e-4
-    _assert_same_cache(cache, ref_cache, 45, quantized=True)
-    capture = next(iter(graphs.captures.values()))
+    for T, seed in ((45, 5), (100, 2)):
+        ids = torch.randint(1, 500, (2, T), generator=torch.Generator().manual_seed(seed))
+        logits, cache = graphs(new_cache(model), ids)
+        ref_logits, ref_cache = _eager(model, ids)
+        assert rel_err(logits, ref_logits) < QUANTIZED_TOL
+        _assert_same_cache(cache, ref_cache, T, quantized=True)
+    capture = graphs.captures[next(k for k in graphs.captures if k[:2] == (2, 128))]
     kept = {i: s.data.clone() for i, s in state_store(cache).states.items()}
-    capture.replay(torch.randint(1, 500, (2, 45), generator=torch.Generator().manual_seed(6)))
+    capture.replay(torch.randint(1, 500, (2, 100), generator=torch.Generator().manual_seed(6)))
     assert all(torch.equal(state_store(cache).states[i].data, t) for i, t in kept.items())
 
 
@@ -205,15 +216,15 @@ def test_what_a_graphed_hybrid_prefill_covers(monkeypatch):
     assert not hybrid_prefill_graphable(quantized)
     torch.manual_seed(3)
     assert not hybrid_prefill_graphable(FAMILIES["qwen3_next"]().eval())  # not adapted
-    minimax = _model("minimax")  # its GPU test failed, cause not recorded: eager until a GPU run says why
-    assert not hybrid_prefill_graphable(minimax) and "MiniMax's not yet" in graphed_prefill_refusal(minimax, 20)
+    assert hybrid_prefill_graphable(_model("minimax"))
 
 
 # (family, recipe, config overrides, captures): transformers' float32 experts (grouped_mm) copy from the host, which a
 # capture refuses: that model's prefills run eagerly, as its decode steps do (tests/test_static_hybrid.py's GPU_CASES)
 GPU_PREFILL_CASES = [("qwen3_next", None, {"num_experts": 0}, True), ("qwen3_next", None, {}, False),
                      ("qwen3_next", "hybrid_int8", {}, True), ("nemotron_h", "hybrid_int8", {}, True),
-                     ("kimi_linear", "hybrid_int8", {}, True), ("granitemoehybrid", "hybrid_int8", {}, True)]
+                     ("kimi_linear", "hybrid_int8", {}, True), ("granitemoehybrid", "hybrid_int8", {}, True),
+                     ("minimax", "hybrid_int8", {}, True)]
 
 
 @pytest.mark.gpu
@@ -227,19 +238,6 @@ def test_gpu_graphed_hybrid_prefill(family, recipe, overrides, captures):
     _check_graphed_prefill(_model(family, recipe, device="cuda", **overrides), recipe is not None, captures)
 
 
-@pytest.mark.gpu
-@pytest.mark.xfail(reason="failed on an H100 on 2026-12-05, cause not recorded; run with --runxfail to see why",
-                   strict=False)
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f in UNVERIFIED_MODEL_TYPES])
-@torch.no_grad()
-def test_gpu_graphed_prefill_of_the_unverified_families(family, monkeypatch):
-    """The refused model types (UNVERIFIED_MODEL_TYPES) with the refusal lifted, through the same checks."""
-    from laquant.serving import graphed_hybrid_prefill
-
-    monkeypatch.setattr(graphed_hybrid_prefill, "UNVERIFIED_MODEL_TYPES", ())
-    _check_graphed_prefill(_model(family, "hybrid_int8", device="cuda"), True, True)
-
-
 def _check_graphed_prefill(model, quantized: bool, captures: bool):
     from laquant.generate import generate, prefill, prefill_graphs, release_graphs
 
@@ -248,7 +246,7 @@ def _check_graphed_prefill(model, quantized: bool, captures: bool):
         logits, cache = prefill(model, ids, graphed=True)
         assert (prefill_graphs(model).failure is None) == captures, prefill_graphs(model).failure
         ref_logits, ref_cache = prefill(model, ids)
-        assert rel_err(logits, ref_logits) < 1e-4, (B, T)
+        assert rel_err(logits, ref_logits) < (QUANTIZED_TOL if quantized else 1e-4), (B, T)
         _assert_same_cache(cache, ref_cache, T, quantized=quantized)
     assert sorted(k[:2] for k in prefill_graphs(model).captures) == ([(1, 128), (2, 128)] if captures else [])
     ids = torch.randint(1, 500, (2, 90), device="cuda")

@@ -55,23 +55,14 @@ def graph_prefill_enabled(model) -> bool:
     return bool(flag) if flag is not None else os.environ.get("LAQUANT_GRAPH_PREFILL", "0") == "1"
 
 
-# model types whose graphed prefill failed its GPU test (tests/test_graphed_hybrid_prefill.py, 2026-12-05, H100) for a
-# reason the run did not record (the job's time limit cut the log before pytest's report): they prefill eagerly until a
-# GPU run says why. The test's other families passed (qwen3_next dense and MoE, Nemotron-H, Kimi Linear, Granite 4); the
-# rest are CPU-tested (every family's padded prefill against its eager one) and checked at each capture, bit for bit.
-UNVERIFIED_MODEL_TYPES = ("minimax",)
-
-
 def hybrid_prefill_graphable(model, walk=None) -> bool:
     """Whether ``model``'s fresh prefills can replay padded: a transformers hybrid laquant adapted, whose decode steps
-    laquant graphs, with no per-tensor activation scales and no forward hooks but laquant's, of a model type not in
-    :data:`UNVERIFIED_MODEL_TYPES`. ``walk``: its modules as walked before
-    (:class:`~laquant.serving.graphed_forward._Walk`), else walked now."""
+    laquant graphs, with no per-tensor activation scales and no forward hooks but laquant's. ``walk``: its modules as
+    walked before (:class:`~laquant.serving.graphed_forward._Walk`), else walked now."""
     from laquant.adapters.hybrid import is_adapted_hybrid
     from laquant.serving.graphed_forward import _Walk
 
     return (is_adapted_hybrid(model) and getattr(model, "_laquant_positions_hook", False)
-            and getattr(model.config, "model_type", None) not in UNVERIFIED_MODEL_TYPES
             and (walk or _Walk(model)).graphable())
 
 
