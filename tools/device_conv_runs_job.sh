@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Ran on 2026-12-06 (eval/results/gpu_check_h100/); its MiniMax step now selects nothing (MiniMax is among the
+# graphed prefill's GPU cases since), the follow-up is tools/device_minimax_prefill_job.sh.
 # What the session of 2026-12-05 (sixteenth) built after its one GPU run, and what that run (eval/results/
 # graphed_hybrid_prefill_h100/) left undone, run in this order (~25 minutes, three polls):
 #   bash tools/device_kernels.sh 540 device_conv_runs_job.sh     (carry scratch/base_pkg: for 3., commit e832aaf, the
