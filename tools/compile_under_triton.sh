@@ -5,6 +5,7 @@
 # The record is made with this machine's Triton: older interpreters cannot run every kernel the suite runs.
 #   bash tools/compile_under_triton.sh 3.6.0 OUT_DIR [pytest args ...]       (~20 minutes on 2 cores)
 set -u
+[ $# -ge 2 ] || { echo "usage: bash tools/compile_under_triton.sh TRITON_VERSION OUT_DIR [pytest args ...]" >&2; exit 2; }
 VERSION=$1 OUT=$2
 shift 2
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
