@@ -18,6 +18,19 @@ from laquant.serving.graphed_hybrid_prefill import HybridPrefillGraphs, hybrid_p
 # 2.5e-4, MiniMax's keys 4.2e-4 and a state's scales 1.4e-4; on the H100 MiniMax's scales 8e-5). Misplaced padding or
 # positions move them by 1e-2 and more.
 QUANTIZED_TOL = 1e-3
+# The keys and values, token by token: a tipped code moves its own token's key by up to a few percent (the H100, MiniMax,
+# B = 2, T = 100, one run in three: one sequence's keys 1.7e-3 apart as a whole, every other layer and sequence ~5e-8),
+# while misplaced padding or positions move most tokens' keys.
+TIPPED_TOKENS, TIPPED_TOKEN_TOL = 0.05, 0.1
+
+
+def _close_but_tipped_tokens(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` and ``b`` ``[..., tokens, dim]``: at most :data:`TIPPED_TOKENS` of the token rows more than 1e-4 apart
+    (relative), none more than :data:`TIPPED_TOKEN_TOL`."""
+    a, b = a.flatten(0, -2).float(), b.flatten(0, -2).float()
+    err = (a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-30)
+    return bool(torch.isfinite(err).all() and (err > 1e-4).float().mean() <= TIPPED_TOKENS
+                and err.max() < TIPPED_TOKEN_TOL)
 
 
 def _model(family, recipe=None, device="cpu", dtype=torch.float32, **overrides):
@@ -64,8 +77,10 @@ def _assert_same_cache(cache, ref, tokens: int, quantized: bool):
     assert sorted(kv) == sorted(ref_kv)
     for i, (k, v) in kv.items():
         assert k.shape == ref_kv[i][0].shape and k.shape[-2] == tokens and k.is_contiguous()
-        tol = QUANTIZED_TOL if quantized else 1e-5
-        assert rel_err(k, ref_kv[i][0]) < tol and rel_err(v, ref_kv[i][1]) < max(tol, 1e-4)
+        if quantized:
+            assert _close_but_tipped_tokens(k, ref_kv[i][0]) and _close_but_tipped_tokens(v, ref_kv[i][1]), i
+        else:
+            assert rel_err(k, ref_kv[i][0]) < 1e-5 and rel_err(v, ref_kv[i][1]) < 1e-4
 
 
 @pytest.mark.parametrize("family", FAMILIES)
