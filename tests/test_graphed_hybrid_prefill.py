@@ -18,9 +18,10 @@ from laquant.serving.graphed_hybrid_prefill import HybridPrefillGraphs, hybrid_p
 # 2.5e-4, MiniMax's keys 4.2e-4 and a state's scales 1.4e-4; on the H100 MiniMax's scales 8e-5). Misplaced padding or
 # positions move them by 1e-2 and more.
 QUANTIZED_TOL = 1e-3
-# The keys and values, token by token: a tipped code moves its own token's key by up to a few percent (the H100, MiniMax,
-# B = 2, T = 100, one run in three: one sequence's keys 1.7e-3 apart as a whole, every other layer and sequence ~5e-8),
-# while misplaced padding or positions move most tokens' keys.
+# The keys and values, token by token: a tipped code moves its own token's key by up to a few percent (the H100,
+# MiniMax, B = 2, T = 100, one run in three: one sequence's keys 1.7e-3 apart as a whole, every other layer and
+# sequence ~5e-8), while misplaced padding or positions move most tokens' keys (positions shifted by one leave the
+# logits alone: only the cached keys show them).
 TIPPED_TOKENS, TIPPED_TOKEN_TOL = 0.05, 0.1
 
 
