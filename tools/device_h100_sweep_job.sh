@@ -16,10 +16,11 @@ wait
 log "sweep warm done"
 timeout 900 python3 tools/sweep_gemm.py --wide --out "$W/sweep" > "$W/sweep/sweep.log" 2>&1
 log "sweep rc $?"
+cp kernels/gemm/configs.py "$W/configs_committed.py"
 python3 tools/sweep_gemm.py --apply "$W/sweep/configs_table.py" && cp kernels/gemm/configs.py "$W/sweep/configs.py"
 log "apply rc $?"
 private_pkg "$W/pkg"
-git checkout -q kernels/gemm/configs.py
+cp "$W/configs_committed.py" kernels/gemm/configs.py
 PYTHONPATH="$W/pkg:$PYTHONPATH" E2E_TAG=_after bash tools/device_gla_e2e.sh "$W" 1b
 PYTHONPATH="$W/pkg:$PYTHONPATH" hybrid_e2e qwen3_next _after
 PYTHONPATH="$W/pkg:$PYTHONPATH" timeout 300 python3 -m pytest -q -rfs --tb=short -p no:cacheprovider \
