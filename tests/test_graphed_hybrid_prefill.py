@@ -18,20 +18,12 @@ from laquant.serving.graphed_hybrid_prefill import HybridPrefillGraphs, hybrid_p
 # 2.5e-4, MiniMax's keys 4.2e-4 and a state's scales 1.4e-4; on the H100 MiniMax's scales 8e-5). Misplaced padding or
 # positions move them by 1e-2 and more.
 QUANTIZED_TOL = 1e-3
-# The keys and values, token by token: a tipped code moves its own token's key by up to a few percent (the H100,
-# MiniMax, B = 2, T = 100, one run in three: one sequence's keys 1.7e-3 apart as a whole, every other layer and
-# sequence ~5e-8), while misplaced padding or positions move most tokens' keys (positions shifted by one leave the
-# logits alone: only the cached keys show them).
-TIPPED_TOKENS, TIPPED_TOKEN_TOL = 0.05, 0.1
-
-
-def _close_but_tipped_tokens(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """``a`` and ``b`` ``[..., tokens, dim]``: at most :data:`TIPPED_TOKENS` of the token rows more than 1e-4 apart
-    (relative), none more than :data:`TIPPED_TOKEN_TOL`."""
-    a, b = a.flatten(0, -2).float(), b.flatten(0, -2).float()
-    err = (a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-30)
-    return bool(torch.isfinite(err).all() and (err > 1e-4).float().mean() <= TIPPED_TOKENS
-                and err.max() < TIPPED_TOKEN_TOL)
+# The cached keys and values: a tipped code moves its token's key and, through the layers' states, the keys of tokens
+# after it in that sequence by up to ~1e-2 (the H100, MiniMax, B = 2, T = 100: a tensor 1.2e-3 apart as a whole, 28
+# of its 200 token rows 1e-4 to 7e-3, one run in three). Planted bugs (CPU, the 5 quantized families): padding left
+# unmasked 0.016-0.13 (Kimi Linear's keys don't move, its logits do: 0.009-0.022); positions shifted by one 0.24-0.29
+# in the keys of the families whose attention takes positions, which leaves the logits alone.
+QUANTIZED_KV_TOL = 5e-3
 
 
 def _model(family, recipe=None, device="cpu", dtype=torch.float32, **overrides):
@@ -78,10 +70,8 @@ def _assert_same_cache(cache, ref, tokens: int, quantized: bool):
     assert sorted(kv) == sorted(ref_kv)
     for i, (k, v) in kv.items():
         assert k.shape == ref_kv[i][0].shape and k.shape[-2] == tokens and k.is_contiguous()
-        if quantized:
-            assert _close_but_tipped_tokens(k, ref_kv[i][0]) and _close_but_tipped_tokens(v, ref_kv[i][1]), i
-        else:
-            assert rel_err(k, ref_kv[i][0]) < 1e-5 and rel_err(v, ref_kv[i][1]) < 1e-4
+        tol = QUANTIZED_KV_TOL if quantized else 1e-5
+        assert rel_err(k, ref_kv[i][0]) < tol and rel_err(v, ref_kv[i][1]) < max(tol, 1e-4), i
 
 
 @pytest.mark.parametrize("family", FAMILIES)
