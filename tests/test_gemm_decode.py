@@ -168,6 +168,65 @@ def test_committed_tables_are_complete(device):
             assert "SPLIT_K" in e["w8a8"] or "GROUP_M" in e["w8a8"]  # the split-K or the tiled kernel
 
 
+# a block's opt-in shared memory (Triton's max_shared_mem) on an H100 / H200, an A100, an L40S / RTX 4090
+MAX_SHARED_MEM = {"hopper": 232448, "a100": 166912, "ada": 101376}
+
+
+def _committed_tiles():
+    for table in configs.TABLES.values():
+        for entry in table.values():
+            yield "w8a8", entry["w8a8"]
+            yield "w8a16", entry["w8a16"]
+    for table in configs.STEP_TABLES.values():
+        for entry in table.values():
+            yield from entry.items()
+    for table in configs.GROUP_TABLES.values():
+        yield from (("w8a8", cfg) for cfg in table.values())
+    yield from (("w8a8", configs.tiled_config(M)) for M in (64, 300))
+
+
+@pytest.mark.parametrize("gpu", MAX_SHARED_MEM)
+def test_tiles_fit_each_gpus_shared_memory(gpu):
+    """Tiles swept on Hopper shrink (pipeline depth, then K step) to what another GPU's block may take; on Hopper the
+    committed tiles run as swept (bf16 x; fp32 x keeps room for its fp32 copy of the weight tile)."""
+    budget = gemm.tile_smem_budget(MAX_SHARED_MEM[gpu])
+    assert gemm.tile_smem_budget(MAX_SHARED_MEM["hopper"]) == gemm.HOPPER_TILE_SMEM == 224 * 1024
+    for path, cfg in _committed_tiles():
+        # the split-K W8A8 kernel reads int8 codes (fp32 x where it quantizes x itself, FUSE_Q), W8A16 x itself, the
+        # tiled kernel codes only
+        for x_bytes in ((1,) if "SPLIT_K" not in cfg else (1, 4) if path == "w8a8" else (2, 4)):
+            BK, stages = gemm._fit_smem(cfg, x_bytes, budget)
+            limit = budget if x_bytes < 4 else budget - 64 * 1024
+            assert stages * BK * (cfg["BM"] * x_bytes + cfg["BN"]) <= limit, (gpu, cfg, x_bytes)
+            assert 2 <= stages <= cfg["num_stages"] and cfg["BK"] % BK == 0 and BK >= 32
+            if gpu == "hopper" and x_bytes < 4:
+                assert (BK, stages) == (cfg["BK"], cfg["num_stages"]), cfg
+
+
+def test_the_launch_fits_the_devices_shared_memory(monkeypatch):
+    """Both W8A8 kernels (split-K at decode sizes, tiled above) and W8A16 launch with tiles fitted to the device's
+    budget (here a small one: shallower pipelines, narrower K steps), and still match the reference."""
+    fitted = []
+
+    def spy(cfg, x_bytes, limit=gemm.HOPPER_TILE_SMEM):
+        fitted.append((limit, *fit(cfg, x_bytes, limit)))
+        return fitted[-1][1:]
+
+    fit = gemm._fit_smem
+    monkeypatch.setattr(gemm, "_fit_smem", spy)
+    monkeypatch.setattr(gemm, "_tile_smem", lambda device: 24 * 1024)
+    dtype = torch.float32 if DEVICE == "cpu" else torch.bfloat16
+    mod, outliers = _module(200, 72, 7, True, dtype)
+    p = mod.packed()
+    splitk = dict(BM=16, BN=32, BK=256, SPLIT_K=2, FIXUP=True, num_warps=4, num_stages=4)
+    for M, cfg in ((5, splitk), (300, dict(configs.tiled_config(300), BM=32, BN=32))):
+        x = _x(M, 200, outliers, dtype, seed=M)
+        _check(int8_outlier_linear_triton(x, p, cfg), _reference(mod, x, "per_token"), dtype)
+    _check(int8_weight_only_linear_triton(x, p, splitk), _reference(mod, x, "none"), dtype)
+    assert [f[0] for f in fitted] == [24 * 1024] * 3
+    assert all(BK * stages < 256 * 4 for _, BK, stages in fitted)  # shrunk from what was asked
+
+
 # --- GPU only: odd shapes, every dtype, the table's own configs ---
 
 @pytest.mark.gpu

@@ -542,9 +542,10 @@ def int8_gemm(xq: torch.Tensor, xs: torch.Tensor, xo: torch.Tensor, packed: Pack
         _launch_splitk(True, xq, xq.stride(0), xs, xo, packed, y, cfg)
     elif M:
         cfg = dict(cfg)
-        warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
         if packed.group:
             cfg["BK"] = min(cfg["BK"], packed.group)
+        cfg["BK"], cfg["num_stages"] = _fit_smem(cfg, 1, _tile_smem(y.device))
+        warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
         KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
         grid = (cdiv(M, cfg["BM"]) * cdiv(N, cfg["BN"]),)
         launch_kernel(_int8_gemm_kernel, grid, xq, packed.qweight, xs, packed.scale, xo, packed.outlier_weight,
@@ -637,11 +638,29 @@ def _bno(NO, dtype):
     return min(64 if dtype != torch.float32 else 32, max(16, next_power_of_2(NO)))
 
 
-def _fit_smem(cfg, a_bytes, limit=224 * 1024):
-    """Shrink num_stages, then BK, until the pipelined a and w tiles fit in shared memory (fp32 x
-    needs four times the int8 tile: the tables' tiles were swept with bf16 x)."""
+HOPPER_TILE_SMEM = 224 * 1024  # what an H100's / H200's block may take (227 KiB) less what Triton keeps for itself
+
+
+def tile_smem_budget(max_shared_mem: int) -> int:
+    """Bytes of shared memory the GEMMs' pipelined tiles may take, from a block's opt-in maximum (Triton's
+    ``max_shared_mem``): the same 3 KiB kept back as on the H100 / H200, where the tables were swept (224 KiB;
+    an A100 160, an L40S or RTX 4090 96: a tile swept on Hopper would not launch there)."""
+    return max_shared_mem - (227 * 1024 - HOPPER_TILE_SMEM)
+
+
+@functools.lru_cache(maxsize=None)
+def _tile_smem(device: torch.device) -> int:
+    if device.type != "cuda" or triton is None:
+        return HOPPER_TILE_SMEM
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return tile_smem_budget(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+
+
+def _fit_smem(cfg, a_bytes, limit=HOPPER_TILE_SMEM):
+    """Shrink num_stages, then BK, until the pipelined a and w tiles fit in ``limit`` bytes of shared memory
+    (:func:`tile_smem_budget`; fp32 x needs four times the int8 tile: the tables' tiles were swept with bf16 x)."""
     BK, stages = cfg["BK"], cfg["num_stages"]
-    limit = limit if a_bytes < 4 else 160 * 1024  # fp32 x: room for the fp32 copy of the w tile
+    limit = limit if a_bytes < 4 else limit - 64 * 1024  # fp32 x: room for the fp32 copy of the w tile
     while stages * BK * (cfg["BM"] * a_bytes + cfg["BN"]) > limit:
         if stages > 2:
             stages -= 1
@@ -656,7 +675,7 @@ def _launch_splitk(a8: bool, a, s_am, xs, xo, packed, y, cfg, fuse_q=False):
     M, N = y.shape
     KQ, NO = packed.qweight.shape[1], packed.outlier_idx.numel()
     BM, BN = cfg["BM"], cfg["BN"]
-    BK, stages = _fit_smem(cfg, 1 if a8 and not fuse_q else a.element_size())
+    BK, stages = _fit_smem(cfg, 1 if a8 and not fuse_q else a.element_size(), _tile_smem(y.device))
     group = packed.group if a8 else 0  # the weight-only path reads x itself: the layout alone differs
     if group and fuse_q:
         raise ValueError("a per-group weight's activations are quantized by quantize_groups, not in the GEMM")
