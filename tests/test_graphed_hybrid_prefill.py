@@ -15,8 +15,8 @@ from laquant.serving.graphed_hybrid_prefill import HybridPrefillGraphs, hybrid_p
 
 # how far a quantized model's padded prefill may be from the prompt's own: the summation order (~1e-7 apart) tips an
 # int8 activation code over now and then, which moves what follows by ~1e-4 (CPU, 100 tokens: qwen3_next's logits
-# 2.5e-4, MiniMax's keys 4.2e-4 and a state's scales 1.4e-4; on the H100 MiniMax's scales 8e-5). Misplaced padding or
-# positions move them by 1e-2 and more.
+# 2.5e-4, MiniMax's keys 4.2e-4 and a state's scales 1.4e-4; on the H100 MiniMax's scales 8e-5). Padding left unmasked
+# moves the logits by 9e-3 and more (misplaced positions show in the keys alone, below).
 QUANTIZED_TOL = 1e-3
 # The cached keys and values: a tipped code moves its token's key and, through the layers' states, the keys of tokens
 # after it in that sequence by up to ~1e-2 (the H100, MiniMax, B = 2, T = 100: a tensor 1.2e-3 apart as a whole, 28
