@@ -6,7 +6,8 @@ weights rotated so that they stream from device memory), keyed by the device's n
 fastest tiles of the split-K kernel for both paths, and ``"path"``: the faster of the two at that
 bucket. A GPU takes its own table, else one swept on the same model of GPU, else the first
 (:func:`table_key`). A shape the sweep did not see takes the nearest swept shape's entry (log distance
-in N and K); the tiles are valid for any shape and any GPU (every load is masked), only their speed
+in N and K); the tiles are valid for any shape and any GPU (every load is masked; the launch shrinks their
+pipeline, then their K step, to the GPU's shared memory: ``int8.tile_smem_budget``), only their speed
 was measured on the swept ones. Above the last bucket (M > 256, prefill) W8A8 runs the tiled kernel
 of :func:`tiled_config`. The W8A16 tiles of the shapes that ``projections.outlier_fallback: weight_only`` makes
 weight-only in the hybrids (``2048x4096``, ``2048x5632``: Mamba2's out_proj, the MLPs' down_proj) are swept at every
