@@ -644,7 +644,10 @@ HOPPER_TILE_SMEM = 224 * 1024  # what an H100's / H200's block may take (227 KiB
 def tile_smem_budget(max_shared_mem: int) -> int:
     """Bytes of shared memory the GEMMs' pipelined tiles may take, from a block's opt-in maximum (Triton's
     ``max_shared_mem``): the same 3 KiB kept back as on the H100 / H200, where the tables were swept (224 KiB;
-    an A100 160, an L40S or RTX 4090 96: a tile swept on Hopper would not launch there)."""
+    an A100 160, an L40S or RTX 4090 96). :func:`_fit_smem` counts ``num_stages`` buffers, as Triton's Hopper
+    pipeline holds them (compiled: the 64 x 128 x 256 tile of 4 stages takes 198 KiB on sm_90); before sm_90 it holds
+    one fewer (144 KiB on sm_80 / sm_89), so the fit is conservative there. Unfitted, 13 of the H100 table's tiles
+    would not launch on Ada (``eval/results/session20_h100/smem_fit_offline/``)."""
     return max_shared_mem - (227 * 1024 - HOPPER_TILE_SMEM)
 
 
