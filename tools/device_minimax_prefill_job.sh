@@ -5,7 +5,8 @@
 # 2. the MiniMax-style 1.43B's e2e, its prefill replayed;
 # 3. the prompt short conv over qwen3_next's own columns, against the PyTorch path (the bench stopped at its own
 #    layout check there).
-#   bash tools/device_kernels.sh 400 device_minimax_prefill_job.sh
+#   bash tools/device_kernels.sh 400 device_minimax_prefill_job.sh   (ran on 2026-12-06 inside device_session20_job.sh:
+#   eval/results/session20_h100/gla_minimax/)
 set -u
 . tools/device_job_env.sh "$@"
 timeout 240 python3 -m pytest -v -rfs --tb=long -m gpu tests/test_graphed_hybrid_prefill.py \
