@@ -208,7 +208,7 @@ def test_the_launch_fits_the_devices_shared_memory(monkeypatch):
     budget (here a small one: shallower pipelines, narrower K steps), and still match the reference."""
     fitted = []
 
-    def spy(cfg, x_bytes, limit=gemm.HOPPER_TILE_SMEM):
+    def spy(cfg, x_bytes, limit):
         fitted.append((limit, *fit(cfg, x_bytes, limit)))
         return fitted[-1][1:]
 

@@ -659,7 +659,7 @@ def _tile_smem(device: torch.device) -> int:
     return tile_smem_budget(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
 
 
-def _fit_smem(cfg, a_bytes, limit=HOPPER_TILE_SMEM):
+def _fit_smem(cfg, a_bytes, limit):
     """Shrink num_stages, then BK, until the pipelined a and w tiles fit in ``limit`` bytes of shared memory
     (:func:`tile_smem_budget`; fp32 x needs four times the int8 tile: the tables' tiles were swept with bf16 x)."""
     BK, stages = cfg["BK"], cfg["num_stages"]
