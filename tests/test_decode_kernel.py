@@ -81,20 +81,50 @@ def test_decode_launch_table_is_well_formed():
     assert decode_launch("gla", "not_a_format", 1) == decode_launch("gla", "fp32", 1)
 
 
-def test_step_decode_launch_replaces_one_bucket(monkeypatch):
-    """STEP_DECODE_LAUNCH (launches chosen inside the decode step) replaces the launch of one bucket of one kernel
-    and format; the committed entries name existing buckets with valid launches."""
+def test_step_decode_launch_replaces_one_bucket_on_its_gpu(monkeypatch):
+    """STEP_DECODE_LAUNCH (launches chosen inside the decode step, per GPU) replaces the launch of one bucket of one
+    kernel and format on that GPU and on one of the same model, nowhere else; the committed entries name existing
+    buckets with valid launches."""
     from laquant.kernels.common import state_io
 
-    for (kernel, fmt, bound), (bk, w) in state_io.STEP_DECODE_LAUNCH.items():
-        assert bound in [b[0] for b in state_io.DECODE_LAUNCH[kernel][fmt]]
-        assert bk & (bk - 1) == 0 and w in (1, 2, 4, 8)
+    for gpu, launches in state_io.STEP_DECODE_LAUNCH.items():
+        assert gpu.startswith("NVIDIA ") and launches, gpu
+        for (kernel, fmt, bound), (bk, w) in launches.items():
+            assert bound in [b[0] for b in state_io.DECODE_LAUNCH[kernel][fmt]]
+            assert bk & (bk - 1) == 0 and w in (1, 2, 4, 8)
     monkeypatch.setattr(state_io, "DECODE_LAUNCH", {"gla": {"fp32": ((16, 64, 4), (None, 16, 1)),
                                                             "int8_row": ((16, 64, 4), (None, 16, 1))}})
-    monkeypatch.setattr(state_io, "STEP_DECODE_LAUNCH", {("gla", "int8_row", None): (8, 2)})
-    assert [state_io.decode_launch("gla", "int8_row", p) for p in (16, 17, 1024)] == [(64, 4), (8, 2), (8, 2)]
-    assert state_io.decode_launch("gla", "fp32", 1024) == (16, 1)
-    assert state_io.decode_launch("gla", "bf16", 1024) == (16, 1)  # unlisted: fp32's, not the int8 overlay
+    monkeypatch.setattr(state_io, "STEP_DECODE_LAUNCH", {"NVIDIA X100 80GB HBM3": {("gla", "int8_row", None): (8, 2)},
+                                                         "NVIDIA X200": {("gla", "int8_row", None): (32, 4)}})
+    x100 = "NVIDIA X100 80GB HBM3"
+    assert [state_io.decode_launch("gla", "int8_row", p, x100) for p in (16, 17, 1024)] == [(64, 4), (8, 2), (8, 2)]
+    assert state_io.decode_launch("gla", "int8_row", 1024, "NVIDIA X100 PCIe") == (8, 2)  # the same model of GPU
+    assert state_io.decode_launch("gla", "int8_row", 1024, "NVIDIA X200") == (32, 4)
+    for other in ("NVIDIA Z9", None):  # a GPU without an entry, and no GPU (the interpreter): the table's
+        assert state_io.decode_launch("gla", "int8_row", 1024, other) == (16, 1)
+    assert state_io.decode_launch("gla", "fp32", 1024, x100) == (16, 1)
+    assert state_io.decode_launch("gla", "bf16", 1024, x100) == (16, 1)  # unlisted: fp32's, not the int8 overlay
+    assert state_io.tabled_decode_launches("gla", "int8_row") == {(64, 4), (16, 1), (8, 2), (32, 4)}
+
+
+def test_pool_args_take_the_launch_of_the_states_gpu(monkeypatch):
+    """The decode kernels' default launch is the one :func:`decode_launch` gives for the GPU holding the state pool
+    (here a pool on the CPU named as a listed GPU)."""
+    from laquant.kernels.common import state_io
+
+    monkeypatch.setattr(state_io, "STEP_DECODE_LAUNCH", {"NVIDIA X100": {("gla", "int8_row", None): (8, 2)}})
+    quant = StateQuantizer("int8_row")
+    data, scale = quant.store(torch.randn(64, 16, 64, 8))
+    scale = scale.squeeze(-1).contiguous()
+    idx = torch.arange(64, dtype=torch.int32)
+    args = (data, scale, idx, torch.zeros(64, dtype=torch.int32), quant, 16, 64, None, None)
+    table = state_io.decode_launch("gla", "int8_row", 64 * 16)
+    assert table != (8, 2)
+    _, _, consts, warps = state_io.pool_args(*args)
+    assert (consts["BLOCK_K"], warps) == table
+    monkeypatch.setattr(state_io, "device_name", lambda device: "NVIDIA X100")
+    _, _, consts, warps = state_io.pool_args(*args)
+    assert (consts["BLOCK_K"], warps) == (8, 2)
 
 
 def test_decode_prefetch_names_buckets_and_reaches_the_launch(monkeypatch):

@@ -129,7 +129,8 @@ def bench_all(out: str) -> None:
     from sweep_gemm import STREAM_BYTES, bench, rotating
 
     from laquant.kernels.gemm.configs import choose_config
-    from laquant.kernels.gemm.int8 import PackedOutlierWeight, device_name, int8_gemm
+    from laquant.kernels.common.gpus import device_name
+    from laquant.kernels.gemm.int8 import PackedOutlierWeight, int8_gemm
 
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)

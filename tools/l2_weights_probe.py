@@ -25,7 +25,8 @@ from sweep_gemm import SHAPES_GLA, make_weights, rotating
 
 from laquant.kernels.common.state import StateQuantizer
 from laquant.kernels.gemm.configs import choose_config
-from laquant.kernels.gemm.int8 import device_name, int8_gemm, quantize_rows
+from laquant.kernels.common.gpus import device_name
+from laquant.kernels.gemm.int8 import int8_gemm, quantize_rows
 from laquant.kernels.gla.decode import gla_decode_step
 
 STREAM_BYTES = 160 << 20

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from laquant.kernels.gemm.int8 import choose_config, device_name, int8_gemm, quantize_rows
+from laquant.kernels.common.gpus import device_name
+from laquant.kernels.gemm.int8 import choose_config, int8_gemm, quantize_rows
 from laquant.quant.modules import QuantLinear
 
 SHAPES = ((2048, 2048), (6144, 2048), (11264, 2048), (2048, 5632))

@@ -6,8 +6,8 @@ one a layer, as in a model's step), then (GLA) inside the graphed B = 64 step of
         [--launches 16x1 8x1 8x1p] [--skip-step]
 
 A launch ``BKxW`` is BLOCK_K rows a block and W warps a program; a trailing ``p`` prefetches. Each launch replaces the
-tables' for the kernel's int8 state at B = 64 (``STEP_DECODE_LAUNCH`` / ``DECODE_PREFETCH``); launches alternate in
-rounds, so drift of the GPU's clock spreads over all of them. Shapes: ``tools/sweep_kernels.py``'s (GLA 16 heads of
+tables' for the kernel's int8 state at B = 64 on this GPU (``STEP_DECODE_LAUNCH`` / ``DECODE_PREFETCH``); launches
+alternate in rounds, so drift of the GPU's clock spreads over all of them. Shapes: ``tools/sweep_kernels.py``'s (GLA 16 heads of
 64 x 128, the delta rule 32 value heads of 128 x 128, SSD 64 heads of 128 x 64).
 """
 import argparse
@@ -17,6 +17,7 @@ import json
 import torch
 
 from laquant.kernels.common import state_io
+from laquant.kernels.common.gpus import gpu_key
 
 
 def parse_launch(text: str) -> tuple[int, int, bool]:
@@ -26,16 +27,18 @@ def parse_launch(text: str) -> tuple[int, int, bool]:
 
 
 @contextlib.contextmanager
-def tabled(kernel: str, launch):
+def tabled(kernel: str, launch, gpu: str | None = None):
     """``kernel``'s int8 decode launch at B = 64 (its bucket of the most programs) made ``launch``
-    ``(block_k, num_warps, prefetch)``."""
+    ``(block_k, num_warps, prefetch)`` on the GPU named ``gpu`` (default: this process's)."""
     key = (kernel, "int8_row", None)
     bk, w, prefetch = launch
     if prefetch and kernel not in state_io.PREFETCHING_KERNELS:
         raise SystemExit(f"{kernel}'s decode kernel has no prefetching walk (those that do: "
                          f"{', '.join(state_io.PREFETCHING_KERNELS)}); drop the 'p'")
-    saved_step, saved_pf = dict(state_io.STEP_DECODE_LAUNCH), set(state_io.DECODE_PREFETCH)
-    state_io.STEP_DECODE_LAUNCH[key] = (bk, w)
+    saved_step = {g: dict(e) for g, e in state_io.STEP_DECODE_LAUNCH.items()}
+    saved_pf = set(state_io.DECODE_PREFETCH)
+    gpu = gpu or torch.cuda.get_device_name()
+    state_io.STEP_DECODE_LAUNCH.setdefault(gpu_key(gpu, state_io.STEP_DECODE_LAUNCH, False) or gpu, {})[key] = (bk, w)
     state_io.DECODE_PREFETCH.discard(key)
     if prefetch:
         state_io.DECODE_PREFETCH.add(key)

@@ -79,7 +79,8 @@ def main():
     from sweep_gemm import STREAM_BYTES, bench, parse_shapes, rotating  # the sweep's timing: the tables compare
 
     from laquant.kernels.gemm.configs import choose_config
-    from laquant.kernels.gemm.int8 import PackedOutlierWeight, device_name, int8_gemm, quantize_rows
+    from laquant.kernels.common.gpus import device_name
+    from laquant.kernels.gemm.int8 import PackedOutlierWeight, int8_gemm, quantize_rows
 
     os.makedirs(args.out, exist_ok=True)
     dev = torch.device("cuda")

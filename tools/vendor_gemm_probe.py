@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from laquant.kernels.gemm.configs import choose_config
-from laquant.kernels.gemm.int8 import PackedOutlierWeight, device_name, int8_gemm, quantize_rows
+from laquant.kernels.common.gpus import device_name
+from laquant.kernels.gemm.int8 import PackedOutlierWeight, int8_gemm, quantize_rows
 from sweep_gemm import STREAM_BYTES, bench, rel, rotating  # the sweep's timing and check: the tables compare
 
 SHAPES = {"gla": [(6144, 2048), (2048, 2048), (11264, 2048), (2048, 5632)],

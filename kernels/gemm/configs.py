@@ -18,14 +18,15 @@ bucket by ``tools/sweep_w8a16.py`` (on the H200: 1.3-1.5x cuBLAS bf16 at M <= 16
 (``tools/sweep_step_tiles.py``, ``eval/results/step_tiles_h200/``); a tile change that keeps SPLIT_K keeps every
 output bit, one that changes it moves the fp32 partial sums' order (rounding only).
 
-Imports neither torch nor Triton: the dispatch is testable anywhere.
+Imports no Triton: the dispatch is testable anywhere.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import re
+
+from ..common.gpus import gpu_key
 
 M_BUCKETS = (1, 16, 32, 64, 128, 256)
 PREFILL_BUCKET = "prefill"  # GROUP_TABLES' entries of the tiled kernel, above the last bucket
@@ -242,9 +243,8 @@ def group_config(M: int, N: int, K: int, device: str | None = None) -> dict:
     table = table_key(device, GROUP_TABLES)
     if bucket is None:  # prefill: the sweep's tiled entry (``--buckets prefill``) of this GPU model alone (its tiles'
         # shared memory and registers are another GPU's to fit), else per-token's tiles with 8 warps
-        model = _gpu_model(device) if device else None
-        own = table is not None and (table == device or (model is not None and _gpu_model(table) == model))
-        entry = _group_entry(table, PREFILL_BUCKET, N, K) if own else None
+        own = gpu_key(device, GROUP_TABLES, first_otherwise=False)
+        entry = _group_entry(own, PREFILL_BUCKET, N, K) if own is not None else None
         return dict(entry) if entry is not None else dict(tiled_config(M), num_warps=8)
     entry = _group_entry(table, bucket, N, K)
     if entry is not None:
@@ -262,20 +262,10 @@ def m_bucket(M: int) -> int | None:
     return None
 
 
-def _gpu_model(name: str) -> str | None:
-    found = re.search(r"\b[A-Z]+\d+[A-Z]*\b", name)  # "H100" of "NVIDIA H100 80GB HBM3"
-    return found.group(0) if found else None
-
-
 def table_key(device: str | None, tables: dict | None = None) -> str | None:
     """The key in ``tables`` (default ``TABLES``) of the table that ``device`` (a CUDA device's name; None: any)
     takes; None where no table is committed."""
-    tables = TABLES if tables is None else tables
-    if device in tables:
-        return device
-    model = _gpu_model(device) if device else None
-    same = [key for key in tables if model is not None and _gpu_model(key) == model]
-    return same[0] if same else next(iter(tables), None)
+    return gpu_key(device, TABLES if tables is None else tables, first_otherwise=True)
 
 
 def entry_key(table: str | None, bucket: int | str, N: int, K: int, tables: dict | None = None) -> str | None:

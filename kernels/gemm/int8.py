@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..common.counters import N_COUNTERS, arrival_counters
+from ..common.gpus import device_name
 from ..common.launch import launch_kernel
 from ..common.pdl import pdl_launch
 from ..common.sizes import cdiv, next_power_of_2
@@ -613,12 +614,6 @@ def linear_triton(x: torch.Tensor, packed: PackedOutlierWeight, mode: str = "aut
     if path == "w8a16":
         return int8_weight_only_linear_triton(x, packed, cfg)
     return int8_outlier_linear_triton(x, packed, cfg)
-
-
-@functools.lru_cache(maxsize=None)
-def device_name(device: torch.device) -> str | None:
-    """The name the GEMM tables are keyed by (``configs.TABLES``); None off CUDA."""
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
 
 def _prepare(x, packed):

@@ -331,7 +331,7 @@ def ssd_decode_step(C, B_, x, dt_logits, dt_bias, A_log, D, time_step_limit, sta
     strides) and ``D x`` inside. Returns ``y`` ``[B, H, P]`` float32, or in ``out``'s dtype (on the GPU rounded
     once, to nearest even, as ``.to(dtype)`` rounds the float32 spec; Triton's interpreter truncates).
     ``block_k`` / ``num_warps``: the launch (rows a block, warps a program); by default the decode table's
-    (:data:`~..common.state_io.DECODE_LAUNCH`, ``"ssd"``) for this many programs. ``early_state``: as
+    (:func:`~..common.state_io.decode_launch`, ``"ssd"``) for this many programs on this GPU. ``early_state``: as
     :func:`gla_decode_step`'s, and so is ``prefetch``."""
     if triton is None:
         raise RuntimeError("Triton is not installed; use ssd_decode_step_reference")

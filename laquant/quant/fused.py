@@ -24,7 +24,8 @@ import torch
 import torch.nn as nn
 
 from laquant.kernels.common.dispatch import use_triton
-from laquant.kernels.gemm.int8 import choose_config, device_name, group_config, int8_gemm
+from laquant.kernels.common.gpus import device_name
+from laquant.kernels.gemm.int8 import choose_config, group_config, int8_gemm
 from laquant.kernels.rowwise.fused import codes_fit
 from laquant.quant.modules import GPU_MODES, QuantLinear, buffers_key
 
