@@ -175,7 +175,7 @@ def test_probe_decode_prefetch_sets_one_launch_and_puts_the_tables_back():
         assert state_io.decode_launch("ssd", "int8_row", 10**6, gpu) == (32, 2)
         assert not state_io.decode_prefetch("ssd", "int8_row", 10**6)
         assert state_io.decode_launch("ssd", "int8_row", 1, gpu) == state_io.bucket_launch(
-            state_io.DECODE_LAUNCH["ssd"]["int8_row"], 1)  # the small-batch buckets untouched
+            state_io.decode_table("ssd", gpu)["int8_row"], 1)  # the small-batch buckets untouched
         assert state_io.decode_launch("ssd", "int8_row", 10**6, "NVIDIA Z9") != (32, 2)  # another GPU's untouched
     with probe.tabled("gla", (16, 1, True), "NVIDIA Z9"):  # a GPU without an entry gets one
         assert state_io.decode_launch("gla", "int8_row", 10**6, "NVIDIA Z9") == (16, 1)
@@ -253,3 +253,32 @@ def test_short_conv_bench_runs_both_paths(monkeypatch):
     for N, C, W, columns in bench.SHAPES.values():  # every timed case's layout builds (a wrong check stopped a run)
         _, x, cols = bench._case(N, C, W, 1, 2, "cpu", torch.float32, gen, columns)
         assert x.shape[-1] == N and (cols is None or (cols.numel() == C and int(cols.max()) < N))
+
+
+def test_sweep_kernels_writes_the_sweeps_gpus_decode_table(monkeypatch):
+    """tools/sweep_kernels.py state_decode --write puts the fastest launch per bucket into the sweep's GPU's table
+    (a GPU without one starts from the table it took: the formats not swept keep those launches) and leaves the other
+    GPUs' tables; rows of two GPUs are refused."""
+    from laquant.kernels.common import state_io
+
+    tool = _tool("sweep_kernels")
+    written = []
+    monkeypatch.setattr(tool, "_write_generated", lambda mode, lines: written.append((mode, "".join(lines))))
+    us = {(64, 4): (2.0, 5.0, 30.0), (32, 2): (3.0, 4.0, 20.0), (16, 1): (9.0, 9.0, 10.0)}
+    rows = [dict(device="NVIDIA X100", kernel="gla", shape=[B, 16, 16, 64, 128], B=B, programs=B * 16, format=fmt,
+                 block_k=bk, num_warps=w,
+                 us=us[bk, w][i]) for fmt in ("int8_row:stochastic", "fp32") for i, B in enumerate((1, 16, 64))
+            for bk, w in us]
+    tool._write_state_tables(rows)
+    (mode, text), = written
+    ns = {}
+    exec(text, ns)
+    tables = ns["DECODE_LAUNCH"]
+    assert mode == "state_decode" and list(tables)[:-1] == list(state_io.DECODE_LAUNCH)
+    assert all(tables[gpu] == kernels for gpu, kernels in state_io.DECODE_LAUNCH.items())
+    own = tables["NVIDIA X100"]
+    assert set(own) == {"gla"}
+    assert own["gla"]["int8_row"] == own["gla"]["fp32"] == ((16, 64, 4), (256, 32, 2), (None, 16, 1))
+    assert own["gla"]["fp8_row"] == state_io.decode_table("gla", "NVIDIA X100")["fp8_row"]  # not swept: as taken
+    with pytest.raises(SystemExit, match="one GPU's sweep"):
+        tool._write_state_tables(rows + [dict(rows[0], device="NVIDIA X200")])

@@ -63,22 +63,49 @@ def test_decode_kernel_matches_reference(fmt, renorm, B, H, K, V, P):
 
 
 def test_decode_launch_table_is_well_formed():
-    """Every kernel's table has fp32 and the 8-bit formats, each a run of buckets with growing bounds ending in a
-    catch-all; the lookup takes the first bucket holding the launch, and an unlisted format takes fp32's."""
+    """Every GPU's table has fp32 and the 8-bit formats of each kernel it lists, each a run of buckets with growing
+    bounds ending in a catch-all, and the first GPU has every kernel; the lookup takes the first bucket holding the
+    launch, and an unlisted format takes fp32's."""
     from laquant.kernels.common.state_io import DECODE_LAUNCH, bucket_launch, decode_launch
 
-    assert set(DECODE_LAUNCH) == {"gla", "delta", "ssd"}
-    for kernel, formats in DECODE_LAUNCH.items():
-        assert {"fp32", "int8_row", "fp8_row"} <= set(formats), kernel
-        for buckets in formats.values():
-            bounds = [b[0] for b in buckets]
-            assert bounds[-1] is None and None not in bounds[:-1] and bounds[:-1] == sorted(set(bounds[:-1]))
-            assert all(bk & (bk - 1) == 0 and w in (1, 2, 4, 8) for _, bk, w in buckets)
+    assert set(next(iter(DECODE_LAUNCH.values()))) == {"gla", "delta", "ssd"}
+    for gpu, kernels in DECODE_LAUNCH.items():
+        assert gpu.startswith("NVIDIA ") and set(kernels) <= {"gla", "delta", "ssd"}, gpu
+        for kernel, formats in kernels.items():
+            assert {"fp32", "int8_row", "fp8_row"} <= set(formats), (gpu, kernel)
+            for buckets in formats.values():
+                bounds = [b[0] for b in buckets]
+                assert bounds[-1] is None and None not in bounds[:-1] and bounds[:-1] == sorted(set(bounds[:-1]))
+                assert all(bk & (bk - 1) == 0 and w in (1, 2, 4, 8) for _, bk, w in buckets)
     table = ((16, 64, 4), (256, 32, 2), (None, 16, 1))
     assert [bucket_launch(table, p) for p in (1, 16, 17, 256, 257, 10**6)] == [(64, 4)] * 2 + [(32, 2)] * 2 + [(16, 1)] * 2
     with pytest.raises(ValueError, match="catch-all"):
         bucket_launch(((16, 64, 4),), 17)
     assert decode_launch("gla", "not_a_format", 1) == decode_launch("gla", "fp32", 1)
+
+
+def test_decode_table_is_the_gpus_own_else_the_same_model_else_the_first(monkeypatch):
+    """A GPU takes its own table of a kernel, else one of the same model of GPU, else the first GPU's that has the
+    kernel; the launch, the walk ahead (DECODE_PREFETCH) and the launches tested follow it."""
+    from laquant.kernels.common import state_io
+
+    first = {"gla": {"fp32": ((None, 16, 1),), "int8_row": ((16, 64, 4), (None, 16, 1))},
+             "delta": {"fp32": ((None, 128, 4),), "int8_row": ((None, 8, 1),)}}
+    monkeypatch.setattr(state_io, "DECODE_LAUNCH", {"NVIDIA X200": first, "NVIDIA X100 80GB HBM3": {
+        "gla": {"fp32": ((None, 32, 2),), "int8_row": ((256, 64, 4), (None, 8, 2))}}})
+    monkeypatch.setattr(state_io, "STEP_DECODE_LAUNCH", {})
+    monkeypatch.setattr(state_io, "DECODE_PREFETCH", {("gla", "int8_row", 256)})
+    x100 = "NVIDIA X100 80GB HBM3"
+    assert [state_io.decode_launch("gla", "int8_row", p, x100) for p in (16, 256, 257)] == [(64, 4), (64, 4), (8, 2)]
+    assert state_io.decode_launch("gla", "int8_row", 256, "NVIDIA X100 PCIe") == (64, 4)  # the same model of GPU
+    for other in ("NVIDIA X200", "NVIDIA Z9", None):  # the first GPU's table
+        assert [state_io.decode_launch("gla", "int8_row", p, other) for p in (16, 256)] == [(64, 4), (16, 1)]
+        assert not state_io.decode_prefetch("gla", "int8_row", 256, other)
+    assert state_io.decode_prefetch("gla", "int8_row", 256, x100)
+    assert state_io.decode_launch("delta", "int8_row", 10**6, x100) == (8, 1)  # no delta table of its own: the first
+    assert state_io.tabled_decode_launches("gla", "int8_row") == {(64, 4), (16, 1), (8, 2)}
+    with pytest.raises(KeyError, match="no decode launch table for kernel 'ssd'"):
+        state_io.decode_launch("ssd", "int8_row", 1)
 
 
 def test_step_decode_launch_replaces_one_bucket_on_its_gpu(monkeypatch):
@@ -90,10 +117,10 @@ def test_step_decode_launch_replaces_one_bucket_on_its_gpu(monkeypatch):
     for gpu, launches in state_io.STEP_DECODE_LAUNCH.items():
         assert gpu.startswith("NVIDIA ") and launches, gpu
         for (kernel, fmt, bound), (bk, w) in launches.items():
-            assert bound in [b[0] for b in state_io.DECODE_LAUNCH[kernel][fmt]]
+            assert bound in [b[0] for b in state_io.decode_table(kernel, gpu)[fmt]]
             assert bk & (bk - 1) == 0 and w in (1, 2, 4, 8)
-    monkeypatch.setattr(state_io, "DECODE_LAUNCH", {"gla": {"fp32": ((16, 64, 4), (None, 16, 1)),
-                                                            "int8_row": ((16, 64, 4), (None, 16, 1))}})
+    monkeypatch.setattr(state_io, "DECODE_LAUNCH", {"NVIDIA X200": {"gla": {
+        "fp32": ((16, 64, 4), (None, 16, 1)), "int8_row": ((16, 64, 4), (None, 16, 1))}}})
     monkeypatch.setattr(state_io, "STEP_DECODE_LAUNCH", {"NVIDIA X100 80GB HBM3": {("gla", "int8_row", None): (8, 2)},
                                                          "NVIDIA X200": {("gla", "int8_row", None): (32, 4)}})
     x100 = "NVIDIA X100 80GB HBM3"
@@ -133,7 +160,9 @@ def test_decode_prefetch_names_buckets_and_reaches_the_launch(monkeypatch):
     from laquant.kernels.common import state_io
 
     for kernel, fmt, bound in state_io.DECODE_PREFETCH:
-        assert kernel in state_io.PREFETCHING_KERNELS and bound in [b[0] for b in state_io.DECODE_LAUNCH[kernel][fmt]]
+        assert kernel in state_io.PREFETCHING_KERNELS
+        assert all(bound in [b[0] for b in kernels[kernel][fmt]] for kernels in state_io.DECODE_LAUNCH.values()
+                   if kernel in kernels)  # a bucket of every GPU's table
     monkeypatch.setattr(state_io, "DECODE_PREFETCH", {("gla", "int8_row", None), ("delta", "int8_row", None)})
     quant = StateQuantizer("int8_row")
     data, scale = quant.store(torch.randn(64, 16, 16, 8))

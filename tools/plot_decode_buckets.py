@@ -12,24 +12,26 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from laquant.kernels.common.state_io import DECODE_LAUNCH, bucket_launch  # noqa: E402
+from laquant.kernels.common.state_io import bucket_launch, decode_table  # noqa: E402
 
 FIXED = (16, 1)
 
 
 def main(sweep, out):
-    timed = {}
+    timed, devices = {}, set()
     for line in open(sweep):
         row = json.loads(line)
+        devices.add(row.get("device"))
         key = (row["kernel"], row["format"].partition(":")[0])
         timed.setdefault(key, {}).setdefault((row["B"], row["programs"]), {})[row["block_k"], row["num_warps"]] = (
             row["us"])
     keys = sorted(timed)
+    gpu = devices.pop() if len(devices) == 1 else None  # the table that GPU takes (None: the first GPU's)
     fig, axes = plt.subplots(3, 4, figsize=(16, 10), squeeze=False)
     for ax, key in zip(axes.flat, keys):
         points = sorted(timed[key])
         batches = [b for b, _ in points]
-        table = [timed[key][p].get(bucket_launch(DECODE_LAUNCH[key[0]][key[1]], p[1])) for p in points]
+        table = [timed[key][p].get(bucket_launch(decode_table(key[0], gpu)[key[1]], p[1])) for p in points]
         ax.plot(batches, [min(timed[key][p].values()) for p in points], "k:", label="fastest swept")
         ax.plot(batches, [timed[key][p].get(FIXED) for p in points], "o-", label=f"block_k, warps = {FIXED}")
         ax.plot(batches, table, "s-", label="the table's launch")

@@ -203,9 +203,9 @@ def _nested_set(table, key, value):
     table[key[-1]] = value
 
 
-def _table_lines(name, table, rows):
+def _table_lines(name, table, rows, comment=True):
     """The generated lines of a launch table ``name = {...}`` (nested dicts of bucket tuples, four spaces a level),
-    under a comment naming the sweep's devices."""
+    under a comment naming the sweep's devices (``comment``: a table not keyed by GPU)."""
     devices = sorted({row.get("device", "GPU not recorded") for row in rows})
 
     def body(d, depth):
@@ -218,7 +218,7 @@ def _table_lines(name, table, rows):
             else:
                 yield f'{pad}"{k}": {tuple(map(tuple, v))!r},\n'
 
-    return [f"# {' / '.join(devices)}\n", f"{name} = {{\n", *body(table, 1), "}\n"]
+    return [f"# {' / '.join(devices)}\n"] * comment + [f"{name} = {{\n", *body(table, 1), "}\n"]
 
 
 def _incumbents(timed, current):
@@ -239,17 +239,28 @@ def _tails(timed, full, current):
 
 
 def _write_state_tables(rows):
-    """The decode launch table between its markers; a kernel or format the rows do not cover keeps its entry."""
+    """The sweep's GPU's decode launch tables between the markers (``DECODE_LAUNCH[gpu]``); the other GPUs' stay.
+    A kernel the GPU has no table of yet starts from the one it takes today (:func:`state_io.decode_table`: another
+    GPU's), so that a format or batch the rows do not cover keeps today's launch."""
     from laquant.kernels.common import state_io
 
-    tables = {kernel: dict(formats) for kernel, formats in state_io.DECODE_LAUNCH.items()}
+    devices = {row.get("device") for row in rows}
+    if len(devices) != 1 or None in devices:
+        raise SystemExit(f"a decode table is written from one GPU's sweep; these rows are from "
+                         f"{sorted(map(str, devices))}")
+    gpu = devices.pop()
+    tables = {name: {kernel: dict(formats) for kernel, formats in kernels.items()}
+              for name, kernels in state_io.DECODE_LAUNCH.items()}
+    own = tables.setdefault(gpu, {})
+    for kernel in sorted({row["kernel"] for row in rows} - set(own)):
+        own[kernel] = dict(state_io.decode_table(kernel, gpu))
     built = _bucket_tables(rows, lambda row: (row["kernel"], row["format"].partition(":")[0]),
-                           lambda row: (row["block_k"], row["num_warps"]), lambda key: _nested_get(tables, key))
+                           lambda row: (row["block_k"], row["num_warps"]), lambda key: _nested_get(own, key))
     for key, buckets in built.items():
-        _nested_set(tables, key, buckets)
-    for row in _state_summary(rows, tables):
+        _nested_set(own, key, buckets)
+    for row in _state_summary(rows, own):
         print(row, flush=True)
-    _write_generated("state_decode", _table_lines("DECODE_LAUNCH", tables, rows))
+    _write_generated("state_decode", _table_lines("DECODE_LAUNCH", tables, rows, comment=False))
 
 
 def _state_summary(rows, tables):

@@ -166,7 +166,7 @@ def sweep(model, ids, min_gain: float, log: list, bucket_of_step: int, gemms: bo
     gpu = torch.cuda.get_device_name()
     here = state_io.STEP_DECODE_LAUNCH.setdefault(gpu_key(gpu, state_io.STEP_DECODE_LAUNCH, False) or gpu, {})
     for kernel, fmt, programs in list(DECODES):
-        formats = state_io.DECODE_LAUNCH[kernel]
+        formats = state_io.decode_table(kernel, gpu)
         fmt = fmt if fmt in formats else "fp32"
         bound, *own = state_io.bucket_of(formats[fmt], programs)
         k, own = (kernel, fmt, bound), tuple(own)
