@@ -140,8 +140,8 @@ def choose(label, options, apply, measure, min_gain, log) -> object:
 def sweep(model, ids, min_gain: float, log: list, bucket_of_step: int, gemms: bool = True) -> tuple[dict, dict]:
     """Coordinate descent over the step's GEMM shapes (those of M bucket ``bucket_of_step``; not when ``gemms`` is
     False), then its decode launches, from what the tables (overlays included) hold now; returns the entries to write:
-    ``{table: {key: {path: tiles}}}`` and ``{(kernel, format, bound): launch}``, None where the sweep's choice is the
-    table's own (an overlay entry to drop); the launches are this GPU's (its key of STEP_DECODE_LAUNCH)."""
+    ``{table: {key: {path: tiles}}}`` and ``{GPU: {(kernel, format, bound): launch}}`` (this GPU's key of
+    STEP_DECODE_LAUNCH), None where the sweep's choice is the table's own (an overlay entry to drop)."""
     measure = lambda: step_us(model, ids)  # noqa: E731
     tiles = {}
     for table, bucket, N, K in list(GEMMS) if gemms else ():

@@ -1,6 +1,6 @@
 """Which GPU's entry of a launch table a launch takes. The tables are keyed by CUDA device names (the GEMMs' tiles,
-``gemm.configs.TABLES``; the decode kernels' launches chosen inside the graphed step,
-``state_io.STEP_DECODE_LAUNCH``), because what is fastest was measured on one GPU and differs on another.
+``gemm.configs.TABLES`` / ``GROUP_TABLES`` / ``STEP_TABLES``; the decode kernels' launches, ``state_io.DECODE_LAUNCH``
+and ``STEP_DECODE_LAUNCH``), because what is fastest was measured on one GPU and differs on another.
 
 Imports torch only to name a device: the lookups are testable anywhere."""
 
