@@ -196,7 +196,9 @@ def test_sweep_step_tiles_writes_each_gpus_overlay(tmp_path, monkeypatch):
     from laquant.kernels.common import state_io
     from laquant.kernels.gemm import configs
 
+    lookups = configs._entry, state_io.decode_launch
     tool = _tool("sweep_step_tiles")
+    assert (configs._entry, state_io.decode_launch) == lookups  # importing the tool leaves the lookups alone
     for sub, module in (("gemm", configs), ("common", state_io)):
         (tmp_path / sub).mkdir()
         shutil.copy(module.__file__, tmp_path / sub / Path(module.__file__).name)

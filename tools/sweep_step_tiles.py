@@ -48,7 +48,11 @@ def _launch(kernel, fmt, programs, gpu=None):
     return _decode_launch(kernel, fmt, programs, gpu)
 
 
-configs._entry, state_io.decode_launch = _entry, _launch  # looked up as module globals at every launch
+def record_lookups() -> None:
+    """Route the GEMM and decode launch lookups (module globals, looked up at every launch) through :func:`_entry`
+    and :func:`_launch`, which record what the step asks for. Done by :func:`main` only, so that importing this tool
+    (its tests) leaves the lookups alone."""
+    configs._entry, state_io.decode_launch = _entry, _launch
 
 
 def step_us(model, ids, reps: int = 60, blocks: int = 5) -> float:
@@ -238,6 +242,7 @@ def main() -> None:
                                                                 "the tables hold them")
     args = p.parse_args()
     t0 = time.time()
+    record_lookups()
     model = build(args)
     ids = torch.randint(0, model.config.vocab_size, (args.batch, 16), device="cuda")
     before = step_us(model, ids)
