@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -180,6 +181,8 @@ def test_probe_decode_prefetch_sets_one_launch_and_puts_the_tables_back():
     with probe.tabled("gla", (16, 1, True), "NVIDIA Z9"):  # a GPU without an entry gets one
         assert state_io.decode_launch("gla", "int8_row", 10**6, "NVIDIA Z9") == (16, 1)
         assert state_io.decode_prefetch("gla", "int8_row", 10**6)
+        assert state_io.decode_launch("delta", "int8_row", 10**6, "NVIDIA Z9") == state_io.decode_launch(
+            "delta", "int8_row", 10**6, "NVIDIA H200")  # what it took from the H200's overlay, kept
     assert copy() == before
     with pytest.raises(SystemExit, match="no prefetching walk"):
         with probe.tabled("delta", (8, 1, True), gpu):
@@ -257,7 +260,7 @@ def test_short_conv_bench_runs_both_paths(monkeypatch):
         assert x.shape[-1] == N and (cols is None or (cols.numel() == C and int(cols.max()) < N))
 
 
-def test_sweep_kernels_writes_the_sweeps_gpus_decode_table(monkeypatch):
+def test_sweep_kernels_writes_the_sweeps_gpus_decode_table(tmp_path, monkeypatch):
     """tools/sweep_kernels.py state_decode --write puts the fastest launch per bucket into the sweep's GPU's table
     (a GPU without one starts from the table it took: the formats not swept keep those launches) and leaves the other
     GPUs' tables; rows of two GPUs are refused."""
@@ -284,3 +287,9 @@ def test_sweep_kernels_writes_the_sweeps_gpus_decode_table(monkeypatch):
     assert own["gla"]["fp8_row"] == state_io.decode_table("gla", "NVIDIA X100")["fp8_row"]  # not swept: as taken
     with pytest.raises(SystemExit, match="one GPU's sweep"):
         tool._write_state_tables(rows + [dict(rows[0], device="NVIDIA X200")])
+    unnamed = tmp_path / "sweep.jsonl"  # rows from before a sweep named its GPU: --device names it
+    unnamed.write_text("".join(json.dumps({k: v for k, v in row.items() if k != "device"}) + "\n" for row in rows))
+    with pytest.raises(SystemExit, match="--device NAME"):
+        tool.state_decode("--write", "--from", str(unnamed))
+    tool.state_decode("--write", "--from", str(unnamed), "--device", "NVIDIA", "X100")
+    assert written[-1] == written[0]

@@ -110,7 +110,8 @@ def test_decode_table_is_the_gpus_own_else_the_same_model_else_the_first(monkeyp
 
 def test_step_decode_launch_replaces_one_bucket_on_its_gpu(monkeypatch):
     """STEP_DECODE_LAUNCH (launches chosen inside the decode step, per GPU) replaces the launch of one bucket of one
-    kernel and format on that GPU and on one of the same model, nowhere else; the committed entries name existing
+    kernel and format on that GPU and on one of the same model; a GPU without an overlay takes that of the GPU whose
+    table it takes (chosen against that table), none where that GPU has none; the committed entries name existing
     buckets with valid launches."""
     from laquant.kernels.common import state_io
 
@@ -119,19 +120,25 @@ def test_step_decode_launch_replaces_one_bucket_on_its_gpu(monkeypatch):
         for (kernel, fmt, bound), (bk, w) in launches.items():
             assert bound in [b[0] for b in state_io.decode_table(kernel, gpu)[fmt]]
             assert bk & (bk - 1) == 0 and w in (1, 2, 4, 8)
-    monkeypatch.setattr(state_io, "DECODE_LAUNCH", {"NVIDIA X200": {"gla": {
-        "fp32": ((16, 64, 4), (None, 16, 1)), "int8_row": ((16, 64, 4), (None, 16, 1))}}})
-    monkeypatch.setattr(state_io, "STEP_DECODE_LAUNCH", {"NVIDIA X100 80GB HBM3": {("gla", "int8_row", None): (8, 2)},
-                                                         "NVIDIA X200": {("gla", "int8_row", None): (32, 4)}})
+    gla = {"fp32": ((16, 64, 4), (None, 16, 1)), "int8_row": ((16, 64, 4), (None, 16, 1))}
+    monkeypatch.setattr(state_io, "DECODE_LAUNCH", {"NVIDIA X200": {"gla": gla, "delta": gla},
+                                                    "NVIDIA X300": {"gla": gla}})
+    monkeypatch.setattr(state_io, "STEP_DECODE_LAUNCH", {
+        "NVIDIA X100 80GB HBM3": {("gla", "int8_row", None): (8, 2)},
+        "NVIDIA X200": {("gla", "int8_row", None): (32, 4), ("delta", "int8_row", None): (8, 1)}})
     x100 = "NVIDIA X100 80GB HBM3"
     assert [state_io.decode_launch("gla", "int8_row", p, x100) for p in (16, 17, 1024)] == [(64, 4), (8, 2), (8, 2)]
     assert state_io.decode_launch("gla", "int8_row", 1024, "NVIDIA X100 PCIe") == (8, 2)  # the same model of GPU
-    assert state_io.decode_launch("gla", "int8_row", 1024, "NVIDIA X200") == (32, 4)
-    for other in ("NVIDIA Z9", None):  # a GPU without an entry, and no GPU (the interpreter): the table's
-        assert state_io.decode_launch("gla", "int8_row", 1024, other) == (16, 1)
+    for other in ("NVIDIA X200", "NVIDIA Z9", None):  # its own; a GPU not listed and no GPU take the first table's
+        assert state_io.decode_launch("gla", "int8_row", 1024, other) == (32, 4)
+    assert state_io.decode_launch("gla", "int8_row", 1024, "NVIDIA X300") == (16, 1)  # its own table, no overlay
+    assert state_io.decode_launch("delta", "int8_row", 1024, "NVIDIA X300") == (8, 1)  # X200's table: its overlay
     assert state_io.decode_launch("gla", "fp32", 1024, x100) == (16, 1)
     assert state_io.decode_launch("gla", "bf16", 1024, x100) == (16, 1)  # unlisted: fp32's, not the int8 overlay
     assert state_io.tabled_decode_launches("gla", "int8_row") == {(64, 4), (16, 1), (8, 2), (32, 4)}
+    assert state_io.taken_step_launches(x100) == {("gla", "int8_row", None): (8, 2)}
+    assert state_io.taken_step_launches("NVIDIA X300") == {("delta", "int8_row", None): (8, 1)}
+    assert state_io.taken_step_launches("NVIDIA Z9") == state_io.STEP_DECODE_LAUNCH["NVIDIA X200"]
 
 
 def test_pool_args_take_the_launch_of_the_states_gpu(monkeypatch):

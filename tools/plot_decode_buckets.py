@@ -26,7 +26,9 @@ def main(sweep, out):
         timed.setdefault(key, {}).setdefault((row["B"], row["programs"]), {})[row["block_k"], row["num_warps"]] = (
             row["us"])
     keys = sorted(timed)
-    gpu = devices.pop() if len(devices) == 1 else None  # the table that GPU takes (None: the first GPU's)
+    if len(devices) > 1:
+        raise SystemExit(f"{sweep} holds rows of several GPUs ({sorted(map(str, devices))}): plot one GPU's sweep")
+    gpu = devices.pop()  # the table that GPU takes (None, rows that do not name it: the first GPU's)
     fig, axes = plt.subplots(3, 4, figsize=(16, 10), squeeze=False)
     for ax, key in zip(axes.flat, keys):
         points = sorted(timed[key])

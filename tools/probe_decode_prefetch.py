@@ -7,8 +7,8 @@ one a layer, as in a model's step), then (GLA) inside the graphed B = 64 step of
 
 A launch ``BKxW`` is BLOCK_K rows a block and W warps a program; a trailing ``p`` prefetches. Each launch replaces the
 tables' for the kernel's int8 state at B = 64 on this GPU (``STEP_DECODE_LAUNCH`` / ``DECODE_PREFETCH``); launches
-alternate in rounds, so drift of the GPU's clock spreads over all of them. Shapes: ``tools/sweep_kernels.py``'s (GLA 16 heads of
-64 x 128, the delta rule 32 value heads of 128 x 128, SSD 64 heads of 128 x 64).
+alternate in rounds, so drift of the GPU's clock spreads over all of them. Shapes: ``tools/sweep_kernels.py``'s (GLA
+16 heads of 64 x 128, the delta rule 32 value heads of 128 x 128, SSD 64 heads of 128 x 64).
 """
 import argparse
 import contextlib
@@ -38,7 +38,11 @@ def tabled(kernel: str, launch, gpu: str | None = None):
     saved_step = {g: dict(e) for g, e in state_io.STEP_DECODE_LAUNCH.items()}
     saved_pf = set(state_io.DECODE_PREFETCH)
     gpu = gpu or torch.cuda.get_device_name()
-    state_io.STEP_DECODE_LAUNCH.setdefault(gpu_key(gpu, state_io.STEP_DECODE_LAUNCH, False) or gpu, {})[key] = (bk, w)
+    overlay = gpu_key(gpu, state_io.STEP_DECODE_LAUNCH, False)
+    if overlay is None:  # the GPU's first overlay keeps the launches it takes from another GPU's
+        overlay = gpu
+        state_io.STEP_DECODE_LAUNCH[overlay] = state_io.taken_step_launches(gpu)
+    state_io.STEP_DECODE_LAUNCH[overlay][key] = (bk, w)
     state_io.DECODE_PREFETCH.discard(key)
     if prefetch:
         state_io.DECODE_PREFETCH.add(key)

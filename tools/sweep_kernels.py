@@ -2,7 +2,8 @@
 
     python tools/sweep_kernels.py state_decode [--write] [--out FILE]   (the decode kernels, every state format,
         batches of 1-64; --write: the fastest launch per launch size into kernels/common/state_io.py's table)
-    python tools/sweep_kernels.py state_decode --write --from FILE[,FILE]   (the table from a sweep's JSON lines)
+    python tools/sweep_kernels.py state_decode --write --from FILE[,FILE] [--device NAME]   (the sweep's GPU's table
+        from its JSON lines; --device names the GPU of rows that do not)
     python tools/sweep_kernels.py verify [--write] [--jobs N] [--out FILE] [--steps verify commit]
         (both verify kernels' verify step and commit, every state format, 4 tokens, over blocks, warps and
         prefetch, compiled by N processes first; --write: the fastest into kernels/common/state_io.py)
@@ -89,6 +90,8 @@ def state_decode(*flags):
     if "--from" in flags:
         rows = [json.loads(line) for name in listed("--from", str, [])[0].split(",") for line in open(name)
                 if line.startswith("{")]
+        if "--device" in flags:  # rows of a sweep from before they named their GPU
+            rows = [{"device": " ".join(listed("--device", str, [])), **row} for row in rows]
         return _write_state_tables(rows)
     kernels = listed("--kernels", str, STATE_SHAPES)
     batches = listed("--batches", int, STATE_BATCHES)
@@ -247,7 +250,7 @@ def _write_state_tables(rows):
     devices = {row.get("device") for row in rows}
     if len(devices) != 1 or None in devices:
         raise SystemExit(f"a decode table is written from one GPU's sweep; these rows are from "
-                         f"{sorted(map(str, devices))}")
+                         f"{sorted(map(str, devices))} (rows that do not name theirs: --device NAME)")
     gpu = devices.pop()
     tables = {name: {kernel: dict(formats) for kernel, formats in kernels.items()}
               for name, kernels in state_io.DECODE_LAUNCH.items()}

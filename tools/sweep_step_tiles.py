@@ -145,7 +145,8 @@ def sweep(model, ids, min_gain: float, log: list, bucket_of_step: int, gemms: bo
     """Coordinate descent over the step's GEMM shapes (those of M bucket ``bucket_of_step``; not when ``gemms`` is
     False), then its decode launches, from what the tables (overlays included) hold now; returns the entries to write:
     ``{table: {key: {path: tiles}}}`` and ``{GPU: {(kernel, format, bound): launch}}`` (this GPU's key of
-    STEP_DECODE_LAUNCH), None where the sweep's choice is the table's own (an overlay entry to drop)."""
+    STEP_DECODE_LAUNCH, or its name for its first overlay), None where the sweep's choice is the table's own (an overlay
+    entry to drop)."""
     measure = lambda: step_us(model, ids)  # noqa: E731
     tiles = {}
     for table, bucket, N, K in list(GEMMS) if gemms else ():
@@ -168,7 +169,12 @@ def sweep(model, ids, min_gain: float, log: list, bucket_of_step: int, gemms: bo
             tiles.setdefault(table, {})[key] = None if best == own else {path: best}
     launches = {}
     gpu = torch.cuda.get_device_name()
-    here = state_io.STEP_DECODE_LAUNCH.setdefault(gpu_key(gpu, state_io.STEP_DECODE_LAUNCH, False) or gpu, {})
+    overlay = gpu_key(gpu, state_io.STEP_DECODE_LAUNCH, False)
+    first = overlay is None  # this GPU's first overlay: it starts from the launches the GPU takes today (another's)
+    if first:
+        overlay = gpu
+        state_io.STEP_DECODE_LAUNCH[overlay] = state_io.taken_step_launches(gpu)
+    here = state_io.STEP_DECODE_LAUNCH[overlay]
     for kernel, fmt, programs in list(DECODES):
         formats = state_io.decode_table(kernel, gpu)
         fmt = fmt if fmt in formats else "fp32"
@@ -187,7 +193,9 @@ def sweep(model, ids, min_gain: float, log: list, bucket_of_step: int, gemms: bo
         best = choose(f"decode {kernel} {fmt} ({programs} programs)", options, apply, measure, min_gain, log)
         if best != now:
             launches[k] = None if best == own else best
-    return tiles, {gpu: launches} if launches else {}
+    if first and launches:  # written whole: the launches it took from another GPU's overlay and kept stay its own
+        launches = dict(here)
+    return tiles, {overlay: launches} if launches else {}
 
 
 def write(tiles: dict, launches: dict) -> None:

@@ -2,22 +2,23 @@
 ``gemm.configs.TABLES`` / ``GROUP_TABLES`` / ``STEP_TABLES``; the decode kernels' launches, ``state_io.DECODE_LAUNCH``
 and ``STEP_DECODE_LAUNCH``), because what is fastest was measured on one GPU and differs on another.
 
-Imports torch only to name a device: the lookups are testable anywhere."""
+Imports torch only inside :func:`device_name`: the lookups (and ``gemm.configs``) are testable anywhere."""
 
 from __future__ import annotations
 
 import functools
 import re
 
-import torch
-
 
 @functools.lru_cache(maxsize=None)
-def device_name(device: torch.device) -> str | None:
-    """The name launch tables are keyed by (``torch.cuda.get_device_name``); None off CUDA."""
+def device_name(device) -> str | None:
+    """The name launch tables are keyed by (``torch.cuda.get_device_name`` of a ``torch.device``); None off CUDA."""
+    import torch
+
     return torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
 
+@functools.lru_cache(maxsize=None)  # pure, and asked at every decode launch (state_io.pool_args)
 def gpu_model(name: str) -> str | None:
     """The GPU model in a device's name: "H100" of "NVIDIA H100 80GB HBM3"."""
     found = re.search(r"\b[A-Z]+\d+[A-Z]*\b", name)

@@ -150,7 +150,8 @@ def bucket_launch(buckets: tuple, programs: int) -> tuple:
 # Launches re-chosen inside a graphed decode step (tools/sweep_step_tiles.py --write), where they made the whole step
 # >= 1% faster than DECODE_LAUNCH's (swept alone), per GPU: ``{device name: {(kernel, format, max_programs):
 # (block_k, num_warps)}}``, for that bucket of DECODE_LAUNCH, on that GPU or one of the same model (a GPU not listed
-# takes DECODE_LAUNCH's). GLA's int8 entry on the H200 came with DECODE_PREFETCH's (tools/probe_decode_prefetch.py,
+# takes those of the GPU whose table it takes, as they were chosen against that table: the H200's for any GPU but the
+# H100, and on the CPU). GLA's int8 entry on the H200 came with DECODE_PREFETCH's (tools/probe_decode_prefetch.py,
 # eval/results/decode_prefetch_h200/): 8-row blocks, each next one loaded ahead. Alone with the state in L2 (as the
 # sweeps time it) 4% slower than the table's 16-row blocks; streamed from device memory, as in the model's step, 5%
 # faster, and the 1.37B GLA's graphed B = 64 step 2.6-3.3% faster. 16-row blocks loaded ahead spill; two blocks ahead
@@ -180,14 +181,19 @@ PREFETCHING_KERNELS = ("gla", "ssd")
 DECODE_PREFETCH: set = {("gla", "int8_row", None), ("ssd", "int8_row", None)}
 
 
-def decode_table(kernel: str, gpu: str | None = None) -> dict:
-    """``kernel``'s :data:`DECODE_LAUNCH` table (``{format: buckets}``) for the GPU named ``gpu`` (a CUDA device's
-    name; None: none named): its own, else one of the same model of GPU, else the first GPU's that has the kernel."""
-    tables = {name: kernels[kernel] for name, kernels in DECODE_LAUNCH.items() if kernel in kernels}
+def _table_gpu(kernel: str, gpu: str | None) -> str:
+    """The key of :data:`DECODE_LAUNCH` whose table of ``kernel`` the GPU named ``gpu`` takes."""
+    tables = {name: kernels for name, kernels in DECODE_LAUNCH.items() if kernel in kernels}
     if not tables:
         raise KeyError(f"no decode launch table for kernel {kernel!r} (those with one: "
                        f"{sorted({k for kernels in DECODE_LAUNCH.values() for k in kernels})})")
-    return tables[gpu_key(gpu, tables, first_otherwise=True)]
+    return gpu_key(gpu, tables, first_otherwise=True)
+
+
+def decode_table(kernel: str, gpu: str | None = None) -> dict:
+    """``kernel``'s :data:`DECODE_LAUNCH` table (``{format: buckets}``) for the GPU named ``gpu`` (a CUDA device's
+    name; None: none named): its own, else one of the same model of GPU, else the first GPU's that has the kernel."""
+    return DECODE_LAUNCH[_table_gpu(kernel, gpu)][kernel]
 
 
 def _decode_bucket(kernel: str, fmt: str, programs: int, gpu: str | None) -> tuple[tuple, tuple]:
@@ -206,11 +212,23 @@ def decode_prefetch(kernel: str, fmt: str, programs: int, gpu: str | None = None
     return _decode_bucket(kernel, fmt, programs, gpu)[0] in DECODE_PREFETCH
 
 
-def step_launches(gpu: str | None) -> dict:
-    """:data:`STEP_DECODE_LAUNCH`'s launches for the GPU named ``gpu`` (a CUDA device's name; None: none), ``{}``
-    where it has none."""
+def step_launches(kernel: str, gpu: str | None) -> dict:
+    """:data:`STEP_DECODE_LAUNCH`'s launches for ``kernel`` on the GPU named ``gpu`` (a CUDA device's name; None:
+    none named): its own or its model's, else those of the GPU whose table of ``kernel`` it takes (chosen against that
+    table), ``{}`` where that GPU has none."""
+    return {k: launch for k, launch in STEP_DECODE_LAUNCH.get(_step_gpu(kernel, gpu), {}).items() if k[0] == kernel}
+
+
+def _step_gpu(kernel: str, gpu: str | None) -> str:
     key = gpu_key(gpu, STEP_DECODE_LAUNCH, first_otherwise=False)
-    return STEP_DECODE_LAUNCH[key] if key is not None else {}
+    return key if key is not None else _table_gpu(kernel, gpu)
+
+
+def taken_step_launches(gpu: str | None) -> dict:
+    """Every :data:`STEP_DECODE_LAUNCH` entry the GPU named ``gpu`` takes today, of every kernel: what a first
+    overlay of its own starts from (``tools/sweep_step_tiles.py``), so that it loses none of them."""
+    kernels = {key[0] for launches in STEP_DECODE_LAUNCH.values() for key in launches}
+    return {key: launch for kernel in sorted(kernels) for key, launch in step_launches(kernel, gpu).items()}
 
 
 def decode_launch(kernel: str, fmt: str, programs: int, gpu: str | None = None) -> tuple[int, int]:
@@ -218,7 +236,7 @@ def decode_launch(kernel: str, fmt: str, programs: int, gpu: str | None = None) 
     programs on the GPU named ``gpu`` (:func:`step_launches`' where it has that bucket); a format the sweep left out
     takes fp32's."""
     key, launch = _decode_bucket(kernel, fmt, programs, gpu)
-    return step_launches(gpu).get(key, launch)
+    return STEP_DECODE_LAUNCH.get(_step_gpu(kernel, gpu), {}).get(key, launch)
 
 
 def tabled_decode_launches(kernel: str, fmt: str) -> set:

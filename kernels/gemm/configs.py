@@ -18,7 +18,7 @@ bucket by ``tools/sweep_w8a16.py`` (on the H200: 1.3-1.5x cuBLAS bf16 at M <= 16
 (``tools/sweep_step_tiles.py``, ``eval/results/step_tiles_h200/``); a tile change that keeps SPLIT_K keeps every
 output bit, one that changes it moves the fp32 partial sums' order (rounding only).
 
-Imports no Triton: the dispatch is testable anywhere.
+Imports neither torch nor Triton: the dispatch is testable anywhere.
 """
 
 from __future__ import annotations
