@@ -136,9 +136,12 @@ def test_step_decode_launch_replaces_one_bucket_on_its_gpu(monkeypatch):
     assert state_io.decode_launch("gla", "fp32", 1024, x100) == (16, 1)
     assert state_io.decode_launch("gla", "bf16", 1024, x100) == (16, 1)  # unlisted: fp32's, not the int8 overlay
     assert state_io.tabled_decode_launches("gla", "int8_row") == {(64, 4), (16, 1), (8, 2), (32, 4)}
-    assert state_io.taken_step_launches(x100) == {("gla", "int8_row", None): (8, 2)}
-    assert state_io.taken_step_launches("NVIDIA X300") == {("delta", "int8_row", None): (8, 1)}
-    assert state_io.taken_step_launches("NVIDIA Z9") == state_io.STEP_DECODE_LAUNCH["NVIDIA X200"]
+    assert state_io.own_step_overlay("NVIDIA X100 PCIe") == (x100, False)  # its model's, left as it is
+    assert state_io.STEP_DECODE_LAUNCH[x100] == {("gla", "int8_row", None): (8, 2)}
+    assert state_io.own_step_overlay("NVIDIA X300") == ("NVIDIA X300", True)  # made, with what it took
+    assert state_io.STEP_DECODE_LAUNCH["NVIDIA X300"] == {("delta", "int8_row", None): (8, 1)}
+    assert state_io.own_step_overlay("NVIDIA Z9") == ("NVIDIA Z9", True)
+    assert state_io.STEP_DECODE_LAUNCH["NVIDIA Z9"] == state_io.STEP_DECODE_LAUNCH["NVIDIA X200"]
 
 
 def test_pool_args_take_the_launch_of_the_states_gpu(monkeypatch):

@@ -17,7 +17,6 @@ import json
 import torch
 
 from laquant.kernels.common import state_io
-from laquant.kernels.common.gpus import gpu_key
 
 
 def parse_launch(text: str) -> tuple[int, int, bool]:
@@ -38,11 +37,7 @@ def tabled(kernel: str, launch, gpu: str | None = None):
     saved_step = {g: dict(e) for g, e in state_io.STEP_DECODE_LAUNCH.items()}
     saved_pf = set(state_io.DECODE_PREFETCH)
     gpu = gpu or torch.cuda.get_device_name()
-    overlay = gpu_key(gpu, state_io.STEP_DECODE_LAUNCH, False)
-    if overlay is None:  # the GPU's first overlay keeps the launches it takes from another GPU's
-        overlay = gpu
-        state_io.STEP_DECODE_LAUNCH[overlay] = state_io.taken_step_launches(gpu)
-    state_io.STEP_DECODE_LAUNCH[overlay][key] = (bk, w)
+    state_io.STEP_DECODE_LAUNCH[state_io.own_step_overlay(gpu)[0]][key] = (bk, w)
     state_io.DECODE_PREFETCH.discard(key)
     if prefetch:
         state_io.DECODE_PREFETCH.add(key)

@@ -28,7 +28,6 @@ import torch
 
 from laquant.generate import DecodeSession, release_graphs
 from laquant.kernels.common import state_io
-from laquant.kernels.common.gpus import gpu_key
 from laquant.kernels.gemm import configs
 
 GEMMS: list = []  # (table, bucket, N, K) in the order the step first asks for them
@@ -169,11 +168,7 @@ def sweep(model, ids, min_gain: float, log: list, bucket_of_step: int, gemms: bo
             tiles.setdefault(table, {})[key] = None if best == own else {path: best}
     launches = {}
     gpu = torch.cuda.get_device_name()
-    overlay = gpu_key(gpu, state_io.STEP_DECODE_LAUNCH, False)
-    first = overlay is None  # this GPU's first overlay: it starts from the launches the GPU takes today (another's)
-    if first:
-        overlay = gpu
-        state_io.STEP_DECODE_LAUNCH[overlay] = state_io.taken_step_launches(gpu)
+    overlay, first = state_io.own_step_overlay(gpu)
     here = state_io.STEP_DECODE_LAUNCH[overlay]
     for kernel, fmt, programs in list(DECODES):
         formats = state_io.decode_table(kernel, gpu)

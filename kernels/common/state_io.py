@@ -224,11 +224,18 @@ def _step_gpu(kernel: str, gpu: str | None) -> str:
     return key if key is not None else _table_gpu(kernel, gpu)
 
 
-def taken_step_launches(gpu: str | None) -> dict:
-    """Every :data:`STEP_DECODE_LAUNCH` entry the GPU named ``gpu`` takes today, of every kernel: what a first
-    overlay of its own starts from (``tools/sweep_step_tiles.py``), so that it loses none of them."""
-    kernels = {key[0] for launches in STEP_DECODE_LAUNCH.values() for key in launches}
-    return {key: launch for kernel in sorted(kernels) for key, launch in step_launches(kernel, gpu).items()}
+def own_step_overlay(gpu: str) -> tuple[str, bool]:
+    """The key of the :data:`STEP_DECODE_LAUNCH` entry that a tool re-choosing launches on the GPU named ``gpu``
+    edits (``tools/sweep_step_tiles.py``, ``tools/probe_decode_prefetch.py``): its own or its model's; where it has
+    none, a new one under its name, holding every launch it takes today (another GPU's), so that it loses none. And
+    whether the entry was made here."""
+    key = gpu_key(gpu, STEP_DECODE_LAUNCH, first_otherwise=False)
+    if key is not None:
+        return key, False
+    kernels = {k[0] for launches in STEP_DECODE_LAUNCH.values() for k in launches}
+    STEP_DECODE_LAUNCH[gpu] = {k: launch for kernel in sorted(kernels)
+                               for k, launch in step_launches(kernel, gpu).items()}
+    return gpu, True
 
 
 def decode_launch(kernel: str, fmt: str, programs: int, gpu: str | None = None) -> tuple[int, int]:
